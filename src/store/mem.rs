@@ -1,0 +1,648 @@
+//! MemStore: the store in process memory, with PostgreSQL's semantics and an injected clock (DESIGN §2).
+//!
+//! One mutex makes every call one atomic transaction, which is what `SELECT … FOR NO KEY UPDATE SKIP LOCKED`
+//! plus an `UPDATE` in one transaction give row by row. It is the embedded default and the simulator's database,
+//! and it can keep a commit history: the record the simulator's checkers read instead of trusting replicas.
+
+use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Most commits a history keeps; a run that writes more is a runaway and fails loudly.
+pub const HISTORY_LEN_MAX: usize = 20_000_000;
+
+/// The in-memory store. Clones share one database.
+#[derive(Clone)]
+pub struct MemStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+    hints: broadcast::Sender<Hint>,
+}
+
+#[derive(Default)]
+struct State {
+    rows: BTreeMap<RowId, Row>,
+    /// Rows of each kind, so a fetch scans one kind.
+    by_kind: BTreeMap<String, BTreeSet<RowId>>,
+    /// Rows carrying each token: a main row and the related rows locked with its token.
+    by_token: BTreeMap<LockToken, BTreeSet<RowId>>,
+    events: Vec<Event>,
+    next_id: i64,
+    next_token: i64,
+    history: Option<Vec<Commit>>,
+}
+
+/// One committed store call, as the simulator's checkers and traces read it. Reads are not recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Commit {
+    /// The call's one `now`.
+    pub at: Timestamp,
+    /// What it did.
+    pub op: CommitOp,
+}
+
+/// The write a [`Commit`] records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CommitOp {
+    /// Leases a fetch handed out.
+    Fetch {
+        pipeline: String,
+        leases: Vec<Lease>,
+    },
+    /// Leases a heartbeat extended.
+    Heartbeat { held: Vec<Lease> },
+    /// A related lock attempt and its outcome.
+    LockRelated {
+        holder: Lease,
+        related: Vec<RowId>,
+        owner: String,
+        outcome: LockOutcome,
+    },
+    /// A guarded apply: `applied` is false when it was stale and wrote nothing.
+    Apply {
+        lease: Lease,
+        applied: bool,
+        related: Vec<RowId>,
+        inserted: Vec<RowId>,
+    },
+    /// A reset-and-retry; `held` is false when the lease was already gone.
+    Reset { lease: Lease, held: bool },
+    /// Leases given back.
+    Release { released: Vec<Lease> },
+    /// A row inserted outside an apply.
+    Insert { id: RowId, kind: String },
+    /// A write API's update and its outcome.
+    UpdateUnleased { id: RowId, outcome: WriteOutcome },
+    /// A fetch hint.
+    Hint { kind: String, row: Option<RowId> },
+}
+
+impl fmt::Display for Commit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ", self.at)?;
+        let leases = |l: &[Lease]| {
+            l.iter()
+                .map(|l| format!("{}#{}", l.id, l.token))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let ids = |l: &[RowId]| {
+            l.iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        match &self.op {
+            CommitOp::Fetch {
+                pipeline,
+                leases: l,
+            } => write!(f, "fetch {pipeline} [{}]", leases(l)),
+            CommitOp::Heartbeat { held } => write!(f, "heartbeat [{}]", leases(held)),
+            CommitOp::LockRelated {
+                holder,
+                related,
+                owner,
+                outcome,
+            } => {
+                write!(
+                    f,
+                    "lock_related {}#{} {owner} [{}] {outcome:?}",
+                    holder.id,
+                    holder.token,
+                    ids(related)
+                )
+            }
+            CommitOp::Apply {
+                lease,
+                applied,
+                related,
+                inserted,
+            } => write!(
+                f,
+                "apply {}#{} {} related=[{}] inserted=[{}]",
+                lease.id,
+                lease.token,
+                if *applied { "applied" } else { "stale" },
+                ids(related),
+                ids(inserted)
+            ),
+            CommitOp::Reset { lease, held } => {
+                write!(f, "reset {}#{} held={held}", lease.id, lease.token)
+            }
+            CommitOp::Release { released } => write!(f, "release [{}]", leases(released)),
+            CommitOp::Insert { id, kind } => write!(f, "insert {id} {kind}"),
+            CommitOp::UpdateUnleased { id, outcome } => {
+                write!(f, "update_unleased {id} {outcome:?}")
+            }
+            CommitOp::Hint { kind, row } => write!(f, "hint {kind} {row:?}"),
+        }
+    }
+}
+
+impl MemStore {
+    /// An empty store on `clock`.
+    pub fn new(clock: impl Clock) -> MemStore {
+        let (hints, _) = broadcast::channel(HINT_BUFFER_LEN_MAX);
+        let inner = Inner {
+            clock: Arc::new(clock),
+            state: Mutex::new(State::default()),
+            hints,
+        };
+        MemStore {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// An empty store on `clock` that records every commit (see [`MemStore::history`]).
+    pub fn with_history(clock: impl Clock) -> MemStore {
+        let store = MemStore::new(clock);
+        store.lock().history = Some(Vec::new());
+        store
+    }
+
+    /// The commits recorded so far, oldest first; empty unless built [`MemStore::with_history`].
+    pub fn history(&self) -> Vec<Commit> {
+        self.lock().history.clone().unwrap_or_default()
+    }
+
+    /// Every row, by id: a snapshot for checkers and tests.
+    pub fn rows(&self) -> Vec<Row> {
+        self.lock().rows.values().cloned().collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock is a bug of ours that already failed the run; keep serving reads.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+}
+
+/// Whether `row` may be leased by the fetch `p` at `now` (the rule of [`Store::fetch`]).
+pub(crate) fn fetch_eligible(row: &Row, p: &FetchParams, now: Timestamp) -> bool {
+    if row.kind != p.kind || !p.statuses.contains(&row.status) {
+        return false;
+    }
+    let lease_live = row.lock_expires_at.is_some_and(|expires| expires > now);
+    if lease_live {
+        return false;
+    }
+    let lease_expired = row.lock_expires_at.is_some();
+    let own_or_free = row
+        .lock_owner
+        .as_deref()
+        .is_none_or(|owner| owner == p.pipeline);
+    if !lease_expired && !own_or_free {
+        return false;
+    }
+    let reset_by_me = !lease_expired && row.lock_owner.as_deref() == Some(p.pipeline.as_str());
+    match row.last_processed_at {
+        None => true,
+        Some(_) if row.hinted => true,
+        Some(at) if reset_by_me => at <= now.minus(p.retry_delay),
+        Some(at) => at <= now.minus(p.min_processing_interval),
+    }
+}
+
+/// Whether a related row is available to `holder` with `owner` at `now` (the rule of [`Store::lock_related`]).
+fn related_available(row: &Row, holder: Lease, owner: &str, now: Timestamp) -> bool {
+    let live = row.lock_expires_at.is_none_or(|expires| expires > now);
+    match row.lock_token {
+        Some(token) if token == holder.token => true,
+        Some(_) => !live,
+        None => row.lock_owner.as_deref().is_none_or(|o| o == owner) || !live,
+    }
+}
+
+impl State {
+    fn record(&mut self, at: Timestamp, op: CommitOp) {
+        if let Some(history) = &mut self.history {
+            assert!(
+                history.len() < HISTORY_LEN_MAX,
+                "commit history passed {HISTORY_LEN_MAX} entries"
+            );
+            history.push(Commit { at, op });
+        }
+    }
+
+    fn holds(&self, lease: Lease) -> bool {
+        self.rows
+            .get(&lease.id)
+            .is_some_and(|row| row.lock_token == Some(lease.token))
+    }
+
+    fn fresh_token(&mut self) -> LockToken {
+        self.next_token += 1;
+        LockToken(self.next_token)
+    }
+
+    fn set_lease(
+        &mut self,
+        id: RowId,
+        token: Option<LockToken>,
+        owner: Option<String>,
+        expires: Option<Timestamp>,
+    ) {
+        let row = self.rows.get_mut(&id).expect("set_lease on a missing row");
+        if let Some(old) = row.lock_token.take() {
+            let rows = self
+                .by_token
+                .get_mut(&old)
+                .expect("token index lost a token");
+            rows.remove(&id);
+            if rows.is_empty() {
+                self.by_token.remove(&old);
+            }
+        }
+        row.lock_token = token;
+        row.lock_owner = owner;
+        row.lock_expires_at = expires;
+        if let Some(token) = token {
+            self.by_token.entry(token).or_default().insert(id);
+        }
+    }
+
+    /// Rows other than `lease.id` that carry `lease.token`.
+    fn related_of(&self, lease: Lease) -> Vec<RowId> {
+        let rows = self.by_token.get(&lease.token);
+        rows.into_iter()
+            .flatten()
+            .copied()
+            .filter(|id| *id != lease.id)
+            .collect()
+    }
+
+    fn unlock(&mut self, id: RowId) {
+        self.set_lease(id, None, None, None);
+    }
+
+    fn insert(&mut self, new: NewRow, now: Timestamp) -> RowId {
+        self.next_id += 1;
+        let id = RowId(self.next_id);
+        self.by_kind.entry(new.kind.clone()).or_default().insert(id);
+        let row = Row {
+            id,
+            kind: new.kind,
+            parent_id: new.parent_id,
+            status: new.status,
+            data: new.data,
+            created_at: now,
+            updated_at: now,
+            last_processed_at: None,
+            lock_expires_at: None,
+            lock_token: None,
+            lock_owner: None,
+            hinted: false,
+        };
+        self.rows.insert(id, row);
+        id
+    }
+
+    fn write(&mut self, id: RowId, update: RowUpdate, now: Timestamp) {
+        let row = self.rows.get_mut(&id).expect("write to a missing row");
+        if let Some(status) = update.status {
+            row.status = status;
+        }
+        if let Some(data) = update.data {
+            row.data = data;
+        }
+        row.updated_at = now;
+    }
+}
+
+fn check_params(p: &FetchParams) -> Result<(), StoreError> {
+    if p.statuses.is_empty() {
+        return Err(StoreError::Invalid(
+            "fetch: statuses must not be empty".into(),
+        ));
+    }
+    if p.pipeline.is_empty() {
+        return Err(StoreError::Invalid(
+            "fetch: pipeline name must not be empty".into(),
+        ));
+    }
+    Ok(())
+}
+
+impl Store for MemStore {
+    async fn fetch(&self, p: FetchParams) -> Result<Vec<Row>, StoreError> {
+        check_params(&p)?;
+        let now = self.now();
+        let mut state = self.lock();
+        let mut eligible: Vec<(Option<Timestamp>, RowId)> = state
+            .by_kind
+            .get(&p.kind)
+            .into_iter()
+            .flatten()
+            .map(|id| &state.rows[id])
+            .filter(|row| fetch_eligible(row, &p, now))
+            .map(|row| (row.last_processed_at, row.id))
+            .collect();
+        // `None < Some(_)`: never-processed rows first, as `ORDER BY last_processed_at NULLS FIRST, id`.
+        eligible.sort_unstable();
+        eligible.truncate(p.limit);
+        let mut leased = Vec::with_capacity(eligible.len());
+        for (_, id) in eligible {
+            let token = state.fresh_token();
+            state.set_lease(
+                id,
+                Some(token),
+                Some(p.pipeline.clone()),
+                Some(now.plus(p.lease_ttl)),
+            );
+            let row = state.rows.get_mut(&id).expect("eligible row vanished");
+            row.hinted = false;
+            leased.push(row.clone());
+        }
+        let leases = leased
+            .iter()
+            .map(|row| Lease {
+                id: row.id,
+                token: row.lock_token.expect("leased"),
+            })
+            .collect();
+        state.record(
+            now,
+            CommitOp::Fetch {
+                pipeline: p.pipeline,
+                leases,
+            },
+        );
+        Ok(leased)
+    }
+
+    async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
+        let state = self.lock();
+        Ok(state
+            .rows
+            .get(&lease.id)
+            .filter(|row| row.lock_token == Some(lease.token))
+            .cloned())
+    }
+
+    async fn heartbeat(&self, p: HeartbeatParams) -> Result<Vec<Lease>, StoreError> {
+        let now = self.now();
+        let expires = now.plus(p.lease_ttl);
+        let mut state = self.lock();
+        let held: Vec<Lease> = p
+            .leases
+            .into_iter()
+            .filter(|lease| state.holds(*lease))
+            .collect();
+        for lease in &held {
+            let ids: Vec<RowId> = state.by_token[&lease.token].iter().copied().collect();
+            for id in ids {
+                state
+                    .rows
+                    .get_mut(&id)
+                    .expect("indexed row")
+                    .lock_expires_at = Some(expires);
+            }
+        }
+        state.record(now, CommitOp::Heartbeat { held: held.clone() });
+        Ok(held)
+    }
+
+    async fn lock_related(&self, p: LockRelatedParams) -> Result<LockOutcome, StoreError> {
+        let now = self.now();
+        let mut state = self.lock();
+        if let Some(missing) = p.related.iter().find(|id| !state.rows.contains_key(id)) {
+            return Err(StoreError::Invalid(format!(
+                "lock_related: related row {missing} does not exist"
+            )));
+        }
+        let outcome = if !state.holds(p.holder) {
+            LockOutcome::Stale
+        } else {
+            let expires = Some(now.plus(p.lease_ttl));
+            let (available, taken): (Vec<RowId>, Vec<RowId>) = p
+                .related
+                .iter()
+                .partition(|id| related_available(&state.rows[id], p.holder, &p.owner, now));
+            let token = if taken.is_empty() {
+                Some(p.holder.token)
+            } else {
+                None
+            };
+            for id in available {
+                state.set_lease(id, token, Some(p.owner.clone()), expires);
+            }
+            if taken.is_empty() {
+                LockOutcome::Locked
+            } else {
+                LockOutcome::Contended
+            }
+        };
+        state.record(
+            now,
+            CommitOp::LockRelated {
+                holder: p.holder,
+                related: p.related,
+                owner: p.owner,
+                outcome,
+            },
+        );
+        Ok(outcome)
+    }
+
+    async fn apply(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
+        let now = self.now();
+        let mut state = self.lock();
+        let lease = p.lease;
+        let related_held = p.related.iter().all(|r| {
+            state.holds(Lease {
+                id: r.id,
+                token: lease.token,
+            })
+        });
+        if !state.holds(lease) || !related_held {
+            let related = p.related.iter().map(|r| r.id).collect();
+            state.record(
+                now,
+                CommitOp::Apply {
+                    lease,
+                    applied: false,
+                    related,
+                    inserted: Vec::new(),
+                },
+            );
+            return Ok(ApplyOutcome::Stale);
+        }
+        state.write(lease.id, p.update, now);
+        for related in p.related {
+            state.write(related.id, related.update, now);
+        }
+        let locked = state.related_of(lease);
+        for id in &locked {
+            state.unlock(*id);
+        }
+        state.unlock(lease.id);
+        let row = state.rows.get_mut(&lease.id).expect("held row");
+        row.last_processed_at = Some(now);
+        row.hinted = false;
+        let inserted: Vec<RowId> = p
+            .inserts
+            .into_iter()
+            .map(|new| state.insert(new, now))
+            .collect();
+        for event in p.events {
+            let seq = state.events.len() as i64 + 1;
+            state.events.push(Event {
+                seq,
+                row_id: event.row_id,
+                kind: event.kind,
+                data: event.data,
+                at: now,
+            });
+        }
+        let op = CommitOp::Apply {
+            lease,
+            applied: true,
+            related: locked,
+            inserted: inserted.clone(),
+        };
+        state.record(now, op);
+        Ok(ApplyOutcome::Applied { inserted, now })
+    }
+
+    async fn reset_for_retry(&self, lease: Lease) -> Result<bool, StoreError> {
+        let now = self.now();
+        let mut state = self.lock();
+        let held = state.holds(lease);
+        if held {
+            for id in state.related_of(lease) {
+                state.unlock(id);
+            }
+            let owner = state.rows[&lease.id].lock_owner.clone();
+            state.set_lease(lease.id, None, owner, None);
+            state
+                .rows
+                .get_mut(&lease.id)
+                .expect("held row")
+                .last_processed_at = Some(now);
+        }
+        state.record(now, CommitOp::Reset { lease, held });
+        Ok(held)
+    }
+
+    async fn release(&self, leases: Vec<Lease>) -> Result<usize, StoreError> {
+        let now = self.now();
+        let mut state = self.lock();
+        let released: Vec<Lease> = leases
+            .into_iter()
+            .filter(|lease| state.holds(*lease))
+            .collect();
+        for lease in &released {
+            for id in state.related_of(*lease) {
+                state.unlock(id);
+            }
+            state.unlock(lease.id);
+        }
+        let count = released.len();
+        state.record(now, CommitOp::Release { released });
+        Ok(count)
+    }
+
+    async fn insert(&self, new: NewRow) -> Result<Row, StoreError> {
+        let now = self.now();
+        let mut state = self.lock();
+        let kind = new.kind.clone();
+        let id = state.insert(new, now);
+        state.record(now, CommitOp::Insert { id, kind });
+        Ok(state.rows[&id].clone())
+    }
+
+    async fn get(&self, id: RowId) -> Result<Option<Row>, StoreError> {
+        Ok(self.lock().rows.get(&id).cloned())
+    }
+
+    async fn list(&self, kind: &str, parent: Option<RowId>) -> Result<Vec<Row>, StoreError> {
+        let state = self.lock();
+        let ids = state.by_kind.get(kind).into_iter().flatten();
+        let rows = ids
+            .map(|id| &state.rows[id])
+            .filter(|row| parent.is_none() || row.parent_id == parent);
+        Ok(rows.cloned().collect())
+    }
+
+    async fn events(&self, row: RowId) -> Result<Vec<Event>, StoreError> {
+        Ok(self
+            .lock()
+            .events
+            .iter()
+            .filter(|event| event.row_id == row)
+            .cloned()
+            .collect())
+    }
+
+    async fn update_unleased(
+        &self,
+        id: RowId,
+        update: RowUpdate,
+    ) -> Result<WriteOutcome, StoreError> {
+        let now = self.now();
+        let mut state = self.lock();
+        let outcome = match state.rows.get(&id) {
+            None => WriteOutcome::Missing,
+            Some(row) => {
+                let live = row.lock_expires_at.is_some_and(|expires| expires > now);
+                let reset_mark = row.lock_expires_at.is_none() && row.lock_owner.is_some();
+                if live || reset_mark {
+                    WriteOutcome::Busy
+                } else {
+                    // An expired lease is taken over and cleared, so its holder's late apply is stale.
+                    let related = state.related_of(Lease {
+                        id,
+                        token: row.lock_token.unwrap_or(LockToken(0)),
+                    });
+                    for related_id in related {
+                        state.unlock(related_id);
+                    }
+                    state.unlock(id);
+                    state.write(id, update, now);
+                    WriteOutcome::Written
+                }
+            }
+        };
+        state.record(now, CommitOp::UpdateUnleased { id, outcome });
+        Ok(outcome)
+    }
+
+    async fn hint(&self, kind: &str, row: Option<RowId>) -> Result<(), StoreError> {
+        let now = self.now();
+        {
+            let mut state = self.lock();
+            if let Some(row) = row.and_then(|id| state.rows.get_mut(&id)) {
+                row.hinted = true;
+            }
+            state.record(
+                now,
+                CommitOp::Hint {
+                    kind: kind.to_string(),
+                    row,
+                },
+            );
+        }
+        // After commit; no subscriber is not an error.
+        let _ = self.inner.hints.send(kind.to_string());
+        Ok(())
+    }
+
+    fn subscribe_hints(&self) -> broadcast::Receiver<Hint> {
+        self.inner.hints.subscribe()
+    }
+
+    async fn now(&self) -> Result<Timestamp, StoreError> {
+        Ok(MemStore::now(self))
+    }
+}

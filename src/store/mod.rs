@@ -1,0 +1,132 @@
+//! The store: one trait over every byte of shared state, and its homes (DESIGN §2).
+//!
+//! Each [`Store`] call is one atomic transaction. The engine in [`crate::pipeline`] is generic over `S: Store` and
+//! never names a backend. [`MemStore`] is the embedded default and the simulator's database; `PgStore` (PostgreSQL,
+//! not in simulator builds) serves production.
+
+mod clock;
+pub mod conformance;
+mod error;
+mod mem;
+mod types;
+
+pub use clock::{Clock, ManualClock, TokioClock};
+pub use error::StoreError;
+pub use mem::{Commit, CommitOp, MemStore};
+pub use types::*;
+
+use std::future::Future;
+use tokio::sync::broadcast;
+
+/// A fetch hint as it travels between services and fetchers: the kind of rows that became ready.
+pub type Hint = String;
+
+/// Capacity of a hint subscription's buffer; a subscriber that falls further behind sees
+/// `RecvError::Lagged` and must treat it as "every kind was hinted".
+pub const HINT_BUFFER_LEN_MAX: usize = 1024;
+
+/// The lease operations of the pipeline engine plus plain reads and writes (DESIGN §2).
+///
+/// Every call is atomic, and every timestamp it writes comes from the store's own clock. The protocol's expected
+/// outcomes (stale, contended, busy) are values; `Err(StoreError)` means the store itself failed and the outcome
+/// of a write may be unknown.
+pub trait Store: Send + Sync + 'static {
+    /// Leases up to `limit` eligible rows of `kind`, oldest `last_processed_at` first (never-processed rows
+    /// first, then by id), setting `lock_expires_at = now + lease_ttl`, a fresh `lock_token` per row, `lock_owner
+    /// = pipeline`, and clearing `hinted`.
+    ///
+    /// Eligible (dstack PIPELINES, checklist 1; DESIGN §3): status in `statuses`; and either no live lease and
+    /// no owner other than `pipeline`, or an expired lease of any owner (an expired foreign lease is taken, so a
+    /// dead parent never starves its children, dstack #3704); and either never processed, hinted, reset for
+    /// retry by this pipeline at least `retry_delay` ago, or processed at least `min_processing_interval` ago.
+    fn fetch(
+        &self,
+        params: FetchParams,
+    ) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
+
+    /// Reads the row if it still carries `lease.token`; `None` means the lease is stale.
+    fn refetch(&self, lease: Lease)
+    -> impl Future<Output = Result<Option<Row>, StoreError>> + Send;
+
+    /// Extends every lease in `params.leases` that is still held, and the related rows locked with the same
+    /// tokens, to `now + lease_ttl`. Returns the leases still held; the others were lost or re-tokened and are
+    /// not written.
+    fn heartbeat(
+        &self,
+        params: HeartbeatParams,
+    ) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send;
+
+    /// Locks every row of `params.related` with the holder's token and `params.owner`, all or nothing.
+    ///
+    /// A related row is available unless it holds a live lease with another token, or carries another owner's
+    /// mark with no token (a reset main row, or another locker's intent mark that has not expired). On
+    /// contention no lock is taken, and the available rows get `owner` as an intent mark that expires after
+    /// `lease_ttl` (dstack PIPELINES, "Locking many related resources").
+    fn lock_related(
+        &self,
+        params: LockRelatedParams,
+    ) -> impl Future<Output = Result<LockOutcome, StoreError>> + Send;
+
+    /// The guarded apply: if the main row and every row of `params.related` still carry `params.lease.token`,
+    /// writes the update, the related updates, the inserts and the events; clears the lease columns of the main
+    /// row and of every related row locked with the token; sets the main row's `last_processed_at` and every
+    /// written row's `updated_at` to one `now`. Otherwise writes nothing and returns `Stale` (dstack PIPELINES,
+    /// checklist 5 and 6, "Bulk apply with one consistent current time").
+    fn apply(
+        &self,
+        params: ApplyParams,
+    ) -> impl Future<Output = Result<ApplyOutcome, StoreError>> + Send;
+
+    /// Reset-and-retry: if the row still carries `lease.token`, keeps `lock_owner`, clears `lock_token` and
+    /// `lock_expires_at`, sets `last_processed_at = now`, and releases related rows locked with the token.
+    /// Returns whether the lease was still held (dstack PIPELINES, checklist 7).
+    fn reset_for_retry(
+        &self,
+        lease: Lease,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Gives leases back unprocessed (on shutdown): clears the lease columns of every row still carrying its
+    /// token, and of related rows locked with it, without touching `last_processed_at`. Returns how many main
+    /// rows were released.
+    fn release(&self, leases: Vec<Lease>)
+    -> impl Future<Output = Result<usize, StoreError>> + Send;
+
+    /// Inserts a row and returns it as stored.
+    fn insert(&self, row: NewRow) -> impl Future<Output = Result<Row, StoreError>> + Send;
+
+    /// Reads a row.
+    fn get(&self, id: RowId) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send;
+
+    /// Rows of `kind` whose parent is `parent` (any parent when `None`), by id.
+    fn list(
+        &self,
+        kind: &str,
+        parent: Option<RowId>,
+    ) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
+
+    /// Events about `row`, in sequence order.
+    fn events(&self, row: RowId) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
+
+    /// A write API's update of a row that respects leases: writes only if the row has no live lease and no
+    /// owner mark, else returns `Busy` (DESIGN §3, write APIs).
+    fn update_unleased(
+        &self,
+        id: RowId,
+        update: RowUpdate,
+    ) -> impl Future<Output = Result<WriteOutcome, StoreError>> + Send;
+
+    /// Publishes a fetch hint for `kind` after the call commits; with `row`, also marks that row `hinted` so the
+    /// next fetch takes it without waiting `min_processing_interval`. Hints reach every subscriber of every
+    /// replica sharing the store (PostgreSQL: `NOTIFY`).
+    fn hint(
+        &self,
+        kind: &str,
+        row: Option<RowId>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// A new subscription to fetch hints. It sees hints published after this call.
+    fn subscribe_hints(&self) -> broadcast::Receiver<Hint>;
+
+    /// The store's current time.
+    fn now(&self) -> impl Future<Output = Result<Timestamp, StoreError>> + Send;
+}

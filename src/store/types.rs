@@ -1,0 +1,305 @@
+//! The row, lease and event shapes that cross the [`Store`](super::Store) seam.
+//!
+//! One generic resource table holds every kind of row (DESIGN §2, as river keeps one job table): operations, jobs,
+//! allocations and nodes are values of [`Row::kind`]. The lease columns are dstack's: `lock_expires_at`,
+//! `lock_token`, `lock_owner` (`seeds/dstack-pipelines.md`, Overview).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::time::Duration;
+
+/// A row's primary key: `bigint` in PostgreSQL, assigned by the store in insertion order starting at 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RowId(pub i64);
+
+impl fmt::Display for RowId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// The fencing token of a lease: a fresh value from one store-wide sequence at every fetch, so a later lease on
+/// the same row always carries a larger token. A write guarded by `id + lock_token` fails once the row was leased
+/// again (dstack PIPELINES, "Guarded apply by lock token").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct LockToken(pub i64);
+
+impl fmt::Display for LockToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A point on the store's clock: microseconds since the Unix epoch, the precision of PostgreSQL's `timestamptz`.
+///
+/// Every lease timestamp is read from the store's clock (`now()` in PostgreSQL, the injected clock in MemStore),
+/// never from a replica's (DESIGN §2, Time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    /// The Unix epoch.
+    pub const EPOCH: Timestamp = Timestamp(0);
+
+    /// Microseconds since the Unix epoch.
+    pub fn as_micros(self) -> i64 {
+        self.0
+    }
+
+    /// This instant plus `span`, saturating at the end of the representable range.
+    pub fn plus(self, span: Duration) -> Timestamp {
+        Timestamp(self.0.saturating_add(duration_micros(span)))
+    }
+
+    /// This instant minus `span`, saturating at the start of the representable range.
+    pub fn minus(self, span: Duration) -> Timestamp {
+        Timestamp(self.0.saturating_sub(duration_micros(span)))
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = self.0.div_euclid(1_000_000);
+        let micros = self.0.rem_euclid(1_000_000);
+        write!(f, "{secs}.{micros:06}")
+    }
+}
+
+/// `span` in whole microseconds, saturating at `i64::MAX`.
+pub fn duration_micros(span: Duration) -> i64 {
+    i64::try_from(span.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// One row of the resource table, as a store call read it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Row {
+    /// Primary key.
+    pub id: RowId,
+    /// Resource kind, e.g. `"operation"`, `"job"`; pipelines fetch one kind.
+    pub kind: String,
+    /// The row this one belongs to (a job's operation), if any.
+    pub parent_id: Option<RowId>,
+    /// Free-form state name that pipelines filter on, e.g. `"pending"`.
+    pub status: String,
+    /// The kind's own fields (`jsonb` in PostgreSQL).
+    pub data: serde_json::Value,
+    /// Store time of the insert.
+    pub created_at: Timestamp,
+    /// Store time of the last write to this row (insert, apply, related update).
+    pub updated_at: Timestamp,
+    /// Store time of the last successful apply or reset-and-retry; `None` for a row never processed.
+    pub last_processed_at: Option<Timestamp>,
+    /// Store time at which the current lease ends; `None` when no lease is held.
+    pub lock_expires_at: Option<Timestamp>,
+    /// Fencing token of the current lease; `None` when no lease is held.
+    pub lock_token: Option<LockToken>,
+    /// Pipeline (or `Pipeline:{item_id}`) that owns the row; kept across reset-and-retry.
+    pub lock_owner: Option<String>,
+    /// Set by a fetch hint naming this row: the next fetch takes it without waiting `min_processing_interval`.
+    pub hinted: bool,
+}
+
+/// A row to insert. The store assigns `id`, `created_at` and `updated_at`; the row starts unleased and unprocessed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewRow {
+    /// Resource kind.
+    pub kind: String,
+    /// Parent row, if any.
+    pub parent_id: Option<RowId>,
+    /// Initial status.
+    pub status: String,
+    /// Initial data.
+    pub data: serde_json::Value,
+}
+
+impl NewRow {
+    /// A parentless row of `kind` in `status` with `data`.
+    pub fn new(
+        kind: impl Into<String>,
+        status: impl Into<String>,
+        data: serde_json::Value,
+    ) -> NewRow {
+        NewRow {
+            kind: kind.into(),
+            parent_id: None,
+            status: status.into(),
+            data,
+        }
+    }
+
+    /// The same row with `parent` as its parent.
+    pub fn with_parent(mut self, parent: RowId) -> NewRow {
+        self.parent_id = Some(parent);
+        self
+    }
+}
+
+/// Changes to one row's own columns; `None` leaves a column as it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowUpdate {
+    /// New status.
+    pub status: Option<String>,
+    /// New data, replacing the old value whole.
+    pub data: Option<serde_json::Value>,
+}
+
+impl RowUpdate {
+    /// An update that sets only the status.
+    pub fn status(status: impl Into<String>) -> RowUpdate {
+        RowUpdate {
+            status: Some(status.into()),
+            data: None,
+        }
+    }
+}
+
+/// An event appended to the `events` table in the same transaction as the apply that caused it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewEvent {
+    /// The row the event is about.
+    pub row_id: RowId,
+    /// Event kind, e.g. `"status_changed"`, `"incarnation_started"`.
+    pub kind: String,
+    /// Event fields.
+    pub data: serde_json::Value,
+}
+
+/// A stored event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Position in the store-wide event sequence, starting at 1.
+    pub seq: i64,
+    /// The row the event is about.
+    pub row_id: RowId,
+    /// Event kind.
+    pub kind: String,
+    /// Event fields.
+    pub data: serde_json::Value,
+    /// Store time of the transaction that wrote it (the apply's one `now`).
+    pub at: Timestamp,
+}
+
+/// A lease as its holder knows it: the row and the fencing token it was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Lease {
+    /// The leased row.
+    pub id: RowId,
+    /// The token the fetch set on it.
+    pub token: LockToken,
+}
+
+/// Parameters of [`Store::fetch`](super::Store::fetch).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchParams {
+    /// Pipeline name, written to `lock_owner`; a row owned by another pipeline with no live lease is skipped.
+    pub pipeline: String,
+    /// Row kind to fetch.
+    pub kind: String,
+    /// Statuses a row must have to be eligible (the pipeline's status filter); must not be empty.
+    pub statuses: Vec<String>,
+    /// Most rows to lease in this call.
+    pub limit: usize,
+    /// Lease length on the store's clock: `lock_expires_at = now + lease_ttl`.
+    pub lease_ttl: Duration,
+    /// A processed row is eligible again only this long after its `last_processed_at`; new rows, hinted rows
+    /// and rows this pipeline reset for retry (after `retry_delay`) skip it.
+    pub min_processing_interval: Duration,
+    /// A row this pipeline reset for retry is eligible again this long after the reset.
+    pub retry_delay: Duration,
+}
+
+/// Parameters of [`Store::heartbeat`](super::Store::heartbeat).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeartbeatParams {
+    /// Leases to extend. Related rows locked with the same tokens are extended with them.
+    pub leases: Vec<Lease>,
+    /// New lease length from the store's `now`.
+    pub lease_ttl: Duration,
+}
+
+/// Parameters of [`Store::lock_related`](super::Store::lock_related).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockRelatedParams {
+    /// The main lease the related locks belong to; they carry its token and are extended and released with it.
+    pub holder: Lease,
+    /// Rows to lock, all or none.
+    pub related: Vec<RowId>,
+    /// Owner written to the related rows: the pipeline name for children a parent must hold all of, or
+    /// `Pipeline:{item_id}` for a resource shared by several items (dstack PIPELINES, related locks).
+    pub owner: String,
+    /// Lease length of the related locks and of the intent marks left on contention.
+    pub lease_ttl: Duration,
+}
+
+/// A change to a related row, applied under the main lease's guard.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelatedUpdate {
+    /// The related row, which must still be locked with the holder's token.
+    pub id: RowId,
+    /// Its changes.
+    pub update: RowUpdate,
+}
+
+/// Parameters of [`Store::apply`](super::Store::apply): the result of processing one leased row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApplyParams {
+    /// The guard: the main row and the token its worker holds.
+    pub lease: Lease,
+    /// Changes to the main row.
+    pub update: RowUpdate,
+    /// Changes to related rows locked with the same token; every related row locked with it is unlocked.
+    pub related: Vec<RelatedUpdate>,
+    /// Rows to create in the same transaction.
+    pub inserts: Vec<NewRow>,
+    /// Events to append in the same transaction.
+    pub events: Vec<NewEvent>,
+}
+
+impl ApplyParams {
+    /// An apply of `update` to the leased row with no related rows, inserts or events.
+    pub fn new(lease: Lease, update: RowUpdate) -> ApplyParams {
+        ApplyParams {
+            lease,
+            update,
+            related: Vec::new(),
+            inserts: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+}
+
+/// What a guarded apply did (STYLE: a result the protocol expects is a value).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    /// Everything was written; the main row and its related rows are unlocked. Holds the ids given to
+    /// `inserts`, in order, and the transaction's one `now`.
+    Applied {
+        inserted: Vec<RowId>,
+        now: Timestamp,
+    },
+    /// The main row (or a related row) no longer carries the token: nothing was written.
+    Stale,
+}
+
+/// What [`Store::lock_related`](super::Store::lock_related) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockOutcome {
+    /// Every related row is now locked with the holder's token.
+    Locked,
+    /// Some related row is held by someone else: no lock was taken, but the free rows were marked with the
+    /// owner (no token, expiring after the lease ttl) so that their own pipelines leave them to this owner.
+    Contended,
+    /// The holder's lease is no longer current: nothing was written.
+    Stale,
+}
+
+/// What [`Store::update_unleased`](super::Store::update_unleased) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// The row had no live lease and was updated.
+    Written,
+    /// The row is leased (or marked by an owner); retry later (DESIGN §3, write APIs respect leases).
+    Busy,
+    /// No such row.
+    Missing,
+}
