@@ -2,7 +2,13 @@
 //! them, and a deterministic simulator (madsim) that proves them under faults.
 //!
 //! Architecture (DESIGN §1): [`store`] holds all shared state behind one trait; [`pipeline`] is the engine that
-//! leases rows from it and processes them. Dependency direction: `pipeline` → `store`.
+//! leases rows from it and processes them. Dependency direction: `sim` → `pipeline` → `store`. The simulator
+//! harness (`sim/` at the repository root) is compiled only in the simulator build (`--cfg madsim`, DESIGN §6).
 
+mod buggify;
 pub mod pipeline;
 pub mod store;
+
+#[cfg(madsim)]
+#[path = "../sim/mod.rs"]
+pub mod sim;

@@ -1,1 +1,123 @@
+//! The pipeline engine (DESIGN §3; dstack's `contributing/PIPELINES.md`).
+//!
+//! A pipeline is one [`Fetcher`] + N workers + one [`Heartbeater`] over a bounded in-memory queue:
+//! - the fetcher leases ready rows (`lock_expires_at`, `lock_token`, `lock_owner`) into the queue while it is
+//!   below its lower mark, backs off on empty fetches and wakes at once on a fetch hint;
+//! - each worker runs load (refetch by token, related locks) → process (no store call) → guarded apply, and
+//!   resets the lease for retry when a related lock is contended;
+//! - the heartbeater extends leases that come close to expiry and forgets lost ones.
+//!
+//! [`PipelineManager`] registers pipelines, runs them, and drains them on shutdown. The engine is generic over
+//! [`Store`] and never names a backend.
 
+pub mod clock;
+pub mod config;
+pub mod fetcher;
+pub mod handler;
+pub mod heartbeater;
+pub mod hinter;
+pub mod manager;
+pub mod metrics;
+pub mod queue;
+pub mod worker;
+
+pub use clock::LocalClock;
+pub use config::{ConfigError, PipelineConfig};
+pub use fetcher::{FetchPass, Fetcher};
+pub use handler::{Changes, Handler, LoadCx, WorkError};
+pub use heartbeater::{HeartbeatPass, Heartbeater};
+pub use hinter::Hinter;
+pub use manager::{ManagerOptions, PipelineManager, ShutdownReport};
+pub use metrics::{Metrics, MetricsSnapshot};
+pub use worker::ItemOutcome;
+
+use crate::store::Store;
+use queue::Shared;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+use tokio::time::Duration;
+
+/// One pipeline's parts: its store, config, queue and ledger, and metrics. Clones share them. The manager builds
+/// one per registered pipeline; tests build one to drive a service pass by pass.
+pub struct Pipeline<S: Store> {
+    /// The store it leases from.
+    pub store: Arc<S>,
+    /// Its configuration (validated).
+    pub config: Arc<PipelineConfig>,
+    /// Queue, ledger and wake-ups.
+    pub shared: Arc<Shared>,
+    /// Counters and latencies.
+    pub metrics: Arc<Metrics>,
+    /// The local clock of its deadlines, backoffs and heartbeat periods (exact unless the simulator drifts it).
+    pub clock: LocalClock,
+}
+
+pub(crate) type Core<S> = Pipeline<S>;
+
+impl<S: Store> Clone for Pipeline<S> {
+    fn clone(&self) -> Self {
+        Pipeline {
+            store: self.store.clone(),
+            config: self.config.clone(),
+            shared: self.shared.clone(),
+            metrics: self.metrics.clone(),
+            clock: self.clock.clone(),
+        }
+    }
+}
+
+impl<S: Store> Pipeline<S> {
+    /// The parts of a pipeline over `store`. Errors: the first rule `config` breaks.
+    pub fn new(store: Arc<S>, config: PipelineConfig) -> Result<Pipeline<S>, ConfigError> {
+        config.validate()?;
+        let shared = Arc::new(Shared::new(&config));
+        Ok(Pipeline { store, config: Arc::new(config), shared, metrics: Arc::default(), clock: LocalClock::exact() })
+    }
+
+    /// The same pipeline on the local clock `clock` (DESIGN §2: deadlines are local, timestamps the store's).
+    pub fn with_local_clock(mut self, clock: LocalClock) -> Pipeline<S> {
+        self.clock = clock;
+        self
+    }
+
+    /// Its fetcher, with jitter drawn from a ChaCha stream seeded by `seed` and the pipeline's name (one stream
+    /// per purpose, DESIGN §5).
+    pub fn fetcher(&self, seed: u64) -> Fetcher<S> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(name_stream(&self.config.name));
+        Fetcher::new(self.clone(), rng)
+    }
+
+    /// Its heartbeater.
+    pub fn heartbeater(&self) -> Heartbeater<S> {
+        Heartbeater::new(self.clone())
+    }
+
+    /// Takes the next queued item, if any is queued now, and runs it through `handler` (one worker pass).
+    pub async fn work_one<H: Handler<S>>(&self, handler: &H) -> Option<ItemOutcome> {
+        if self.shared.queue_len() == 0 {
+            return None;
+        }
+        let item = self.shared.pop().await?;
+        Some(worker::work(self, handler, item).await)
+    }
+
+    /// Metrics with the gauges read now.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        let now = self.clock.now();
+        let leases = self.shared.leases();
+        let lease_age_max = leases.values().map(|held| now.duration_since(held.leased_at)).max();
+        MetricsSnapshot {
+            queue_depth: self.shared.queue_len(),
+            leases_held: leases.len(),
+            lease_age_max: lease_age_max.unwrap_or(Duration::ZERO),
+            ..self.metrics.snapshot()
+        }
+    }
+}
+
+/// A stable stream number for a pipeline name (FNV-1a), so adding a pipeline does not reshuffle another's jitter.
+fn name_stream(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ byte as u64).wrapping_mul(0x0100_0000_01b3))
+}

@@ -7,6 +7,7 @@
 use super::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Most commits a history keeps; a run that writes more is a runaway and fails loudly.
@@ -16,12 +17,16 @@ pub const HISTORY_LEN_MAX: usize = 20_000_000;
 #[derive(Clone)]
 pub struct MemStore {
     inner: Arc<Inner>,
+    /// Who makes the calls through this handle, recorded in its commits (see [`MemStore::as_caller`]).
+    caller: Option<Arc<str>>,
 }
 
 struct Inner {
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
     hints: broadcast::Sender<Hint>,
+    /// The mutation switch of [`MemStore::disable_apply_guard_for_mutation_test`].
+    apply_guard_disabled: AtomicBool,
 }
 
 #[derive(Default)]
@@ -42,6 +47,8 @@ struct State {
 pub struct Commit {
     /// The call's one `now`.
     pub at: Timestamp,
+    /// Who made the call, when the handle was labelled with [`MemStore::as_caller`] (the simulator's node).
+    pub caller: Option<Arc<str>>,
     /// What it did.
     pub op: CommitOp,
 }
@@ -50,26 +57,13 @@ pub struct Commit {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CommitOp {
     /// Leases a fetch handed out.
-    Fetch {
-        pipeline: String,
-        leases: Vec<Lease>,
-    },
+    Fetch { pipeline: String, leases: Vec<Lease> },
     /// Leases a heartbeat extended.
     Heartbeat { held: Vec<Lease> },
     /// A related lock attempt and its outcome.
-    LockRelated {
-        holder: Lease,
-        related: Vec<RowId>,
-        owner: String,
-        outcome: LockOutcome,
-    },
+    LockRelated { holder: Lease, related: Vec<RowId>, owner: String, outcome: LockOutcome },
     /// A guarded apply: `applied` is false when it was stale and wrote nothing.
-    Apply {
-        lease: Lease,
-        applied: bool,
-        related: Vec<RowId>,
-        inserted: Vec<RowId>,
-    },
+    Apply { lease: Lease, applied: bool, related: Vec<RowId>, inserted: Vec<RowId> },
     /// A reset-and-retry; `held` is false when the lease was already gone.
     Reset { lease: Lease, held: bool },
     /// Leases given back.
@@ -85,44 +79,24 @@ pub enum CommitOp {
 impl fmt::Display for Commit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} ", self.at)?;
-        let leases = |l: &[Lease]| {
-            l.iter()
-                .map(|l| format!("{}#{}", l.id, l.token))
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        let ids = |l: &[RowId]| {
-            l.iter()
-                .map(|i| i.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        match &self.op {
-            CommitOp::Fetch {
-                pipeline,
-                leases: l,
-            } => write!(f, "fetch {pipeline} [{}]", leases(l)),
+        if let Some(caller) = &self.caller {
+            write!(f, "{caller} ")?;
+        }
+        write!(f, "{}", self.op)
+    }
+}
+
+impl fmt::Display for CommitOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let leases = |l: &[Lease]| l.iter().map(|l| format!("{}#{}", l.id, l.token)).collect::<Vec<_>>().join(",");
+        let ids = |l: &[RowId]| l.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        match self {
+            CommitOp::Fetch { pipeline, leases: l } => write!(f, "fetch {pipeline} [{}]", leases(l)),
             CommitOp::Heartbeat { held } => write!(f, "heartbeat [{}]", leases(held)),
-            CommitOp::LockRelated {
-                holder,
-                related,
-                owner,
-                outcome,
-            } => {
-                write!(
-                    f,
-                    "lock_related {}#{} {owner} [{}] {outcome:?}",
-                    holder.id,
-                    holder.token,
-                    ids(related)
-                )
+            CommitOp::LockRelated { holder, related, owner, outcome } => {
+                write!(f, "lock_related {}#{} {owner} [{}] {outcome:?}", holder.id, holder.token, ids(related))
             }
-            CommitOp::Apply {
-                lease,
-                applied,
-                related,
-                inserted,
-            } => write!(
+            CommitOp::Apply { lease, applied, related, inserted } => write!(
                 f,
                 "apply {}#{} {} related=[{}] inserted=[{}]",
                 lease.id,
@@ -152,10 +126,23 @@ impl MemStore {
             clock: Arc::new(clock),
             state: Mutex::new(State::default()),
             hints,
+            apply_guard_disabled: AtomicBool::new(false),
         };
-        MemStore {
-            inner: Arc::new(inner),
-        }
+        MemStore { inner: Arc::new(inner), caller: None }
+    }
+
+    /// A handle on the same database whose calls record `caller` in their commits: the simulator's database
+    /// node labels each call with the node that sent it, so checkers and traces can name the writer.
+    pub fn as_caller(&self, caller: impl Into<Arc<str>>) -> MemStore {
+        MemStore { inner: self.inner.clone(), caller: Some(caller.into()) }
+    }
+
+    /// Mutation testing only: from now on `apply` skips its token guard (main and related rows) and writes as if
+    /// every token were current. The simulator's mutation check flips it to prove that its lease-exclusivity
+    /// checker fails when the guard is gone. Never call it elsewhere.
+    #[doc(hidden)]
+    pub fn disable_apply_guard_for_mutation_test(&self) {
+        self.inner.apply_guard_disabled.store(true, Ordering::SeqCst);
     }
 
     /// An empty store on `clock` that records every commit (see [`MemStore::history`]).
@@ -170,17 +157,29 @@ impl MemStore {
         self.lock().history.clone().unwrap_or_default()
     }
 
+    /// How many commits the history holds (0 unless built [`MemStore::with_history`]).
+    pub fn history_len(&self) -> usize {
+        self.lock().history.as_ref().map_or(0, Vec::len)
+    }
+
+    /// The commits recorded from index `start` on, oldest first: the tail a caller's last call added.
+    pub fn history_from(&self, start: usize) -> Vec<Commit> {
+        self.lock().history.as_ref().map_or_else(Vec::new, |history| history.get(start..).unwrap_or(&[]).to_vec())
+    }
+
     /// Every row, by id: a snapshot for checkers and tests.
     pub fn rows(&self) -> Vec<Row> {
         self.lock().rows.values().cloned().collect()
     }
 
+    /// Every event, in sequence order: a snapshot for checkers.
+    pub fn all_events(&self) -> Vec<Event> {
+        self.lock().events.clone()
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock is a bug of ours that already failed the run; keep serving reads.
-        self.inner
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn now(&self) -> Timestamp {
@@ -198,10 +197,7 @@ pub(crate) fn fetch_eligible(row: &Row, p: &FetchParams, now: Timestamp) -> bool
         return false;
     }
     let lease_expired = row.lock_expires_at.is_some();
-    let own_or_free = row
-        .lock_owner
-        .as_deref()
-        .is_none_or(|owner| owner == p.pipeline);
+    let own_or_free = row.lock_owner.as_deref().is_none_or(|owner| owner == p.pipeline);
     if !lease_expired && !own_or_free {
         return false;
     }
@@ -225,20 +221,15 @@ fn related_available(row: &Row, holder: Lease, owner: &str, now: Timestamp) -> b
 }
 
 impl State {
-    fn record(&mut self, at: Timestamp, op: CommitOp) {
+    fn record(&mut self, caller: &Option<Arc<str>>, at: Timestamp, op: CommitOp) {
         if let Some(history) = &mut self.history {
-            assert!(
-                history.len() < HISTORY_LEN_MAX,
-                "commit history passed {HISTORY_LEN_MAX} entries"
-            );
-            history.push(Commit { at, op });
+            assert!(history.len() < HISTORY_LEN_MAX, "commit history passed {HISTORY_LEN_MAX} entries");
+            history.push(Commit { at, caller: caller.clone(), op });
         }
     }
 
     fn holds(&self, lease: Lease) -> bool {
-        self.rows
-            .get(&lease.id)
-            .is_some_and(|row| row.lock_token == Some(lease.token))
+        self.rows.get(&lease.id).is_some_and(|row| row.lock_token == Some(lease.token))
     }
 
     fn fresh_token(&mut self) -> LockToken {
@@ -246,19 +237,10 @@ impl State {
         LockToken(self.next_token)
     }
 
-    fn set_lease(
-        &mut self,
-        id: RowId,
-        token: Option<LockToken>,
-        owner: Option<String>,
-        expires: Option<Timestamp>,
-    ) {
+    fn set_lease(&mut self, id: RowId, token: Option<LockToken>, owner: Option<String>, expires: Option<Timestamp>) {
         let row = self.rows.get_mut(&id).expect("set_lease on a missing row");
         if let Some(old) = row.lock_token.take() {
-            let rows = self
-                .by_token
-                .get_mut(&old)
-                .expect("token index lost a token");
+            let rows = self.by_token.get_mut(&old).expect("token index lost a token");
             rows.remove(&id);
             if rows.is_empty() {
                 self.by_token.remove(&old);
@@ -275,11 +257,7 @@ impl State {
     /// Rows other than `lease.id` that carry `lease.token`.
     fn related_of(&self, lease: Lease) -> Vec<RowId> {
         let rows = self.by_token.get(&lease.token);
-        rows.into_iter()
-            .flatten()
-            .copied()
-            .filter(|id| *id != lease.id)
-            .collect()
+        rows.into_iter().flatten().copied().filter(|id| *id != lease.id).collect()
     }
 
     fn unlock(&mut self, id: RowId) {
@@ -322,14 +300,10 @@ impl State {
 
 fn check_params(p: &FetchParams) -> Result<(), StoreError> {
     if p.statuses.is_empty() {
-        return Err(StoreError::Invalid(
-            "fetch: statuses must not be empty".into(),
-        ));
+        return Err(StoreError::Invalid("fetch: statuses must not be empty".into()));
     }
     if p.pipeline.is_empty() {
-        return Err(StoreError::Invalid(
-            "fetch: pipeline name must not be empty".into(),
-        ));
+        return Err(StoreError::Invalid("fetch: pipeline name must not be empty".into()));
     }
     Ok(())
 }
@@ -354,62 +328,33 @@ impl Store for MemStore {
         let mut leased = Vec::with_capacity(eligible.len());
         for (_, id) in eligible {
             let token = state.fresh_token();
-            state.set_lease(
-                id,
-                Some(token),
-                Some(p.pipeline.clone()),
-                Some(now.plus(p.lease_ttl)),
-            );
+            state.set_lease(id, Some(token), Some(p.pipeline.clone()), Some(now.plus(p.lease_ttl)));
             let row = state.rows.get_mut(&id).expect("eligible row vanished");
             row.hinted = false;
             leased.push(row.clone());
         }
-        let leases = leased
-            .iter()
-            .map(|row| Lease {
-                id: row.id,
-                token: row.lock_token.expect("leased"),
-            })
-            .collect();
-        state.record(
-            now,
-            CommitOp::Fetch {
-                pipeline: p.pipeline,
-                leases,
-            },
-        );
+        let leases = leased.iter().map(|row| Lease { id: row.id, token: row.lock_token.expect("leased") }).collect();
+        state.record(&self.caller, now, CommitOp::Fetch { pipeline: p.pipeline, leases });
         Ok(leased)
     }
 
     async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
         let state = self.lock();
-        Ok(state
-            .rows
-            .get(&lease.id)
-            .filter(|row| row.lock_token == Some(lease.token))
-            .cloned())
+        Ok(state.rows.get(&lease.id).filter(|row| row.lock_token == Some(lease.token)).cloned())
     }
 
     async fn heartbeat(&self, p: HeartbeatParams) -> Result<Vec<Lease>, StoreError> {
         let now = self.now();
         let expires = now.plus(p.lease_ttl);
         let mut state = self.lock();
-        let held: Vec<Lease> = p
-            .leases
-            .into_iter()
-            .filter(|lease| state.holds(*lease))
-            .collect();
+        let held: Vec<Lease> = p.leases.into_iter().filter(|lease| state.holds(*lease)).collect();
         for lease in &held {
             let ids: Vec<RowId> = state.by_token[&lease.token].iter().copied().collect();
             for id in ids {
-                state
-                    .rows
-                    .get_mut(&id)
-                    .expect("indexed row")
-                    .lock_expires_at = Some(expires);
+                state.rows.get_mut(&id).expect("indexed row").lock_expires_at = Some(expires);
             }
         }
-        state.record(now, CommitOp::Heartbeat { held: held.clone() });
+        state.record(&self.caller, now, CommitOp::Heartbeat { held: held.clone() });
         Ok(held)
     }
 
@@ -417,41 +362,21 @@ impl Store for MemStore {
         let now = self.now();
         let mut state = self.lock();
         if let Some(missing) = p.related.iter().find(|id| !state.rows.contains_key(id)) {
-            return Err(StoreError::Invalid(format!(
-                "lock_related: related row {missing} does not exist"
-            )));
+            return Err(StoreError::Invalid(format!("lock_related: related row {missing} does not exist")));
         }
         let outcome = if !state.holds(p.holder) {
             LockOutcome::Stale
         } else {
             let expires = Some(now.plus(p.lease_ttl));
-            let (available, taken): (Vec<RowId>, Vec<RowId>) = p
-                .related
-                .iter()
-                .partition(|id| related_available(&state.rows[id], p.holder, &p.owner, now));
-            let token = if taken.is_empty() {
-                Some(p.holder.token)
-            } else {
-                None
-            };
+            let (available, taken): (Vec<RowId>, Vec<RowId>) =
+                p.related.iter().partition(|id| related_available(&state.rows[id], p.holder, &p.owner, now));
+            let token = if taken.is_empty() { Some(p.holder.token) } else { None };
             for id in available {
                 state.set_lease(id, token, Some(p.owner.clone()), expires);
             }
-            if taken.is_empty() {
-                LockOutcome::Locked
-            } else {
-                LockOutcome::Contended
-            }
+            if taken.is_empty() { LockOutcome::Locked } else { LockOutcome::Contended }
         };
-        state.record(
-            now,
-            CommitOp::LockRelated {
-                holder: p.holder,
-                related: p.related,
-                owner: p.owner,
-                outcome,
-            },
-        );
+        state.record(&self.caller, now, CommitOp::LockRelated { holder: p.holder, related: p.related, owner: p.owner, outcome });
         Ok(outcome)
     }
 
@@ -459,23 +384,11 @@ impl Store for MemStore {
         let now = self.now();
         let mut state = self.lock();
         let lease = p.lease;
-        let related_held = p.related.iter().all(|r| {
-            state.holds(Lease {
-                id: r.id,
-                token: lease.token,
-            })
-        });
-        if !state.holds(lease) || !related_held {
+        let related_held = p.related.iter().all(|r| state.holds(Lease { id: r.id, token: lease.token }));
+        let guard_disabled = self.inner.apply_guard_disabled.load(Ordering::SeqCst);
+        if (!state.holds(lease) || !related_held) && !guard_disabled {
             let related = p.related.iter().map(|r| r.id).collect();
-            state.record(
-                now,
-                CommitOp::Apply {
-                    lease,
-                    applied: false,
-                    related,
-                    inserted: Vec::new(),
-                },
-            );
+            state.record(&self.caller, now, CommitOp::Apply { lease, applied: false, related, inserted: Vec::new() });
             return Ok(ApplyOutcome::Stale);
         }
         state.write(lease.id, p.update, now);
@@ -487,31 +400,15 @@ impl Store for MemStore {
             state.unlock(*id);
         }
         state.unlock(lease.id);
-        let row = state.rows.get_mut(&lease.id).expect("held row");
-        row.last_processed_at = Some(now);
-        row.hinted = false;
-        let inserted: Vec<RowId> = p
-            .inserts
-            .into_iter()
-            .map(|new| state.insert(new, now))
-            .collect();
+        // `hinted` stays: a hint that arrived during the lease is for the next fetch (see `Store::apply`).
+        state.rows.get_mut(&lease.id).expect("held row").last_processed_at = Some(now);
+        let inserted: Vec<RowId> = p.inserts.into_iter().map(|new| state.insert(new, now)).collect();
         for event in p.events {
             let seq = state.events.len() as i64 + 1;
-            state.events.push(Event {
-                seq,
-                row_id: event.row_id,
-                kind: event.kind,
-                data: event.data,
-                at: now,
-            });
+            state.events.push(Event { seq, row_id: event.row_id, kind: event.kind, data: event.data, at: now });
         }
-        let op = CommitOp::Apply {
-            lease,
-            applied: true,
-            related: locked,
-            inserted: inserted.clone(),
-        };
-        state.record(now, op);
+        let op = CommitOp::Apply { lease, applied: true, related: locked, inserted: inserted.clone() };
+        state.record(&self.caller, now, op);
         Ok(ApplyOutcome::Applied { inserted, now })
     }
 
@@ -525,23 +422,16 @@ impl Store for MemStore {
             }
             let owner = state.rows[&lease.id].lock_owner.clone();
             state.set_lease(lease.id, None, owner, None);
-            state
-                .rows
-                .get_mut(&lease.id)
-                .expect("held row")
-                .last_processed_at = Some(now);
+            state.rows.get_mut(&lease.id).expect("held row").last_processed_at = Some(now);
         }
-        state.record(now, CommitOp::Reset { lease, held });
+        state.record(&self.caller, now, CommitOp::Reset { lease, held });
         Ok(held)
     }
 
     async fn release(&self, leases: Vec<Lease>) -> Result<usize, StoreError> {
         let now = self.now();
         let mut state = self.lock();
-        let released: Vec<Lease> = leases
-            .into_iter()
-            .filter(|lease| state.holds(*lease))
-            .collect();
+        let released: Vec<Lease> = leases.into_iter().filter(|lease| state.holds(*lease)).collect();
         for lease in &released {
             for id in state.related_of(*lease) {
                 state.unlock(id);
@@ -549,7 +439,7 @@ impl Store for MemStore {
             state.unlock(lease.id);
         }
         let count = released.len();
-        state.record(now, CommitOp::Release { released });
+        state.record(&self.caller, now, CommitOp::Release { released });
         Ok(count)
     }
 
@@ -558,7 +448,7 @@ impl Store for MemStore {
         let mut state = self.lock();
         let kind = new.kind.clone();
         let id = state.insert(new, now);
-        state.record(now, CommitOp::Insert { id, kind });
+        state.record(&self.caller, now, CommitOp::Insert { id, kind });
         Ok(state.rows[&id].clone())
     }
 
@@ -569,27 +459,15 @@ impl Store for MemStore {
     async fn list(&self, kind: &str, parent: Option<RowId>) -> Result<Vec<Row>, StoreError> {
         let state = self.lock();
         let ids = state.by_kind.get(kind).into_iter().flatten();
-        let rows = ids
-            .map(|id| &state.rows[id])
-            .filter(|row| parent.is_none() || row.parent_id == parent);
+        let rows = ids.map(|id| &state.rows[id]).filter(|row| parent.is_none() || row.parent_id == parent);
         Ok(rows.cloned().collect())
     }
 
     async fn events(&self, row: RowId) -> Result<Vec<Event>, StoreError> {
-        Ok(self
-            .lock()
-            .events
-            .iter()
-            .filter(|event| event.row_id == row)
-            .cloned()
-            .collect())
+        Ok(self.lock().events.iter().filter(|event| event.row_id == row).cloned().collect())
     }
 
-    async fn update_unleased(
-        &self,
-        id: RowId,
-        update: RowUpdate,
-    ) -> Result<WriteOutcome, StoreError> {
+    async fn update_unleased(&self, id: RowId, update: RowUpdate) -> Result<WriteOutcome, StoreError> {
         let now = self.now();
         let mut state = self.lock();
         let outcome = match state.rows.get(&id) {
@@ -601,10 +479,7 @@ impl Store for MemStore {
                     WriteOutcome::Busy
                 } else {
                     // An expired lease is taken over and cleared, so its holder's late apply is stale.
-                    let related = state.related_of(Lease {
-                        id,
-                        token: row.lock_token.unwrap_or(LockToken(0)),
-                    });
+                    let related = state.related_of(Lease { id, token: row.lock_token.unwrap_or(LockToken(0)) });
                     for related_id in related {
                         state.unlock(related_id);
                     }
@@ -614,7 +489,7 @@ impl Store for MemStore {
                 }
             }
         };
-        state.record(now, CommitOp::UpdateUnleased { id, outcome });
+        state.record(&self.caller, now, CommitOp::UpdateUnleased { id, outcome });
         Ok(outcome)
     }
 
@@ -625,13 +500,7 @@ impl Store for MemStore {
             if let Some(row) = row.and_then(|id| state.rows.get_mut(&id)) {
                 row.hinted = true;
             }
-            state.record(
-                now,
-                CommitOp::Hint {
-                    kind: kind.to_string(),
-                    row,
-                },
-            );
+            state.record(&self.caller, now, CommitOp::Hint { kind: kind.to_string(), row });
         }
         // After commit; no subscriber is not an error.
         let _ = self.inner.hints.send(kind.to_string());

@@ -1,0 +1,129 @@
+//! A replica's local monotonic clock: the clock of its lease deadlines, fetch backoffs and heartbeat periods
+//! (DESIGN §2, Time). Store timestamps never come from it.
+//!
+//! By default it is the runtime's clock (`tokio::time::Instant`: simulated time under madsim). A *drifting* clock
+//! runs at a rate other than 1 against it, which is how the simulator models a replica whose monotonic clock is
+//! slow or fast (DESIGN §5, clock skew). An offset of the wall clock needs no model: nothing in the engine reads
+//! one, and every lease timestamp is the store's.
+
+use std::sync::{Arc, Mutex};
+use tokio::time::{Duration, Instant};
+
+/// Rate of an exact clock, in parts per million of the runtime's clock.
+pub const RATE_PPM_EXACT: u64 = 1_000_000;
+/// Slowest rate a drifting clock accepts: 0.5 (a clock that loses half of every second).
+pub const RATE_PPM_MIN: u64 = 500_000;
+/// Fastest rate a drifting clock accepts: 2.0.
+pub const RATE_PPM_MAX: u64 = 2_000_000;
+
+/// The engine's local clock. Clones share one clock.
+#[derive(Clone, Debug, Default)]
+pub struct LocalClock {
+    drift: Option<Arc<Mutex<Drift>>>,
+}
+
+/// A piecewise-linear map from the runtime's clock to the local one: local = `local_base` + (runtime −
+/// `runtime_base`) × `rate_ppm` / 10⁶. Integer arithmetic, so a run stays a function of its seed.
+#[derive(Debug)]
+struct Drift {
+    rate_ppm: u64,
+    runtime_base: Instant,
+    local_base: Instant,
+}
+
+impl Drift {
+    fn now(&self, runtime_now: Instant) -> Instant {
+        self.local_base + scale(runtime_now.duration_since(self.runtime_base), self.rate_ppm, RATE_PPM_EXACT)
+    }
+}
+
+/// `span` × `numerator` / `denominator`, in whole nanoseconds.
+fn scale(span: Duration, numerator: u64, denominator: u64) -> Duration {
+    let nanos = span.as_nanos() * numerator as u128 / denominator as u128;
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+}
+
+impl LocalClock {
+    /// The runtime's clock itself (the default).
+    pub fn exact() -> LocalClock {
+        LocalClock::default()
+    }
+
+    /// A clock whose rate can be changed with [`LocalClock::set_rate_ppm`]; it starts at rate 1.
+    pub fn drifting() -> LocalClock {
+        let now = Instant::now();
+        let drift = Drift { rate_ppm: RATE_PPM_EXACT, runtime_base: now, local_base: now };
+        LocalClock { drift: Some(Arc::new(Mutex::new(drift))) }
+    }
+
+    /// Sets the rate, in parts per million of the runtime's clock, from now on (local time stays continuous).
+    ///
+    /// Panics on an exact clock, or on a rate outside [`RATE_PPM_MIN`]..=[`RATE_PPM_MAX`].
+    pub fn set_rate_ppm(&self, rate_ppm: u64) {
+        assert!((RATE_PPM_MIN..=RATE_PPM_MAX).contains(&rate_ppm), "clock rate {rate_ppm} ppm out of range");
+        let drift = self.drift.as_ref().expect("set_rate_ppm on an exact LocalClock; build it with drifting()");
+        let mut drift = lock(drift);
+        let runtime_now = Instant::now();
+        let local_now = drift.now(runtime_now);
+        *drift = Drift { rate_ppm, runtime_base: runtime_now, local_base: local_now };
+    }
+
+    /// The current rate in parts per million ([`RATE_PPM_EXACT`] for an exact clock).
+    pub fn rate_ppm(&self) -> u64 {
+        self.drift.as_ref().map_or(RATE_PPM_EXACT, |drift| lock(drift).rate_ppm)
+    }
+
+    /// The local time now.
+    pub fn now(&self) -> Instant {
+        let runtime_now = Instant::now();
+        match &self.drift {
+            None => runtime_now,
+            Some(drift) => lock(drift).now(runtime_now),
+        }
+    }
+
+    /// Sleeps `span` of local time: `span` / rate of the runtime's clock.
+    pub async fn sleep(&self, span: Duration) {
+        let rate_ppm = self.rate_ppm();
+        let runtime_span = if rate_ppm == RATE_PPM_EXACT { span } else { scale(span, RATE_PPM_EXACT, rate_ppm) };
+        tokio::time::sleep(runtime_span).await;
+    }
+
+    /// Sleeps until the local time `deadline` (returns at once if it passed).
+    pub async fn sleep_until(&self, deadline: Instant) {
+        self.sleep(deadline.saturating_duration_since(self.now())).await;
+    }
+}
+
+fn lock(drift: &Mutex<Drift>) -> std::sync::MutexGuard<'_, Drift> {
+    drift.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(all(test, not(madsim)))]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_clock_counts_less_time_and_sleeps_longer() {
+        let clock = LocalClock::drifting();
+        let start_local = clock.now();
+        let start = Instant::now();
+        clock.set_rate_ppm(800_000);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(clock.now().duration_since(start_local), Duration::from_secs(8));
+        clock.sleep(Duration::from_secs(4)).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(15));
+        clock.set_rate_ppm(RATE_PPM_EXACT);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(clock.now().duration_since(start_local), Duration::from_secs(13));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_exact_clock_is_the_runtime_clock() {
+        let clock = LocalClock::exact();
+        let start = Instant::now();
+        clock.sleep(Duration::from_millis(1500)).await;
+        assert_eq!(clock.now().duration_since(start), Duration::from_millis(1500));
+        assert_eq!(clock.rate_ppm(), RATE_PPM_EXACT);
+    }
+}

@@ -1,0 +1,208 @@
+//! A pipeline's configuration, with dstack's measured defaults (DESIGN §3, `seeds/dstack-pipelines.md`).
+
+use std::time::Duration;
+
+/// Default lease length on the store's clock (DESIGN §3: ttl default 30 s).
+pub const LEASE_TTL_DEFAULT: Duration = Duration::from_secs(30);
+/// Default heartbeat period on the local clock (DESIGN §3: every 1 s).
+pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+/// Default safety margin: a holder treats its lease as lost at (fetch or heartbeat sent) + ttl − margin on its own
+/// monotonic clock (DESIGN §2, Time), so a lease is given up locally before the store can hand it out again.
+pub const LEASE_MARGIN_DEFAULT: Duration = Duration::from_secs(2);
+/// Default number of workers per pipeline (dstack's typical pipeline size, seed "Performance analysis").
+pub const WORKERS_DEFAULT: usize = 20;
+/// Default minimum interval between two processings of one row.
+pub const MIN_PROCESSING_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
+/// Default delay before a row reset for retry is fetched again: the shortest empty-fetch backoff, so a retry
+/// costs no more than one fetch pass (seed, "Reset-and-retry").
+pub const RETRY_DELAY_DEFAULT: Duration = Duration::from_millis(500);
+/// Queue upper bound factor: queue max = ceil(workers × 2.0) (DESIGN §3, dstack).
+pub const QUEUE_UPPER_FACTOR_DEFAULT: f64 = 2.0;
+/// Queue lower mark factor: fetch when size < ceil(workers × 0.5) (DESIGN §3, dstack).
+pub const QUEUE_LOWER_FACTOR_DEFAULT: f64 = 0.5;
+/// Empty-fetch backoff by consecutive empty fetches: 0.5, 1, 2, 5 s (DESIGN §3, dstack).
+pub const FETCH_BACKOFF_DEFAULT: [Duration; 4] =
+    [Duration::from_millis(500), Duration::from_secs(1), Duration::from_secs(2), Duration::from_secs(5)];
+/// Jitter of each backoff: ×(1 ± 0.2) (DESIGN §3, dstack).
+pub const FETCH_JITTER_DEFAULT: f64 = 0.2;
+/// Chance that a backoff uses the shortest delay whatever the streak (DESIGN §3, dstack: 10%).
+pub const FETCH_SHORTEST_CHANCE_DEFAULT: f64 = 0.1;
+
+const _: () = assert!(HEARTBEAT_INTERVAL_DEFAULT.as_millis() * 2 <= LEASE_TTL_DEFAULT.as_millis());
+const _: () = assert!(
+    LEASE_MARGIN_DEFAULT.as_millis() + HEARTBEAT_INTERVAL_DEFAULT.as_millis() * 2 <= LEASE_TTL_DEFAULT.as_millis() / 2
+);
+
+/// One pipeline: which rows it leases and how it paces itself. Build with [`PipelineConfig::new`] and change
+/// fields; [`PipelineConfig::validate`] names the first broken rule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelineConfig {
+    /// Pipeline name; written to `lock_owner` of its leases. Default: none (required).
+    pub name: String,
+    /// Row kind it processes. Default: none (required).
+    pub kind: String,
+    /// Statuses that make a row eligible. Default: none (required, not empty).
+    pub statuses: Vec<String>,
+    /// Concurrent workers. Default [`WORKERS_DEFAULT`].
+    pub workers: usize,
+    /// Lease length, store clock. Default [`LEASE_TTL_DEFAULT`].
+    pub lease_ttl: Duration,
+    /// Local safety margin before the store-side expiry. Default [`LEASE_MARGIN_DEFAULT`].
+    pub lease_margin: Duration,
+    /// Heartbeat period, local clock. Default [`HEARTBEAT_INTERVAL_DEFAULT`].
+    pub heartbeat_interval: Duration,
+    /// A lease is extended when its local deadline is this close. Default: `lease_ttl / 2` (DESIGN §3).
+    pub heartbeat_trigger: Duration,
+    /// Minimum time between two processings of one row, store clock. Default [`MIN_PROCESSING_INTERVAL_DEFAULT`].
+    pub min_processing_interval: Duration,
+    /// Delay before a row reset for retry is eligible again, store clock. Default [`RETRY_DELAY_DEFAULT`].
+    pub retry_delay: Duration,
+    /// Queue max = ceil(workers × this). Default [`QUEUE_UPPER_FACTOR_DEFAULT`].
+    pub queue_upper_factor: f64,
+    /// Fetch when queue size < ceil(workers × this). Default [`QUEUE_LOWER_FACTOR_DEFAULT`].
+    pub queue_lower_factor: f64,
+    /// Empty-fetch backoff sequence, local clock; the last value repeats. Default [`FETCH_BACKOFF_DEFAULT`].
+    pub fetch_backoff: Vec<Duration>,
+    /// Relative jitter of each backoff, in [0, 1). Default [`FETCH_JITTER_DEFAULT`].
+    pub fetch_jitter: f64,
+    /// Chance in [0, 1] of using the shortest backoff. Default [`FETCH_SHORTEST_CHANCE_DEFAULT`].
+    pub fetch_shortest_chance: f64,
+}
+
+/// A configuration that breaks a rule; the message names the field, the value and the rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A field breaks a rule.
+    #[error("pipeline {pipeline}: {field}: {rule}")]
+    Field { pipeline: String, field: &'static str, rule: String },
+    /// Two pipelines share a name (and so a lock owner).
+    #[error("pipeline {0}: registered twice")]
+    Duplicate(String),
+    /// The store's connection pool cannot serve every worker, fetcher and heartbeater (DESIGN §3).
+    #[error(
+        "store allows {available} connections but the pipelines need {needed} (workers + fetcher + heartbeater each)"
+    )]
+    Connections { needed: usize, available: usize },
+}
+
+impl PipelineConfig {
+    /// A pipeline `name` over rows of `kind` in one of `statuses`, with every other field at its default.
+    pub fn new(name: impl Into<String>, kind: impl Into<String>, statuses: &[&str]) -> PipelineConfig {
+        PipelineConfig {
+            name: name.into(),
+            kind: kind.into(),
+            statuses: statuses.iter().map(|s| s.to_string()).collect(),
+            workers: WORKERS_DEFAULT,
+            lease_ttl: LEASE_TTL_DEFAULT,
+            lease_margin: LEASE_MARGIN_DEFAULT,
+            heartbeat_interval: HEARTBEAT_INTERVAL_DEFAULT,
+            heartbeat_trigger: LEASE_TTL_DEFAULT / 2,
+            min_processing_interval: MIN_PROCESSING_INTERVAL_DEFAULT,
+            retry_delay: RETRY_DELAY_DEFAULT,
+            queue_upper_factor: QUEUE_UPPER_FACTOR_DEFAULT,
+            queue_lower_factor: QUEUE_LOWER_FACTOR_DEFAULT,
+            fetch_backoff: FETCH_BACKOFF_DEFAULT.to_vec(),
+            fetch_jitter: FETCH_JITTER_DEFAULT,
+            fetch_shortest_chance: FETCH_SHORTEST_CHANCE_DEFAULT,
+        }
+    }
+
+    /// The same config with `lease_ttl` set and `heartbeat_trigger` at its default of `lease_ttl / 2`.
+    pub fn with_lease_ttl(mut self, lease_ttl: Duration) -> PipelineConfig {
+        self.lease_ttl = lease_ttl;
+        self.heartbeat_trigger = lease_ttl / 2;
+        self
+    }
+
+    /// Queue max: ceil(workers × `queue_upper_factor`).
+    pub fn queue_len_max(&self) -> usize {
+        (self.workers as f64 * self.queue_upper_factor).ceil() as usize
+    }
+
+    /// Queue lower mark: the fetcher fetches while the queue is shorter, ceil(workers × `queue_lower_factor`).
+    pub fn queue_len_low(&self) -> usize {
+        (self.workers as f64 * self.queue_lower_factor).ceil() as usize
+    }
+
+    /// Store connections this pipeline can use at once: one per worker, the fetcher and the heartbeater.
+    pub fn connections_needed(&self) -> usize {
+        self.workers + 2
+    }
+
+    /// Checks every rule; the first broken one is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |field, rule: String| Err(ConfigError::Field { pipeline: self.name.clone(), field, rule });
+        if self.name.is_empty() {
+            return fail("name", "must not be empty".into());
+        }
+        if self.kind.is_empty() {
+            return fail("kind", "must not be empty".into());
+        }
+        if self.statuses.is_empty() {
+            return fail("statuses", "must name at least one status".into());
+        }
+        if self.workers == 0 {
+            return fail("workers", "0 must be at least 1".into());
+        }
+        if !(self.queue_lower_factor > 0.0 && self.queue_lower_factor <= self.queue_upper_factor) {
+            let rule = format!(
+                "queue_lower_factor {} must be > 0 and ≤ queue_upper_factor {}",
+                self.queue_lower_factor, self.queue_upper_factor
+            );
+            return fail("queue_lower_factor", rule);
+        }
+        if self.lease_margin + self.heartbeat_interval * 2 > self.heartbeat_trigger {
+            let rule = format!(
+                "{:?} leaves less than two heartbeats ({:?}) plus the lease margin ({:?}) to extend a lease",
+                self.heartbeat_trigger, self.heartbeat_interval, self.lease_margin
+            );
+            return fail("heartbeat_trigger", rule);
+        }
+        if self.heartbeat_trigger >= self.lease_ttl {
+            let rule = format!("{:?} must be shorter than lease_ttl {:?}", self.heartbeat_trigger, self.lease_ttl);
+            return fail("heartbeat_trigger", rule);
+        }
+        if self.fetch_backoff.is_empty() || self.fetch_backoff.iter().any(|d| d.is_zero()) {
+            return fail("fetch_backoff", "must hold at least one delay, none of them zero".into());
+        }
+        if !(0.0..1.0).contains(&self.fetch_jitter) {
+            return fail("fetch_jitter", format!("{} must be in [0, 1)", self.fetch_jitter));
+        }
+        if !(0.0..=1.0).contains(&self.fetch_shortest_chance) {
+            return fail("fetch_shortest_chance", format!("{} must be in [0, 1]", self.fetch_shortest_chance));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_queue_marks_follow_dstack_factors() {
+        let config = PipelineConfig::new("p", "k", &["ready"]);
+        assert_eq!(config.queue_len_max(), 40);
+        assert_eq!(config.queue_len_low(), 10);
+        let odd = PipelineConfig { workers: 3, ..config };
+        assert_eq!(odd.queue_len_max(), 6);
+        assert_eq!(odd.queue_len_low(), 2);
+    }
+
+    #[test]
+    fn defaults_validate() {
+        PipelineConfig::new("p", "k", &["ready"]).validate().unwrap();
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let config = PipelineConfig { workers: 0, ..PipelineConfig::new("p", "k", &["ready"]) };
+        assert_eq!(config.validate().unwrap_err().to_string(), "pipeline p: workers: 0 must be at least 1");
+        let config = PipelineConfig::new("p", "k", &["ready"]).with_lease_ttl(std::time::Duration::from_secs(4));
+        let message = config.validate().unwrap_err().to_string();
+        assert!(message.starts_with("pipeline p: heartbeat_trigger:"), "{message}");
+        let config = PipelineConfig::new("p", "k", &[]);
+        assert!(config.validate().unwrap_err().to_string().contains("statuses"));
+    }
+}

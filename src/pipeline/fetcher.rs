@@ -1,0 +1,203 @@
+//! The fetcher: leases ready rows into the bounded queue, backs off on empty fetches, wakes on hints and on
+//! refill (DESIGN §3; dstack PIPELINES, "Overview" and checklist 1–2).
+
+use super::Core;
+use super::config::PipelineConfig;
+use super::metrics::Metrics;
+use super::queue::Item;
+use crate::buggify::{self, Point};
+use crate::store::{FetchParams, Lease, Store, StoreError};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use std::sync::atomic::Ordering;
+use tokio::time::Duration;
+
+/// What one fetch pass did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FetchPass {
+    /// The queue was at or above its lower mark: nothing was fetched.
+    Full,
+    /// Leased `fetched` rows of at most `limit`.
+    Fetched { fetched: usize, limit: usize },
+}
+
+/// One pipeline's fetcher. Drive it with [`Fetcher::run_once`] in tests; [`Fetcher::run`] is its loop.
+pub struct Fetcher<S: Store> {
+    core: Core<S>,
+    rng: ChaCha8Rng,
+    empty_streak: u32,
+}
+
+/// The delay after the `empty_streak`-th consecutive empty fetch (1-based): the backoff sequence by streak, the
+/// shortest one with `fetch_shortest_chance`, times a uniform factor in [1 − jitter, 1 + jitter] (DESIGN §3).
+pub fn fetch_backoff(config: &PipelineConfig, empty_streak: u32, rng: &mut impl Rng) -> Duration {
+    let steps = &config.fetch_backoff;
+    let step = (empty_streak.max(1) as usize - 1).min(steps.len() - 1);
+    let shortest = rng.random_bool(config.fetch_shortest_chance);
+    let base = if shortest { steps[0] } else { steps[step] };
+    let factor = if config.fetch_jitter > 0.0 {
+        rng.random_range(1.0 - config.fetch_jitter..=1.0 + config.fetch_jitter)
+    } else {
+        1.0
+    };
+    base.mul_f64(factor)
+}
+
+impl<S: Store> Fetcher<S> {
+    pub(crate) fn new(core: Core<S>, rng: ChaCha8Rng) -> Fetcher<S> {
+        Fetcher { core, rng, empty_streak: 0 }
+    }
+
+    /// Consecutive empty fetches so far.
+    pub fn empty_streak(&self) -> u32 {
+        self.empty_streak
+    }
+
+    /// One pass: if the queue is below its lower mark, lease up to (queue max − size) rows and queue them.
+    ///
+    /// Errors: the store's, with nothing queued (a fetch whose reply was lost leaves its leases to expire).
+    pub async fn run_once(&mut self) -> Result<FetchPass, StoreError> {
+        let shared = &self.core.shared;
+        if shared.queue_len() >= shared.queue_len_low {
+            return Ok(FetchPass::Full);
+        }
+        let limit = shared.fetch_limit();
+        let config = &self.core.config;
+        let params = FetchParams {
+            pipeline: config.name.clone(),
+            kind: config.kind.clone(),
+            statuses: config.statuses.clone(),
+            limit,
+            lease_ttl: config.lease_ttl,
+            min_processing_interval: config.min_processing_interval,
+            retry_delay: config.retry_delay,
+        };
+        let clock = &self.core.clock;
+        let sent = clock.now();
+        let rows = self.core.store.fetch(params).await?;
+        self.core.metrics.fetch_latency.record(clock.now().duration_since(sent));
+        if buggify::fires(Point::FetchStall) {
+            // The rows arrive with a lease ttl gone: their local deadlines (from `sent`) have passed, so the
+            // heartbeater and the workers must treat them as lost, whatever the store says.
+            clock.sleep(config.lease_ttl).await;
+        }
+        assert!(rows.len() <= limit, "fetch returned {} rows past its limit {limit}", rows.len());
+        let fetched = rows.len();
+        self.core.metrics.fetched.fetch_add(fetched as u64, Ordering::Relaxed);
+        if fetched == 0 {
+            self.empty_streak += 1;
+            Metrics::bump(&self.core.metrics.empty_fetches);
+        } else {
+            self.empty_streak = 0;
+        }
+        let items = rows
+            .into_iter()
+            .map(|row| {
+                let token = row.lock_token.expect("a fetched row carries its lease token");
+                Item { lease: Lease { id: row.id, token }, row }
+            })
+            .collect();
+        shared.push(items, sent, config.lease_ttl, config.lease_margin);
+        Ok(FetchPass::Fetched { fetched, limit })
+    }
+
+    /// The fetcher's loop, until the pipeline stops. After a full queue it waits for a refill or a hint; after
+    /// an empty fetch it sleeps the backoff unless a hint comes; after a partial fetch (the store had fewer
+    /// ready rows than the limit) it sleeps the shortest backoff unless a hint comes. A store error is logged
+    /// and treated as an empty fetch.
+    pub async fn run(mut self) {
+        let shared = self.core.shared.clone();
+        while !shared.is_stopping() {
+            let wait = match self.run_once().await {
+                Ok(FetchPass::Full) => None,
+                Ok(FetchPass::Fetched { fetched, limit }) if fetched == limit => continue,
+                Ok(FetchPass::Fetched { fetched: 0, .. }) => Some(self.backoff()),
+                Ok(FetchPass::Fetched { .. }) => Some(self.core.config.fetch_backoff[0]),
+                Err(error) => {
+                    tracing::warn!(pipeline = %self.core.config.name, %error, "fetch failed");
+                    self.empty_streak += 1;
+                    Some(self.backoff())
+                }
+            };
+            match wait {
+                // Full: only a worker (refill) or a hint can make a fetch useful.
+                // `biased`: tokio's `select!` otherwise draws its branch order from a thread-local RNG seeded
+                // from a process-wide counter, which madsim does not control, so the same seed would not give
+                // the same run twice in one process (DESIGN §5: a run is a function of the seed).
+                None => tokio::select! {
+                    biased;
+                    _ = shared.stop.notified() => {}
+                    _ = shared.refill.notified() => {}
+                    _ = shared.hint.notified() => {}
+                },
+                Some(delay) => tokio::select! {
+                    biased;
+                    _ = shared.stop.notified() => {}
+                    _ = shared.hint.notified() => {}
+                    _ = self.core.clock.sleep(delay) => {}
+                },
+            }
+        }
+    }
+
+    fn backoff(&mut self) -> Duration {
+        fetch_backoff(&self.core.config, self.empty_streak, &mut self.rng)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn config() -> PipelineConfig {
+        PipelineConfig::new("p", "k", &["ready"])
+    }
+
+    #[test]
+    fn backoff_follows_the_sequence_within_jitter_bounds() {
+        let config = config();
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for streak in 1..=6u32 {
+            let expected = FETCH_STEPS[(streak as usize - 1).min(3)];
+            for _ in 0..500 {
+                let delay = fetch_backoff(&config, streak, &mut rng).as_secs_f64();
+                let shortest = FETCH_STEPS[0];
+                let within = |base: f64| delay >= base * 0.8 - 1e-9 && delay <= base * 1.2 + 1e-9;
+                assert!(within(expected) || within(shortest), "streak {streak}: {delay}s");
+            }
+        }
+    }
+
+    const FETCH_STEPS: [f64; 4] = [0.5, 1.0, 2.0, 5.0];
+
+    #[test]
+    fn backoff_takes_the_shortest_about_one_time_in_ten() {
+        let config = config();
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let draws = 10_000;
+        let shortest = (0..draws).filter(|_| fetch_backoff(&config, 4, &mut rng) < Duration::from_secs(1)).count();
+        let share = shortest as f64 / draws as f64;
+        assert!((0.08..0.12).contains(&share), "share of shortest backoffs {share}");
+    }
+
+    #[test]
+    fn backoff_jitter_spans_both_sides() {
+        let config = PipelineConfig { fetch_shortest_chance: 0.0, ..config() };
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let delays: Vec<f64> = (0..2_000).map(|_| fetch_backoff(&config, 2, &mut rng).as_secs_f64()).collect();
+        let min = delays.iter().cloned().fold(f64::MAX, f64::min);
+        let max = delays.iter().cloned().fold(0.0, f64::max);
+        assert!((0.8..0.82).contains(&min), "min {min}");
+        assert!(max > 1.18 && max <= 1.2, "max {max}");
+    }
+
+    #[test]
+    fn backoff_without_jitter_is_exact() {
+        let config = PipelineConfig { fetch_jitter: 0.0, fetch_shortest_chance: 0.0, ..config() };
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let delays: Vec<Duration> = (1..=5).map(|streak| fetch_backoff(&config, streak, &mut rng)).collect();
+        let secs = |s: f64| Duration::from_secs_f64(s);
+        assert_eq!(delays, vec![secs(0.5), secs(1.0), secs(2.0), secs(5.0), secs(5.0)]);
+    }
+}

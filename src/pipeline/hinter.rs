@@ -1,0 +1,44 @@
+//! The hinter: turns fetch hints from the store's hint channel into wake-ups of the fetchers of the hinted kind,
+//! in every state of the fetcher (DESIGN §3). Hints cross replicas through the store (PostgreSQL `NOTIFY`), where
+//! dstack's stay inside one process.
+
+use super::queue::Shared;
+use crate::store::Hint;
+use std::sync::Arc;
+use tokio::sync::broadcast::{self, error::RecvError};
+
+/// Routes hints to fetchers.
+pub struct Hinter {
+    receiver: broadcast::Receiver<Hint>,
+    routes: Vec<(String, Arc<Shared>)>,
+}
+
+impl Hinter {
+    /// A hinter reading `receiver` that wakes each `(kind, pipeline)` route whose kind is hinted.
+    pub fn new(receiver: broadcast::Receiver<Hint>, routes: Vec<(String, Arc<Shared>)>) -> Hinter {
+        Hinter { receiver, routes }
+    }
+
+    /// Waits for one hint and wakes the fetchers of its kind; returns how many were woken, or `None` when the
+    /// hint channel closed. After a lag (hints were dropped), every fetcher is woken.
+    pub async fn run_once(&mut self) -> Option<usize> {
+        let kind = match self.receiver.recv().await {
+            Ok(kind) => Some(kind),
+            Err(RecvError::Lagged(_)) => None,
+            Err(RecvError::Closed) => return None,
+        };
+        let mut woken = 0;
+        for (route_kind, shared) in &self.routes {
+            if kind.as_deref().is_none_or(|kind| kind == route_kind) {
+                shared.hint.notify_one();
+                woken += 1;
+            }
+        }
+        Some(woken)
+    }
+
+    /// The hinter's loop, until the hint channel closes.
+    pub async fn run(mut self) {
+        while self.run_once().await.is_some() {}
+    }
+}

@@ -1,0 +1,165 @@
+//! The manager: registers pipelines, starts them, and drains them on shutdown, giving back the leases of queued
+//! items no worker started (DESIGN §3, Manager; dstack PIPELINES, checklist 8).
+
+use super::handler::Handler;
+use super::hinter::Hinter;
+use super::{ConfigError, LocalClock, MetricsSnapshot, Pipeline, PipelineConfig, worker};
+use crate::store::{Lease, RowId, Store, StoreError};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::task::JoinHandle;
+
+/// Options of a [`PipelineManager`].
+#[derive(Clone, Debug, Default)]
+pub struct ManagerOptions {
+    /// Seed of every random stream the engine draws (fetch jitter). Under the simulator it comes from the run's
+    /// seed; a production replica can pass any value.
+    pub seed: u64,
+}
+
+/// What a shutdown did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Leases of queued, unstarted items given back to the store, over all pipelines.
+    pub released: usize,
+    /// Release calls that failed; those leases expire on their own.
+    pub release_errors: usize,
+}
+
+type Spawn<S> = Box<dyn FnOnce(Pipeline<S>) -> Vec<JoinHandle<()>> + Send>;
+
+struct Registered<S: Store> {
+    pipeline: Pipeline<S>,
+    spawn_workers: Option<Spawn<S>>,
+    fetcher: Option<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
+    heartbeater: Option<JoinHandle<()>>,
+}
+
+/// Runs a replica's pipelines over one store.
+pub struct PipelineManager<S: Store> {
+    store: Arc<S>,
+    options: ManagerOptions,
+    pipelines: Vec<Registered<S>>,
+    hinter: Option<JoinHandle<()>>,
+    clock: LocalClock,
+}
+
+impl<S: Store> PipelineManager<S> {
+    /// A manager over `store` with no pipelines.
+    pub fn new(store: Arc<S>, options: ManagerOptions) -> PipelineManager<S> {
+        PipelineManager { store, options, pipelines: Vec::new(), hinter: None, clock: LocalClock::exact() }
+    }
+
+    /// The same manager with every pipeline registered from now on running on the local clock `clock` (the
+    /// simulator drifts it to model a replica's slow or fast monotonic clock).
+    pub fn with_local_clock(mut self, clock: LocalClock) -> PipelineManager<S> {
+        self.clock = clock;
+        self
+    }
+
+    /// Adds a pipeline. Errors: a broken config rule, a duplicate name, or more connections needed in total
+    /// than [`Store::connection_limit`] allows (DESIGN §3: the pool is sized for workers + fetcher + heartbeater).
+    pub fn register<H: Handler<S>>(&mut self, config: PipelineConfig, handler: H) -> Result<(), ConfigError> {
+        if self.pipelines.iter().any(|p| p.pipeline.config.name == config.name) {
+            return Err(ConfigError::Duplicate(config.name));
+        }
+        if let Some(available) = self.store.connection_limit() {
+            let registered: usize = self.pipelines.iter().map(|p| p.pipeline.config.connections_needed()).sum();
+            let needed = registered + config.connections_needed();
+            if needed > available {
+                return Err(ConfigError::Connections { needed, available });
+            }
+        }
+        let pipeline = Pipeline::new(self.store.clone(), config)?.with_local_clock(self.clock.clone());
+        let handler = Arc::new(handler);
+        let spawn_workers: Spawn<S> = Box::new(move |pipeline: Pipeline<S>| {
+            let workers = pipeline.config.workers;
+            (0..workers).map(|_| tokio::spawn(worker::run(pipeline.clone(), handler.clone()))).collect()
+        });
+        self.pipelines.push(Registered {
+            pipeline,
+            spawn_workers: Some(spawn_workers),
+            fetcher: None,
+            workers: Vec::new(),
+            heartbeater: None,
+        });
+        Ok(())
+    }
+
+    /// Starts every registered pipeline's fetcher, workers and heartbeater, and the hinter. Call once.
+    pub fn start(&mut self) {
+        let routes =
+            self.pipelines.iter().map(|p| (p.pipeline.config.kind.clone(), p.pipeline.shared.clone())).collect();
+        let hinter = Hinter::new(self.store.subscribe_hints(), routes);
+        self.hinter = Some(tokio::spawn(hinter.run()));
+        for registered in &mut self.pipelines {
+            let spawn = registered.spawn_workers.take().expect("PipelineManager::start called twice");
+            let pipeline = &registered.pipeline;
+            registered.workers = spawn(pipeline.clone());
+            registered.fetcher = Some(tokio::spawn(pipeline.fetcher(self.options.seed).run()));
+            registered.heartbeater = Some(tokio::spawn(pipeline.heartbeater().run()));
+        }
+    }
+
+    /// Sends a fetch hint for `kind` (and marks `row` hinted) through the store, so every replica's fetchers of
+    /// that kind wake. Call after the write that made the rows ready has committed.
+    pub async fn hint_fetch(&self, kind: &str, row: Option<RowId>) -> Result<(), StoreError> {
+        self.store.hint(kind, row).await
+    }
+
+    /// Metrics of the pipeline named `name`, if registered.
+    pub fn metrics(&self, name: &str) -> Option<MetricsSnapshot> {
+        self.pipelines.iter().find(|p| p.pipeline.config.name == name).map(|p| p.pipeline.metrics())
+    }
+
+    /// The parts of the pipeline named `name`, if registered.
+    pub fn pipeline(&self, name: &str) -> Option<&Pipeline<S>> {
+        self.pipelines.iter().find(|p| p.pipeline.config.name == name).map(|p| &p.pipeline)
+    }
+
+    /// Drains every pipeline:
+    /// 1. the queue closes: workers take no new item, and the fetcher stops after its current pass;
+    /// 2. the leases of items still queued (including any the fetcher's last pass added) go back to the store;
+    /// 3. workers finish the items they started, with heartbeats still running;
+    /// 4. heartbeaters and the hinter stop.
+    pub async fn shutdown(&mut self) -> ShutdownReport {
+        let mut report = ShutdownReport::default();
+        for registered in &mut self.pipelines {
+            let pipeline = registered.pipeline.clone();
+            let mut unstarted = pipeline.shared.close();
+            if let Some(fetcher) = registered.fetcher.take() {
+                let _ = fetcher.await;
+            }
+            unstarted.extend(pipeline.shared.close());
+            let leases: Vec<Lease> = unstarted.iter().map(|item| item.lease).collect();
+            for lease in &leases {
+                pipeline.shared.forget(*lease);
+            }
+            if !leases.is_empty() {
+                match pipeline.store.release(leases).await {
+                    Ok(released) => {
+                        report.released += released;
+                        pipeline.metrics.released.fetch_add(released as u64, Ordering::Relaxed);
+                    }
+                    Err(error) => {
+                        tracing::warn!(pipeline = %pipeline.config.name, %error, "release on shutdown failed");
+                        report.release_errors += 1;
+                    }
+                }
+            }
+        }
+        for registered in &mut self.pipelines {
+            for worker in registered.workers.drain(..) {
+                let _ = worker.await;
+            }
+            if let Some(heartbeater) = registered.heartbeater.take() {
+                heartbeater.abort();
+            }
+        }
+        if let Some(hinter) = self.hinter.take() {
+            hinter.abort();
+        }
+        report
+    }
+}

@@ -1,0 +1,539 @@
+//! The engine's behaviour on MemStore, one service pass at a time (STYLE: `run_once`, no sleeping to wait),
+//! with tokio's paused clock as the local clock. Store-level semantics live in the conformance suite.
+#![cfg(not(madsim))]
+
+use lockstep::pipeline::{
+    Changes, Handler, ItemOutcome, LoadCx, ManagerOptions, Pipeline, PipelineConfig, PipelineManager, WorkError,
+};
+use lockstep::store::{
+    Clock, CommitOp, FetchParams, ManualClock, MemStore, NewRow, Row, RowId, RowUpdate, Store, Timestamp, TokioClock,
+};
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+const START: Timestamp = Timestamp(1_700_000_000_000_000);
+
+fn config(workers: usize) -> PipelineConfig {
+    PipelineConfig { workers, ..PipelineConfig::new("tasks", "task", &["ready"]) }
+}
+
+async fn insert_ready(store: &MemStore, count: usize) -> Vec<RowId> {
+    let mut ids = Vec::new();
+    for i in 0..count {
+        ids.push(store.insert(NewRow::new("task", "ready", json!({ "n": i }))).await.unwrap().id);
+    }
+    ids
+}
+
+/// Marks rows done, counting calls; optionally fails, or blocks until released.
+#[derive(Default)]
+struct MarkDone {
+    processed: AtomicUsize,
+    fail: bool,
+    started: AtomicUsize,
+    gate: Option<Arc<Notify>>,
+}
+
+impl<S: Store> Handler<S> for MarkDone {
+    type Context = ();
+
+    async fn load(&self, _row: &Row, _cx: &LoadCx<'_, S>) -> Result<(), WorkError> {
+        Ok(())
+    }
+
+    async fn process(&self, row: Row, _context: ()) -> Result<Changes, WorkError> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        if let Some(gate) = &self.gate {
+            gate.notified().await;
+        }
+        self.processed.fetch_add(1, Ordering::SeqCst);
+        if self.fail {
+            return Err(WorkError::Failed(format!("row {} failed on purpose", row.id)));
+        }
+        Ok(Changes::status("done"))
+    }
+}
+
+fn pipeline(store: &MemStore, config: PipelineConfig) -> Pipeline<MemStore> {
+    Pipeline::new(Arc::new(store.clone()), config).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fetched_row_is_processed_applied_and_unlocked() {
+    let store = MemStore::new(ManualClock::new(START));
+    let ids = insert_ready(&store, 3).await;
+    let p = pipeline(&store, config(2));
+    let handler = MarkDone::default();
+    p.fetcher(1).run_once().await.unwrap();
+    assert_eq!(p.shared.queue_len(), 3);
+    for _ in 0..3 {
+        assert_eq!(p.work_one(&handler).await, Some(ItemOutcome::Applied));
+    }
+    for id in ids {
+        let row = store.get(id).await.unwrap().unwrap();
+        assert_eq!(row.status, "done", "row {id}");
+        assert_eq!((row.lock_token, row.lock_expires_at, row.lock_owner), (None, None, None), "row {id}");
+        assert_eq!(row.last_processed_at, Some(START), "row {id}");
+    }
+    assert_eq!(p.metrics().applied, 3);
+    assert_eq!(p.shared.leases_len(), 0, "applied leases are forgotten");
+}
+
+#[tokio::test(start_paused = true)]
+async fn fetch_fills_the_queue_to_its_max_and_waits_below_the_lower_mark() {
+    let store = MemStore::new(ManualClock::new(START));
+    insert_ready(&store, 50).await;
+    let p = pipeline(&store, config(4)); // max 8, low 2
+    let mut fetcher = p.fetcher(1);
+    assert_eq!(fetcher.run_once().await.unwrap(), lockstep::pipeline::FetchPass::Fetched { fetched: 8, limit: 8 });
+    assert_eq!(fetcher.run_once().await.unwrap(), lockstep::pipeline::FetchPass::Full);
+    let handler = MarkDone::default();
+    for _ in 0..7 {
+        p.work_one(&handler).await.unwrap();
+    }
+    assert_eq!(p.shared.queue_len(), 1);
+    assert_eq!(fetcher.run_once().await.unwrap(), lockstep::pipeline::FetchPass::Fetched { fetched: 7, limit: 7 });
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_taken_over_before_processing_is_dropped_unprocessed() {
+    let clock = ManualClock::new(START);
+    let store = MemStore::with_history(clock.clone());
+    let ids = insert_ready(&store, 1).await;
+    let p = pipeline(&store, config(1));
+    p.fetcher(1).run_once().await.unwrap();
+    // Another replica of the same pipeline takes the row after the store-side expiry.
+    clock.advance(p.config.lease_ttl + Duration::from_secs(1));
+    let other = pipeline(&store, config(1));
+    other.fetcher(2).run_once().await.unwrap();
+    assert_eq!(other.shared.queue_len(), 1);
+
+    let handler = MarkDone::default();
+    assert_eq!(p.work_one(&handler).await, Some(ItemOutcome::Stale));
+    assert_eq!(handler.started.load(Ordering::SeqCst), 0, "stale item must not be processed");
+    let row = store.get(ids[0]).await.unwrap().unwrap();
+    assert_eq!(row.status, "ready");
+    assert_eq!(row.last_processed_at, None);
+    assert!(!store.history().iter().any(|c| matches!(c.op, CommitOp::Apply { .. })), "no apply attempted");
+    assert_eq!(p.metrics().stale, 1);
+}
+
+/// Re-leases its row from another pipeline instance while processing, so its own apply comes too late.
+struct LoseLeaseWhileProcessing {
+    clock: ManualClock,
+    thief: Pipeline<MemStore>,
+}
+
+impl Handler<MemStore> for LoseLeaseWhileProcessing {
+    type Context = RowId;
+
+    async fn load(&self, row: &Row, cx: &LoadCx<'_, MemStore>) -> Result<RowId, WorkError> {
+        let child = cx.store().list("child", Some(row.id)).await?[0].id;
+        cx.lock_related(vec![child]).await?;
+        Ok(child)
+    }
+
+    async fn process(&self, row: Row, child: RowId) -> Result<Changes, WorkError> {
+        self.clock.advance(self.thief.config.lease_ttl + Duration::from_secs(1));
+        self.thief.fetcher(9).run_once().await.map_err(WorkError::Store)?;
+        let mut changes = Changes::status("done");
+        changes.related.push(lockstep::store::RelatedUpdate { id: child, update: RowUpdate::status("touched") });
+        changes.inserts.push(NewRow::new("task", "ready", json!({})).with_parent(row.id));
+        changes.events.push(lockstep::store::NewEvent { row_id: row.id, kind: "done".into(), data: json!({}) });
+        Ok(changes)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_apply_after_the_lease_was_taken_over_writes_nothing() {
+    let clock = ManualClock::new(START);
+    let store = MemStore::with_history(clock.clone());
+    let parent = insert_ready(&store, 1).await[0];
+    let child = store.insert(NewRow::new("child", "idle", json!({})).with_parent(parent)).await.unwrap().id;
+    let p = pipeline(&store, config(1));
+    p.fetcher(1).run_once().await.unwrap();
+    let handler = LoseLeaseWhileProcessing { clock, thief: pipeline(&store, config(1)) };
+
+    assert_eq!(p.work_one(&handler).await, Some(ItemOutcome::Stale));
+    let row = store.get(parent).await.unwrap().unwrap();
+    assert_eq!(row.status, "ready", "main update must not be written");
+    assert_eq!(store.get(child).await.unwrap().unwrap().status, "idle", "related update must not be written");
+    assert_eq!(store.list("task", None).await.unwrap().len(), 1, "insert must not be written");
+    assert!(store.events(parent).await.unwrap().is_empty(), "event must not be written");
+    assert_eq!(row.lock_token, handler.thief.shared.leases()[&parent].token.into(), "the new holder keeps it");
+    assert_eq!(p.metrics().stale, 1);
+}
+
+/// Locks the row's children before processing.
+struct LockChildren;
+
+impl Handler<MemStore> for LockChildren {
+    type Context = Vec<RowId>;
+
+    async fn load(&self, row: &Row, cx: &LoadCx<'_, MemStore>) -> Result<Vec<RowId>, WorkError> {
+        let children: Vec<RowId> = cx.store().list("child", Some(row.id)).await?.iter().map(|c| c.id).collect();
+        cx.lock_related(children.clone()).await?;
+        Ok(children)
+    }
+
+    async fn process(&self, _row: Row, children: Vec<RowId>) -> Result<Changes, WorkError> {
+        let mut changes = Changes::status("done");
+        for id in children {
+            changes.related.push(lockstep::store::RelatedUpdate { id, update: RowUpdate::status("adopted") });
+        }
+        Ok(changes)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn related_lock_contention_resets_the_lease_and_the_row_is_retried() {
+    let clock = ManualClock::new(START);
+    let store = MemStore::new(clock.clone());
+    let parent = insert_ready(&store, 1).await[0];
+    let mut children = Vec::new();
+    for _ in 0..3 {
+        children.push(store.insert(NewRow::new("child", "idle", json!({})).with_parent(parent)).await.unwrap().id);
+    }
+    // The children's own pipeline holds child 2.
+    let child_fetch = FetchParams {
+        pipeline: "children".into(),
+        kind: "child".into(),
+        statuses: vec!["idle".into()],
+        limit: 1,
+        lease_ttl: Duration::from_secs(30),
+        min_processing_interval: Duration::from_secs(5),
+        retry_delay: Duration::from_millis(500),
+    };
+    let held = store.fetch(child_fetch.clone()).await.unwrap();
+    assert_eq!(held[0].id, children[0]);
+
+    let p = pipeline(&store, config(1));
+    p.fetcher(1).run_once().await.unwrap();
+    assert_eq!(p.work_one(&LockChildren).await, Some(ItemOutcome::Retried));
+    let row = store.get(parent).await.unwrap().unwrap();
+    assert_eq!(row.lock_owner.as_deref(), Some("tasks"), "owner is kept");
+    assert_eq!((row.lock_token, row.lock_expires_at), (None, None), "token and expiry are cleared");
+    assert_eq!(row.last_processed_at, Some(clock.now()));
+    assert_eq!(p.metrics().retries, 1);
+
+    // Fresh (intent-marked) children are skipped by their own pipeline; the held one is finished by it.
+    assert!(store.fetch(FetchParams { limit: 10, ..child_fetch }).await.unwrap().is_empty());
+    let lease = lockstep::store::Lease { id: held[0].id, token: held[0].lock_token.unwrap() };
+    store.apply(lockstep::store::ApplyParams::new(lease, RowUpdate::default())).await.unwrap();
+
+    // The parent is retried on a later fetch and now acquires every child.
+    clock.advance(p.config.retry_delay);
+    p.fetcher(1).run_once().await.unwrap();
+    assert_eq!(p.work_one(&LockChildren).await, Some(ItemOutcome::Applied));
+    for id in children {
+        let child = store.get(id).await.unwrap().unwrap();
+        assert_eq!(child.status, "adopted", "child {id}");
+        assert_eq!(child.lock_owner, None, "child {id} unlocked");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_error_leaves_the_lease_to_expire_and_the_row_is_retried_after_it() {
+    let clock = ManualClock::new(START);
+    let store = MemStore::new(clock.clone());
+    let id = insert_ready(&store, 1).await[0];
+    let p = pipeline(&store, config(1));
+    p.fetcher(1).run_once().await.unwrap();
+    let failing = MarkDone { fail: true, ..MarkDone::default() };
+    assert_eq!(p.work_one(&failing).await, Some(ItemOutcome::Failed));
+    let row = store.get(id).await.unwrap().unwrap();
+    assert!(row.lock_token.is_some(), "the lease stays until it expires");
+    assert_eq!(row.lock_expires_at, Some(START.plus(p.config.lease_ttl)));
+    assert_eq!(p.shared.leases_len(), 0, "the heartbeater no longer extends it");
+    assert_eq!(p.metrics().errors, 1);
+
+    clock.advance(p.config.lease_ttl - Duration::from_secs(1));
+    assert_eq!(p.fetcher(1).run_once().await.unwrap(), lockstep::pipeline::FetchPass::Fetched { fetched: 0, limit: 2 });
+    clock.advance(Duration::from_secs(1));
+    p.fetcher(1).run_once().await.unwrap();
+    assert_eq!(p.work_one(&MarkDone::default()).await, Some(ItemOutcome::Applied));
+}
+
+fn heartbeat_config() -> PipelineConfig {
+    PipelineConfig {
+        lease_ttl: Duration::from_secs(10),
+        lease_margin: Duration::from_secs(1),
+        heartbeat_interval: Duration::from_secs(1),
+        heartbeat_trigger: Duration::from_secs(5),
+        ..config(4)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_heartbeater_extends_only_leases_close_to_expiry() {
+    let store = MemStore::new(TokioClock::new(START));
+    let p = pipeline(&store, heartbeat_config()); // queue max 8, low 2
+    let mut fetcher = p.fetcher(1);
+    // Row a is leased now (local deadline +9 s), row b 5 s later (deadline +14 s).
+    let a = insert_ready(&store, 1).await[0];
+    fetcher.run_once().await.unwrap();
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let b = insert_ready(&store, 1).await[0];
+    fetcher.run_once().await.unwrap();
+    assert_eq!(p.shared.leases_len(), 2);
+    let b_expiry = store.get(b).await.unwrap().unwrap().lock_expires_at;
+
+    let pass = p.heartbeater().run_once().await.unwrap();
+    let a_lease = lockstep::store::Lease { id: a, token: p.shared.leases()[&a].token };
+    assert_eq!(pass.sent, vec![a_lease], "only the lease within heartbeat_trigger of its deadline");
+    assert_eq!(pass.extended, vec![a_lease]);
+    let now = store.now().await.unwrap();
+    assert_eq!(store.get(a).await.unwrap().unwrap().lock_expires_at, Some(now.plus(Duration::from_secs(10))));
+    assert_eq!(store.get(b).await.unwrap().unwrap().lock_expires_at, b_expiry, "b is not written");
+    // The extension moved a's local deadline: the next pass leaves it alone.
+    let pass = p.heartbeater().run_once().await.unwrap();
+    assert!(pass.sent.is_empty(), "{pass:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_heartbeater_drops_lost_and_retokened_leases_without_writing() {
+    let clock = ManualClock::new(START);
+    let store = MemStore::with_history(clock.clone());
+    let [a, b] = insert_ready(&store, 2).await[..] else { unreachable!() };
+    let p = pipeline(&store, PipelineConfig { workers: 1, ..heartbeat_config() });
+    p.fetcher(1).run_once().await.unwrap();
+    // Row b is re-leased by another replica after the store-side expiry (store clock ahead of ours).
+    clock.advance(Duration::from_secs(11));
+    let thief = pipeline(&store, PipelineConfig { workers: 1, ..heartbeat_config() });
+    thief.fetcher(1).run_once().await.unwrap();
+    let thief_token = store.get(b).await.unwrap().unwrap().lock_token;
+    assert!(thief_token.is_some());
+    // Local time: 6 s later both leases are within the trigger; a's row also went to the thief.
+    tokio::time::advance(Duration::from_secs(6)).await;
+    let before = store.rows();
+    let pass = p.heartbeater().run_once().await.unwrap();
+    assert_eq!(pass.sent.len(), 2);
+    assert!(pass.extended.is_empty());
+    assert_eq!(pass.dropped.len(), 2);
+    assert_eq!(store.rows(), before, "a heartbeat with superseded tokens writes nothing");
+    assert_eq!(p.shared.leases_len(), 0);
+    let _ = a;
+
+    // A lease whose local deadline passed is dropped without even asking the store.
+    let store = MemStore::with_history(ManualClock::new(START));
+    insert_ready(&store, 1).await;
+    let p = pipeline(&store, PipelineConfig { workers: 1, ..heartbeat_config() });
+    p.fetcher(1).run_once().await.unwrap();
+    tokio::time::advance(Duration::from_secs(9)).await;
+    let pass = p.heartbeater().run_once().await.unwrap();
+    assert!(pass.sent.is_empty());
+    assert_eq!(pass.dropped.len(), 1);
+    assert!(!store.history().iter().any(|c| matches!(c.op, CommitOp::Heartbeat { .. })));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hint_wakes_a_sleeping_fetcher_at_once() {
+    let store = MemStore::new(TokioClock::new(START));
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 5 });
+    let handler = MarkDone::default();
+    manager.register(config(2), handler).unwrap();
+    manager.start();
+    // Let the fetcher find nothing a few times, so it sleeps at least 1 s per backoff.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let fetched_before = manager.metrics("tasks").unwrap().empty_fetches;
+    assert!(fetched_before >= 2, "{fetched_before} empty fetches");
+    let id = insert_ready(&store, 1).await[0];
+    let hinted_at = tokio::time::Instant::now();
+    manager.hint_fetch("task", Some(id)).await.unwrap();
+    for _ in 0..1_000 {
+        if store.get(id).await.unwrap().unwrap().status == "done" {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(store.get(id).await.unwrap().unwrap().status, "done", "processed without waiting");
+    assert_eq!(tokio::time::Instant::now(), hinted_at, "no local time passed between hint and apply");
+    manager.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_hint_the_fetcher_finds_new_rows_only_after_its_backoff() {
+    let store = MemStore::new(TokioClock::new(START));
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 5 });
+    manager.register(config(2), MarkDone::default()).unwrap();
+    manager.start();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let id = insert_ready(&store, 1).await[0];
+    for _ in 0..1_000 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(store.get(id).await.unwrap().unwrap().status, "ready", "nothing wakes the fetcher yet");
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(store.get(id).await.unwrap().unwrap().status, "done", "the backoff (≤ 6 s) ends and it fetches");
+    manager.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_releases_queued_leases_and_finishes_started_items() {
+    let store = MemStore::new(TokioClock::new(START));
+    let ids = insert_ready(&store, 10).await;
+    let gate = Arc::new(Notify::new());
+    let handler = Arc::new(MarkDone { gate: Some(gate.clone()), ..MarkDone::default() });
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 1 });
+    manager.register(config(2), SharedHandler(handler.clone())).unwrap(); // queue max 4
+    manager.start();
+    while handler.started.load(Ordering::SeqCst) < 2 {
+        tokio::task::yield_now().await;
+    }
+    let queued = manager.metrics("tasks").unwrap().queue_depth;
+    assert!(queued > 0, "items wait in the queue");
+    let shutdown = tokio::spawn(async move {
+        let report = manager.shutdown().await;
+        (manager, report)
+    });
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    gate.notify_waiters();
+    let (_manager, report) = shutdown.await.unwrap();
+    assert_eq!(report.released, queued);
+    assert_eq!(handler.processed.load(Ordering::SeqCst), 2, "started items finish");
+    let rows: Vec<Row> = futures_rows(&store, &ids).await;
+    assert_eq!(rows.iter().filter(|r| r.status == "done").count(), 2);
+    for row in &rows {
+        assert_eq!((row.lock_token, row.lock_owner.as_deref()), (None, None), "row {} left leased", row.id);
+    }
+}
+
+async fn futures_rows(store: &MemStore, ids: &[RowId]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for id in ids {
+        rows.push(store.get(*id).await.unwrap().unwrap());
+    }
+    rows
+}
+
+struct SharedHandler(Arc<MarkDone>);
+
+impl<S: Store> Handler<S> for SharedHandler {
+    type Context = ();
+
+    async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<(), WorkError> {
+        Handler::<S>::load(self.0.as_ref(), row, cx).await
+    }
+
+    async fn process(&self, row: Row, context: ()) -> Result<Changes, WorkError> {
+        Handler::<S>::process(self.0.as_ref(), row, context).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_manager_processes_every_row_with_many_workers() {
+    let store = MemStore::new(TokioClock::new(START));
+    let ids = insert_ready(&store, 500).await;
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 3 });
+    let handler = Arc::new(MarkDone::default());
+    manager.register(config(8), SharedHandler(handler.clone())).unwrap();
+    manager.start();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    manager.shutdown().await;
+    assert_eq!(handler.processed.load(Ordering::SeqCst), 500, "each row processed exactly once");
+    for row in futures_rows(&store, &ids).await {
+        assert_eq!(row.status, "done", "row {}", row.id);
+    }
+}
+
+#[test]
+fn a_config_that_needs_more_connections_than_the_store_has_is_refused() {
+    // MemStore is unbounded; a store with a limit is checked by the manager.
+    struct Limited(MemStore);
+    impl Store for Limited {
+        fn fetch(&self, p: FetchParams) -> impl Future<Output = Result<Vec<Row>, lockstep::store::StoreError>> + Send {
+            self.0.fetch(p)
+        }
+        fn refetch(
+            &self,
+            l: lockstep::store::Lease,
+        ) -> impl Future<Output = Result<Option<Row>, lockstep::store::StoreError>> + Send {
+            self.0.refetch(l)
+        }
+        fn heartbeat(
+            &self,
+            p: lockstep::store::HeartbeatParams,
+        ) -> impl Future<Output = Result<Vec<lockstep::store::Lease>, lockstep::store::StoreError>> + Send {
+            self.0.heartbeat(p)
+        }
+        fn lock_related(
+            &self,
+            p: lockstep::store::LockRelatedParams,
+        ) -> impl Future<Output = Result<lockstep::store::LockOutcome, lockstep::store::StoreError>> + Send {
+            self.0.lock_related(p)
+        }
+        fn apply(
+            &self,
+            p: lockstep::store::ApplyParams,
+        ) -> impl Future<Output = Result<lockstep::store::ApplyOutcome, lockstep::store::StoreError>> + Send {
+            self.0.apply(p)
+        }
+        fn reset_for_retry(
+            &self,
+            l: lockstep::store::Lease,
+        ) -> impl Future<Output = Result<bool, lockstep::store::StoreError>> + Send {
+            self.0.reset_for_retry(l)
+        }
+        fn release(
+            &self,
+            l: Vec<lockstep::store::Lease>,
+        ) -> impl Future<Output = Result<usize, lockstep::store::StoreError>> + Send {
+            self.0.release(l)
+        }
+        fn insert(&self, r: NewRow) -> impl Future<Output = Result<Row, lockstep::store::StoreError>> + Send {
+            self.0.insert(r)
+        }
+        fn get(&self, id: RowId) -> impl Future<Output = Result<Option<Row>, lockstep::store::StoreError>> + Send {
+            self.0.get(id)
+        }
+        fn list(
+            &self,
+            kind: &str,
+            parent: Option<RowId>,
+        ) -> impl Future<Output = Result<Vec<Row>, lockstep::store::StoreError>> + Send {
+            self.0.list(kind, parent)
+        }
+        fn events(
+            &self,
+            row: RowId,
+        ) -> impl Future<Output = Result<Vec<lockstep::store::Event>, lockstep::store::StoreError>> + Send {
+            self.0.events(row)
+        }
+        fn update_unleased(
+            &self,
+            id: RowId,
+            u: RowUpdate,
+        ) -> impl Future<Output = Result<lockstep::store::WriteOutcome, lockstep::store::StoreError>> + Send {
+            self.0.update_unleased(id, u)
+        }
+        fn hint(
+            &self,
+            kind: &str,
+            row: Option<RowId>,
+        ) -> impl Future<Output = Result<(), lockstep::store::StoreError>> + Send {
+            self.0.hint(kind, row)
+        }
+        fn subscribe_hints(&self) -> tokio::sync::broadcast::Receiver<lockstep::store::Hint> {
+            self.0.subscribe_hints()
+        }
+        fn now(&self) -> impl Future<Output = Result<Timestamp, lockstep::store::StoreError>> + Send {
+            self.0.now()
+        }
+        fn connection_limit(&self) -> Option<usize> {
+            Some(12)
+        }
+    }
+    let store = Arc::new(Limited(MemStore::new(ManualClock::new(START))));
+    let mut manager = PipelineManager::new(store, ManagerOptions::default());
+    manager.register(config(10), MarkDone::default()).unwrap();
+    let error = manager.register(PipelineConfig { name: "more".into(), ..config(1) }, MarkDone::default());
+    assert_eq!(
+        error.unwrap_err().to_string(),
+        "store allows 12 connections but the pipelines need 15 (workers + fetcher + heartbeater each)"
+    );
+}
