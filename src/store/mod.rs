@@ -8,11 +8,15 @@ mod clock;
 pub mod conformance;
 mod error;
 mod mem;
+#[cfg(not(madsim))]
+mod pg;
 mod types;
 
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use error::StoreError;
 pub use mem::{Commit, CommitOp, MemStore};
+#[cfg(not(madsim))]
+pub use pg::{PgOptions, PgStore};
 pub use types::*;
 
 use std::future::Future;
@@ -39,22 +43,15 @@ pub trait Store: Send + Sync + 'static {
     /// no owner other than `pipeline`, or an expired lease of any owner (an expired foreign lease is taken, so a
     /// dead parent never starves its children, dstack #3704); and either never processed, hinted, reset for
     /// retry by this pipeline at least `retry_delay` ago, or processed at least `min_processing_interval` ago.
-    fn fetch(
-        &self,
-        params: FetchParams,
-    ) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
+    fn fetch(&self, params: FetchParams) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
 
     /// Reads the row if it still carries `lease.token`; `None` means the lease is stale.
-    fn refetch(&self, lease: Lease)
-    -> impl Future<Output = Result<Option<Row>, StoreError>> + Send;
+    fn refetch(&self, lease: Lease) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send;
 
     /// Extends every lease in `params.leases` that is still held, and the related rows locked with the same
     /// tokens, to `now + lease_ttl`. Returns the leases still held; the others were lost or re-tokened and are
     /// not written.
-    fn heartbeat(
-        &self,
-        params: HeartbeatParams,
-    ) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send;
+    fn heartbeat(&self, params: HeartbeatParams) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send;
 
     /// Locks every row of `params.related` with the holder's token and `params.owner`, all or nothing.
     ///
@@ -62,34 +59,25 @@ pub trait Store: Send + Sync + 'static {
     /// mark with no token (a reset main row, or another locker's intent mark that has not expired). On
     /// contention no lock is taken, and the available rows get `owner` as an intent mark that expires after
     /// `lease_ttl` (dstack PIPELINES, "Locking many related resources").
-    fn lock_related(
-        &self,
-        params: LockRelatedParams,
-    ) -> impl Future<Output = Result<LockOutcome, StoreError>> + Send;
+    fn lock_related(&self, params: LockRelatedParams) -> impl Future<Output = Result<LockOutcome, StoreError>> + Send;
 
     /// The guarded apply: if the main row and every row of `params.related` still carry `params.lease.token`,
     /// writes the update, the related updates, the inserts and the events; clears the lease columns of the main
     /// row and of every related row locked with the token; sets the main row's `last_processed_at` and every
-    /// written row's `updated_at` to one `now`. Otherwise writes nothing and returns `Stale` (dstack PIPELINES,
-    /// checklist 5 and 6, "Bulk apply with one consistent current time").
-    fn apply(
-        &self,
-        params: ApplyParams,
-    ) -> impl Future<Output = Result<ApplyOutcome, StoreError>> + Send;
+    /// written row's `updated_at` to one `now`. It leaves `hinted` as it is: only a fetch consumes a hint, and one
+    /// that arrived during the lease may announce a change the worker never read. Otherwise writes nothing and
+    /// returns `Stale` (dstack PIPELINES, checklist 5 and 6, "Bulk apply with one consistent current time").
+    fn apply(&self, params: ApplyParams) -> impl Future<Output = Result<ApplyOutcome, StoreError>> + Send;
 
     /// Reset-and-retry: if the row still carries `lease.token`, keeps `lock_owner`, clears `lock_token` and
     /// `lock_expires_at`, sets `last_processed_at = now`, and releases related rows locked with the token.
     /// Returns whether the lease was still held (dstack PIPELINES, checklist 7).
-    fn reset_for_retry(
-        &self,
-        lease: Lease,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    fn reset_for_retry(&self, lease: Lease) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Gives leases back unprocessed (on shutdown): clears the lease columns of every row still carrying its
     /// token, and of related rows locked with it, without touching `last_processed_at`. Returns how many main
     /// rows were released.
-    fn release(&self, leases: Vec<Lease>)
-    -> impl Future<Output = Result<usize, StoreError>> + Send;
+    fn release(&self, leases: Vec<Lease>) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
     /// Inserts a row and returns it as stored.
     fn insert(&self, row: NewRow) -> impl Future<Output = Result<Row, StoreError>> + Send;
@@ -98,11 +86,7 @@ pub trait Store: Send + Sync + 'static {
     fn get(&self, id: RowId) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send;
 
     /// Rows of `kind` whose parent is `parent` (any parent when `None`), by id.
-    fn list(
-        &self,
-        kind: &str,
-        parent: Option<RowId>,
-    ) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
+    fn list(&self, kind: &str, parent: Option<RowId>) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
 
     /// Events about `row`, in sequence order.
     fn events(&self, row: RowId) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
@@ -118,15 +102,17 @@ pub trait Store: Send + Sync + 'static {
     /// Publishes a fetch hint for `kind` after the call commits; with `row`, also marks that row `hinted` so the
     /// next fetch takes it without waiting `min_processing_interval`. Hints reach every subscriber of every
     /// replica sharing the store (PostgreSQL: `NOTIFY`).
-    fn hint(
-        &self,
-        kind: &str,
-        row: Option<RowId>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn hint(&self, kind: &str, row: Option<RowId>) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// A new subscription to fetch hints. It sees hints published after this call.
     fn subscribe_hints(&self) -> broadcast::Receiver<Hint>;
 
     /// The store's current time.
     fn now(&self) -> impl Future<Output = Result<Timestamp, StoreError>> + Send;
+
+    /// Most calls the store serves at once (a connection pool's size), or `None` when unbounded (MemStore).
+    /// The manager refuses pipelines that need more (DESIGN §3).
+    fn connection_limit(&self) -> Option<usize> {
+        None
+    }
 }

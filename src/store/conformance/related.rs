@@ -1,0 +1,267 @@
+//! Related locks and reset-and-retry ([`Store::lock_related`], [`Store::reset_for_retry`]; dstack PIPELINES,
+//! "Locking many related resources", "Locking a shared related resource", "Reset-and-retry", checklist 7;
+//! DESIGN §3, related locks).
+
+use super::*;
+use crate::store::{RelatedUpdate, RowUpdate};
+
+/// Owner of a shared related row locked for item `id` (dstack: `f"{Pipeline.__name__}:{item.id}"`).
+fn shared_owner(id: RowId) -> String {
+    format!("{CHILD_PIPELINE}:{id}")
+}
+
+/// Leases the `job` items `a` and `b` for [`CHILD_PIPELINE`] in one fetch.
+async fn lease_both<H: Harness>(h: &H, a: &Row, b: &Row) -> (Lease, Lease) {
+    let leased = fetch(h, CHILD_PIPELINE, "job").await;
+    assert_eq!(sorted(ids(&leased)), vec![a.id, b.id], "both items leased");
+    let lease = |id: RowId| lease_of(leased.iter().find(|row| row.id == id).expect("leased"));
+    (lease(a.id), lease(b.id))
+}
+
+/// A successful lock puts the holder's token, the owner and `now + lease_ttl` on every related row, and their
+/// own pipeline no longer takes them.
+pub async fn lock_related_locks_every_row_with_the_holders_token_and_owner<H: Harness>(h: H) {
+    let (parent, children) = family(&h, 3).await;
+    let lease = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    h.advance(Duration::from_secs(1));
+    let before = now(&h).await;
+    let outcome = lock_related(&h, lease, &ids(&children), PARENT_PIPELINE).await;
+    let after = now(&h).await;
+    assert_eq!(outcome, LockOutcome::Locked, "children of {} are free", parent.id);
+    for child in &children {
+        let stored = get(&h, child.id).await;
+        assert_eq!(stored.lock_token, Some(lease.token), "token of related row {}", child.id);
+        assert_eq!(stored.lock_owner.as_deref(), Some(PARENT_PIPELINE), "owner of related row {}", child.id);
+        let expires = stored.lock_expires_at.expect("a locked row has an expiry");
+        assert_within(expires, before.plus(LEASE_TTL), after.plus(LEASE_TTL), "related lock_expires_at");
+        assert_eq!(stored.status, child.status, "status of related row {}", child.id);
+    }
+    assert_eq!(ids(&fetch(&h, CHILD_PIPELINE, "job").await), vec![], "child pipeline took a locked child");
+    assert_eq!(refetch(&h, lease).await.map(|row| row.id), Some(parent.id), "the main lease is still held");
+}
+
+/// When one related row is busy, no row is locked; the free ones get the owner as an intent mark (no token,
+/// expiring after the lease ttl) and the busy one is left as it was.
+pub async fn lock_related_under_contention_locks_nothing_and_marks_the_free_rows<H: Harness>(h: H) {
+    let parent = insert(&h, "operation").await;
+    let (busy_lease, free) = busy_child_then_free_ones(&h, &parent, 2).await;
+    let lease = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    let busy_before = get(&h, busy_lease.id).await;
+    let parent_before = get(&h, parent.id).await;
+    h.advance(Duration::from_secs(1));
+    let related = [free[0].id, busy_lease.id, free[1].id];
+    let before = now(&h).await;
+    let outcome = lock_related(&h, lease, &related, PARENT_PIPELINE).await;
+    let after = now(&h).await;
+    assert_eq!(outcome, LockOutcome::Contended, "row {} is leased by {CHILD_PIPELINE}", busy_lease.id);
+    for row in &free {
+        let stored = get(&h, row.id).await;
+        assert_eq!(stored.lock_token, None, "free row {} got a token under contention", row.id);
+        assert_eq!(stored.lock_owner.as_deref(), Some(PARENT_PIPELINE), "intent mark on row {}", row.id);
+        let expires = stored.lock_expires_at.expect("an intent mark expires");
+        assert_within(expires, before.plus(LEASE_TTL), after.plus(LEASE_TTL), "intent mark expiry");
+    }
+    assert_eq!(get(&h, busy_lease.id).await, busy_before, "the busy row {} was written", busy_lease.id);
+    assert_eq!(get(&h, parent.id).await, parent_before, "main row {} was written", parent.id);
+    let mut params = ApplyParams::new(lease, RowUpdate::default());
+    params.related = vec![RelatedUpdate { id: free[0].id, update: RowUpdate::status("started") }];
+    assert_eq!(apply(&h, params).await, ApplyOutcome::Stale, "an intent mark is not a lock");
+}
+
+/// A child's own pipeline skips children carrying a fresh intent mark, and takes them once the mark expired, so
+/// a parent that died never starves them (dstack #3704).
+pub async fn child_fetch_skips_fresh_intent_marks_and_takes_expired_ones<H: Harness>(h: H) {
+    let parent = insert(&h, "operation").await;
+    let (busy_lease, free) = busy_child_then_free_ones(&h, &parent, 2).await;
+    let lease = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    let related = [free[0].id, busy_lease.id, free[1].id];
+    assert_eq!(lock_related(&h, lease, &related, PARENT_PIPELINE).await, LockOutcome::Contended);
+    applied_now(&apply(&h, ApplyParams::new(busy_lease, RowUpdate::status("done"))).await, busy_lease);
+    assert_eq!(ids(&fetch(&h, CHILD_PIPELINE, "job").await), vec![], "took a freshly marked child");
+    h.advance(LEASE_TTL / 2);
+    assert_eq!(ids(&fetch(&h, CHILD_PIPELINE, "job").await), vec![], "took a marked child early");
+    h.advance(past(LEASE_TTL / 2));
+    let leased = fetch(&h, CHILD_PIPELINE, "job").await;
+    assert_eq!(sorted(ids(&leased)), ids(&free), "expired intent marks are taken");
+    for row in &leased {
+        assert_eq!(row.lock_owner.as_deref(), Some(CHILD_PIPELINE), "owner of row {}", row.id);
+    }
+}
+
+/// The reset-and-retry dance: a parent contended by one busy child resets, its intent marks keep the child
+/// pipeline off the free children, and once the busy child is applied the parent's retry locks them all.
+pub async fn parent_acquires_every_child_once_the_contended_child_is_applied<H: Harness>(h: H) {
+    let parent = insert(&h, "operation").await;
+    let (busy_lease, free) = busy_child_then_free_ones(&h, &parent, 2).await;
+    let all = [free[0].id, busy_lease.id, free[1].id];
+    let first = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    assert_eq!(lock_related(&h, first, &all, PARENT_PIPELINE).await, LockOutcome::Contended);
+    assert!(reset_for_retry(&h, first).await, "reset of held lease {}#{}", first.id, first.token);
+    assert_eq!(ids(&fetch(&h, CHILD_PIPELINE, "job").await), vec![], "took a marked child");
+    applied_now(&apply(&h, ApplyParams::new(busy_lease, RowUpdate::status("done"))).await, busy_lease);
+    h.advance(past(RETRY_DELAY));
+    assert_eq!(ids(&fetch(&h, CHILD_PIPELINE, "job").await), vec![], "took a marked child after the retry delay");
+    let retry = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    assert_eq!(lock_related(&h, retry, &all, PARENT_PIPELINE).await, LockOutcome::Locked, "retry of {}", parent.id);
+    for id in all {
+        assert_eq!(get(&h, id).await.lock_token, Some(retry.token), "token of related row {id}");
+    }
+    let mut params = ApplyParams::new(retry, RowUpdate::status("running"));
+    params.related = all.iter().map(|id| RelatedUpdate { id: *id, update: RowUpdate::status("aborted") }).collect();
+    applied_now(&apply(&h, params).await, retry);
+    for id in all {
+        let stored = get(&h, id).await;
+        assert_eq!(stored.status, "aborted", "status of related row {id}");
+        assert_unlocked(&stored);
+    }
+}
+
+/// With an owner naming the item (`Pipeline:{id}`), two items of one pipeline contend for one shared row: the
+/// second waits until the first applied.
+pub async fn a_shared_owner_makes_two_items_contend_for_one_row<H: Harness>(h: H) {
+    let a = insert(&h, "job").await;
+    let b = insert(&h, "job").await;
+    let shared = insert(&h, "node").await;
+    let (lease_a, lease_b) = lease_both(&h, &a, &b).await;
+    let owner_a = shared_owner(a.id);
+    let owner_b = shared_owner(b.id);
+    assert_eq!(lock_related(&h, lease_a, &[shared.id], &owner_a).await, LockOutcome::Locked);
+    let locked = get(&h, shared.id).await;
+    assert_eq!(lock_related(&h, lease_b, &[shared.id], &owner_b).await, LockOutcome::Contended);
+    assert_eq!(get(&h, shared.id).await, locked, "contention rewrote shared row {}", shared.id);
+    let mut params = ApplyParams::new(lease_b, RowUpdate::default());
+    params.related = vec![RelatedUpdate { id: shared.id, update: RowUpdate::status("used_by_b") }];
+    assert_eq!(apply(&h, params).await, ApplyOutcome::Stale, "b wrote a row a holds");
+    applied_now(&apply(&h, ApplyParams::new(lease_a, RowUpdate::default())).await, lease_a);
+    assert_unlocked(&get(&h, shared.id).await);
+    assert_eq!(lock_related(&h, lease_b, &[shared.id], &owner_b).await, LockOutcome::Locked);
+}
+
+/// An intent mark left by one item is respected by another item of the same pipeline (owners differ), and
+/// accepted by the item that left it.
+pub async fn a_shared_owners_intent_mark_holds_off_another_item<H: Harness>(h: H) {
+    let a = insert(&h, "job").await;
+    let b = insert(&h, "job").await;
+    let (lease_a, lease_b) = lease_both(&h, &a, &b).await;
+    let busy = insert(&h, "node").await;
+    let busy_lease = lease_single(&h, "nodes", &busy).await;
+    let free = insert(&h, "node").await;
+    let outcome = lock_related(&h, lease_a, &[free.id, busy.id], &shared_owner(a.id)).await;
+    assert_eq!(outcome, LockOutcome::Contended, "row {} is leased by nodes", busy.id);
+    let marked = get(&h, free.id).await;
+    let outcome = lock_related(&h, lease_b, &[free.id], &shared_owner(b.id)).await;
+    assert_eq!(outcome, LockOutcome::Contended, "b took row {} marked for a", free.id);
+    assert_eq!(get(&h, free.id).await, marked, "b rewrote a's intent mark on row {}", free.id);
+    applied_now(&apply(&h, ApplyParams::new(busy_lease, RowUpdate::default())).await, busy_lease);
+    let outcome = lock_related(&h, lease_a, &[free.id, busy.id], &shared_owner(a.id)).await;
+    assert_eq!(outcome, LockOutcome::Locked, "a's own mark on row {} holds it for a", free.id);
+}
+
+/// A related row whose lease expired is available, whoever held it; its old holder's apply is then stale.
+pub async fn lock_related_takes_an_expired_lease_of_another_pipeline<H: Harness>(h: H) {
+    let (parent, children) = family(&h, 1).await;
+    let child_lease = lease_single(&h, CHILD_PIPELINE, &children[0]).await;
+    h.advance(past(LEASE_TTL));
+    let lease = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    assert_eq!(lock_related(&h, lease, &[children[0].id], PARENT_PIPELINE).await, LockOutcome::Locked);
+    let stored = get(&h, children[0].id).await;
+    assert_eq!(stored.lock_token, Some(lease.token), "token of related row {}", stored.id);
+    assert_eq!(stored.lock_owner.as_deref(), Some(PARENT_PIPELINE), "owner of related row {}", stored.id);
+    let late = apply(&h, ApplyParams::new(child_lease, RowUpdate::status("done"))).await;
+    assert_eq!(late, ApplyOutcome::Stale, "the expired holder of row {} applied", stored.id);
+}
+
+/// Another owner's intent mark stops holding a row once it expired.
+pub async fn lock_related_takes_an_expired_intent_mark_of_another_owner<H: Harness>(h: H) {
+    let a = insert(&h, "job").await;
+    let lease_a = lease_single(&h, CHILD_PIPELINE, &a).await;
+    let busy = insert(&h, "node").await;
+    lease_single(&h, "nodes", &busy).await;
+    let free = insert(&h, "node").await;
+    let outcome = lock_related(&h, lease_a, &[free.id, busy.id], &shared_owner(a.id)).await;
+    assert_eq!(outcome, LockOutcome::Contended, "row {} is leased by nodes", busy.id);
+    h.advance(past(LEASE_TTL));
+    let b = insert(&h, "job").await;
+    let leased = fetch(&h, CHILD_PIPELINE, "job").await;
+    let lease_b = lease_of(leased.iter().find(|row| row.id == b.id).expect("b is leased"));
+    let outcome = lock_related(&h, lease_b, &[free.id], &shared_owner(b.id)).await;
+    assert_eq!(outcome, LockOutcome::Locked, "a's expired mark on row {} still held it", free.id);
+    assert_eq!(get(&h, free.id).await.lock_token, Some(lease_b.token), "token of row {}", free.id);
+}
+
+/// A row its own pipeline reset for retry carries that pipeline's mark with no lease: a parent's lock is
+/// contended by it however long it waits, and leaves it as it was.
+pub async fn lock_related_is_contended_by_another_pipelines_reset_mark<H: Harness>(h: H) {
+    let (parent, children) = family(&h, 1).await;
+    let child = &children[0];
+    let child_lease = lease_single(&h, CHILD_PIPELINE, child).await;
+    assert!(reset_for_retry(&h, child_lease).await, "reset of held lease {}#{}", child.id, child_lease.token);
+    let marked = get(&h, child.id).await;
+    let first = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    assert_eq!(lock_related(&h, first, &[child.id], PARENT_PIPELINE).await, LockOutcome::Contended);
+    assert_eq!(get(&h, child.id).await, marked, "contention rewrote the reset mark on row {}", child.id);
+    applied_now(&apply(&h, ApplyParams::new(first, RowUpdate::default())).await, first);
+    h.advance(past(MIN_PROCESSING_INTERVAL));
+    let later = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    assert_eq!(lock_related(&h, later, &[child.id], PARENT_PIPELINE).await, LockOutcome::Contended);
+    assert_eq!(get(&h, child.id).await, marked, "contention rewrote the reset mark on row {}", child.id);
+}
+
+/// A lock attempt by a holder whose lease was superseded is stale and writes nothing: no lock and no intent
+/// marks, even where it would have been contended.
+pub async fn lock_related_with_a_stale_holder_is_stale_and_writes_nothing<H: Harness>(h: H) {
+    let parent = insert(&h, "operation").await;
+    let old = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    h.advance(past(LEASE_TTL));
+    lease_single(&h, PARENT_PIPELINE, &parent).await;
+    let (busy_lease, free) = busy_child_then_free_ones(&h, &parent, 1).await;
+    let busy_before = get(&h, busy_lease.id).await;
+    let parent_before = get(&h, parent.id).await;
+    let outcome = lock_related(&h, old, &[free[0].id], PARENT_PIPELINE).await;
+    assert_eq!(outcome, LockOutcome::Stale, "lock by superseded {}#{}", old.id, old.token);
+    let outcome = lock_related(&h, old, &[free[0].id, busy_lease.id], PARENT_PIPELINE).await;
+    assert_eq!(outcome, LockOutcome::Stale, "contended lock by superseded {}#{}", old.id, old.token);
+    assert_eq!(get(&h, free[0].id).await, free[0], "a stale holder wrote row {}", free[0].id);
+    assert_eq!(get(&h, busy_lease.id).await, busy_before, "a stale holder wrote row {}", busy_lease.id);
+    assert_eq!(get(&h, parent.id).await, parent_before, "a stale holder wrote main row {}", parent.id);
+}
+
+/// Reset-and-retry keeps the owner, clears the token and expiry, sets `last_processed_at` to now, leaves the
+/// status alone, and releases the related rows locked with the token.
+pub async fn reset_for_retry_keeps_the_owner_and_releases_the_lease_and_related_locks<H: Harness>(h: H) {
+    let (parent, children) = family(&h, 2).await;
+    let lease = lease_with_children(&h, &parent, &children).await;
+    h.advance(Duration::from_secs(1));
+    let before = now(&h).await;
+    assert!(reset_for_retry(&h, lease).await, "reset of held lease {}#{}", lease.id, lease.token);
+    let after = now(&h).await;
+    let stored = get(&h, parent.id).await;
+    assert_eq!(stored.lock_owner.as_deref(), Some(PARENT_PIPELINE), "owner of reset row {}", parent.id);
+    assert_eq!(stored.lock_token, None, "token of reset row {}", parent.id);
+    assert_eq!(stored.lock_expires_at, None, "expiry of reset row {}", parent.id);
+    let processed = stored.last_processed_at.expect("a reset row was processed");
+    assert_within(processed, before, after, "last_processed_at of a reset row");
+    assert_eq!(stored.status, parent.status, "status of reset row {}", parent.id);
+    assert_eq!(refetch(&h, lease).await, None, "token {} survived its reset", lease.token);
+    for child in &children {
+        assert_unlocked(&get(&h, child.id).await);
+    }
+    let leased = fetch(&h, CHILD_PIPELINE, "job").await;
+    assert_eq!(sorted(ids(&leased)), ids(&children), "released children are taken at once");
+}
+
+/// Reset-and-retry of a lease that is no longer held returns false and writes nothing.
+pub async fn reset_for_retry_of_a_lease_no_longer_held_writes_nothing<H: Harness>(h: H) {
+    let row = insert(&h, "job").await;
+    let old = lease_single(&h, CHILD_PIPELINE, &row).await;
+    h.advance(past(LEASE_TTL));
+    let new = lease_single(&h, "other", &row).await;
+    let held = get(&h, row.id).await;
+    h.advance(Duration::from_secs(1));
+    assert!(!reset_for_retry(&h, old).await, "reset of superseded {}#{}", old.id, old.token);
+    assert_eq!(get(&h, row.id).await, held, "a stale reset wrote row {}", row.id);
+    assert!(reset_for_retry(&h, new).await, "reset of held lease {}#{}", new.id, new.token);
+    let reset = get(&h, row.id).await;
+    assert!(!reset_for_retry(&h, new).await, "a second reset of {}#{}", new.id, new.token);
+    assert_eq!(get(&h, row.id).await, reset, "a second reset wrote row {}", row.id);
+}

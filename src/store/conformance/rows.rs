@@ -1,0 +1,73 @@
+//! Plain reads and writes: insert, get, list and the store's clock ([`Store::insert`], [`Store::get`],
+//! [`Store::list`], [`Store::now`]; DESIGN §2, Schema).
+
+use super::*;
+use serde_json::json;
+
+/// An inserted row is stored as given, unleased, unprocessed and not hinted, created and updated at the
+/// insert's `now`; `get` reads it back the same.
+pub async fn insert_stores_an_unleased_unprocessed_row<H: Harness>(h: H) {
+    let parent = insert(&h, "operation").await;
+    let new = NewRow::new("job", "pending", json!({"command": "train", "ranks": [0, 1]})).with_parent(parent.id);
+    let before = now(&h).await;
+    let row = insert_new(&h, new.clone()).await;
+    let after = now(&h).await;
+    assert_eq!(row.kind, new.kind, "kind of row {}", row.id);
+    assert_eq!(row.parent_id, Some(parent.id), "parent of row {}", row.id);
+    assert_eq!(row.status, new.status, "status of row {}", row.id);
+    assert_eq!(row.data, new.data, "data of row {}", row.id);
+    assert_within(row.created_at, before, after, "created_at");
+    assert_eq!(row.updated_at, row.created_at, "updated_at of row {}", row.id);
+    assert_eq!(row.last_processed_at, None, "last_processed_at of row {}", row.id);
+    assert_unlocked(&row);
+    assert!(!row.hinted, "row {} is hinted", row.id);
+    assert_eq!(get(&h, row.id).await, row, "insert returned row {} not as stored", row.id);
+}
+
+/// Ids grow with every insert.
+pub async fn insert_assigns_increasing_ids<H: Harness>(h: H) {
+    let mut last = None;
+    for kind in ["job", "node", "job"] {
+        let id = insert(&h, kind).await.id;
+        assert!(Some(id) > last, "id {id} after {last:?}");
+        last = Some(id);
+    }
+}
+
+/// `get` of an id that was never given out is `None`, not an error.
+pub async fn get_of_a_missing_row_is_none<H: Harness>(h: H) {
+    let row = insert(&h, "job").await;
+    let missing = RowId(row.id.0 + 1_000);
+    assert_eq!(h.store().get(missing).await.expect("get"), None, "row {missing} exists");
+}
+
+/// `list` returns the rows of one kind, under one parent or any, by id.
+pub async fn list_filters_by_kind_and_parent_in_id_order<H: Harness>(h: H) {
+    let first = insert(&h, "operation").await;
+    let second = insert(&h, "operation").await;
+    let child = |parent: &Row| NewRow::new("job", READY, json!({})).with_parent(parent.id);
+    let a = insert_new(&h, child(&first)).await;
+    let b = insert_new(&h, child(&second)).await;
+    let c = insert_new(&h, child(&first)).await;
+    let orphan = insert(&h, "job").await;
+    insert_new(&h, NewRow::new("node", READY, json!({})).with_parent(first.id)).await;
+    assert_eq!(list_ids(&h, "job", Some(first.id)).await, vec![a.id, c.id], "jobs of {}", first.id);
+    assert_eq!(list_ids(&h, "job", Some(second.id)).await, vec![b.id], "jobs of {}", second.id);
+    assert_eq!(list_ids(&h, "job", None).await, vec![a.id, b.id, c.id, orphan.id], "all jobs");
+    assert_eq!(list_ids(&h, "operation", None).await, vec![first.id, second.id], "all operations");
+    assert_eq!(list_ids(&h, "allocation", None).await, vec![], "a kind with no rows");
+}
+
+async fn list_ids<H: Harness>(h: &H, kind: &str, parent: Option<RowId>) -> Vec<RowId> {
+    ids(&h.store().list(kind, parent).await.expect("list"))
+}
+
+/// The store's clock moves forward by at least what the harness advances, and never back.
+pub async fn now_moves_forward_by_at_least_the_advanced_span<H: Harness>(h: H) {
+    let start = now(&h).await;
+    h.advance(Duration::from_secs(3600));
+    let later = now(&h).await;
+    assert!(later >= start.plus(Duration::from_secs(3600)), "now {later} after advancing an hour from {start}");
+    let again = now(&h).await;
+    assert!(again >= later, "now went back from {later} to {again}");
+}

@@ -1,0 +1,110 @@
+//! Conversions between the store's types and PostgreSQL's: the one place that knows how `Timestamp` maps to
+//! `timestamptz` and `Duration` to `interval`, and how a result row becomes a [`Row`] or an [`Event`].
+
+use crate::store::{Event, LockToken, Row, RowId, Timestamp, duration_micros};
+use sqlx::postgres::types::{Oid, PgInterval};
+use sqlx::postgres::{PgRow, PgTypeInfo, PgValueFormat, PgValueRef, Postgres};
+use sqlx::types::Json;
+use sqlx::{Decode, Row as _, Type};
+use std::time::Duration;
+
+/// PostgreSQL counts `timestamptz` in microseconds since 2000-01-01 00:00 UTC; the store counts from 1970.
+const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
+
+/// OID of the built-in `timestamptz` type (fixed in every PostgreSQL catalog).
+const TIMESTAMPTZ_OID: Oid = Oid(1184);
+
+/// A `timestamptz` column read as a store [`Timestamp`].
+///
+/// `'infinity'` and `'-infinity'` (written by `lockstep_ts_plus`/`lockstep_ts_minus` when a span overflows) read
+/// as `Timestamp(i64::MAX)` and `Timestamp(i64::MIN)`, and instants past `Timestamp`'s range saturate, so a
+/// saturated sum reads back as `Timestamp::plus` computes it in MemStore.
+pub(super) struct PgTime(pub(super) Timestamp);
+
+impl Type<Postgres> for PgTime {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(TIMESTAMPTZ_OID)
+    }
+}
+
+impl<'r> Decode<'r, Postgres> for PgTime {
+    fn decode(value: PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        if value.format() != PgValueFormat::Binary {
+            return Err("timestamptz in text format: PgStore only runs prepared statements".into());
+        }
+        let bytes: [u8; 8] = value.as_bytes()?.try_into().map_err(|_| "timestamptz value is not 8 bytes")?;
+        Ok(PgTime(timestamp_from_pg(i64::from_be_bytes(bytes))))
+    }
+}
+
+/// A `timestamptz`'s binary value (microseconds since 2000, `i64::MAX`/`MIN` for ±infinity) as a [`Timestamp`].
+pub(super) fn timestamp_from_pg(pg_micros: i64) -> Timestamp {
+    match pg_micros {
+        i64::MAX => Timestamp(i64::MAX),
+        i64::MIN => Timestamp(i64::MIN),
+        micros => Timestamp(micros.saturating_add(PG_EPOCH_UNIX_MICROS)),
+    }
+}
+
+/// `span` as an `interval` of whole microseconds, truncated and saturating as
+/// [`duration_micros`] does for MemStore (no days or months, so adding it never depends on a time zone).
+pub(super) fn interval(span: Duration) -> PgInterval {
+    PgInterval { months: 0, days: 0, microseconds: duration_micros(span) }
+}
+
+/// A result row holding the columns of `sql::row_columns!` as a [`Row`].
+pub(super) fn row(r: &PgRow) -> Result<Row, sqlx::Error> {
+    Ok(Row {
+        id: RowId(r.try_get("id")?),
+        kind: r.try_get("kind")?,
+        parent_id: r.try_get::<Option<i64>, _>("parent_id")?.map(RowId),
+        status: r.try_get("status")?,
+        data: r.try_get::<Json<serde_json::Value>, _>("data")?.0,
+        created_at: r.try_get::<PgTime, _>("created_at")?.0,
+        updated_at: r.try_get::<PgTime, _>("updated_at")?.0,
+        last_processed_at: r.try_get::<Option<PgTime>, _>("last_processed_at")?.map(|t| t.0),
+        lock_expires_at: r.try_get::<Option<PgTime>, _>("lock_expires_at")?.map(|t| t.0),
+        lock_token: r.try_get::<Option<i64>, _>("lock_token")?.map(LockToken),
+        lock_owner: r.try_get("lock_owner")?,
+        hinted: r.try_get("hinted")?,
+    })
+}
+
+/// A result row of `sql::EVENTS` as an [`Event`].
+pub(super) fn event(r: &PgRow) -> Result<Event, sqlx::Error> {
+    Ok(Event {
+        seq: r.try_get("seq")?,
+        row_id: RowId(r.try_get("row_id")?),
+        kind: r.try_get("kind")?,
+        data: r.try_get::<Json<serde_json::Value>, _>("data")?.0,
+        at: r.try_get::<PgTime, _>("at")?.0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamptz_binary_maps_to_unix_micros() {
+        assert_eq!(timestamp_from_pg(0), Timestamp(PG_EPOCH_UNIX_MICROS));
+        assert_eq!(timestamp_from_pg(-PG_EPOCH_UNIX_MICROS), Timestamp::EPOCH);
+        assert_eq!(timestamp_from_pg(1), Timestamp(PG_EPOCH_UNIX_MICROS + 1));
+    }
+
+    #[test]
+    fn infinities_and_far_instants_saturate_like_timestamp_plus() {
+        assert_eq!(timestamp_from_pg(i64::MAX), Timestamp(i64::MAX));
+        assert_eq!(timestamp_from_pg(i64::MIN), Timestamp(i64::MIN));
+        // 294276-12-31, the last valid timestamptz, lies past Timestamp's end (294247).
+        assert_eq!(timestamp_from_pg(9_223_371_331_199_999_999), Timestamp(i64::MAX));
+        assert_eq!(Timestamp::EPOCH.plus(Duration::MAX), Timestamp(i64::MAX));
+    }
+
+    #[test]
+    fn interval_truncates_to_micros_and_saturates() {
+        assert_eq!(interval(Duration::from_nanos(1_999)).microseconds, 1);
+        assert_eq!(interval(Duration::MAX).microseconds, i64::MAX);
+        assert_eq!(interval(Duration::from_secs(30)).days, 0);
+    }
+}

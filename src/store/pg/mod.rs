@@ -1,0 +1,423 @@
+//! PgStore: the [`Store`] on PostgreSQL through sqlx, with MemStore's semantics (DESIGN §2). Not in simulator
+//! builds.
+//!
+//! Each store call is one statement, or one transaction where a call needs several, and every timestamp it
+//! writes is the database's `now()` (plus a clock offset that only tests set), one `now` per transaction. The
+//! fetch leases rows with `FOR NO KEY UPDATE SKIP LOCKED` in the statement that selects them; guarded writes
+//! match `id + lock_token`. Fetch hints travel as `NOTIFY` between replicas (see `listen`). The SQL lives in
+//! `sql`, the type conversions in `codec`, the error mapping in `error`, the calls that need a transaction of
+//! several statements (apply, related locks) in `write`, the connection options in `options`.
+
+mod codec;
+mod error;
+mod listen;
+mod options;
+mod sql;
+mod write;
+
+pub use options::PgOptions;
+
+use crate::store::{
+    ApplyOutcome, ApplyParams, Event, FetchParams, HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, Lease, LockOutcome,
+    LockRelatedParams, NewRow, Row, RowId, RowUpdate, Store, StoreError, Timestamp, WriteOutcome, duration_micros,
+};
+use codec::{PgTime, interval};
+use sqlx::postgres::types::PgInterval;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::types::Json;
+use sqlx::{AssertSqlSafe, Connection, PgConnection, Row as _};
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+use tokio::sync::{broadcast, oneshot};
+
+/// The PostgreSQL store. Clones share one pool, clock offset and hint listener; the listener stops when the
+/// last clone is dropped.
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    schema: String,
+    channel: String,
+    /// Tags this store's `NOTIFY` payloads, so its listener skips hints it already delivered locally.
+    instance: u64,
+    clock_offset_micros: AtomicI64,
+    acquire_timeout: Duration,
+    max_connections: u32,
+    hints: broadcast::Sender<Hint>,
+    /// Dropped with the store, which stops the listener task.
+    _listener_shutdown: oneshot::Sender<()>,
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore").field("schema", &self.inner.schema).finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// Connects to `url` with default [`PgOptions`] and runs the migrations.
+    ///
+    /// Errors: `Invalid` for a malformed URL, `Unavailable`/`Timeout` when PostgreSQL cannot be reached, `Other`
+    /// when a migration fails. No error contains the URL.
+    pub async fn connect(url: &str) -> Result<PgStore, StoreError> {
+        PgStore::connect_with(PgOptions::new(url)).await
+    }
+
+    /// Connects with `options`: creates the schema if missing, opens the pool (each connection's `search_path`
+    /// is the schema), runs the migrations, and starts the hint listener, returning once it listens.
+    ///
+    /// Errors: as [`PgStore::connect`], plus `Invalid` for a schema name outside the allowed characters.
+    pub async fn connect_with(options: PgOptions) -> Result<PgStore, StoreError> {
+        options::check_schema(&options.schema)?;
+        let fail = |err| error::store_error(err, options.acquire_timeout);
+        let base: PgConnectOptions = options.url.parse().map_err(fail)?;
+        let base = base.application_name("lockstep");
+        ensure_schema(&base, &options.schema).await.map_err(fail)?;
+        // Startup options rather than an `after_connect` hook: no extra round trip per connection, and they
+        // survive `RESET ALL`. Custom plans only: a generic plan of the fetch cannot see `LIMIT $5` or the
+        // statuses, and plans sequential scans of the whole table (checked with `force_generic_plan` on 100 000
+        // finished rows); planning the fetch costs about 0.5 ms, which PostgreSQL pays anyway while it keeps
+        // choosing custom plans.
+        let connect =
+            base.options([("search_path", options.schema.as_str()), ("plan_cache_mode", "force_custom_plan")]);
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect.clone())
+            .await
+            .map_err(fail)?;
+        let channel = listen::channel(&options.schema);
+        let instance = rand::random::<u64>();
+        let (hints, _) = broadcast::channel(HINT_BUFFER_LEN_MAX);
+        let (shutdown, shutdown_rx) = oneshot::channel();
+        let store = PgStore {
+            inner: Arc::new(Inner {
+                pool,
+                schema: options.schema,
+                channel: channel.clone(),
+                instance,
+                clock_offset_micros: AtomicI64::new(duration_micros(options.clock_offset)),
+                acquire_timeout: options.acquire_timeout,
+                max_connections: options.max_connections,
+                hints: hints.clone(),
+                _listener_shutdown: shutdown,
+            }),
+        };
+        store.migrate().await?;
+        listen::start(connect, channel, instance, hints, shutdown_rx).await.map_err(|err| store.fail(err))?;
+        Ok(store)
+    }
+
+    /// Runs the migrations in `migrations/` not yet applied to this store's schema (idempotent).
+    ///
+    /// Errors: `Unavailable`/`Timeout` when PostgreSQL cannot be reached, `Other` when a migration fails or the
+    /// schema holds migrations this build does not know.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        sqlx::migrate!("./migrations").run(&self.inner.pool).await.map_err(|err| self.fail(err.into()))
+    }
+
+    /// The schema holding this store's tables.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// Moves this store's clock forward by `span` (tests only: production leaves the offset at zero). Affects
+    /// every later call of every clone; other `PgStore`s on the same schema keep their own offsets.
+    pub fn advance_clock(&self, span: Duration) {
+        let micros = duration_micros(span);
+        // The closure always returns `Some`, so the update cannot fail.
+        let _ = self
+            .inner
+            .clock_offset_micros
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |offset| Some(offset.saturating_add(micros)));
+    }
+
+    /// Inserts `rows` in one statement and returns their ids, in order. Every row gets one `now` as
+    /// `created_at` and `updated_at`, and starts unleased and unprocessed, as [`Store::insert`] makes them.
+    ///
+    /// Errors: `Unavailable`/`Timeout`/`Other` as for any call; nothing is inserted then.
+    pub async fn insert_many(&self, rows: Vec<NewRow>) -> Result<Vec<RowId>, StoreError> {
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.fail(e))?;
+        write::insert_rows(&mut conn, self.offset(), rows).await.map_err(|e| self.fail(e))
+    }
+
+    /// The SQL text of the fetch with `params` (for tests that EXPLAIN it): one text for a single status, one
+    /// for several.
+    #[doc(hidden)]
+    pub fn fetch_sql(params: &FetchParams) -> &'static str {
+        match params.statuses.as_slice() {
+            [_] => sql::FETCH_ONE_STATUS,
+            _ => sql::FETCH,
+        }
+    }
+
+    /// Refreshes the planner's statistics, then returns `EXPLAIN` of the fetch with `params`, one plan line per
+    /// element (tests that check the fetch uses an index).
+    #[doc(hidden)]
+    pub async fn explain_fetch(&self, params: &FetchParams) -> Result<Vec<String>, StoreError> {
+        let pool = &self.inner.pool;
+        sqlx::query(sql::ANALYZE).execute(pool).await.map_err(|e| self.fail(e))?;
+        let explain = AssertSqlSafe(format!("EXPLAIN {}", PgStore::fetch_sql(params)));
+        let lines =
+            fetch_query(sqlx::query(explain), self.offset(), params).fetch_all(pool).await.map_err(|e| self.fail(e))?;
+        lines.iter().map(|line| line.try_get::<String, _>(0)).collect::<Result<_, _>>().map_err(|e| self.fail(e))
+    }
+
+    /// Drops `schema` and everything in it, on a connection of its own (tests clean up after a passing case).
+    /// Refuses [`PgOptions::SCHEMA_DEFAULT`]. Gives up with an error after 5 s waiting for a lock, rather than
+    /// hang a test whose runtime is blocked while a connection still holds one.
+    #[doc(hidden)]
+    pub async fn drop_schema(url: &str, schema: &str) -> Result<(), StoreError> {
+        options::check_schema(schema)?;
+        if schema == PgOptions::SCHEMA_DEFAULT {
+            return Err(StoreError::Invalid("drop_schema: refusing to drop public".into()));
+        }
+        let fail = |err| error::store_error(err, PgOptions::ACQUIRE_TIMEOUT_DEFAULT);
+        let options: PgConnectOptions = url.parse().map_err(fail)?;
+        let mut conn = PgConnection::connect_with(&options).await.map_err(fail)?;
+        sqlx::query(sql::DROP_SCHEMA_LOCK_TIMEOUT).execute(&mut conn).await.map_err(fail)?;
+        sqlx::query(AssertSqlSafe(sql::drop_schema(schema))).execute(&mut conn).await.map_err(fail)?;
+        conn.close().await.map_err(fail)
+    }
+
+    /// Terminates the server sessions of every hint listener on this store's channel (its own and those of other
+    /// stores on the schema), waiting up to 5 s for each to end, and returns how many there were: tests check
+    /// that listeners reconnect.
+    #[doc(hidden)]
+    pub async fn disconnect_hint_listeners(&self) -> Result<i64, StoreError> {
+        sqlx::query_scalar(sql::TERMINATE_LISTENERS)
+            .bind(&self.inner.channel)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))
+    }
+
+    fn offset(&self) -> PgInterval {
+        PgInterval { months: 0, days: 0, microseconds: self.inner.clock_offset_micros.load(Ordering::SeqCst) }
+    }
+
+    fn fail(&self, err: sqlx::Error) -> StoreError {
+        error::store_error(err, self.inner.acquire_timeout)
+    }
+}
+
+/// Creates `schema` unless it exists (checked first, so a role that may not create schemas can use one made
+/// for it).
+async fn ensure_schema(options: &PgConnectOptions, schema: &str) -> Result<(), sqlx::Error> {
+    let mut conn = PgConnection::connect_with(options).await?;
+    let exists: bool = sqlx::query_scalar(sql::SCHEMA_EXISTS).bind(schema).fetch_one(&mut conn).await?;
+    if !exists {
+        sqlx::query(AssertSqlSafe(sql::create_schema(schema))).execute(&mut conn).await?;
+    }
+    conn.close().await
+}
+
+/// Binds the fetch's parameters, in `sql::FETCH`'s order, to `query` (the text of [`PgStore::fetch_sql`] or its
+/// EXPLAIN).
+fn fetch_query<'q>(query: PgQuery<'q>, offset: PgInterval, p: &FetchParams) -> PgQuery<'q> {
+    let query = query.bind(offset).bind(p.kind.clone());
+    let query = match p.statuses.as_slice() {
+        [status] => query.bind(status.clone()),
+        statuses => query.bind(statuses.to_vec()),
+    };
+    query
+        .bind(p.pipeline.clone())
+        .bind(i64::try_from(p.limit).unwrap_or(i64::MAX))
+        .bind(interval(p.lease_ttl))
+        .bind(interval(p.retry_delay))
+        .bind(interval(p.min_processing_interval))
+}
+
+/// MemStore's parameter checks of a fetch (same rules, same messages).
+fn check_fetch_params(p: &FetchParams) -> Result<(), StoreError> {
+    if p.statuses.is_empty() {
+        return Err(StoreError::Invalid("fetch: statuses must not be empty".into()));
+    }
+    if p.pipeline.is_empty() {
+        return Err(StoreError::Invalid("fetch: pipeline name must not be empty".into()));
+    }
+    Ok(())
+}
+
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// The leases of `leases` (in order, duplicates kept, as MemStore filters them) whose `(id, token)` is in
+/// `held`.
+fn still_held(leases: Vec<Lease>, held: &[(i64, i64)]) -> Vec<Lease> {
+    let held: HashSet<(i64, i64)> = held.iter().copied().collect();
+    leases.into_iter().filter(|lease| held.contains(&(lease.id.0, lease.token.0))).collect()
+}
+
+fn split_leases(leases: &[Lease]) -> (Vec<i64>, Vec<i64>) {
+    leases.iter().map(|lease| (lease.id.0, lease.token.0)).unzip()
+}
+
+impl Store for PgStore {
+    async fn fetch(&self, p: FetchParams) -> Result<Vec<Row>, StoreError> {
+        check_fetch_params(&p)?;
+        let rows = fetch_query(sqlx::query(PgStore::fetch_sql(&p)), self.offset(), &p)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        let mut rows: Vec<Row> = rows.iter().map(codec::row).collect::<Result<_, _>>().map_err(|e| self.fail(e))?;
+        // The UPDATE returns rows in no set order; put them in fetch order (`None` sorts first, as NULLS FIRST).
+        rows.sort_unstable_by_key(|row| (row.last_processed_at, row.id));
+        Ok(rows)
+    }
+
+    async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
+        let row = sqlx::query(sql::REFETCH)
+            .bind(lease.id.0)
+            .bind(lease.token.0)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        row.as_ref().map(codec::row).transpose().map_err(|e| self.fail(e))
+    }
+
+    async fn heartbeat(&self, p: HeartbeatParams) -> Result<Vec<Lease>, StoreError> {
+        if p.leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (ids, tokens) = split_leases(&p.leases);
+        let extended: Vec<(i64, i64)> = sqlx::query_as(sql::HEARTBEAT)
+            .bind(self.offset())
+            .bind(ids)
+            .bind(tokens)
+            .bind(interval(p.lease_ttl))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        Ok(still_held(p.leases, &extended))
+    }
+
+    async fn lock_related(&self, p: LockRelatedParams) -> Result<LockOutcome, StoreError> {
+        write::lock_related_in_transaction(&self.inner.pool, self.offset(), p).await.map_err(|e| self.fail(e))?
+    }
+
+    async fn apply(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
+        let simple = p.related.is_empty() && p.inserts.is_empty() && p.events.is_empty();
+        if !simple {
+            return write::apply_in_transaction(&self.inner.pool, self.offset(), p).await.map_err(|e| self.fail(e));
+        }
+        // One statement, so no explicit transaction (saves the BEGIN and COMMIT round trips).
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.fail(e))?;
+        let now = write::apply_main(&mut conn, self.offset(), p.lease, p.update).await.map_err(|e| self.fail(e))?;
+        Ok(match now {
+            Some(now) => ApplyOutcome::Applied { inserted: Vec::new(), now },
+            None => ApplyOutcome::Stale,
+        })
+    }
+
+    async fn reset_for_retry(&self, lease: Lease) -> Result<bool, StoreError> {
+        let reset = sqlx::query(sql::RESET_FOR_RETRY)
+            .bind(self.offset())
+            .bind(lease.id.0)
+            .bind(lease.token.0)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        Ok(reset.is_some())
+    }
+
+    async fn release(&self, leases: Vec<Lease>) -> Result<usize, StoreError> {
+        if leases.is_empty() {
+            return Ok(0);
+        }
+        let (ids, tokens) = split_leases(&leases);
+        let held: Vec<(i64, i64)> = sqlx::query_as(sql::RELEASE)
+            .bind(ids)
+            .bind(tokens)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        Ok(still_held(leases, &held).len())
+    }
+
+    async fn insert(&self, new: NewRow) -> Result<Row, StoreError> {
+        let row = sqlx::query(sql::INSERT)
+            .bind(self.offset())
+            .bind(new.kind)
+            .bind(new.parent_id.map(|id| id.0))
+            .bind(new.status)
+            .bind(Json(new.data))
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        codec::row(&row).map_err(|e| self.fail(e))
+    }
+
+    async fn get(&self, id: RowId) -> Result<Option<Row>, StoreError> {
+        let row = sqlx::query(sql::GET).bind(id.0).fetch_optional(&self.inner.pool).await.map_err(|e| self.fail(e))?;
+        row.as_ref().map(codec::row).transpose().map_err(|e| self.fail(e))
+    }
+
+    async fn list(&self, kind: &str, parent: Option<RowId>) -> Result<Vec<Row>, StoreError> {
+        let rows = sqlx::query(sql::LIST)
+            .bind(kind)
+            .bind(parent.map(|id| id.0))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        rows.iter().map(codec::row).collect::<Result<_, _>>().map_err(|e| self.fail(e))
+    }
+
+    async fn events(&self, row: RowId) -> Result<Vec<Event>, StoreError> {
+        let rows = sqlx::query(sql::EVENTS).bind(row.0).fetch_all(&self.inner.pool).await.map_err(|e| self.fail(e))?;
+        rows.iter().map(codec::event).collect::<Result<_, _>>().map_err(|e| self.fail(e))
+    }
+
+    async fn update_unleased(&self, id: RowId, update: RowUpdate) -> Result<WriteOutcome, StoreError> {
+        let busy: Option<bool> = sqlx::query_scalar(sql::UPDATE_UNLEASED)
+            .bind(self.offset())
+            .bind(id.0)
+            .bind(update.status)
+            .bind(update.data.map(Json))
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        Ok(match busy {
+            None => WriteOutcome::Missing,
+            Some(true) => WriteOutcome::Busy,
+            Some(false) => WriteOutcome::Written,
+        })
+    }
+
+    async fn hint(&self, kind: &str, row: Option<RowId>) -> Result<(), StoreError> {
+        let payload = listen::payload(self.inner.instance, kind);
+        sqlx::query(sql::HINT)
+            .bind(row.map(|id| id.0))
+            .bind(&self.inner.channel)
+            .bind(payload)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        // Committed: deliver to this store's subscribers at once; other stores hear the NOTIFY. No subscriber is
+        // not an error.
+        let _ = self.inner.hints.send(kind.to_string());
+        Ok(())
+    }
+
+    fn subscribe_hints(&self) -> broadcast::Receiver<Hint> {
+        self.inner.hints.subscribe()
+    }
+
+    async fn now(&self) -> Result<Timestamp, StoreError> {
+        let now: PgTime = sqlx::query_scalar(sql::NOW)
+            .bind(self.offset())
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        Ok(now.0)
+    }
+
+    fn connection_limit(&self) -> Option<usize> {
+        Some(self.inner.max_connections as usize)
+    }
+}

@@ -1,0 +1,279 @@
+//! Every SQL statement of PgStore (STYLE: SQL lives only in `store/pg`).
+//!
+//! Conventions: `$1` is always the test clock offset (an `interval`, zero in production), and every store time
+//! is `lockstep_now($1)` (see `migrations/0001_resources.sql`). Within one transaction `now()` is constant, so all
+//! rows a call writes get one `now`. Spans are `interval`s of microseconds and go through `lockstep_ts_plus` and
+//! `lockstep_ts_minus`, which saturate as `Timestamp::plus` and `Timestamp::minus` do. Each statement's comment
+//! names the MemStore code it mirrors (src/store/mem.rs); the conformance suite checks they agree.
+
+/// The columns of a [`Row`](crate::store::Row) of the table aliased `r`, as `codec::row` reads them by name.
+macro_rules! row_columns {
+    () => {
+        "r.id, r.kind, r.parent_id, r.status, r.data, r.created_at, r.updated_at, r.last_processed_at, \
+         r.lock_expires_at, r.lock_token, r.lock_owner, r.hinted"
+    };
+}
+
+/// `SET search_path` is sent as a startup option; this checks whether the schema exists before creating it, so a
+/// role without `CREATE` on the database can use a schema made for it. `$1`: schema name.
+pub(super) const SCHEMA_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)";
+
+/// The store's time. `$1`: clock offset.
+pub(super) const NOW: &str = "SELECT lockstep_now($1)";
+
+/// The fetch (mem.rs `fetch_eligible`, `Store::fetch`): lock up to `$5` eligible rows, skipping rows other
+/// transactions hold, and lease them in the same statement. Tokens are drawn in fetch order, so the first row
+/// gets the smallest. The UPDATE returns rows in no particular order; the caller sorts them.
+///
+/// `$2` kind, `$3` statuses (see [`FETCH`] and [`FETCH_ONE_STATUS`]), `$4` pipeline, `$5` limit, `$6` lease ttl,
+/// `$7` retry delay, `$8` min processing interval.
+macro_rules! fetch_sql {
+    ($status_matches:literal) => {
+        concat!(
+            "WITH picked AS (
+    SELECT id, last_processed_at
+    FROM resources
+    WHERE kind = $2
+      AND ",
+            $status_matches,
+            "
+      AND (lock_expires_at IS NULL OR lock_expires_at <= lockstep_now($1))
+      AND (lock_expires_at IS NOT NULL OR lock_owner IS NULL OR lock_owner = $4)
+      AND (last_processed_at IS NULL
+           OR hinted
+           OR CASE WHEN lock_expires_at IS NULL AND lock_owner = $4
+                   THEN last_processed_at <= lockstep_ts_minus(lockstep_now($1), $7)
+                   ELSE last_processed_at <= lockstep_ts_minus(lockstep_now($1), $8)
+              END)
+    ORDER BY last_processed_at NULLS FIRST, id
+    LIMIT $5
+    FOR NO KEY UPDATE SKIP LOCKED
+), tokened AS (
+    SELECT ordered.id, nextval('lock_tokens') AS token
+    FROM (SELECT id, last_processed_at FROM picked ORDER BY last_processed_at NULLS FIRST, id) AS ordered
+)
+UPDATE resources AS r
+SET lock_token = tokened.token,
+    lock_owner = $4,
+    lock_expires_at = lockstep_ts_plus(lockstep_now($1), $6),
+    hinted = false
+FROM tokened
+WHERE r.id = tokened.id
+RETURNING ",
+            row_columns!()
+        )
+    };
+}
+
+/// The fetch for several statuses: `$3` is a `text[]`. The index finds each status's rows; they are sorted.
+pub(super) const FETCH: &str = fetch_sql!("status = ANY($3)");
+
+/// The fetch for one status (the common case): `$3` is a `text`. The index yields rows already in fetch order,
+/// so the scan stops after `$5` eligible rows instead of sorting every row of the status (a backlog of ready
+/// rows would otherwise be read whole by every fetch).
+pub(super) const FETCH_ONE_STATUS: &str = fetch_sql!("status = $3");
+
+/// The refetch: the row if it still carries the token. `$1` id, `$2` token.
+pub(super) const REFETCH: &str =
+    concat!("SELECT ", row_columns!(), " FROM resources AS r WHERE r.id = $1 AND r.lock_token = $2");
+
+/// The heartbeat (mem.rs `heartbeat`): lock the main rows still carrying their tokens (in id order, so two
+/// heartbeats cannot deadlock), then extend every row carrying one of those tokens: main and related rows.
+/// Returns the extended rows' `(id, lock_token)`; a lease was held if its own row is among them.
+///
+/// `$2` ids (`int8[]`), `$3` tokens (`int8[]`, same length), `$4` lease ttl.
+pub(super) const HEARTBEAT: &str = "WITH held AS (
+    SELECT r.lock_token
+    FROM resources AS r
+    JOIN unnest($2::int8[], $3::int8[]) AS lease(id, token)
+      ON r.id = lease.id AND r.lock_token = lease.token
+    ORDER BY r.id
+    FOR NO KEY UPDATE OF r
+)
+UPDATE resources
+SET lock_expires_at = lockstep_ts_plus(lockstep_now($1), $4)
+WHERE lock_token IN (SELECT lock_token FROM held)
+RETURNING id, lock_token";
+
+/// Related locks, step 1 (mem.rs `lock_related`, `related_available`): lock the holder and the related rows in
+/// id order and say which are available to the holder. `$2` ids (related and holder), `$3` holder token,
+/// `$4` owner.
+pub(super) const LOCK_RELATED_READ: &str = "SELECT id, lock_token,
+    CASE
+        WHEN lock_token = $3 THEN true
+        WHEN lock_expires_at IS NOT NULL AND lock_expires_at <= lockstep_now($1) THEN true
+        WHEN lock_token IS NOT NULL THEN false
+        ELSE lock_owner IS NULL OR lock_owner = $4
+    END AS available
+FROM resources
+WHERE id = ANY($2)
+ORDER BY id
+FOR NO KEY UPDATE";
+
+/// Related locks, step 2: lock (token set) or mark (token NULL) rows. `$2` ids, `$3` token or NULL, `$4` owner,
+/// `$5` lease ttl.
+pub(super) const LOCK_RELATED_WRITE: &str = "UPDATE resources
+SET lock_token = $3, lock_owner = $4, lock_expires_at = lockstep_ts_plus(lockstep_now($1), $5)
+WHERE id = ANY($2)";
+
+/// Apply, step 1 when there are related updates (mem.rs `apply`): write the related rows still locked with the
+/// token. The caller compares the count with the distinct ids it sent and rolls back on a shortfall (Stale).
+///
+/// `$2` ids, `$3` statuses (`text[]`, NULL = keep), `$4` data (`jsonb[]`, NULL = keep), `$5` token.
+pub(super) const APPLY_RELATED: &str = "UPDATE resources AS r
+SET status = COALESCE(u.status, r.status),
+    data = COALESCE(u.data, r.data),
+    updated_at = lockstep_now($1)
+FROM unnest($2::int8[], $3::text[], $4::jsonb[]) AS u(id, status, data)
+WHERE r.id = u.id AND r.lock_token = $5
+RETURNING r.id";
+
+/// Apply, the guarded main write: if the main row still carries the token, write it, set
+/// `last_processed_at = updated_at = now`, clear its lease, and unlock every related row locked with the token.
+/// `hinted` is left alone: a hint that arrived during the lease must survive the apply (conformance
+/// `hint_during_a_lease_survives_the_apply`; the fetch already cleared hints older than the lease). Returns the one
+/// `now`, or no row when stale (then nothing was written).
+///
+/// `$2` id, `$3` token, `$4` status (NULL = keep), `$5` data (NULL = keep).
+pub(super) const APPLY_MAIN: &str = "WITH main AS (
+    UPDATE resources
+    SET status = COALESCE($4, status),
+        data = COALESCE($5, data),
+        updated_at = lockstep_now($1),
+        last_processed_at = lockstep_now($1),
+        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    WHERE id = $2 AND lock_token = $3
+    RETURNING id
+), unlocked AS (
+    UPDATE resources
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    WHERE lock_token = $3 AND id <> $2 AND EXISTS (SELECT 1 FROM main)
+)
+SELECT lockstep_now($1) FROM main";
+
+/// Reset-and-retry (mem.rs `reset_for_retry`): keep the owner, clear token and expiry, set
+/// `last_processed_at = now`, and unlock related rows. Returns one row when the lease was held.
+/// `$2` id, `$3` token.
+pub(super) const RESET_FOR_RETRY: &str = "WITH main AS (
+    UPDATE resources
+    SET lock_token = NULL, lock_expires_at = NULL, last_processed_at = lockstep_now($1)
+    WHERE id = $2 AND lock_token = $3
+    RETURNING id
+), unlocked AS (
+    UPDATE resources
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    WHERE lock_token = $3 AND id <> $2 AND EXISTS (SELECT 1 FROM main)
+)
+SELECT id FROM main";
+
+/// Release (mem.rs `release`): lock the main rows still carrying their tokens, then clear the lease columns of
+/// every row carrying one of those tokens. Returns the `(id, token)` pairs that were held. `$1` ids, `$2`
+/// tokens. Writes no timestamp, so it takes no clock offset.
+pub(super) const RELEASE: &str = "WITH held AS (
+    SELECT r.id, r.lock_token
+    FROM resources AS r
+    JOIN unnest($1::int8[], $2::int8[]) AS lease(id, token)
+      ON r.id = lease.id AND r.lock_token = lease.token
+    ORDER BY r.id
+    FOR NO KEY UPDATE OF r
+), unlocked AS (
+    UPDATE resources
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    WHERE lock_token IN (SELECT lock_token FROM held)
+)
+SELECT id, lock_token FROM held";
+
+/// Inserts one row. `$2` kind, `$3` parent, `$4` status, `$5` data.
+pub(super) const INSERT: &str = concat!(
+    "INSERT INTO resources AS r (kind, parent_id, status, data, created_at, updated_at)
+VALUES ($2, $3, $4, $5, lockstep_now($1), lockstep_now($1))
+RETURNING ",
+    row_columns!()
+);
+
+/// Inserts many rows in one statement, ids assigned in input order (rows are produced in `ordinality` order and
+/// each takes the next id as it is inserted; the caller checks the returned ids increase). `$2` kinds, `$3`
+/// parents, `$4` statuses, `$5` data, all the same length.
+pub(super) const INSERT_MANY: &str = "INSERT INTO resources (kind, parent_id, status, data, created_at, updated_at)
+SELECT new.kind, new.parent_id, new.status, new.data, lockstep_now($1), lockstep_now($1)
+FROM unnest($2::text[], $3::int8[], $4::text[], $5::jsonb[]) WITH ORDINALITY AS new(kind, parent_id, status, data, n)
+ORDER BY new.n
+RETURNING id";
+
+/// Appends events in input order. `$2` row ids, `$3` kinds, `$4` data.
+pub(super) const INSERT_EVENTS: &str = "INSERT INTO events (row_id, kind, data, at)
+SELECT new.row_id, new.kind, new.data, lockstep_now($1)
+FROM unnest($2::int8[], $3::text[], $4::jsonb[]) WITH ORDINALITY AS new(row_id, kind, data, n)
+ORDER BY new.n
+RETURNING seq";
+
+/// Reads a row. `$1` id.
+pub(super) const GET: &str = concat!("SELECT ", row_columns!(), " FROM resources AS r WHERE r.id = $1");
+
+/// Rows of a kind, all or one parent's, by id. `$1` kind, `$2` parent or NULL.
+pub(super) const LIST: &str = concat!(
+    "SELECT ",
+    row_columns!(),
+    " FROM resources AS r WHERE r.kind = $1 AND ($2::int8 IS NULL OR r.parent_id = $2) ORDER BY r.id"
+);
+
+/// Events about a row, in sequence order. `$1` row id.
+pub(super) const EVENTS: &str = "SELECT seq, row_id, kind, data, at FROM events WHERE row_id = $1 ORDER BY seq";
+
+/// The write API's update (mem.rs `update_unleased`): busy while a live lease or an owner's reset mark is on the
+/// row; otherwise clear any expired lease (and the related rows locked with its token), then write. Returns no
+/// row when the row is missing, else whether it was busy. `$2` id, `$3` status, `$4` data.
+pub(super) const UPDATE_UNLEASED: &str = "WITH target AS (
+    SELECT id, lock_token,
+        (lock_expires_at IS NOT NULL AND lock_expires_at > lockstep_now($1))
+            OR (lock_expires_at IS NULL AND lock_owner IS NOT NULL) AS busy
+    FROM resources
+    WHERE id = $2
+    FOR NO KEY UPDATE
+), written AS (
+    UPDATE resources AS r
+    SET status = COALESCE($3, r.status),
+        data = COALESCE($4, r.data),
+        updated_at = lockstep_now($1),
+        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    FROM target
+    WHERE r.id = target.id AND NOT target.busy
+), unlocked AS (
+    UPDATE resources AS r
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    FROM target
+    WHERE r.lock_token = target.lock_token AND r.id <> target.id AND NOT target.busy
+)
+SELECT busy FROM target";
+
+/// A fetch hint: mark the row (if any) and `NOTIFY` (delivered at commit). `$1` row id or NULL, `$2` channel,
+/// `$3` payload.
+pub(super) const HINT: &str = "WITH marked AS (
+    UPDATE resources SET hinted = true WHERE id = $1
+)
+SELECT pg_notify($2, $3)";
+
+/// Ends the sessions listening on a channel (tests of the listener's reconnect), waiting up to 5 s for each.
+/// `$1` channel. Returns how many were ended.
+pub(super) const TERMINATE_LISTENERS: &str = "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))
+FROM pg_stat_activity
+WHERE datname = current_database()
+  AND pid <> pg_backend_pid()
+  AND query LIKE 'LISTEN %'
+  AND position($1 IN query) > 0";
+
+/// Planner statistics for the resource table (tests that EXPLAIN the fetch).
+pub(super) const ANALYZE: &str = "ANALYZE resources";
+
+/// `CREATE SCHEMA` for a name `check_schema` accepted (identifiers cannot be bound as parameters).
+pub(super) fn create_schema(schema: &str) -> String {
+    format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"")
+}
+
+/// Bounds the wait of `drop_schema` for locks (a blocked test must not hang).
+pub(super) const DROP_SCHEMA_LOCK_TIMEOUT: &str = "SET lock_timeout = '5s'";
+
+/// `DROP SCHEMA … CASCADE` for a name `check_schema` accepted.
+pub(super) fn drop_schema(schema: &str) -> String {
+    format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")
+}

@@ -1,0 +1,213 @@
+//! The calls that need a transaction of several statements: the guarded apply (related writes, main write,
+//! inserts, events) and the all-or-nothing related lock. Each rolls back explicitly when a guard fails, so no row
+//! lock outlives the call.
+
+use super::codec::{PgTime, interval};
+use super::sql;
+use crate::store::{
+    ApplyOutcome, ApplyParams, Lease, LockOutcome, LockRelatedParams, NewEvent, NewRow, RelatedUpdate, RowId,
+    RowUpdate, StoreError, Timestamp,
+};
+use sqlx::PgConnection;
+use sqlx::postgres::PgPool;
+use sqlx::postgres::types::PgInterval;
+use sqlx::types::Json;
+use std::collections::BTreeMap;
+
+/// The general apply: one transaction of related writes, the guarded main write, inserts and events.
+/// Rolls back and returns `Stale` as soon as a guard fails. The rollback is awaited, not left to the
+/// transaction's drop, so no row lock outlives the call.
+pub(super) async fn apply_in_transaction(
+    pool: &PgPool,
+    offset: PgInterval,
+    p: ApplyParams,
+) -> Result<ApplyOutcome, sqlx::Error> {
+    let token = p.lease.token.0;
+    let mut tx = pool.begin().await?;
+    if !p.related.is_empty() {
+        let related = merge_related(p.related);
+        let (ids, statuses, data) = related_columns(&related);
+        let written = sqlx::query(sql::APPLY_RELATED)
+            .bind(offset)
+            .bind(ids)
+            .bind(statuses)
+            .bind(data)
+            .bind(token)
+            .execute(&mut *tx)
+            .await?;
+        if written.rows_affected() != related.len() as u64 {
+            tx.rollback().await?;
+            return Ok(ApplyOutcome::Stale);
+        }
+    }
+    let Some(now) = apply_main(&mut tx, offset, p.lease, p.update).await? else {
+        tx.rollback().await?;
+        return Ok(ApplyOutcome::Stale);
+    };
+    let inserted = insert_rows(&mut tx, offset, p.inserts).await?;
+    insert_events(&mut tx, offset, p.events).await?;
+    tx.commit().await?;
+    Ok(ApplyOutcome::Applied { inserted, now })
+}
+
+/// The related lock: one transaction that locks the holder and the related rows in id order, reads their
+/// availability, and writes the locks (or, on contention, the intent marks). The inner `Err` is the call's own
+/// `Invalid` error (a related row does not exist); the outer one a database failure.
+pub(super) async fn lock_related_in_transaction(
+    pool: &PgPool,
+    offset: PgInterval,
+    p: LockRelatedParams,
+) -> Result<Result<LockOutcome, StoreError>, sqlx::Error> {
+    let token = p.holder.token.0;
+    let mut ids: Vec<i64> = p.related.iter().map(|id| id.0).collect();
+    ids.push(p.holder.id.0);
+    ids.sort_unstable();
+    ids.dedup();
+    let mut tx = pool.begin().await?;
+    let rows: Vec<(i64, Option<i64>, bool)> = sqlx::query_as(sql::LOCK_RELATED_READ)
+        .bind(offset)
+        .bind(&ids)
+        .bind(token)
+        .bind(&p.owner)
+        .fetch_all(&mut *tx)
+        .await?;
+    let found: BTreeMap<i64, (Option<i64>, bool)> =
+        rows.into_iter().map(|(id, lock_token, available)| (id, (lock_token, available))).collect();
+    if let Some(missing) = p.related.iter().find(|id| !found.contains_key(&id.0)) {
+        tx.rollback().await?;
+        return Ok(Err(StoreError::Invalid(format!("lock_related: related row {missing} does not exist"))));
+    }
+    let holds = found.get(&p.holder.id.0).is_some_and(|(lock_token, _)| *lock_token == Some(token));
+    if !holds {
+        tx.rollback().await?;
+        return Ok(Ok(LockOutcome::Stale));
+    }
+    let available: Vec<i64> = p.related.iter().map(|id| id.0).filter(|id| found[id].1).collect();
+    let locked = available.len() == p.related.len();
+    if !available.is_empty() {
+        sqlx::query(sql::LOCK_RELATED_WRITE)
+            .bind(offset)
+            .bind(&available)
+            .bind(locked.then_some(token))
+            .bind(&p.owner)
+            .bind(interval(p.lease_ttl))
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(Ok(if locked { LockOutcome::Locked } else { LockOutcome::Contended }))
+}
+
+/// The guarded main write of an apply; `None` when the row no longer carries the token (nothing written).
+pub(super) async fn apply_main(
+    conn: &mut PgConnection,
+    offset: PgInterval,
+    lease: Lease,
+    update: RowUpdate,
+) -> Result<Option<Timestamp>, sqlx::Error> {
+    let now: Option<PgTime> = sqlx::query_scalar(sql::APPLY_MAIN)
+        .bind(offset)
+        .bind(lease.id.0)
+        .bind(lease.token.0)
+        .bind(update.status)
+        .bind(update.data.map(Json))
+        .fetch_optional(conn)
+        .await?;
+    Ok(now.map(|t| t.0))
+}
+
+/// Related updates folded per row in order, as MemStore writes them one after another: a later `Some` wins.
+fn merge_related(related: Vec<RelatedUpdate>) -> BTreeMap<RowId, RowUpdate> {
+    let mut merged: BTreeMap<RowId, RowUpdate> = BTreeMap::new();
+    for RelatedUpdate { id, update } in related {
+        let entry = merged.entry(id).or_default();
+        entry.status = update.status.or(entry.status.take());
+        entry.data = update.data.or(entry.data.take());
+    }
+    merged
+}
+
+type RelatedColumns = (Vec<i64>, Vec<Option<String>>, Vec<Option<Json<serde_json::Value>>>);
+
+fn related_columns(related: &BTreeMap<RowId, RowUpdate>) -> RelatedColumns {
+    let ids = related.keys().map(|id| id.0).collect();
+    let statuses = related.values().map(|u| u.status.clone()).collect();
+    let data = related.values().map(|u| u.data.clone().map(Json)).collect();
+    (ids, statuses, data)
+}
+
+/// Inserts `rows` in one statement; ids in input order.
+pub(super) async fn insert_rows(
+    conn: &mut PgConnection,
+    offset: PgInterval,
+    rows: Vec<NewRow>,
+) -> Result<Vec<RowId>, sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let count = rows.len();
+    let mut kinds = Vec::with_capacity(count);
+    let mut parents = Vec::with_capacity(count);
+    let mut statuses = Vec::with_capacity(count);
+    let mut data = Vec::with_capacity(count);
+    for row in rows {
+        kinds.push(row.kind);
+        parents.push(row.parent_id.map(|id| id.0));
+        statuses.push(row.status);
+        data.push(Json(row.data));
+    }
+    let ids: Vec<i64> = sqlx::query_scalar(sql::INSERT_MANY)
+        .bind(offset)
+        .bind(kinds)
+        .bind(parents)
+        .bind(statuses)
+        .bind(data)
+        .fetch_all(conn)
+        .await?;
+    assert_eq!(ids.len(), count, "bulk insert of {count} rows returned {} ids", ids.len());
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "bulk insert returned ids out of input order: {ids:?}");
+    Ok(ids.into_iter().map(RowId).collect())
+}
+
+/// Appends `events` in one statement, in input order.
+async fn insert_events(conn: &mut PgConnection, offset: PgInterval, events: Vec<NewEvent>) -> Result<(), sqlx::Error> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let count = events.len();
+    let mut rows = Vec::with_capacity(count);
+    let mut kinds = Vec::with_capacity(count);
+    let mut data = Vec::with_capacity(count);
+    for event in events {
+        rows.push(event.row_id.0);
+        kinds.push(event.kind);
+        data.push(Json(event.data));
+    }
+    let seqs: Vec<i64> =
+        sqlx::query_scalar(sql::INSERT_EVENTS).bind(offset).bind(rows).bind(kinds).bind(data).fetch_all(conn).await?;
+    assert!(
+        seqs.len() == count && seqs.windows(2).all(|w| w[0] < w[1]),
+        "events were given sequence numbers out of input order: {seqs:?}"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn related_updates_fold_like_sequential_writes() {
+        let update = |status: Option<&str>, data: Option<serde_json::Value>| RowUpdate {
+            status: status.map(String::from),
+            data,
+        };
+        let merged = merge_related(vec![
+            RelatedUpdate { id: RowId(2), update: update(Some("a"), Some(serde_json::json!(1))) },
+            RelatedUpdate { id: RowId(1), update: update(Some("x"), None) },
+            RelatedUpdate { id: RowId(2), update: update(None, Some(serde_json::json!(2))) },
+        ]);
+        assert_eq!(merged[&RowId(2)], update(Some("a"), Some(serde_json::json!(2))));
+        assert_eq!(merged[&RowId(1)], update(Some("x"), None));
+    }
+}

@@ -1,0 +1,251 @@
+//! PgStore behaviours the conformance suite cannot see: hints between stores through `NOTIFY`, the listener's
+//! reconnect, credentials kept out of errors, the schema rule, repeated migrations, bulk inserts, and spans so
+//! long that timestamps saturate (compared with MemStore). Needs PostgreSQL (see `support::pg`; never skips).
+
+#![cfg(not(madsim))]
+
+mod support;
+
+use lockstep::store::conformance::Harness;
+use lockstep::store::{
+    ApplyParams, FetchParams, HeartbeatParams, Hint, Lease, ManualClock, MemStore, NewRow, PgOptions, PgStore, Row,
+    RowUpdate, Store, StoreError, Timestamp,
+};
+use std::time::Duration;
+use support::pg::{PgHarness, store_with};
+use tokio::sync::broadcast;
+
+/// Longest wait for a hint that should come.
+const HINT_WAIT: Duration = Duration::from_secs(10);
+/// How often the reconnect test re-sends a hint before giving up (with [`RECONNECT_PROBE_WAIT`] each).
+const RECONNECT_PROBES_MAX: usize = 40;
+const RECONNECT_PROBE_WAIT: Duration = Duration::from_millis(250);
+const YEAR: Duration = Duration::from_secs(31_557_600);
+
+async fn next_hint(rx: &mut broadcast::Receiver<Hint>, which: &str) -> Hint {
+    match tokio::time::timeout(HINT_WAIT, rx.recv()).await {
+        Ok(Ok(kind)) => kind,
+        Ok(Err(e)) => panic!("{which}: {e}"),
+        Err(_) => panic!("{which} got no hint within {HINT_WAIT:?}"),
+    }
+}
+
+/// A second store on `h`'s schema (another replica).
+async fn replica(h: &PgHarness) -> PgStore {
+    let schema = h.store().schema().to_string();
+    store_with(|o| o.schema = schema).await
+}
+
+fn params(lease_ttl: Duration, min_processing_interval: Duration) -> FetchParams {
+    FetchParams {
+        pipeline: "jobs".into(),
+        kind: "job".into(),
+        statuses: vec!["ready".into()],
+        limit: 10,
+        lease_ttl,
+        min_processing_interval,
+        retry_delay: Duration::from_secs(5),
+    }
+}
+
+fn ready_job() -> NewRow {
+    NewRow::new("job", "ready", serde_json::json!({}))
+}
+
+fn lease_of(row: &Row) -> Lease {
+    Lease { id: row.id, token: row.lock_token.expect("a leased row carries a token") }
+}
+
+#[tokio::test]
+async fn hints_reach_another_store_on_the_same_schema_and_the_own_store_once() {
+    let h = PgHarness::new().await;
+    let other = replica(&h).await;
+    let mut remote = other.subscribe_hints();
+    let mut local = h.store().subscribe_hints();
+    h.store().hint("job", None).await.expect("hint");
+    assert_eq!(next_hint(&mut remote, "the other store").await, "job");
+    assert_eq!(next_hint(&mut local, "the hinting store").await, "job");
+    // The hinting store also hears its own NOTIFY; it must not deliver the hint twice.
+    h.store().hint("node", None).await.expect("hint");
+    assert_eq!(next_hint(&mut remote, "the other store").await, "node");
+    assert_eq!(
+        next_hint(&mut local, "the hinting store").await,
+        "node",
+        "the hinting store delivered its first hint twice"
+    );
+}
+
+#[tokio::test]
+async fn the_hint_listener_reconnects_after_its_session_is_terminated() {
+    let h = PgHarness::new().await;
+    let other = replica(&h).await;
+    let mut remote = other.subscribe_hints();
+    let ended = other.disconnect_hint_listeners().await.expect("terminate the listeners");
+    assert_eq!(ended, 2, "one listener per store on the schema");
+    // The old sessions are gone (the call waits for them), so a hint that arrives came over a new connection.
+    for _ in 0..RECONNECT_PROBES_MAX {
+        h.store().hint("job", None).await.expect("hint");
+        if let Ok(received) = tokio::time::timeout(RECONNECT_PROBE_WAIT, remote.recv()).await {
+            assert_eq!(received.expect("hint channel open"), "job");
+            return;
+        }
+    }
+    panic!(
+        "no hint reached the other store within {RECONNECT_PROBES_MAX} probes of {RECONNECT_PROBE_WAIT:?}: its \
+         listener did not reconnect"
+    );
+}
+
+#[tokio::test]
+async fn connect_errors_never_contain_the_password() {
+    let refused = PgStore::connect("postgres://lockstep:hunter2@127.0.0.1:1/nowhere")
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(matches!(refused, StoreError::Unavailable(_)), "{refused}");
+    let malformed =
+        PgStore::connect("postgres://lockstep:hunter2@127.0.0.1:notaport/x").await.expect_err("a malformed URL");
+    assert!(matches!(malformed, StoreError::Invalid(_)), "{malformed}");
+    for err in [refused, malformed] {
+        let shown = format!("{err} {err:?}");
+        assert!(!shown.contains("hunter2"), "the password leaked: {shown}");
+    }
+}
+
+#[tokio::test]
+async fn a_schema_name_outside_the_rule_is_refused_before_connecting() {
+    let mut options = PgOptions::new(support::pg::database_url());
+    options.schema = "robert'); DROP TABLE x; --".into();
+    let err = PgStore::connect_with(options).await.expect_err("a bad schema name");
+    assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+}
+
+#[tokio::test]
+async fn migrations_run_again_as_a_no_op() {
+    let h = PgHarness::new().await;
+    let row = h.store().insert(ready_job()).await.expect("insert");
+    h.store().migrate().await.expect("a second migration run");
+    assert_eq!(h.store().get(row.id).await.expect("get"), Some(row));
+}
+
+#[tokio::test]
+async fn insert_many_gives_ids_in_input_order_and_one_now() {
+    let h = PgHarness::new().await;
+    let rows = (0..1000).map(|i| NewRow::new("job", "ready", serde_json::json!({ "i": i }))).collect();
+    let ids = h.store().insert_many(rows).await.expect("insert_many");
+    let stored = h.store().list("job", None).await.expect("list");
+    assert_eq!(stored.iter().map(|r| r.id).collect::<Vec<_>>(), ids);
+    for (i, row) in stored.iter().enumerate() {
+        assert_eq!(row.data, serde_json::json!({ "i": i }), "row {} data", row.id);
+        assert_eq!(row.created_at, stored[0].created_at, "row {} created_at", row.id);
+        assert_eq!(row.updated_at, row.created_at, "row {} updated_at", row.id);
+    }
+}
+
+/// Spans at and past the end of the timestamp ranges saturate in PgStore exactly as `Timestamp::plus` and
+/// `Timestamp::minus` saturate in MemStore.
+#[tokio::test]
+async fn spans_past_the_end_of_time_saturate_as_in_memstore() {
+    let h = PgHarness::new().await;
+    let pg = h.store();
+    let start = pg.now().await.expect("now");
+    let clock = ManualClock::new(start);
+    let mem = MemStore::new(clock.clone());
+    // From a start in this century: fits both ranges; lands past Timestamp's end (294247) but inside
+    // timestamptz's (294276); past both; the longest Duration.
+    for ttl in [250_000 * YEAR, 292_230 * YEAR, 292_276 * YEAR, Duration::MAX] {
+        let pg_row = pg.insert(ready_job()).await.expect("insert");
+        mem.insert(ready_job()).await.expect("insert");
+        let before = pg.now().await.expect("now");
+        let leased = pg.fetch(params(ttl, Duration::ZERO)).await.expect("fetch");
+        let after = pg.now().await.expect("now");
+        let mem_leased = mem.fetch(params(ttl, Duration::ZERO)).await.expect("fetch");
+        let expires = leased[0].lock_expires_at.expect("an expiry");
+        assert!(
+            expires >= before.plus(ttl) && expires <= after.plus(ttl),
+            "ttl {ttl:?}: {expires} outside [{}, {}]",
+            before.plus(ttl),
+            after.plus(ttl)
+        );
+        assert_eq!(mem_leased[0].lock_expires_at, Some(clock_now(&clock).plus(ttl)));
+        let held = pg
+            .heartbeat(HeartbeatParams { leases: vec![lease_of(&leased[0])], lease_ttl: ttl })
+            .await
+            .expect("heartbeat");
+        assert_eq!(held.len(), 1, "ttl {ttl:?}: the lease on row {} was lost", pg_row.id);
+        release_both(pg, &mem, &leased[0], &mem_leased[0]).await;
+    }
+}
+
+fn clock_now(clock: &ManualClock) -> Timestamp {
+    use lockstep::store::Clock;
+    clock.now()
+}
+
+async fn release_both(pg: &PgStore, mem: &MemStore, pg_row: &Row, mem_row: &Row) {
+    assert_eq!(pg.release(vec![lease_of(pg_row)]).await.expect("release"), 1);
+    assert_eq!(mem.release(vec![lease_of(mem_row)]).await.expect("release"), 1);
+}
+
+/// A processed row waits out `min_processing_interval` even when `now - interval` falls before the start of
+/// either time range; MemStore and PgStore agree on every span.
+#[tokio::test]
+async fn intervals_before_the_start_of_time_saturate_as_in_memstore() {
+    let h = PgHarness::new().await;
+    let pg = h.store();
+    let clock = ManualClock::new(pg.now().await.expect("now"));
+    let mem = MemStore::new(clock.clone());
+    for store_is_pg in [true, false] {
+        let eligible = if store_is_pg {
+            processed_row_eligibility(pg, |span| h.advance(span)).await
+        } else {
+            processed_row_eligibility(&mem, |span| clock.advance(span)).await
+        };
+        assert_eq!(
+            eligible,
+            vec![false, false, false, true],
+            "pg={store_is_pg}: eligibility for 10 000 years, 300 000 years, Duration::MAX, zero"
+        );
+    }
+}
+
+/// Processes one row, moves the clock a second, then asks for each interval whether a fetch would take it.
+async fn processed_row_eligibility<S: Store>(store: &S, advance: impl Fn(Duration)) -> Vec<bool> {
+    let row = store.insert(ready_job()).await.expect("insert");
+    let leased = store.fetch(params(Duration::from_secs(30), Duration::ZERO)).await.expect("fetch");
+    let lease = lease_of(&leased[0]);
+    store.apply(ApplyParams::new(lease, RowUpdate::default())).await.expect("apply");
+    advance(Duration::from_secs(1));
+    let mut eligible = Vec::new();
+    for interval in [10_000 * YEAR, 300_000 * YEAR, Duration::MAX, Duration::ZERO] {
+        let taken = store.fetch(params(Duration::from_secs(30), interval)).await.expect("fetch");
+        eligible.push(taken.iter().any(|r| r.id == row.id));
+    }
+    eligible
+}
+
+/// One fetch of many rows draws its tokens in fetch order, as MemStore does: the first row leased gets the
+/// smallest token.
+#[tokio::test]
+async fn a_fetch_of_many_rows_draws_tokens_in_fetch_order() {
+    let h = PgHarness::new().await;
+    let rows = (0..50).map(|_| ready_job()).collect();
+    h.store().insert_many(rows).await.expect("insert_many");
+    let mut params = params(Duration::from_secs(30), Duration::ZERO);
+    params.limit = 50;
+    let leased = h.store().fetch(params).await.expect("fetch");
+    assert_eq!(leased.len(), 50);
+    let tokens: Vec<_> = leased.iter().map(|row| row.lock_token.expect("a token")).collect();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens out of fetch order: {tokens:?}");
+    let ids: Vec<_> = leased.iter().map(|row| row.id).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "never-processed rows out of id order: {ids:?}");
+}
+
+/// A value PostgreSQL cannot store (a NUL character) is refused as an invalid call, not a store failure.
+#[tokio::test]
+async fn a_nul_character_is_an_invalid_call() {
+    let h = PgHarness::new().await;
+    let in_text = h.store().insert(NewRow::new("job", "rea\0dy", serde_json::json!({}))).await;
+    assert!(matches!(in_text, Err(StoreError::Invalid(_))), "{in_text:?}");
+    let in_json = h.store().insert(NewRow::new("job", "ready", serde_json::json!({ "s": "a\u{0}b" }))).await;
+    assert!(matches!(in_json, Err(StoreError::Invalid(_))), "{in_json:?}");
+}

@@ -1,0 +1,6 @@
+//! Helpers shared by integration tests. Each test file that needs one declares `mod support;`.
+
+#![allow(dead_code)]
+
+#[cfg(not(madsim))]
+pub mod pg;
