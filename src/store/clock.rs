@@ -23,10 +23,7 @@ pub struct TokioClock {
 impl TokioClock {
     /// A clock that reads `origin` now and advances with the runtime's clock.
     pub fn new(origin: Timestamp) -> TokioClock {
-        TokioClock {
-            origin,
-            start: tokio::time::Instant::now(),
-        }
+        TokioClock { origin, start: tokio::time::Instant::now() }
     }
 }
 
@@ -46,15 +43,12 @@ pub struct ManualClock {
 impl ManualClock {
     /// A clock reading `start`.
     pub fn new(start: Timestamp) -> ManualClock {
-        ManualClock {
-            micros: Arc::new(AtomicI64::new(start.as_micros())),
-        }
+        ManualClock { micros: Arc::new(AtomicI64::new(start.as_micros())) }
     }
 
     /// Moves the clock forward by `span`.
     pub fn advance(&self, span: Duration) {
-        self.micros
-            .fetch_add(super::types::duration_micros(span), Ordering::SeqCst);
+        self.micros.fetch_add(super::types::duration_micros(span), Ordering::SeqCst);
     }
 }
 

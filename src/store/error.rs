@@ -28,9 +28,6 @@ pub enum StoreError {
 impl StoreError {
     /// Whether the call may be repeated as it is: true for unavailability, conflicts and time-outs.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Unavailable(_) | StoreError::Conflict(_) | StoreError::Timeout(_)
-        )
+        matches!(self, StoreError::Unavailable(_) | StoreError::Conflict(_) | StoreError::Timeout(_))
     }
 }

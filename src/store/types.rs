@@ -114,17 +114,8 @@ pub struct NewRow {
 
 impl NewRow {
     /// A parentless row of `kind` in `status` with `data`.
-    pub fn new(
-        kind: impl Into<String>,
-        status: impl Into<String>,
-        data: serde_json::Value,
-    ) -> NewRow {
-        NewRow {
-            kind: kind.into(),
-            parent_id: None,
-            status: status.into(),
-            data,
-        }
+    pub fn new(kind: impl Into<String>, status: impl Into<String>, data: serde_json::Value) -> NewRow {
+        NewRow { kind: kind.into(), parent_id: None, status: status.into(), data }
     }
 
     /// The same row with `parent` as its parent.
@@ -146,10 +137,7 @@ pub struct RowUpdate {
 impl RowUpdate {
     /// An update that sets only the status.
     pub fn status(status: impl Into<String>) -> RowUpdate {
-        RowUpdate {
-            status: Some(status.into()),
-            data: None,
-        }
+        RowUpdate { status: Some(status.into()), data: None }
     }
 }
 
@@ -258,13 +246,7 @@ pub struct ApplyParams {
 impl ApplyParams {
     /// An apply of `update` to the leased row with no related rows, inserts or events.
     pub fn new(lease: Lease, update: RowUpdate) -> ApplyParams {
-        ApplyParams {
-            lease,
-            update,
-            related: Vec::new(),
-            inserts: Vec::new(),
-            events: Vec::new(),
-        }
+        ApplyParams { lease, update, related: Vec::new(), inserts: Vec::new(), events: Vec::new() }
     }
 }
 
@@ -273,10 +255,7 @@ impl ApplyParams {
 pub enum ApplyOutcome {
     /// Everything was written; the main row and its related rows are unlocked. Holds the ids given to
     /// `inserts`, in order, and the transaction's one `now`.
-    Applied {
-        inserted: Vec<RowId>,
-        now: Timestamp,
-    },
+    Applied { inserted: Vec<RowId>, now: Timestamp },
     /// The main row (or a related row) no longer carries the token: nothing was written.
     Stale,
 }
