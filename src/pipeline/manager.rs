@@ -118,6 +118,21 @@ impl<S: Store> PipelineManager<S> {
         self.pipelines.iter().find(|p| p.pipeline.config.name == name).map(|p| &p.pipeline)
     }
 
+    /// Stops every task at once without draining or releasing anything, as a crashed replica would: its leases
+    /// stay in the store until they expire and another replica takes the rows. For tests and for a hard stop.
+    pub fn abort(&mut self) {
+        for registered in &mut self.pipelines {
+            registered.pipeline.shared.close();
+            let tasks = registered.fetcher.take().into_iter().chain(registered.heartbeater.take());
+            for task in tasks.chain(registered.workers.drain(..)) {
+                task.abort();
+            }
+        }
+        if let Some(hinter) = self.hinter.take() {
+            hinter.abort();
+        }
+    }
+
     /// Drains every pipeline:
     /// 1. the queue closes: workers take no new item, and the fetcher stops after its current pass;
     /// 2. the leases of items still queued (including any the fetcher's last pass added) go back to the store;

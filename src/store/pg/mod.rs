@@ -77,7 +77,7 @@ impl PgStore {
         options::check_schema(&options.schema)?;
         let fail = |err| error::store_error(err, options.acquire_timeout);
         let base: PgConnectOptions = options.url.parse().map_err(fail)?;
-        let base = base.application_name("lockstep");
+        let base = base.application_name(&options.application_name);
         ensure_schema(&base, &options.schema).await.map_err(fail)?;
         // Startup options rather than an `after_connect` hook: no extra round trip per connection, and they
         // survive `RESET ALL`. Custom plans only: a generic plan of the fetch cannot see `LIMIT $5` or the
@@ -193,6 +193,18 @@ impl PgStore {
     pub async fn disconnect_hint_listeners(&self) -> Result<i64, StoreError> {
         sqlx::query_scalar(sql::TERMINATE_LISTENERS)
             .bind(&self.inner.channel)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))
+    }
+
+    /// Terminates every other server session whose `application_name` is `application_name` (as a lost network
+    /// or a restarted server would), waiting up to 5 s for each, and returns how many there were: tests check that
+    /// the engine survives lost connections.
+    #[doc(hidden)]
+    pub async fn terminate_sessions(&self, application_name: &str) -> Result<i64, StoreError> {
+        sqlx::query_scalar(sql::TERMINATE_SESSIONS)
+            .bind(application_name)
             .fetch_one(&self.inner.pool)
             .await
             .map_err(|e| self.fail(e))

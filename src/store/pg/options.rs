@@ -27,6 +27,9 @@ pub struct PgOptions {
     /// Added to the database's `now()` in every statement: zero in production; tests move it with
     /// [`PgStore::advance_clock`](super::PgStore::advance_clock) to cross lease expiry without sleeping. Default zero.
     pub clock_offset: Duration,
+    /// `application_name` of every session, as `pg_stat_activity` shows it. Default
+    /// [`PgOptions::APPLICATION_NAME_DEFAULT`].
+    pub application_name: String,
 }
 
 impl PgOptions {
@@ -35,6 +38,8 @@ impl PgOptions {
     pub const MAX_CONNECTIONS_DEFAULT: u32 = 10;
     /// Default wait for a free pooled connection before a call fails with [`StoreError::Timeout`].
     pub const ACQUIRE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+    /// Default `application_name`.
+    pub const APPLICATION_NAME_DEFAULT: &str = "lockstep";
     /// Default schema.
     pub const SCHEMA_DEFAULT: &str = "public";
 
@@ -46,6 +51,7 @@ impl PgOptions {
             max_connections: PgOptions::MAX_CONNECTIONS_DEFAULT,
             acquire_timeout: PgOptions::ACQUIRE_TIMEOUT_DEFAULT,
             clock_offset: Duration::ZERO,
+            application_name: PgOptions::APPLICATION_NAME_DEFAULT.to_string(),
         }
     }
 }
@@ -58,6 +64,7 @@ impl fmt::Debug for PgOptions {
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
             .field("clock_offset", &self.clock_offset)
+            .field("application_name", &self.application_name)
             .finish()
     }
 }

@@ -262,6 +262,14 @@ WHERE datname = current_database()
   AND query LIKE 'LISTEN %'
   AND position($1 IN query) > 0";
 
+/// Ends the sessions of one application (tests of lost connections), waiting up to 5 s for each.
+/// `$1` application_name. Returns how many were ended.
+pub(super) const TERMINATE_SESSIONS: &str = "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))
+FROM pg_stat_activity
+WHERE datname = current_database()
+  AND pid <> pg_backend_pid()
+  AND application_name = $1";
+
 /// Planner statistics for the resource table (tests that EXPLAIN the fetch).
 pub(super) const ANALYZE: &str = "ANALYZE resources";
 
