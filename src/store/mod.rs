@@ -41,8 +41,9 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// Eligible (dstack PIPELINES, checklist 1; DESIGN §3): status in `statuses`; and either no live lease and
     /// no owner other than `pipeline`, or an expired lease of any owner (an expired foreign lease is taken, so a
-    /// dead parent never starves its children, dstack #3704); and either never processed, hinted, reset for
-    /// retry by this pipeline at least `retry_delay` ago, or processed at least `min_processing_interval` ago.
+    /// dead parent never starves its children, dstack #3704); and either never processed, or hinted, or
+    /// processed at least `min_processing_interval` ago, where for a row this pipeline reset for retry
+    /// `retry_delay` replaces `min_processing_interval`.
     fn fetch(&self, params: FetchParams) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
 
     /// Reads the row if it still carries `lease.token`; `None` means the lease is stale.
