@@ -249,3 +249,17 @@ async fn a_nul_character_is_an_invalid_call() {
     let in_json = h.store().insert(NewRow::new("job", "ready", serde_json::json!({ "s": "a\u{0}b" }))).await;
     assert!(matches!(in_json, Err(StoreError::Invalid(_))), "{in_json:?}");
 }
+
+#[tokio::test]
+async fn serialization_failures_deadlocks_and_lost_sessions_are_typed_errors() {
+    let h = PgHarness::new().await;
+    let store = h.store();
+    assert!(matches!(store.raise_for_test("40001").await, StoreError::Conflict(_)), "serialization failure");
+    assert!(matches!(store.raise_for_test("40P01").await, StoreError::Conflict(_)), "deadlock");
+    assert!(matches!(store.raise_for_test("57P01").await, StoreError::Unavailable(_)), "admin shutdown");
+    assert!(matches!(store.raise_for_test("08006").await, StoreError::Unavailable(_)), "connection failure");
+    assert!(matches!(store.raise_for_test("XX000").await, StoreError::Other(_)), "internal error");
+    for code in ["40001", "40P01", "57P01", "08006"] {
+        assert!(store.raise_for_test(code).await.is_retryable(), "{code} is retryable");
+    }
+}

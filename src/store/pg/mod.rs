@@ -210,6 +210,19 @@ impl PgStore {
             .map_err(|e| self.fail(e))
     }
 
+    /// Runs a statement that fails with SQLSTATE `sqlstate` (five ASCII letters or digits) and returns the
+    /// error as the store maps it: tests check that serialization failures, deadlocks and lost sessions come back
+    /// as the typed errors the engine retries.
+    #[doc(hidden)]
+    pub async fn raise_for_test(&self, sqlstate: &str) -> StoreError {
+        assert!(sqlstate.len() == 5 && sqlstate.bytes().all(|b| b.is_ascii_alphanumeric()), "SQLSTATE {sqlstate}");
+        let statement = sql::raise(sqlstate);
+        match sqlx::query(AssertSqlSafe(statement)).execute(&self.inner.pool).await {
+            Ok(_) => panic!("a statement raising {sqlstate} succeeded"),
+            Err(e) => self.fail(e),
+        }
+    }
+
     fn offset(&self) -> PgInterval {
         PgInterval { months: 0, days: 0, microseconds: self.inner.clock_offset_micros.load(Ordering::SeqCst) }
     }

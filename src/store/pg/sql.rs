@@ -285,3 +285,8 @@ pub(super) const DROP_SCHEMA_LOCK_TIMEOUT: &str = "SET lock_timeout = '5s'";
 pub(super) fn drop_schema(schema: &str) -> String {
     format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")
 }
+
+/// A statement that raises SQLSTATE `sqlstate` (tests of the error mapping; the caller checks the code's shape).
+pub(super) fn raise(sqlstate: &str) -> String {
+    format!("DO $$ BEGIN RAISE EXCEPTION 'raised for a test' USING ERRCODE = '{sqlstate}'; END $$")
+}
