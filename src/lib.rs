@@ -5,7 +5,9 @@
 //! leases rows from it and processes them. Dependency direction: `sim` → `pipeline` → `store`. The simulator
 //! harness (`sim/` at the repository root) is compiled only in the simulator build (`--cfg madsim`, DESIGN §6).
 
+pub mod agent;
 mod buggify;
+pub mod gang;
 pub mod pipeline;
 pub mod store;
 

@@ -32,6 +32,13 @@ async fn plan_text(h: &PgHarness, params: &FetchParams) -> String {
     plan.join("\n")
 }
 
+/// The generic plan: what a connection reuses after five fetches (PgStore caches plans; the fetch's limit is in
+/// its text so that this plan can see it).
+async fn generic_plan_text(h: &PgHarness, params: &FetchParams) -> String {
+    let plan = h.store().explain_fetch_generic(params).await.expect("explain the fetch's generic plan");
+    plan.join("\n")
+}
+
 fn assert_index_scan(plan: &str) {
     assert!(!plan.contains("Seq Scan on resources"), "the fetch scans the whole resource table:\n{plan}");
     assert!(plan.contains("resources_fetch_idx"), "the fetch does not use resources_fetch_idx:\n{plan}");
@@ -53,6 +60,9 @@ async fn fetch_among_many_finished_rows_uses_the_fetch_index_not_a_seq_scan() {
         !one_status.contains("Sort Key: resources."),
         "a one-status fetch sorts the rows it scans instead of reading the index in order:\n{one_status}"
     );
+    let generic = generic_plan_text(&h, &fetch_params()).await;
+    assert_index_scan(&generic);
+    assert!(!generic.contains("Sort Key: resources."), "the generic one-status plan sorts:\n{generic}");
     let mut two_statuses = fetch_params();
     two_statuses.statuses.push("retrying".into());
     assert_index_scan(&plan_text(&h, &two_statuses).await);

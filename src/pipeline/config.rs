@@ -28,7 +28,20 @@ pub const FETCH_JITTER_DEFAULT: f64 = 0.2;
 /// Chance that a backoff uses the shortest delay whatever the streak (DESIGN §3, dstack: 10%).
 pub const FETCH_SHORTEST_CHANCE_DEFAULT: f64 = 0.1;
 
+/// Default longest wait of an apply for others to join its batch (DESIGN §3, Batching: "a small, configured
+/// window"). A batch waits only for workers that are in a store call, never for one that is processing or
+/// waiting for an item, so an unsaturated pipeline adds no delay; 2 ms is about two batched applies' round trips
+/// on PostgreSQL on these machines (BENCHMARKS.md), so workers whose batch is in the store are back before it ends.
+pub const APPLY_BATCH_WINDOW_DEFAULT: Duration = Duration::from_millis(2);
+/// Default most applies in one batch: the batch size of the raw SQL limit the benchmarks compare with
+/// (BENCHMARKS.md). A batch never holds more than the pipeline's workers, one apply each.
+pub const APPLY_BATCH_MAX_DEFAULT: usize = 100;
+
+/// Default of [`PipelineConfig::refetch`]: on, as DESIGN §3's worker loads by token.
+pub const REFETCH_DEFAULT: bool = true;
+
 const _: () = assert!(HEARTBEAT_INTERVAL_DEFAULT.as_millis() * 2 <= LEASE_TTL_DEFAULT.as_millis());
+const _: () = assert!(APPLY_BATCH_WINDOW_DEFAULT.as_millis() < LEASE_MARGIN_DEFAULT.as_millis());
 const _: () = assert!(
     LEASE_MARGIN_DEFAULT.as_millis() + HEARTBEAT_INTERVAL_DEFAULT.as_millis() * 2 <= LEASE_TTL_DEFAULT.as_millis() / 2
 );
@@ -67,6 +80,21 @@ pub struct PipelineConfig {
     pub fetch_jitter: f64,
     /// Chance in [0, 1] of using the shortest backoff. Default [`FETCH_SHORTEST_CHANCE_DEFAULT`].
     pub fetch_shortest_chance: f64,
+    /// Longest a worker's guarded apply waits, local clock, for other workers' applies to join it in one store
+    /// call ([`Store::apply_batch`](crate::store::Store::apply_batch); see [`super::batcher`]). Zero turns
+    /// batching off: every apply is a store call of its own. Must be shorter than `lease_margin`. Default
+    /// [`APPLY_BATCH_WINDOW_DEFAULT`].
+    pub apply_batch_window: Duration,
+    /// Most applies in one batch, at least 1 (1 turns batching off). Default [`APPLY_BATCH_MAX_DEFAULT`].
+    pub apply_batch_max: usize,
+    /// Whether a worker rereads its row by `id + lock_token` before `load` (DESIGN §3: load = refetch by token),
+    /// which drops, unprocessed, an item whose lease the store gave to someone else while this replica's clock
+    /// did not see the time pass (a suspended machine: its monotonic clock stops, the database's does not).
+    /// With `false` the worker loads the row as the fetch returned it, one store round trip less per item: while
+    /// the lease is live no one else can write the row (every write is guarded by the token or refused while
+    /// leased), so the two reads differ only in `hinted` and `lock_expires_at`; a taken-over item is then
+    /// processed and its apply found stale, writing nothing. Default [`REFETCH_DEFAULT`].
+    pub refetch: bool,
 }
 
 /// A configuration that breaks a rule; the message names the field, the value and the rule.
@@ -105,6 +133,9 @@ impl PipelineConfig {
             fetch_backoff: FETCH_BACKOFF_DEFAULT.to_vec(),
             fetch_jitter: FETCH_JITTER_DEFAULT,
             fetch_shortest_chance: FETCH_SHORTEST_CHANCE_DEFAULT,
+            apply_batch_window: APPLY_BATCH_WINDOW_DEFAULT,
+            apply_batch_max: APPLY_BATCH_MAX_DEFAULT,
+            refetch: REFETCH_DEFAULT,
         }
     }
 
@@ -171,6 +202,14 @@ impl PipelineConfig {
         }
         if !(0.0..=1.0).contains(&self.fetch_shortest_chance) {
             return fail("fetch_shortest_chance", format!("{} must be in [0, 1]", self.fetch_shortest_chance));
+        }
+        if self.apply_batch_max == 0 {
+            return fail("apply_batch_max", "0 must be at least 1".into());
+        }
+        if self.apply_batch_window >= self.lease_margin {
+            let rule =
+                format!("{:?} must be shorter than lease_margin {:?}", self.apply_batch_window, self.lease_margin);
+            return fail("apply_batch_window", rule);
         }
         Ok(())
     }

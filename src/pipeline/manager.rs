@@ -123,6 +123,7 @@ impl<S: Store> PipelineManager<S> {
     pub fn abort(&mut self) {
         for registered in &mut self.pipelines {
             registered.pipeline.shared.close();
+            registered.pipeline.batcher.abort();
             let tasks = registered.fetcher.take().into_iter().chain(registered.heartbeater.take());
             for task in tasks.chain(registered.workers.drain(..)) {
                 task.abort();

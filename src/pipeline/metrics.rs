@@ -57,6 +57,9 @@ pub struct Metrics {
     pub empty_fetches: AtomicU64,
     /// Guarded applies that wrote.
     pub applied: AtomicU64,
+    /// Store calls that carried applies: one per batch (DESIGN §3, Batching), one per apply when batching is off.
+    /// `applied + stale` over this is the mean batch size.
+    pub apply_calls: AtomicU64,
     /// Items dropped as stale: lost before processing, refetch found another token, or apply found none.
     pub stale: AtomicU64,
     /// Reset-and-retry after related-lock contention.
@@ -71,7 +74,7 @@ pub struct Metrics {
     pub fetch_latency: Latency,
     /// Handler `process` latency.
     pub process_latency: Latency,
-    /// Guarded apply latency.
+    /// Guarded apply latency, including the wait for its batch.
     pub apply_latency: Latency,
 }
 
@@ -84,6 +87,8 @@ pub struct MetricsSnapshot {
     pub empty_fetches: u64,
     /// See [`Metrics::applied`].
     pub applied: u64,
+    /// See [`Metrics::apply_calls`].
+    pub apply_calls: u64,
     /// See [`Metrics::stale`].
     pub stale: u64,
     /// See [`Metrics::retries`].
@@ -121,6 +126,7 @@ impl Metrics {
             fetched: read(&self.fetched),
             empty_fetches: read(&self.empty_fetches),
             applied: read(&self.applied),
+            apply_calls: read(&self.apply_calls),
             stale: read(&self.stale),
             retries: read(&self.retries),
             errors: read(&self.errors),

@@ -4,12 +4,14 @@
 //! - the fetcher leases ready rows (`lock_expires_at`, `lock_token`, `lock_owner`) into the queue while it is
 //!   below its lower mark, backs off on empty fetches and wakes at once on a fetch hint;
 //! - each worker runs load (refetch by token, related locks) → process (no store call) → guarded apply, and
-//!   resets the lease for retry when a related lock is contended;
+//!   resets the lease for retry when a related lock is contended; the [`ApplyBatcher`] groups several workers'
+//!   applies into one store call;
 //! - the heartbeater extends leases that come close to expiry and forgets lost ones.
 //!
 //! [`PipelineManager`] registers pipelines, runs them, and drains them on shutdown. The engine is generic over
 //! [`Store`] and never names a backend.
 
+pub mod batcher;
 pub mod clock;
 pub mod config;
 pub mod fetcher;
@@ -21,6 +23,7 @@ pub mod metrics;
 pub mod queue;
 pub mod worker;
 
+pub use batcher::ApplyBatcher;
 pub use clock::LocalClock;
 pub use config::{ConfigError, PipelineConfig};
 pub use fetcher::{FetchPass, Fetcher};
@@ -51,6 +54,8 @@ pub struct Pipeline<S: Store> {
     pub metrics: Arc<Metrics>,
     /// The local clock of its deadlines, backoffs and heartbeat periods (exact unless the simulator drifts it).
     pub clock: LocalClock,
+    /// Groups its workers' guarded applies into batches (DESIGN §3, Batching).
+    pub batcher: Arc<ApplyBatcher<S>>,
 }
 
 pub(crate) type Core<S> = Pipeline<S>;
@@ -63,6 +68,7 @@ impl<S: Store> Clone for Pipeline<S> {
             shared: self.shared.clone(),
             metrics: self.metrics.clone(),
             clock: self.clock.clone(),
+            batcher: self.batcher.clone(),
         }
     }
 }
@@ -72,11 +78,17 @@ impl<S: Store> Pipeline<S> {
     pub fn new(store: Arc<S>, config: PipelineConfig) -> Result<Pipeline<S>, ConfigError> {
         config.validate()?;
         let shared = Arc::new(Shared::new(&config));
-        Ok(Pipeline { store, config: Arc::new(config), shared, metrics: Arc::default(), clock: LocalClock::exact() })
+        let clock = LocalClock::exact();
+        let metrics = Arc::new(Metrics::default());
+        let batcher =
+            Arc::new(ApplyBatcher::new(store.clone(), shared.clone(), &config, clock.clone(), metrics.clone()));
+        Ok(Pipeline { store, config: Arc::new(config), shared, metrics, clock, batcher })
     }
 
     /// The same pipeline on the local clock `clock` (DESIGN §2: deadlines are local, timestamps the store's).
     pub fn with_local_clock(mut self, clock: LocalClock) -> Pipeline<S> {
+        let (store, shared, metrics) = (self.store.clone(), self.shared.clone(), self.metrics.clone());
+        self.batcher = Arc::new(ApplyBatcher::new(store, shared, &self.config, clock.clone(), metrics));
         self.clock = clock;
         self
     }

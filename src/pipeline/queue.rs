@@ -4,9 +4,9 @@
 use super::config::PipelineConfig;
 use crate::store::{Lease, Row, RowId};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, Semaphore, TryAcquireError};
 use tokio::time::{Duration, Instant};
 
 /// A leased row waiting for a worker.
@@ -46,6 +46,11 @@ pub struct Shared {
     /// Wakes everything that waits on the pipeline's services when it stops.
     pub stop: Notify,
     stopping: AtomicBool,
+    /// Workers away from the store for a while: waiting in [`Shared::pop`] for an item (the queue was empty), or
+    /// processing one ([`Shared::processing`]).
+    away: AtomicUsize,
+    /// Signalled when a worker goes away: the apply batcher stops waiting for its apply.
+    pub went_away: Notify,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -65,6 +70,8 @@ impl Shared {
             hint: Notify::new(),
             stop: Notify::new(),
             stopping: AtomicBool::new(false),
+            away: AtomicUsize::new(0),
+            went_away: Notify::new(),
         }
     }
 
@@ -115,7 +122,14 @@ impl Shared {
     /// Waits for the next item; `None` once the pipeline stops taking work. Wakes the fetcher when the queue
     /// drops below its lower mark (event-driven refill, DESIGN §3).
     pub async fn pop(&self) -> Option<Item> {
-        let permit = self.items.acquire().await.ok()?;
+        let permit = match self.items.try_acquire() {
+            Ok(permit) => permit,
+            Err(TryAcquireError::Closed) => return None,
+            Err(TryAcquireError::NoPermits) => {
+                let _away = Away::new(self);
+                self.items.acquire().await.ok()?
+            }
+        };
         permit.forget();
         let (item, len) = {
             let mut queue = lock(&self.queue);
@@ -125,6 +139,17 @@ impl Shared {
             self.refill.notify_one();
         }
         Some(item)
+    }
+
+    /// Workers away from the store now: waiting for an item, or processing one. The others are in a store call
+    /// (refetch, related locks, an apply) or between steps, and will bring an apply soon.
+    pub fn workers_away(&self) -> usize {
+        self.away.load(Ordering::SeqCst)
+    }
+
+    /// Counts the calling worker away (processing an item) until the returned guard drops.
+    pub fn processing(&self) -> impl Drop + '_ {
+        Away::new(self)
     }
 
     /// Stops handing out items and returns those still queued (their leases stay in the ledger until released).
@@ -168,5 +193,23 @@ impl Shared {
         {
             held.deadline = deadline;
         }
+    }
+}
+
+/// A worker away from the store (waiting for an item, or processing one), counted in [`Shared::workers_away`] for
+/// as long as this lives (also when the wait or the processing is cancelled).
+struct Away<'a>(&'a Shared);
+
+impl<'a> Away<'a> {
+    fn new(shared: &'a Shared) -> Away<'a> {
+        shared.away.fetch_add(1, Ordering::SeqCst);
+        shared.went_away.notify_one();
+        Away(shared)
+    }
+}
+
+impl Drop for Away<'_> {
+    fn drop(&mut self) {
+        self.0.away.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -46,11 +46,16 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
     if !core.shared.holds(lease, clock.now()) {
         return ItemOutcome::Stale;
     }
-    // 2. Load: refetch by id + token, then the handler's reads and related locks.
-    let row = match core.store.refetch(lease).await {
-        Ok(Some(row)) => row,
-        Ok(None) => return ItemOutcome::Stale,
-        Err(error) => return failed(name, lease, WorkError::Store(error)),
+    // 2. Load: refetch by id + token (unless the config trusts the fetched row, see `PipelineConfig::refetch`),
+    //    then the handler's reads and related locks.
+    let row = if core.config.refetch {
+        match core.store.refetch(lease).await {
+            Ok(Some(row)) => row,
+            Ok(None) => return ItemOutcome::Stale,
+            Err(error) => return failed(name, lease, WorkError::Store(error)),
+        }
+    } else {
+        item.row
     };
     let cx = LoadCx::new(core.store.as_ref(), lease, name, core.config.lease_ttl);
     let context = match handler.load(&row, &cx).await {
@@ -59,13 +64,17 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
     };
     // 3. Process, holding no store call.
     let started = clock.now();
-    let changes = handler.process(row, context).await;
+    let changes = {
+        // Away from the store: the apply batcher does not wait for this worker while it processes.
+        let _away = core.shared.processing();
+        handler.process(row, context).await
+    };
     core.metrics.process_latency.record(clock.now().duration_since(started));
     let changes = match changes {
         Ok(changes) => changes,
         Err(error) => return stopped(core, lease, error).await,
     };
-    // 4. Guarded apply.
+    // 4. Guarded apply, batched with other workers' applies (each still guarded by its own token).
     let hints = changes.hints;
     let params = ApplyParams {
         lease,
@@ -80,7 +89,7 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
     }
     let repeat = buggify::fires(Point::ApplyRepeat).then(|| params.clone());
     let started = clock.now();
-    let applied = core.store.apply(params).await;
+    let applied = core.batcher.apply(params).await;
     core.metrics.apply_latency.record(clock.now().duration_since(started));
     match applied {
         Ok(ApplyOutcome::Applied { .. }) => {

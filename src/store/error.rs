@@ -4,7 +4,7 @@
 ///
 /// Each backend converts its driver's errors into this type in one function, so the engine never matches on
 /// driver types. None of the variants carries credentials.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The store could not be reached or the connection broke. A write's outcome is unknown: the engine

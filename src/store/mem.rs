@@ -29,11 +29,19 @@ struct Inner {
     apply_guard_disabled: AtomicBool,
 }
 
+/// A row's place in fetch order: `last_processed_at` (never-processed first), then id.
+type FetchKey = (Option<Timestamp>, RowId);
+
 #[derive(Default)]
 struct State {
     rows: BTreeMap<RowId, Row>,
-    /// Rows of each kind, so a fetch scans one kind.
+    /// Rows of each kind, so a list scans one kind.
     by_kind: BTreeMap<String, BTreeSet<RowId>>,
+    /// Rows of each (kind, status) in fetch order (`last_processed_at`, never-processed first, then `id`), so a
+    /// fetch reads only rows its status filter admits and stops after `limit` eligible ones, as the index of a
+    /// PostgreSQL fetch lets it (without it the simulator spends most of its time in fetch scans, and a backlog of
+    /// ready rows makes every fetch sort all of them).
+    by_status: BTreeMap<(String, String), BTreeSet<FetchKey>>,
     /// Rows carrying each token: a main row and the related rows locked with its token.
     by_token: BTreeMap<LockToken, BTreeSet<RowId>>,
     events: Vec<Event>,
@@ -268,6 +276,7 @@ impl State {
         self.next_id += 1;
         let id = RowId(self.next_id);
         self.by_kind.entry(new.kind.clone()).or_default().insert(id);
+        self.by_status.entry((new.kind.clone(), new.status.clone())).or_default().insert((None, id));
         let row = Row {
             id,
             kind: new.kind,
@@ -286,15 +295,72 @@ impl State {
         id
     }
 
+    /// Sets row `id`'s `last_processed_at`, keeping its place in the fetch order of `by_status`.
+    fn set_processed_at(&mut self, id: RowId, at: Timestamp) {
+        let row = self.rows.get_mut(&id).expect("processed row");
+        let rows = self.by_status.get_mut(&(row.kind.clone(), row.status.clone())).expect("status index lost a row");
+        assert!(rows.remove(&(row.last_processed_at, id)), "row {id} missing from the status index");
+        row.last_processed_at = Some(at);
+        rows.insert((row.last_processed_at, id));
+    }
+
     fn write(&mut self, id: RowId, update: RowUpdate, now: Timestamp) {
         let row = self.rows.get_mut(&id).expect("write to a missing row");
-        if let Some(status) = update.status {
-            row.status = status;
+        if let Some(status) = update.status
+            && status != row.status
+        {
+            let old = (row.kind.clone(), std::mem::replace(&mut row.status, status));
+            let rows = self.by_status.get_mut(&old).expect("status index lost a status");
+            rows.remove(&(row.last_processed_at, id));
+            if rows.is_empty() {
+                self.by_status.remove(&old);
+            }
+            let key = (row.last_processed_at, id);
+            self.by_status.entry((row.kind.clone(), row.status.clone())).or_default().insert(key);
         }
         if let Some(data) = update.data {
             row.data = data;
         }
         row.updated_at = now;
+    }
+}
+
+impl State {
+    /// The guarded apply of [`Store::apply`] at `now`, recorded as one commit; `guard_disabled` is the mutation
+    /// switch of [`MemStore::disable_apply_guard_for_mutation_test`].
+    fn apply(
+        &mut self,
+        caller: &Option<Arc<str>>,
+        p: ApplyParams,
+        now: Timestamp,
+        guard_disabled: bool,
+    ) -> ApplyOutcome {
+        let lease = p.lease;
+        let related_held = p.related.iter().all(|r| self.holds(Lease { id: r.id, token: lease.token }));
+        if (!self.holds(lease) || !related_held) && !guard_disabled {
+            let related = p.related.iter().map(|r| r.id).collect();
+            self.record(caller, now, CommitOp::Apply { lease, applied: false, related, inserted: Vec::new() });
+            return ApplyOutcome::Stale;
+        }
+        self.write(lease.id, p.update, now);
+        for related in p.related {
+            self.write(related.id, related.update, now);
+        }
+        let locked = self.related_of(lease);
+        for id in &locked {
+            self.unlock(*id);
+        }
+        self.unlock(lease.id);
+        // `hinted` stays: a hint that arrived during the lease is for the next fetch (see `Store::apply`).
+        self.set_processed_at(lease.id, now);
+        let inserted: Vec<RowId> = p.inserts.into_iter().map(|new| self.insert(new, now)).collect();
+        for event in p.events {
+            let seq = self.events.len() as i64 + 1;
+            self.events.push(Event { seq, row_id: event.row_id, kind: event.kind, data: event.data, at: now });
+        }
+        let op = CommitOp::Apply { lease, applied: true, related: locked, inserted: inserted.clone() };
+        self.record(caller, now, op);
+        ApplyOutcome::Applied { inserted, now }
     }
 }
 
@@ -313,16 +379,15 @@ impl Store for MemStore {
         check_params(&p)?;
         let now = self.now();
         let mut state = self.lock();
-        let mut eligible: Vec<(Option<Timestamp>, RowId)> = state
-            .by_kind
-            .get(&p.kind)
+        let statuses: BTreeSet<&String> = p.statuses.iter().collect();
+        // Each status's rows are in fetch order (`None < Some(_)`: never-processed rows first, as `ORDER BY
+        // last_processed_at NULLS FIRST, id`), so the first `limit` eligible rows of each, merged, hold the answer.
+        let mut eligible: Vec<(Option<Timestamp>, RowId)> = statuses
             .into_iter()
-            .flatten()
-            .map(|id| &state.rows[id])
-            .filter(|row| fetch_eligible(row, &p, now))
-            .map(|row| (row.last_processed_at, row.id))
+            .filter_map(|status| state.by_status.get(&(p.kind.clone(), status.clone())))
+            .flat_map(|rows| rows.iter().filter(|(_, id)| fetch_eligible(&state.rows[id], &p, now)).take(p.limit))
+            .copied()
             .collect();
-        // `None < Some(_)`: never-processed rows first, as `ORDER BY last_processed_at NULLS FIRST, id`.
         eligible.sort_unstable();
         eligible.truncate(p.limit);
         let mut leased = Vec::with_capacity(eligible.len());
@@ -376,40 +441,29 @@ impl Store for MemStore {
             }
             if taken.is_empty() { LockOutcome::Locked } else { LockOutcome::Contended }
         };
-        state.record(&self.caller, now, CommitOp::LockRelated { holder: p.holder, related: p.related, owner: p.owner, outcome });
+        state.record(
+            &self.caller,
+            now,
+            CommitOp::LockRelated { holder: p.holder, related: p.related, owner: p.owner, outcome },
+        );
         Ok(outcome)
     }
 
     async fn apply(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
         let now = self.now();
-        let mut state = self.lock();
-        let lease = p.lease;
-        let related_held = p.related.iter().all(|r| state.holds(Lease { id: r.id, token: lease.token }));
         let guard_disabled = self.inner.apply_guard_disabled.load(Ordering::SeqCst);
-        if (!state.holds(lease) || !related_held) && !guard_disabled {
-            let related = p.related.iter().map(|r| r.id).collect();
-            state.record(&self.caller, now, CommitOp::Apply { lease, applied: false, related, inserted: Vec::new() });
-            return Ok(ApplyOutcome::Stale);
+        Ok(self.lock().apply(&self.caller, p, now, guard_disabled))
+    }
+
+    async fn apply_batch(&self, batch: Vec<ApplyParams>) -> Result<Vec<ApplyOutcome>, StoreError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
         }
-        state.write(lease.id, p.update, now);
-        for related in p.related {
-            state.write(related.id, related.update, now);
-        }
-        let locked = state.related_of(lease);
-        for id in &locked {
-            state.unlock(*id);
-        }
-        state.unlock(lease.id);
-        // `hinted` stays: a hint that arrived during the lease is for the next fetch (see `Store::apply`).
-        state.rows.get_mut(&lease.id).expect("held row").last_processed_at = Some(now);
-        let inserted: Vec<RowId> = p.inserts.into_iter().map(|new| state.insert(new, now)).collect();
-        for event in p.events {
-            let seq = state.events.len() as i64 + 1;
-            state.events.push(Event { seq, row_id: event.row_id, kind: event.kind, data: event.data, at: now });
-        }
-        let op = CommitOp::Apply { lease, applied: true, related: locked, inserted: inserted.clone() };
-        state.record(&self.caller, now, op);
-        Ok(ApplyOutcome::Applied { inserted, now })
+        // One lock and one `now` for every item: the batch is one transaction, its items applied in order.
+        let now = self.now();
+        let guard_disabled = self.inner.apply_guard_disabled.load(Ordering::SeqCst);
+        let mut state = self.lock();
+        Ok(batch.into_iter().map(|p| state.apply(&self.caller, p, now, guard_disabled)).collect())
     }
 
     async fn reset_for_retry(&self, lease: Lease) -> Result<bool, StoreError> {
@@ -422,7 +476,7 @@ impl Store for MemStore {
             }
             let owner = state.rows[&lease.id].lock_owner.clone();
             state.set_lease(lease.id, None, owner, None);
-            state.rows.get_mut(&lease.id).expect("held row").last_processed_at = Some(now);
+            state.set_processed_at(lease.id, now);
         }
         state.record(&self.caller, now, CommitOp::Reset { lease, held });
         Ok(held)

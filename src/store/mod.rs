@@ -70,6 +70,31 @@ pub trait Store: Send + Sync + 'static {
     /// returns `Stale` (dstack PIPELINES, checklist 5 and 6, "Bulk apply with one consistent current time").
     fn apply(&self, params: ApplyParams) -> impl Future<Output = Result<ApplyOutcome, StoreError>> + Send;
 
+    /// Several guarded applies in one transaction (DESIGN §3, Batching): the outcome of each item, in input
+    /// order, is what [`Store::apply`] would have returned had the items been applied one after another in that
+    /// order. Each item is guarded by its own `id + lock_token` (and its related rows by the same token): a stale
+    /// item writes nothing and is reported `Stale` alone, without affecting the others. Every applied item shares
+    /// the transaction's one `now`; inserted rows get ids in item order, then in each item's order, and events are
+    /// appended in the same order. A lease given twice applies at most once (the later copy is stale).
+    ///
+    /// `Err` means the store failed and no outcome is known for any item: some, all or none may have been
+    /// written (a failed commit, or the default's sequential calls stopping half-way).
+    ///
+    /// The default applies the items one call at a time; backends that can do better (one transaction, one
+    /// lock) override it. An empty batch returns an empty vector without calling the store.
+    fn apply_batch(
+        &self,
+        batch: Vec<ApplyParams>,
+    ) -> impl Future<Output = Result<Vec<ApplyOutcome>, StoreError>> + Send {
+        async move {
+            let mut outcomes = Vec::with_capacity(batch.len());
+            for params in batch {
+                outcomes.push(self.apply(params).await?);
+            }
+            Ok(outcomes)
+        }
+    }
+
     /// Reset-and-retry: if the row still carries `lease.token`, keeps `lock_owner`, clears `lock_token` and
     /// `lock_expires_at`, sets `last_processed_at = now`, and releases related rows locked with the token.
     /// Returns whether the lease was still held (dstack PIPELINES, checklist 7).

@@ -4,9 +4,9 @@
 //! A backend's test file builds a [`Harness`] (a fresh, empty store plus a way to move its clock) and invokes
 //! [`conformance_tests!`](crate::conformance_tests), which expands to one `#[tokio::test]` per case, so a failing
 //! case names itself (`fetch::skips_rows_whose_status_is_not_listed`). The cases live one file per area: [`fetch`],
-//! [`apply`], [`related`], [`heartbeat`], [`release`], [`rows`], [`update_unleased`], [`hint`]. Each case is a
-//! `pub async fn case<H: Harness>(h: H)` that panics, naming the rows involved, when the store breaks the rule
-//! it is named after; change semantics here first, then in the backends.
+//! [`apply`], [`apply_batch`], [`related`], [`heartbeat`], [`release`], [`rows`], [`update_unleased`], [`hint`].
+//! Each case is a `pub async fn case<H: Harness>(h: H)` that panics, naming the rows involved, when the store
+//! breaks the rule it is named after; change semantics here first, then in the backends.
 //!
 //! The cases fit a store on a manual clock (MemStore on [`ManualClock`](crate::store::ManualClock)) and one on
 //! real time (PostgreSQL's `now()` plus an offset) alike, because:
@@ -21,6 +21,7 @@
 //! 4. Each starts from an empty store, but assumes nothing about absolute ids or tokens.
 
 pub mod apply;
+pub mod apply_batch;
 pub mod fetch;
 pub mod heartbeat;
 pub mod hint;
@@ -131,6 +132,14 @@ macro_rules! __conformance_cases {
                 apply_is_stale_when_a_related_row_lost_the_token,
                 apply_is_stale_when_a_related_row_was_never_locked,
                 apply_after_expiry_succeeds_while_no_one_took_the_row,
+            }
+            apply_batch {
+                apply_batch_applies_every_held_item_at_one_now,
+                apply_batch_reports_a_stale_item_alone_and_applies_the_others,
+                apply_batch_item_with_a_lost_related_row_is_stale_alone,
+                apply_batch_writes_each_items_related_updates_inserts_and_events,
+                apply_batch_with_a_lease_twice_applies_only_the_first_copy,
+                apply_batch_of_stale_items_writes_nothing,
             }
             related {
                 lock_related_locks_every_row_with_the_holders_token_and_owner,
@@ -386,6 +395,7 @@ mod tests {
     fn every_case_of_the_area_files_is_listed_for_the_macro() {
         let files = [
             ("apply", include_str!("apply.rs")),
+            ("apply_batch", include_str!("apply_batch.rs")),
             ("fetch", include_str!("fetch.rs")),
             ("heartbeat", include_str!("heartbeat.rs")),
             ("hint", include_str!("hint.rs")),

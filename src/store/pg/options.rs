@@ -30,6 +30,9 @@ pub struct PgOptions {
     /// `application_name` of every session, as `pg_stat_activity` shows it. Default
     /// [`PgOptions::APPLICATION_NAME_DEFAULT`].
     pub application_name: String,
+    /// Whether the pool checks an idle connection with a round trip (sqlx's `test_before_acquire`) before each
+    /// store call uses it. Default [`PgOptions::PING_BEFORE_USE_DEFAULT`].
+    pub ping_before_use: bool,
 }
 
 impl PgOptions {
@@ -42,6 +45,12 @@ impl PgOptions {
     pub const APPLICATION_NAME_DEFAULT: &str = "lockstep";
     /// Default schema.
     pub const SCHEMA_DEFAULT: &str = "public";
+    /// Default of [`PgOptions::ping_before_use`]: off. sqlx 0.9 already pings every connection when a call
+    /// returns it to the pool (in the background, not on the call's path), so a check before use only catches a
+    /// connection that died while idle, and costs a second extra round trip on every call (BENCHMARKS.md). Without
+    /// it such a connection fails its one call with `Unavailable`, which the engine handles as it handles any
+    /// lost call: reads are retried, writes are left to lease expiry and the guarded apply.
+    pub const PING_BEFORE_USE_DEFAULT: bool = false;
 
     /// Options for `url` with every default.
     pub fn new(url: impl Into<String>) -> PgOptions {
@@ -52,6 +61,7 @@ impl PgOptions {
             acquire_timeout: PgOptions::ACQUIRE_TIMEOUT_DEFAULT,
             clock_offset: Duration::ZERO,
             application_name: PgOptions::APPLICATION_NAME_DEFAULT.to_string(),
+            ping_before_use: PgOptions::PING_BEFORE_USE_DEFAULT,
         }
     }
 }
@@ -65,6 +75,7 @@ impl fmt::Debug for PgOptions {
             .field("acquire_timeout", &self.acquire_timeout)
             .field("clock_offset", &self.clock_offset)
             .field("application_name", &self.application_name)
+            .field("ping_before_use", &self.ping_before_use)
             .finish()
     }
 }

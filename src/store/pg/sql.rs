@@ -6,6 +6,8 @@
 //! `lockstep_ts_minus`, which saturate as `Timestamp::plus` and `Timestamp::minus` do. Each statement's comment
 //! names the MemStore code it mirrors (src/store/mem.rs); the conformance suite checks they agree.
 
+use crate::store::{FetchParams, duration_micros};
+
 /// The columns of a [`Row`](crate::store::Row) of the table aliased `r`, as `codec::row` reads them by name.
 macro_rules! row_columns {
     () => {
@@ -21,12 +23,13 @@ pub(super) const SCHEMA_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_namespac
 /// The store's time. `$1`: clock offset.
 pub(super) const NOW: &str = "SELECT lockstep_now($1)";
 
-/// The fetch (mem.rs `fetch_eligible`, `Store::fetch`): lock up to `$5` eligible rows, skipping rows other
-/// transactions hold, and lease them in the same statement. Tokens are drawn in fetch order, so the first row
-/// gets the smallest. The UPDATE returns rows in no particular order; the caller sorts them.
+/// The fetch template (mem.rs `fetch_eligible`, `Store::fetch`): lock up to `{limit}` eligible rows, skipping rows
+/// other transactions hold, and lease them in the same statement. Tokens are drawn in fetch order, so the first
+/// row gets the smallest. The UPDATE returns rows in no particular order; the caller sorts them. [`fetch`] writes
+/// the limit in.
 ///
-/// `$2` kind, `$3` statuses (see [`FETCH`] and [`FETCH_ONE_STATUS`]), `$4` pipeline, `$5` limit, `$6` lease ttl,
-/// `$7` retry delay, `$8` min processing interval.
+/// `$2` kind, `$3` statuses (see [`fetch`]), `$4` pipeline, `$5` lease ttl, `$6` retry delay, `$7` min processing
+/// interval.
 macro_rules! fetch_sql {
     ($status_matches:literal) => {
         concat!(
@@ -42,11 +45,11 @@ macro_rules! fetch_sql {
       AND (last_processed_at IS NULL
            OR hinted
            OR CASE WHEN lock_expires_at IS NULL AND lock_owner = $4
-                   THEN last_processed_at <= lockstep_ts_minus(lockstep_now($1), $7)
-                   ELSE last_processed_at <= lockstep_ts_minus(lockstep_now($1), $8)
+                   THEN last_processed_at <= lockstep_ts_minus(lockstep_now($1), $6)
+                   ELSE last_processed_at <= lockstep_ts_minus(lockstep_now($1), $7)
               END)
     ORDER BY last_processed_at NULLS FIRST, id
-    LIMIT $5
+    LIMIT {limit}
     FOR NO KEY UPDATE SKIP LOCKED
 ), tokened AS (
     SELECT ordered.id, nextval('lock_tokens') AS token
@@ -55,7 +58,7 @@ macro_rules! fetch_sql {
 UPDATE resources AS r
 SET lock_token = tokened.token,
     lock_owner = $4,
-    lock_expires_at = lockstep_ts_plus(lockstep_now($1), $6),
+    lock_expires_at = lockstep_ts_plus(lockstep_now($1), $5),
     hinted = false
 FROM tokened
 WHERE r.id = tokened.id
@@ -66,12 +69,68 @@ RETURNING ",
 }
 
 /// The fetch for several statuses: `$3` is a `text[]`. The index finds each status's rows; they are sorted.
-pub(super) const FETCH: &str = fetch_sql!("status = ANY($3)");
+const FETCH: &str = fetch_sql!("status = ANY($3)");
 
 /// The fetch for one status (the common case): `$3` is a `text`. The index yields rows already in fetch order,
-/// so the scan stops after `$5` eligible rows instead of sorting every row of the status (a backlog of ready
+/// so the scan stops after `limit` eligible rows instead of sorting every row of the status (a backlog of ready
 /// rows would otherwise be read whole by every fetch).
-pub(super) const FETCH_ONE_STATUS: &str = fetch_sql!("status = $3");
+const FETCH_ONE_STATUS: &str = fetch_sql!("status = $3");
+
+/// Where [`fetch`] writes the limit into the templates.
+const LIMIT_MARK: &str = "{limit}";
+
+/// The fetch's text for `statuses` statuses (one, or several as a `text[]`) and at most `limit` rows.
+///
+/// The limit is a literal of the text, not a parameter, so that the statement's generic plan can see it: with it,
+/// PostgreSQL plans an index scan of `resources_fetch_idx` in fetch order that stops at the limit, and after five
+/// executions a connection reuses that plan instead of planning the fetch at every call. Planning the fetch costs
+/// twice its execution (1.2 ms against 0.6 ms for 13 rows, measured on these machines; BENCHMARKS.md), and with
+/// `LIMIT $n` the generic plan is a sequential scan, so the limit had to be seen either way. One prepared
+/// statement per limit value and shape: at most the queue's max of each.
+pub(super) fn fetch(statuses: usize, limit: usize) -> String {
+    let template = if statuses == 1 { FETCH_ONE_STATUS } else { FETCH };
+    template.replacen(LIMIT_MARK, &limit.to_string(), 1)
+}
+
+/// Explaining the fetch's generic plan (tests; PostgreSQL 15 has no `EXPLAIN (GENERIC_PLAN)`), step 1 of 4, in a
+/// transaction: generic plans for this transaction only.
+pub(super) const FORCE_GENERIC_PLAN: &str = "SET LOCAL plan_cache_mode = force_generic_plan";
+
+/// Step 2: prepare the fetch of [`fetch`]`(statuses, limit)` as `lockstep_explain_fetch`.
+pub(super) fn prepare_fetch(statuses: usize, limit: usize) -> String {
+    let statuses_type = if statuses == 1 { "text" } else { "text[]" };
+    format!(
+        "PREPARE lockstep_explain_fetch(interval, text, {statuses_type}, text, interval, interval, interval) AS {}",
+        fetch(statuses, limit)
+    )
+}
+
+/// Step 3: explain it with the fetch's parameters as [`fetch`] numbers them, written as literals (`EXPLAIN
+/// EXECUTE` takes no bind parameters): `offset_micros` the clock offset, `statuses` one or several.
+pub(super) fn explain_prepared_fetch(p: &FetchParams, offset_micros: i64) -> String {
+    let interval = |micros: i64| format!("'{micros} microseconds'::interval");
+    let statuses = match p.statuses.as_slice() {
+        [status] => quote(status),
+        statuses => format!("ARRAY[{}]::text[]", statuses.iter().map(|s| quote(s)).collect::<Vec<_>>().join(", ")),
+    };
+    format!(
+        "EXPLAIN EXECUTE lockstep_explain_fetch({}, {}, {statuses}, {}, {}, {}, {})",
+        interval(offset_micros),
+        quote(&p.kind),
+        quote(&p.pipeline),
+        interval(duration_micros(p.lease_ttl)),
+        interval(duration_micros(p.retry_delay)),
+        interval(duration_micros(p.min_processing_interval)),
+    )
+}
+
+/// `text` as a string literal (`standard_conforming_strings` is on: only quotes need doubling).
+fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// Step 4: forget it (a prepared statement outlives the transaction).
+pub(super) const DEALLOCATE_FETCH: &str = "DEALLOCATE lockstep_explain_fetch";
 
 /// The refetch: the row if it still carries the token. `$1` id, `$2` token.
 pub(super) const REFETCH: &str =
@@ -150,6 +209,48 @@ pub(super) const APPLY_MAIN: &str = "WITH main AS (
     WHERE lock_token = $3 AND id <> $2 AND EXISTS (SELECT 1 FROM main)
 )
 SELECT lockstep_now($1) FROM main";
+
+/// Batched apply, the guarded main writes (mem.rs `State::apply`, once per item; `Store::apply_batch`): every input
+/// row that still carries its token is written as [`APPLY_MAIN`] writes one, and every other row carrying one of
+/// the applied tokens (a related row) is unlocked. A row whose token changed is left alone, and so are the related
+/// rows of its token. Returns the applied `(id, token)` pairs with the one `now`; no row when nothing applied.
+///
+/// `$2` ids, `$3` tokens (distinct), `$4` statuses (`text[]`, NULL = keep), `$5` data (`jsonb[]`, NULL = keep),
+/// all the same length. The caller sorts them by id, so rows are locked in id order as the other writers lock them.
+pub(super) const APPLY_BATCH_MAIN: &str = "WITH main AS (
+    UPDATE resources AS r
+    SET status = COALESCE(u.status, r.status),
+        data = COALESCE(u.data, r.data),
+        updated_at = lockstep_now($1),
+        last_processed_at = lockstep_now($1),
+        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    FROM unnest($2::int8[], $3::int8[], $4::text[], $5::jsonb[]) AS u(id, token, status, data)
+    WHERE r.id = u.id AND r.lock_token = u.token
+    RETURNING r.id, u.token
+), unlocked AS (
+    UPDATE resources
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    WHERE lock_token IN (SELECT token FROM main) AND id NOT IN (SELECT id FROM main)
+)
+SELECT id, token, lockstep_now($1) AS now FROM main";
+
+/// Batched apply with related updates, inserts or events, step 1: lock every main and related row of the batch
+/// in id order and read its token, so the caller can tell which items are held whole before writing anything.
+/// `$1` ids.
+pub(super) const APPLY_BATCH_LOCK: &str =
+    "SELECT id, lock_token FROM resources WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE";
+
+/// Batched apply, step 2: the related updates of the held items, each guarded by its item's token. Returns the
+/// written ids; the caller checks that every one was written (it holds their row locks since step 1).
+///
+/// `$2` ids (distinct), `$3` tokens, `$4` statuses (NULL = keep), `$5` data (NULL = keep).
+pub(super) const APPLY_BATCH_RELATED: &str = "UPDATE resources AS r
+SET status = COALESCE(u.status, r.status),
+    data = COALESCE(u.data, r.data),
+    updated_at = lockstep_now($1)
+FROM unnest($2::int8[], $3::int8[], $4::text[], $5::jsonb[]) AS u(id, token, status, data)
+WHERE r.id = u.id AND r.lock_token = u.token
+RETURNING r.id";
 
 /// Reset-and-retry (mem.rs `reset_for_retry`): keep the owner, clear token and expiry, set
 /// `last_processed_at = now`, and unlock related rows. Returns one row when the lease was held.

@@ -117,7 +117,7 @@ pub(super) async fn apply_main(
 }
 
 /// Related updates folded per row in order, as MemStore writes them one after another: a later `Some` wins.
-fn merge_related(related: Vec<RelatedUpdate>) -> BTreeMap<RowId, RowUpdate> {
+pub(super) fn merge_related(related: Vec<RelatedUpdate>) -> BTreeMap<RowId, RowUpdate> {
     let mut merged: BTreeMap<RowId, RowUpdate> = BTreeMap::new();
     for RelatedUpdate { id, update } in related {
         let entry = merged.entry(id).or_default();
@@ -170,7 +170,11 @@ pub(super) async fn insert_rows(
 }
 
 /// Appends `events` in one statement, in input order.
-async fn insert_events(conn: &mut PgConnection, offset: PgInterval, events: Vec<NewEvent>) -> Result<(), sqlx::Error> {
+pub(super) async fn insert_events(
+    conn: &mut PgConnection,
+    offset: PgInterval,
+    events: Vec<NewEvent>,
+) -> Result<(), sqlx::Error> {
     if events.is_empty() {
         return Ok(());
     }

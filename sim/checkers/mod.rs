@@ -1,0 +1,157 @@
+//! The checkers (DESIGN §5): one invariant each, run on every simulation, fed from the database's commit history,
+//! its events and its rows, never from what replicas believe. Each checker has a test that plants the bug it
+//! guards against and watches it fire (STYLE, "Checkers bite").
+
+pub mod exactly_once;
+pub mod lease_exclusivity;
+pub mod liveness;
+pub mod locked_forever;
+pub mod starvation;
+
+use crate::store::{Commit, Event, Row, Timestamp};
+use std::fmt;
+use std::time::Duration;
+
+/// Rows a violation message lists at most, so that a failure stays readable.
+pub const LISTED_MAX: usize = 10;
+
+/// What the checkers read: the database's record of a run.
+#[derive(Clone, Copy, Debug)]
+pub struct CheckInput<'a> {
+    /// Every commit, in commit order.
+    pub history: &'a [Commit],
+    /// Every event, in sequence order.
+    pub events: &'a [Event],
+    /// Rows when the liveness wait ended (every row final, or the bound passed).
+    pub rows_at_liveness: &'a [Row],
+    /// Rows at the end: after the replicas drained and a lease ttl passed.
+    pub rows_final: &'a [Row],
+    /// Store time when the faults stopped and the world healed.
+    pub heal_at: Timestamp,
+    /// Store time of `rows_at_liveness`.
+    pub liveness_at: Timestamp,
+    /// Store time of `rows_final`.
+    pub final_at: Timestamp,
+    /// After the heal, every row must be final within this span.
+    pub liveness_bound: Duration,
+    /// After the heal, no parent may wait longer than this for its related locks.
+    pub starvation_bound: Duration,
+}
+
+/// A broken invariant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The checker that found it: `lease_exclusivity`, `liveness`, `locked_forever`, `starvation`,
+    /// `exactly_once`.
+    pub checker: &'static str,
+    /// What broke, naming rows, tokens, commits and times.
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.checker, self.message)
+    }
+}
+
+/// One checker: its name and its check.
+type Checker = (&'static str, fn(&CheckInput<'_>) -> Result<(), String>);
+
+/// Runs every checker; returns what they found, in checker order.
+pub fn check_all(input: &CheckInput<'_>) -> Vec<Violation> {
+    let checks: [Checker; 5] = [
+        ("lease_exclusivity", lease_exclusivity::check),
+        ("liveness", liveness::check),
+        ("locked_forever", locked_forever::check),
+        ("starvation", starvation::check),
+        ("exactly_once", exactly_once::check),
+    ];
+    checks
+        .into_iter()
+        .filter_map(|(checker, check)| check(input).err().map(|message| Violation { checker, message }))
+        .collect()
+}
+
+/// A one-line description of a row's status and lease columns, for violation messages.
+pub fn describe(row: &Row) -> String {
+    format!(
+        "row {} ({} {}) token={:?} owner={:?} expires={}",
+        row.id,
+        row.kind,
+        row.status,
+        row.lock_token.map(|token| token.0),
+        row.lock_owner,
+        row.lock_expires_at.map_or("none".to_string(), |at| at.to_string())
+    )
+}
+
+/// `items` joined by "; ", at most [`LISTED_MAX`] of them, with a count of the rest.
+pub fn listed(items: &[String]) -> String {
+    let mut text = items.iter().take(LISTED_MAX).cloned().collect::<Vec<_>>().join("; ");
+    if items.len() > LISTED_MAX {
+        text.push_str(&format!("; and {} more", items.len() - LISTED_MAX));
+    }
+    text
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures {
+    //! Hand-made histories and rows for the checkers' planted-bug tests.
+    use super::CheckInput;
+    use crate::store::{Commit, CommitOp, Event, Lease, LockToken, Row, RowId, Timestamp};
+    use std::time::Duration;
+
+    pub const T0: Timestamp = Timestamp(1_700_000_000_000_000);
+
+    pub fn at(secs: u64) -> Timestamp {
+        T0.plus(Duration::from_secs(secs))
+    }
+
+    pub fn lease(id: i64, token: i64) -> Lease {
+        Lease { id: RowId(id), token: LockToken(token) }
+    }
+
+    pub fn commit(secs: u64, op: CommitOp) -> Commit {
+        Commit { at: at(secs), caller: None, op }
+    }
+
+    pub fn fetch(secs: u64, l: Lease) -> Commit {
+        commit(secs, CommitOp::Fetch { pipeline: "p".into(), leases: vec![l] })
+    }
+
+    pub fn apply(secs: u64, l: Lease, applied: bool) -> Commit {
+        commit(secs, CommitOp::Apply { lease: l, applied, related: Vec::new(), inserted: Vec::new() })
+    }
+
+    pub fn row(id: i64, kind: &str, status: &str) -> Row {
+        Row {
+            id: RowId(id),
+            kind: kind.into(),
+            parent_id: None,
+            status: status.into(),
+            data: serde_json::json!({}),
+            created_at: T0,
+            updated_at: T0,
+            last_processed_at: None,
+            lock_expires_at: None,
+            lock_token: None,
+            lock_owner: None,
+            hinted: false,
+        }
+    }
+
+    /// An input whose heal is at 100 s, liveness snapshot at 150 s, final snapshot at 200 s, bounds 60 s.
+    pub fn input<'a>(history: &'a [Commit], events: &'a [Event], rows: &'a [Row]) -> CheckInput<'a> {
+        CheckInput {
+            history,
+            events,
+            rows_at_liveness: rows,
+            rows_final: rows,
+            heal_at: at(100),
+            liveness_at: at(150),
+            final_at: at(200),
+            liveness_bound: Duration::from_secs(60),
+            starvation_bound: Duration::from_secs(60),
+        }
+    }
+}

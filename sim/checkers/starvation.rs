@@ -1,0 +1,89 @@
+//! No lock starvation of a parent (DESIGN §3 related locks, dstack #3704; DESIGN §5): after the heal, a parent
+//! that contends for the related rows it must hold all of gets them within the bound the scenario sets.
+//!
+//! From the commit history: for each parent row (a `lock_related` holder whose owner is a pipeline name, not a
+//! `Pipeline:{item}` shared-resource owner), a streak starts at its first contended attempt and ends at its next
+//! successful lock, or at the liveness snapshot if it never got one. The part of a streak after the heal must
+//! not exceed the bound: children that keep taking their rows back, or intent marks that never let the parent
+//! in, show up here long before a parent hangs for good.
+
+use super::{CheckInput, listed};
+use crate::store::{CommitOp, LockOutcome, RowId, Timestamp};
+use std::collections::BTreeMap;
+
+/// The check; the error lists the starved parents and how long each waited.
+pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
+    let bound = crate::store::duration_micros(input.starvation_bound);
+    let mut open: BTreeMap<RowId, (Timestamp, usize)> = BTreeMap::new();
+    let mut starved = Vec::new();
+    let mut measure = |id: RowId, start: Timestamp, attempts: usize, end: Timestamp, resolved: bool| {
+        let waited = end.as_micros() - start.max(input.heal_at).as_micros();
+        if waited > bound {
+            let how = if resolved { "before it locked" } else { "and never locked" };
+            starved.push(format!(
+                "parent row {id} contended {attempts} times from {start}, waited {:.1} s after the heal {how}",
+                waited as f64 / 1e6
+            ));
+        }
+    };
+    for commit in input.history {
+        let CommitOp::LockRelated { holder, owner, outcome, .. } = &commit.op else { continue };
+        if owner.contains(':') {
+            continue;
+        }
+        match outcome {
+            LockOutcome::Contended => open.entry(holder.id).or_insert((commit.at, 0)).1 += 1,
+            LockOutcome::Locked => {
+                if let Some((start, attempts)) = open.remove(&holder.id) {
+                    measure(holder.id, start, attempts, commit.at, true);
+                }
+            }
+            LockOutcome::Stale => {}
+        }
+    }
+    for (id, (start, attempts)) in open {
+        measure(id, start, attempts, input.liveness_at, false);
+    }
+    if starved.is_empty() {
+        return Ok(());
+    }
+    Err(format!("{} parents starved past {:?}: {}", starved.len(), input.starvation_bound, listed(&starved)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::{commit, input, lease};
+    use super::*;
+    use crate::store::Commit;
+
+    fn lock(secs: u64, holder: i64, owner: &str, outcome: LockOutcome) -> Commit {
+        commit(
+            secs,
+            CommitOp::LockRelated { holder: lease(holder, 1), related: vec![RowId(9)], owner: owner.into(), outcome },
+        )
+    }
+
+    #[test]
+    fn contention_resolved_in_time_passes() {
+        let history = [lock(90, 1, "jobs", LockOutcome::Contended), lock(130, 1, "jobs", LockOutcome::Locked)];
+        assert_eq!(check(&input(&history, &[], &[])), Ok(()));
+    }
+
+    #[test]
+    fn a_parent_that_never_locks_after_the_heal_fires() {
+        // Heal at 100 s, bound 60 s: contended from 95 s, locked only at 170 s, 70 s after the heal.
+        let history: Vec<Commit> = (0..8)
+            .map(|i| lock(95 + i * 10, 1, "jobs", LockOutcome::Contended))
+            .chain([lock(170, 1, "jobs", LockOutcome::Locked)])
+            .collect();
+        let violation = check(&input(&history, &[], &[])).expect_err("the checker missed a starved parent");
+        assert!(violation.contains("parent row 1 contended 8 times"), "{violation}");
+        assert!(violation.contains("waited 70.0 s"), "{violation}");
+    }
+
+    #[test]
+    fn shared_resource_owners_are_not_parents() {
+        let history = [lock(10, 2, "claims-0:2", LockOutcome::Contended)];
+        assert_eq!(check(&input(&history, &[], &[])), Ok(()));
+    }
+}

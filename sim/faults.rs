@@ -1,0 +1,248 @@
+//! Fault injection (DESIGN §5): every fault exists as a fixed event (at time T) and as a random process with a
+//! rate, and each random process draws from its own ChaCha stream keyed by the run's seed, its kind and its index
+//! among processes of that kind, so adding a fault never reshuffles the workload or another fault.
+//!
+//! A fault acts through the world's handles ([`World`]), which trace it, hold it for its span and undo it. Two
+//! faults that would fight over one thing (a replica killed while paused, two network profiles) do not overlap:
+//! the later one is traced as `skipped`. At the end of the fault window the runner aborts every fault in progress
+//! and the world heals whatever they left behind.
+
+use super::rng;
+use super::world::{Target, World};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// One fault, with its target and its span.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fault {
+    /// Kill a replica (every task dies, its leases are left to expire) and start it again through its init
+    /// function after `down`.
+    Kill { replica: usize, down: Duration },
+    /// Pause a replica for `span`: its tasks stop while time goes on, so its leases expire and its later writes
+    /// carry stale tokens.
+    Pause { replica: usize, span: Duration },
+    /// Cut the link between two nodes, both ways, for `span`.
+    Partition { a: Target, b: Target, span: Duration },
+    /// Cut every link of a node for `span`.
+    Isolate { node: Target, span: Duration },
+    /// Every link gets latencies in `latency` and loses `loss` of its packets for `span`.
+    Degrade { latency: Range<Duration>, loss: f64, span: Duration },
+    /// The database drops each reply after its call committed with `chance`, for `span` (outcome unknown).
+    LostReplies { chance: f64, span: Duration },
+    /// Kill the database node (calls in flight fail; committed data stays) and start it after `down`.
+    DbRestart { down: Duration },
+    /// A replica's monotonic clock runs at `rate_ppm` parts per million of real time for `span`.
+    ClockDrift { replica: usize, rate_ppm: u64, span: Duration },
+    /// The client inserts `claims` claims on resource 0 at once: a burst of lock contention on one row.
+    Contention { claims: usize },
+    /// madsim's `buggify` is on for `span`: the engine's buggify points fire, and madsim delays some packets.
+    Buggify { span: Duration },
+}
+
+/// A fault at a fixed time after the world starts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FaultEvent {
+    /// Simulated time since the world was built.
+    pub at: Duration,
+    /// The fault.
+    pub fault: Fault,
+}
+
+/// The kinds of faults a random process can inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FaultKind {
+    Kill,
+    Pause,
+    Partition,
+    Isolate,
+    Degrade,
+    LostReplies,
+    DbRestart,
+    ClockDrift,
+    Contention,
+    Buggify,
+}
+
+impl FaultKind {
+    /// Every kind.
+    pub const ALL: [FaultKind; 10] = [
+        FaultKind::Kill,
+        FaultKind::Pause,
+        FaultKind::Partition,
+        FaultKind::Isolate,
+        FaultKind::Degrade,
+        FaultKind::LostReplies,
+        FaultKind::DbRestart,
+        FaultKind::ClockDrift,
+        FaultKind::Contention,
+        FaultKind::Buggify,
+    ];
+
+    /// The kind's name in stream keys and traces.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Kill => "kill",
+            FaultKind::Pause => "pause",
+            FaultKind::Partition => "partition",
+            FaultKind::Isolate => "isolate",
+            FaultKind::Degrade => "degrade",
+            FaultKind::LostReplies => "lost-replies",
+            FaultKind::DbRestart => "db-restart",
+            FaultKind::ClockDrift => "clock-drift",
+            FaultKind::Contention => "contention",
+            FaultKind::Buggify => "buggify",
+        }
+    }
+}
+
+/// A random process injecting faults of one kind.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RandomFault {
+    /// What it injects.
+    pub kind: FaultKind,
+    /// Mean faults per simulated minute (a Poisson process).
+    pub per_minute: f64,
+    /// Each fault's span (or down time), uniform. Ignored by [`FaultKind::Contention`].
+    pub span: Range<Duration>,
+}
+
+/// A scenario's faults.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FaultPlan {
+    /// Faults at fixed times.
+    pub fixed: Vec<FaultEvent>,
+    /// Random processes.
+    pub random: Vec<RandomFault>,
+    /// End of the fault window: no fault starts later, and the world heals here (or when the workload ends).
+    pub until: Duration,
+}
+
+/// Draws the parameters of one fault of `kind` (targets, rates, spans) from the process's stream.
+fn draw(kind: FaultKind, span: &Range<Duration>, replicas: usize, rng: &mut ChaCha8Rng) -> Fault {
+    let span = if span.is_empty() {
+        span.start
+    } else {
+        Duration::from_millis(rng.random_range(span.start.as_millis() as u64..span.end.as_millis() as u64))
+    };
+    let replica = rng.random_range(0..replicas);
+    match kind {
+        FaultKind::Kill => Fault::Kill { replica, down: span },
+        FaultKind::Pause => Fault::Pause { replica, span },
+        FaultKind::Partition => Fault::Partition { a: Target::Replica(replica), b: Target::Db, span },
+        FaultKind::Isolate => Fault::Isolate { node: Target::Replica(replica), span },
+        FaultKind::Degrade => {
+            let latency_max = Duration::from_millis(rng.random_range(20..300));
+            let loss = rng.random_range(0.0..0.15);
+            Fault::Degrade { latency: Duration::from_millis(1)..latency_max, loss, span }
+        }
+        FaultKind::LostReplies => Fault::LostReplies { chance: rng.random_range(0.05..0.4), span },
+        FaultKind::DbRestart => Fault::DbRestart { down: span },
+        FaultKind::ClockDrift => {
+            let slow = rng.random_bool(0.5);
+            let rate_ppm =
+                if slow { rng.random_range(750_000..950_000) } else { rng.random_range(1_050_000..1_300_000) };
+            Fault::ClockDrift { replica, rate_ppm, span }
+        }
+        FaultKind::Contention => Fault::Contention { claims: rng.random_range(5..25) },
+        FaultKind::Buggify => Fault::Buggify { span },
+    }
+}
+
+/// Injects `fault` through the world's handles and returns when it is undone.
+pub async fn inject(world: World, fault: Fault) {
+    match fault {
+        Fault::Kill { replica, down } => world.replica(replica).kill_for(down).await,
+        Fault::Pause { replica, span } => world.replica(replica).pause(span).await,
+        Fault::Partition { a, b, span } => world.net().partition(a, b, span).await,
+        Fault::Isolate { node, span } => world.net().isolate(node, span).await,
+        Fault::Degrade { latency, loss, span } => world.net().degrade(latency, loss, span).await,
+        Fault::LostReplies { chance, span } => world.db().drop_replies(chance, span).await,
+        Fault::DbRestart { down } => world.db().restart(down).await,
+        Fault::ClockDrift { replica, rate_ppm, span } => world.replica(replica).drift(rate_ppm, span).await,
+        Fault::Contention { claims } => world.client().burst(claims).await,
+        Fault::Buggify { span } => world.buggify(span).await,
+    }
+}
+
+/// The fault processes of a run, and every fault they started.
+pub struct FaultRunner {
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl FaultRunner {
+    /// Starts the fixed events and the random processes of `plan` on `world` (simulated time 0 = now).
+    pub fn start(world: &World, plan: &FaultPlan) -> FaultRunner {
+        let tasks = Arc::new(Mutex::new(Vec::new()));
+        let start = tokio::time::Instant::now();
+        let mut fixed = plan.fixed.clone();
+        fixed.sort_by_key(|event| event.at);
+        let runner = {
+            let (world, tasks, until) = (world.clone(), tasks.clone(), plan.until);
+            tokio::spawn(async move {
+                for event in fixed.into_iter().filter(|event| event.at < until) {
+                    tokio::time::sleep_until(start + event.at).await;
+                    spawn_fault(&tasks, world.clone(), event.fault);
+                }
+            })
+        };
+        push(&tasks, runner);
+        let mut seen = std::collections::BTreeMap::<FaultKind, u64>::new();
+        for process in &plan.random {
+            let index = seen.entry(process.kind).or_default();
+            let rng = rng::keyed(world.seed(), &format!("fault-{}", process.kind.name()), *index);
+            *index += 1;
+            let task = tokio::spawn(random_process(world.clone(), tasks.clone(), process.clone(), rng, plan.until));
+            push(&tasks, task);
+        }
+        FaultRunner { tasks }
+    }
+
+    /// Aborts every process and every fault in progress; the world's heal undoes what they left.
+    pub fn stop(&self) {
+        for task in lock(&self.tasks).drain(..) {
+            task.abort();
+        }
+    }
+}
+
+async fn random_process(
+    world: World,
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    process: RandomFault,
+    mut rng: ChaCha8Rng,
+    until: Duration,
+) {
+    if process.per_minute <= 0.0 {
+        return;
+    }
+    let start = tokio::time::Instant::now();
+    let mut at = Duration::ZERO;
+    loop {
+        let uniform: f64 = rng.random_range(f64::EPSILON..1.0);
+        at += Duration::from_secs_f64(-uniform.ln() * 60.0 / process.per_minute);
+        if at >= until {
+            return;
+        }
+        let fault = draw(process.kind, &process.span, world.replicas(), &mut rng);
+        tokio::time::sleep_until(start + at).await;
+        spawn_fault(&tasks, world.clone(), fault);
+    }
+}
+
+fn spawn_fault(tasks: &Arc<Mutex<Vec<JoinHandle<()>>>>, world: World, fault: Fault) {
+    push(tasks, tokio::spawn(inject(world, fault)));
+}
+
+fn push(tasks: &Mutex<Vec<JoinHandle<()>>>, task: JoinHandle<()>) {
+    let mut tasks = lock(tasks);
+    tasks.retain(|task| !task.is_finished());
+    tasks.push(task);
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

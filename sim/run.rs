@@ -1,0 +1,362 @@
+//! Running a scenario under a seed: a fresh madsim runtime on a fresh OS thread per run (one world per runtime;
+//! a fresh thread keeps std `HashMap` seeding deterministic: shared/notes/madsim.md pitfalls 2 and 3), the
+//! run's phases, the checkers, and what a failing run prints.
+//!
+//! Phases of a run:
+//! 1. build the world; the client inserts the workload while the faults run (and a directed script, if any);
+//! 2. at the heal time (end of the fault window or of the workload, whichever is later) the fault processes
+//!    stop and the world heals everything they left;
+//! 3. the harness waits until every row is final, at most the liveness bound, and snapshots the rows;
+//! 4. every replica drains; a lease ttl later the harness snapshots the rows again;
+//! 5. the checkers read the commit history, the events and both snapshots.
+
+use super::checkers::{self, CheckInput, Violation};
+use super::coverage::Coverage;
+use super::faults::FaultRunner;
+use super::scenario::Scenario;
+use super::trace::{self, Trace, TraceEvent};
+use super::workload::{self, ClientReport};
+use super::world::World;
+use crate::store::{Commit, Event, Row, Timestamp};
+use madsim::runtime::Runtime;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How often the harness checks whether every row is final, after the heal.
+pub const CONVERGENCE_POLL: Duration = Duration::from_secs(1);
+/// Lines of a failing run's trace printed with its failure (the whole trace goes to a file).
+pub const FAILED_TRACE_TAIL: usize = 40;
+
+/// A directed scenario's script: runs on the supervisor during the fault window, acting through the world's
+/// handles (`world.replica(1).pause(d).await`). The heal waits for it to finish. Build one with [`script`].
+pub type Script = Box<dyn FnOnce(World) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
+
+/// A [`Script`] from an async closure: `script(|world| async move { world.db().restart(d).await })`.
+pub fn script<F, Fut>(body: F) -> Script
+where
+    F: FnOnce(World) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    Box::new(move |world| Box::pin(body(world)))
+}
+
+/// What one run did and what the checkers found.
+#[derive(Clone, Debug)]
+pub struct RunReport {
+    /// The run's seed.
+    pub seed: u64,
+    /// The scenario's name.
+    pub scenario: String,
+    /// The panic that ended the run early (an engine assertion, a hang past the time limit, a client that gave
+    /// up), if any.
+    pub panic: Option<String>,
+    /// Broken invariants.
+    pub violations: Vec<Violation>,
+    /// The trace (empty after [`RunReport::slim`]).
+    pub trace: Vec<TraceEvent>,
+    /// Paths the run went through.
+    pub coverage: Coverage,
+    /// What the client inserted.
+    pub client: ClientReport,
+    /// Commits in the history.
+    pub commits: usize,
+    /// Rows in the database at the end.
+    pub rows: usize,
+    /// Distinct keys the clients inserted rows under (the workload and its contention bursts); equal to
+    /// `rows` unless a retried insert duplicated a row.
+    pub keyed_rows: usize,
+    /// Simulated time the run took.
+    pub simulated: Duration,
+    /// Wall-clock time the run took.
+    pub wall: std::time::Duration,
+}
+
+impl RunReport {
+    /// Whether the run ended normally and every checker passed.
+    pub fn passed(&self) -> bool {
+        self.panic.is_none() && self.violations.is_empty()
+    }
+
+    /// Whether `checker` found a violation.
+    pub fn violated(&self, checker: &str) -> bool {
+        self.violations.iter().any(|violation| violation.checker == checker)
+    }
+
+    /// The trace as text.
+    pub fn trace_text(&self) -> String {
+        trace::render(&self.trace)
+    }
+
+    /// Drops the trace, keeping the counts (for sweeps of many seeds).
+    pub fn slim(mut self) -> RunReport {
+        self.trace = Vec::new();
+        self
+    }
+}
+
+/// What the simulated part of a run hands back to the checkers.
+struct Outcome {
+    history: Vec<Commit>,
+    events: Vec<Event>,
+    rows_at_liveness: Vec<Row>,
+    rows_final: Vec<Row>,
+    heal_at: Timestamp,
+    liveness_at: Timestamp,
+    final_at: Timestamp,
+    client: ClientReport,
+    keyed_rows: usize,
+    drain: Result<(), String>,
+}
+
+/// Runs `scenario` under `seed` and checks it.
+pub fn run(scenario: &Scenario, seed: u64) -> RunReport {
+    run_with(scenario, seed, None)
+}
+
+/// Runs `scenario` under `seed`, with a directed `script` if given, and checks it. Never panics on a failing
+/// run: the panic and the violations are in the report. With `LOCKSTEP_SIM_TRACE_DIR` set, writes the trace to
+/// `<dir>/<scenario>-seed-<seed>.trace`.
+pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunReport {
+    let scenario = Arc::new(scenario.clone());
+    let trace_slot: Arc<Mutex<Option<Trace>>> = Arc::default();
+    let wall = std::time::Instant::now();
+    let (result, simulated) = {
+        let (scenario, trace_slot) = (scenario.clone(), trace_slot.clone());
+        std::thread::spawn(move || {
+            let mut runtime = Runtime::with_seed_and_config(seed, madsim::Config::default());
+            runtime.set_time_limit(scenario.time_limit());
+            let simulate = async {
+                let trace = Trace::new();
+                *trace_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(trace.clone());
+                let outcome = simulate(scenario.clone(), seed, script, trace.clone()).await;
+                (outcome, trace.elapsed())
+            };
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(simulate)));
+            match result {
+                Ok((outcome, simulated)) => (Ok(outcome), simulated),
+                Err(panic) => (Err(panic_message(panic)), Duration::ZERO),
+            }
+        })
+        .join()
+        .expect("the run's thread returns its panics as values")
+    };
+    let wall = wall.elapsed();
+    let trace =
+        trace_slot.lock().unwrap_or_else(|p| p.into_inner()).take().map(|trace| trace.events()).unwrap_or_default();
+    let mut report = RunReport {
+        seed,
+        scenario: scenario.name.clone(),
+        panic: None,
+        violations: Vec::new(),
+        coverage: Coverage::default(),
+        client: ClientReport::default(),
+        commits: 0,
+        rows: 0,
+        keyed_rows: 0,
+        simulated,
+        wall,
+        trace,
+    };
+    match result {
+        Err(panic) => report.panic = Some(panic),
+        Ok(outcome) => {
+            report.violations = check(&scenario, &outcome);
+            report.coverage = Coverage::of(&outcome.history, &report.trace);
+            report.client = outcome.client;
+            report.commits = outcome.history.len();
+            report.rows = outcome.rows_final.len();
+            report.keyed_rows = outcome.keyed_rows;
+        }
+    }
+    if let Ok(dir) = std::env::var("LOCKSTEP_SIM_TRACE_DIR") {
+        let path = std::path::Path::new(&dir).join(format!("{}-seed-{seed}.trace", report.scenario));
+        std::fs::write(&path, report.trace_text()).expect("LOCKSTEP_SIM_TRACE_DIR must be a writable directory");
+    }
+    report
+}
+
+fn check(scenario: &Scenario, outcome: &Outcome) -> Vec<Violation> {
+    let input = CheckInput {
+        history: &outcome.history,
+        events: &outcome.events,
+        rows_at_liveness: &outcome.rows_at_liveness,
+        rows_final: &outcome.rows_final,
+        heal_at: outcome.heal_at,
+        liveness_at: outcome.liveness_at,
+        final_at: outcome.final_at,
+        liveness_bound: scenario.liveness_bound,
+        starvation_bound: scenario.starvation_bound,
+    };
+    let mut violations = checkers::check_all(&input);
+    if let Err(message) = &outcome.drain {
+        violations.push(Violation { checker: "drain", message: message.clone() });
+    }
+    violations
+}
+
+/// The simulated part of a run (phases 1–4).
+async fn simulate(scenario: Arc<Scenario>, seed: u64, script: Option<Script>, trace: Trace) -> Outcome {
+    let world = World::build(scenario.clone(), seed, trace).await;
+    let start = tokio::time::Instant::now();
+    let client = {
+        let world = world.clone();
+        tokio::spawn(async move { world.run_client().await })
+    };
+    let faults = FaultRunner::start(&world, &scenario.faults);
+    if let Some(script) = script {
+        script(world.clone()).await;
+    }
+    let client = client.await.expect("the client task is never aborted");
+    tokio::time::sleep_until(start + scenario.heal_at()).await;
+    faults.stop();
+    world.heal();
+    let heal_at = world.store_now();
+    let deadline = tokio::time::Instant::now() + scenario.liveness_bound;
+    let rows_at_liveness = loop {
+        let rows = world.rows();
+        if rows.iter().all(workload::is_terminal) || tokio::time::Instant::now() >= deadline {
+            break rows;
+        }
+        tokio::time::sleep(CONVERGENCE_POLL).await;
+    };
+    let liveness_at = world.store_now();
+    let drain = world.drain(scenario.drain_budget).await;
+    tokio::time::sleep(scenario.workload.lease_ttl + Duration::from_secs(1)).await;
+    let store = &world.database().store;
+    Outcome {
+        history: store.history(),
+        events: store.all_events(),
+        rows_at_liveness,
+        rows_final: store.rows(),
+        heal_at,
+        liveness_at,
+        final_at: world.store_now(),
+        client,
+        keyed_rows: world.database().keyed_rows(),
+        drain,
+    }
+}
+
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    match panic.downcast::<String>() {
+        Ok(message) => *message,
+        Err(panic) => match panic.downcast::<&'static str>() {
+            Ok(message) => message.to_string(),
+            Err(_) => "a panic without a message".to_string(),
+        },
+    }
+}
+
+/// Where a test's failing seed is replayed from: its test file and test name.
+#[derive(Clone, Copy, Debug)]
+pub struct Replay {
+    /// The test file's stem, e.g. `sim_world`.
+    pub test: &'static str,
+    /// The test function, e.g. `mixed_faults_hold_every_invariant`.
+    pub name: &'static str,
+}
+
+impl Replay {
+    /// The exact command that replays `seed`.
+    pub fn command(&self, seed: u64) -> String {
+        format!("env -u RUSTFLAGS MADSIM_TEST_SEED={seed} cargo sim-test --test {} -- {} --exact", self.test, self.name)
+    }
+}
+
+/// The seeds a simulator test runs (DESIGN §5; shared/notes/madsim.md pitfall 4):
+/// - `MADSIM_TEST_NUM=N`: N seeds from `MADSIM_TEST_SEED` (or the first default seed) on;
+/// - `MADSIM_TEST_SEED=S` alone: seed S only (a replay);
+/// - neither: the test's pinned `default` seeds.
+pub fn seeds(default: &[u64]) -> Vec<u64> {
+    let parse = |name: &str| {
+        std::env::var(name).ok().map(|v| v.parse::<u64>().unwrap_or_else(|_| panic!("{name} must be a u64")))
+    };
+    match (parse("MADSIM_TEST_SEED"), parse("MADSIM_TEST_NUM")) {
+        (first, Some(count)) => {
+            let first = first.or(default.first().copied()).unwrap_or(1);
+            (first..first + count).collect()
+        }
+        (Some(seed), None) => vec![seed],
+        (None, None) => default.to_vec(),
+    }
+}
+
+/// Threads a sweep runs seeds on: `LOCKSTEP_SIM_JOBS`, else the machine's parallelism.
+pub fn jobs() -> usize {
+    std::env::var("LOCKSTEP_SIM_JOBS")
+        .ok()
+        .and_then(|jobs| jobs.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1)
+}
+
+/// Runs every seed of `seeds` (on [`jobs`] threads), and fails the test if any run failed: prints each failing
+/// seed's checker, message, trace tail, trace file and replay command, then panics naming the seeds. Returns
+/// the reports (slimmed: no traces), by seed.
+pub fn check_seeds(scenario: &Scenario, seeds: &[u64], replay: Replay) -> Vec<RunReport> {
+    let reports = run_seeds(scenario, seeds);
+    let failed: Vec<&RunReport> = reports.iter().filter(|report| !report.passed()).collect();
+    for report in &failed {
+        eprintln!("{}", failure_text(report, replay));
+    }
+    if let Some(first) = failed.first() {
+        let seeds: Vec<u64> = failed.iter().map(|report| report.seed).collect();
+        panic!(
+            "scenario {}: {} of {} seeds failed: {seeds:?}\nfirst failure: {}\nreplay: {}",
+            scenario.name,
+            failed.len(),
+            reports.len(),
+            summary(first),
+            replay.command(first.seed)
+        );
+    }
+    reports.into_iter().map(RunReport::slim).collect()
+}
+
+/// Runs every seed of `seeds` on [`jobs`] threads; returns the reports by seed, traces kept only for failures.
+pub fn run_seeds(scenario: &Scenario, seeds: &[u64]) -> Vec<RunReport> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let reports = Mutex::new(Vec::with_capacity(seeds.len()));
+    std::thread::scope(|scope| {
+        for _ in 0..jobs().min(seeds.len()) {
+            scope.spawn(|| {
+                while let Some(&seed) = seeds.get(next.fetch_add(1, std::sync::atomic::Ordering::SeqCst)) {
+                    let report = run(scenario, seed);
+                    let report = if report.passed() { report.slim() } else { report };
+                    reports.lock().unwrap_or_else(|p| p.into_inner()).push(report);
+                }
+            });
+        }
+    });
+    let mut reports = reports.into_inner().unwrap_or_else(|p| p.into_inner());
+    reports.sort_by_key(|report| report.seed);
+    reports
+}
+
+/// One line: what failed in `report`.
+pub fn summary(report: &RunReport) -> String {
+    match &report.panic {
+        Some(panic) => format!("seed {}: the run panicked: {panic}", report.seed),
+        None => {
+            let violations: Vec<String> = report.violations.iter().map(Violation::to_string).collect();
+            format!("seed {}: {}", report.seed, violations.join(" | "))
+        }
+    }
+}
+
+/// Everything a failing run prints: what failed, the trace tail, the trace file, the replay command.
+pub fn failure_text(report: &RunReport, replay: Replay) -> String {
+    let path = std::env::temp_dir().join(format!("lockstep-sim-{}-seed-{}.trace", report.scenario, report.seed));
+    let written = std::fs::write(&path, report.trace_text());
+    let tail = trace::render(&report.trace[report.trace.len().saturating_sub(FAILED_TRACE_TAIL)..]);
+    format!(
+        "==== scenario {} {}\n---- last {FAILED_TRACE_TAIL} trace events:\n{tail}---- whole trace: {} ({})\n---- replay: {}\n",
+        report.scenario,
+        summary(report),
+        path.display(),
+        if written.is_ok() { "written" } else { "could not be written" },
+        replay.command(report.seed)
+    )
+}

@@ -1,0 +1,414 @@
+//! The workload: the rows a client inserts and the pipelines every replica runs over them (DESIGN §5).
+//!
+//! - `task` rows (`ready` → `finished`) are processed by the `tasks` pipeline: a simulated processing time, now
+//!   and then longer than the lease ttl (heartbeats must keep the lease), and while faults are on, now and then
+//!   a failure that leaves the lease to expire.
+//! - `job` rows (`running` → `done`) are the tasks' parents (their ids are in the job's data). The `jobs` pipeline locks all of a job's
+//!   tasks with `lock_related` (owner `jobs`), so it contends with `tasks` and resets for retry, and once every
+//!   task is `finished` it moves them and itself to `done` in one guarded apply.
+//! - `resource` rows are shared counters. Each `claims-{p}` pipeline (the extra pipelines competing for shared
+//!   related rows) takes `claim-{p}` rows (`ready` → `done`), locks the claim's resource with `lock_shared` (owner
+//!   `claims-{p}:{claim}`), and increments the resource's `count` in its guarded apply. A share of the claims
+//!   goes to resource 0, a hot row.
+//!
+//! Every apply that does a row's work appends one `effect` event naming the pipeline (and the counter it
+//! incremented), so the exactly-once checker can count effects against the rows and counters.
+//!
+//! The client inserts jobs and claims as two Poisson processes over the workload span. It retries every call
+//! until it succeeds: inserts are keyed (a unique index at the database), so an insert whose reply was lost is
+//! not duplicated by its retry.
+
+use super::net_store::NetStore;
+use super::rng;
+use super::trace::Trace;
+use crate::pipeline::{Changes, Handler, LoadCx, PipelineConfig, PipelineManager, WorkError};
+use crate::store::{Lease, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowUpdate, Store, StoreError};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+use std::future::Future;
+use std::ops::{Range, RangeInclusive};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Kind of the event every effectful apply appends.
+pub const EFFECT_EVENT: &str = "effect";
+/// Most attempts the client makes at one call before it fails the run (with its backoff, far past any fault).
+pub const CLIENT_ATTEMPTS_MAX: u32 = 2_000;
+/// The client's retry backoff: doubling from the first value, capped at the second.
+pub const CLIENT_BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(2));
+
+/// Workers of each pipeline on each replica.
+#[derive(Clone, Debug)]
+pub struct Workers {
+    /// `tasks`.
+    pub tasks: usize,
+    /// `jobs`.
+    pub jobs: usize,
+    /// Each `claims-{p}`.
+    pub claims: usize,
+}
+
+/// What the client inserts and how the pipelines behave.
+#[derive(Clone, Debug)]
+pub struct WorkloadSpec {
+    /// The client inserts during `[0, span)` of simulated time.
+    pub span: Duration,
+    /// Jobs per simulated minute (a Poisson process).
+    pub jobs_per_minute: f64,
+    /// Tasks per job, uniform.
+    pub tasks_per_job: RangeInclusive<u64>,
+    /// Claims per simulated minute over all claim pipelines (a Poisson process).
+    pub claims_per_minute: f64,
+    /// Claim pipelines competing for the resources: `claims-0`, `claims-1`, …
+    pub claim_pipelines: usize,
+    /// Shared resource rows.
+    pub resources: usize,
+    /// Share of claims that go to resource 0.
+    pub hot_share: f64,
+    /// Most rows the client inserts; the processes stop there.
+    pub rows_max: usize,
+    /// A task's processing time, uniform.
+    pub task_process: Range<Duration>,
+    /// Chance that a task is slow: processing time from `task_slow` instead, longer than the lease ttl.
+    pub task_slow_chance: f64,
+    /// A slow task's processing time, uniform.
+    pub task_slow: Range<Duration>,
+    /// Chance that a task's processing fails while faults are on (its lease is left to expire).
+    pub task_failure_chance: f64,
+    /// A job's processing time, uniform.
+    pub job_process: Range<Duration>,
+    /// A claim's processing time, uniform.
+    pub claim_process: Range<Duration>,
+    /// Workers per pipeline per replica.
+    pub workers: Workers,
+    /// Lease ttl of every pipeline (short, so that expiry happens often within a run).
+    pub lease_ttl: Duration,
+    /// Local lease margin of every pipeline.
+    pub lease_margin: Duration,
+    /// Minimum processing interval of every pipeline.
+    pub min_processing_interval: Duration,
+}
+
+impl WorkloadSpec {
+    /// Names of the pipelines every replica runs.
+    pub fn pipelines(&self) -> Vec<String> {
+        let mut names = vec!["tasks".to_string(), "jobs".to_string()];
+        names.extend((0..self.claim_pipelines).map(|p| format!("claims-{p}")));
+        names
+    }
+
+    fn config(&self, name: &str, kind: &str, status: &str, workers: usize) -> PipelineConfig {
+        let mut config = PipelineConfig::new(name, kind, &[status]).with_lease_ttl(self.lease_ttl);
+        config.workers = workers;
+        config.lease_margin = self.lease_margin;
+        config.min_processing_interval = self.min_processing_interval;
+        config
+    }
+}
+
+/// Whether `row` reached the end of its life in this workload.
+pub fn is_terminal(row: &Row) -> bool {
+    row.kind == "resource" || row.status == "done"
+}
+
+/// The pipeline whose apply must record exactly one effect for `row`, if any.
+pub fn expected_effect(row: &Row) -> Option<String> {
+    match row.kind.as_str() {
+        "task" => Some("tasks".into()),
+        "job" => Some("jobs".into()),
+        kind => kind.strip_prefix("claim-").map(|p| format!("claims-{p}")),
+    }
+}
+
+/// Registers the workload's pipelines on a replica's manager.
+///
+/// `seed` keys the handlers' random streams (what a pass does depends on the seed and the lease's token only);
+/// while `faults_on` is set, tasks fail now and then.
+pub fn register<S: Store>(
+    manager: &mut PipelineManager<S>,
+    spec: &Arc<WorkloadSpec>,
+    seed: u64,
+    faults_on: &Arc<AtomicBool>,
+) {
+    let w = &spec.workers;
+    let tasks = Tasks { seed, spec: spec.clone(), faults_on: faults_on.clone() };
+    manager.register(spec.config("tasks", "task", "ready", w.tasks), tasks).expect("tasks config");
+    let jobs = Jobs { seed, spec: spec.clone() };
+    manager.register(spec.config("jobs", "job", "running", w.jobs), jobs).expect("jobs config");
+    for p in 0..spec.claim_pipelines {
+        let name = format!("claims-{p}");
+        let config = spec.config(&name, &format!("claim-{p}"), "ready", w.claims);
+        manager.register(config, Claims { seed, spec: spec.clone(), name }).expect("claims config");
+    }
+}
+
+fn effect(row: RowId, pipeline: &str, counter: Option<RowId>) -> NewEvent {
+    let data = match counter {
+        Some(counter) => json!({ "pipeline": pipeline, "counter": counter.0 }),
+        None => json!({ "pipeline": pipeline }),
+    };
+    NewEvent { row_id: row, kind: EFFECT_EVENT.into(), data }
+}
+
+fn draw(rng: &mut ChaCha8Rng, range: &Range<Duration>) -> Duration {
+    if range.is_empty() {
+        return range.start;
+    }
+    Duration::from_micros(rng.random_range(range.start.as_micros() as u64..range.end.as_micros() as u64))
+}
+
+/// The stream of one processing pass: keyed by the lease's token, unique in the run.
+fn pass_rng(seed: u64, purpose: &str, lease: Lease) -> ChaCha8Rng {
+    rng::keyed(seed, purpose, lease.token.0 as u64)
+}
+
+/// `task` rows: `ready` → `finished`.
+struct Tasks {
+    seed: u64,
+    spec: Arc<WorkloadSpec>,
+    faults_on: Arc<AtomicBool>,
+}
+
+impl<S: Store> Handler<S> for Tasks {
+    type Context = Lease;
+
+    async fn load(&self, _row: &Row, cx: &LoadCx<'_, S>) -> Result<Lease, WorkError> {
+        Ok(cx.lease())
+    }
+
+    async fn process(&self, row: Row, lease: Lease) -> Result<Changes, WorkError> {
+        let mut rng = pass_rng(self.seed, "task", lease);
+        let slow = rng.random_bool(self.spec.task_slow_chance);
+        let span = draw(&mut rng, if slow { &self.spec.task_slow } else { &self.spec.task_process });
+        tokio::time::sleep(span).await;
+        let fail = rng.random_bool(self.spec.task_failure_chance);
+        if fail && self.faults_on.load(Ordering::SeqCst) {
+            return Err(WorkError::Failed(format!("task {} failed (planted)", row.id)));
+        }
+        let events = vec![effect(row.id, "tasks", None)];
+        Ok(Changes { events, hints: vec!["job".into()], ..Changes::status("finished") })
+    }
+}
+
+/// `job` rows: lock every task, and once all are `finished`, move them and the job to `done`.
+struct Jobs {
+    seed: u64,
+    spec: Arc<WorkloadSpec>,
+}
+
+impl<S: Store> Handler<S> for Jobs {
+    type Context = (Lease, Vec<Row>);
+
+    async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<(Lease, Vec<Row>), WorkError> {
+        let ids = task_ids(row)?;
+        cx.lock_related(ids.clone()).await?;
+        // Read under the locks: a task may have finished between the fetch and the lock.
+        let mut tasks = Vec::with_capacity(ids.len());
+        for id in ids {
+            let task = cx.store().get(id).await?;
+            tasks.push(task.ok_or_else(|| WorkError::Failed(format!("job {}: task {id} missing", row.id)))?);
+        }
+        Ok((cx.lease(), tasks))
+    }
+
+    async fn process(&self, row: Row, (lease, tasks): (Lease, Vec<Row>)) -> Result<Changes, WorkError> {
+        let mut rng = pass_rng(self.seed, "job", lease);
+        tokio::time::sleep(draw(&mut rng, &self.spec.job_process)).await;
+        if !tasks.iter().all(|task| task.status == "finished") {
+            // Not yet: the apply only releases the locks and stamps `last_processed_at`.
+            return Ok(Changes::default());
+        }
+        let related =
+            tasks.iter().map(|task| RelatedUpdate { id: task.id, update: RowUpdate::status("done") }).collect();
+        Ok(Changes { related, events: vec![effect(row.id, "jobs", None)], ..Changes::status("done") })
+    }
+}
+
+fn task_ids(job: &Row) -> Result<Vec<RowId>, WorkError> {
+    let ids = job.data["tasks"].as_array().ok_or_else(|| WorkError::Failed(format!("job {}: no tasks", job.id)))?;
+    Ok(ids.iter().filter_map(|id| id.as_i64()).map(RowId).collect())
+}
+
+/// `claim-{p}` rows: lock the claim's resource (shared with every other claim), increment its counter.
+struct Claims {
+    seed: u64,
+    spec: Arc<WorkloadSpec>,
+    name: String,
+}
+
+impl<S: Store> Handler<S> for Claims {
+    type Context = (Lease, Row);
+
+    async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<(Lease, Row), WorkError> {
+        let resource = row.data["resource"].as_i64().map(RowId);
+        let resource = resource.ok_or_else(|| WorkError::Failed(format!("claim {}: no resource", row.id)))?;
+        cx.lock_shared(vec![resource]).await?;
+        let resource = cx.store().get(resource).await?;
+        let resource = resource.ok_or_else(|| WorkError::Failed(format!("claim {}: resource missing", row.id)))?;
+        Ok((cx.lease(), resource))
+    }
+
+    async fn process(&self, row: Row, (lease, resource): (Lease, Row)) -> Result<Changes, WorkError> {
+        let mut rng = pass_rng(self.seed, "claim", lease);
+        tokio::time::sleep(draw(&mut rng, &self.spec.claim_process)).await;
+        let count = resource.data["count"].as_u64().unwrap_or(0) + 1;
+        let update = RowUpdate { status: None, data: Some(json!({ "count": count })) };
+        Ok(Changes {
+            related: vec![RelatedUpdate { id: resource.id, update }],
+            events: vec![effect(row.id, &self.name, Some(resource.id))],
+            ..Changes::status("done")
+        })
+    }
+}
+
+/// What the client inserted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientReport {
+    /// Jobs inserted.
+    pub jobs: usize,
+    /// Tasks inserted.
+    pub tasks: usize,
+    /// Claims inserted.
+    pub claims: usize,
+    /// Resources inserted.
+    pub resources: usize,
+}
+
+impl ClientReport {
+    /// Rows inserted.
+    pub fn rows(&self) -> usize {
+        self.jobs + self.tasks + self.claims + self.resources
+    }
+}
+
+/// The workload client: resources first, then jobs and claims as two Poisson processes over the span.
+pub struct Client {
+    store: NetStore,
+    spec: Arc<WorkloadSpec>,
+    seed: u64,
+    trace: Trace,
+    node: Arc<str>,
+    report: ClientReport,
+    resources: Vec<RowId>,
+}
+
+impl Client {
+    /// A client over `store`.
+    pub fn new(store: NetStore, spec: Arc<WorkloadSpec>, seed: u64, trace: Trace, node: Arc<str>) -> Client {
+        Client { store, spec, seed, trace, node, report: ClientReport::default(), resources: Vec::new() }
+    }
+
+    /// Runs the workload to the end of its span (or its row bound) and reports what it inserted.
+    pub async fn run(mut self) -> ClientReport {
+        for index in 0..self.spec.resources {
+            let row = NewRow::new("resource", "free", json!({ "count": 0 }));
+            let row = self
+                .retry("insert resource", || self.store.insert_keyed(format!("resource-{index}"), row.clone()))
+                .await;
+            self.resources.push(row.id);
+            self.report.resources += 1;
+        }
+        let mut jobs_rng = rng::stream(self.seed, "workload-jobs");
+        let mut claims_rng = rng::stream(self.seed, "workload-claims");
+        let start = tokio::time::Instant::now();
+        let mut next_job = exponential(&mut jobs_rng, self.spec.jobs_per_minute);
+        let mut next_claim = exponential(&mut claims_rng, self.spec.claims_per_minute);
+        loop {
+            let (at, is_job) = if next_job <= next_claim { (next_job, true) } else { (next_claim, false) };
+            if at >= self.spec.span || self.report.rows() >= self.spec.rows_max {
+                break;
+            }
+            tokio::time::sleep_until(start + at).await;
+            if is_job {
+                self.insert_job(&mut jobs_rng).await;
+                next_job += exponential(&mut jobs_rng, self.spec.jobs_per_minute);
+            } else {
+                let resource = self.pick_resource(&mut claims_rng);
+                let pipeline = claims_rng.random_range(0..self.spec.claim_pipelines.max(1));
+                self.insert_claim(format!("claim-{}", self.report.claims), pipeline, resource).await;
+                next_claim += exponential(&mut claims_rng, self.spec.claims_per_minute);
+            }
+        }
+        self.trace.record(&self.node, "workload-done", format!("{:?}", self.report));
+        self.report
+    }
+
+    /// `claims` claims at once on resource 0 (lock contention on one row), keyed by `burst`.
+    pub async fn burst(mut self, burst: u64, claims: usize) -> ClientReport {
+        let row = NewRow::new("resource", "free", json!({ "count": 0 }));
+        let hot = self.retry("find resource 0", || self.store.insert_keyed("resource-0".into(), row.clone())).await;
+        for index in 0..claims {
+            let pipeline = index % self.spec.claim_pipelines.max(1);
+            self.insert_claim(format!("burst-{burst}-{index}"), pipeline, hot.id).await;
+        }
+        self.report
+    }
+
+    fn pick_resource(&self, rng: &mut ChaCha8Rng) -> RowId {
+        if rng.random_bool(self.spec.hot_share) {
+            return self.resources[0];
+        }
+        self.resources[rng.random_range(0..self.resources.len())]
+    }
+
+    async fn insert_job(&mut self, rng: &mut ChaCha8Rng) {
+        let key = format!("job-{}", self.report.jobs);
+        let count = rng.random_range(self.spec.tasks_per_job.clone());
+        // Tasks first, then the job naming them, all keyed inserts: every call is safe to retry. (Inserting the
+        // job `pending` and starting it with `update_unleased` is not: that write is blind, and a retry of one
+        // whose reply was lost can land after the job finished and set it back to `running`, for good; the
+        // simulator found exactly that, seed 6 of the mixed scenario.)
+        let mut tasks = Vec::new();
+        for index in 0..count {
+            let task = NewRow::new("task", "ready", json!({ "index": index, "job": key }));
+            let task_key = format!("{key}-task-{index}");
+            let task = self.retry("insert task", || self.store.insert_keyed(task_key.clone(), task.clone())).await;
+            tasks.push(task.id.0);
+        }
+        let job = NewRow::new("job", "running", json!({ "tasks": tasks }));
+        let job = self.retry("insert job", || self.store.insert_keyed(key.clone(), job.clone())).await;
+        self.report.jobs += 1;
+        self.report.tasks += tasks.len();
+        // Hints are best effort: a lost one costs a fetcher its backoff.
+        let _ = self.store.hint("task", None).await;
+        let _ = self.store.hint("job", Some(job.id)).await;
+    }
+
+    async fn insert_claim(&mut self, key: String, pipeline: usize, resource: RowId) {
+        let kind = format!("claim-{pipeline}");
+        let claim = NewRow::new(kind.clone(), "ready", json!({ "resource": resource.0 }));
+        self.retry("insert claim", || self.store.insert_keyed(key.clone(), claim.clone())).await;
+        self.report.claims += 1;
+        let _ = self.store.hint(&kind, None).await;
+    }
+
+    /// Repeats `call` until it succeeds, backing off; fails the run after [`CLIENT_ATTEMPTS_MAX`] attempts.
+    async fn retry<T, F, Fut>(&self, what: &str, mut call: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let mut backoff = CLIENT_BACKOFF.0;
+        for _ in 0..CLIENT_ATTEMPTS_MAX {
+            match call().await {
+                Ok(value) => return value,
+                Err(_) => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(CLIENT_BACKOFF.1);
+                }
+            }
+        }
+        panic!("client: {what} failed {CLIENT_ATTEMPTS_MAX} times in a row")
+    }
+}
+
+/// A Poisson process's next gap at `per_minute` events per minute (never, for a rate of 0).
+fn exponential(rng: &mut ChaCha8Rng, per_minute: f64) -> Duration {
+    if per_minute <= 0.0 {
+        return Duration::MAX / 4;
+    }
+    let uniform: f64 = rng.random_range(f64::EPSILON..1.0);
+    Duration::from_secs_f64(-uniform.ln() * 60.0 / per_minute)
+}

@@ -1,0 +1,593 @@
+//! The simulated world (DESIGN §5): a database node serving MemStore over simulated RPC, N replica nodes
+//! running the workload's pipelines, and a client node inserting the workload; plus the handles through which
+//! faults and directed scenarios act on it:
+//!
+//! ```ignore
+//! world.replica(1).pause(lease_ttl * 2).await;     // its leases expire while it sleeps
+//! world.replica(0).kill_for(Duration::from_secs(5)).await;
+//! world.net().partition(Target::Replica(2), Target::Db, Duration::from_secs(10)).await;
+//! world.db().restart(Duration::from_secs(1)).await;
+//! ```
+//!
+//! Every handle traces what it does, holds the fault for its span and undoes it. Faults that would fight over
+//! one thing do not overlap (a replica has one node slot for kill and pause, one clock slot; the network, the
+//! database, lost replies and buggify have one slot each): a fault whose slot is taken is traced as `skipped`.
+//! [`World::heal`] undoes every fault still in force.
+
+use super::db::{self, Database};
+use super::net_store::{NetStore, NetStoreOptions};
+use super::replica::{self, ReplicaContext, Stop};
+use super::scenario::Scenario;
+use super::trace::Trace;
+use super::workload::{Client, ClientReport};
+use crate::pipeline::LocalClock;
+use crate::pipeline::clock::RATE_PPM_EXACT;
+use crate::store::{Row, Timestamp};
+use madsim::net::NetSim;
+use madsim::runtime::{Handle, NodeHandle};
+use madsim::task::NodeId;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// A node a network fault can target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Target {
+    /// The database node.
+    Db,
+    /// The workload client.
+    Client,
+    /// Replica `i`.
+    Replica(usize),
+}
+
+/// A thing at most one fault holds at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Slot {
+    Replica(usize),
+    Clock(usize),
+    Db,
+    Network,
+    Replies,
+    Buggify,
+}
+
+/// Faults in force, so that [`World::heal`] can undo them.
+#[derive(Default)]
+struct FaultState {
+    busy: BTreeSet<Slot>,
+    killed: BTreeSet<usize>,
+    paused: BTreeSet<usize>,
+    db_down: bool,
+    /// Clogged directed links and how many faults hold each.
+    links: BTreeMap<(NodeId, NodeId), u32>,
+    /// Isolated nodes and how many faults hold each.
+    isolated: BTreeMap<NodeId, u32>,
+}
+
+struct ReplicaSlot {
+    ctx: Arc<ReplicaContext>,
+    node: NodeHandle,
+}
+
+struct Inner {
+    seed: u64,
+    scenario: Arc<Scenario>,
+    handle: Handle,
+    trace: Trace,
+    name: Arc<str>,
+    db: Arc<Database>,
+    db_node: NodeHandle,
+    client_node: NodeHandle,
+    client_ip: IpAddr,
+    replicas: Vec<ReplicaSlot>,
+    faults_on: Arc<AtomicBool>,
+    stop: Arc<Stop>,
+    clients: Arc<AtomicU64>,
+    bursts: AtomicU64,
+    state: Mutex<FaultState>,
+}
+
+/// The world of one run. Clones share it.
+#[derive(Clone)]
+pub struct World {
+    inner: Arc<Inner>,
+}
+
+const DB_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+
+impl World {
+    /// Builds the world of `scenario` under `seed` on the current simulated runtime: the database node first
+    /// (and waits until it serves), then the replicas, then the client node (idle until [`World::run_client`]).
+    pub async fn build(scenario: Arc<Scenario>, seed: u64, trace: Trace) -> World {
+        assert!(scenario.replicas <= 200, "replica addresses are 10.0.1.1 to 10.0.1.200");
+        let handle = Handle::current();
+        let latency = scenario.net_latency.clone();
+        NetSim::current().update_config(|config| {
+            config.send_latency = latency;
+            config.packet_loss_rate = 0.0;
+        });
+        let name: Arc<str> = Arc::from("world");
+        trace.record(&name, "build", format!("scenario={} seed={seed} replicas={}", scenario.name, scenario.replicas));
+        let db = Database::new(seed, IpAddr::V4(DB_IP), trace.clone());
+        if scenario.mutation.apply_guard_disabled {
+            db.store.disable_apply_guard_for_mutation_test();
+            trace.record(&name, "mutation", "apply_guard_disabled");
+        }
+        let db_node = {
+            let db = db.clone();
+            handle.create_node().name("db").ip(IpAddr::V4(DB_IP)).init(move || db::serve(db.clone())).build()
+        };
+        tokio::time::sleep(db::STARTUP).await;
+        let client_node = handle.create_node().name("client").ip(IpAddr::V4(CLIENT_IP)).build();
+        let faults_on = Arc::new(AtomicBool::new(true));
+        let stop = Arc::new(Stop::default());
+        let clients = Arc::new(AtomicU64::new(0));
+        let spec = Arc::new(scenario.workload.clone());
+        let replicas = (0..scenario.replicas)
+            .map(|index| {
+                let ip = IpAddr::V4(Ipv4Addr::new(10, 0, 1, index as u8 + 1));
+                let ctx = Arc::new(ReplicaContext {
+                    index,
+                    name: Arc::from(format!("replica-{index}")),
+                    ip,
+                    db: db.addr(),
+                    seed,
+                    spec: spec.clone(),
+                    call_timeout: scenario.call_timeout,
+                    clock: LocalClock::drifting(),
+                    faults_on: faults_on.clone(),
+                    stop: stop.clone(),
+                    trace: trace.clone(),
+                    clients: clients.clone(),
+                    incarnations: AtomicU64::new(0),
+                    reports: Mutex::new(Vec::new()),
+                });
+                let init = ctx.clone();
+                let node = handle
+                    .create_node()
+                    .name(ctx.name.to_string())
+                    .ip(ip)
+                    .init(move || replica::run(init.clone()))
+                    .build();
+                ReplicaSlot { ctx, node }
+            })
+            .collect();
+        let inner = Inner {
+            seed,
+            scenario,
+            handle,
+            trace,
+            name,
+            db,
+            db_node,
+            client_node,
+            client_ip: IpAddr::V4(CLIENT_IP),
+            replicas,
+            faults_on,
+            stop,
+            clients,
+            bursts: AtomicU64::new(0),
+            state: Mutex::new(FaultState::default()),
+        };
+        World { inner: Arc::new(inner) }
+    }
+
+    /// The run's seed.
+    pub fn seed(&self) -> u64 {
+        self.inner.seed
+    }
+
+    /// The scenario.
+    pub fn scenario(&self) -> &Scenario {
+        &self.inner.scenario
+    }
+
+    /// Number of replicas.
+    pub fn replicas(&self) -> usize {
+        self.inner.replicas.len()
+    }
+
+    /// The run's trace.
+    pub fn trace(&self) -> &Trace {
+        &self.inner.trace
+    }
+
+    /// The database (outside its node: the checkers' view).
+    pub fn database(&self) -> &Arc<Database> {
+        &self.inner.db
+    }
+
+    /// The store's time now.
+    pub fn store_now(&self) -> Timestamp {
+        self.inner.db.now()
+    }
+
+    /// Handle on replica `index`.
+    pub fn replica(&self, index: usize) -> ReplicaHandle<'_> {
+        assert!(index < self.replicas(), "replica {index} of {}", self.replicas());
+        ReplicaHandle { world: self, index }
+    }
+
+    /// Handle on the database node.
+    pub fn db(&self) -> DbHandle<'_> {
+        DbHandle { world: self }
+    }
+
+    /// Handle on the network.
+    pub fn net(&self) -> NetHandle<'_> {
+        NetHandle { world: self }
+    }
+
+    /// Handle on the workload client.
+    pub fn client(&self) -> ClientHandle<'_> {
+        ClientHandle { world: self }
+    }
+
+    /// Runs the workload on the client node until its span ends; returns what it inserted.
+    pub async fn run_client(&self) -> ClientReport {
+        let store = self.connect_client().await;
+        let spec = Arc::new(self.scenario().workload.clone());
+        let client = Client::new(store, spec, self.seed(), self.inner.trace.clone(), Arc::from("client"));
+        self.inner.client_node.spawn(client.run()).await.expect("the client node is never killed")
+    }
+
+    async fn connect_client(&self) -> NetStore {
+        let options = NetStoreOptions {
+            node: Arc::from("client"),
+            ip: self.inner.client_ip,
+            db: self.inner.db.addr(),
+            call_timeout: self.scenario().call_timeout,
+            hints: false,
+            tag_base: replica::tag_base(&self.inner.clients),
+        };
+        let trace = self.inner.trace.clone();
+        self.inner.client_node.spawn(NetStore::connect(options, trace)).await.expect("client connects")
+    }
+
+    /// Turns madsim's `buggify` on for `span` (the engine's buggify points fire; madsim delays some packets).
+    pub async fn buggify(&self, span: Duration) {
+        if !self.acquire(Slot::Buggify, "buggify") {
+            return;
+        }
+        self.record("buggify", format!("span={span:?}"));
+        madsim::buggify::enable();
+        tokio::time::sleep(span).await;
+        madsim::buggify::disable();
+        self.record("buggify-end", "");
+        self.release(Slot::Buggify);
+    }
+
+    /// Undoes every fault in force (call after aborting the fault processes): restarts killed replicas and the
+    /// database, resumes paused replicas, sets clocks back to rate 1, unclogs the network, restores its latency,
+    /// stops dropping replies and turns buggify off. Also stops the handlers' planted failures.
+    pub fn heal(&self) {
+        let inner = &self.inner;
+        let mut state = self.state();
+        for index in std::mem::take(&mut state.killed) {
+            inner.handle.restart(inner.replicas[index].node.id());
+        }
+        for index in std::mem::take(&mut state.paused) {
+            inner.handle.resume(inner.replicas[index].node.id());
+        }
+        for replica in &inner.replicas {
+            if replica.ctx.clock.rate_ppm() != RATE_PPM_EXACT {
+                replica.ctx.clock.set_rate_ppm(RATE_PPM_EXACT);
+            }
+        }
+        if std::mem::take(&mut state.db_down) {
+            inner.handle.restart(inner.db_node.id());
+        }
+        let net = NetSim::current();
+        for (src, dst) in std::mem::take(&mut state.links).into_keys() {
+            net.unclog_link(src, dst);
+        }
+        for node in std::mem::take(&mut state.isolated).into_keys() {
+            net.unclog_node(node);
+        }
+        let latency = inner.scenario.net_latency.clone();
+        net.update_config(|config| {
+            config.send_latency = latency;
+            config.packet_loss_rate = 0.0;
+        });
+        inner.db.set_reply_loss(0.0);
+        madsim::buggify::disable();
+        state.busy.clear();
+        inner.faults_on.store(false, Ordering::SeqCst);
+        drop(state);
+        self.record("heal", "");
+    }
+
+    /// Drains every replica (their managers shut down: queued leases are given back, started items finish)
+    /// and waits for all of them, at most `budget`. Errors: the replicas that did not drain in time.
+    pub async fn drain(&self, budget: Duration) -> Result<(), String> {
+        self.record("drain", "");
+        let before: Vec<usize> = self.inner.replicas.iter().map(|r| r.ctx.reports().len()).collect();
+        self.inner.stop.stop();
+        let deadline = tokio::time::Instant::now() + budget;
+        loop {
+            let pending: Vec<usize> = (0..self.replicas())
+                .filter(|index| self.inner.replicas[*index].ctx.reports().len() == before[*index])
+                .collect();
+            if pending.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!("replicas {pending:?} did not drain within {budget:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Every row, read from the database directly (the checkers' view, not a store call).
+    pub fn rows(&self) -> Vec<Row> {
+        self.inner.db.store.rows()
+    }
+
+    fn record(&self, kind: &'static str, fields: impl Into<String>) {
+        self.inner.trace.record(&self.inner.name, kind, fields);
+    }
+
+    fn state(&self) -> MutexGuard<'_, FaultState> {
+        self.inner.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes `slot` for a fault, or traces the fault as skipped if another holds it.
+    fn acquire(&self, slot: Slot, fault: &str) -> bool {
+        let taken = self.state().busy.insert(slot);
+        if !taken {
+            self.record("skipped", format!("{fault} ({slot:?} busy)"));
+        }
+        taken
+    }
+
+    fn release(&self, slot: Slot) {
+        self.state().busy.remove(&slot);
+    }
+
+    fn node_id(&self, target: Target) -> NodeId {
+        match target {
+            Target::Db => self.inner.db_node.id(),
+            Target::Client => self.inner.client_node.id(),
+            Target::Replica(index) => self.inner.replicas[index].node.id(),
+        }
+    }
+}
+
+/// Faults on one replica.
+pub struct ReplicaHandle<'a> {
+    world: &'a World,
+    index: usize,
+}
+
+impl ReplicaHandle<'_> {
+    fn ctx(&self) -> &ReplicaContext {
+        &self.world.inner.replicas[self.index].ctx
+    }
+
+    fn node(&self) -> NodeId {
+        self.world.inner.replicas[self.index].node.id()
+    }
+
+    fn record(&self, kind: &'static str, fields: impl Into<String>) {
+        self.world.inner.trace.record(&self.ctx().name, kind, fields);
+    }
+
+    /// Kills the replica (every task dies at once; its leases are left to expire) and, after `down`, starts it
+    /// again through its init function.
+    pub async fn kill_for(&self, down: Duration) {
+        if !self.world.acquire(Slot::Replica(self.index), "kill") {
+            return;
+        }
+        self.kill();
+        tokio::time::sleep(down).await;
+        self.start();
+        self.world.release(Slot::Replica(self.index));
+    }
+
+    /// Kills the replica now.
+    pub fn kill(&self) {
+        self.record("kill", "");
+        self.world.inner.handle.kill(self.node());
+        self.world.state().killed.insert(self.index);
+    }
+
+    /// Starts a killed replica through its init function.
+    pub fn start(&self) {
+        self.record("restart", "");
+        self.world.inner.handle.restart(self.node());
+        self.world.state().killed.remove(&self.index);
+    }
+
+    /// Kills the replica and starts it again at once (a crash and an immediate restart).
+    pub fn restart(&self) {
+        self.kill();
+        self.start();
+    }
+
+    /// Pauses the replica for `span` (a process stall: time goes on, its leases expire, its tasks do not run),
+    /// then resumes it: its pending writes now carry stale tokens.
+    pub async fn pause(&self, span: Duration) {
+        if !self.world.acquire(Slot::Replica(self.index), "pause") {
+            return;
+        }
+        self.record("pause", format!("span={span:?}"));
+        self.world.inner.handle.pause(self.node());
+        self.world.state().paused.insert(self.index);
+        tokio::time::sleep(span).await;
+        self.world.inner.handle.resume(self.node());
+        self.world.state().paused.remove(&self.index);
+        self.record("resume", "");
+        self.world.release(Slot::Replica(self.index));
+    }
+
+    /// Runs the replica's monotonic clock at `rate_ppm` parts per million of real time for `span`.
+    pub async fn drift(&self, rate_ppm: u64, span: Duration) {
+        if !self.world.acquire(Slot::Clock(self.index), "clock-drift") {
+            return;
+        }
+        self.record("clock-drift", format!("rate_ppm={rate_ppm} span={span:?}"));
+        self.ctx().clock.set_rate_ppm(rate_ppm);
+        tokio::time::sleep(span).await;
+        self.ctx().clock.set_rate_ppm(RATE_PPM_EXACT);
+        self.record("clock-exact", "");
+        self.world.release(Slot::Clock(self.index));
+    }
+
+    /// Cuts the replica off from the database for `span`.
+    pub async fn partition_from_db(&self, span: Duration) {
+        self.world.net().partition(Target::Replica(self.index), Target::Db, span).await;
+    }
+
+    /// How many times the replica started.
+    pub fn incarnations(&self) -> u64 {
+        self.ctx().incarnations.load(Ordering::SeqCst)
+    }
+}
+
+/// Faults on the database node.
+pub struct DbHandle<'a> {
+    world: &'a World,
+}
+
+impl DbHandle<'_> {
+    fn record(&self, kind: &'static str, fields: impl Into<String>) {
+        self.world.inner.trace.record(&Arc::from("db"), kind, fields);
+    }
+
+    /// Kills the database node (calls in flight fail; committed data stays) and starts it after `down`.
+    pub async fn restart(&self, down: Duration) {
+        if !self.world.acquire(Slot::Db, "db-restart") {
+            return;
+        }
+        self.record("kill", format!("down={down:?}"));
+        self.world.inner.handle.kill(self.world.inner.db_node.id());
+        self.world.state().db_down = true;
+        tokio::time::sleep(down).await;
+        self.world.inner.handle.restart(self.world.inner.db_node.id());
+        self.world.state().db_down = false;
+        self.world.release(Slot::Db);
+    }
+
+    /// Drops each reply after its call committed with `chance`, for `span`.
+    pub async fn drop_replies(&self, chance: f64, span: Duration) {
+        if !self.world.acquire(Slot::Replies, "lost-replies") {
+            return;
+        }
+        self.record("lost-replies", format!("chance={chance:.3} span={span:?}"));
+        self.world.inner.db.set_reply_loss(chance);
+        tokio::time::sleep(span).await;
+        self.world.inner.db.set_reply_loss(0.0);
+        self.record("lost-replies-end", "");
+        self.world.release(Slot::Replies);
+    }
+}
+
+/// Faults on the network.
+pub struct NetHandle<'a> {
+    world: &'a World,
+}
+
+impl NetHandle<'_> {
+    /// Every link gets latencies in `latency` and loses `loss` of its packets, for `span`.
+    pub async fn degrade(&self, latency: Range<Duration>, loss: f64, span: Duration) {
+        if !self.world.acquire(Slot::Network, "degrade") {
+            return;
+        }
+        self.world.record("degrade", format!("latency={latency:?} loss={loss:.3} span={span:?}"));
+        let net = NetSim::current();
+        net.update_config(|config| {
+            config.send_latency = latency;
+            config.packet_loss_rate = loss;
+        });
+        tokio::time::sleep(span).await;
+        let baseline = self.world.scenario().net_latency.clone();
+        net.update_config(|config| {
+            config.send_latency = baseline;
+            config.packet_loss_rate = 0.0;
+        });
+        self.world.record("degrade-end", "");
+        self.world.release(Slot::Network);
+    }
+
+    /// Cuts the link between `a` and `b`, both ways, for `span`.
+    pub async fn partition(&self, a: Target, b: Target, span: Duration) {
+        let (a_id, b_id) = (self.world.node_id(a), self.world.node_id(b));
+        self.world.record("partition", format!("{a:?}<->{b:?} span={span:?}"));
+        self.clog(a_id, b_id);
+        self.clog(b_id, a_id);
+        tokio::time::sleep(span).await;
+        self.unclog(a_id, b_id);
+        self.unclog(b_id, a_id);
+        self.world.record("partition-end", format!("{a:?}<->{b:?}"));
+    }
+
+    /// Cuts every link of `node` for `span`.
+    pub async fn isolate(&self, node: Target, span: Duration) {
+        let id = self.world.node_id(node);
+        self.world.record("isolate", format!("{node:?} span={span:?}"));
+        let first = {
+            let mut state = self.world.state();
+            let count = state.isolated.entry(id).or_default();
+            *count += 1;
+            *count == 1
+        };
+        if first {
+            NetSim::current().clog_node(id);
+        }
+        tokio::time::sleep(span).await;
+        let last = {
+            let mut state = self.world.state();
+            // Absent after a heal: nothing left to undo.
+            let Some(count) = state.isolated.get_mut(&id) else { return };
+            *count -= 1;
+            *count == 0 && state.isolated.remove(&id).is_some()
+        };
+        if last {
+            NetSim::current().unclog_node(id);
+        }
+        self.world.record("isolate-end", format!("{node:?}"));
+    }
+
+    fn clog(&self, src: NodeId, dst: NodeId) {
+        let mut state = self.world.state();
+        let count = state.links.entry((src, dst)).or_default();
+        *count += 1;
+        if *count == 1 {
+            NetSim::current().clog_link(src, dst);
+        }
+    }
+
+    fn unclog(&self, src: NodeId, dst: NodeId) {
+        let mut state = self.world.state();
+        let Some(count) = state.links.get_mut(&(src, dst)) else { return };
+        *count -= 1;
+        if *count == 0 {
+            state.links.remove(&(src, dst));
+            NetSim::current().unclog_link(src, dst);
+        }
+    }
+}
+
+/// The workload client, for contention bursts.
+pub struct ClientHandle<'a> {
+    world: &'a World,
+}
+
+impl ClientHandle<'_> {
+    /// Inserts `claims` claims on resource 0 at once, from the client node, and waits until they are in.
+    pub async fn burst(&self, claims: usize) {
+        let world = self.world;
+        let burst = world.inner.bursts.fetch_add(1, Ordering::SeqCst);
+        world.record("contention", format!("burst={burst} claims={claims}"));
+        let store = world.connect_client().await;
+        let spec = Arc::new(world.scenario().workload.clone());
+        let client = Client::new(store, spec, world.seed(), world.inner.trace.clone(), Arc::from("client"));
+        // Aborting this fault (at heal) leaves the burst running on the client node, which is what a client does.
+        let _ = world.inner.client_node.spawn(client.burst(burst, claims)).await;
+    }
+}

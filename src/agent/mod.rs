@@ -1,0 +1,437 @@
+//! Node agents (DESIGN §4): an agent leases its node's row, runs the jobs the controller puts in its node's
+//! allocations through an [`Executor`], reports their starts and ends to their operations' inboxes, kills the
+//! processes the controller moved on from (older incarnations, ended jobs), and kills every process when it cannot
+//! renew its node lease (self-fencing), so that when the controller declares the node lost its processes are dead.
+//!
+//! The node lease is the engine's lease (DESIGN §2): the agent fetches its node row (kind `node`, status = the
+//! node's name, owner `agent:{name}`) and heartbeats it; its lock token is the node's *session*. The controller
+//! grants allocations under a session and treats them as lost once that session ends, so a restarted agent (a new
+//! token) never runs, and never has to report on, the jobs of its previous life. The agent counts its lease lost at
+//! (call sent) + ttl − margin on its local clock, before the store can let anyone see the node as lost.
+//!
+//! One [`Agent::run_once`] pass: fence if the local deadline passed; register the node and its allocation rows
+//! (once); take the lease if it has none; heartbeat when due; report processes that exited; reconcile the
+//! allocations (kill what should not run, start what should); send the reports. [`Agent::run`] loops over passes
+//! and fences at the deadline even while a store call hangs.
+
+pub mod executor;
+#[cfg(not(madsim))]
+pub mod process;
+pub mod simulated;
+
+pub use executor::{Executor, ExecutorError, ExitStatus, ProcessHandle, StartRequest};
+pub use simulated::{Behaviour, End, JobScript, ProcessLog, Rule, SimulatedExecutor};
+
+use crate::gang::model::{
+    ALLOCATION_FREE, Allocation, AllocationData, AllocationRef, INBOX_NEW, JobId, JobLaunch, JobOutcome,
+    KIND_ALLOCATION, KIND_INBOX, KIND_NODE, KIND_OPERATION, Message, NodeData, node_lease_owner,
+};
+use crate::pipeline::LocalClock;
+use crate::store::{FetchParams, HeartbeatParams, Lease, LockToken, NewRow, RowId, RowUpdate, Store, StoreError};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::{Duration, Instant};
+
+/// Default node lease length (store clock). Shorter than the pipelines' 30 s: it bounds how long a dead node's
+/// jobs look alive to the controller.
+pub const NODE_LEASE_TTL_DEFAULT: Duration = Duration::from_secs(10);
+/// Default safety margin: the agent fences itself this long before the store-side expiry (DESIGN §2, Time).
+pub const NODE_LEASE_MARGIN_DEFAULT: Duration = Duration::from_secs(2);
+/// Default pause between passes, local clock; an `allocation` fetch hint ends it early.
+pub const POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+/// Most reports one pass sends; the rest wait for the next pass.
+pub const REPORTS_PER_PASS_MAX: usize = 1000;
+
+const _: () = assert!(
+    POLL_INTERVAL_DEFAULT.as_millis() * 2 + NODE_LEASE_MARGIN_DEFAULT.as_millis()
+        < NODE_LEASE_TTL_DEFAULT.as_millis() / 2
+);
+
+/// An agent's configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// The node's name; unique among nodes. Default: none (required).
+    pub name: String,
+    /// Allocations (slots) the node offers. Default: none (required).
+    pub slots: u32,
+    /// Node lease length, store clock. Default [`NODE_LEASE_TTL_DEFAULT`].
+    pub lease_ttl: Duration,
+    /// Local margin before the store-side expiry. Default [`NODE_LEASE_MARGIN_DEFAULT`].
+    pub lease_margin: Duration,
+    /// The lease is extended when its local deadline is this close. Default `lease_ttl / 2`.
+    pub heartbeat_trigger: Duration,
+    /// Pause between passes, local clock. Default [`POLL_INTERVAL_DEFAULT`].
+    pub poll_interval: Duration,
+}
+
+impl AgentConfig {
+    /// A node `name` with `slots` slots and every other field at its default.
+    pub fn new(name: impl Into<String>, slots: u32) -> AgentConfig {
+        AgentConfig {
+            name: name.into(),
+            slots,
+            lease_ttl: NODE_LEASE_TTL_DEFAULT,
+            lease_margin: NODE_LEASE_MARGIN_DEFAULT,
+            heartbeat_trigger: NODE_LEASE_TTL_DEFAULT / 2,
+            poll_interval: POLL_INTERVAL_DEFAULT,
+        }
+    }
+}
+
+/// The agent's node lease.
+#[derive(Clone, Copy, Debug)]
+struct Session {
+    lease: Lease,
+    /// Local time at which the lease counts as lost: (call sent) + ttl − margin.
+    deadline: Instant,
+}
+
+#[derive(Debug)]
+struct Running {
+    job: JobId,
+    allocation: AllocationRef,
+    handle: ProcessHandle,
+}
+
+/// What one pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentPass {
+    /// The pass took a new node lease (a new session).
+    pub leased: bool,
+    /// The agent fenced itself (killed every process and dropped its session), with the reason.
+    pub fenced: Option<String>,
+    /// Jobs started.
+    pub started: Vec<JobId>,
+    /// Jobs killed because the controller moved on.
+    pub killed: Vec<JobId>,
+    /// Jobs whose processes ended by themselves, with their exit.
+    pub exited: Vec<(JobId, ExitStatus)>,
+    /// Reports inserted into inboxes.
+    pub reported: usize,
+}
+
+/// A node agent over store `S` running processes through `E`.
+pub struct Agent<S: Store, E: Executor> {
+    store: Arc<S>,
+    executor: E,
+    config: AgentConfig,
+    clock: LocalClock,
+    node: Option<RowId>,
+    session: Option<Session>,
+    processes: BTreeMap<RowId, Running>,
+    /// Jobs whose processes ran and ended here, so a pass never starts one twice while the controller has not yet
+    /// consumed its report. Pruned to the jobs its allocations still name.
+    finished: BTreeSet<JobId>,
+    /// Reports not yet inserted: (operation, message), in order.
+    outbox: VecDeque<(RowId, Message)>,
+}
+
+impl<S: Store, E: Executor> Agent<S, E> {
+    /// An agent for `config`'s node over `store`, running processes with `executor`, on the runtime's clock.
+    pub fn new(store: Arc<S>, executor: E, config: AgentConfig) -> Agent<S, E> {
+        Agent {
+            store,
+            executor,
+            config,
+            clock: LocalClock::exact(),
+            node: None,
+            session: None,
+            processes: BTreeMap::new(),
+            finished: BTreeSet::new(),
+            outbox: VecDeque::new(),
+        }
+    }
+
+    /// The same agent on the local clock `clock` (the simulator drifts it).
+    pub fn with_local_clock(mut self, clock: LocalClock) -> Agent<S, E> {
+        self.clock = clock;
+        self
+    }
+
+    /// The node's row, once registered.
+    pub fn node(&self) -> Option<RowId> {
+        self.node
+    }
+
+    /// The current session (node lease token), if the agent holds its lease.
+    pub fn session(&self) -> Option<LockToken> {
+        self.session.map(|s| s.lease.token)
+    }
+
+    /// Jobs running now, by allocation row.
+    pub fn running(&self) -> BTreeMap<RowId, JobId> {
+        self.processes.iter().map(|(row, p)| (*row, p.job)).collect()
+    }
+
+    /// The agent's loop, forever: a pass, then a pause of `poll_interval` that an `allocation` fetch hint cuts
+    /// short. If a pass is still running (a store call hanging) at the lease's local deadline, it is abandoned and
+    /// the agent fences itself: self-fencing never waits for the store.
+    pub async fn run(mut self) {
+        let mut hints = self.store.subscribe_hints();
+        let clock = self.clock.clone();
+        loop {
+            let deadline = self.session.map(|s| s.deadline);
+            let pass = match deadline {
+                Some(deadline) => tokio::select! {
+                    biased;
+                    pass = self.run_once() => Some(pass),
+                    _ = clock.sleep_until(deadline) => None,
+                },
+                None => Some(self.run_once().await),
+            };
+            match pass {
+                None => self.fence("node lease expired locally while a store call hung").await,
+                Some(Err(error)) => tracing::warn!(node = %self.config.name, %error, "agent pass failed"),
+                Some(Ok(_)) => {}
+            }
+            let wake = self.session.map_or(self.config.poll_interval, |s| {
+                s.deadline.saturating_duration_since(clock.now()).min(self.config.poll_interval)
+            });
+            let sleep = clock.sleep(wake);
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = &mut sleep => break,
+                    hint = hints.recv() => match hint {
+                        Ok(kind) if kind == KIND_ALLOCATION => break,
+                        Ok(_) => {}
+                        Err(RecvError::Lagged(_)) => break,
+                        Err(RecvError::Closed) => {
+                            (&mut sleep).await;
+                            break;
+                        }
+                    },
+                }
+            }
+        }
+    }
+
+    /// One pass (see the module docs). Errors: the store's; state stays consistent and the next pass retries.
+    pub async fn run_once(&mut self) -> Result<AgentPass, StoreError> {
+        let mut pass = AgentPass::default();
+        // A fence ends the pass: the next one starts a new session.
+        if self.session.is_some_and(|s| self.clock.now() >= s.deadline) {
+            let reason = "node lease expired locally";
+            self.fence(reason).await;
+            pass.fenced = Some(reason.into());
+            return Ok(pass);
+        }
+        if self.node.is_none() {
+            self.register().await?;
+        }
+        if self.session.is_none() {
+            pass.leased = self.acquire().await?;
+        }
+        if let Some(reason) = self.heartbeat_if_due().await? {
+            pass.fenced = Some(reason);
+            return Ok(pass);
+        }
+        self.collect_exits(&mut pass);
+        if let (Some(session), Some(node)) = (self.session, self.node) {
+            let rows = self.store.list(KIND_ALLOCATION, Some(node)).await?;
+            let mut allocations = Vec::with_capacity(rows.len());
+            for row in &rows {
+                match Allocation::from_row(row) {
+                    Ok(allocation) => allocations.push(allocation),
+                    Err(error) => tracing::warn!(node = %self.config.name, %error, "allocation row skipped"),
+                }
+            }
+            self.reconcile(session.lease.token, &allocations, &mut pass).await;
+        }
+        pass.reported = self.send_reports().await?;
+        Ok(pass)
+    }
+
+    /// Finds or creates the node's row and its allocation rows.
+    async fn register(&mut self) -> Result<(), StoreError> {
+        let name = &self.config.name;
+        let data = NodeData { name: name.clone(), slots: self.config.slots };
+        let data_json = serde_json::to_value(&data).expect("node data serializes");
+        let existing = self.store.list(KIND_NODE, None).await?.into_iter().find(|row| row.status == *name);
+        let node = match existing {
+            Some(row) => {
+                if row.data != data_json {
+                    // Busy while this node's previous session still holds the lease; the old slot count stays.
+                    let update = RowUpdate { status: None, data: Some(data_json) };
+                    self.store.update_unleased(row.id, update).await?;
+                }
+                row.id
+            }
+            None => self.store.insert(NewRow::new(KIND_NODE, name.clone(), data_json)).await?.id,
+        };
+        let slots: BTreeSet<u32> = self
+            .store
+            .list(KIND_ALLOCATION, Some(node))
+            .await?
+            .iter()
+            .filter_map(|row| Allocation::from_row(row).ok().map(|a| a.data.slot))
+            .collect();
+        for slot in (0..self.config.slots).filter(|slot| !slots.contains(slot)) {
+            let data = AllocationData {
+                node,
+                node_name: name.clone(),
+                slot,
+                generation: 0,
+                operation: None,
+                node_session: None,
+                job: None,
+                last: None,
+            };
+            let row = NewRow::new(KIND_ALLOCATION, ALLOCATION_FREE, serde_json::to_value(&data).expect("serializes"));
+            self.store.insert(row.with_parent(node)).await?;
+        }
+        self.node = Some(node);
+        Ok(())
+    }
+
+    /// Takes the node lease if it is free: a new session. Returns whether it got one.
+    async fn acquire(&mut self) -> Result<bool, StoreError> {
+        let sent = self.clock.now();
+        let params = FetchParams {
+            pipeline: node_lease_owner(&self.config.name),
+            kind: KIND_NODE.into(),
+            statuses: vec![self.config.name.clone()],
+            limit: 1,
+            lease_ttl: self.config.lease_ttl,
+            min_processing_interval: Duration::ZERO,
+            retry_delay: Duration::ZERO,
+        };
+        let Some(row) = self.store.fetch(params).await?.into_iter().next() else { return Ok(false) };
+        let token = row.lock_token.expect("a fetched row carries its lease token");
+        self.node = Some(row.id);
+        self.finished.clear();
+        let deadline = sent + self.config.lease_ttl - self.config.lease_margin;
+        self.session = Some(Session { lease: Lease { id: row.id, token }, deadline });
+        tracing::info!(node = %self.config.name, %token, "node session started");
+        Ok(true)
+    }
+
+    /// Extends the lease when its local deadline is within `heartbeat_trigger`. Returns the fence reason if the
+    /// store says the lease is gone. A store error leaves the deadline running: the fence comes at the deadline.
+    async fn heartbeat_if_due(&mut self) -> Result<Option<String>, StoreError> {
+        let Some(session) = self.session else { return Ok(None) };
+        let sent = self.clock.now();
+        if session.deadline.saturating_duration_since(sent) > self.config.heartbeat_trigger {
+            return Ok(None);
+        }
+        let params = HeartbeatParams { leases: vec![session.lease], lease_ttl: self.config.lease_ttl };
+        let held = self.store.heartbeat(params).await?;
+        if held.contains(&session.lease) && self.clock.now() < session.deadline {
+            let deadline = sent + self.config.lease_ttl - self.config.lease_margin;
+            self.session = Some(Session { deadline, ..session });
+            Ok(None)
+        } else {
+            let reason = "node lease lost".to_string();
+            self.fence(&reason).await;
+            Ok(Some(reason))
+        }
+    }
+
+    /// Self-fencing: kills every process, then ends the session (giving the lease back if the store answers, so
+    /// the controller sees the node lost at once). The next pass starts a new session.
+    async fn fence(&mut self, reason: &str) {
+        tracing::warn!(node = %self.config.name, reason, processes = self.processes.len(), "self-fencing");
+        for (_, running) in std::mem::take(&mut self.processes) {
+            running.handle.kill().await;
+        }
+        // Bounded: a fenced agent is often cut off from the store, and the lease expires on its own anyway.
+        if let Some(session) = self.session.take() {
+            let release = self.store.release(vec![session.lease]);
+            match tokio::time::timeout(self.config.lease_margin, release).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    tracing::warn!(node = %self.config.name, %error, "lease release after fencing failed")
+                }
+                Err(_) => tracing::warn!(node = %self.config.name, "lease release after fencing timed out"),
+            }
+        }
+    }
+
+    fn collect_exits(&mut self, pass: &mut AgentPass) {
+        let ended: Vec<RowId> =
+            self.processes.iter().filter(|(_, p)| p.handle.exit_status().is_some()).map(|(row, _)| *row).collect();
+        for row in ended {
+            let running = self.processes.remove(&row).expect("listed");
+            let status = running.handle.exit_status().expect("ended");
+            let outcome = match status {
+                ExitStatus::Exited(code) => JobOutcome::Exited { code },
+                ExitStatus::Signaled(signal) => JobOutcome::Exited { code: 128 + signal },
+                ExitStatus::Killed => JobOutcome::Aborted { reason: "process killed".into() },
+            };
+            self.finished.insert(running.job);
+            let message = Message::JobEnded { job: running.job, allocation: running.allocation, outcome };
+            self.outbox.push_back((running.job.operation, message));
+            pass.exited.push((running.job, status));
+        }
+    }
+
+    /// Kills the processes the controller moved on from, then starts the jobs it placed here under this session.
+    async fn reconcile(&mut self, session: LockToken, allocations: &[Allocation], pass: &mut AgentPass) {
+        let mut wanted: BTreeMap<RowId, (AllocationRef, &JobLaunch)> = BTreeMap::new();
+        for allocation in allocations {
+            let ours = allocation.allocated
+                && allocation.data.node_session == Some(session)
+                && allocation.data.slot < self.config.slots;
+            if let (true, Some(launch)) = (ours, &allocation.data.job) {
+                wanted.insert(allocation.row, (allocation.current(), launch));
+            }
+        }
+        let stale: Vec<RowId> = self
+            .processes
+            .iter()
+            .filter(|(row, p)| wanted.get(row).is_none_or(|(a, l)| *a != p.allocation || l.job != p.job))
+            .map(|(row, _)| *row)
+            .collect();
+        for row in stale {
+            let running = self.processes.remove(&row).expect("listed");
+            running.handle.kill().await;
+            pass.killed.push(running.job);
+        }
+        for (row, (allocation, launch)) in &wanted {
+            if self.processes.contains_key(row) || self.finished.contains(&launch.job) {
+                continue;
+            }
+            let request =
+                StartRequest { node: self.config.name.clone(), allocation: *allocation, launch: (*launch).clone() };
+            match self.executor.start(request).await {
+                Ok(handle) => {
+                    self.processes.insert(*row, Running { job: launch.job, allocation: *allocation, handle });
+                    let message = Message::JobStarted { job: launch.job, allocation: *allocation };
+                    self.outbox.push_back((launch.job.operation, message));
+                    pass.started.push(launch.job);
+                }
+                Err(error) => {
+                    self.finished.insert(launch.job);
+                    let outcome = JobOutcome::StartFailed { message: error.to_string() };
+                    let message = Message::JobEnded { job: launch.job, allocation: *allocation, outcome };
+                    self.outbox.push_back((launch.job.operation, message));
+                }
+            }
+        }
+        let named: BTreeSet<JobId> = wanted.values().map(|(_, launch)| launch.job).collect();
+        self.finished.retain(|job| named.contains(job));
+    }
+
+    /// Inserts queued reports in order, then hints each operation reported to. A report leaves the queue only once
+    /// inserted, so a failed or abandoned pass loses none (a report sent twice is ignored by the controller).
+    async fn send_reports(&mut self) -> Result<usize, StoreError> {
+        let mut sent = 0;
+        let mut operations = BTreeSet::new();
+        while let Some((operation, message)) = self.outbox.front() {
+            if sent == REPORTS_PER_PASS_MAX {
+                break;
+            }
+            let row = NewRow::new(KIND_INBOX, INBOX_NEW, message.to_json()).with_parent(*operation);
+            self.store.insert(row).await?;
+            operations.insert(*operation);
+            self.outbox.pop_front();
+            sent += 1;
+        }
+        for operation in operations {
+            self.store.hint(KIND_OPERATION, Some(operation)).await?;
+        }
+        Ok(sent)
+    }
+}

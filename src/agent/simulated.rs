@@ -1,0 +1,299 @@
+//! A simulated executor: processes are tasks whose durations, exit codes, hangs and start failures come from a
+//! [`JobScript`] (the scenario's), with every start, exit and kill written to a shared [`ProcessLog`] for checkers
+//! (DESIGN §5: allocation exclusivity is checked from the executors' process log).
+//!
+//! Deterministic: a job's behaviour is a function of the script, its seed and the job (its id and how many times
+//! its task's cookie started before), never of the order in which agents ask. Each job draws its duration from a
+//! ChaCha stream of its own (DESIGN §5: one stream per purpose), so adding a fault reshuffles nothing.
+
+use super::executor::Executor;
+use super::executor::{ExecutorError, ExitStatus, ProcessHandle, StartRequest, process_pair};
+use crate::gang::model::{AllocationRef, JobId};
+use crate::store::RowId;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How a simulated process ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum End {
+    /// Exits with this code after the duration.
+    Exit(i32),
+    /// Never exits; only a kill ends it.
+    Hang,
+    /// Fails to start (the executor returns an error).
+    StartFailure(String),
+}
+
+/// A simulated job's behaviour: a duration drawn uniformly from `duration` and its end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Behaviour {
+    /// Inclusive bounds of the duration.
+    pub duration: (Duration, Duration),
+    /// How it ends.
+    pub end: End,
+}
+
+impl Behaviour {
+    /// Exits with `code` after exactly `duration`.
+    pub fn exit_after(duration: Duration, code: i32) -> Behaviour {
+        Behaviour { duration: (duration, duration), end: End::Exit(code) }
+    }
+
+    /// Hangs until killed.
+    pub fn hang() -> Behaviour {
+        Behaviour { duration: (Duration::ZERO, Duration::ZERO), end: End::Hang }
+    }
+}
+
+/// A rule of a script: the behaviour of the jobs it matches. An absent field matches anything.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// Task name.
+    pub task: Option<String>,
+    /// Job cookie.
+    pub job_cookie: Option<u32>,
+    /// Which start of the (operation, task, cookie), from 0.
+    pub attempt: Option<u32>,
+    /// The behaviour.
+    pub behaviour: Behaviour,
+}
+
+/// The behaviours of a scenario's jobs: the first matching rule wins, else `default`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobScript {
+    /// Seed of the duration draws.
+    pub seed: u64,
+    /// Behaviour of jobs no rule matches.
+    pub default: Behaviour,
+    /// Rules, in order.
+    pub rules: Vec<Rule>,
+}
+
+impl JobScript {
+    /// Every job exits 0 after `duration`.
+    pub fn uniform(duration: Duration) -> JobScript {
+        JobScript { seed: 0, default: Behaviour::exit_after(duration, 0), rules: Vec::new() }
+    }
+
+    /// The same script with a rule for `task`/`cookie`'s start number `attempt`.
+    pub fn with(mut self, task: &str, cookie: u32, attempt: u32, behaviour: Behaviour) -> JobScript {
+        let rule = Rule { task: Some(task.into()), job_cookie: Some(cookie), attempt: Some(attempt), behaviour };
+        self.rules.push(rule);
+        self
+    }
+
+    /// The behaviour of a job of `task`/`cookie` starting for the `attempt`-th time.
+    pub fn behaviour(&self, task: &str, cookie: u32, attempt: u32) -> &Behaviour {
+        let matches = |rule: &&Rule| {
+            rule.task.as_deref().is_none_or(|t| t == task)
+                && rule.job_cookie.is_none_or(|c| c == cookie)
+                && rule.attempt.is_none_or(|a| a == attempt)
+        };
+        self.rules.iter().find(matches).map_or(&self.default, |rule| &rule.behaviour)
+    }
+}
+
+/// What happened to a simulated process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProcessEventKind {
+    /// It started.
+    Started,
+    /// It could not start.
+    StartFailed,
+    /// It exited by itself with this code.
+    Exited(i32),
+    /// Its agent killed it.
+    Killed,
+}
+
+/// One entry of the process log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessEvent {
+    /// Simulated (or runtime) time of the event.
+    pub at: Instant,
+    /// The node's name.
+    pub node: String,
+    /// The allocation.
+    pub allocation: AllocationRef,
+    /// The job.
+    pub job: JobId,
+    /// Incarnation id of the job.
+    pub incarnation: String,
+    /// What happened.
+    pub kind: ProcessEventKind,
+}
+
+/// Most entries a process log keeps; a run that starts more processes is a runaway and fails loudly.
+pub const PROCESS_LOG_LEN_MAX: usize = 10_000_000;
+
+/// The process log shared by every simulated executor of a world. Clones share one log.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessLog {
+    events: Arc<Mutex<Vec<ProcessEvent>>>,
+}
+
+impl ProcessLog {
+    /// Every event so far, in order.
+    pub fn events(&self) -> Vec<ProcessEvent> {
+        lock(&self.events).clone()
+    }
+
+    fn push(&self, event: ProcessEvent) {
+        let mut events = lock(&self.events);
+        assert!(events.len() < PROCESS_LOG_LEN_MAX, "process log passed {PROCESS_LOG_LEN_MAX} entries");
+        events.push(event);
+    }
+
+    /// Records that `node` died with its agent: its live processes die with it (a simulated node's tasks end
+    /// without a word, so the harness that kills the node says so here, before the node could start anything
+    /// again).
+    pub fn node_died(&self, node: &str) {
+        let mut events = lock(&self.events);
+        let mut live: BTreeMap<JobId, ProcessEvent> = BTreeMap::new();
+        for event in events.iter().filter(|e| e.node == node) {
+            match event.kind {
+                ProcessEventKind::Started => {
+                    live.insert(event.job, event.clone());
+                }
+                _ => {
+                    live.remove(&event.job);
+                }
+            }
+        }
+        for (_, started) in live {
+            events.push(ProcessEvent { at: Instant::now(), kind: ProcessEventKind::Killed, ..started });
+        }
+    }
+
+    /// Allocation exclusivity (DESIGN §5): every point of the log where an allocation row gets a second live
+    /// process, as a sentence naming both jobs. A process is live from its `Started` to its `Exited` or `Killed`.
+    pub fn exclusivity_violations(&self) -> Vec<String> {
+        let mut live: BTreeMap<RowId, Vec<ProcessEvent>> = BTreeMap::new();
+        let mut violations = Vec::new();
+        for event in lock(&self.events).iter() {
+            let processes = live.entry(event.allocation.row).or_default();
+            match event.kind {
+                ProcessEventKind::Started => {
+                    if let Some(other) = processes.first() {
+                        violations.push(format!(
+                            "allocation {} starts job {} while job {} (allocation {}) still runs",
+                            event.allocation, event.job, other.job, other.allocation
+                        ));
+                    }
+                    processes.push(event.clone());
+                }
+                _ => processes.retain(|p| p.job != event.job),
+            }
+        }
+        violations
+    }
+
+    /// Processes alive now, by allocation row: started and not yet exited, failed or killed.
+    pub fn live(&self) -> BTreeMap<RowId, Vec<JobId>> {
+        let mut live: BTreeMap<RowId, Vec<JobId>> = BTreeMap::new();
+        for event in lock(&self.events).iter() {
+            let jobs = live.entry(event.allocation.row).or_default();
+            match event.kind {
+                ProcessEventKind::Started => jobs.push(event.job),
+                _ => jobs.retain(|job| *job != event.job),
+            }
+        }
+        live.retain(|_, jobs| !jobs.is_empty());
+        live
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A job cookie of an operation's task: (operation, task, job cookie).
+type CookieKey = (RowId, String, u32);
+
+/// The simulated executor. Clones share the script, the attempt counts and the log: give one clone to each agent
+/// of a world.
+#[derive(Clone, Debug)]
+pub struct SimulatedExecutor {
+    script: Arc<JobScript>,
+    attempts: Arc<Mutex<BTreeMap<CookieKey, u32>>>,
+    log: ProcessLog,
+}
+
+impl SimulatedExecutor {
+    /// An executor playing `script`, logging to `log`.
+    pub fn new(script: JobScript, log: ProcessLog) -> SimulatedExecutor {
+        SimulatedExecutor { script: Arc::new(script), attempts: Arc::default(), log }
+    }
+
+    /// Its process log.
+    pub fn log(&self) -> &ProcessLog {
+        &self.log
+    }
+}
+
+/// A stable stream number for a job (FNV-1a of its id), so each job's draw is its own.
+fn job_stream(job: JobId) -> u64 {
+    let text = job.to_string();
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ byte as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+impl Executor for SimulatedExecutor {
+    async fn start(&self, request: StartRequest) -> Result<ProcessHandle, ExecutorError> {
+        let launch = &request.launch;
+        let attempt = {
+            let mut attempts = lock(&self.attempts);
+            let count = attempts.entry((launch.job.operation, launch.task.clone(), launch.job_cookie)).or_default();
+            *count += 1;
+            *count - 1
+        };
+        let behaviour = self.script.behaviour(&launch.task, launch.job_cookie, attempt).clone();
+        let event = |kind| ProcessEvent {
+            at: Instant::now(),
+            node: request.node.clone(),
+            allocation: request.allocation,
+            job: launch.job,
+            incarnation: launch.incarnation.clone(),
+            kind,
+        };
+        if let End::StartFailure(message) = &behaviour.end {
+            self.log.push(event(ProcessEventKind::StartFailed));
+            return Err(ExecutorError(message.clone()));
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(self.script.seed);
+        rng.set_stream(job_stream(launch.job));
+        let (low, high) = behaviour.duration;
+        let duration = if high > low { rng.random_range(low..=high) } else { low };
+        self.log.push(event(ProcessEventKind::Started));
+        let (handle, mut control) = process_pair();
+        let log = self.log.clone();
+        let exited = event(ProcessEventKind::Killed);
+        tokio::spawn(async move {
+            let run = async {
+                match behaviour.end {
+                    End::Exit(code) => {
+                        tokio::time::sleep(duration).await;
+                        code
+                    }
+                    _ => std::future::pending().await,
+                }
+            };
+            // `biased`: a kill and an exit due at the same instant resolve the same way in every run.
+            let status = tokio::select! {
+                biased;
+                _ = control.kill_requested() => ExitStatus::Killed,
+                code = run => ExitStatus::Exited(code),
+            };
+            let kind = match status {
+                ExitStatus::Exited(code) => ProcessEventKind::Exited(code),
+                _ => ProcessEventKind::Killed,
+            };
+            log.push(ProcessEvent { at: Instant::now(), kind, ..exited });
+            control.exited(status);
+        });
+        Ok(handle)
+    }
+}

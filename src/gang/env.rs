@@ -1,0 +1,40 @@
+//! The job environment (DESIGN §4; YTsaurus "Переменные окружения" of gang operations).
+
+use super::model::{JobData, incarnation_id};
+use super::spec::OperationSpec;
+use std::collections::BTreeMap;
+
+/// The environment of `job` of `spec`: the task's `environment`, then the `YT_*` variables, which win over a
+/// task variable of the same name.
+///
+/// - every job: `YT_OPERATION_ID`, `YT_JOB_ID`, `YT_TASK_NAME`, `YT_JOB_COOKIE`, `YT_OPERATION_INCARNATION`,
+///   `YT_TASK_JOB_COUNT` (this task's job_count), `YT_JOB_COUNT` (all tasks);
+/// - jobs of a gang operation: `YT_GANG_SIZE` (gang sizes of all tasks);
+/// - jobs of a gang task: `YT_TASK_GANG_SIZE` (this task's gang size);
+/// - ranked jobs: `YT_GANG_RANK`. A reserved job has none, which is how its code knows it is reserved.
+///
+/// Panics if `job.task` is not a task of `spec` (a controller bug).
+pub fn job_environment(spec: &OperationSpec, job: &JobData) -> BTreeMap<String, String> {
+    let task = spec.tasks.get(&job.task).unwrap_or_else(|| panic!("job {} of unknown task {:?}", job.id, job.task));
+    let mut env = task.environment.clone();
+    let mut set = |name: &str, value: String| {
+        env.insert(name.to_string(), value);
+    };
+    set("YT_OPERATION_ID", job.id.operation.to_string());
+    set("YT_JOB_ID", job.id.to_string());
+    set("YT_TASK_NAME", job.task.clone());
+    set("YT_JOB_COOKIE", job.job_cookie.to_string());
+    set("YT_OPERATION_INCARNATION", incarnation_id(job.id.operation, job.incarnation));
+    set("YT_TASK_JOB_COUNT", task.job_count.to_string());
+    set("YT_JOB_COUNT", spec.job_count().to_string());
+    if spec.is_gang() {
+        set("YT_GANG_SIZE", spec.gang_size().to_string());
+    }
+    if task.is_gang() {
+        set("YT_TASK_GANG_SIZE", task.gang_size().to_string());
+    }
+    if let Some(rank) = job.gang_rank {
+        set("YT_GANG_RANK", rank.to_string());
+    }
+    env
+}

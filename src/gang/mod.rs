@@ -1,0 +1,22 @@
+//! The gang controller: YTsaurus Vanilla operations and their gang mode, built from pipelines (DESIGN §4).
+//!
+//! - [`spec`]: the operation spec, read from YSON text ([`yson`]), JSON or YAML; [`validate`]: its rules.
+//! - [`model`]: operations, jobs, allocations, nodes and inbox messages as rows of the store.
+//! - [`rules`]: the rules of DESIGN §4 as pure functions; [`controller`]: one pass over one operation, pure.
+//! - [`pipeline`]: the operation pipeline that runs passes over the store; [`api`]: submit, abort, spec update,
+//!   status.
+//! - [`env`](mod@env): the job environment (`YT_*` variables); [`audit`]: the rules as checks over recorded rows.
+
+pub mod api;
+pub mod audit;
+pub mod controller;
+pub mod env;
+pub mod model;
+pub mod pipeline;
+pub mod rules;
+pub mod spec;
+pub mod validate;
+pub mod yson;
+
+pub use env::job_environment;
+pub use spec::{FilePath, GangOptions, OperationSpec, SpecError, SpecFormat, TaskSpec, Violation};

@@ -1,0 +1,448 @@
+//! The gang controller's rows as plain data (DESIGN §2: operations, jobs, allocations and nodes are kinds of the
+//! one resource table; §4 for their fields). Each type converts from a [`Row`] and into its `data` column.
+//!
+//! - `operation` (no parent): status [`OperationStatus`], data [`OperationData`].
+//! - `job` (parent: its operation): status [`JobStatus`], data [`JobData`]. Only controller passes write jobs.
+//! - `allocation` (parent: its node): one slot of a node; status `free` or `allocated`, data [`AllocationData`].
+//!   Each grant to an operation raises `generation`, so (row, generation) names one allocation
+//!   ([`AllocationRef`]); a job of a new incarnation placed in the same [`AllocationRef`] *reused* it.
+//! - `node` (no parent): status = the node's name (so its agent, and only it, fetches it), data [`NodeData`];
+//!   leased by its agent, whose lease token is the node's *session*.
+//! - `inbox` (parent: an operation): a [`Message`] to the operation from an agent (job started, job ended) or a
+//!   write API (abort); status `new` until a controller pass consumes it (`done`). Writers only insert, so they
+//!   never contend with the operation's lease.
+
+use super::spec::{FilePath, OperationSpec};
+use crate::store::{LockToken, Row, RowId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Row kind of operations.
+pub const KIND_OPERATION: &str = "operation";
+/// Row kind of jobs.
+pub const KIND_JOB: &str = "job";
+/// Row kind of allocations (node slots).
+pub const KIND_ALLOCATION: &str = "allocation";
+/// Row kind of nodes.
+pub const KIND_NODE: &str = "node";
+/// Row kind of operation inbox messages.
+pub const KIND_INBOX: &str = "inbox";
+/// Status of an unconsumed inbox message.
+pub const INBOX_NEW: &str = "new";
+/// Status of a consumed inbox message.
+pub const INBOX_DONE: &str = "done";
+/// Status of a free allocation.
+pub const ALLOCATION_FREE: &str = "free";
+/// Status of an allocation granted to an operation.
+pub const ALLOCATION_ALLOCATED: &str = "allocated";
+
+/// A row's data did not decode as its kind's type: a bug or a foreign writer, reported with the row id.
+#[derive(Debug, thiserror::Error)]
+#[error("row {row} ({kind}): {message}")]
+pub struct DecodeError {
+    /// The row.
+    pub row: RowId,
+    /// Its kind.
+    pub kind: String,
+    /// What did not decode.
+    pub message: String,
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(row: &Row) -> Result<T, DecodeError> {
+    serde_json::from_value(row.data.clone()).map_err(|e| DecodeError {
+        row: row.id,
+        kind: row.kind.clone(),
+        message: e.to_string(),
+    })
+}
+
+fn encode<T: Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).expect("gang model types serialize to JSON")
+}
+
+/// An operation's lifecycle (DESIGN §4): starting → running → completed, failed or aborted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationStatus {
+    /// Submitted; the first pass creates the jobs of incarnation 0.
+    Starting,
+    /// Jobs are scheduled and run.
+    Running,
+    /// Every task completed.
+    Completed,
+    /// Failed jobs reached `max_failed_job_count`, or `fail_on_job_restart` fired.
+    Failed,
+    /// Aborted by a user's request.
+    Aborted,
+}
+
+impl OperationStatus {
+    /// Every status, in lifecycle order.
+    pub const ALL: [OperationStatus; 5] = [
+        OperationStatus::Starting,
+        OperationStatus::Running,
+        OperationStatus::Completed,
+        OperationStatus::Failed,
+        OperationStatus::Aborted,
+    ];
+
+    /// The status column's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperationStatus::Starting => "starting",
+            OperationStatus::Running => "running",
+            OperationStatus::Completed => "completed",
+            OperationStatus::Failed => "failed",
+            OperationStatus::Aborted => "aborted",
+        }
+    }
+
+    /// Parses the status column.
+    pub fn parse(status: &str) -> Option<OperationStatus> {
+        OperationStatus::ALL.into_iter().find(|s| s.as_str() == status)
+    }
+
+    /// Whether the operation has ended.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, OperationStatus::Completed | OperationStatus::Failed | OperationStatus::Aborted)
+    }
+}
+
+impl fmt::Display for OperationStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A job's lifecycle: pending (waiting for an allocation) → assigned (its agent is to start it) → running →
+/// completed, failed or aborted. Terminal job rows are never written again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    /// Waiting for an allocation.
+    Pending,
+    /// Placed in an allocation; its node's agent starts it.
+    Assigned,
+    /// Its agent reported the process started.
+    Running,
+    /// Exited with code 0.
+    Completed,
+    /// Exited with another code, or could not start.
+    Failed,
+    /// Ended by the system: incarnation changed, node lost, operation ended, interrupted.
+    Aborted,
+}
+
+impl JobStatus {
+    /// Every status, in lifecycle order.
+    pub const ALL: [JobStatus; 6] = [
+        JobStatus::Pending,
+        JobStatus::Assigned,
+        JobStatus::Running,
+        JobStatus::Completed,
+        JobStatus::Failed,
+        JobStatus::Aborted,
+    ];
+
+    /// The status column's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Pending => "pending",
+            JobStatus::Assigned => "assigned",
+            JobStatus::Running => "running",
+            JobStatus::Completed => "completed",
+            JobStatus::Failed => "failed",
+            JobStatus::Aborted => "aborted",
+        }
+    }
+
+    /// Parses the status column.
+    pub fn parse(status: &str) -> Option<JobStatus> {
+        JobStatus::ALL.into_iter().find(|s| s.as_str() == status)
+    }
+
+    /// Whether the job has ended.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobStatus::Completed | JobStatus::Failed | JobStatus::Aborted)
+    }
+}
+
+impl fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A job's id: its operation and its index in the operation's job sequence. Displayed `"{operation}-{index}"`
+/// (the `YT_JOB_ID` of the job). The controller assigns it, so a pass can place a job it is about to insert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct JobId {
+    /// The operation's row.
+    pub operation: RowId,
+    /// Position in the operation's job sequence, from 0.
+    pub index: u64,
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.operation, self.index)
+    }
+}
+
+/// One allocation: a grant of an allocation row (node slot) to an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct AllocationRef {
+    /// The allocation row.
+    pub row: RowId,
+    /// Which grant of the row.
+    pub generation: u64,
+}
+
+impl fmt::Display for AllocationRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.row, self.generation)
+    }
+}
+
+/// The id of incarnation `index` of `operation`: fresh at start and at every gang restart (DESIGN §4).
+pub fn incarnation_id(operation: RowId, index: u32) -> String {
+    format!("{operation}-i{index}")
+}
+
+/// An operation row's data.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationData {
+    /// The validated spec.
+    pub spec: OperationSpec,
+    /// Index of the current incarnation (0 at start, +1 at each gang restart).
+    pub incarnation: u32,
+    /// Failed jobs counted toward `max_failed_job_count`.
+    pub failed_job_count: u32,
+    /// Index the next job gets.
+    pub next_job_index: u64,
+    /// Number the next fresh monitoring descriptor gets.
+    pub next_descriptor: u64,
+    /// Why the operation failed or was aborted.
+    pub result: Option<String>,
+}
+
+impl OperationData {
+    /// The data of a new operation running `spec`.
+    pub fn new(spec: OperationSpec) -> OperationData {
+        OperationData { spec, incarnation: 0, failed_job_count: 0, next_job_index: 0, next_descriptor: 0, result: None }
+    }
+
+    /// Decodes an operation row's data.
+    pub fn from_row(row: &Row) -> Result<OperationData, DecodeError> {
+        decode(row)
+    }
+
+    /// The data column's value.
+    pub fn to_json(&self) -> serde_json::Value {
+        encode(self)
+    }
+}
+
+/// A job, as a controller pass sees it: the row's id (none for a job the pass is creating), status and data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Job {
+    /// The job's row; `None` until inserted.
+    pub row: Option<RowId>,
+    /// Status.
+    pub status: JobStatus,
+    /// Fields.
+    pub data: JobData,
+}
+
+/// A job row's data (DESIGN §4: job_cookie, gang_rank, reserved flag, incarnation, allocation, monitoring
+/// descriptor).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobData {
+    /// The job's id.
+    pub id: JobId,
+    /// Its task.
+    pub task: String,
+    /// Its index in the task, stable across restarts: 0..job_count.
+    pub job_cookie: u32,
+    /// Its rank in the gang (ranked jobs of gang tasks only): 0..size, unique per task and incarnation.
+    pub gang_rank: Option<u32>,
+    /// A reserved job of a gang task: runs, has no rank, its end restarts only itself.
+    pub reserved: bool,
+    /// Index of the incarnation it started in; never changes.
+    pub incarnation: u32,
+    /// The allocation it runs in, once placed.
+    pub allocation: Option<AllocationRef>,
+    /// Its monitoring descriptor, once placed; kept when its allocation is reused.
+    pub monitoring_descriptor: Option<String>,
+    /// Exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// Why it failed or was aborted.
+    pub reason: Option<String>,
+}
+
+impl Job {
+    /// Decodes a job row.
+    pub fn from_row(row: &Row) -> Result<Job, DecodeError> {
+        let status = JobStatus::parse(&row.status).ok_or_else(|| DecodeError {
+            row: row.id,
+            kind: row.kind.clone(),
+            message: format!("unknown job status {:?}", row.status),
+        })?;
+        Ok(Job { row: Some(row.id), status, data: decode(row)? })
+    }
+
+    /// The data column's value.
+    pub fn data_json(&self) -> serde_json::Value {
+        encode(&self.data)
+    }
+
+    /// Whether the job has ended.
+    pub fn is_terminal(&self) -> bool {
+        self.status.is_terminal()
+    }
+}
+
+/// What an agent runs for a job: everything it needs, so it never reads job rows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobLaunch {
+    /// The job.
+    pub job: JobId,
+    /// Id of the job's incarnation (`YT_OPERATION_INCARNATION`).
+    pub incarnation: String,
+    /// Its task.
+    pub task: String,
+    /// Its job cookie.
+    pub job_cookie: u32,
+    /// Its gang rank, if ranked.
+    pub gang_rank: Option<u32>,
+    /// Shell command.
+    pub command: String,
+    /// Environment: the task's variables and the `YT_*` ones (DESIGN §4).
+    pub environment: BTreeMap<String, String>,
+    /// Files for the sandbox.
+    pub file_paths: Vec<FilePath>,
+}
+
+/// The last job an allocation ran, which decides how the allocation is reused at a gang restart.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastJob {
+    /// The job.
+    pub job: JobId,
+    /// Its task.
+    pub task: String,
+    /// Its job cookie.
+    pub job_cookie: u32,
+    /// Its gang rank.
+    pub gang_rank: Option<u32>,
+    /// Its monitoring descriptor.
+    pub monitoring_descriptor: Option<String>,
+}
+
+/// An allocation row's data: one slot of a node and, while granted, its operation and job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationData {
+    /// The node's row.
+    pub node: RowId,
+    /// The node's name.
+    pub node_name: String,
+    /// Slot index on the node.
+    pub slot: u32,
+    /// Grants so far; the current grant is [`AllocationRef`] { row, generation }.
+    pub generation: u64,
+    /// The operation it is granted to.
+    pub operation: Option<RowId>,
+    /// The node session (its agent's node lease token) at the grant. The allocation dies with that session.
+    pub node_session: Option<LockToken>,
+    /// The job its agent must run now; `None` while idle.
+    pub job: Option<JobLaunch>,
+    /// The last job placed in it during this grant.
+    pub last: Option<LastJob>,
+}
+
+/// An allocation row, decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    /// The row.
+    pub row: RowId,
+    /// Whether it is granted (status `allocated`) or free.
+    pub allocated: bool,
+    /// Fields.
+    pub data: AllocationData,
+}
+
+impl Allocation {
+    /// Decodes an allocation row.
+    pub fn from_row(row: &Row) -> Result<Allocation, DecodeError> {
+        Ok(Allocation { row: row.id, allocated: row.status == ALLOCATION_ALLOCATED, data: decode(row)? })
+    }
+
+    /// The current grant.
+    pub fn current(&self) -> AllocationRef {
+        AllocationRef { row: self.row, generation: self.data.generation }
+    }
+
+    /// The status column's value.
+    pub fn status(&self) -> &'static str {
+        if self.allocated { ALLOCATION_ALLOCATED } else { ALLOCATION_FREE }
+    }
+
+    /// The data column's value.
+    pub fn data_json(&self) -> serde_json::Value {
+        encode(&self.data)
+    }
+}
+
+/// A node row's data.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeData {
+    /// The node's name (also its row's status).
+    pub name: String,
+    /// Slots (allocation rows) the node offers.
+    pub slots: u32,
+}
+
+/// The lock owner of a node's lease: its agent's "pipeline" name.
+pub fn node_lease_owner(name: &str) -> String {
+    format!("agent:{name}")
+}
+
+/// How a job's process ended, as its agent reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobOutcome {
+    /// The process exited with this code (0: completed, else failed).
+    Exited { code: i32 },
+    /// The job could not start (e.g. a file was missing): a failure.
+    StartFailed { message: String },
+    /// The agent aborted the job (e.g. it lost the process): an abort.
+    Aborted { reason: String },
+    /// The job was interrupted and needs a restart (e.g. its node is draining).
+    Interrupted { reason: String },
+}
+
+/// A message in an operation's inbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Message {
+    /// An agent started the job's process in `allocation`.
+    JobStarted { job: JobId, allocation: AllocationRef },
+    /// The job's process in `allocation` ended.
+    JobEnded { job: JobId, allocation: AllocationRef, outcome: JobOutcome },
+    /// A user asked to abort the operation.
+    Abort { reason: String },
+    /// A user asked to replace the spec of the running operation (checked again when consumed).
+    UpdateSpec { spec: Box<OperationSpec> },
+}
+
+impl Message {
+    /// Decodes an inbox row.
+    pub fn from_row(row: &Row) -> Result<Message, DecodeError> {
+        decode(row)
+    }
+
+    /// The data column's value.
+    pub fn to_json(&self) -> serde_json::Value {
+        encode(self)
+    }
+}

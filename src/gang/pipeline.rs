@@ -1,0 +1,202 @@
+//! The operation pipeline: the gang controller as a pipeline over `operation` rows (DESIGN §3, §4).
+//!
+//! One pass over one operation:
+//! 1. load: read the operation's jobs, unconsumed inbox, allocations and nodes, and the store's `now`; decide
+//!    whether this pass is a *revival* (a job of the operation still carries the related lock of a pass whose lease
+//!    expired before it applied: that holder died or stalled mid-pass);
+//! 2. run [`run_pass`] (pure) on what was read;
+//! 3. lock what the pass writes: the live jobs and consumed messages as children (`lock_related`, owner = the
+//!    pipeline) and the allocations it grants, reassigns or releases as shared resources (`lock_shared`, owner
+//!    `operations:{id}`); then re-read the allocations it took from the free list: if another operation took one
+//!    between the read and the lock, the pass is contended and retried;
+//! 4. process returns the pass's writes as [`Changes`], applied guarded by the lease, with a fetch hint for
+//!    `allocation` so agents see their new jobs at once.
+//!
+//! Jobs, inbox messages and held allocations have no other writer while the operation's lease is held: agents and
+//! write APIs only insert inbox rows. Free allocations are the one resource operations contend for.
+
+use super::controller::{PassInput, PassOutput, run_pass};
+use super::model::{
+    ALLOCATION_FREE, Allocation, INBOX_DONE, INBOX_NEW, Job, JobStatus, KIND_ALLOCATION, KIND_INBOX, KIND_JOB,
+    KIND_NODE, KIND_OPERATION, Message, NodeData, OperationData, OperationStatus, node_lease_owner,
+};
+use crate::pipeline::{Changes, Handler, LoadCx, PipelineConfig, WorkError};
+use crate::store::{LockToken, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowUpdate, Store, Timestamp};
+use std::collections::BTreeMap;
+
+/// Name (and lock owner) of the operation pipeline.
+pub const OPERATION_PIPELINE: &str = "operations";
+
+/// The operation pipeline's config: rows of kind `operation` in `starting` or `running`, every other field at its
+/// default (a running operation is looked at every `min_processing_interval`, 5 s, and at once on a hint from an
+/// agent's report or a write API).
+pub fn operation_pipeline_config() -> PipelineConfig {
+    let statuses = [OperationStatus::Starting.as_str(), OperationStatus::Running.as_str()];
+    PipelineConfig::new(OPERATION_PIPELINE, KIND_OPERATION, &statuses)
+}
+
+/// The controller's [`Handler`] for operation rows.
+#[derive(Clone, Debug)]
+pub struct OperationHandler {
+    pipeline: String,
+}
+
+impl OperationHandler {
+    /// A handler for the pipeline named `pipeline` (the name its config gives, which is the lock owner of the
+    /// related rows it locks). Use [`OPERATION_PIPELINE`] with [`operation_pipeline_config`].
+    pub fn new(pipeline: impl Into<String>) -> OperationHandler {
+        OperationHandler { pipeline: pipeline.into() }
+    }
+}
+
+impl Default for OperationHandler {
+    fn default() -> Self {
+        OperationHandler::new(OPERATION_PIPELINE)
+    }
+}
+
+/// What load hands to process: the pass's writes.
+#[derive(Debug)]
+pub struct Pass {
+    operation: RowId,
+    output: PassOutput,
+}
+
+fn failed(error: impl std::fmt::Display) -> WorkError {
+    WorkError::Failed(error.to_string())
+}
+
+impl<S: Store> Handler<S> for OperationHandler {
+    type Context = Pass;
+
+    async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<Pass, WorkError> {
+        let store = cx.store();
+        let operation = row.id;
+        let status = OperationStatus::parse(&row.status).ok_or_else(|| failed(format!("status {:?}", row.status)))?;
+        let data = OperationData::from_row(row).map_err(failed)?;
+        let job_rows = store.list(KIND_JOB, Some(operation)).await?;
+        let revival = job_rows.iter().any(|r| self.locked_by_a_lost_pass(r, cx.lease().token));
+        let jobs = job_rows.iter().map(Job::from_row).collect::<Result<Vec<_>, _>>().map_err(failed)?;
+        let mut messages = Vec::new();
+        for r in store.list(KIND_INBOX, Some(operation)).await?.iter().filter(|r| r.status == INBOX_NEW) {
+            messages.push((r.id, Message::from_row(r).map_err(failed)?));
+        }
+        let now = store.now().await?;
+        let nodes = store.list(KIND_NODE, None).await?;
+        let node_sessions = live_sessions(&nodes, now);
+        let slots = node_slots(&nodes);
+        let mut allocations = Vec::new();
+        let mut free = Vec::new();
+        for r in store.list(KIND_ALLOCATION, None).await? {
+            let allocation = Allocation::from_row(&r).map_err(failed)?;
+            let node = allocation.data.node;
+            if allocation.allocated && allocation.data.operation == Some(operation) {
+                allocations.push(allocation);
+            } else if r.status == ALLOCATION_FREE
+                && self.lockable(&r, operation, now)
+                && slots.get(&node).is_some_and(|n| allocation.data.slot < *n)
+                && let Some(session) = node_sessions.get(&node)
+            {
+                free.push((allocation, *session));
+            }
+        }
+        // Operations start their search at different free allocations, so two passes rarely want the same one.
+        if !free.is_empty() {
+            let start = operation.0.unsigned_abs() as usize % free.len();
+            free.rotate_left(start);
+        }
+        let offered: BTreeMap<RowId, u64> = free.iter().map(|(a, _)| (a.row, a.data.generation)).collect();
+        let input = PassInput { operation, status, data, jobs, allocations, messages, free, node_sessions, revival };
+        let output = run_pass(input);
+
+        let live = |r: &&Row| JobStatus::parse(&r.status).is_some_and(|s| !s.is_terminal());
+        let mut children: Vec<RowId> = job_rows.iter().filter(live).map(|r| r.id).collect();
+        children.extend(output.consumed.iter().copied());
+        if !children.is_empty() {
+            cx.lock_related(children).await?;
+        }
+        let written: Vec<RowId> = output.allocations.iter().map(|a| a.row).collect();
+        if !written.is_empty() {
+            cx.lock_shared(written.clone()).await?;
+        }
+        for row in written.iter().filter(|row| offered.contains_key(row)) {
+            // Taken from the free list: it must still be free and of the generation read, now that it is locked.
+            let still_free = store
+                .get(*row)
+                .await?
+                .and_then(|r| Allocation::from_row(&r).ok())
+                .is_some_and(|a| !a.allocated && Some(&a.data.generation) == offered.get(row));
+            if !still_free {
+                return Err(WorkError::Contended);
+            }
+        }
+        Ok(Pass { operation, output })
+    }
+
+    async fn process(&self, _row: Row, pass: Pass) -> Result<Changes, WorkError> {
+        Ok(changes(pass))
+    }
+}
+
+impl OperationHandler {
+    /// Whether this operation's pass could lock the free allocation `row` now: no live lease or intent mark of
+    /// another holder. A lock left by a pass that died has expired and does not count, or the slot would leak.
+    fn lockable(&self, row: &Row, operation: RowId, now: Timestamp) -> bool {
+        let live = row.lock_expires_at.is_some_and(|expires| expires > now);
+        let ours = row.lock_owner.as_deref() == Some(format!("{}:{operation}", self.pipeline).as_str());
+        !live || (ours && row.lock_token.is_none())
+    }
+
+    /// Whether `row` still carries a related lock of this pipeline from a lease other than `token`: the pass that
+    /// took it never applied, reset or released, so its holder lost the lease mid-pass (DESIGN §4, revival).
+    fn locked_by_a_lost_pass(&self, row: &Row, token: LockToken) -> bool {
+        row.lock_owner.as_deref() == Some(self.pipeline.as_str()) && row.lock_token.is_some_and(|t| t != token)
+    }
+}
+
+/// The live session (lease token) of each node whose agent holds its lease at `now`.
+fn live_sessions(nodes: &[Row], now: Timestamp) -> BTreeMap<RowId, LockToken> {
+    let mut sessions = BTreeMap::new();
+    for node in nodes {
+        let live = node.lock_expires_at.is_some_and(|expires| expires > now)
+            && node.lock_owner.as_deref() == Some(node_lease_owner(&node.status).as_str());
+        if let (true, Some(token)) = (live, node.lock_token) {
+            sessions.insert(node.id, token);
+        }
+    }
+    sessions
+}
+
+fn node_slots(nodes: &[Row]) -> BTreeMap<RowId, u32> {
+    let slots = |node: &Row| serde_json::from_value::<NodeData>(node.data.clone()).map(|d| d.slots).unwrap_or(0);
+    nodes.iter().map(|node| (node.id, slots(node))).collect()
+}
+
+/// The pass's writes as the engine's [`Changes`].
+fn changes(pass: Pass) -> Changes {
+    let Pass { operation, output } = pass;
+    let update = RowUpdate { status: Some(output.status.as_str().into()), data: Some(output.data.to_json()) };
+    let mut changes = Changes { update, ..Changes::default() };
+    for job in &output.updated_jobs {
+        let id = job.row.expect("an updated job has a row");
+        let update = RowUpdate { status: Some(job.status.as_str().into()), data: Some(job.data_json()) };
+        changes.related.push(RelatedUpdate { id, update });
+    }
+    for allocation in &output.allocations {
+        let update = RowUpdate { status: Some(allocation.status().into()), data: Some(allocation.data_json()) };
+        changes.related.push(RelatedUpdate { id: allocation.row, update });
+    }
+    for id in &output.consumed {
+        changes.related.push(RelatedUpdate { id: *id, update: RowUpdate::status(INBOX_DONE) });
+    }
+    for job in &output.new_jobs {
+        changes.inserts.push(NewRow::new(KIND_JOB, job.status.as_str(), job.data_json()).with_parent(operation));
+    }
+    for (kind, data) in output.events {
+        changes.events.push(NewEvent { row_id: operation, kind, data });
+    }
+    if !output.allocations.is_empty() {
+        changes.hints.push(KIND_ALLOCATION.into());
+    }
+    changes
+}

@@ -1,0 +1,557 @@
+//! The operation spec of a Vanilla operation, read from YSON text, JSON or YAML (DESIGN §4; YTsaurus "Vanilla"
+//! docs, "Параметры операции").
+//!
+//! Every format is read into one JSON tree and decoded from it by hand, so that a wrong type is reported like
+//! any other broken rule: with the field's path, and all of them at once ([`SpecError::Invalid`]). Keys the
+//! controller does not know (`stderr_table_path`, `title`, `memory_limit`, …) are kept as *unrecognized*, as
+//! YTsaurus does with its `unrecognized_spec` alert, so the seed's examples parse as written.
+
+use super::validate;
+use super::yson;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Default of `max_failed_job_count` (YTsaurus operation options: 10).
+pub const MAX_FAILED_JOB_COUNT_DEFAULT: u32 = 10;
+
+/// A Vanilla operation's spec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationSpec {
+    /// Tasks by name.
+    pub tasks: BTreeMap<String, TaskSpec>,
+    /// The operation fails once this many jobs failed. Default [`MAX_FAILED_JOB_COUNT_DEFAULT`].
+    pub max_failed_job_count: u32,
+    /// Fail the operation when a started job would be restarted (plain Vanilla only). Default false.
+    pub fail_on_job_restart: bool,
+    /// Rerun a job whose job completed, in every task (plain Vanilla only). Default false.
+    pub restart_completed_jobs: bool,
+    /// Paths of keys the controller does not interpret, e.g. `stderr_table_path` (YTsaurus reports them in an
+    /// `unrecognized_spec` alert rather than failing).
+    #[serde(default)]
+    pub unrecognized: Vec<String>,
+}
+
+/// One task: a kind of job and how many of them run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskSpec {
+    /// Jobs of this task that must complete (plain) or that run (gang: `size` ranked + the rest reserved).
+    pub job_count: u32,
+    /// Shell command the job runs (`sh -c COMMAND`).
+    pub command: String,
+    /// Files put in the job's sandbox.
+    pub file_paths: Vec<FilePath>,
+    /// Extra environment variables of the job.
+    pub environment: BTreeMap<String, String>,
+    /// Output tables (plain Vanilla only; the controller does not write them).
+    pub output_table_paths: Vec<String>,
+    /// Present on a gang task.
+    pub gang_options: Option<GangOptions>,
+    /// Task-level `fail_on_job_restart`; the task's effective value is this or the operation's.
+    pub fail_on_job_restart: bool,
+    /// Task-level `restart_completed_jobs` (YTsaurus keeps it on the task); effective value: this or the
+    /// operation's.
+    pub restart_completed_jobs: bool,
+}
+
+/// `gang_options` of a gang task.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GangOptions {
+    /// Gang size; `None` means `job_count`. The other `job_count − size` jobs are reserved.
+    pub size: Option<u32>,
+}
+
+/// A file of `file_paths`: a Cypress path, with the sandbox name from the `file_name` attribute.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilePath {
+    /// The path, e.g. `//tmp/run_master.py`.
+    pub path: String,
+    /// The `file_name` attribute, if given; else the sandbox name is the path's last component.
+    pub file_name: Option<String>,
+}
+
+impl FilePath {
+    /// The file's name in the sandbox.
+    pub fn sandbox_name(&self) -> &str {
+        self.file_name.as_deref().unwrap_or_else(|| self.path.rsplit('/').next().unwrap_or(&self.path))
+    }
+}
+
+impl TaskSpec {
+    /// Whether this is a gang task (it has `gang_options`).
+    pub fn is_gang(&self) -> bool {
+        self.gang_options.is_some()
+    }
+
+    /// Gang size: `gang_options.size` or `job_count`; 0 for a plain task.
+    pub fn gang_size(&self) -> u32 {
+        self.gang_options.as_ref().map_or(0, |g| g.size.unwrap_or(self.job_count))
+    }
+
+    /// Reserved jobs: `job_count − size` in a gang task, none in a plain one.
+    pub fn reserved_count(&self) -> u32 {
+        if self.is_gang() { self.job_count.saturating_sub(self.gang_size()) } else { 0 }
+    }
+}
+
+impl OperationSpec {
+    /// Whether any task is a gang task (DESIGN §4: then the operation is a gang operation).
+    pub fn is_gang(&self) -> bool {
+        self.tasks.values().any(TaskSpec::is_gang)
+    }
+
+    /// Jobs over all tasks.
+    pub fn job_count(&self) -> u64 {
+        self.tasks.values().map(|t| t.job_count as u64).sum()
+    }
+
+    /// Gang sizes over all tasks.
+    pub fn gang_size(&self) -> u64 {
+        self.tasks.values().map(|t| t.gang_size() as u64).sum()
+    }
+
+    /// Effective `restart_completed_jobs` of `task`.
+    pub fn restarts_completed(&self, task: &TaskSpec) -> bool {
+        self.restart_completed_jobs || task.restart_completed_jobs
+    }
+
+    /// Effective `fail_on_job_restart` of `task`.
+    pub fn fails_on_restart(&self, task: &TaskSpec) -> bool {
+        self.fail_on_job_restart || task.fail_on_job_restart
+    }
+
+    /// Reads a spec from `text` in `format` and validates it. Errors: the text's syntax error, or every broken
+    /// rule (types, required fields, DESIGN §4's invalid cases), each naming its field.
+    pub fn parse(text: &str, format: SpecFormat) -> Result<OperationSpec, SpecError> {
+        let tree = match format {
+            SpecFormat::Yson => {
+                yson_to_json(&yson::parse(text).map_err(|e| syntax(format, e.line, e.column, e.message))?)
+                    .map_err(|violation| SpecError::Invalid { violations: vec![violation] })?
+            }
+            SpecFormat::Json => serde_json::from_str(text)
+                .map_err(|e| syntax(format, e.line(), e.column(), strip_position(e.to_string())))?,
+            SpecFormat::Yaml => serde_norway::from_str(text).map_err(|e| {
+                let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+                syntax(format, line, column, strip_position(e.to_string()))
+            })?,
+        };
+        OperationSpec::from_json(&tree)
+    }
+
+    /// Decodes and validates a spec from a JSON tree (the form every format is read into). Errors: every
+    /// broken rule.
+    pub fn from_json(tree: &Value) -> Result<OperationSpec, SpecError> {
+        let mut decoder = Decoder::default();
+        let spec = decoder.spec(tree);
+        let mut violations = decoder.violations;
+        if let Some(spec) = &spec {
+            // One violation per field: a field the decoder refused (wrong type, negative count) was decoded to a
+            // placeholder that validation must not report again.
+            let refused: Vec<String> = violations.iter().map(|v| v.field.clone()).collect();
+            violations.extend(validate::violations(spec).into_iter().filter(|v| !refused.contains(&v.field)));
+        }
+        match spec {
+            Some(spec) if violations.is_empty() => Ok(spec),
+            _ => Err(SpecError::Invalid { violations }),
+        }
+    }
+}
+
+/// The text formats a spec is read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecFormat {
+    /// YSON text, as YTsaurus users write specs.
+    Yson,
+    /// JSON.
+    Json,
+    /// YAML.
+    Yaml,
+}
+
+impl fmt::Display for SpecFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SpecFormat::Yson => "YSON",
+            SpecFormat::Json => "JSON",
+            SpecFormat::Yaml => "YAML",
+        })
+    }
+}
+
+/// One broken rule: the field's path (`tasks.trainer.gang_options.size`) and the rule with the value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Violation {
+    /// Dotted path of the field; a key that is not a plain identifier is quoted (`tasks."".job_count`).
+    pub field: String,
+    /// What is wrong, naming the value and the rule: `9 exceeds job_count 8`.
+    pub rule: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.rule)
+    }
+}
+
+/// Why a spec was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpecError {
+    /// The text is not well-formed in its format. Line and column count from 1 (0 when the parser gave none).
+    #[error("{format} syntax error at line {line}, column {column}: {message}")]
+    Syntax { format: SpecFormat, line: usize, column: usize, message: String },
+    /// The spec breaks rules: one violation per broken rule, in field order of discovery.
+    #[error("{}", violations.iter().map(Violation::to_string).collect::<Vec<_>>().join("\n"))]
+    Invalid { violations: Vec<Violation> },
+}
+
+impl SpecError {
+    /// The violations of an [`SpecError::Invalid`]; empty for a syntax error.
+    pub fn violations(&self) -> &[Violation] {
+        match self {
+            SpecError::Invalid { violations } => violations,
+            SpecError::Syntax { .. } => &[],
+        }
+    }
+}
+
+fn syntax(format: SpecFormat, line: usize, column: usize, message: String) -> SpecError {
+    SpecError::Syntax { format, line, column, message }
+}
+
+/// serde's messages end with " at line L column C"; the error carries those as fields.
+fn strip_position(message: String) -> String {
+    match message.find(" at line ") {
+        Some(at) => message[..at].to_string(),
+        None => message,
+    }
+}
+
+/// A field path: `tasks` + `trainer` → `tasks.trainer`; keys that are not identifiers are quoted.
+pub fn field(parent: &str, key: &str) -> String {
+    let plain = !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    let key = if plain { key.to_string() } else { format!("{key:?}") };
+    if parent.is_empty() { key } else { format!("{parent}.{key}") }
+}
+
+/// YSON → JSON in YTsaurus's JSON convention: a node with attributes becomes `{"$attributes": {...}, "$value":
+/// v}`; uint64 and int64 become numbers; `#` becomes null. Errors: a non-finite double (JSON has none).
+pub fn yson_to_json(node: &yson::Node) -> Result<Value, Violation> {
+    convert(node, "")
+}
+
+fn convert(node: &yson::Node, path: &str) -> Result<Value, Violation> {
+    let value = match &node.value {
+        yson::Value::Entity => Value::Null,
+        yson::Value::Bool(b) => Value::Bool(*b),
+        yson::Value::Int64(v) => Value::from(*v),
+        yson::Value::Uint64(v) => Value::from(*v),
+        yson::Value::Double(v) => match serde_json::Number::from_f64(*v) {
+            Some(n) => Value::Number(n),
+            None => {
+                let field = if path.is_empty() { "(root)".to_string() } else { path.to_string() };
+                return Err(Violation { field, rule: format!("{v} is not a finite number") });
+            }
+        },
+        yson::Value::String(s) => Value::String(s.clone()),
+        yson::Value::List(items) => {
+            let items = items.iter().enumerate().map(|(i, item)| convert(item, &format!("{path}[{i}]")));
+            Value::Array(items.collect::<Result<_, _>>()?)
+        }
+        yson::Value::Map(items) => Value::Object(convert_map(items, path)?),
+    };
+    if node.attributes.is_empty() {
+        return Ok(value);
+    }
+    let mut wrapped = Map::new();
+    wrapped.insert("$attributes".into(), Value::Object(convert_map(&node.attributes, &format!("{path}.@"))?));
+    wrapped.insert("$value".into(), value);
+    Ok(Value::Object(wrapped))
+}
+
+fn convert_map(items: &BTreeMap<String, yson::Node>, path: &str) -> Result<Map<String, Value>, Violation> {
+    items.iter().map(|(key, node)| Ok((key.clone(), convert(node, &field(path, key))?))).collect()
+}
+
+/// Decodes the JSON tree, collecting a violation per wrongly typed or missing field.
+#[derive(Default)]
+struct Decoder {
+    violations: Vec<Violation>,
+}
+
+const OPERATION_KEYS: [&str; 4] = ["tasks", "max_failed_job_count", "fail_on_job_restart", "restart_completed_jobs"];
+const TASK_KEYS: [&str; 8] = [
+    "job_count",
+    "command",
+    "file_paths",
+    "environment",
+    "output_table_paths",
+    "gang_options",
+    "fail_on_job_restart",
+    "restart_completed_jobs",
+];
+
+impl Decoder {
+    fn fail(&mut self, field: impl Into<String>, rule: impl Into<String>) {
+        self.violations.push(Violation { field: field.into(), rule: rule.into() });
+    }
+
+    fn spec(&mut self, tree: &Value) -> Option<OperationSpec> {
+        let root = self.map(tree, "(root)")?;
+        let mut unrecognized = Vec::new();
+        unknown_keys(root, "", &OPERATION_KEYS, &mut unrecognized);
+        let tasks = match root.get("tasks") {
+            None => {
+                self.fail("tasks", "required");
+                BTreeMap::new()
+            }
+            Some(value) => self.tasks(value, &mut unrecognized),
+        };
+        let max_failed = self.count(root.get("max_failed_job_count"), "max_failed_job_count", 0);
+        Some(OperationSpec {
+            tasks,
+            max_failed_job_count: max_failed.unwrap_or(MAX_FAILED_JOB_COUNT_DEFAULT),
+            fail_on_job_restart: self.flag(root.get("fail_on_job_restart"), "fail_on_job_restart"),
+            restart_completed_jobs: self.flag(root.get("restart_completed_jobs"), "restart_completed_jobs"),
+            unrecognized,
+        })
+    }
+
+    fn tasks(&mut self, value: &Value, unrecognized: &mut Vec<String>) -> BTreeMap<String, TaskSpec> {
+        let Some(map) = self.map(value, "tasks") else { return BTreeMap::new() };
+        let mut tasks = BTreeMap::new();
+        for (name, task) in map {
+            let path = field("tasks", name);
+            if let Some(task) = self.task(task, &path, unrecognized) {
+                tasks.insert(name.clone(), task);
+            }
+        }
+        tasks
+    }
+
+    fn task(&mut self, value: &Value, path: &str, unrecognized: &mut Vec<String>) -> Option<TaskSpec> {
+        let map = self.map(value, path)?;
+        unknown_keys(map, path, &TASK_KEYS, unrecognized);
+        let at = |key: &str| field(path, key);
+        let job_count = match map.get("job_count") {
+            None => {
+                self.fail(at("job_count"), "required");
+                None
+            }
+            Some(value) => self.integer(value, &at("job_count")),
+        };
+        let command = match map.get("command") {
+            None => {
+                self.fail(at("command"), "required");
+                String::new()
+            }
+            Some(value) => self.string(value, &at("command")).unwrap_or_default(),
+        };
+        let task = TaskSpec {
+            // 0 is kept and reported by validation; a negative count cannot be kept and is reported below.
+            job_count: job_count.map_or(1, |n| u32::try_from(n.max(0)).unwrap_or(u32::MAX)),
+            command,
+            file_paths: self.file_paths(map.get("file_paths"), &at("file_paths")),
+            environment: self.environment(map.get("environment"), &at("environment")),
+            output_table_paths: self.paths(map.get("output_table_paths"), &at("output_table_paths")),
+            gang_options: self.gang_options(map.get("gang_options"), &at("gang_options"), unrecognized),
+            fail_on_job_restart: self.flag(map.get("fail_on_job_restart"), &at("fail_on_job_restart")),
+            restart_completed_jobs: self.flag(map.get("restart_completed_jobs"), &at("restart_completed_jobs")),
+        };
+        if let Some(n) = job_count.filter(|n| *n < 0) {
+            self.fail(at("job_count"), format!("{n} is less than 1"));
+        }
+        Some(task)
+    }
+
+    fn gang_options(
+        &mut self,
+        value: Option<&Value>,
+        path: &str,
+        unrecognized: &mut Vec<String>,
+    ) -> Option<GangOptions> {
+        let value = value?;
+        if value.is_null() {
+            return None;
+        }
+        let map = self.map(value, path)?;
+        unknown_keys(map, path, &["size"], unrecognized);
+        let size = match map.get("size") {
+            None | Some(Value::Null) => None,
+            Some(value) => match self.integer(value, &field(path, "size")) {
+                Some(n) if n < 0 => {
+                    self.fail(field(path, "size"), format!("{n} is less than 1"));
+                    Some(0)
+                }
+                Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+                None => None,
+            },
+        };
+        Some(GangOptions { size })
+    }
+
+    fn file_paths(&mut self, value: Option<&Value>, path: &str) -> Vec<FilePath> {
+        let Some(items) = value.and_then(|v| self.list(v, path)) else { return Vec::new() };
+        let mut files = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let at = format!("{path}[{i}]");
+            if let Some((attributes, target)) = self.rich_path(item, &at) {
+                let file_name = match attributes.get("file_name") {
+                    None => None,
+                    Some(name) => self.string(name, &format!("{at}.@file_name")),
+                };
+                files.push(FilePath { path: target, file_name });
+            }
+        }
+        files
+    }
+
+    fn paths(&mut self, value: Option<&Value>, path: &str) -> Vec<String> {
+        let Some(items) = value.and_then(|v| self.list(v, path)) else { return Vec::new() };
+        let mut paths = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            if let Some((_, target)) = self.rich_path(item, &format!("{path}[{i}]")) {
+                paths.push(target);
+            }
+        }
+        paths
+    }
+
+    /// A rich YPath: a string (`<file_name=x>//tmp/y` or `//tmp/y`) or a node with attributes in YTsaurus's
+    /// JSON convention (`{"$attributes": {...}, "$value": "//tmp/y"}`, which is what YSON `<a=b>"//tmp/y"`
+    /// becomes). Returns the attributes and the path.
+    fn rich_path(&mut self, value: &Value, path: &str) -> Option<(Map<String, Value>, String)> {
+        if let Some(wrapped) = value.as_object().filter(|m| m.contains_key("$value")) {
+            let attributes = wrapped.get("$attributes").and_then(Value::as_object).cloned().unwrap_or_default();
+            let target = self.string(&wrapped["$value"], path)?;
+            return Some((attributes, target));
+        }
+        let text = self.string(value, path)?;
+        match yson::parse_rich_path(&text) {
+            Ok((attributes, target)) => {
+                match yson_to_json(&yson::Node { attributes: BTreeMap::new(), value: yson::Value::Map(attributes) }) {
+                    Ok(Value::Object(attributes)) => Some((attributes, target)),
+                    Ok(_) => unreachable!("a map converts to an object"),
+                    Err(violation) => {
+                        self.fail(path, violation.rule);
+                        None
+                    }
+                }
+            }
+            Err(error) => {
+                self.fail(path, format!("bad rich path attributes at column {}: {}", error.column, error.message));
+                None
+            }
+        }
+    }
+
+    fn environment(&mut self, value: Option<&Value>, path: &str) -> BTreeMap<String, String> {
+        let Some(map) = value.and_then(|v| self.map(v, path)) else { return BTreeMap::new() };
+        let mut environment = BTreeMap::new();
+        for (name, value) in map {
+            if let Some(value) = self.string(value, &field(path, name)) {
+                environment.insert(name.clone(), value);
+            }
+        }
+        environment
+    }
+
+    fn map<'v>(&mut self, value: &'v Value, path: &str) -> Option<&'v Map<String, Value>> {
+        match value {
+            Value::Object(map) if !map.contains_key("$value") => Some(map),
+            other => {
+                self.fail(path, format!("expected a map, found {}", describe(other)));
+                None
+            }
+        }
+    }
+
+    fn list<'v>(&mut self, value: &'v Value, path: &str) -> Option<&'v Vec<Value>> {
+        match value {
+            Value::Array(items) => Some(items),
+            other => {
+                self.fail(path, format!("expected a list, found {}", describe(other)));
+                None
+            }
+        }
+    }
+
+    fn string(&mut self, value: &Value, path: &str) -> Option<String> {
+        match value {
+            Value::String(s) => Some(s.clone()),
+            other => {
+                self.fail(path, format!("expected a string, found {}", describe(other)));
+                None
+            }
+        }
+    }
+
+    fn integer(&mut self, value: &Value, path: &str) -> Option<i64> {
+        match value.as_i64().or_else(|| value.as_u64().map(|v| i64::try_from(v).unwrap_or(i64::MAX))) {
+            Some(n) => Some(n),
+            None => {
+                self.fail(path, format!("expected an integer, found {}", describe(value)));
+                None
+            }
+        }
+    }
+
+    /// A non-negative count no larger than u32, or `None` (absent or broken).
+    fn count(&mut self, value: Option<&Value>, path: &str, min: i64) -> Option<u32> {
+        let n = self.integer(value?, path)?;
+        if n < min {
+            self.fail(path, format!("{n} is less than {min}"));
+            return None;
+        }
+        Some(u32::try_from(n).unwrap_or(u32::MAX))
+    }
+
+    fn flag(&mut self, value: Option<&Value>, path: &str) -> bool {
+        match value {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => {
+                self.fail(path, format!("expected a boolean (%true or %false), found {}", describe(other)));
+                false
+            }
+        }
+    }
+}
+
+fn unknown_keys(map: &Map<String, Value>, path: &str, known: &[&str], out: &mut Vec<String>) {
+    out.extend(map.keys().filter(|key| !known.contains(&key.as_str())).map(|key| field(path, key)));
+}
+
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "an entity (#)".into(),
+        Value::Bool(b) => format!("boolean {b}"),
+        Value::Number(n) => format!("number {n}"),
+        Value::String(s) => format!("string {s:?}"),
+        Value::Array(_) => "a list".into(),
+        Value::Object(m) if m.contains_key("$value") => "a value with attributes".into(),
+        Value::Object(_) => "a map".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_paths_quote_keys_that_are_not_identifiers() {
+        assert_eq!(field("tasks", "trainer"), "tasks.trainer");
+        assert_eq!(field("tasks", ""), "tasks.\"\"");
+        assert_eq!(field("tasks", "a b"), "tasks.\"a b\"");
+        assert_eq!(field("", "tasks"), "tasks");
+    }
+
+    #[test]
+    fn sandbox_name_defaults_to_the_last_path_component() {
+        let file = FilePath { path: "//tmp/run.py".into(), file_name: None };
+        assert_eq!(file.sandbox_name(), "run.py");
+        let file = FilePath { path: "//tmp/duties_180124.dat".into(), file_name: Some("duties.dat".into()) };
+        assert_eq!(file.sandbox_name(), "duties.dat");
+    }
+}

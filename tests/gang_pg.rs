@@ -1,0 +1,109 @@
+//! The gang controller unchanged on PostgreSQL: the operation pipeline and agents (simulated executor) over a
+//! PgStore, in real time with short jobs. Needs PostgreSQL (DATABASE_URL); never skips.
+#![cfg(not(madsim))]
+
+mod support;
+
+use lockstep::agent::{Agent, AgentConfig, JobScript, ProcessLog, SimulatedExecutor};
+use lockstep::gang::api::{self, OperationView};
+use lockstep::gang::model::{JobStatus, OperationStatus};
+use lockstep::gang::pipeline::{OperationHandler, operation_pipeline_config};
+use lockstep::gang::{SpecFormat, audit};
+use lockstep::pipeline::{ManagerOptions, PipelineConfig, PipelineManager};
+use lockstep::store::{PgStore, RowId, Store};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+struct Cluster {
+    store: Arc<PgStore>,
+    manager: PipelineManager<PgStore>,
+    agents: BTreeMap<String, JoinHandle<()>>,
+    log: ProcessLog,
+}
+
+impl Cluster {
+    async fn start(nodes: usize, slots: u32, job: Duration) -> Cluster {
+        let store = Arc::new(support::pg::store_with(|options| options.max_connections = 40).await);
+        let mut manager = PipelineManager::new(store.clone(), ManagerOptions { seed: 3 });
+        let config = PipelineConfig {
+            workers: 4,
+            min_processing_interval: Duration::from_secs(1),
+            ..operation_pipeline_config()
+        };
+        manager.register(config, OperationHandler::default()).unwrap();
+        manager.start();
+        let log = ProcessLog::default();
+        let executor = SimulatedExecutor::new(JobScript::uniform(job), log.clone());
+        let mut agents = BTreeMap::new();
+        for i in 0..nodes {
+            let name = format!("node-{i}");
+            let config = AgentConfig { poll_interval: Duration::from_millis(200), ..AgentConfig::new(&name, slots) };
+            agents.insert(name, tokio::spawn(Agent::new(store.clone(), executor.clone(), config).run()));
+        }
+        Cluster { store, manager, agents, log }
+    }
+
+    async fn wait_for(&self, op: RowId, limit: Duration, done: impl Fn(&OperationView) -> bool) -> OperationView {
+        let started = tokio::time::Instant::now();
+        loop {
+            let view = api::status(self.store.as_ref(), op).await.unwrap();
+            if done(&view) {
+                return view;
+            }
+            assert!(started.elapsed() < limit, "operation {op} not done after {limit:?}: {:?}", view.status);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn finish(mut self) {
+        for (_, agent) in std::mem::take(&mut self.agents) {
+            agent.abort();
+        }
+        self.manager.shutdown().await;
+        assert_eq!(self.log.exclusivity_violations(), Vec::<String>::new());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_with_a_lost_node_restarts_once_and_completes_on_postgres() {
+    let mut cluster = Cluster::start(4, 1, Duration::from_secs(3)).await;
+    let gang = "{tasks={worker={job_count=3;command=w;gang_options={}}}}";
+    let op = api::submit_text(cluster.store.as_ref(), gang, SpecFormat::Yson).await.unwrap();
+    let running = |v: &OperationView| v.current_jobs().filter(|j| j.status == JobStatus::Running).count() == 3;
+    let before = cluster.wait_for(op, Duration::from_secs(20), running).await;
+    let victim = before.current_jobs().find(|j| j.data.job_cookie == 1).unwrap();
+    let node = cluster.store.get(victim.data.allocation.unwrap().row).await.unwrap().unwrap().parent_id.unwrap();
+    let name = cluster.store.get(node).await.unwrap().unwrap().status;
+    cluster.agents.remove(&name).unwrap().abort();
+
+    let view = cluster.wait_for(op, Duration::from_secs(60), |v| v.status.is_terminal()).await;
+    assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);
+    assert_eq!(view.incarnation_events().len(), 2);
+    let reused =
+        view.current_jobs().filter(|j| before.current_jobs().any(|b| b.data.allocation == j.data.allocation)).count();
+    assert_eq!(reused, 2, "two allocations reused");
+    assert_eq!(audit::operation(&view), Vec::<String>::new());
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_master_slave_example_completes_on_postgres() {
+    let cluster = Cluster::start(6, 8, Duration::from_millis(200)).await;
+    let spec = r#"{
+      tasks = {
+        master = {job_count = 1; command = "python run_master.py < duties.dat";
+                  file_paths = ["//tmp/run_master.py"; "<file_name=duties.dat>//tmp/duties_180124.dat"]};
+        slave = {job_count = 100; command = "python run_slave.py"; file_paths = ["//tmp/run_slave.py"]};
+      };
+      max_failed_job_count = 1;
+      stderr_table_path = "//tmp/stderrs";
+    }"#;
+    let op = api::submit_text(cluster.store.as_ref(), spec, SpecFormat::Yson).await.unwrap();
+    let view = cluster.wait_for(op, Duration::from_secs(60), |v| v.status.is_terminal()).await;
+    assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);
+    assert_eq!(view.jobs.iter().filter(|j| j.status == JobStatus::Completed).count(), 101);
+    assert_eq!(audit::operation(&view), Vec::<String>::new());
+    cluster.finish().await;
+}

@@ -1,0 +1,122 @@
+//! Revival (DESIGN §4): a replica that takes over an operation whose previous pass lost its lease mid-pass checks
+//! the current incarnation's ranked jobs and restarts the gang without allocation reuse when one is missing. Two
+//! replicas' operation pipelines and the agents are driven pass by pass on tokio's paused clock.
+#![cfg(not(madsim))]
+
+use lockstep::agent::{Agent, AgentConfig, Behaviour, JobScript, ProcessLog, SimulatedExecutor};
+use lockstep::gang::SpecFormat;
+use lockstep::gang::api;
+use lockstep::gang::model::{JobStatus, KIND_JOB};
+use lockstep::gang::pipeline::{OPERATION_PIPELINE, OperationHandler, operation_pipeline_config};
+use lockstep::pipeline::Pipeline;
+use lockstep::store::{LockOutcome, LockRelatedParams, MemStore, RowId, Store, Timestamp, TokioClock};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+const START: Timestamp = Timestamp(1_700_000_000_000_000);
+const GANG3: &str = "{tasks={worker={job_count=3;command=w;gang_options={}}}}";
+
+fn seconds(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// Drives one replica's operation pipeline by hand: a fetch, then every queued item.
+async fn pass(pipeline: &Pipeline<MemStore>, handler: &OperationHandler, seed: u64) {
+    pipeline.fetcher(seed).run_once().await.unwrap();
+    while pipeline.work_one(handler).await.is_some() {}
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_taking_over_after_a_lost_pass_restarts_a_gang_missing_a_ranked_job_without_reuse() {
+    let store = Arc::new(MemStore::new(TokioClock::new(START)));
+    let log = ProcessLog::default();
+    let executor = SimulatedExecutor::new(JobScript { seed: 0, default: Behaviour::hang(), rules: Vec::new() }, log);
+    let mut agents: Vec<_> =
+        (0..7).map(|i| Agent::new(store.clone(), executor.clone(), AgentConfig::new(format!("node-{i}"), 1))).collect();
+    let handler = OperationHandler::default();
+    let replica_a = Pipeline::new(store.clone(), operation_pipeline_config()).unwrap();
+    let replica_b = Pipeline::new(store.clone(), operation_pipeline_config()).unwrap();
+    for agent in &mut agents {
+        agent.run_once().await.unwrap();
+    }
+    let op = api::submit_text(store.as_ref(), GANG3, SpecFormat::Yson).await.unwrap();
+    pass(&replica_a, &handler, 1).await;
+    for agent in &mut agents {
+        agent.run_once().await.unwrap();
+    }
+    pass(&replica_a, &handler, 1).await;
+    let before = api::status(store.as_ref(), op).await.unwrap();
+    assert!(before.jobs.iter().all(|j| j.status == JobStatus::Running), "{:?}", before.jobs);
+
+    // Replica A leases the operation and locks its jobs, then dies before applying.
+    tokio::time::advance(seconds(6)).await; // past min_processing_interval
+    replica_a.fetcher(1).run_once().await.unwrap();
+    let lease =
+        replica_a.shared.leases().into_iter().next().map(|(id, held)| lockstep::store::Lease { id, token: held.token });
+    let lease = lease.expect("replica A holds the operation");
+    let jobs: Vec<RowId> = store.list(KIND_JOB, Some(op)).await.unwrap().iter().map(|r| r.id).collect();
+    let params =
+        LockRelatedParams { holder: lease, related: jobs, owner: OPERATION_PIPELINE.into(), lease_ttl: seconds(30) };
+    assert_eq!(store.lock_related(params).await.unwrap(), LockOutcome::Locked);
+
+    // Meanwhile the node of cookie 1 dies: its agent runs no more passes and its lease expires.
+    let victim = before.jobs.iter().find(|j| j.data.job_cookie == 1).unwrap();
+    let victim_node = store.get(victim.data.allocation.unwrap().row).await.unwrap().unwrap().parent_id.unwrap();
+    for _ in 0..31 {
+        tokio::time::advance(seconds(1)).await;
+        for agent in agents.iter_mut().filter(|a| a.node() != Some(victim_node)) {
+            agent.run_once().await.unwrap();
+        }
+    }
+
+    pass(&replica_b, &handler, 2).await;
+    let view = api::status(store.as_ref(), op).await.unwrap();
+    let switches = view.incarnation_events();
+    assert_eq!(switches.len(), 2);
+    assert_eq!(switches[1].data["reason"], "lack_after_revival");
+    assert_eq!(switches[1].data["trigger"]["gang_rank"], 1);
+    let old: BTreeSet<_> = before.jobs.iter().map(|j| j.data.allocation.unwrap()).collect();
+    for job in view.current_jobs() {
+        let allocation = job.data.allocation.expect("placed at once: free allocations exist");
+        assert!(!old.contains(&allocation), "job {} reused {allocation}", job.data.id);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_lost_pass_the_same_loss_restarts_with_reuse() {
+    let store = Arc::new(MemStore::new(TokioClock::new(START)));
+    let executor = SimulatedExecutor::new(
+        JobScript { seed: 0, default: Behaviour::hang(), rules: Vec::new() },
+        ProcessLog::default(),
+    );
+    let mut agents: Vec<_> =
+        (0..5).map(|i| Agent::new(store.clone(), executor.clone(), AgentConfig::new(format!("node-{i}"), 1))).collect();
+    let handler = OperationHandler::default();
+    let replica = Pipeline::new(store.clone(), operation_pipeline_config()).unwrap();
+    for agent in &mut agents {
+        agent.run_once().await.unwrap();
+    }
+    let op = api::submit_text(store.as_ref(), GANG3, SpecFormat::Yson).await.unwrap();
+    pass(&replica, &handler, 1).await;
+    for agent in &mut agents {
+        agent.run_once().await.unwrap();
+    }
+    let before = api::status(store.as_ref(), op).await.unwrap();
+    let victim = before.jobs.iter().find(|j| j.data.job_cookie == 1).unwrap();
+    let victim_node = store.get(victim.data.allocation.unwrap().row).await.unwrap().unwrap().parent_id.unwrap();
+    for _ in 0..12 {
+        tokio::time::advance(seconds(1)).await;
+        for agent in agents.iter_mut().filter(|a| a.node() != Some(victim_node)) {
+            agent.run_once().await.unwrap();
+        }
+    }
+    pass(&replica, &handler, 1).await;
+    let view = api::status(store.as_ref(), op).await.unwrap();
+    let switches = view.incarnation_events();
+    assert_eq!(switches.len(), 2);
+    assert_eq!(switches[1].data["reason"], "job_aborted");
+    let reused =
+        view.current_jobs().filter(|j| before.jobs.iter().any(|b| b.data.allocation == j.data.allocation)).count();
+    assert_eq!(reused, 2);
+}

@@ -1,0 +1,117 @@
+//! A store reached through a link a test can cut: every call fails, or hangs, as under a partition. Include with
+//! `#[path = "gang_support/link.rs"] mod link;`.
+
+#![allow(dead_code)]
+
+use lockstep::store::*;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use tokio::sync::broadcast;
+
+/// How a [`Link`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Mode {
+    /// Calls go through.
+    Open = 0,
+    /// Calls fail at once with `Unavailable`.
+    Failing = 1,
+    /// Calls never return (until the link opens again).
+    Hanging = 2,
+}
+
+/// A handle on `inner` through a link; clones share the link.
+#[derive(Clone)]
+pub struct Link {
+    inner: MemStore,
+    mode: Arc<AtomicU8>,
+}
+
+impl Link {
+    /// An open link to `inner`.
+    pub fn new(inner: MemStore) -> Link {
+        Link { inner, mode: Arc::new(AtomicU8::new(Mode::Open as u8)) }
+    }
+
+    /// Sets how calls from now on are answered.
+    pub fn set(&self, mode: Mode) {
+        self.mode.store(mode as u8, Ordering::SeqCst);
+    }
+
+    async fn gate(&self) -> Result<(), StoreError> {
+        loop {
+            match self.mode.load(Ordering::SeqCst) {
+                0 => return Ok(()),
+                1 => return Err(StoreError::Unavailable("link cut".into())),
+                // A hanging call waits for the link to open, polling on simulated time.
+                _ => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    async fn via<T>(&self, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        self.gate().await?;
+        call.await
+    }
+}
+
+impl Store for Link {
+    fn fetch(&self, p: FetchParams) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send {
+        self.via(self.inner.fetch(p))
+    }
+    fn refetch(&self, lease: Lease) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send {
+        self.via(self.inner.refetch(lease))
+    }
+    fn heartbeat(&self, p: HeartbeatParams) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send {
+        self.via(self.inner.heartbeat(p))
+    }
+    fn lock_related(&self, p: LockRelatedParams) -> impl Future<Output = Result<LockOutcome, StoreError>> + Send {
+        self.via(self.inner.lock_related(p))
+    }
+    fn apply(&self, p: ApplyParams) -> impl Future<Output = Result<ApplyOutcome, StoreError>> + Send {
+        self.via(self.inner.apply(p))
+    }
+    fn reset_for_retry(&self, lease: Lease) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.via(self.inner.reset_for_retry(lease))
+    }
+    fn release(&self, leases: Vec<Lease>) -> impl Future<Output = Result<usize, StoreError>> + Send {
+        self.via(self.inner.release(leases))
+    }
+    fn insert(&self, row: NewRow) -> impl Future<Output = Result<Row, StoreError>> + Send {
+        self.via(self.inner.insert(row))
+    }
+    fn get(&self, id: RowId) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send {
+        self.via(self.inner.get(id))
+    }
+    fn list(&self, kind: &str, parent: Option<RowId>) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send {
+        let kind = kind.to_string();
+        async move {
+            self.gate().await?;
+            self.inner.list(&kind, parent).await
+        }
+    }
+    fn events(&self, row: RowId) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send {
+        self.via(self.inner.events(row))
+    }
+    fn update_unleased(
+        &self,
+        id: RowId,
+        update: RowUpdate,
+    ) -> impl Future<Output = Result<WriteOutcome, StoreError>> + Send {
+        self.via(self.inner.update_unleased(id, update))
+    }
+    fn hint(&self, kind: &str, row: Option<RowId>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let kind = kind.to_string();
+        async move {
+            self.gate().await?;
+            self.inner.hint(&kind, row).await
+        }
+    }
+    fn subscribe_hints(&self) -> broadcast::Receiver<Hint> {
+        self.inner.subscribe_hints()
+    }
+    fn now(&self) -> impl Future<Output = Result<Timestamp, StoreError>> + Send {
+        self.via(Store::now(&self.inner))
+    }
+}
