@@ -15,3 +15,21 @@ fn ci_runs_the_readme_test_command() {
     assert!(readme.contains("```bash\nscripts/test\n```"), "README.md must show `scripts/test` as the test command");
     assert!(ci.lines().any(|line| line.trim() == "exec scripts/test"), ".ci/run must exec scripts/test");
 }
+
+#[test]
+fn readme_gang_spec_parses_and_its_error_example_is_the_validators() {
+    use lockstep::gang::{OperationSpec, SpecFormat};
+    let readme = include_str!("../README.md");
+    let section = &readme[readme.find("## Gang controller").expect("a Gang controller section")..];
+    let start = section.find("```text\n").expect("a spec block") + "```text\n".len();
+    let text = &section[start..start + section[start..].find("```").unwrap()];
+    let spec = OperationSpec::parse(text.trim(), SpecFormat::Yson).expect("the README's spec parses");
+    assert!(spec.is_gang());
+    assert_eq!(spec.gang_size(), 3);
+
+    let broken = text.replace("size=3", "size=9").replace("job_count=3", "job_count=8");
+    let error = OperationSpec::parse(broken.trim(), SpecFormat::Yson).unwrap_err().to_string();
+    let quoted = "`tasks.trainer.gang_options.size: 9 exceeds job_count 8`";
+    assert!(readme.contains(quoted), "README quotes the error");
+    assert!(error.contains(quoted.trim_matches('`')), "{error}");
+}
