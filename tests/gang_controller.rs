@@ -170,15 +170,7 @@ fn three_consecutive_switches_give_three_distinct_incarnations() {
 
 #[test]
 fn the_seed_master_slave_example_completes_with_fewer_slots_than_jobs() {
-    let spec = r#"{
-      tasks = {
-        master = {job_count = 1; command = "python run_master.py < duties.dat";
-                  file_paths = ["//tmp/run_master.py"; "<file_name=duties.dat>//tmp/duties_180124.dat"]};
-        slave = {job_count = 100; command = "python run_slave.py"; file_paths = ["//tmp/run_slave.py"]};
-      };
-      max_failed_job_count = 1;
-      stderr_table_path = "//tmp/stderrs";
-    }"#;
+    let spec = include_str!("../scenarios/specs/seed-master-slave.yson");
     let mut world = World::new(spec, 5, 8);
     world.pass();
     world.run_to_end();

@@ -91,15 +91,7 @@ async fn a_gang_with_a_lost_node_restarts_once_and_completes_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seed_master_slave_example_completes_on_postgres() {
     let cluster = Cluster::start(6, 8, Duration::from_millis(200)).await;
-    let spec = r#"{
-      tasks = {
-        master = {job_count = 1; command = "python run_master.py < duties.dat";
-                  file_paths = ["//tmp/run_master.py"; "<file_name=duties.dat>//tmp/duties_180124.dat"]};
-        slave = {job_count = 100; command = "python run_slave.py"; file_paths = ["//tmp/run_slave.py"]};
-      };
-      max_failed_job_count = 1;
-      stderr_table_path = "//tmp/stderrs";
-    }"#;
+    let spec = include_str!("../scenarios/specs/seed-master-slave.yson");
     let op = api::submit_text(cluster.store.as_ref(), spec, SpecFormat::Yson).await.unwrap();
     let view = cluster.wait_for(op, Duration::from_secs(60), |v| v.status.is_terminal()).await;
     assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);

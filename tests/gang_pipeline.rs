@@ -173,15 +173,7 @@ async fn a_job_failure_with_max_failed_job_count_two_restarts_once_then_fails() 
 #[cfg_attr(not(madsim), tokio::test(start_paused = true))]
 #[cfg_attr(madsim, tokio::test)]
 async fn the_seed_master_slave_example_completes_on_agents() {
-    let spec = r#"{
-      tasks = {
-        master = {job_count = 1; command = "python run_master.py < duties.dat";
-                  file_paths = ["//tmp/run_master.py"; "<file_name=duties.dat>//tmp/duties_180124.dat"]};
-        slave = {job_count = 100; command = "python run_slave.py"; file_paths = ["//tmp/run_slave.py"]};
-      };
-      max_failed_job_count = 1;
-      stderr_table_path = "//tmp/stderrs";
-    }"#;
+    let spec = include_str!("../scenarios/specs/seed-master-slave.yson");
     let mut script = JobScript::uniform(seconds(2));
     script.default.duration = (seconds(1), seconds(10));
     let cluster = Cluster::start(6, 8, script);
