@@ -10,6 +10,7 @@ use lockstep::gang::model::{JobStatus, OperationStatus};
 use lockstep::gang::pipeline::{OperationHandler, operation_pipeline_config};
 use lockstep::gang::{SpecFormat, audit};
 use lockstep::pipeline::{ManagerOptions, PipelineConfig, PipelineManager};
+use lockstep::store::conformance::Harness;
 use lockstep::store::{PgStore, RowId, Store};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,11 +22,14 @@ struct Cluster {
     manager: PipelineManager<PgStore>,
     agents: BTreeMap<String, JoinHandle<()>>,
     log: ProcessLog,
+    /// Owns the schema: dropped when the test passes, kept when it fails.
+    _harness: support::pg::PgHarness,
 }
 
 impl Cluster {
     async fn start(nodes: usize, slots: u32, job: Duration) -> Cluster {
-        let store = Arc::new(support::pg::store_with(|options| options.max_connections = 40).await);
+        let harness = support::pg::PgHarness::with(|options| options.max_connections = 40).await;
+        let store = Arc::new(harness.store().clone());
         let mut manager = PipelineManager::new(store.clone(), ManagerOptions { seed: 3 });
         let config = PipelineConfig {
             workers: 4,
@@ -42,7 +46,7 @@ impl Cluster {
             let config = AgentConfig { poll_interval: Duration::from_millis(200), ..AgentConfig::new(&name, slots) };
             agents.insert(name, tokio::spawn(Agent::new(store.clone(), executor.clone(), config).run()));
         }
-        Cluster { store, manager, agents, log }
+        Cluster { store, manager, agents, log, _harness: harness }
     }
 
     async fn wait_for(&self, op: RowId, limit: Duration, done: impl Fn(&OperationView) -> bool) -> OperationView {

@@ -301,3 +301,26 @@ fn the_job_environment_carries_the_yt_variables() {
     assert_eq!(plain["YT_GANG_SIZE"], "2");
     assert_eq!(plain["YT_TASK_JOB_COUNT"], "1");
 }
+
+#[test]
+fn file_paths_that_leave_the_files_root_or_shadow_the_output_are_refused() {
+    let spec = |files: &str| format!("{{tasks={{t={{job_count=1;command=c;file_paths=[{files}]}}}}}}");
+    assert_eq!(
+        violations(&spec(r#""//../../etc/passwd""#)),
+        vec![r#"tasks.t.file_paths[0]: "//../../etc/passwd": must not have an empty, . or .. part"#]
+    );
+    assert_eq!(violations(&spec(r#""/tmp/x""#)), vec![r#"tasks.t.file_paths[0]: "/tmp/x": must start with //"#]);
+    let named = |name: &str| spec(&format!(r#"<file_name={name}>"//tmp/x""#));
+    for name in ["\"..\"", "stdout", "\"a/b\"", "\"\""] {
+        let found = violations(&named(name));
+        assert_eq!(found.len(), 1, "{name}: {found:?}");
+        assert!(found[0].contains("file_name"), "{name}: {found:?}");
+    }
+    yson(&named("duties.dat")).expect("a plain file name is fine");
+}
+
+#[test]
+fn a_misspelt_gang_option_is_an_error_naming_it() {
+    let text = r#"{tasks={t={job_count=3;command=c;gang_options={sise=2}}}}"#;
+    assert_eq!(violations(text), vec!["tasks.t.gang_options.sise: is not a gang option (the only one is size)"]);
+}

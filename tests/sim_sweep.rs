@@ -1,5 +1,6 @@
 //! The CI sweep (DESIGN §5): at least 200 seeds of the mixed-fault scenario (3 replicas, about 200 rows in 60 s,
-//! every fault process at once), every checker on every seed. About 10 s on two cores in a debug build.
+//! every fault process at once), every checker on every seed. About 35 s on two idle cores in a debug build
+//! (60–140 s measured while other builds ran).
 //!
 //! `MADSIM_TEST_NUM=N` sweeps N seeds instead (from `MADSIM_TEST_SEED`, or 1); a failing seed prints the command
 //! that replays it alone.

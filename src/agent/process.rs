@@ -39,9 +39,14 @@ impl OsExecutor {
             let root = self.files_root.as_ref().ok_or_else(|| {
                 ExecutorError(format!("file {} requested but the agent has no files root", file.path))
             })?;
-            let source = root.join(file.path.trim_start_matches('/'));
+            // The spec refuses such paths; the agent checks again, since rows may come from elsewhere.
+            let relative = Path::new(file.path.trim_start_matches('/'));
+            if relative.components().any(|part| !matches!(part, std::path::Component::Normal(_))) {
+                return Err(ExecutorError(format!("file path {} leaves the files root", file.path)));
+            }
+            let source = root.join(relative);
             let name = file.sandbox_name();
-            if name.is_empty() || name.contains('/') || name == ".." {
+            if !crate::gang::spec::sandbox_name_allowed(name) {
                 return Err(ExecutorError(format!("bad sandbox file name {name:?} for {}", file.path)));
             }
             std::fs::copy(&source, sandbox.join(name)).map_err(|e| error("cannot copy", &source, e))?;

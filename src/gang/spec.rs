@@ -376,7 +376,13 @@ impl Decoder {
             return None;
         }
         let map = self.map(value, path)?;
-        unknown_keys(map, path, &["size"], unrecognized);
+        // `gang_options` has one field: a misspelt key would silently change the gang size, so it is an error
+        // here, not an unrecognized key.
+        let _ = unrecognized;
+        let misspelt: Vec<String> = map.keys().filter(|key| key.as_str() != "size").cloned().collect();
+        for key in misspelt {
+            self.fail(field(path, &key), "is not a gang option (the only one is size)");
+        }
         let size = match map.get("size") {
             None | Some(Value::Null) => None,
             Some(value) => match self.integer(value, &field(path, "size")) {
@@ -401,7 +407,14 @@ impl Decoder {
                     None => None,
                     Some(name) => self.string(name, &format!("{at}.@file_name")),
                 };
-                files.push(FilePath { path: target, file_name });
+                if let Some(broken) = unsafe_path_part(&target) {
+                    self.fail(at.clone(), format!("{target:?}: {broken}"));
+                } else if let Some(name) = file_name.as_deref().filter(|name| !sandbox_name_allowed(name)) {
+                    let rule = "must be a plain file name (not empty, no '/', not . or .., not stdout or stderr)";
+                    self.fail(format!("{at}.@file_name"), format!("{name:?} {rule}"));
+                } else {
+                    files.push(FilePath { path: target, file_name });
+                }
             }
         }
         files
@@ -554,4 +567,19 @@ mod tests {
         let file = FilePath { path: "//tmp/duties_180124.dat".into(), file_name: Some("duties.dat".into()) };
         assert_eq!(file.sandbox_name(), "duties.dat");
     }
+}
+
+/// Why a Cypress path of `file_paths` is refused, if it is: it must be absolute (`//…`) with no empty, `.` or `..`
+/// part, so that an agent resolving it under its files root can never leave that root.
+fn unsafe_path_part(path: &str) -> Option<&'static str> {
+    let Some(rest) = path.strip_prefix("//") else { return Some("must start with //") };
+    if rest.is_empty() || rest.split('/').any(|part| part.is_empty() || part == "." || part == "..") {
+        return Some("must not have an empty, . or .. part");
+    }
+    None
+}
+
+/// Whether `name` may name a file in a job's sandbox: one plain component that is not the captured output.
+pub fn sandbox_name_allowed(name: &str) -> bool {
+    !(name.is_empty() || name.contains('/') || name == "." || name == ".." || name == "stdout" || name == "stderr")
 }
