@@ -548,6 +548,21 @@ fn describe(value: &Value) -> String {
     }
 }
 
+/// Why a Cypress path of `file_paths` is refused, if it is: it must be absolute (`//…`) with no empty, `.` or `..`
+/// part, so that an agent resolving it under its files root can never leave that root.
+fn unsafe_path_part(path: &str) -> Option<&'static str> {
+    let Some(rest) = path.strip_prefix("//") else { return Some("must start with //") };
+    if rest.is_empty() || rest.split('/').any(|part| part.is_empty() || part == "." || part == "..") {
+        return Some("must not have an empty, . or .. part");
+    }
+    None
+}
+
+/// Whether `name` may name a file in a job's sandbox: one plain component that is not the captured output.
+pub fn sandbox_name_allowed(name: &str) -> bool {
+    !(name.is_empty() || name.contains('/') || name == "." || name == ".." || name == "stdout" || name == "stderr")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -567,19 +582,4 @@ mod tests {
         let file = FilePath { path: "//tmp/duties_180124.dat".into(), file_name: Some("duties.dat".into()) };
         assert_eq!(file.sandbox_name(), "duties.dat");
     }
-}
-
-/// Why a Cypress path of `file_paths` is refused, if it is: it must be absolute (`//…`) with no empty, `.` or `..`
-/// part, so that an agent resolving it under its files root can never leave that root.
-fn unsafe_path_part(path: &str) -> Option<&'static str> {
-    let Some(rest) = path.strip_prefix("//") else { return Some("must start with //") };
-    if rest.is_empty() || rest.split('/').any(|part| part.is_empty() || part == "." || part == "..") {
-        return Some("must not have an empty, . or .. part");
-    }
-    None
-}
-
-/// Whether `name` may name a file in a job's sandbox: one plain component that is not the captured output.
-pub fn sandbox_name_allowed(name: &str) -> bool {
-    !(name.is_empty() || name.contains('/') || name == "." || name == ".." || name == "stdout" || name == "stderr")
 }
