@@ -3,7 +3,7 @@
 //! the same on MemStore; then throughput against workers, drawn as a PNG.
 //!
 //! ```text
-//! cargo bench --bench pipeline                 # everything (about 10 minutes on the 2-core machines)
+//! cargo bench --bench pipeline                 # everything (about 12 minutes on the 2-core machines)
 //! cargo bench --bench pipeline -- pg mem       # only the side-by-side tables (sections: pg, mem, sweep)
 //! ```
 //!

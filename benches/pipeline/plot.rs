@@ -52,7 +52,12 @@ pub fn draw(series: &[Series], path: &Path) -> Result<(), Box<dyn std::error::Er
         .build_cartesian_2d((1.0f64..workers_max * 1.1).log_scale(), (rate_min / 2.0..rate_max * 3.0).log_scale())?;
     let mut mesh = chart.configure_mesh();
     if text {
-        mesh.x_desc("workers").y_desc("items per second").label_style(("sans-serif", 16));
+        mesh.x_desc("workers")
+            .y_desc("items per second")
+            .label_style(("sans-serif", 16))
+            .x_labels(8)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.0}"));
     } else {
         mesh.disable_x_axis().disable_y_axis();
     }
@@ -65,6 +70,7 @@ pub fn draw(series: &[Series], path: &Path) -> Result<(), Box<dyn std::error::Er
         RGBColor(255, 127, 14),
         BLACK,
     ];
+    let mut models_drawn: Vec<f64> = Vec::new();
     for (i, s) in series.iter().enumerate() {
         let color = colors[i % colors.len()];
         let data: Vec<(f64, f64)> = s.points.iter().map(|(w, sample)| (*w as f64, sample.rate())).collect();
@@ -75,7 +81,9 @@ pub fn draw(series: &[Series], path: &Path) -> Result<(), Box<dyn std::error::Er
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
         }
         chart.draw_series(data.iter().map(|point| Circle::new(*point, 4, color.filled())))?;
-        if let Some(ms) = s.processing_ms {
+        if let Some(ms) = s.processing_ms.filter(|ms| !models_drawn.contains(ms)) {
+            models_drawn.push(ms);
+            let color = BLACK;
             let model: Vec<(f64, f64)> = data.iter().map(|(w, _)| (*w, w * 1000.0 / ms)).collect();
             let dashed = DashedLineSeries::new(model, 6, 4, color.mix(0.6).stroke_width(1));
             let drawn = chart.draw_series(dashed)?;
@@ -89,7 +97,7 @@ pub fn draw(series: &[Series], path: &Path) -> Result<(), Box<dyn std::error::Er
     if text {
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(SeriesLabelPosition::LowerRight)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .label_font(("sans-serif", 15))
