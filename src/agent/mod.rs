@@ -269,16 +269,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
             .filter_map(|row| Allocation::from_row(row).ok().map(|a| a.data.slot))
             .collect();
         for slot in (0..self.config.slots).filter(|slot| !slots.contains(slot)) {
-            let data = AllocationData {
-                node,
-                node_name: name.clone(),
-                slot,
-                generation: 0,
-                operation: None,
-                node_session: None,
-                job: None,
-                last: None,
-            };
+            let data = AllocationData::free(node, name.clone(), slot);
             let row = NewRow::new(KIND_ALLOCATION, ALLOCATION_FREE, serde_json::to_value(&data).expect("serializes"));
             self.store.insert(row.with_parent(node)).await?;
         }

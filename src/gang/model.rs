@@ -360,6 +360,22 @@ pub struct AllocationData {
     pub last: Option<LastJob>,
 }
 
+impl AllocationData {
+    /// A free, never-granted slot `slot` of the node `node` named `node_name` (generation 0).
+    pub fn free(node: RowId, node_name: String, slot: u32) -> AllocationData {
+        AllocationData {
+            node,
+            node_name,
+            slot,
+            generation: 0,
+            operation: None,
+            node_session: None,
+            job: None,
+            last: None,
+        }
+    }
+}
+
 /// An allocation row, decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allocation {

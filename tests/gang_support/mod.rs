@@ -57,16 +57,7 @@ impl World {
             world.sessions.insert(node, token);
             for slot in 0..slots {
                 let row = world.row();
-                let data = AllocationData {
-                    node,
-                    node_name: format!("node-{n}"),
-                    slot,
-                    generation: 0,
-                    operation: None,
-                    node_session: None,
-                    job: None,
-                    last: None,
-                };
+                let data = AllocationData::free(node, format!("node-{n}"), slot);
                 world.allocations.insert(row, Allocation { row, allocated: false, data });
             }
         }
