@@ -20,7 +20,7 @@ pub mod process;
 pub mod simulated;
 
 pub use executor::{Executor, ExecutorError, ExitStatus, ProcessHandle, StartRequest};
-pub use simulated::{Behaviour, End, JobScript, ProcessLog, Rule, SimulatedExecutor};
+pub use simulated::{Behaviour, End, JobScript, ProcessEvent, ProcessEventKind, ProcessLog, Rule, SimulatedExecutor};
 
 use crate::gang::model::{
     ALLOCATION_FREE, Allocation, AllocationData, AllocationRef, INBOX_NEW, JobId, JobLaunch, JobOutcome,

@@ -29,13 +29,16 @@ pub const FETCH_JITTER_DEFAULT: f64 = 0.2;
 pub const FETCH_SHORTEST_CHANCE_DEFAULT: f64 = 0.1;
 
 /// Default longest wait of an apply for others to join its batch (DESIGN §3, Batching: "a small, configured
-/// window"). A batch waits only for workers that are in a store call, never for one that is processing or
-/// waiting for an item, so an unsaturated pipeline adds no delay; 2 ms is about two batched applies' round trips
-/// on PostgreSQL on these machines (BENCHMARKS.md), so workers whose batch is in the store are back before it ends.
+/// window"). A batch waits only while an earlier batch of the pipeline is in the store, so an unsaturated
+/// pipeline adds no delay; 2 ms is about two batched applies' round trips on PostgreSQL on these machines
+/// (BENCHMARKS.md).
 pub const APPLY_BATCH_WINDOW_DEFAULT: Duration = Duration::from_millis(2);
-/// Default most applies in one batch: the batch size of the raw SQL limit the benchmarks compare with
-/// (BENCHMARKS.md). A batch never holds more than the pipeline's workers, one apply each.
+/// Default most applies in one batch, and in the store or waiting for it at once per pipeline: the batch size
+/// of the raw SQL limit the benchmarks compare with (BENCHMARKS.md).
 pub const APPLY_BATCH_MAX_DEFAULT: usize = 100;
+/// Default most rows one fetch leases once the workers outrun dstack's queue size: the batch size of the raw SQL
+/// limit the benchmarks compare with (BENCHMARKS.md).
+pub const FETCH_LIMIT_MAX_DEFAULT: usize = 100;
 
 /// Default of [`PipelineConfig::refetch`]: on, as DESIGN §3's worker loads by token.
 pub const REFETCH_DEFAULT: bool = true;
@@ -70,7 +73,7 @@ pub struct PipelineConfig {
     pub min_processing_interval: Duration,
     /// Delay before a row reset for retry is eligible again, store clock. Default [`RETRY_DELAY_DEFAULT`].
     pub retry_delay: Duration,
-    /// Queue max = ceil(workers × this). Default [`QUEUE_UPPER_FACTOR_DEFAULT`].
+    /// Queue max = ceil(workers × this) while the fetcher keeps up. Default [`QUEUE_UPPER_FACTOR_DEFAULT`].
     pub queue_upper_factor: f64,
     /// Fetch when queue size < ceil(workers × this). Default [`QUEUE_LOWER_FACTOR_DEFAULT`].
     pub queue_lower_factor: f64,
@@ -85,8 +88,13 @@ pub struct PipelineConfig {
     /// batching off: every apply is a store call of its own. Must be shorter than `lease_margin`. Default
     /// [`APPLY_BATCH_WINDOW_DEFAULT`].
     pub apply_batch_window: Duration,
-    /// Most applies in one batch, at least 1 (1 turns batching off). Default [`APPLY_BATCH_MAX_DEFAULT`].
+    /// Most applies in one batch, at least 1 (1 turns batching off); with batching on, also the most applies
+    /// the pipeline's workers have handed over and not yet seen answered. Default [`APPLY_BATCH_MAX_DEFAULT`].
     pub apply_batch_max: usize,
+    /// Most rows the queue grows to, so one fetch leases at most this many, when workers find the queue empty
+    /// while the store has more ready rows (DESIGN §3, Batching: fetch many rows per statement; the rule is in
+    /// [`super::queue`]). At most dstack's queue max has no effect. Default [`FETCH_LIMIT_MAX_DEFAULT`].
+    pub fetch_limit_max: usize,
     /// Whether a worker rereads its row by `id + lock_token` before `load` (DESIGN §3: load = refetch by token),
     /// which drops, unprocessed, an item whose lease the store gave to someone else while this replica's clock
     /// did not see the time pass (a suspended machine: its monotonic clock stops, the database's does not).
@@ -135,6 +143,7 @@ impl PipelineConfig {
             fetch_shortest_chance: FETCH_SHORTEST_CHANCE_DEFAULT,
             apply_batch_window: APPLY_BATCH_WINDOW_DEFAULT,
             apply_batch_max: APPLY_BATCH_MAX_DEFAULT,
+            fetch_limit_max: FETCH_LIMIT_MAX_DEFAULT,
             refetch: REFETCH_DEFAULT,
         }
     }

@@ -53,12 +53,15 @@ impl<S: Store> Fetcher<S> {
         self.empty_streak
     }
 
-    /// One pass: if the queue is below its lower mark, lease up to (queue max − size) rows and queue them.
+    /// One pass: if the queue is below its lower mark, lease up to (queue max − size) rows and queue them, then
+    /// adapt the queue's size to whether the workers outran the fetch ([`Shared::adapt`]).
+    ///
+    /// [`Shared::adapt`]: super::queue::Shared::adapt
     ///
     /// Errors: the store's, with nothing queued (a fetch whose reply was lost leaves its leases to expire).
     pub async fn run_once(&mut self) -> Result<FetchPass, StoreError> {
         let shared = &self.core.shared;
-        if shared.queue_len() >= shared.queue_len_low {
+        if shared.queue_len() >= shared.marks().low {
             return Ok(FetchPass::Full);
         }
         let limit = shared.fetch_limit();
@@ -98,6 +101,7 @@ impl<S: Store> Fetcher<S> {
             })
             .collect();
         shared.push(items, sent, config.lease_ttl, config.lease_margin);
+        shared.adapt(fetched, limit);
         Ok(FetchPass::Fetched { fetched, limit })
     }
 

@@ -23,7 +23,7 @@ pub mod metrics;
 pub mod queue;
 pub mod worker;
 
-pub use batcher::ApplyBatcher;
+pub use batcher::{ApplyBatcher, PendingApply};
 pub use clock::LocalClock;
 pub use config::{ConfigError, PipelineConfig};
 pub use fetcher::{FetchPass, Fetcher};
@@ -80,15 +80,14 @@ impl<S: Store> Pipeline<S> {
         let shared = Arc::new(Shared::new(&config));
         let clock = LocalClock::exact();
         let metrics = Arc::new(Metrics::default());
-        let batcher =
-            Arc::new(ApplyBatcher::new(store.clone(), shared.clone(), &config, clock.clone(), metrics.clone()));
+        let batcher = Arc::new(ApplyBatcher::new(store.clone(), &config, clock.clone(), metrics.clone()));
         Ok(Pipeline { store, config: Arc::new(config), shared, metrics, clock, batcher })
     }
 
     /// The same pipeline on the local clock `clock` (DESIGN §2: deadlines are local, timestamps the store's).
     pub fn with_local_clock(mut self, clock: LocalClock) -> Pipeline<S> {
-        let (store, shared, metrics) = (self.store.clone(), self.shared.clone(), self.metrics.clone());
-        self.batcher = Arc::new(ApplyBatcher::new(store, shared, &self.config, clock.clone(), metrics));
+        let (store, metrics) = (self.store.clone(), self.metrics.clone());
+        self.batcher = Arc::new(ApplyBatcher::new(store, &self.config, clock.clone(), metrics));
         self.clock = clock;
         self
     }

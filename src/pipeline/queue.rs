@@ -1,10 +1,18 @@
 //! The state one pipeline's fetcher, workers and heartbeater share: the bounded queue of leased rows and the
-//! ledger of every lease the pipeline holds (queued or in processing) with its local deadline.
+//! ledger of every lease the pipeline holds (queued, in processing, or in an apply not yet answered) with its
+//! local deadline.
+//!
+//! The queue's size follows dstack (max ceil(workers × 2.0), fetch below ceil(workers × 0.5)) until the workers
+//! outrun the fetcher: when a worker found the queue empty since the last fetch and that fetch leased all it asked
+//! for (the store has more ready rows), the fetcher doubles the queue's size, up to `fetch_limit_max` rows, keeping
+//! the two marks' ratio; a fetch that gets fewer rows than it asked for (no backlog) brings it back to dstack's
+//! size. Fast items thus come in large fetches, one statement for many rows (DESIGN §3, Batching), while slow
+//! items, whose workers never wait for the queue, keep the small queue and the short lease wait of dstack.
 
 use super::config::PipelineConfig;
 use crate::store::{Lease, Row, RowId};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use tokio::sync::{Notify, Semaphore, TryAcquireError};
 use tokio::time::{Duration, Instant};
@@ -29,12 +37,24 @@ pub struct Held {
     pub deadline: Instant,
 }
 
+/// The queue's marks: its max and the length below which the fetcher fetches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Marks {
+    /// Most items queued.
+    pub max: usize,
+    /// Fetch while the queue is shorter than this.
+    pub low: usize,
+}
+
 /// Queue, ledger and wake-ups of one pipeline.
 pub struct Shared {
-    /// Queue max (ceil(workers × upper factor)).
-    pub queue_len_max: usize,
-    /// Fetch while the queue is shorter than this.
-    pub queue_len_low: usize,
+    /// dstack's marks, from the config: the queue's size while the fetcher keeps up.
+    base: Marks,
+    /// The largest queue max: [`PipelineConfig::fetch_limit_max`], or the base max if larger.
+    cap: usize,
+    marks: Mutex<Marks>,
+    /// A worker found the queue empty since the last fetch.
+    starved: AtomicBool,
     queue: Mutex<VecDeque<Item>>,
     /// One permit per queued item; closed when the pipeline stops taking work.
     items: Semaphore,
@@ -46,11 +66,6 @@ pub struct Shared {
     /// Wakes everything that waits on the pipeline's services when it stops.
     pub stop: Notify,
     stopping: AtomicBool,
-    /// Workers away from the store for a while: waiting in [`Shared::pop`] for an item (the queue was empty), or
-    /// processing one ([`Shared::processing`]).
-    away: AtomicUsize,
-    /// Signalled when a worker goes away: the apply batcher stops waiting for its apply.
-    pub went_away: Notify,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -60,9 +75,12 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     /// Empty state sized by `config`.
     pub fn new(config: &PipelineConfig) -> Shared {
+        let base = Marks { max: config.queue_len_max(), low: config.queue_len_low() };
         Shared {
-            queue_len_max: config.queue_len_max(),
-            queue_len_low: config.queue_len_low(),
+            base,
+            cap: config.fetch_limit_max.max(base.max),
+            marks: Mutex::new(base),
+            starved: AtomicBool::new(false),
             queue: Mutex::new(VecDeque::new()),
             items: Semaphore::new(0),
             leases: Mutex::new(BTreeMap::new()),
@@ -70,8 +88,6 @@ impl Shared {
             hint: Notify::new(),
             stop: Notify::new(),
             stopping: AtomicBool::new(false),
-            away: AtomicUsize::new(0),
-            went_away: Notify::new(),
         }
     }
 
@@ -80,9 +96,31 @@ impl Shared {
         lock(&self.queue).len()
     }
 
+    /// The queue's marks now.
+    pub fn marks(&self) -> Marks {
+        *lock(&self.marks)
+    }
+
     /// How many rows the next fetch may lease: queue max − size.
     pub fn fetch_limit(&self) -> usize {
-        self.queue_len_max.saturating_sub(self.queue_len())
+        self.marks().max.saturating_sub(self.queue_len())
+    }
+
+    /// After a fetch that leased `fetched` of the `limit` rows it asked for: doubles the queue's size (up to the
+    /// cap) if a worker found the queue empty since the last fetch and the store had every row asked for, or
+    /// brings it back to dstack's size if the store had fewer (see the module doc). Returns the new marks.
+    pub fn adapt(&self, fetched: usize, limit: usize) -> Marks {
+        let starved = self.starved.swap(false, Ordering::SeqCst);
+        let mut marks = lock(&self.marks);
+        if fetched < limit {
+            *marks = self.base;
+        } else if starved && marks.max < self.cap {
+            let max = (marks.max * 2).min(self.cap);
+            // The base ratio of the marks (dstack's 0.5 / 2.0), at least the base low mark.
+            let low = (max * self.base.low).div_ceil(self.base.max).max(self.base.low);
+            *marks = Marks { max, low };
+        }
+        *marks
     }
 
     /// Leases held: queued plus in processing.
@@ -114,7 +152,8 @@ impl Shared {
                 }
                 queue.push_back(item);
             }
-            assert!(queue.len() <= self.queue_len_max, "queue {} past its max {}", queue.len(), self.queue_len_max);
+            let max = self.marks().max;
+            assert!(queue.len() <= max, "queue {} past its max {max}", queue.len());
         }
         self.items.add_permits(count);
     }
@@ -126,7 +165,7 @@ impl Shared {
             Ok(permit) => permit,
             Err(TryAcquireError::Closed) => return None,
             Err(TryAcquireError::NoPermits) => {
-                let _away = Away::new(self);
+                self.starved.store(true, Ordering::SeqCst);
                 self.items.acquire().await.ok()?
             }
         };
@@ -135,21 +174,10 @@ impl Shared {
             let mut queue = lock(&self.queue);
             (queue.pop_front().expect("a permit without an item"), queue.len())
         };
-        if len < self.queue_len_low {
+        if len < self.marks().low {
             self.refill.notify_one();
         }
         Some(item)
-    }
-
-    /// Workers away from the store now: waiting for an item, or processing one. The others are in a store call
-    /// (refetch, related locks, an apply) or between steps, and will bring an apply soon.
-    pub fn workers_away(&self) -> usize {
-        self.away.load(Ordering::SeqCst)
-    }
-
-    /// Counts the calling worker away (processing an item) until the returned guard drops.
-    pub fn processing(&self) -> impl Drop + '_ {
-        Away::new(self)
     }
 
     /// Stops handing out items and returns those still queued (their leases stay in the ledger until released).
@@ -193,23 +221,5 @@ impl Shared {
         {
             held.deadline = deadline;
         }
-    }
-}
-
-/// A worker away from the store (waiting for an item, or processing one), counted in [`Shared::workers_away`] for
-/// as long as this lives (also when the wait or the processing is cancelled).
-struct Away<'a>(&'a Shared);
-
-impl<'a> Away<'a> {
-    fn new(shared: &'a Shared) -> Away<'a> {
-        shared.away.fetch_add(1, Ordering::SeqCst);
-        shared.went_away.notify_one();
-        Away(shared)
-    }
-}
-
-impl Drop for Away<'_> {
-    fn drop(&mut self) {
-        self.0.away.fetch_sub(1, Ordering::SeqCst);
     }
 }

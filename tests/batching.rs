@@ -1,0 +1,285 @@
+//! Batching (DESIGN §3, Batching): the apply batcher's group-commit rule, workers that go on while their applies
+//! wait, the bound on unanswered applies, a drain that waits for them, and fetches that grow when the workers
+//! outrun them. On MemStore behind a wrapper that makes every store call take a fixed time, on tokio's paused
+//! clock, so the timings are exact.
+#![cfg(not(madsim))]
+
+use lockstep::pipeline::queue::Marks;
+use lockstep::pipeline::{
+    Changes, FetchPass, Handler, LoadCx, ManagerOptions, Pipeline, PipelineConfig, PipelineManager, WorkError,
+};
+use lockstep::store::*;
+use serde_json::json;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+const START: Timestamp = Timestamp(1_700_000_000_000_000);
+/// How long every write call (fetch, apply, apply_batch) of the [`Slow`] store takes.
+const CALL: Duration = Duration::from_millis(10);
+
+/// MemStore whose fetches and applies each take [`CALL`], recording the size and start of every apply call.
+#[derive(Clone)]
+struct Slow {
+    inner: MemStore,
+    applies: Arc<Mutex<Vec<(Instant, usize)>>>,
+}
+
+impl Slow {
+    fn new() -> Slow {
+        Slow { inner: MemStore::new(TokioClock::new(START)), applies: Arc::default() }
+    }
+
+    fn apply_sizes(&self) -> Vec<usize> {
+        self.applies.lock().unwrap().iter().map(|(_, len)| *len).collect()
+    }
+
+    fn record(&self, len: usize) {
+        self.applies.lock().unwrap().push((Instant::now(), len));
+    }
+}
+
+impl Store for Slow {
+    fn fetch(&self, p: FetchParams) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send {
+        async move {
+            tokio::time::sleep(CALL).await;
+            self.inner.fetch(p).await
+        }
+    }
+    fn refetch(&self, lease: Lease) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send {
+        self.inner.refetch(lease)
+    }
+    fn heartbeat(&self, p: HeartbeatParams) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send {
+        self.inner.heartbeat(p)
+    }
+    fn lock_related(&self, p: LockRelatedParams) -> impl Future<Output = Result<LockOutcome, StoreError>> + Send {
+        self.inner.lock_related(p)
+    }
+    fn apply(&self, p: ApplyParams) -> impl Future<Output = Result<ApplyOutcome, StoreError>> + Send {
+        async move {
+            self.record(1);
+            tokio::time::sleep(CALL).await;
+            self.inner.apply(p).await
+        }
+    }
+    fn apply_batch(
+        &self,
+        batch: Vec<ApplyParams>,
+    ) -> impl Future<Output = Result<Vec<ApplyOutcome>, StoreError>> + Send {
+        async move {
+            self.record(batch.len());
+            tokio::time::sleep(CALL).await;
+            self.inner.apply_batch(batch).await
+        }
+    }
+    fn reset_for_retry(&self, lease: Lease) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.inner.reset_for_retry(lease)
+    }
+    fn release(&self, leases: Vec<Lease>) -> impl Future<Output = Result<usize, StoreError>> + Send {
+        self.inner.release(leases)
+    }
+    fn insert(&self, row: NewRow) -> impl Future<Output = Result<Row, StoreError>> + Send {
+        self.inner.insert(row)
+    }
+    fn get(&self, id: RowId) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send {
+        self.inner.get(id)
+    }
+    fn list(&self, kind: &str, parent: Option<RowId>) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send {
+        self.inner.list(kind, parent)
+    }
+    fn events(&self, row: RowId) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send {
+        self.inner.events(row)
+    }
+    fn update_unleased(
+        &self,
+        id: RowId,
+        update: RowUpdate,
+    ) -> impl Future<Output = Result<WriteOutcome, StoreError>> + Send {
+        self.inner.update_unleased(id, update)
+    }
+    fn hint(&self, kind: &str, row: Option<RowId>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.hint(kind, row)
+    }
+    fn subscribe_hints(&self) -> broadcast::Receiver<Hint> {
+        self.inner.subscribe_hints()
+    }
+    fn now(&self) -> impl Future<Output = Result<Timestamp, StoreError>> + Send {
+        Store::now(&self.inner)
+    }
+}
+
+/// Marks each row done after `process` of (simulated) processing time.
+struct Done {
+    process: Duration,
+}
+
+impl<S: Store> Handler<S> for Done {
+    type Context = ();
+
+    async fn load(&self, _row: &Row, _cx: &LoadCx<'_, S>) -> Result<(), WorkError> {
+        Ok(())
+    }
+
+    async fn process(&self, _row: Row, _: ()) -> Result<Changes, WorkError> {
+        tokio::time::sleep(self.process).await;
+        Ok(Changes::status("done"))
+    }
+}
+
+fn config(workers: usize) -> PipelineConfig {
+    PipelineConfig { workers, refetch: false, ..PipelineConfig::new("tasks", "task", &["ready"]) }
+}
+
+async fn insert_ready(store: &Slow, count: usize) {
+    for i in 0..count {
+        store.insert(NewRow::new("task", "ready", json!({ "n": i }))).await.unwrap();
+    }
+}
+
+async fn all_done(store: &Slow) -> bool {
+    store.list("task", None).await.unwrap().iter().all(|row| row.status == "done")
+}
+
+/// Runs a manager over `store` until every row is done; returns the simulated time it took and the manager.
+async fn run_to_done(store: &Slow, config: PipelineConfig, process: Duration) -> (Duration, PipelineManager<Slow>) {
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 1 });
+    manager.register(config, Done { process }).unwrap();
+    let started = Instant::now();
+    manager.start();
+    manager.hint_fetch("task", None).await.unwrap();
+    while !all_done(store).await {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    (started.elapsed(), manager)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_apply_goes_to_the_store_at_once() {
+    let store = Slow::new();
+    insert_ready(&store, 1).await;
+    let p = Pipeline::new(Arc::new(store.clone()), config(4)).unwrap();
+    p.fetcher(1).run_once().await.unwrap();
+    let started = Instant::now();
+    let outcome = p.work_one(&Done { process: Duration::ZERO }).await;
+    assert_eq!(outcome, Some(lockstep::pipeline::ItemOutcome::Applied));
+    // One store call's time: no batch window was waited, since no other batch was in the store.
+    assert_eq!(started.elapsed(), CALL);
+    assert_eq!(store.apply_sizes(), vec![1]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn applies_that_arrive_while_a_batch_is_in_the_store_go_together_next() {
+    let store = Slow::new();
+    insert_ready(&store, 40).await;
+    // Processing 1 ms, calls 10 ms: while one batch is in the store, every worker finishes items and hands
+    // their applies over, so batches grow far past one item; the window (2 ms) bounds how long they collect.
+    let (_, mut manager) = run_to_done(&store, config(8), Duration::from_millis(1)).await;
+    manager.shutdown().await;
+    let sizes = store.apply_sizes();
+    assert_eq!(sizes.iter().sum::<usize>(), 40, "every row applied once: {sizes:?}");
+    assert!(sizes.iter().any(|&len| len > 8), "no batch larger than the workers: {sizes:?}");
+    assert!(sizes.len() < 20, "applies did not batch: {sizes:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn workers_take_their_next_item_while_their_apply_waits() {
+    let store = Slow::new();
+    insert_ready(&store, 64).await;
+    // One worker, 1 ms per item, 10 ms per store call: waiting for each apply, the worker would need at least
+    // 64 × 11 ms; handing its applies over, it is bounded by processing and fetches.
+    let (took, mut manager) = run_to_done(&store, config(1), Duration::from_millis(1)).await;
+    manager.shutdown().await;
+    assert!(took < Duration::from_millis(64 * 11 / 2), "one worker took {took:?} for 64 items");
+}
+
+#[tokio::test(start_paused = true)]
+async fn unanswered_applies_never_exceed_apply_batch_max() {
+    let store = Slow::new();
+    insert_ready(&store, 60).await;
+    let config = PipelineConfig { apply_batch_max: 5, ..config(8) };
+    let (_, mut manager) = run_to_done(&store, config, Duration::ZERO).await;
+    manager.shutdown().await;
+    let applies = store.applies.lock().unwrap().clone();
+    assert!(applies.iter().all(|(_, len)| *len <= 5), "a batch past apply_batch_max: {applies:?}");
+    // Batches overlap in the store for CALL each: at no instant are more than 5 applies in calls started within
+    // the last CALL.
+    for (at, _) in &applies {
+        let in_store: usize =
+            applies.iter().filter(|(other, _)| *other <= *at && at.duration_since(*other) < CALL).map(|(_, l)| l).sum();
+        assert!(in_store <= 5, "{in_store} applies in the store at once: {applies:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_waits_for_the_applies_its_workers_handed_over() {
+    let store = Slow::new();
+    insert_ready(&store, 30).await;
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 1 });
+    manager.register(config(4), Done { process: Duration::from_millis(1) }).unwrap();
+    manager.start();
+    manager.hint_fetch("task", None).await.unwrap();
+    // Mid-run: some applies are in the store or waiting for it.
+    tokio::time::sleep(Duration::from_millis(25)).await;
+    manager.shutdown().await;
+    let metrics = manager.metrics("tasks").unwrap();
+    let rows = store.list("task", None).await.unwrap();
+    let done = rows.iter().filter(|row| row.status == "done").count() as u64;
+    assert!(metrics.applied > 0, "nothing applied before the drain");
+    assert_eq!(done, metrics.applied, "every apply handed over was answered before the drain returned");
+    assert!(rows.iter().all(|row| row.lock_token.is_none()), "a lease outlived the drain");
+    assert_eq!(metrics.leases_held, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fetches_grow_while_workers_outrun_them_and_shrink_when_rows_run_out() {
+    let store = Slow::new();
+    insert_ready(&store, 500).await;
+    let config = PipelineConfig { workers: 4, fetch_limit_max: 64, ..config(4) };
+    let p = Pipeline::new(Arc::new(store.clone()), config).unwrap();
+    let base = p.shared.marks();
+    assert_eq!(base, Marks { max: 8, low: 2 });
+    let mut fetcher = p.fetcher(1);
+    let handler = Done { process: Duration::ZERO };
+    let mut limits = Vec::new();
+    loop {
+        let pass = fetcher.run_once().await.unwrap();
+        if let FetchPass::Fetched { fetched, limit } = pass {
+            limits.push(limit);
+            if fetched < limit {
+                break;
+            }
+        }
+        // Workers empty the queue and then wait on it: they outran the fetch.
+        while p.work_one(&handler).await.is_some() {}
+        let waiting = tokio::spawn({
+            let shared = p.shared.clone();
+            async move { shared.pop().await }
+        });
+        tokio::task::yield_now().await;
+        waiting.abort();
+    }
+    // dstack's 8 twice (no worker had waited before the first fetch), then doubling to the cap of 64, then the
+    // cap, until the store has fewer rows than asked for.
+    assert_eq!(&limits[..5], &[8, 8, 16, 32, 64], "limits {limits:?}");
+    assert!(limits[5..].iter().all(|&limit| limit == 64), "limits {limits:?}");
+    assert_eq!(p.shared.marks(), base, "a partial fetch brings the queue back to dstack's size");
+}
+
+#[tokio::test(start_paused = true)]
+async fn fetches_keep_dstack_size_while_workers_are_busy() {
+    let store = Slow::new();
+    insert_ready(&store, 100).await;
+    let p = Pipeline::new(Arc::new(store.clone()), config(4)).unwrap();
+    let mut fetcher = p.fetcher(1);
+    for _ in 0..5 {
+        fetcher.run_once().await.unwrap();
+        // The workers take items but never find the queue empty: they leave it just below the low mark.
+        let low = p.shared.marks().low;
+        while p.shared.queue_len() >= low {
+            p.work_one(&Done { process: Duration::ZERO }).await;
+        }
+    }
+    assert_eq!(p.shared.marks(), Marks { max: 8, low: 2 });
+}
