@@ -105,23 +105,28 @@ fn tail(trace: &[TraceEvent], count: usize) -> Vec<TraceEvent> {
     trace[trace.len().saturating_sub(count)..].to_vec()
 }
 
-/// Row ids a violation message names: `row 12`, `counter row 12`, and leases `12#5`, in order of first mention.
+/// Row ids a violation message names, in order of first mention: those it calls `row 12` (`counter row 12`),
+/// or if none, the rows of the leases it names (`12#5`).
 pub fn rows_named(message: &str) -> Vec<String> {
     let words: Vec<&str> = message
         .split(|c: char| c.is_whitespace() || matches!(c, ',' | ';' | ':' | '(' | ')' | '[' | ']' | '`'))
         .filter(|word| !word.is_empty())
         .collect();
-    let mut rows: Vec<String> = Vec::new();
     let is_number = |word: &str| !word.is_empty() && word.chars().all(|c| c.is_ascii_digit());
-    for (index, word) in words.iter().enumerate() {
-        let id = match word.split_once('#') {
-            Some((id, token)) if is_number(id) && is_number(token) => Some(id),
-            _ if index > 0 && words[index - 1] == "row" && is_number(word) => Some(*word),
-            _ => None,
-        };
-        if let Some(id) = id.filter(|id| !rows.iter().any(|row| row == id)) {
+    let called_rows = words.windows(2).filter(|pair| pair[0] == "row" && is_number(pair[1])).map(|pair| pair[1]);
+    let leases = words.iter().filter_map(|word| {
+        let (id, token) = word.split_once('#')?;
+        (is_number(id) && is_number(token)).then_some(id)
+    });
+    let mut rows: Vec<String> = Vec::new();
+    for id in called_rows.chain(leases) {
+        if !rows.iter().any(|row| row == id) {
             rows.push(id.to_string());
         }
+    }
+    let called = words.windows(2).any(|pair| pair[0] == "row" && is_number(pair[1]));
+    if called {
+        rows.retain(|row| words.windows(2).any(|pair| pair[0] == "row" && pair[1] == row));
     }
     rows
 }
@@ -171,6 +176,7 @@ mod tests {
         let message = "commit 40 `2023 by replica-1: apply 12#5 applied related=[] inserted=[]`: row 12 written with \
                        token 5, but its latest token is 9 (current), handed out by commit 39; counter row 7 holds 3";
         assert_eq!(rows_named(message), ["12", "7"]);
+        assert_eq!(rows_named("commit 3 `apply 12#5 applied`: token 5 of 12#5 is not above 13#4"), ["12", "13"]);
         assert!(rows_named("the drain took 61 s").is_empty());
     }
 
