@@ -124,8 +124,8 @@ pub enum ReplayError {
     ScenarioText {
         /// The replay file.
         path: String,
-        /// The parse error.
-        source: ScenarioError,
+        /// The parse error (boxed: it carries the offending line).
+        source: Box<ScenarioError>,
     },
 }
 
@@ -185,7 +185,7 @@ impl ReplayFile {
         }
         let origin = format!("{path} (its scenario_text, from {})", replay.scenario.path);
         let scenario = ScenarioFile::parse(&replay.scenario_text, &origin)
-            .map_err(|source| ReplayError::ScenarioText { path: path.to_string(), source })?;
+            .map_err(|source| ReplayError::ScenarioText { path: path.to_string(), source: Box::new(source) })?;
         let recorded = format!("{} {}", replay.scenario.name, replay.scenario.version);
         let embedded = format!("{} {}", scenario.scenario.name, scenario.version_label());
         if recorded != embedded {
