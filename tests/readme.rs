@@ -53,3 +53,14 @@ fn readme_scenario_example_parses_and_its_table_lists_every_fault_kind() {
         assert!(section.contains(&row), "the README's fault table has no row {row}");
     }
 }
+
+/// The quick start's scenario output is the pinned summary of `scenarios/rows-quiet.toml` (seed 1), so the
+/// README changes when the behaviour does.
+#[test]
+fn readme_quick_start_scenario_output_is_the_pinned_summary() {
+    let readme = include_str!("../README.md");
+    let snapshot = include_str!("snapshots/sim_scenarios__rows-quiet.snap");
+    let summary = &snapshot[snapshot.find("scenario rows-quiet seed 1").expect("the snapshot's summary")..];
+    assert!(readme.contains("env -u RUSTFLAGS cargo sim run scenarios/rows-quiet.toml"), "README quick start");
+    assert!(readme.contains(summary.trim_end()), "README's quick start output differs from the snapshot:\n{summary}");
+}
