@@ -10,7 +10,9 @@
 //! - [`checkers`]: lease exclusivity, liveness, no row locked forever, no starved parent, exactly-once effects;
 //! - [`trace`], [`coverage`]: the byte-identical trace of a run, and how often it reached each fault path;
 //! - [`scenario`], [`mod@run`]: what a run is made of, and running it under a seed (replay with
-//!   `MADSIM_TEST_SEED`, sweep with `MADSIM_TEST_NUM`).
+//!   `MADSIM_TEST_SEED`, sweep with `MADSIM_TEST_NUM`);
+//! - [`scenario_file`], [`summary`], [`replay`], [`explain`]: what `lockstep sim` is made of: scenarios in
+//!   TOML, a run's readable summary, replay files, and one operation's or row's timeline from a trace.
 //!
 //! A run is a function of (scenario, seed, build): every random choice comes from a ChaCha stream per purpose
 //! ([`rng`]) or from madsim's RNG, both seeded by the run's seed.
@@ -18,18 +20,23 @@
 pub mod checkers;
 pub mod coverage;
 pub mod db;
+pub mod explain;
 pub mod faults;
 pub mod net_store;
+pub mod replay;
 pub mod replica;
 pub mod rng;
 pub mod rpc;
 pub mod run;
 pub mod scenario;
+pub mod scenario_file;
+pub mod summary;
 pub mod trace;
 pub mod workload;
 pub mod world;
 
 pub use faults::{Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
-pub use run::{Replay, RunReport, Script, check_seeds, run, run_seeds, run_with, script, seeds};
+pub use run::{Replay, RunReport, Script, check_seeds, run, run_seeds, run_seeds_with, run_with, script, seeds};
 pub use scenario::{Mutation, Scenario};
+pub use scenario_file::{ScenarioError, ScenarioFile};
 pub use world::{Target, World};

@@ -19,6 +19,7 @@ use super::workload::{self, ClientReport};
 use super::world::World;
 use crate::store::{Commit, Event, Row, Timestamp};
 use madsim::runtime::Runtime;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -67,6 +68,8 @@ pub struct RunReport {
     /// Distinct keys the clients inserted rows under (the workload and its contention bursts); equal to
     /// `rows` unless a retried insert duplicated a row.
     pub keyed_rows: usize,
+    /// Rows in the database at the end, counted by kind and then by status (`task` → `done` → 103).
+    pub statuses: BTreeMap<String, BTreeMap<String, usize>>,
     /// Simulated time the run took.
     pub simulated: Duration,
     /// Wall-clock time the run took.
@@ -155,6 +158,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
         commits: 0,
         rows: 0,
         keyed_rows: 0,
+        statuses: BTreeMap::new(),
         simulated,
         wall,
         trace,
@@ -168,6 +172,9 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
             report.commits = outcome.history.len();
             report.rows = outcome.rows_final.len();
             report.keyed_rows = outcome.keyed_rows;
+            for row in &outcome.rows_final {
+                *report.statuses.entry(row.kind.clone()).or_default().entry(row.status.clone()).or_default() += 1;
+            }
         }
     }
     if let Ok(dir) = std::env::var("LOCKSTEP_SIM_TRACE_DIR") {
@@ -317,14 +324,27 @@ pub fn check_seeds(scenario: &Scenario, seeds: &[u64], replay: Replay) -> Vec<Ru
 
 /// Runs every seed of `seeds` on [`jobs`] threads; returns the reports by seed, traces kept only for failures.
 pub fn run_seeds(scenario: &Scenario, seeds: &[u64]) -> Vec<RunReport> {
+    run_seeds_with(scenario, seeds, jobs(), &|_| {})
+}
+
+/// Runs every seed of `seeds` on `jobs` threads (at least one), calling `done` with each report as its run
+/// ends (from the thread that ran it, in completion order: a sweep's progress bar); returns the reports by
+/// seed, traces kept only for failures.
+pub fn run_seeds_with(
+    scenario: &Scenario,
+    seeds: &[u64],
+    jobs: usize,
+    done: &(dyn Fn(&RunReport) + Sync),
+) -> Vec<RunReport> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let reports = Mutex::new(Vec::with_capacity(seeds.len()));
     std::thread::scope(|scope| {
-        for _ in 0..jobs().min(seeds.len()) {
+        for _ in 0..jobs.max(1).min(seeds.len()) {
             scope.spawn(|| {
                 while let Some(&seed) = seeds.get(next.fetch_add(1, std::sync::atomic::Ordering::SeqCst)) {
                     let report = run(scenario, seed);
                     let report = if report.passed() { report.slim() } else { report };
+                    done(&report);
                     reports.lock().unwrap_or_else(|p| p.into_inner()).push(report);
                 }
             });

@@ -99,7 +99,10 @@ impl WorkloadSpec {
         names
     }
 
-    fn config(&self, name: &str, kind: &str, status: &str, workers: usize) -> PipelineConfig {
+    /// The config of one of the workload's pipelines: `name` (its lock owner) over rows of `kind` in `status`,
+    /// with `workers` workers and this spec's lease ttl, lease margin and minimum processing interval. The
+    /// scenario file validates every pipeline's config with it before a run.
+    pub fn config(&self, name: &str, kind: &str, status: &str, workers: usize) -> PipelineConfig {
         let mut config = PipelineConfig::new(name, kind, &[status]).with_lease_ttl(self.lease_ttl);
         config.workers = workers;
         config.lease_margin = self.lease_margin;

@@ -33,3 +33,34 @@ fn readme_gang_spec_parses_and_its_error_example_is_the_validators() {
     assert!(readme.contains(quoted), "README quotes the error");
     assert!(error.contains(quoted.trim_matches('`')), "{error}");
 }
+
+/// The README's annotated scenario file parses, and its fault table covers every fault kind.
+#[cfg(madsim)]
+#[test]
+fn readme_scenario_example_parses_and_its_table_lists_every_fault_kind() {
+    use lockstep::sim::{FaultKind, ScenarioFile};
+    let readme = include_str!("../README.md");
+    let start = readme.find("## Scenarios and the command line").expect("a Scenarios section");
+    let section = &readme[start..start + readme[start + 3..].find("\n## ").expect("a next section") + 3];
+    let begin = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
+    let example = &section[begin..begin + section[begin..].find("```").unwrap()];
+    let file = ScenarioFile::parse(example, "README.md").unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(file.scenario.name, "example");
+    assert_eq!(file.scenario.faults.fixed.len(), 2);
+    assert_eq!(file.scenario.faults.random.len(), 2);
+    for kind in FaultKind::ALL {
+        let row = format!("| `{}` |", kind.name());
+        assert!(section.contains(&row), "the README's fault table has no row {row}");
+    }
+}
+
+/// The quick start's scenario output is the pinned summary of `scenarios/rows-quiet.toml` (seed 1), so the
+/// README changes when the behaviour does.
+#[test]
+fn readme_quick_start_scenario_output_is_the_pinned_summary() {
+    let readme = include_str!("../README.md");
+    let snapshot = include_str!("snapshots/sim_scenarios__rows-quiet.snap");
+    let summary = &snapshot[snapshot.find("scenario rows-quiet seed 1").expect("the snapshot's summary")..];
+    assert!(readme.contains("env -u RUSTFLAGS cargo sim run scenarios/rows-quiet.toml"), "README quick start");
+    assert!(readme.contains(summary.trim_end()), "README's quick start output differs from the snapshot:\n{summary}");
+}

@@ -57,16 +57,23 @@ impl fmt::Display for Violation {
 /// One checker: its name and its check.
 type Checker = (&'static str, fn(&CheckInput<'_>) -> Result<(), String>);
 
+/// Every checker, in the order they run.
+const CHECKS: [Checker; 5] = [
+    ("lease_exclusivity", lease_exclusivity::check),
+    ("liveness", liveness::check),
+    ("locked_forever", locked_forever::check),
+    ("starvation", starvation::check),
+    ("exactly_once", exactly_once::check),
+];
+
+/// The checkers' names, in the order they run (the names of [`Violation::checker`]).
+pub fn names() -> impl Iterator<Item = &'static str> {
+    CHECKS.iter().map(|(name, _)| *name)
+}
+
 /// Runs every checker; returns what they found, in checker order.
 pub fn check_all(input: &CheckInput<'_>) -> Vec<Violation> {
-    let checks: [Checker; 5] = [
-        ("lease_exclusivity", lease_exclusivity::check),
-        ("liveness", liveness::check),
-        ("locked_forever", locked_forever::check),
-        ("starvation", starvation::check),
-        ("exactly_once", exactly_once::check),
-    ];
-    checks
+    CHECKS
         .into_iter()
         .filter_map(|(checker, check)| check(input).err().map(|message| Violation { checker, message }))
         .collect()

@@ -1,0 +1,256 @@
+//! Replay files: everything needed to rerun one failing seed exactly, and to refuse a rerun that could not be
+//! exact (DESIGN §5: a run is a function of scenario, seed and build).
+//!
+//! A replay file is JSON ([`ReplayFile`]): its format version, the build that wrote it, the scenario's name and
+//! version (the file's `version` key and a hash of its normalized content), the scenario's text itself (so a
+//! replay does not depend on the scenario file still existing unchanged), the seed, the trace's hash and
+//! length, and what failed. `lockstep sim replay` refuses a file of another format, another build or whose
+//! scenario text no longer hashes to the recorded version, then reruns the seed and compares trace hashes.
+
+use super::run::{RunReport, summary};
+use super::scenario_file::{ScenarioError, ScenarioFile};
+use serde::{Deserialize, Serialize};
+
+/// The replay file format this build writes and reads.
+pub const REPLAY_FORMAT: u32 = 1;
+
+/// FNV-1a, 64 bits: a small stable hash (the same value on every platform and build) for trace and scenario
+/// identities. Not for adversarial input.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    bytes.iter().fold(OFFSET, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(PRIME))
+}
+
+/// A run's trace identity: the FNV-1a hash of its text (16 hex digits) and its length in events.
+pub fn trace_identity(report: &RunReport) -> TraceIdentity {
+    TraceIdentity { hash: format!("{:016x}", fnv1a64(report.trace_text().as_bytes())), events: report.trace.len() }
+}
+
+/// A trace's hash and length.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceIdentity {
+    /// FNV-1a 64 of the trace text, 16 hex digits.
+    pub hash: String,
+    /// Events in the trace.
+    pub events: usize,
+}
+
+/// Which scenario a replay file ran.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayScenario {
+    /// The scenario's `name`.
+    pub name: String,
+    /// Its version label, `v{version}-{content hash}` ([`ScenarioFile::version_label`]).
+    pub version: String,
+    /// Where it was read from when the replay file was written (informational).
+    pub path: String,
+}
+
+/// One failing run, written by `lockstep sim run` and `sim sweep`, read by `sim replay`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayFile {
+    /// [`REPLAY_FORMAT`] of the writer.
+    pub format: u32,
+    /// The writing build's id (the `lockstep` binary's own hash; see the binary's `build_id`).
+    pub build: String,
+    /// The scenario's name, version and path.
+    pub scenario: ReplayScenario,
+    /// The scenario file's text, whole.
+    pub scenario_text: String,
+    /// The run's seed.
+    pub seed: u64,
+    /// The trace the run produced.
+    pub trace: TraceIdentity,
+    /// What failed: the one-line summary of the run.
+    pub failure: String,
+}
+
+/// Why a replay file cannot be replayed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// Not JSON of the replay file's shape.
+    #[error("{path}: not a lockstep replay file: {message}")]
+    Malformed {
+        /// The replay file.
+        path: String,
+        /// What did not parse.
+        message: String,
+    },
+    /// Written in another format version.
+    #[error("{path}: replay format {found}, but this build reads format {expected}")]
+    Format {
+        /// The replay file.
+        path: String,
+        /// The file's format.
+        found: u32,
+        /// This build's.
+        expected: u32,
+    },
+    /// Written by another build: the rerun could not be exact.
+    #[error(
+        "{path}: made by build {file}, but this is build {current}; a run is exact only on the build that made it: \
+         check out and build that version, or rerun the scenario with `lockstep sim run --seed {seed}`"
+    )]
+    Build {
+        /// The replay file.
+        path: String,
+        /// The build that wrote it.
+        file: String,
+        /// This build.
+        current: String,
+        /// The seed, for the hint.
+        seed: u64,
+    },
+    /// The embedded scenario's name or version is not the one recorded.
+    #[error(
+        "{path}: made for scenario {recorded}, but the scenario it carries is {embedded}: the replay file was \
+         edited or the scenario format changed"
+    )]
+    Scenario {
+        /// The replay file.
+        path: String,
+        /// `name version` as recorded.
+        recorded: String,
+        /// `name version` of the embedded text as this build reads it.
+        embedded: String,
+    },
+    /// The embedded scenario text no longer parses.
+    #[error("{path}: the scenario it carries is invalid: {source}")]
+    ScenarioText {
+        /// The replay file.
+        path: String,
+        /// The parse error (boxed: it carries the offending line).
+        source: Box<ScenarioError>,
+    },
+}
+
+impl ReplayFile {
+    /// The replay file of `report`, a run of `file` on build `build`.
+    pub fn new(file: &ScenarioFile, report: &RunReport, build: &str) -> ReplayFile {
+        ReplayFile {
+            format: REPLAY_FORMAT,
+            build: build.to_string(),
+            scenario: ReplayScenario {
+                name: file.scenario.name.clone(),
+                version: file.version_label(),
+                path: file.origin.clone(),
+            },
+            scenario_text: file.text.clone(),
+            seed: report.seed,
+            trace: trace_identity(report),
+            failure: summary(report),
+        }
+    }
+
+    /// Its file name: `{scenario}-seed-{seed}.replay.json`.
+    pub fn file_name(&self) -> String {
+        format!("{}-seed-{}.replay.json", self.scenario.name, self.seed)
+    }
+
+    /// As pretty JSON, ending in a newline.
+    pub fn to_json(&self) -> String {
+        let mut text = serde_json::to_string_pretty(self).expect("a replay file serializes");
+        text.push('\n');
+        text
+    }
+
+    /// Reads a replay file's `text` (from `path`, named in errors) and checks that this `build` can replay it:
+    /// same format, same build, and an embedded scenario that parses to the recorded name and version.
+    /// Returns the file and its scenario.
+    ///
+    /// # Errors
+    /// [`ReplayError`], naming both values of whatever differs.
+    pub fn check(text: &str, path: &str, build: &str) -> Result<(ReplayFile, ScenarioFile), ReplayError> {
+        let malformed = |message: String| ReplayError::Malformed { path: path.to_string(), message };
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|error| malformed(error.to_string()))?;
+        let format = value.get("format").and_then(serde_json::Value::as_u64);
+        let format = format.ok_or_else(|| malformed("no `format` number".into()))?;
+        if format != u64::from(REPLAY_FORMAT) {
+            let found = u32::try_from(format).unwrap_or(u32::MAX);
+            return Err(ReplayError::Format { path: path.to_string(), found, expected: REPLAY_FORMAT });
+        }
+        let replay: ReplayFile = serde_json::from_value(value).map_err(|error| malformed(error.to_string()))?;
+        if replay.build != build {
+            return Err(ReplayError::Build {
+                path: path.to_string(),
+                file: replay.build,
+                current: build.to_string(),
+                seed: replay.seed,
+            });
+        }
+        let origin = format!("{path} (its scenario_text, from {})", replay.scenario.path);
+        let scenario = ScenarioFile::parse(&replay.scenario_text, &origin)
+            .map_err(|source| ReplayError::ScenarioText { path: path.to_string(), source: Box::new(source) })?;
+        let recorded = format!("{} {}", replay.scenario.name, replay.scenario.version);
+        let embedded = format!("{} {}", scenario.scenario.name, scenario.version_label());
+        if recorded != embedded {
+            return Err(ReplayError::Scenario { path: path.to_string(), recorded, embedded });
+        }
+        Ok((replay, scenario))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a64_matches_the_reference_values() {
+        // The FNV reference test vectors (draft-eastlake-fnv, FNV-1a 64).
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    fn replay_of(text: &str, build: &str) -> ReplayFile {
+        let file = ScenarioFile::parse(text, "s.toml").unwrap();
+        ReplayFile {
+            format: REPLAY_FORMAT,
+            build: build.into(),
+            scenario: ReplayScenario {
+                name: file.scenario.name.clone(),
+                version: file.version_label(),
+                path: "s.toml".into(),
+            },
+            scenario_text: text.into(),
+            seed: 7,
+            trace: TraceIdentity { hash: "0".repeat(16), events: 3 },
+            failure: "seed 7: liveness: …".into(),
+        }
+    }
+
+    #[test]
+    fn a_replay_file_round_trips_and_is_accepted_by_its_build() {
+        let replay = replay_of("name = \"s\"\nversion = 2\n", "b1");
+        let (read, scenario) = ReplayFile::check(&replay.to_json(), "r.json", "b1").unwrap();
+        assert_eq!(read, replay);
+        assert_eq!(scenario.version, 2);
+        assert_eq!(replay.file_name(), "s-seed-7.replay.json");
+    }
+
+    #[test]
+    fn another_build_format_or_scenario_version_is_refused_naming_both_values() {
+        let replay = replay_of("name = \"s\"\nversion = 2\n", "b1");
+        let error = ReplayFile::check(&replay.to_json(), "r.json", "b2").unwrap_err().to_string();
+        assert!(error.contains("made by build b1, but this is build b2"), "{error}");
+
+        let mut edited = replay.clone();
+        edited.scenario_text = "name = \"s\"\nversion = 3\n".into();
+        let error = ReplayFile::check(&edited.to_json(), "r.json", "b1").unwrap_err().to_string();
+        assert!(error.contains(&format!("made for scenario s {}", replay.scenario.version)), "{error}");
+        assert!(error.contains("but the scenario it carries is s v3-"), "{error}");
+
+        let mut future = serde_json::to_value(&replay).unwrap();
+        future["format"] = 99.into();
+        let error = ReplayFile::check(&future.to_string(), "r.json", "b1").unwrap_err().to_string();
+        assert!(error.contains("replay format 99, but this build reads format 1"), "{error}");
+
+        let error = ReplayFile::check("{\"format\": 1}", "r.json", "b1").unwrap_err().to_string();
+        assert!(error.contains("not a lockstep replay file"), "{error}");
+    }
+}

@@ -1,0 +1,1118 @@
+//! Scenario files (DESIGN §5): a [`Scenario`] written in TOML, as `lockstep sim run` reads it from
+//! `scenarios/*.toml`. The README's "Scenarios and the command line" section documents every key.
+//!
+//! Every table denies unknown keys, every value is checked, and every error is a [`ScenarioError`] that names
+//! the file, the line and column, the key (`faults.at[1].replica`) and the rule it breaks. Keys left out take
+//! the defaults of [`Scenario::mixed`] without its faults (3 replicas, the sweeps' workload of
+//! [`small_workload`], 6 s leases). Durations are strings with a unit: `"500ms"`, `"90s"`, `"2m"`, `"1m30s"`.
+//!
+//! Where later sections go: `[topology]` gains `agents` and `slots_per_agent`, `[[operations]]` lists the specs
+//! to submit (`name`, `at`, `spec` or `spec_file` relative to the scenario's directory, `format`), and
+//! `[[expect.operation]]` the expected end of each (`state`, `incarnations`, `completes_within`).
+//!
+//! [`small_workload`]: super::scenario::small_workload
+
+use super::faults::{Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
+use super::replay::fnv1a64;
+use super::scenario::{Mutation, Scenario};
+use super::world::Target;
+use crate::pipeline::ConfigError;
+use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use std::fmt;
+use std::ops::Range;
+use std::path::Path;
+use std::time::Duration;
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+/// Most replicas a scenario may have: the world gives them the addresses 10.0.1.1 to 10.0.1.200.
+pub const REPLICAS_MAX: usize = 200;
+/// Longest scenario name: it becomes part of file names (replay files, traces).
+pub const NAME_LEN_MAX: usize = 64;
+
+/// A scenario file, parsed and checked: the [`Scenario`] it describes and what a run needs to cite it.
+#[derive(Clone, Debug)]
+pub struct ScenarioFile {
+    /// The scenario, every key the file left out filled with its default.
+    pub scenario: Scenario,
+    /// The file's `version` key: its author bumps it when the scenario's meaning changes.
+    pub version: u64,
+    /// The file's default seeds (`seeds`; `[1]` when left out).
+    pub seeds: Vec<u64>,
+    /// The file's text, as read.
+    pub text: String,
+    /// Where the text came from (a path, or a label such as `<replay file>`), in error messages.
+    pub origin: String,
+}
+
+impl ScenarioFile {
+    /// Reads and checks the scenario file at `path`.
+    ///
+    /// # Errors
+    /// [`ScenarioError::Read`] if the file cannot be read; else as [`ScenarioFile::parse`].
+    pub fn load(path: &Path) -> Result<ScenarioFile, ScenarioError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|error| ScenarioError::Read { origin: origin.clone(), message: error.to_string() })?;
+        ScenarioFile::parse(&text, &origin)
+    }
+
+    /// Parses and checks a scenario file's `text`; `origin` names it in errors.
+    ///
+    /// # Errors
+    /// [`ScenarioError::Invalid`] for a TOML syntax error, an unknown key, a value of the wrong type or shape,
+    /// or a value that breaks a rule (a replica index out of range, a negative rate, an empty range, a fixed
+    /// fault at or past the end of the fault window, a pipeline config the engine refuses, …).
+    pub fn parse(text: &str, origin: &str) -> Result<ScenarioFile, ScenarioError> {
+        let located = Located { text, origin };
+        let tree = DeTable::parse(text).map_err(|error| located.toml_error(&error, None))?;
+        let tree = tree.get_ref();
+        let doc: FileDoc = toml::from_str(text).map_err(|error| located.toml_error(&error, Some(tree)))?;
+        let file = doc.into_file(text, origin).map_err(|(path, rule)| located.at_path(tree, &path, rule))?;
+        Ok(file)
+    }
+
+    /// A hash of the scenario's normalized content (every value after defaults, not the text's comments or
+    /// layout) and its `version`: two files with the same hash describe the same runs.
+    pub fn content_hash(&self) -> u64 {
+        fnv1a64(format!("version={}\n{:?}", self.version, self.scenario).as_bytes())
+    }
+
+    /// The scenario version a replay file records: `v{version}-{content hash, 16 hex digits}`.
+    pub fn version_label(&self) -> String {
+        format!("v{}-{:016x}", self.version, self.content_hash())
+    }
+}
+
+/// A scenario file that cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScenarioError {
+    /// The file could not be read.
+    #[error("{origin}: cannot read the scenario file: {message}")]
+    Read {
+        /// The path.
+        origin: String,
+        /// The operating system's error.
+        message: String,
+    },
+    /// The text is not a valid scenario.
+    #[error("{origin}:{line}:{column}: {}{rule}\n{line:>5} | {source_line}", if key.is_empty() { String::new() } else { format!("{key}: ") })]
+    Invalid {
+        /// Where the text came from.
+        origin: String,
+        /// 1-based line of the offending key or value.
+        line: usize,
+        /// 1-based column (in characters).
+        column: usize,
+        /// The key's full path, `faults.at[1].replica` (empty for a syntax error outside any key).
+        key: String,
+        /// The rule it breaks.
+        rule: String,
+        /// The text of that line.
+        source_line: String,
+    },
+}
+
+/// One step of a key path: a table key or an array index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+/// A key path, `faults.at[1].replica`.
+type KeyPath = Vec<Seg>;
+
+fn render_path(path: &[Seg]) -> String {
+    let mut text = String::new();
+    for seg in path {
+        match seg {
+            Seg::Key(key) if text.is_empty() => text.push_str(key),
+            Seg::Key(key) => {
+                text.push('.');
+                text.push_str(key);
+            }
+            Seg::Index(index) => text.push_str(&format!("[{index}]")),
+        }
+    }
+    text
+}
+
+/// The text being parsed, for turning spans and key paths into [`ScenarioError::Invalid`].
+struct Located<'a> {
+    text: &'a str,
+    origin: &'a str,
+}
+
+impl Located<'_> {
+    fn toml_error(&self, error: &toml::de::Error, tree: Option<&DeTable<'_>>) -> ScenarioError {
+        let offset = error.span().map_or(0, |span| span.start);
+        let key = match tree {
+            Some(tree) => path_at(tree, offset).map(|path| render_path(&path)).unwrap_or_default(),
+            None => String::new(),
+        };
+        self.invalid(offset, key, error.message().trim().replace('\n', "; "))
+    }
+
+    fn at_path(&self, tree: &DeTable<'_>, path: &[Seg], rule: String) -> ScenarioError {
+        self.invalid(span_of(tree, path), render_path(path), rule)
+    }
+
+    fn invalid(&self, offset: usize, key: String, rule: String) -> ScenarioError {
+        let offset = offset.min(self.text.len());
+        let before = &self.text[..offset];
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |at| at + 1);
+        let column = before[line_start..].chars().count() + 1;
+        let source_line = self.text[line_start..].lines().next().unwrap_or("").to_string();
+        ScenarioError::Invalid { origin: self.origin.to_string(), line, column, key, rule, source_line }
+    }
+}
+
+/// The path of the key or value whose span holds `offset`, searching leaves (keys and scalar values, whose
+/// spans are exact) depth first.
+fn path_at(table: &DeTable<'_>, offset: usize) -> Option<KeyPath> {
+    for (key, value) in table.iter() {
+        let here = vec![Seg::Key(key.get_ref().to_string())];
+        if key.span().contains(&offset) {
+            return Some(here);
+        }
+        if let Some(mut rest) = value_path_at(value, offset) {
+            let mut path = here;
+            path.append(&mut rest);
+            return Some(path);
+        }
+    }
+    None
+}
+
+fn value_path_at(value: &Spanned<DeValue<'_>>, offset: usize) -> Option<KeyPath> {
+    match value.get_ref() {
+        DeValue::Table(table) => path_at(table, offset),
+        DeValue::Array(array) => array.iter().enumerate().find_map(|(index, element)| {
+            let mut rest = value_path_at(element, offset)?;
+            rest.insert(0, Seg::Index(index));
+            Some(rest)
+        }),
+        _ if value.span().contains(&offset) => Some(Vec::new()),
+        _ => None,
+    }
+}
+
+/// Where `path` is in the text: its value's start, or for a key the file left out, its table's first key.
+fn span_of(table: &DeTable<'_>, path: &[Seg]) -> usize {
+    let mut anchor = table_anchor(table, 0);
+    let mut current: Option<&Spanned<DeValue<'_>>> = None;
+    for seg in path {
+        let next = match (seg, current.map(|value| value.get_ref())) {
+            (Seg::Key(key), None) => table.get(key.as_str()),
+            (Seg::Key(key), Some(DeValue::Table(inner))) => inner.get(key.as_str()),
+            (Seg::Index(index), Some(DeValue::Array(array))) => array.get(*index),
+            _ => None,
+        };
+        match next {
+            Some(value) => {
+                anchor = match value.get_ref() {
+                    DeValue::Table(inner) => table_anchor(inner, value.span().start),
+                    _ => value.span().start,
+                };
+                current = Some(value);
+            }
+            None => break,
+        }
+    }
+    anchor
+}
+
+/// A table's first key (a table written under a header has no span of its own worth showing).
+fn table_anchor(table: &DeTable<'_>, fallback: usize) -> usize {
+    table.iter().map(|(key, _)| key.span().start).min().unwrap_or(fallback)
+}
+
+/// A failed rule: the key's path and the rule.
+type Broken = (KeyPath, String);
+
+fn key(parts: &[&str]) -> KeyPath {
+    parts.iter().map(|part| Seg::Key(part.to_string())).collect()
+}
+
+fn item(section: &[&str], index: usize, field: &str) -> KeyPath {
+    let mut path = key(section);
+    path.push(Seg::Index(index));
+    path.push(Seg::Key(field.to_string()));
+    path
+}
+
+// ---- the file's shape (serde) ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileDoc {
+    name: String,
+    version: u64,
+    seeds: Option<Vec<u64>>,
+    #[serde(default)]
+    topology: TopologyDoc,
+    #[serde(default)]
+    network: NetworkDoc,
+    #[serde(default)]
+    pipeline: PipelineDoc,
+    #[serde(default)]
+    workload: WorkloadDoc,
+    #[serde(default)]
+    faults: FaultsDoc,
+    #[serde(default)]
+    expect: ExpectDoc,
+    #[serde(default)]
+    mutation: MutationDoc,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TopologyDoc {
+    replicas: Option<usize>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NetworkDoc {
+    latency: Option<DurationRange>,
+    call_timeout: Option<Dur>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PipelineDoc {
+    lease_ttl: Option<Dur>,
+    lease_margin: Option<Dur>,
+    min_processing_interval: Option<Dur>,
+    #[serde(default)]
+    workers: WorkersDoc,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkersDoc {
+    tasks: Option<usize>,
+    jobs: Option<usize>,
+    claims: Option<usize>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkloadDoc {
+    span: Option<Dur>,
+    jobs_per_minute: Option<f64>,
+    tasks_per_job: Option<[u64; 2]>,
+    claims_per_minute: Option<f64>,
+    claim_pipelines: Option<usize>,
+    resources: Option<usize>,
+    hot_share: Option<f64>,
+    rows_max: Option<usize>,
+    task_process: Option<DurationRange>,
+    task_slow_chance: Option<f64>,
+    task_slow: Option<DurationRange>,
+    task_failure_chance: Option<f64>,
+    job_process: Option<DurationRange>,
+    claim_process: Option<DurationRange>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FaultsDoc {
+    until: Option<Dur>,
+    #[serde(default)]
+    at: Vec<FixedDoc>,
+    #[serde(default)]
+    random: Vec<RandomDoc>,
+}
+
+/// One `[[faults.at]]`: every field a kind may take; [`FixedDoc::fault`] checks which ones this kind takes.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FixedDoc {
+    at: Dur,
+    kind: KindDoc,
+    replica: Option<usize>,
+    down: Option<Dur>,
+    span: Option<Dur>,
+    a: Option<String>,
+    b: Option<String>,
+    node: Option<String>,
+    latency: Option<DurationRange>,
+    loss: Option<f64>,
+    chance: Option<f64>,
+    rate_ppm: Option<u64>,
+    claims: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RandomDoc {
+    kind: KindDoc,
+    per_minute: f64,
+    span: Option<DurationRange>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExpectDoc {
+    liveness_within: Option<Dur>,
+    starvation_within: Option<Dur>,
+    drain_within: Option<Dur>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MutationDoc {
+    apply_guard_disabled: Option<bool>,
+}
+
+// ---- values ----
+
+/// A duration written as a string with units.
+#[derive(Clone, Copy, Debug)]
+struct Dur(Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Dur, D::Error> {
+        struct DurVisitor;
+        impl Visitor<'_> for DurVisitor {
+            type Value = Dur;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration string such as \"500ms\", \"90s\" or \"2m\"")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Dur, E> {
+                parse_duration(text).map(Dur).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_str(DurVisitor)
+    }
+}
+
+/// A range of durations: `["1s", "10s"]` (uniform in it) or one string (exactly that).
+#[derive(Clone, Debug)]
+struct DurationRange(Range<Duration>);
+
+impl<'de> Deserialize<'de> for DurationRange {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<DurationRange, D::Error> {
+        struct RangeVisitor;
+        impl<'de> Visitor<'de> for RangeVisitor {
+            type Value = DurationRange;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration range [\"from\", \"to\"] such as [\"1s\", \"10s\"], or one duration")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<DurationRange, E> {
+                let at = parse_duration(text).map_err(E::custom)?;
+                Ok(DurationRange(at..at))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<DurationRange, A::Error> {
+                let from: Dur = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(0, &self))?;
+                let to: Dur = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(1, &self))?;
+                if seq.next_element::<Dur>()?.is_some() {
+                    return Err(de::Error::invalid_length(3, &self));
+                }
+                Ok(DurationRange(from.0..to.0))
+            }
+        }
+        deserializer.deserialize_any(RangeVisitor)
+    }
+}
+
+/// A fault kind, by its trace name (`kill`, `lost-replies`, …).
+#[derive(Clone, Copy, Debug)]
+struct KindDoc(FaultKind);
+
+impl<'de> Deserialize<'de> for KindDoc {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<KindDoc, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        FaultKind::ALL.iter().find(|kind| kind.name() == name).map(|&kind| KindDoc(kind)).ok_or_else(|| {
+            let names: Vec<&str> = FaultKind::ALL.iter().map(|kind| kind.name()).collect();
+            de::Error::custom(format!("unknown fault kind \"{name}\": expected one of {}", names.join(", ")))
+        })
+    }
+}
+
+/// Parses a duration: one or more `<number><unit>` parts (`"90s"`, `"1.5s"`, `"1m30s"`), units `us`, `ms`,
+/// `s`, `m`, `h`. Exact to the nanosecond.
+///
+/// # Errors
+/// A message naming the text and the accepted form.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = |why: &str| {
+        format!(
+            "invalid duration \"{text}\": {why}; write a number and a unit (us, ms, s, m, h), e.g. \"500ms\", \"90s\", \"2m\""
+        )
+    };
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(bad("it is empty"));
+    }
+    let mut total: u128 = 0;
+    while !rest.is_empty() {
+        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let (number, after) = rest.split_at(number_len);
+        let after = after.trim_start();
+        let unit_len = after.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let unit_nanos: u128 = match unit {
+            "us" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "" => return Err(bad("a number without a unit")),
+            _ => return Err(bad(&format!("unknown unit \"{unit}\""))),
+        };
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        let digits_ok = |part: &str| part.chars().all(|c| c.is_ascii_digit());
+        if whole.is_empty() || number.ends_with('.') || !digits_ok(fraction) || fraction.len() > 9 {
+            return Err(bad("expected a number before the unit"));
+        }
+        let whole: u128 = whole.parse().map_err(|_| bad("the number is too large"))?;
+        let fraction_nanos = if fraction.is_empty() {
+            0
+        } else {
+            fraction.parse::<u128>().expect("digits") * unit_nanos / 10u128.pow(fraction.len() as u32)
+        };
+        total = whole
+            .checked_mul(unit_nanos)
+            .and_then(|nanos| nanos.checked_add(fraction_nanos))
+            .and_then(|nanos| nanos.checked_add(total))
+            .ok_or_else(|| bad("too large"))?;
+        rest = after.trim_start();
+    }
+    let secs = u64::try_from(total / 1_000_000_000).map_err(|_| bad("too large"))?;
+    Ok(Duration::new(secs, (total % 1_000_000_000) as u32))
+}
+
+// ---- from the file's shape to a Scenario ----
+
+impl FileDoc {
+    fn into_file(self, text: &str, origin: &str) -> Result<ScenarioFile, Broken> {
+        let mut scenario = Scenario::mixed();
+        scenario.faults = FaultPlan::default();
+        check_name(&self.name)?;
+        scenario.name = self.name;
+        if self.version == 0 {
+            return Err((key(&["version"]), "0 must be at least 1".into()));
+        }
+        let seeds = self.seeds.unwrap_or_else(|| vec![1]);
+        if seeds.is_empty() {
+            return Err((key(&["seeds"]), "must list at least one seed (or be left out for [1])".into()));
+        }
+        if let Some(replicas) = self.topology.replicas {
+            if !(1..=REPLICAS_MAX).contains(&replicas) {
+                return Err((key(&["topology", "replicas"]), format!("{replicas} must be in 1..={REPLICAS_MAX}")));
+            }
+            scenario.replicas = replicas;
+        }
+        self.network.apply(&mut scenario)?;
+        self.pipeline.apply(&mut scenario)?;
+        self.workload.apply(&mut scenario)?;
+        check_pipelines(&scenario)?;
+        self.expect.apply(&mut scenario)?;
+        scenario.mutation = Mutation { apply_guard_disabled: self.mutation.apply_guard_disabled.unwrap_or(false) };
+        self.faults.apply(&mut scenario)?;
+        Ok(ScenarioFile { scenario, version: self.version, seeds, text: text.to_string(), origin: origin.to_string() })
+    }
+}
+
+fn check_name(name: &str) -> Result<(), Broken> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if name.is_empty() || name.len() > NAME_LEN_MAX || !name.chars().all(allowed) || name.starts_with('.') {
+        return Err((
+            key(&["name"]),
+            format!(
+                "\"{name}\" must be 1 to {NAME_LEN_MAX} letters, digits, '-', '_' or '.', not starting with '.' \
+                 (it names replay and trace files)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn positive(path: KeyPath, value: Duration) -> Result<Duration, Broken> {
+    if value.is_zero() {
+        return Err((path, "must be longer than 0".into()));
+    }
+    Ok(value)
+}
+
+fn ordered(path: KeyPath, range: &DurationRange) -> Result<Range<Duration>, Broken> {
+    let range = range.0.clone();
+    if range.start > range.end {
+        return Err((
+            path,
+            format!("the range {:?}..{:?} is empty: its start is past its end", range.start, range.end),
+        ));
+    }
+    Ok(range)
+}
+
+/// A range madsim draws from with `gen_range`, which needs it non-empty (start < end).
+fn strict(path: KeyPath, range: &DurationRange) -> Result<Range<Duration>, Broken> {
+    let range = ordered(path.clone(), range)?;
+    if range.start == range.end {
+        return Err((
+            path,
+            format!("the range {:?}..{:?} is empty: its end must be past its start", range.start, range.end),
+        ));
+    }
+    Ok(range)
+}
+
+fn rate(path: KeyPath, value: f64) -> Result<f64, Broken> {
+    if !value.is_finite() || value < 0.0 {
+        return Err((path, format!("{value} must be a finite rate ≥ 0 (events per simulated minute)")));
+    }
+    Ok(value)
+}
+
+fn chance(path: KeyPath, value: f64) -> Result<f64, Broken> {
+    if !(0.0..=1.0).contains(&value) {
+        return Err((path, format!("{value} must be a probability in [0, 1]")));
+    }
+    Ok(value)
+}
+
+fn at_least_one(path: KeyPath, value: usize) -> Result<usize, Broken> {
+    if value == 0 {
+        return Err((path, "0 must be at least 1".into()));
+    }
+    Ok(value)
+}
+
+impl NetworkDoc {
+    fn apply(self, scenario: &mut Scenario) -> Result<(), Broken> {
+        if let Some(latency) = &self.latency {
+            scenario.net_latency = strict(key(&["network", "latency"]), latency)?;
+        }
+        if let Some(timeout) = self.call_timeout {
+            scenario.call_timeout = positive(key(&["network", "call_timeout"]), timeout.0)?;
+        }
+        Ok(())
+    }
+}
+
+impl PipelineDoc {
+    fn apply(self, scenario: &mut Scenario) -> Result<(), Broken> {
+        let spec = &mut scenario.workload;
+        if let Some(ttl) = self.lease_ttl {
+            spec.lease_ttl = positive(key(&["pipeline", "lease_ttl"]), ttl.0)?;
+        }
+        if let Some(margin) = self.lease_margin {
+            spec.lease_margin = margin.0;
+        }
+        if let Some(interval) = self.min_processing_interval {
+            spec.min_processing_interval = interval.0;
+        }
+        let workers = |name: &str, value: Option<usize>, default: usize| match value {
+            Some(value) => at_least_one(key(&["pipeline", "workers", name]), value),
+            None => Ok(default),
+        };
+        spec.workers.tasks = workers("tasks", self.workers.tasks, spec.workers.tasks)?;
+        spec.workers.jobs = workers("jobs", self.workers.jobs, spec.workers.jobs)?;
+        spec.workers.claims = workers("claims", self.workers.claims, spec.workers.claims)?;
+        Ok(())
+    }
+}
+
+/// Every pipeline's config passes the engine's own validation (`PipelineConfig::validate`), reported at the
+/// `[pipeline]` key it comes from.
+fn check_pipelines(scenario: &Scenario) -> Result<(), Broken> {
+    let spec = &scenario.workload;
+    let w = &spec.workers;
+    let mut configs =
+        vec![spec.config("tasks", "task", "ready", w.tasks), spec.config("jobs", "job", "running", w.jobs)];
+    configs.extend((0..spec.claim_pipelines).map(|p| spec.config(&format!("claims-{p}"), "claim", "ready", w.claims)));
+    for config in configs {
+        if let Err(ConfigError::Field { pipeline, field, rule }) = config.validate() {
+            let at = match field {
+                "apply_batch_window" => key(&["pipeline", "lease_margin"]),
+                "workers" => key(&["pipeline", "workers"]),
+                _ => key(&["pipeline", "lease_ttl"]),
+            };
+            let rule = format!(
+                "the engine refuses pipeline {pipeline}'s {field}: {rule} (lease_ttl {:?}, lease_margin {:?})",
+                spec.lease_ttl, spec.lease_margin
+            );
+            return Err((at, rule));
+        }
+    }
+    Ok(())
+}
+
+impl WorkloadDoc {
+    fn apply(self, scenario: &mut Scenario) -> Result<(), Broken> {
+        let spec = &mut scenario.workload;
+        let at = |field: &str| key(&["workload", field]);
+        if let Some(span) = self.span {
+            spec.span = span.0;
+        }
+        if let Some(value) = self.jobs_per_minute {
+            spec.jobs_per_minute = rate(at("jobs_per_minute"), value)?;
+        }
+        if let Some([from, to]) = self.tasks_per_job {
+            if from == 0 || from > to {
+                return Err((at("tasks_per_job"), format!("[{from}, {to}] must be [from, to] with 1 ≤ from ≤ to")));
+            }
+            spec.tasks_per_job = from..=to;
+        }
+        if let Some(value) = self.claims_per_minute {
+            spec.claims_per_minute = rate(at("claims_per_minute"), value)?;
+        }
+        if let Some(value) = self.claim_pipelines {
+            spec.claim_pipelines = at_least_one(at("claim_pipelines"), value)?;
+        }
+        if let Some(value) = self.resources {
+            spec.resources = at_least_one(at("resources"), value)?;
+        }
+        if let Some(value) = self.hot_share {
+            spec.hot_share = chance(at("hot_share"), value)?;
+        }
+        if let Some(value) = self.rows_max {
+            spec.rows_max = value;
+        }
+        if let Some(value) = self.task_slow_chance {
+            spec.task_slow_chance = chance(at("task_slow_chance"), value)?;
+        }
+        if let Some(value) = self.task_failure_chance {
+            spec.task_failure_chance = chance(at("task_failure_chance"), value)?;
+        }
+        let ranges = [
+            ("task_process", &self.task_process, &mut spec.task_process),
+            ("task_slow", &self.task_slow, &mut spec.task_slow),
+            ("job_process", &self.job_process, &mut spec.job_process),
+            ("claim_process", &self.claim_process, &mut spec.claim_process),
+        ];
+        for (field, value, target) in ranges {
+            if let Some(value) = value {
+                *target = ordered(at(field), value)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ExpectDoc {
+    fn apply(self, scenario: &mut Scenario) -> Result<(), Broken> {
+        if let Some(bound) = self.liveness_within {
+            scenario.liveness_bound = positive(key(&["expect", "liveness_within"]), bound.0)?;
+        }
+        if let Some(bound) = self.starvation_within {
+            scenario.starvation_bound = positive(key(&["expect", "starvation_within"]), bound.0)?;
+        }
+        if let Some(bound) = self.drain_within {
+            scenario.drain_budget = positive(key(&["expect", "drain_within"]), bound.0)?;
+        }
+        Ok(())
+    }
+}
+
+impl FaultsDoc {
+    fn apply(self, scenario: &mut Scenario) -> Result<(), Broken> {
+        let until = self.until.map_or(scenario.workload.span, |until| until.0);
+        let mut plan = FaultPlan { fixed: Vec::new(), random: Vec::new(), until };
+        for (index, fixed) in self.at.iter().enumerate() {
+            let at = fixed.at.0;
+            if at >= until {
+                return Err((
+                    item(&["faults", "at"], index, "at"),
+                    format!(
+                        "{at:?} is at or past the end of the fault window ({until:?}, faults.until or else \
+                         workload.span): the fault would never start"
+                    ),
+                ));
+            }
+            plan.fixed.push(FaultEvent { at, fault: fixed.fault(index, scenario.replicas)? });
+        }
+        for (index, random) in self.random.iter().enumerate() {
+            plan.random.push(random.process(index)?);
+        }
+        scenario.faults = plan;
+        Ok(())
+    }
+}
+
+/// The fields each fault kind takes at a fixed time (besides `at` and `kind`).
+fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
+    match kind {
+        FaultKind::Kill => &["replica", "down"],
+        FaultKind::Pause => &["replica", "span"],
+        FaultKind::Partition => &["a", "b", "span"],
+        FaultKind::Isolate => &["node", "span"],
+        FaultKind::Degrade => &["latency", "loss", "span"],
+        FaultKind::LostReplies => &["chance", "span"],
+        FaultKind::DbRestart => &["down"],
+        FaultKind::ClockDrift => &["replica", "rate_ppm", "span"],
+        FaultKind::Contention => &["claims"],
+        FaultKind::Buggify => &["span"],
+    }
+}
+
+impl FixedDoc {
+    /// The fields this entry sets, by name.
+    fn present(&self) -> Vec<&'static str> {
+        let set = [
+            ("replica", self.replica.is_some()),
+            ("down", self.down.is_some()),
+            ("span", self.span.is_some()),
+            ("a", self.a.is_some()),
+            ("b", self.b.is_some()),
+            ("node", self.node.is_some()),
+            ("latency", self.latency.is_some()),
+            ("loss", self.loss.is_some()),
+            ("chance", self.chance.is_some()),
+            ("rate_ppm", self.rate_ppm.is_some()),
+            ("claims", self.claims.is_some()),
+        ];
+        set.iter().filter(|(_, present)| *present).map(|(name, _)| *name).collect()
+    }
+
+    fn fault(&self, index: usize, replicas: usize) -> Result<Fault, Broken> {
+        let kind = self.kind.0;
+        let at = |field: &str| item(&["faults", "at"], index, field);
+        let fields = fixed_fields(kind);
+        if let Some(extra) = self.present().into_iter().find(|field| !fields.contains(field)) {
+            return Err((
+                at(extra),
+                format!("a {} fault takes no `{extra}` (its fields: {})", kind.name(), fields.join(", ")),
+            ));
+        }
+        let need = |field: &str| {
+            (at(field), format!("a {} fault needs `{field}` (its fields: {})", kind.name(), fields.join(", ")))
+        };
+        let replica = || -> Result<usize, Broken> {
+            let replica = self.replica.ok_or_else(|| need("replica"))?;
+            if replica >= replicas {
+                return Err((
+                    at("replica"),
+                    format!("replica {replica} does not exist: topology.replicas is {replicas} (0..={})", replicas - 1),
+                ));
+            }
+            Ok(replica)
+        };
+        let span = || self.span.map(|span| span.0).ok_or_else(|| need("span"));
+        let down = || self.down.map(|down| down.0).ok_or_else(|| need("down"));
+        let target = |field: &str, value: &Option<String>| -> Result<Target, Broken> {
+            let value = value.as_deref().ok_or_else(|| need(field))?;
+            parse_target(value, replicas).map_err(|rule| (at(field), rule))
+        };
+        Ok(match kind {
+            FaultKind::Kill => Fault::Kill { replica: replica()?, down: down()? },
+            FaultKind::Pause => Fault::Pause { replica: replica()?, span: span()? },
+            FaultKind::Partition => {
+                let (a, b) = (target("a", &self.a)?, target("b", &self.b)?);
+                if a == b {
+                    return Err((at("b"), format!("a partition needs two different nodes, not {a:?} twice")));
+                }
+                Fault::Partition { a, b, span: span()? }
+            }
+            FaultKind::Isolate => Fault::Isolate { node: target("node", &self.node)?, span: span()? },
+            FaultKind::Degrade => {
+                let latency = strict(at("latency"), self.latency.as_ref().ok_or_else(|| need("latency"))?)?;
+                let loss = chance(at("loss"), self.loss.ok_or_else(|| need("loss"))?)?;
+                Fault::Degrade { latency, loss, span: span()? }
+            }
+            FaultKind::LostReplies => Fault::LostReplies {
+                chance: chance(at("chance"), self.chance.ok_or_else(|| need("chance"))?)?,
+                span: span()?,
+            },
+            FaultKind::DbRestart => Fault::DbRestart { down: down()? },
+            FaultKind::ClockDrift => {
+                let rate_ppm = self.rate_ppm.ok_or_else(|| need("rate_ppm"))?;
+                if rate_ppm == 0 {
+                    return Err((at("rate_ppm"), "0 must be above 0 (1 000 000 is an exact clock)".into()));
+                }
+                Fault::ClockDrift { replica: replica()?, rate_ppm, span: span()? }
+            }
+            FaultKind::Contention => {
+                Fault::Contention { claims: at_least_one(at("claims"), self.claims.ok_or_else(|| need("claims"))?)? }
+            }
+            FaultKind::Buggify => Fault::Buggify { span: span()? },
+        })
+    }
+}
+
+impl RandomDoc {
+    fn process(&self, index: usize) -> Result<RandomFault, Broken> {
+        let kind = self.kind.0;
+        let at = |field: &str| item(&["faults", "random"], index, field);
+        let per_minute = rate(at("per_minute"), self.per_minute)?;
+        let span = match (&self.span, kind) {
+            (Some(_), FaultKind::Contention) => {
+                return Err((at("span"), "a contention process takes no `span` (a burst has none)".into()));
+            }
+            (None, FaultKind::Contention) => Duration::ZERO..Duration::ZERO,
+            (Some(span), _) => ordered(at("span"), span)?,
+            (None, _) => {
+                return Err((
+                    at("span"),
+                    format!("a {} process needs `span` (each fault's span or down time)", kind.name()),
+                ));
+            }
+        };
+        Ok(RandomFault { kind, per_minute, span })
+    }
+}
+
+/// A network target: `db`, `client` or `replica-N` with N below `replicas`.
+fn parse_target(text: &str, replicas: usize) -> Result<Target, String> {
+    match text {
+        "db" => Ok(Target::Db),
+        "client" => Ok(Target::Client),
+        _ => {
+            let index = text
+                .strip_prefix("replica-")
+                .and_then(|index| index.parse::<usize>().ok())
+                .ok_or_else(|| format!("\"{text}\" is not a node: expected \"db\", \"client\" or \"replica-N\""))?;
+            if index >= replicas {
+                return Err(format!(
+                    "\"{text}\": replica {index} does not exist: topology.replicas is {replicas} (0..={})",
+                    replicas - 1
+                ));
+            }
+            Ok(Target::Replica(index))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "name = \"t\"\nversion = 1\n";
+
+    fn parse(text: &str) -> Result<ScenarioFile, ScenarioError> {
+        ScenarioFile::parse(text, "t.toml")
+    }
+
+    /// The error's (line, key, rule) for `text`.
+    fn error(text: &str) -> (usize, String, String) {
+        match parse(text).expect_err("the text is invalid") {
+            ScenarioError::Invalid { line, key, rule, .. } => (line, key, rule),
+            other => panic!("not an Invalid error: {other}"),
+        }
+    }
+
+    #[test]
+    fn a_minimal_file_takes_the_mixed_scenarios_defaults_without_faults() {
+        let file = parse(MINIMAL).unwrap();
+        let mixed = Scenario::mixed();
+        assert_eq!(file.scenario.replicas, mixed.replicas);
+        assert_eq!(file.scenario.workload.span, mixed.workload.span);
+        assert!(file.scenario.faults.fixed.is_empty() && file.scenario.faults.random.is_empty());
+        assert_eq!(file.seeds, vec![1]);
+        assert_eq!(file.version, 1);
+    }
+
+    #[test]
+    fn durations_take_units_and_fractions() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1_500)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3_600)));
+        for bad in ["", "9", "9x", "s", "1.s", ".5s", "-1s", "1.2.3s", "99999999999999999999999h"] {
+            let message = parse_duration(bad).expect_err(bad);
+            assert!(message.contains(&format!("\"{bad}\"")), "{message}");
+        }
+    }
+
+    #[test]
+    fn every_section_maps_to_the_scenario() {
+        let text = r#"
+name = "full"
+version = 3
+seeds = [4, 5]
+[topology]
+replicas = 2
+[network]
+latency = ["2ms", "5ms"]
+call_timeout = "3s"
+[pipeline]
+lease_ttl = "8s"
+lease_margin = "2s"
+min_processing_interval = "500ms"
+workers = { tasks = 4, jobs = 1, claims = 2 }
+[workload]
+span = "40s"
+jobs_per_minute = 10.0
+tasks_per_job = [2, 3]
+claims_per_minute = 0.0
+claim_pipelines = 1
+resources = 2
+hot_share = 0.2
+rows_max = 100
+task_process = ["10ms", "20ms"]
+task_slow_chance = 0.0
+task_slow = "9s"
+task_failure_chance = 0.5
+job_process = ["1ms", "2ms"]
+claim_process = ["1ms", "2ms"]
+[faults]
+until = "30s"
+[[faults.at]]
+at = "10s"
+kind = "pause"
+replica = 1
+span = "7s"
+[[faults.at]]
+at = "12s"
+kind = "partition"
+a = "replica-0"
+b = "db"
+span = "3s"
+[[faults.random]]
+kind = "kill"
+per_minute = 0.5
+span = ["1s", "4s"]
+[[faults.random]]
+kind = "contention"
+per_minute = 1.0
+[expect]
+liveness_within = "2m"
+starvation_within = "50s"
+drain_within = "40s"
+[mutation]
+apply_guard_disabled = true
+"#;
+        let file = parse(text).unwrap();
+        let s = &file.scenario;
+        assert_eq!((s.name.as_str(), file.version, file.seeds.clone()), ("full", 3, vec![4, 5]));
+        assert_eq!(s.replicas, 2);
+        assert_eq!(s.net_latency, Duration::from_millis(2)..Duration::from_millis(5));
+        assert_eq!(s.call_timeout, Duration::from_secs(3));
+        assert_eq!(s.workload.lease_ttl, Duration::from_secs(8));
+        assert_eq!(s.workload.workers.tasks, 4);
+        assert_eq!(s.workload.tasks_per_job, 2..=3);
+        assert_eq!(s.workload.task_slow, Duration::from_secs(9)..Duration::from_secs(9));
+        assert_eq!(s.faults.until, Duration::from_secs(30));
+        assert_eq!(
+            s.faults.fixed[1],
+            FaultEvent {
+                at: Duration::from_secs(12),
+                fault: Fault::Partition { a: Target::Replica(0), b: Target::Db, span: Duration::from_secs(3) }
+            }
+        );
+        assert_eq!(s.faults.random[1].kind, FaultKind::Contention);
+        assert_eq!(s.liveness_bound, Duration::from_secs(120));
+        assert!(s.mutation.apply_guard_disabled);
+    }
+
+    #[test]
+    fn an_unknown_key_is_named_with_its_line() {
+        let (line, key, rule) = error("name = \"t\"\nversion = 1\n[workload]\nspan = \"10s\"\njobs_per_hour = 3.0\n");
+        assert_eq!((line, key.as_str()), (5, "workload.jobs_per_hour"));
+        assert!(rule.contains("unknown field `jobs_per_hour`"), "{rule}");
+        let (line, key, _) = error("name = \"t\"\nversion = 1\ncolour = 1\n");
+        assert_eq!((line, key.as_str()), (3, "colour"));
+    }
+
+    #[test]
+    fn a_bad_duration_names_the_key_and_the_form() {
+        let (line, key, rule) = error("name = \"t\"\nversion = 1\n\n[network]\ncall_timeout = \"2 parsecs\"\n");
+        assert_eq!((line, key.as_str()), (5, "network.call_timeout"));
+        assert!(rule.contains("invalid duration \"2 parsecs\"") && rule.contains("unknown unit"), "{rule}");
+        let (_, key, rule) = error("name = \"t\"\nversion = 1\n[network]\ncall_timeout = 5\n");
+        assert_eq!(key, "network.call_timeout");
+        assert!(rule.contains("a duration string"), "{rule}");
+    }
+
+    #[test]
+    fn a_bad_rate_names_the_process() {
+        let text = "name = \"t\"\nversion = 1\n[[faults.random]]\nkind = \"kill\"\nper_minute = -1.0\nspan = \"1s\"\n";
+        let (line, key, rule) = error(text);
+        assert_eq!((line, key.as_str()), (5, "faults.random[0].per_minute"));
+        assert!(rule.contains("must be a finite rate ≥ 0"), "{rule}");
+        let (_, key, _) = error("name = \"t\"\nversion = 1\n[workload]\njobs_per_minute = nan\n");
+        assert_eq!(key, "workload.jobs_per_minute");
+    }
+
+    #[test]
+    fn a_replica_out_of_range_is_refused() {
+        let text = "name = \"t\"\nversion = 1\n[topology]\nreplicas = 2\n[[faults.at]]\nat = \"1s\"\nkind = \"kill\"\n\
+                    replica = 2\ndown = \"1s\"\n";
+        let (line, key, rule) = error(text);
+        assert_eq!((line, key.as_str()), (8, "faults.at[0].replica"));
+        assert!(rule.contains("replica 2 does not exist: topology.replicas is 2"), "{rule}");
+        let text = "name = \"t\"\nversion = 1\n[topology]\nreplicas = 2\n[[faults.at]]\nat = \"1s\"\nkind = \"isolate\"\n\
+                    node = \"replica-7\"\nspan = \"1s\"\n";
+        assert_eq!(error(text).1, "faults.at[0].node");
+        assert_eq!(error("name = \"t\"\nversion = 1\n[topology]\nreplicas = 0\n").1, "topology.replicas");
+    }
+
+    #[test]
+    fn a_fault_past_the_end_of_the_window_is_refused() {
+        let text = "name = \"t\"\nversion = 1\n[workload]\nspan = \"30s\"\n[[faults.at]]\nat = \"30s\"\n\
+                    kind = \"db-restart\"\ndown = \"1s\"\n";
+        let (line, key, rule) = error(text);
+        assert_eq!((line, key.as_str()), (6, "faults.at[0].at"));
+        assert!(rule.contains("at or past the end of the fault window"), "{rule}");
+    }
+
+    #[test]
+    fn a_fault_with_a_field_of_another_kind_or_without_its_own_is_refused() {
+        let head = "name = \"t\"\nversion = 1\n[[faults.at]]\nat = \"1s\"\n";
+        let (line, key, rule) = error(&format!("{head}kind = \"pause\"\nreplica = 0\nspan = \"1s\"\nloss = 0.1\n"));
+        assert_eq!((line, key.as_str()), (8, "faults.at[0].loss"));
+        assert!(rule.contains("a pause fault takes no `loss`"), "{rule}");
+        let (line, key, rule) = error(&format!("{head}kind = \"pause\"\nreplica = 0\n"));
+        assert_eq!((line, key.as_str()), (4, "faults.at[0].span"));
+        assert!(rule.contains("needs `span`"), "{rule}");
+        let (_, key, rule) = error(&format!("{head}kind = \"meteor\"\n"));
+        assert_eq!(key, "faults.at[0].kind");
+        assert!(rule.contains("unknown fault kind \"meteor\"") && rule.contains("lost-replies"), "{rule}");
+    }
+
+    #[test]
+    fn empty_ranges_bad_chances_and_engine_rules_are_refused() {
+        let head = "name = \"t\"\nversion = 1\n";
+        let (_, key, rule) = error(&format!("{head}[workload]\ntask_process = [\"2s\", \"1s\"]\n"));
+        assert_eq!(key, "workload.task_process");
+        assert!(rule.contains("is empty"), "{rule}");
+        assert_eq!(error(&format!("{head}[network]\nlatency = [\"1ms\", \"1ms\"]\n")).1, "network.latency");
+        assert_eq!(error(&format!("{head}[workload]\nhot_share = 1.5\n")).1, "workload.hot_share");
+        assert_eq!(error(&format!("{head}[workload]\ntasks_per_job = [3, 1]\n")).1, "workload.tasks_per_job");
+        assert_eq!(error(&format!("{head}[pipeline.workers]\ntasks = 0\n")).1, "pipeline.workers.tasks");
+        let (_, key, rule) = error(&format!("{head}[pipeline]\nlease_ttl = \"2s\"\nlease_margin = \"1s\"\n"));
+        assert_eq!(key, "pipeline.lease_ttl");
+        assert!(rule.contains("heartbeat_trigger"), "{rule}");
+        assert_eq!(error(&format!("{head}seeds = []\n")).1, "seeds");
+        assert_eq!(error("name = \"a b\"\nversion = 1\n").1, "name");
+        assert_eq!(error("name = \"t\"\nversion = 0\n").1, "version");
+    }
+
+    #[test]
+    fn a_syntax_error_and_a_missing_key_give_a_line() {
+        let (line, _, rule) = error("name = \"t\"\nversion = = 1\n");
+        assert_eq!(line, 2, "{rule}");
+        let (_, _, rule) = error("version = 1\n");
+        assert!(rule.contains("missing field `name`"), "{rule}");
+    }
+
+    #[test]
+    fn the_error_text_shows_path_line_key_rule_and_source() {
+        let text = "name = \"t\"\nversion = 1\n[topology]\nreplicas = 500\n";
+        let shown = ScenarioFile::parse(text, "scenarios/x.toml").unwrap_err().to_string();
+        assert!(shown.starts_with("scenarios/x.toml:4:12: topology.replicas: 500 must be in 1..=200\n"), "{shown}");
+        assert!(shown.ends_with("    4 | replicas = 500"), "{shown}");
+    }
+
+    #[test]
+    fn the_content_hash_ignores_layout_and_follows_values_and_version() {
+        let a = parse("name = \"t\"\nversion = 1\n[topology]\nreplicas = 2\n").unwrap();
+        let b = parse("# a comment\nversion = 1\nname = \"t\"\ntopology = { replicas = 2 }\n").unwrap();
+        let c = parse("name = \"t\"\nversion = 1\n[topology]\nreplicas = 3\n").unwrap();
+        let d = parse("name = \"t\"\nversion = 2\n[topology]\nreplicas = 2\n").unwrap();
+        assert_eq!(a.content_hash(), b.content_hash());
+        assert_ne!(a.content_hash(), c.content_hash());
+        assert_ne!(a.content_hash(), d.content_hash());
+        assert!(a.version_label().starts_with("v1-"));
+    }
+}

@@ -1,0 +1,199 @@
+//! A run's readable summary, as `lockstep sim run` prints it and the snapshot tests pin it: the scenario and
+//! seed, simulated time (never wall time, so the text is a function of scenario, seed and build), what the
+//! client did, rows by kind and final status, the faults injected (counted from the trace), the engine paths
+//! taken, and each checker's verdict; for a failed check, its message and the last trace events about the rows
+//! it names.
+
+use super::checkers;
+use super::explain;
+use super::run::RunReport;
+use super::trace::{self, TraceEvent};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::time::Duration;
+
+/// Trace events shown under a failed check (the last ones about the rows it names).
+pub const EVENTS_SHOWN: usize = 12;
+
+/// Engine paths the summary counts (from [`super::coverage::Coverage`]).
+const PATHS: [&str; 7] = ["applied", "stale-apply", "takeover", "reset", "contended", "call-timeout", "reply-dropped"];
+
+/// The checker the run's drain is reported under (a replica that cannot drain within the bound).
+const DRAIN: &str = "drain";
+
+/// The summary of `report`, several lines, each ending in a newline.
+pub fn render(report: &RunReport) -> String {
+    let mut text = String::new();
+    let verdict = if report.passed() { "PASSED" } else { "FAILED" };
+    let _ = writeln!(text, "scenario {} seed {}: {verdict}", report.scenario, report.seed);
+    let _ = writeln!(text, "simulated time: {}", seconds(report.simulated));
+    let c = &report.client;
+    let _ = writeln!(
+        text,
+        "client inserted {} rows: {} jobs of {} tasks, {} claims, {} resources; {} rows in the database, {} commits",
+        c.rows(),
+        c.jobs,
+        c.tasks,
+        c.claims,
+        c.resources,
+        report.rows,
+        report.commits
+    );
+    if !report.statuses.is_empty() {
+        let _ = writeln!(text, "rows by kind and final status:");
+        let width = report.statuses.keys().map(String::len).max().unwrap_or(0);
+        for (kind, statuses) in &report.statuses {
+            let counts: Vec<String> = statuses.iter().map(|(status, count)| format!("{status} {count}")).collect();
+            let _ = writeln!(text, "  {kind:<width$}  {}", counts.join(", "));
+        }
+    }
+    let _ = writeln!(text, "faults injected: {}", counted(&fault_counts(&report.trace)));
+    let paths: BTreeMap<String, u64> = PATHS.iter().map(|path| (path.to_string(), report.coverage.get(path))).collect();
+    let _ = writeln!(text, "engine paths: {}", counted(&paths));
+    match &report.panic {
+        Some(panic) => {
+            let _ = writeln!(text, "the run panicked before the checkers ran: {panic}");
+            let _ = writeln!(text, "  last {EVENTS_SHOWN} trace events:");
+            push_events(&mut text, tail(&report.trace, EVENTS_SHOWN));
+        }
+        None => push_checkers(&mut text, report),
+    }
+    text
+}
+
+fn push_checkers(text: &mut String, report: &RunReport) {
+    let _ = writeln!(text, "checkers:");
+    let names: Vec<&str> = checkers::names().chain([DRAIN]).collect();
+    let width = names.iter().map(|name| name.len()).max().unwrap_or(0);
+    for name in names {
+        let violation = report.violations.iter().find(|violation| violation.checker == name);
+        match violation {
+            None => {
+                let _ = writeln!(text, "  {name:<width$}  ok");
+            }
+            Some(violation) => {
+                let _ = writeln!(text, "  {name:<width$}  FAILED: {}", violation.message);
+                let rows = rows_named(&violation.message);
+                let about: Vec<&TraceEvent> =
+                    report.trace.iter().filter(|event| explain::event_mentions_rows(event, &rows)).collect();
+                if rows.is_empty() || about.is_empty() {
+                    let _ = writeln!(text, "    last {EVENTS_SHOWN} trace events:");
+                    push_events(text, tail(&report.trace, EVENTS_SHOWN));
+                } else {
+                    let shown = about.len().min(EVENTS_SHOWN);
+                    let _ = writeln!(
+                        text,
+                        "    last {shown} of {} trace events about row{} {}:",
+                        about.len(),
+                        if rows.len() == 1 { "" } else { "s" },
+                        rows.join(", ")
+                    );
+                    push_events(text, about[about.len() - shown..].iter().copied().cloned().collect());
+                }
+            }
+        }
+    }
+}
+
+fn push_events(text: &mut String, events: Vec<TraceEvent>) {
+    for line in trace::render(&events).lines() {
+        let _ = writeln!(text, "    {line}");
+    }
+}
+
+fn tail(trace: &[TraceEvent], count: usize) -> Vec<TraceEvent> {
+    trace[trace.len().saturating_sub(count)..].to_vec()
+}
+
+/// Row ids a violation message names, in order of first mention: those it calls `row 12` (`counter row 12`),
+/// or if none, the rows of the leases it names (`12#5`).
+pub fn rows_named(message: &str) -> Vec<String> {
+    let words: Vec<&str> = message
+        .split(|c: char| c.is_whitespace() || matches!(c, ',' | ';' | ':' | '(' | ')' | '[' | ']' | '`'))
+        .filter(|word| !word.is_empty())
+        .collect();
+    let is_number = |word: &str| !word.is_empty() && word.chars().all(|c| c.is_ascii_digit());
+    let called_rows = words.windows(2).filter(|pair| pair[0] == "row" && is_number(pair[1])).map(|pair| pair[1]);
+    let leases = words.iter().filter_map(|word| {
+        let (id, token) = word.split_once('#')?;
+        (is_number(id) && is_number(token)).then_some(id)
+    });
+    let mut rows: Vec<String> = Vec::new();
+    for id in called_rows.chain(leases) {
+        if !rows.iter().any(|row| row == id) {
+            rows.push(id.to_string());
+        }
+    }
+    let called = words.windows(2).any(|pair| pair[0] == "row" && is_number(pair[1]));
+    if called {
+        rows.retain(|row| words.windows(2).any(|pair| pair[0] == "row" && pair[1] == row));
+    }
+    rows
+}
+
+/// Faults the trace shows injected, by fault kind name (`db-restart` for a kill of the database node), and
+/// faults skipped because their target was taken.
+pub fn fault_counts(trace: &[TraceEvent]) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for event in trace {
+        let kind = match (&*event.node, event.kind) {
+            ("db", "kill") => "db-restart",
+            (_, kind @ ("kill" | "pause" | "partition" | "isolate" | "degrade" | "lost-replies" | "clock-drift")) => {
+                kind
+            }
+            (_, kind @ ("contention" | "buggify" | "skipped")) => kind,
+            _ => continue,
+        };
+        *counts.entry(kind.to_string()).or_default() += 1;
+    }
+    counts
+}
+
+/// `a 1, b 2`, or `none`.
+fn counted(counts: &BTreeMap<String, u64>) -> String {
+    if counts.is_empty() {
+        return "none".into();
+    }
+    counts.iter().map(|(name, count)| format!("{name} {count}")).collect::<Vec<_>>().join(", ")
+}
+
+/// Simulated seconds with millisecond precision: `92.410 s`.
+fn seconds(span: Duration) -> String {
+    format!("{}.{:03} s", span.as_secs(), span.subsec_millis())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn event(node: &str, kind: &'static str, fields: &str) -> TraceEvent {
+        TraceEvent { at: Duration::from_millis(1), node: Arc::from(node), kind, fields: fields.into() }
+    }
+
+    #[test]
+    fn rows_named_finds_rows_and_leases_once_each() {
+        let message = "commit 40 `2023 by replica-1: apply 12#5 applied related=[] inserted=[]`: row 12 written with \
+                       token 5, but its latest token is 9 (current), handed out by commit 39; counter row 7 holds 3";
+        assert_eq!(rows_named(message), ["12", "7"]);
+        assert_eq!(rows_named("commit 3 `apply 12#5 applied`: token 5 of 12#5 is not above 13#4"), ["12", "13"]);
+        assert!(rows_named("the drain took 61 s").is_empty());
+    }
+
+    #[test]
+    fn faults_are_counted_by_kind_from_the_trace() {
+        let trace = [
+            event("replica-0", "pause", "span=7s"),
+            event("replica-0", "resume", ""),
+            event("db", "kill", "down=1s"),
+            event("db", "start", "incarnation=2"),
+            event("replica-1", "kill", ""),
+            event("world", "skipped", "Pause (Replica(0) busy)"),
+            event("replica-1", "commit", "apply 1#1 applied related=[] inserted=[]"),
+        ];
+        let counts = fault_counts(&trace);
+        let expected: BTreeMap<String, u64> =
+            [("db-restart", 1), ("kill", 1), ("pause", 1), ("skipped", 1)].map(|(k, v)| (k.to_string(), v)).into();
+        assert_eq!(counts, expected);
+    }
+}

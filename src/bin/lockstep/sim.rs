@@ -1,0 +1,368 @@
+//! `lockstep sim run | sweep | replay | explain` (simulator build only): scenario files run under a seed, many
+//! seeds on every core, failing seeds written as replay files and replayed exactly, and one operation's or
+//! row's timeline read back from a trace. The work is in the library (`lockstep::sim::{scenario_file, summary,
+//! replay, explain}`); this file parses arguments, prints and picks the exit code.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use lockstep::sim::explain;
+use lockstep::sim::replay::{ReplayFile, trace_identity};
+use lockstep::sim::run::summary;
+use lockstep::sim::summary::render;
+use lockstep::sim::{self, RunReport, ScenarioFile};
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// This build's id, recorded in replay files (set by `build.rs` from a hash of the sources, the compiler, the
+/// profile and the simulator cfg).
+pub const BUILD_ID: &str = env!("LOCKSTEP_BUILD_ID");
+
+/// Every check passed (and a replay matched its trace).
+const PASSED: u8 = 0;
+/// A check or expectation failed (a replay reproduced a failure), or `explain` found nothing.
+const FAILED: u8 = 1;
+/// Bad input: an invalid scenario or replay file, a replay file of another build or scenario version.
+const BAD_INPUT: u8 = 2;
+/// A replay ran but its trace hash differs from the recorded one.
+const NOT_REPRODUCED: u8 = 3;
+
+/// Where failing seeds' replay files go unless `--out` says otherwise.
+const REPLAY_DIR: &str = "lockstep-replays";
+
+/// The simulator commands.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Run a scenario file under one seed and print what happened; exit 1 if a check failed (and write a
+    /// replay file).
+    Run(RunArgs),
+    /// Run a scenario file under a range of seeds on every core; exit 1 if any failed (each written as a
+    /// replay file).
+    Sweep(SweepArgs),
+    /// Rerun a replay file's seed and check that the trace is byte for byte the same (same hash).
+    Replay(ReplayArgs),
+    /// Print the timeline of one operation (or row) from a trace file.
+    Explain(ExplainArgs),
+}
+
+/// `sim run`.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The scenario file (TOML).
+    scenario: PathBuf,
+    /// The seed; default the first of the file's `seeds`.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Write the whole trace to this file.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Directory for the replay file of a failing run.
+    #[arg(long, default_value = REPLAY_DIR)]
+    out: PathBuf,
+}
+
+/// `sim sweep`.
+#[derive(clap::Args)]
+pub struct SweepArgs {
+    /// The scenario file (TOML).
+    scenario: PathBuf,
+    /// Seeds: `A..B` (B excluded) or `A..=B`.
+    #[arg(long, value_parser = parse_seeds)]
+    seeds: SeedRange,
+    /// Threads; default every core (or `LOCKSTEP_SIM_JOBS`).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Directory for the failing seeds' replay files.
+    #[arg(long, default_value = REPLAY_DIR)]
+    out: PathBuf,
+}
+
+/// `sim replay`.
+#[derive(clap::Args)]
+pub struct ReplayArgs {
+    /// The replay file (JSON, written by `sim run` or `sim sweep`).
+    file: PathBuf,
+    /// Write the rerun's whole trace to this file.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+}
+
+/// `sim explain`.
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("subject").required(true).args(["operation", "row"])))]
+pub struct ExplainArgs {
+    /// The trace file (`sim run --trace FILE`).
+    trace: PathBuf,
+    /// The operation's row id: lines whose fields hold the token `op=ID`.
+    #[arg(long)]
+    operation: Option<String>,
+    /// A row id: lines whose fields hold `id=ID` or `row=ID`, and store commits naming the row or its lease.
+    #[arg(long)]
+    row: Option<String>,
+}
+
+/// A range of seeds.
+#[derive(Clone, Debug)]
+pub struct SeedRange {
+    first: u64,
+    end: u64,
+}
+
+fn parse_seeds(text: &str) -> Result<SeedRange, String> {
+    let bad = || format!("\"{text}\" is not a seed range: write A..B (B excluded) or A..=B, e.g. 1..101");
+    let (first, end, inclusive) = match text.split_once("..=") {
+        Some((first, end)) => (first, end, true),
+        None => text.split_once("..").map(|(first, end)| (first, end, false)).ok_or_else(bad)?,
+    };
+    let first: u64 = first.trim().parse().map_err(|_| bad())?;
+    let end: u64 = end.trim().parse().map_err(|_| bad())?;
+    let end = if inclusive { end.checked_add(1).ok_or_else(bad)? } else { end };
+    if end <= first {
+        return Err(format!("\"{text}\" holds no seed: the end must be past the start"));
+    }
+    Ok(SeedRange { first, end })
+}
+
+/// Runs one simulator command; returns the exit code.
+pub fn main(command: Command) -> ExitCode {
+    ExitCode::from(match command {
+        Command::Run(args) => run(args),
+        Command::Sweep(args) => sweep(args),
+        Command::Replay(args) => replay(args),
+        Command::Explain(args) => explain(args),
+    })
+}
+
+fn load(path: &Path) -> Result<ScenarioFile, u8> {
+    ScenarioFile::load(path).map_err(|error| {
+        eprintln!("lockstep sim: {error}");
+        BAD_INPUT
+    })
+}
+
+fn run(args: RunArgs) -> u8 {
+    let file = match load(&args.scenario) {
+        Ok(file) => file,
+        Err(code) => return code,
+    };
+    let seed = args.seed.unwrap_or(file.seeds[0]);
+    println!("{} ({}), seed {seed}, build {BUILD_ID}", args.scenario.display(), file.version_label());
+    let report = sim::run(&file.scenario, seed);
+    print!("{}", render(&report));
+    finish(&file, &report, args.trace.as_deref(), &args.out)
+}
+
+/// The end of `run`: wall time, trace identity, the trace file, and for a failure its replay file.
+fn finish(file: &ScenarioFile, report: &RunReport, trace: Option<&Path>, out: &Path) -> u8 {
+    let identity = trace_identity(report);
+    println!(
+        "wall time: {:.2} s; trace: {} events, hash {}",
+        report.wall.as_secs_f64(),
+        identity.events,
+        identity.hash
+    );
+    if let Some(path) = trace {
+        match std::fs::write(path, report.trace_text()) {
+            Ok(()) => println!("trace written to {}", path.display()),
+            Err(error) => eprintln!("lockstep sim: cannot write the trace to {}: {error}", path.display()),
+        }
+    }
+    if report.passed() {
+        return PASSED;
+    }
+    match write_replay(file, report, out) {
+        Ok(path) => println!("replay file: {}\nreplay it with: lockstep sim replay {}", path.display(), path.display()),
+        Err(error) => eprintln!("lockstep sim: {error}"),
+    }
+    FAILED
+}
+
+fn write_replay(file: &ScenarioFile, report: &RunReport, out: &Path) -> Result<PathBuf, String> {
+    let replay = ReplayFile::new(file, report, BUILD_ID);
+    std::fs::create_dir_all(out).map_err(|error| format!("cannot create {}: {error}", out.display()))?;
+    let path = out.join(replay.file_name());
+    std::fs::write(&path, replay.to_json()).map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+    Ok(path)
+}
+
+fn sweep(args: SweepArgs) -> u8 {
+    let file = match load(&args.scenario) {
+        Ok(file) => file,
+        Err(code) => return code,
+    };
+    let seeds: Vec<u64> = (args.seeds.first..args.seeds.end).collect();
+    let jobs = args.jobs.unwrap_or_else(sim::run::jobs).max(1);
+    println!(
+        "{} ({}), seeds {}..{} ({}) on {jobs} threads, build {BUILD_ID}",
+        args.scenario.display(),
+        file.version_label(),
+        args.seeds.first,
+        args.seeds.end,
+        seeds.len()
+    );
+    let target =
+        if std::io::stderr().is_terminal() { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
+    let bar = ProgressBar::with_draw_target(Some(seeds.len() as u64), target);
+    let style = ProgressStyle::with_template("{bar:40} {pos}/{len} seeds, {msg} [{elapsed} < {eta}]")
+        .expect("a valid progress template");
+    bar.set_style(style);
+    bar.set_message("0 failed");
+    let failed = AtomicUsize::new(0);
+    let started = std::time::Instant::now();
+    let reports = sim::run_seeds_with(&file.scenario, &seeds, jobs, &|report| {
+        if !report.passed() {
+            let failed = failed.fetch_add(1, Ordering::SeqCst) + 1;
+            bar.set_message(format!("{failed} failed"));
+        }
+        bar.inc(1);
+    });
+    bar.finish_and_clear();
+    print!("{}", sweep_table(&reports, started.elapsed()));
+    let failing: Vec<&RunReport> = reports.iter().filter(|report| !report.passed()).collect();
+    if failing.is_empty() {
+        return PASSED;
+    }
+    println!("failing seeds:");
+    for report in failing {
+        match write_replay(&file, report, &args.out) {
+            Ok(path) => println!("  {}\n    replay: lockstep sim replay {}", summary(report), path.display()),
+            Err(error) => println!("  {}\n    {error}", summary(report)),
+        }
+    }
+    FAILED
+}
+
+/// The sweep's table of outcomes: passed, failed by checker, panicked; simulated and wall time.
+fn sweep_table(reports: &[RunReport], wall: std::time::Duration) -> String {
+    let mut rows: Vec<(String, usize)> = vec![("passed".into(), reports.iter().filter(|r| r.passed()).count())];
+    let mut by_checker: BTreeMap<&str, usize> = BTreeMap::new();
+    for report in reports {
+        let checkers: std::collections::BTreeSet<&str> = report.violations.iter().map(|v| v.checker).collect();
+        for checker in checkers {
+            *by_checker.entry(checker).or_default() += 1;
+        }
+    }
+    rows.extend(by_checker.into_iter().map(|(checker, count)| (format!("failed: {checker}"), count)));
+    rows.push(("panicked".into(), reports.iter().filter(|r| r.panic.is_some()).count()));
+    let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0).max("outcome".len());
+    let mut text = format!("{:<width$}  seeds\n", "outcome");
+    for (name, count) in rows {
+        text.push_str(&format!("{name:<width$}  {count:>5}\n"));
+    }
+    let simulated: Vec<f64> = reports.iter().map(|r| r.simulated.as_secs_f64()).collect();
+    let total: f64 = simulated.iter().sum();
+    let max = simulated.iter().copied().fold(0.0, f64::max);
+    let mean = if simulated.is_empty() { 0.0 } else { total / simulated.len() as f64 };
+    text.push_str(&format!("simulated time: {total:.1} s in all, mean {mean:.1} s, max {max:.1} s per seed\n"));
+    let rate = reports.len() as f64 / wall.as_secs_f64().max(1e-9);
+    text.push_str(&format!("wall time: {:.2} s ({rate:.1} seeds/s)\n", wall.as_secs_f64()));
+    text
+}
+
+fn replay(args: ReplayArgs) -> u8 {
+    let path = args.file.display().to_string();
+    let text = match std::fs::read_to_string(&args.file) {
+        Ok(text) => text,
+        Err(error) => {
+            eprintln!("lockstep sim replay: cannot read {path}: {error}");
+            return BAD_INPUT;
+        }
+    };
+    let (replay, file) = match ReplayFile::check(&text, &path, BUILD_ID) {
+        Ok(checked) => checked,
+        Err(error) => {
+            eprintln!("lockstep sim replay: refused: {error}");
+            return BAD_INPUT;
+        }
+    };
+    note_changed_scenario(&replay);
+    println!(
+        "{path}: scenario {} ({}), seed {}, build {BUILD_ID}",
+        replay.scenario.name, replay.scenario.version, replay.seed
+    );
+    let report = sim::run(&file.scenario, replay.seed);
+    print!("{}", render(&report));
+    let identity = trace_identity(&report);
+    if let Some(trace) = &args.trace {
+        match std::fs::write(trace, report.trace_text()) {
+            Ok(()) => println!("trace written to {}", trace.display()),
+            Err(error) => eprintln!("lockstep sim: cannot write the trace to {}: {error}", trace.display()),
+        }
+    }
+    if identity != replay.trace {
+        eprintln!(
+            "lockstep sim replay: NOT reproduced: this run's trace has hash {} ({} events), the replay file recorded \
+             {} ({} events). The same scenario, seed and build gave another run: a determinism bug; keep the replay \
+             file and report it.",
+            identity.hash, identity.events, replay.trace.hash, replay.trace.events
+        );
+        return NOT_REPRODUCED;
+    }
+    println!("reproduced: trace hash {} ({} events) matches the replay file", identity.hash, identity.events);
+    if report.passed() { PASSED } else { FAILED }
+}
+
+/// Says so when the scenario file a replay came from has changed since (the replay uses the text it carries).
+fn note_changed_scenario(replay: &ReplayFile) {
+    let Ok(current) = ScenarioFile::load(Path::new(&replay.scenario.path)) else { return };
+    if current.version_label() != replay.scenario.version {
+        eprintln!(
+            "note: {} is now version {}; replaying version {}, the text the replay file carries",
+            replay.scenario.path,
+            current.version_label(),
+            replay.scenario.version
+        );
+    }
+}
+
+fn explain(args: ExplainArgs) -> u8 {
+    let path = args.trace.display().to_string();
+    let text = match std::fs::read_to_string(&args.trace) {
+        Ok(text) => text,
+        Err(error) => {
+            eprintln!("lockstep sim explain: cannot read {path}: {error}");
+            return BAD_INPUT;
+        }
+    };
+    let (subject, how, lines) = match (&args.operation, &args.row) {
+        (Some(operation), _) => (
+            format!("operation {operation}"),
+            format!("a field `op={operation}`"),
+            explain::operation_lines(&text, operation),
+        ),
+        (None, Some(row)) => (
+            format!("row {row}"),
+            format!("`id={row}`, `row={row}`, or a store commit naming row {row}"),
+            explain::row_lines(&text, row),
+        ),
+        (None, None) => unreachable!("clap requires --operation or --row"),
+    };
+    if lines.is_empty() {
+        eprintln!(
+            "lockstep sim explain: no line of {path} ({} lines) is about {subject} (none has {how})",
+            text.lines().count()
+        );
+        return FAILED;
+    }
+    let (first, last) = (lines[0].at, lines[lines.len() - 1].at);
+    println!("{subject}: {} events from {first} s to {last} s (simulated), from {path}", lines.len());
+    print!("{}", explain::render_timeline(&lines));
+    PASSED
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_ranges_exclude_or_include_their_end() {
+        let range = parse_seeds("1..4").unwrap();
+        assert_eq!((range.first, range.end), (1, 4));
+        let range = parse_seeds("1..=4").unwrap();
+        assert_eq!((range.first, range.end), (1, 5));
+        assert!(parse_seeds("4..4").unwrap_err().contains("holds no seed"));
+        assert!(parse_seeds("a..b").unwrap_err().contains("not a seed range"));
+        assert!(parse_seeds("7").unwrap_err().contains("not a seed range"));
+    }
+}

@@ -1,0 +1,197 @@
+//! `lockstep sim run | sweep | replay | explain`, through the simulator build's binary: exit codes, replay files
+//! that reproduce a failure exactly, refusals of replay files from another build or scenario version, timelines,
+//! and scenario errors naming the key and the line.
+#![cfg(madsim)]
+
+use lockstep::sim::replay::ReplayFile;
+use lockstep::sim::summary::rows_named;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A seed of the planted scenario that breaks lease exclusivity (found by `lockstep sim sweep` over 1..9; the
+/// test checks that it does, so a change of behaviour shows here instead of passing vacuously).
+const PLANTED_SEED: &str = "6";
+
+fn lockstep(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lockstep")).args(args).current_dir(dir).output().expect("the binary runs")
+}
+
+fn text(output: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// A fresh directory for one test.
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lockstep-sim-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    dir
+}
+
+fn scenario(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(name).display().to_string()
+}
+
+/// `scenarios/rows-mixed.toml` with the apply guard switched off (`[mutation]`, test only), as `planted.toml`.
+fn planted(dir: &Path) -> PathBuf {
+    let mixed = std::fs::read_to_string(scenario("rows-mixed.toml")).expect("rows-mixed.toml");
+    let text =
+        mixed.replace("name = \"rows-mixed\"", "name = \"planted\"") + "\n[mutation]\napply_guard_disabled = true\n";
+    let path = dir.join("planted.toml");
+    std::fs::write(&path, text).expect("write the planted scenario");
+    path
+}
+
+#[test]
+fn run_of_a_passing_scenario_prints_its_summary_and_exits_0() {
+    let dir = temp_dir("pass");
+    let output = lockstep(&["sim", "run", &scenario("rows-quiet.toml"), "--seed", "2"], &dir);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("scenario rows-quiet seed 2: PASSED"), "{stdout}");
+    assert!(stdout.contains("lease_exclusivity  ok"), "{stdout}");
+    assert!(stdout.contains("wall time: "), "{stdout}");
+    assert!(!dir.join("lockstep-replays").exists(), "a passing run wrote a replay file");
+}
+
+/// The trace hash a run printed: `…; trace: N events, hash H`.
+fn printed_hash(stdout: &str) -> String {
+    let at = stdout.find("events, hash ").expect("the run prints its trace hash") + "events, hash ".len();
+    stdout[at..at + 16].to_string()
+}
+
+#[test]
+fn a_planted_failure_exits_1_writes_a_replay_file_and_the_replay_reproduces_it() {
+    let dir = temp_dir("planted");
+    let planted = planted(&dir);
+    let run = lockstep(
+        &["sim", "run", planted.to_str().unwrap(), "--seed", PLANTED_SEED, "--trace", "run.trace", "--out", "out"],
+        &dir,
+    );
+    let (stdout, stderr) = text(&run);
+    assert_eq!(run.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("lease_exclusivity  FAILED: commit"), "{stdout}");
+    assert!(stdout.contains("trace events about row"), "the failed check shows no trace events:\n{stdout}");
+    let replay_path = dir.join("out").join(format!("planted-seed-{PLANTED_SEED}.replay.json"));
+    assert!(
+        stdout.contains(&format!("replay file: {}", Path::new("out").join(replay_path.file_name().unwrap()).display()))
+    );
+    let hash = printed_hash(&stdout);
+
+    let replay = lockstep(&["sim", "replay", replay_path.to_str().unwrap()], &dir);
+    let (replay_out, replay_err) = text(&replay);
+    assert_eq!(replay.status.code(), Some(1), "the replay reproduces a failure:\n{replay_out}{replay_err}");
+    assert!(replay_out.contains(&format!("reproduced: trace hash {hash}")), "{replay_out}{replay_err}");
+    assert!(replay_out.contains("lease_exclusivity  FAILED"), "{replay_out}");
+
+    // The failure's row, followed through the trace the run wrote.
+    let file: ReplayFile = serde_json::from_str(&std::fs::read_to_string(&replay_path).unwrap()).unwrap();
+    let row = rows_named(&file.failure).into_iter().next().expect("the failure names a row");
+    let explain = lockstep(&["sim", "explain", "run.trace", "--row", &row], &dir);
+    let (explain_out, explain_err) = text(&explain);
+    assert_eq!(explain.status.code(), Some(0), "{explain_err}");
+    assert!(explain_out.starts_with(&format!("row {row}: ")), "{explain_out}");
+    assert!(explain_out.contains(&format!("insert {row} task")), "the timeline misses the insert:\n{explain_out}");
+    assert!(explain_out.lines().count() > 3, "{explain_out}");
+}
+
+#[test]
+fn a_replay_file_of_another_build_or_scenario_version_is_refused_with_exit_2() {
+    let dir = temp_dir("refused");
+    let planted = planted(&dir);
+    let run = lockstep(&["sim", "run", planted.to_str().unwrap(), "--seed", PLANTED_SEED, "--out", "."], &dir);
+    assert_eq!(run.status.code(), Some(1), "{}", text(&run).0);
+    let path = dir.join(format!("planted-seed-{PLANTED_SEED}.replay.json"));
+    let original: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let build = original["build"].as_str().unwrap().to_string();
+
+    let mut other_build = original.clone();
+    other_build["build"] = "0.1.0-sim-debug-0000000000000000".into();
+    std::fs::write(dir.join("build.json"), other_build.to_string()).unwrap();
+    let output = lockstep(&["sim", "replay", "build.json"], &dir);
+    let (_, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("made by build 0.1.0-sim-debug-0000000000000000, but this is build {build}")),
+        "{stderr}"
+    );
+
+    let mut other_version = original.clone();
+    let edited = original["scenario_text"].as_str().unwrap().replace("version = 1", "version = 2");
+    other_version["scenario_text"] = edited.into();
+    std::fs::write(dir.join("version.json"), other_version.to_string()).unwrap();
+    let output = lockstep(&["sim", "replay", "version.json"], &dir);
+    let (_, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let recorded = original["scenario"]["version"].as_str().unwrap();
+    assert!(
+        stderr.contains(&format!("made for scenario planted {recorded}, but the scenario it carries is planted v2-")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn explain_prints_one_operations_timeline_aligned_and_says_when_there_is_none() {
+    let dir = temp_dir("explain");
+    let trace = "    1.000000 replica-0  submit         op=7 spec=a
+    1.200000 replica-1  submit         op=17 spec=b
+   12.500000 replica-10 incarnation    op=7 incarnation=2 reason=\"job failed\"
+";
+    std::fs::write(dir.join("t.trace"), trace).unwrap();
+    let output = lockstep(&["sim", "explain", "t.trace", "--operation", "7"], &dir);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        stdout,
+        "operation 7: 2 events from 1.000000 s to 12.500000 s (simulated), from t.trace\n \
+         1.000000  replica-0   submit       op=7 spec=a\n\
+         12.500000  replica-10  incarnation  op=7 incarnation=2 reason=\"job failed\"\n"
+    );
+    let output = lockstep(&["sim", "explain", "t.trace", "--operation", "1"], &dir);
+    let (_, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr.contains("no line of t.trace (3 lines) is about operation 1 (none has a field `op=1`)"), "{stderr}");
+}
+
+#[test]
+fn a_bad_scenario_file_exits_2_naming_the_file_line_and_key() {
+    let dir = temp_dir("bad");
+    let bad = "name = \"bad\"\nversion = 1\n[topology]\nreplicas = 2\n\n[[faults.at]]\nat = \"5s\"\nkind = \"pause\"\n\
+               replica = 3\nspan = \"1s\"\n";
+    std::fs::write(dir.join("bad.toml"), bad).unwrap();
+    let output = lockstep(&["sim", "run", "bad.toml"], &dir);
+    let (_, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("bad.toml:9:11: faults.at[0].replica: replica 3 does not exist: topology.replicas is 2"),
+        "{stderr}"
+    );
+    std::fs::write(dir.join("typo.toml"), "name = \"typo\"\nversion = 1\n[workload]\nspan = \"10 parsecs\"\n").unwrap();
+    let output = lockstep(&["sim", "sweep", "typo.toml", "--seeds", "1..3"], &dir);
+    let (_, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("typo.toml:4:8: workload.span: invalid duration \"10 parsecs\""), "{stderr}");
+}
+
+#[test]
+fn sweep_tabulates_outcomes_and_writes_each_failing_seed_as_a_replay_file() {
+    let dir = temp_dir("sweep");
+    let planted = planted(&dir);
+    let output =
+        lockstep(&["sim", "sweep", planted.to_str().unwrap(), "--seeds", "5..=6", "--jobs", "2", "--out", "r"], &dir);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("failed: lease_exclusivity"), "{stdout}");
+    assert!(stdout.contains("seeds 5..7 (2) on 2 threads"), "{stdout}");
+    assert!(dir.join("r").join(format!("planted-seed-{PLANTED_SEED}.replay.json")).exists(), "{stdout}");
+    let written = std::fs::read_dir(dir.join("r")).unwrap().count();
+    let failed_lines =
+        stdout.lines().filter(|line| line.trim_start().starts_with("replay: lockstep sim replay")).count();
+    assert_eq!(written, failed_lines, "{stdout}");
+
+    let output = lockstep(&["sim", "sweep", &scenario("rows-quiet.toml"), "--seeds", "1..3", "--out", "q"], &dir);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.lines().any(|line| line.starts_with("passed") && line.ends_with(" 2")), "{stdout}");
+    assert!(!dir.join("q").exists(), "a passing sweep wrote replay files");
+}
