@@ -7,7 +7,8 @@
 //! slots each (at least one), on madsim nodes sharing one in-process `MemStore`: no network, no faults, so the
 //! numbers are the controller's and the agents' own. Every job runs for an hour of simulated time except job
 //! cookie 0 of the first incarnation, which exits with code 1 at `FAIL_AFTER`: the gang restart. The harness polls
-//! the operation's jobs once per simulated second (its reads are part of the wall time).
+//! the operation's jobs every 100 simulated ms; simulated times come from the jobs' events, so the poll does not
+//! round them, and the CPU time of the harness's own reads is subtracted from the wall time.
 //!
 //! Run (release, simulator build): `env -u RUSTFLAGS cargo sim-bench --bench controller_scale`.
 //! `LOCKSTEP_BENCH_JOBS=1,64` picks the sizes. Without `--bench` (as `cargo test --all-targets` runs every bench)
@@ -58,11 +59,13 @@ mod scale {
     use lockstep::agent::{Agent, AgentConfig, Behaviour, JobScript, ProcessEventKind, ProcessLog, SimulatedExecutor};
     use lockstep::gang::SpecFormat;
     use lockstep::gang::api;
+    use lockstep::gang::controller::EVENT_JOB_STATE;
     use lockstep::gang::model::{JobStatus, OperationStatus};
     use lockstep::gang::pipeline::{OperationHandler, operation_pipeline_config};
     use lockstep::pipeline::{ManagerOptions, PipelineManager};
-    use lockstep::store::{MemStore, RowId, Timestamp, TokioClock};
+    use lockstep::store::{MemStore, RowId, Store, Timestamp, TokioClock};
     use madsim::runtime::{Handle, Runtime};
+    use std::collections::BTreeSet;
     use std::net::{IpAddr, Ipv4Addr};
     use std::sync::Arc;
     use std::time::Duration;
@@ -158,32 +161,44 @@ mod scale {
         tokio::time::sleep(Duration::from_secs(5)).await;
 
         let spec = format!("{{tasks={{worker={{job_count={jobs};command=w;gang_options={{}}}}}}}}");
-        let started = (tokio::time::Instant::now(), cpu_time());
+        let (submitted, wall) = (Store::now(&store).await.expect("MemStore's clock"), cpu_time());
         let op = api::submit_text(&store, &spec, SpecFormat::Yson).await.expect("a valid spec");
-        all_running(&store, op, 0, jobs).await;
-        let start = Span { simulated: started.0.elapsed(), wall: cpu_time() - started.1 };
+        let (running, polling) = all_running(&store, op, 0, jobs).await;
+        let start =
+            Span { simulated: micros(running.as_micros() - submitted.as_micros()), wall: cpu_time() - wall - polling };
 
         // The gang restart, timed from the failing process's exit (the process log's time) to every job of
         // incarnation 1 running; the wall clock starts when the harness sees the exit.
         let exited = loop {
             let exit = log.events().into_iter().find(|e| matches!(e.kind, ProcessEventKind::Exited(code) if code != 0));
             if let Some(exit) = exit {
-                break exit.at;
+                // The process log keeps runtime instants; the store keeps store time: the same clock here.
+                let ago = exit.at.elapsed();
+                break Store::now(&store).await.expect("MemStore's clock").minus(ago);
             }
             tokio::time::sleep(POLL).await;
         };
         let wall = cpu_time();
-        all_running(&store, op, 1, jobs).await;
+        let (running, polling) = all_running(&store, op, 1, jobs).await;
         let view = api::status(&store, op).await.expect("the operation exists");
         assert_eq!(view.status, OperationStatus::Running, "the operation ended instead of restarting its gang");
-        let restart = Span { simulated: exited.elapsed(), wall: cpu_time() - wall };
+        let restart =
+            Span { simulated: micros(running.as_micros() - exited.as_micros()), wall: cpu_time() - wall - polling };
         drop(nodes);
         (start, restart)
     }
 
-    /// Waits until `jobs` jobs of `incarnation` run.
-    async fn all_running(store: &MemStore, op: RowId, incarnation: u32, jobs: u32) {
+    fn micros(micros: i64) -> Duration {
+        Duration::from_micros(u64::try_from(micros).expect("a span does not end before it starts"))
+    }
+
+    /// Waits until `jobs` jobs of `incarnation` run; returns when the last of them started running (store time of
+    /// its `job_state_changed` event, so the harness's poll interval does not round it), and the CPU time the
+    /// harness's own reads took (not the controller's: the caller subtracts it).
+    async fn all_running(store: &MemStore, op: RowId, incarnation: u32, jobs: u32) -> (Timestamp, Duration) {
+        let mut polling = Duration::ZERO;
         loop {
+            let poll = cpu_time();
             let view = api::status(store, op).await.expect("the operation exists");
             assert!(
                 view.data.incarnation <= incarnation,
@@ -196,8 +211,23 @@ mod scale {
                 .filter(|j| j.data.incarnation == incarnation && j.status == JobStatus::Running)
                 .count();
             if running == jobs as usize {
-                return;
+                let ids: BTreeSet<String> = view
+                    .jobs
+                    .iter()
+                    .filter(|j| j.data.incarnation == incarnation)
+                    .map(|j| j.data.id.to_string())
+                    .collect();
+                let last = view
+                    .events
+                    .iter()
+                    .filter(|e| e.kind == EVENT_JOB_STATE && e.data["to"] == "running")
+                    .filter(|e| e.data["job"].as_str().is_some_and(|job| ids.contains(job)))
+                    .map(|e| e.at)
+                    .max()
+                    .expect("running jobs have their events");
+                return (last, polling + (cpu_time() - poll));
             }
+            polling += cpu_time() - poll;
             tokio::time::sleep(POLL).await;
         }
     }
