@@ -15,10 +15,12 @@
 //! A run is a function of (scenario, seed, build): every random choice comes from a ChaCha stream per purpose
 //! ([`rng`]) or from madsim's RNG, both seeded by the run's seed.
 
+pub mod agents;
 pub mod checkers;
 pub mod coverage;
 pub mod db;
 pub mod faults;
+pub mod gang;
 pub mod net_store;
 pub mod replica;
 pub mod rng;
@@ -30,6 +32,10 @@ pub mod workload;
 pub mod world;
 
 pub use faults::{Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
+pub use gang::{
+    AgentTunables, Control, ControlAction, ControllerTunables, Expectations, GangWorkload, IncarnationReport,
+    OperationExpectation, OperationReport, Submission, SubmitOutcome,
+};
 pub use run::{Replay, RunReport, Script, check_seeds, run, run_seeds, run_with, script, seeds};
-pub use scenario::{Mutation, Scenario};
+pub use scenario::{Mutation, Scenario, ScenarioError};
 pub use world::{Target, World};

@@ -20,7 +20,9 @@ pub mod process;
 pub mod simulated;
 
 pub use executor::{Executor, ExecutorError, ExitStatus, ProcessHandle, StartRequest};
-pub use simulated::{Behaviour, End, JobScript, ProcessLog, Rule, SimulatedExecutor};
+pub use simulated::{
+    Behaviour, End, JobScript, ProcessEvent, ProcessEventKind, ProcessLog, ProcessSink, Rule, SimulatedExecutor,
+};
 
 use crate::gang::model::{
     ALLOCATION_FREE, Allocation, AllocationData, AllocationRef, INBOX_NEW, JobId, JobLaunch, JobOutcome,
@@ -109,7 +111,16 @@ pub struct AgentPass {
     pub exited: Vec<(JobId, ExitStatus)>,
     /// Reports inserted into inboxes.
     pub reported: usize,
+    /// Jobs whose processes the fence killed (empty unless `fenced`).
+    pub fence_killed: Vec<JobId>,
+    /// The session (node lease token) the agent holds at the end of the pass.
+    pub session: Option<LockToken>,
 }
+
+/// Called with every pass an [`Agent::run`] loop finishes (including a fence at the local deadline while a store
+/// call hung, reported as a pass with only `fenced` and `fence_killed` set); not called for a pass that failed
+/// with a store error. The simulator traces fences, sessions and kills through it.
+pub type PassObserver = Arc<dyn Fn(&AgentPass) + Send + Sync>;
 
 /// A node agent over store `S` running processes through `E`.
 pub struct Agent<S: Store, E: Executor> {
@@ -125,6 +136,7 @@ pub struct Agent<S: Store, E: Executor> {
     finished: BTreeSet<JobId>,
     /// Reports not yet inserted: (operation, message), in order.
     outbox: VecDeque<(RowId, Message)>,
+    observer: Option<PassObserver>,
 }
 
 impl<S: Store, E: Executor> Agent<S, E> {
@@ -140,7 +152,14 @@ impl<S: Store, E: Executor> Agent<S, E> {
             processes: BTreeMap::new(),
             finished: BTreeSet::new(),
             outbox: VecDeque::new(),
+            observer: None,
         }
+    }
+
+    /// The same agent reporting every pass of [`Agent::run`] to `observer`.
+    pub fn with_observer(mut self, observer: PassObserver) -> Agent<S, E> {
+        self.observer = Some(observer);
+        self
     }
 
     /// The same agent on the local clock `clock` (the simulator drifts it).
@@ -180,10 +199,20 @@ impl<S: Store, E: Executor> Agent<S, E> {
                 },
                 None => Some(self.run_once().await),
             };
-            match pass {
-                None => self.fence("node lease expired locally while a store call hung").await,
-                Some(Err(error)) => tracing::warn!(node = %self.config.name, %error, "agent pass failed"),
-                Some(Ok(_)) => {}
+            let pass = match pass {
+                None => {
+                    let reason = "node lease expired locally while a store call hung";
+                    let fence_killed = self.fence(reason).await;
+                    Some(AgentPass { fenced: Some(reason.into()), fence_killed, ..AgentPass::default() })
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(node = %self.config.name, %error, "agent pass failed");
+                    None
+                }
+                Some(Ok(pass)) => Some(pass),
+            };
+            if let (Some(observer), Some(pass)) = (&self.observer, &pass) {
+                observer(pass);
             }
             let wake = self.session.map_or(self.config.poll_interval, |s| {
                 s.deadline.saturating_duration_since(clock.now()).min(self.config.poll_interval)
@@ -214,7 +243,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
         // A fence ends the pass: the next one starts a new session.
         if self.session.is_some_and(|s| self.clock.now() >= s.deadline) {
             let reason = "node lease expired locally";
-            self.fence(reason).await;
+            pass.fence_killed = self.fence(reason).await;
             pass.fenced = Some(reason.into());
             return Ok(pass);
         }
@@ -224,8 +253,9 @@ impl<S: Store, E: Executor> Agent<S, E> {
         if self.session.is_none() {
             pass.leased = self.acquire().await?;
         }
-        if let Some(reason) = self.heartbeat_if_due().await? {
+        if let Some((reason, killed)) = self.heartbeat_if_due().await? {
             pass.fenced = Some(reason);
+            pass.fence_killed = killed;
             return Ok(pass);
         }
         self.collect_exits(&mut pass);
@@ -241,6 +271,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
             self.reconcile(session.lease.token, &allocations, &mut pass).await;
         }
         pass.reported = self.send_reports().await?;
+        pass.session = self.session();
         Ok(pass)
     }
 
@@ -300,8 +331,9 @@ impl<S: Store, E: Executor> Agent<S, E> {
     }
 
     /// Extends the lease when its local deadline is within `heartbeat_trigger`. Returns the fence reason if the
-    /// store says the lease is gone. A store error leaves the deadline running: the fence comes at the deadline.
-    async fn heartbeat_if_due(&mut self) -> Result<Option<String>, StoreError> {
+    /// store says the lease is gone, with the jobs the fence killed. A store error leaves the deadline running: the
+    /// fence comes at the deadline.
+    async fn heartbeat_if_due(&mut self) -> Result<Option<(String, Vec<JobId>)>, StoreError> {
         let Some(session) = self.session else { return Ok(None) };
         let sent = self.clock.now();
         if session.deadline.saturating_duration_since(sent) > self.config.heartbeat_trigger {
@@ -315,17 +347,19 @@ impl<S: Store, E: Executor> Agent<S, E> {
             Ok(None)
         } else {
             let reason = "node lease lost".to_string();
-            self.fence(&reason).await;
-            Ok(Some(reason))
+            let killed = self.fence(&reason).await;
+            Ok(Some((reason, killed)))
         }
     }
 
     /// Self-fencing: kills every process, then ends the session (giving the lease back if the store answers, so
     /// the controller sees the node lost at once). The next pass starts a new session.
-    async fn fence(&mut self, reason: &str) {
+    async fn fence(&mut self, reason: &str) -> Vec<JobId> {
         tracing::warn!(node = %self.config.name, reason, processes = self.processes.len(), "self-fencing");
+        let mut killed = Vec::new();
         for (_, running) in std::mem::take(&mut self.processes) {
             running.handle.kill().await;
+            killed.push(running.job);
         }
         // Bounded: a fenced agent is often cut off from the store, and the lease expires on its own anyway.
         if let Some(session) = self.session.take() {
@@ -338,6 +372,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
                 Err(_) => tracing::warn!(node = %self.config.name, "lease release after fencing timed out"),
             }
         }
+        killed
     }
 
     fn collect_exits(&mut self, pass: &mut AgentPass) {
