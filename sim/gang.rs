@@ -20,7 +20,7 @@
 //! | replica   | `spec-update`   | a spec update was applied or refused                                    |
 //! | agent     | `proc-start`, `proc-exit`, `proc-kill`, `proc-start-failed` | a process event (`op job alloc inc`) |
 //! | agent     | `fence`, `fence-kill` | the agent fenced itself (`reason killed`; then `op jobs` per operation) |
-//! | agent     | `agent-kill`    | the agent killed jobs the controller moved on from (`op jobs`)          |
+//! | agent     | `job-kill`      | the agent killed jobs the controller moved on from (`op jobs`)          |
 //! | agent     | `session`       | the agent took a new node lease (`token`)                               |
 
 use super::net_store::NetStore;
@@ -429,7 +429,7 @@ pub fn trace_pass(trace: &Trace, node: &Arc<str>, pass: &AgentPass) {
         }
     }
     for (op, jobs) in by_operation(&pass.killed) {
-        trace.record(node, "agent-kill", format!("op={op} jobs={jobs}"));
+        trace.record(node, "job-kill", format!("op={op} jobs={jobs}"));
     }
 }
 

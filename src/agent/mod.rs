@@ -137,6 +137,8 @@ pub struct Agent<S: Store, E: Executor> {
     /// Reports not yet inserted: (operation, message), in order.
     outbox: VecDeque<(RowId, Message)>,
     observer: Option<PassObserver>,
+    /// Jobs a fence killed and has not reported yet (a fence abandoned at the deadline leaves them to the next).
+    fence_killed: Vec<JobId>,
 }
 
 impl<S: Store, E: Executor> Agent<S, E> {
@@ -153,6 +155,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
             finished: BTreeSet::new(),
             outbox: VecDeque::new(),
             observer: None,
+            fence_killed: Vec::new(),
         }
     }
 
@@ -192,12 +195,13 @@ impl<S: Store, E: Executor> Agent<S, E> {
         loop {
             let deadline = self.session.map(|s| s.deadline);
             let pass = match deadline {
-                Some(deadline) => tokio::select! {
+                // A deadline already passed: the pass fences at its start, and nothing may cut that fence short.
+                Some(deadline) if clock.now() < deadline => tokio::select! {
                     biased;
                     pass = self.run_once() => Some(pass),
                     _ = clock.sleep_until(deadline) => None,
                 },
-                None => Some(self.run_once().await),
+                _ => Some(self.run_once().await),
             };
             let pass = match pass {
                 None => {
@@ -356,11 +360,17 @@ impl<S: Store, E: Executor> Agent<S, E> {
     /// the controller sees the node lost at once). The next pass starts a new session.
     async fn fence(&mut self, reason: &str) -> Vec<JobId> {
         tracing::warn!(node = %self.config.name, reason, processes = self.processes.len(), "self-fencing");
-        let mut killed = Vec::new();
-        for (_, running) in std::mem::take(&mut self.processes) {
-            running.handle.kill().await;
-            killed.push(running.job);
+        // Cancel-safe (`run` abandons a pass at the lease's local deadline, possibly in the middle of this fence):
+        // the processes stay listed until every one has ended, so the fence that follows waits for them too and
+        // reports them.
+        for running in self.processes.values_mut() {
+            running.handle.request_kill();
         }
+        for running in self.processes.values_mut() {
+            running.handle.ended().await;
+        }
+        let killed = std::mem::take(&mut self.processes).into_values().map(|running| running.job);
+        self.fence_killed.extend(killed);
         // Bounded: a fenced agent is often cut off from the store, and the lease expires on its own anyway.
         if let Some(session) = self.session.take() {
             let release = self.store.release(vec![session.lease]);
@@ -372,7 +382,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
                 Err(_) => tracing::warn!(node = %self.config.name, "lease release after fencing timed out"),
             }
         }
-        killed
+        std::mem::take(&mut self.fence_killed)
     }
 
     fn collect_exits(&mut self, pass: &mut AgentPass) {
