@@ -76,8 +76,8 @@ pub struct RunReport {
     /// Rows in the database at the end.
     pub rows: usize,
     /// Distinct keys the clients inserted rows under (the workload and its contention bursts); equal to
-    /// `rows` unless a retried insert duplicated a row. (Gang operations and control messages are keyed
-    /// inserts too: with a gang part, compare with the keyed rows of every kind.)
+    /// `rows` unless a retried insert duplicated a row. (With a gang part, operations and control messages are
+    /// keyed too, while jobs, allocations and nodes are not, so the two differ by design.)
     pub keyed_rows: usize,
     /// What became of each submitted gang operation, in submission order (empty without a gang part).
     pub operations: Vec<OperationReport>,

@@ -211,7 +211,7 @@ fn a_paused_replica_cannot_apply_an_operation_pass_with_its_stale_token() {
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 let new = world.trace().events_from(seen);
                 seen += new.len();
-                if new.iter().any(|e| leased(e)) {
+                if new.iter().any(leased) {
                     // Past the pass's refetch by token (which would see the lost lease and end the pass quietly),
                     // in the middle of its reads.
                     tokio::time::sleep(Duration::from_millis(20 + 20 * pauses)).await;
