@@ -7,16 +7,23 @@
 //! spends a short random time queued before it executes and another after it commits, so a restart can cut a
 //! call off on either side of its commit. For [`STARTUP`] after each start the node answers every call with
 //! `Unavailable`, as PostgreSQL does while it recovers. A fault can make it drop replies after commit.
+//!
+//! In a gang scenario ([`Database::enable_gang_trace`]) the node also traces what the gang controller recorded:
+//! a commit on one operation's row (or on a row of its inbox or jobs) carries `op=<id>`, and every event a commit
+//! appended to an operation becomes a trace line of its own ([`gang::event_line`]).
 
+use super::gang;
 use super::rng;
 use super::rpc::{CALL_PORT, Call, Reply, Request, Response, TAG_CALL, TAG_HINT, TAG_SUBSCRIBE};
 use super::trace::Trace;
-use crate::store::{Clock, MemStore, RowId, Store, StoreError, Timestamp, TokioClock};
+use crate::gang::model::{AllocationData, KIND_ALLOCATION};
+use crate::store::{Clock, CommitOp, MemStore, RowId, Store, StoreError, Timestamp, TokioClock};
 use madsim::net::Endpoint;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -47,6 +54,10 @@ pub struct Database {
     /// Chance, in parts per million, that the node drops a reply after its call committed.
     reply_loss_ppm: AtomicU64,
     incarnations: AtomicU64,
+    /// Whether commits and events of the gang controller are traced.
+    gang_trace: AtomicBool,
+    /// Node name of each allocation row seen so far (allocation rows never move).
+    allocation_nodes: Mutex<BTreeMap<RowId, String>>,
     trace: Trace,
     node: Arc<str>,
     addr: SocketAddr,
@@ -63,6 +74,8 @@ impl Database {
             keys: Mutex::new(BTreeMap::new()),
             reply_loss_ppm: AtomicU64::new(0),
             incarnations: AtomicU64::new(0),
+            gang_trace: AtomicBool::new(false),
+            allocation_nodes: Mutex::new(BTreeMap::new()),
             trace,
             node: Arc::from("db"),
             addr: SocketAddr::new(ip, CALL_PORT),
@@ -89,6 +102,35 @@ impl Database {
     /// Rows inserted through [`Call::InsertKeyed`]: every row a client inserted, each once.
     pub fn keyed_rows(&self) -> usize {
         self.keys().len()
+    }
+
+    /// Traces the gang controller's commits and events from now on (see the module docs).
+    pub fn enable_gang_trace(&self) {
+        self.gang_trace.store(true, Ordering::SeqCst);
+    }
+
+    /// The node name of allocation row `row`, if it is one.
+    fn allocation_node(&self, row: RowId) -> Option<String> {
+        let mut nodes = self.allocation_nodes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(name) = nodes.get(&row) {
+            return Some(name.clone());
+        }
+        let found = self.store.row(row).filter(|r| r.kind == KIND_ALLOCATION)?;
+        let name = serde_json::from_value::<AllocationData>(found.data).ok()?.node_name;
+        nodes.insert(row, name.clone());
+        Some(name)
+    }
+
+    /// The operation a commit concerns, if exactly one (for `op=` on its trace line).
+    fn commit_operation(&self, op: &CommitOp) -> Option<RowId> {
+        let row = match op {
+            CommitOp::Apply { lease, .. } | CommitOp::Reset { lease, .. } => lease.id,
+            CommitOp::LockRelated { holder, .. } => holder.id,
+            CommitOp::Insert { id, .. } => *id,
+            CommitOp::Fetch { leases, .. } if leases.len() == 1 => leases[0].id,
+            _ => return None,
+        };
+        gang::commit_operation(&self.store.row(row)?)
     }
 
     /// How many times the node started.
@@ -209,9 +251,23 @@ async fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
     let store = db.store.as_caller(caller.clone());
     // MemStore's calls finish in their first poll, so no other call commits between these two reads.
     let before = store.history_len();
+    let gang_trace = db.gang_trace.load(Ordering::SeqCst);
+    let events_before = if gang_trace { store.events_len() } else { 0 };
     let response = dispatch(db, &store, call).await;
     for commit in store.history_from(before) {
-        db.trace.record(caller, "commit", commit.op.to_string());
+        match db.commit_operation(&commit.op).filter(|_| gang_trace) {
+            Some(op) => db.trace.record(caller, "commit", format!("{} op={op}", commit.op)),
+            None => db.trace.record(caller, "commit", commit.op.to_string()),
+        }
+    }
+    if gang_trace {
+        let on_operation = |event: &crate::store::Event| {
+            db.store.row(event.row_id).is_some_and(|row| row.kind == crate::gang::model::KIND_OPERATION)
+        };
+        for event in store.events_from(events_before).into_iter().filter(on_operation) {
+            let (kind, fields) = gang::event_line(&event, |row| db.allocation_node(row));
+            db.trace.record(caller, kind, fields);
+        }
     }
     response
 }

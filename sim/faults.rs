@@ -41,6 +41,12 @@ pub enum Fault {
     Contention { claims: usize },
     /// madsim's `buggify` is on for `span`: the engine's buggify points fire, and madsim delays some packets.
     Buggify { span: Duration },
+    /// Kill an agent node (its processes die with it: the process log records their kill) and start it again
+    /// through its init function after `down`; the restarted agent takes a new node lease (a new session).
+    AgentKill { agent: usize, down: Duration },
+    /// Pause an agent node for `span` (its processes pause with it): its node lease expires while it sleeps, and
+    /// on waking it finds its local deadline passed and fences itself.
+    AgentPause { agent: usize, span: Duration },
 }
 
 /// A fault at a fixed time after the world starts.
@@ -65,11 +71,19 @@ pub enum FaultKind {
     ClockDrift,
     Contention,
     Buggify,
+    /// [`Fault::AgentKill`] of a random agent.
+    AgentKill,
+    /// [`Fault::AgentPause`] of a random agent.
+    AgentPause,
+    /// [`Fault::Partition`] between a random agent and the database (it must self-fence).
+    AgentPartition,
+    /// [`Fault::Isolate`] of a random agent.
+    AgentIsolate,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
@@ -80,7 +94,19 @@ impl FaultKind {
         FaultKind::ClockDrift,
         FaultKind::Contention,
         FaultKind::Buggify,
+        FaultKind::AgentKill,
+        FaultKind::AgentPause,
+        FaultKind::AgentPartition,
+        FaultKind::AgentIsolate,
     ];
+
+    /// Whether the kind's faults target agent nodes (a world without agents runs no such process).
+    pub fn targets_agents(self) -> bool {
+        matches!(
+            self,
+            FaultKind::AgentKill | FaultKind::AgentPause | FaultKind::AgentPartition | FaultKind::AgentIsolate
+        )
+    }
 
     /// The kind's name in stream keys and traces.
     pub fn name(self) -> &'static str {
@@ -95,6 +121,10 @@ impl FaultKind {
             FaultKind::ClockDrift => "clock-drift",
             FaultKind::Contention => "contention",
             FaultKind::Buggify => "buggify",
+            FaultKind::AgentKill => "agent-kill",
+            FaultKind::AgentPause => "agent-pause",
+            FaultKind::AgentPartition => "agent-partition",
+            FaultKind::AgentIsolate => "agent-isolate",
         }
     }
 }
@@ -121,8 +151,9 @@ pub struct FaultPlan {
     pub until: Duration,
 }
 
-/// Draws the parameters of one fault of `kind` (targets, rates, spans) from the process's stream.
-fn draw(kind: FaultKind, span: &Range<Duration>, replicas: usize, rng: &mut ChaCha8Rng) -> Fault {
+/// Draws the parameters of one fault of `kind` (targets, rates, spans) from the process's stream. Agent kinds
+/// draw their agent after the replica every kind draws, so the draws of the older kinds stay as they were.
+fn draw(kind: FaultKind, span: &Range<Duration>, replicas: usize, agents: usize, rng: &mut ChaCha8Rng) -> Fault {
     let span = if span.is_empty() {
         span.start
     } else {
@@ -149,6 +180,12 @@ fn draw(kind: FaultKind, span: &Range<Duration>, replicas: usize, rng: &mut ChaC
         }
         FaultKind::Contention => Fault::Contention { claims: rng.random_range(5..25) },
         FaultKind::Buggify => Fault::Buggify { span },
+        FaultKind::AgentKill => Fault::AgentKill { agent: rng.random_range(0..agents), down: span },
+        FaultKind::AgentPause => Fault::AgentPause { agent: rng.random_range(0..agents), span },
+        FaultKind::AgentPartition => {
+            Fault::Partition { a: Target::Agent(rng.random_range(0..agents)), b: Target::Db, span }
+        }
+        FaultKind::AgentIsolate => Fault::Isolate { node: Target::Agent(rng.random_range(0..agents)), span },
     }
 }
 
@@ -165,6 +202,8 @@ pub async fn inject(world: World, fault: Fault) {
         Fault::ClockDrift { replica, rate_ppm, span } => world.replica(replica).drift(rate_ppm, span).await,
         Fault::Contention { claims } => world.client().burst(claims).await,
         Fault::Buggify { span } => world.buggify(span).await,
+        Fault::AgentKill { agent, down } => world.agent(agent).kill_for(down).await,
+        Fault::AgentPause { agent, span } => world.agent(agent).pause(span).await,
     }
 }
 
@@ -192,6 +231,9 @@ impl FaultRunner {
         push(&tasks, runner);
         let mut seen = std::collections::BTreeMap::<FaultKind, u64>::new();
         for process in &plan.random {
+            if process.kind.targets_agents() && world.agents() == 0 {
+                continue;
+            }
             let index = seen.entry(process.kind).or_default();
             let rng = rng::keyed(world.seed(), &format!("fault-{}", process.kind.name()), *index);
             *index += 1;
@@ -227,7 +269,7 @@ async fn random_process(
         if at >= until {
             return;
         }
-        let fault = draw(process.kind, &process.span, world.replicas(), &mut rng);
+        let fault = draw(process.kind, &process.span, world.replicas(), world.agents(), &mut rng);
         tokio::time::sleep_until(start + at).await;
         spawn_fault(&tasks, world.clone(), fault);
     }

@@ -2,12 +2,17 @@
 //! database, with faults and checkers. Compiled only in the simulator build (`--cfg madsim`, DESIGN §6).
 //!
 //! - [`world`]: the nodes (a database node serving MemStore over simulated RPC, N replica nodes running a
-//!   `PipelineManager`, a workload client) and the handles faults act through;
+//!   `PipelineManager`, in gang scenarios M agent nodes, a workload client) and the handles faults act through;
 //! - [`db`], [`net_store`], [`rpc`]: the database node, the `Store` that crosses the network to it, and their
 //!   wire protocol;
 //! - [`replica`], [`workload`]: what replicas run and what the client inserts;
+//! - [`gang`], [`agents`]: gang scenarios (agents, operations to submit, job behaviour, control actions,
+//!   expectations), the client that submits them, the agent nodes, the `op=` trace lines and the per-operation
+//!   report;
 //! - [`faults`]: every fault as a fixed event and as a random process with a rate;
 //! - [`checkers`]: lease exclusivity, liveness, no row locked forever, no starved parent, exactly-once effects;
+//!   with a gang part, allocation exclusivity, no process outliving its operation, `gang::audit` on every
+//!   operation and the scenario's expectations ([`checkers::gang`]);
 //! - [`trace`], [`coverage`]: the byte-identical trace of a run, and how often it reached each fault path;
 //! - [`scenario`], [`mod@run`]: what a run is made of, and running it under a seed (replay with
 //!   `MADSIM_TEST_SEED`, sweep with `MADSIM_TEST_NUM`);
@@ -17,11 +22,13 @@
 //! A run is a function of (scenario, seed, build): every random choice comes from a ChaCha stream per purpose
 //! ([`rng`]) or from madsim's RNG, both seeded by the run's seed.
 
+pub mod agents;
 pub mod checkers;
 pub mod coverage;
 pub mod db;
 pub mod explain;
 pub mod faults;
+pub mod gang;
 pub mod net_store;
 pub mod replay;
 pub mod replica;
@@ -36,6 +43,10 @@ pub mod workload;
 pub mod world;
 
 pub use faults::{Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
+pub use gang::{
+    AgentTunables, Control, ControlAction, ControllerTunables, Expectations, GangWorkload, IncarnationReport,
+    OperationExpectation, OperationReport, Submission, SubmitOutcome,
+};
 pub use run::{Replay, RunReport, Script, check_seeds, run, run_seeds, run_seeds_with, run_with, script, seeds};
 pub use scenario::{Mutation, Scenario};
 pub use scenario_file::{ScenarioError, ScenarioFile};

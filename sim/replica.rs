@@ -1,4 +1,6 @@
-//! A replica node: a [`PipelineManager`] running the workload's pipelines over a [`NetStore`] (DESIGN §5).
+//! A replica node: a [`PipelineManager`] running the workload's pipelines (unless the row workload is empty)
+//! and, in a gang scenario, the gang controller's operation pipeline ([`OperationHandler`]), over a [`NetStore`]
+//! (DESIGN §5).
 //!
 //! [`run`] is the node's init function, so a restart runs it again from scratch: the replica keeps no state of
 //! its own between incarnations, only what the database holds. Its local clock belongs to the machine and
@@ -7,7 +9,8 @@
 use super::net_store::{NetStore, NetStoreOptions};
 use super::trace::Trace;
 use super::workload::{self, WorkloadSpec};
-use crate::pipeline::{LocalClock, ManagerOptions, PipelineManager, ShutdownReport};
+use crate::gang::pipeline::OperationHandler;
+use crate::pipeline::{LocalClock, ManagerOptions, PipelineConfig, PipelineManager, ShutdownReport};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -58,6 +61,8 @@ pub struct ReplicaContext {
     pub seed: u64,
     /// The workload.
     pub spec: Arc<WorkloadSpec>,
+    /// The operation pipeline's config, in a gang scenario.
+    pub operations: Option<PipelineConfig>,
     /// Time-out of each store call.
     pub call_timeout: Duration,
     /// The machine's monotonic clock (drifting under a clock fault).
@@ -105,7 +110,13 @@ pub async fn run(ctx: Arc<ReplicaContext>) {
     let seed = ctx.seed ^ (ctx.index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ incarnation;
     let mut manager =
         PipelineManager::new(Arc::new(store), ManagerOptions { seed }).with_local_clock(ctx.clock.clone());
-    workload::register(&mut manager, &ctx.spec, ctx.seed, &ctx.faults_on);
+    if ctx.spec.rows_max > 0 {
+        workload::register(&mut manager, &ctx.spec, ctx.seed, &ctx.faults_on);
+    }
+    if let Some(config) = &ctx.operations {
+        let handler = OperationHandler::new(config.name.clone());
+        manager.register(config.clone(), handler).expect("the operation pipeline's config was checked");
+    }
     manager.start();
     ctx.stop.wait().await;
     let report = manager.shutdown().await;

@@ -3,21 +3,31 @@
 //! run's phases, the checkers, and what a failing run prints.
 //!
 //! Phases of a run:
-//! 1. build the world; the client inserts the workload while the faults run (and a directed script, if any);
-//! 2. at the heal time (end of the fault window or of the workload, whichever is later) the fault processes
-//!    stop and the world heals everything they left;
-//! 3. the harness waits until every row is final, at most the liveness bound, and snapshots the rows;
-//! 4. every replica drains; a lease ttl later the harness snapshots the rows again;
-//! 5. the checkers read the commit history, the events and both snapshots.
+//! 0. check the scenario ([`Scenario::check`]); a broken rule ends the run before it starts;
+//! 1. build the world; the client inserts the workload and submits the gang operations while the faults run
+//!    (and a directed script, if any);
+//! 2. at the heal time (end of the fault window, of the workload or of the gang client's schedule, whichever is
+//!    latest) the fault processes stop and the world heals everything they left;
+//! 3. the harness waits until every workload row is final and every submitted operation ended, at most the
+//!    liveness bound, and snapshots the rows;
+//! 4. every replica drains; the longest lease ttl later the harness snapshots the rows, the operations and the
+//!    process log;
+//! 5. the checkers read the commit history, the events and both snapshots (the row checkers see the workload's
+//!    rows: gang rows have their own checkers, and node rows stay leased by their live agents), and with a gang
+//!    part the process log and the operations ([`checkers::gang`]).
 
 use super::checkers::{self, CheckInput, Violation};
 use super::coverage::Coverage;
 use super::faults::FaultRunner;
+use super::gang::{self, OperationReport, SubmitOutcome};
 use super::scenario::Scenario;
 use super::trace::{self, Trace, TraceEvent};
 use super::workload::{self, ClientReport};
 use super::world::World;
-use crate::store::{Commit, Event, Row, Timestamp};
+use crate::agent::ProcessLog;
+use crate::gang::api::{self, OperationView};
+use crate::gang::model::{JobId, KIND_NODE, KIND_OPERATION, OperationStatus};
+use crate::store::{Commit, Event, Row, RowId, Timestamp};
 use madsim::runtime::Runtime;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -66,10 +76,13 @@ pub struct RunReport {
     /// Rows in the database at the end.
     pub rows: usize,
     /// Distinct keys the clients inserted rows under (the workload and its contention bursts); equal to
-    /// `rows` unless a retried insert duplicated a row.
+    /// `rows` unless a retried insert duplicated a row. (With a gang part, operations and control messages are
+    /// keyed too, while jobs, allocations and nodes are not, so the two differ by design.)
     pub keyed_rows: usize,
     /// Rows in the database at the end, counted by kind and then by status (`task` → `done` → 103).
     pub statuses: BTreeMap<String, BTreeMap<String, usize>>,
+    /// What became of each submitted gang operation, in submission order (empty without a gang part).
+    pub operations: Vec<OperationReport>,
     /// Simulated time the run took.
     pub simulated: Duration,
     /// Wall-clock time the run took.
@@ -97,6 +110,19 @@ impl RunReport {
         self.trace = Vec::new();
         self
     }
+
+    /// The report of the operation the scenario names `name`.
+    pub fn operation(&self, name: &str) -> Option<&OperationReport> {
+        self.operations.iter().find(|report| report.name == name)
+    }
+
+    /// Trace lines about operation `op` (those carrying the token `op=<op>`), as text.
+    pub fn operation_trace(&self, op: RowId) -> String {
+        let token = format!("op={op}");
+        let lines: Vec<TraceEvent> =
+            self.trace.iter().filter(|e| e.fields.split_whitespace().any(|field| field == token)).cloned().collect();
+        trace::render(&lines)
+    }
 }
 
 /// What the simulated part of a run hands back to the checkers.
@@ -111,6 +137,16 @@ struct Outcome {
     client: ClientReport,
     keyed_rows: usize,
     drain: Result<(), String>,
+    gang: Option<GangOutcome>,
+}
+
+/// What the simulated part of a gang run hands back to the gang checkers.
+struct GangOutcome {
+    reports: Vec<OperationReport>,
+    views: Vec<OperationView>,
+    unfinished: Vec<String>,
+    exclusivity: Vec<String>,
+    live_at_end: BTreeMap<RowId, Vec<JobId>>,
 }
 
 /// Runs `scenario` under `seed` and checks it.
@@ -122,6 +158,24 @@ pub fn run(scenario: &Scenario, seed: u64) -> RunReport {
 /// run: the panic and the violations are in the report. With `LOCKSTEP_SIM_TRACE_DIR` set, writes the trace to
 /// `<dir>/<scenario>-seed-<seed>.trace`.
 pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunReport {
+    if let Err(error) = scenario.check() {
+        return RunReport {
+            seed,
+            scenario: scenario.name.clone(),
+            panic: Some(error.to_string()),
+            violations: Vec::new(),
+            trace: Vec::new(),
+            coverage: Coverage::default(),
+            client: ClientReport::default(),
+            commits: 0,
+            rows: 0,
+            keyed_rows: 0,
+            statuses: BTreeMap::new(),
+            operations: Vec::new(),
+            simulated: Duration::ZERO,
+            wall: std::time::Duration::ZERO,
+        };
+    }
     let scenario = Arc::new(scenario.clone());
     let trace_slot: Arc<Mutex<Option<Trace>>> = Arc::default();
     let wall = std::time::Instant::now();
@@ -159,6 +213,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
         rows: 0,
         keyed_rows: 0,
         statuses: BTreeMap::new(),
+        operations: Vec::new(),
         simulated,
         wall,
         trace,
@@ -175,6 +230,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
             for row in &outcome.rows_final {
                 *report.statuses.entry(row.kind.clone()).or_default().entry(row.status.clone()).or_default() += 1;
             }
+            report.operations = outcome.gang.map(|gang| gang.reports).unwrap_or_default();
         }
     }
     if let Ok(dir) = std::env::var("LOCKSTEP_SIM_TRACE_DIR") {
@@ -200,7 +256,25 @@ fn check(scenario: &Scenario, outcome: &Outcome) -> Vec<Violation> {
     if let Err(message) = &outcome.drain {
         violations.push(Violation { checker: "drain", message: message.clone() });
     }
+    if let Some(gang) = &outcome.gang {
+        violations.extend(checkers::gang::check_all(&checkers::gang::GangCheckInput {
+            reports: &gang.reports,
+            views: &gang.views,
+            exclusivity: &gang.exclusivity,
+            live_at_end: &gang.live_at_end,
+            unfinished: &gang.unfinished,
+            expectations: &scenario.expect,
+        }));
+    }
     violations
+}
+
+/// Whether every workload row is final and every gang operation ended.
+fn converged(rows: &[Row]) -> bool {
+    rows.iter().all(|row| match gang::is_gang_row(row) {
+        false => workload::is_terminal(row),
+        true => row.kind != KIND_OPERATION || OperationStatus::parse(&row.status).is_some_and(|s| s.is_terminal()),
+    })
 }
 
 /// The simulated part of a run (phases 1–4).
@@ -211,11 +285,18 @@ async fn simulate(scenario: Arc<Scenario>, seed: u64, script: Option<Script>, tr
         let world = world.clone();
         tokio::spawn(async move { world.run_client().await })
     };
+    let gang_client = {
+        let world = world.clone();
+        scenario.gang.is_some().then(|| tokio::spawn(async move { world.run_gang_client().await }))
+    };
     let faults = FaultRunner::start(&world, &scenario.faults);
     if let Some(script) = script {
         script(world.clone()).await;
     }
     let client = client.await.expect("the client task is never aborted");
+    if let Some(gang_client) = gang_client {
+        gang_client.await.expect("the gang client task is never aborted");
+    }
     tokio::time::sleep_until(start + scenario.heal_at()).await;
     faults.stop();
     world.heal();
@@ -223,27 +304,66 @@ async fn simulate(scenario: Arc<Scenario>, seed: u64, script: Option<Script>, tr
     let deadline = tokio::time::Instant::now() + scenario.liveness_bound;
     let rows_at_liveness = loop {
         let rows = world.rows();
-        if rows.iter().all(workload::is_terminal) || tokio::time::Instant::now() >= deadline {
+        if converged(&rows) || tokio::time::Instant::now() >= deadline {
             break rows;
         }
         tokio::time::sleep(CONVERGENCE_POLL).await;
     };
     let liveness_at = world.store_now();
+    let unfinished = unfinished_operations(&rows_at_liveness);
     let drain = world.drain(scenario.drain_budget).await;
-    tokio::time::sleep(scenario.workload.lease_ttl + Duration::from_secs(1)).await;
+    tokio::time::sleep(scenario.lease_ttl_max() + Duration::from_secs(1)).await;
     let store = &world.database().store;
+    let gang = match scenario.gang.is_some() {
+        true => Some(gang_outcome(&world, unfinished).await),
+        false => None,
+    };
+    let rows_final = store.rows();
     Outcome {
         history: store.history(),
         events: store.all_events(),
-        rows_at_liveness,
-        rows_final: store.rows(),
+        // The row checkers judge the workload's rows; gang rows have the gang checkers, and node rows stay leased
+        // by their agents, which never drain.
+        rows_at_liveness: rows_at_liveness.into_iter().filter(|row| !gang::is_gang_row(row)).collect(),
+        rows_final: rows_final.into_iter().filter(|row| row.kind != KIND_NODE).collect(),
         heal_at,
         liveness_at,
         final_at: world.store_now(),
         client,
         keyed_rows: world.database().keyed_rows(),
         drain,
+        gang,
     }
+}
+
+/// The operations not ended in `rows`, as `op=<id> <status>`.
+fn unfinished_operations(rows: &[Row]) -> Vec<String> {
+    let ended = |row: &&Row| OperationStatus::parse(&row.status).is_some_and(|s| s.is_terminal());
+    rows.iter()
+        .filter(|row| row.kind == KIND_OPERATION && gang::is_gang_row(row))
+        .filter(|row| !ended(row))
+        .map(|row| format!("op={} {}", row.id, row.status))
+        .collect()
+}
+
+/// Reads every submitted operation from the database (directly: the checkers' view) and the process log.
+async fn gang_outcome(world: &World, unfinished: Vec<String>) -> GangOutcome {
+    let store = &world.database().store;
+    let mut reports = Vec::new();
+    let mut views = Vec::new();
+    for (name, outcome) in world.submitted() {
+        match outcome {
+            SubmitOutcome::Refused(error) => reports.push(OperationReport::refused(&name, &error)),
+            SubmitOutcome::Submitted(id) => {
+                let view = api::status(store, id).await.expect("a submitted operation's rows decode");
+                let created_at = store.row(id).expect("a submitted operation's row exists").created_at;
+                reports.push(OperationReport::of(&name, &view, created_at, super::db::ORIGIN));
+                views.push(view);
+            }
+        }
+    }
+    let log: &ProcessLog = world.process_log();
+    GangOutcome { reports, views, unfinished, exclusivity: log.exclusivity_violations(), live_at_end: log.live() }
 }
 
 fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {

@@ -1,12 +1,26 @@
 //! Scenarios: topology, workload, faults, bounds (DESIGN §5). A run is a function of (scenario, seed, build).
 //!
 //! Scenarios are Rust values for now; the TOML scenario files of DESIGN §5 would deserialize into the same
-//! shape.
+//! shape. A scenario has a row workload (optional: `rows_max = 0` inserts no rows and runs no row pipelines), an
+//! optional gang part (agents, operations, job behaviour, control actions: [`GangWorkload`]) and expectations.
 
-use super::faults::{FaultKind, FaultPlan, RandomFault};
+use super::faults::{Fault, FaultKind, FaultPlan, RandomFault};
+use super::gang::{AgentTunables, ControllerTunables, Expectations, GangWorkload, OperationExpectation, Submission};
 use super::workload::{Workers, WorkloadSpec};
+use super::world::Target;
+use crate::agent::{Behaviour, End, JobScript, Rule};
+use crate::gang::SpecFormat;
 use std::ops::Range;
 use std::time::Duration;
+
+/// A scenario that breaks a rule: the message names the field and the rule.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidScenario {
+    /// A field's value breaks a rule.
+    #[error("invalid scenario: {0}")]
+    Invalid(String),
+}
 
 /// Test-only switches that plant a bug in the system, to prove that the checkers catch it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -40,12 +54,77 @@ pub struct Scenario {
     pub drain_budget: Duration,
     /// Planted bugs (none by default).
     pub mutation: Mutation,
+    /// Gang operations: agents, what the client submits, how jobs behave (none by default).
+    pub gang: Option<GangWorkload>,
+    /// What the run must show besides the invariants (checker `expect`).
+    pub expect: Expectations,
 }
 
 impl Scenario {
-    /// When the world heals: the end of the fault window or of the workload, whichever is later.
+    /// When the world heals: the end of the fault window, of the row workload, or of the gang client's last
+    /// submission or control action, whichever is latest.
     pub fn heal_at(&self) -> Duration {
-        self.faults.until.max(self.workload.span)
+        let gang = self.gang.as_ref().map_or(Duration::ZERO, GangWorkload::span);
+        self.faults.until.max(self.workload.span).max(gang)
+    }
+
+    /// Agent nodes (0 without a gang part).
+    pub fn agents(&self) -> usize {
+        self.gang.as_ref().map_or(0, |gang| gang.agents)
+    }
+
+    /// The longest lease any pipeline of the scenario takes (rows', and operations' if there is a gang part):
+    /// after the drain the run waits this long (and a second) for every lease to lapse.
+    pub fn lease_ttl_max(&self) -> Duration {
+        let operations = self.gang.as_ref().map_or(Duration::ZERO, |gang| gang.controller.lease_ttl);
+        self.workload.lease_ttl.max(operations)
+    }
+
+    /// Checks every rule a scenario file could break. Errors: the first broken rule, naming its field.
+    pub fn check(&self) -> Result<(), InvalidScenario> {
+        let invalid = |message: String| Err(InvalidScenario::Invalid(message));
+        if self.replicas == 0 || self.replicas > 200 {
+            return invalid(format!("replicas: {} is not in 1..=200", self.replicas));
+        }
+        if let Some(gang) = &self.gang {
+            gang.check().map_err(InvalidScenario::Invalid)?;
+        }
+        self.expect.check(self.gang.as_ref()).map_err(InvalidScenario::Invalid)?;
+        let rows = self.workload.rows_max > 0;
+        let (replicas, agents) = (self.replicas, self.agents());
+        let target_ok = |target: Target| match target {
+            Target::Replica(i) => i < replicas,
+            Target::Agent(i) => i < agents,
+            Target::Db | Target::Client => true,
+        };
+        for (index, event) in self.faults.fixed.iter().enumerate() {
+            let ok = match &event.fault {
+                Fault::Kill { replica, .. } | Fault::Pause { replica, .. } | Fault::ClockDrift { replica, .. } => {
+                    *replica < replicas
+                }
+                Fault::AgentKill { agent, .. } | Fault::AgentPause { agent, .. } => *agent < agents,
+                Fault::Partition { a, b, .. } => target_ok(*a) && target_ok(*b),
+                Fault::Isolate { node, .. } => target_ok(*node),
+                Fault::Contention { .. } => rows,
+                _ => true,
+            };
+            if !ok {
+                return invalid(format!(
+                    "faults.fixed[{index}]: {:?} targets a node the world lacks ({replicas} replicas, {agents} agents{})",
+                    event.fault,
+                    if rows { "" } else { ", no row workload" }
+                ));
+            }
+        }
+        for (index, process) in self.faults.random.iter().enumerate() {
+            if process.kind.targets_agents() && agents == 0 && process.per_minute > 0.0 {
+                return invalid(format!("faults.random[{index}]: {} needs agents", process.kind.name()));
+            }
+            if process.kind == FaultKind::Contention && !rows && process.per_minute > 0.0 {
+                return invalid(format!("faults.random[{index}]: contention needs the row workload (rows_max > 0)"));
+            }
+        }
+        Ok(())
     }
 
     /// The simulated-time limit of a run: past it, the run fails as a hang. Generous (the heal time three times
@@ -85,7 +164,83 @@ impl Scenario {
             starvation_bound: Duration::from_secs(60),
             drain_budget: Duration::from_secs(60),
             mutation: Mutation::default(),
+            gang: None,
+            expect: Expectations::default(),
         }
+    }
+
+    /// Gang operations under every fault: 2 replicas and 5 agents of 2 slots, no row workload, the three specs
+    /// of [`GANG_SPECS`] submitted in turn every 15 s for 2 minutes, jobs of 5–60 s with a few scripted failures
+    /// (one of a ranked trainer: a gang restart), and the random faults of [`every_fault`] (without contention,
+    /// which needs rows) and [`agent_faults`] at half a fault of each kind per minute. Every operation must end.
+    pub fn gang_mixed() -> Scenario {
+        let window = Duration::from_secs(120);
+        let operations = (0..8)
+            .map(|index| Submission {
+                name: format!("op-{index}"),
+                at: Duration::from_secs(15 * index as u64),
+                spec: GANG_SPECS[index % GANG_SPECS.len()].into(),
+                format: SpecFormat::Yson,
+            })
+            .collect();
+        let gang = GangWorkload {
+            agents: 5,
+            slots: 2,
+            agent: AgentTunables::default(),
+            controller: ControllerTunables {
+                lease_ttl: Duration::from_secs(10),
+                min_processing_interval: Duration::from_secs(2),
+                ..ControllerTunables::default()
+            },
+            operations,
+            jobs: gang_jobs(),
+            controls: Vec::new(),
+        };
+        let mut random: Vec<RandomFault> =
+            every_fault(0.5).into_iter().filter(|process| process.kind != FaultKind::Contention).collect();
+        random.extend(agent_faults(0.5));
+        Scenario {
+            name: "gang-mixed".into(),
+            replicas: 2,
+            workload: no_rows(),
+            faults: FaultPlan { fixed: Vec::new(), random, until: window },
+            liveness_bound: Duration::from_secs(900),
+            gang: Some(gang),
+            ..Scenario::mixed()
+        }
+    }
+
+    /// A gang scenario without faults or row workload: 2 replicas, `agents` agents of `slots` slots, the given
+    /// submissions, every job exiting 0 after `job` (a base for directed tests).
+    pub fn gang_quiet(agents: usize, slots: u32, operations: Vec<Submission>, job: Duration) -> Scenario {
+        let gang = GangWorkload {
+            agents,
+            slots,
+            agent: AgentTunables::default(),
+            controller: ControllerTunables {
+                lease_ttl: Duration::from_secs(10),
+                min_processing_interval: Duration::from_secs(2),
+                ..ControllerTunables::default()
+            },
+            operations,
+            jobs: JobScript::uniform(job),
+            controls: Vec::new(),
+        };
+        Scenario {
+            name: "gang-quiet".into(),
+            replicas: 2,
+            workload: no_rows(),
+            faults: FaultPlan::default(),
+            liveness_bound: Duration::from_secs(600),
+            gang: Some(gang),
+            ..Scenario::mixed()
+        }
+    }
+
+    /// The same scenario expecting `expectation` too.
+    pub fn expecting(mut self, expectation: OperationExpectation) -> Scenario {
+        self.expect.operations.push(expectation);
+        self
     }
 
     /// The benchmark: 3 replicas, 10 000 rows inserted over 590 simulated seconds under every random fault, then
@@ -141,12 +296,63 @@ pub fn small_workload() -> WorkloadSpec {
     }
 }
 
-/// One random process of every kind, `scale` faults of each per simulated minute on average, with spans that
-/// outlast the 6 s lease ttl where that matters (pauses, partitions, kills).
+/// The specs [`Scenario::gang_mixed`] submits in turn (YSON): a 3-job gang; a gang of 2 ranks and 2 reserved
+/// jobs beside a plain task; the seed's master/slave vanilla operation with `max_failed_job_count = 3`.
+pub const GANG_SPECS: [&str; 3] = [
+    "{tasks={worker={job_count=3;command=w;gang_options={}}}}",
+    "{tasks={trainer={job_count=4;command=t;gang_options={size=2}};logger={job_count=2;command=l}}}",
+    "{tasks={master={job_count=1;command=m};slave={job_count=10;command=s}};max_failed_job_count=3}",
+];
+
+/// The jobs of [`Scenario::gang_mixed`]: 5–60 s, exit 0, except the first start of worker cookie 1 (exit 1: a
+/// gang restart), the second start of trainer cookie 0 (exit 2) and the first of slave cookie 3 (exit 1: a
+/// failure that counts toward the limit but restarts nothing else).
+pub fn gang_jobs() -> JobScript {
+    let failing = |task: &str, cookie, attempt, code| Rule {
+        task: Some(task.into()),
+        job_cookie: Some(cookie),
+        attempt: Some(attempt),
+        behaviour: Behaviour { duration: (Duration::from_secs(1), Duration::from_secs(8)), end: End::Exit(code) },
+    };
+    JobScript {
+        seed: 0,
+        default: Behaviour { duration: (Duration::from_secs(5), Duration::from_secs(60)), end: End::Exit(0) },
+        rules: vec![failing("worker", 1, 0, 1), failing("trainer", 0, 1, 2), failing("slave", 3, 0, 1)],
+    }
+}
+
+/// A row workload that inserts nothing (`rows_max = 0`): replicas run no row pipelines.
+pub fn no_rows() -> WorkloadSpec {
+    WorkloadSpec { span: Duration::ZERO, rows_max: 0, resources: 0, ..small_workload() }
+}
+
+/// One random process of each agent fault kind ([`FaultKind::targets_agents`]), `scale` faults of each per
+/// simulated minute, with spans that outlast the agents' 10 s node lease where that matters.
+pub fn agent_faults(scale: f64) -> Vec<RandomFault> {
+    let secs = |from: u64, to: u64| Duration::from_secs(from)..Duration::from_secs(to);
+    FaultKind::ALL
+        .iter()
+        .filter(|kind| kind.targets_agents())
+        .map(|&kind| {
+            let span = match kind {
+                FaultKind::AgentKill => secs(1, 20),
+                FaultKind::AgentPause => secs(5, 25),
+                FaultKind::AgentPartition => secs(5, 30),
+                _ => secs(3, 20),
+            };
+            RandomFault { kind, per_minute: scale, span }
+        })
+        .collect()
+}
+
+/// One random process of every kind that targets replicas, the database, the network or the client (not
+/// agents: [`agent_faults`]), `scale` faults of each per simulated minute on average, with spans that outlast
+/// the 6 s lease ttl where that matters (pauses, partitions, kills).
 pub fn every_fault(scale: f64) -> Vec<RandomFault> {
     let secs = |from: u64, to: u64| Duration::from_secs(from)..Duration::from_secs(to);
     FaultKind::ALL
         .iter()
+        .filter(|kind| !kind.targets_agents())
         .map(|&kind| {
             let span = match kind {
                 FaultKind::Kill => secs(1, 10),
@@ -159,6 +365,7 @@ pub fn every_fault(scale: f64) -> Vec<RandomFault> {
                 FaultKind::ClockDrift => secs(10, 30),
                 FaultKind::Contention => Duration::ZERO..Duration::ZERO,
                 FaultKind::Buggify => secs(3, 10),
+                _ => unreachable!("agent faults are filtered out"),
             };
             RandomFault { kind, per_minute: scale, span }
         })

@@ -750,6 +750,9 @@ fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::ClockDrift => &["replica", "rate_ppm", "span"],
         FaultKind::Contention => &["claims"],
         FaultKind::Buggify => &["span"],
+        FaultKind::AgentKill => &["agent", "down"],
+        FaultKind::AgentPause => &["agent", "span"],
+        FaultKind::AgentPartition | FaultKind::AgentIsolate => &[],
     }
 }
 
@@ -833,6 +836,9 @@ impl FixedDoc {
                 Fault::Contention { claims: at_least_one(at("claims"), self.claims.ok_or_else(|| need("claims"))?)? }
             }
             FaultKind::Buggify => Fault::Buggify { span: span()? },
+            FaultKind::AgentKill | FaultKind::AgentPause | FaultKind::AgentPartition | FaultKind::AgentIsolate => {
+                return Err((at("kind"), format!("{} faults are not in scenario files yet", kind.name())));
+            }
         })
     }
 }

@@ -88,6 +88,11 @@ impl Trace {
         self.lock().events.clone()
     }
 
+    /// A copy of the events from index `start` on (what was recorded since a caller last looked).
+    pub fn events_from(&self, start: usize) -> Vec<TraceEvent> {
+        self.lock().events.get(start..).unwrap_or(&[]).to_vec()
+    }
+
     /// How many events of `kind` were recorded.
     pub fn count(&self, kind: &str) -> usize {
         self.lock().events.iter().filter(|event| event.kind == kind).count()

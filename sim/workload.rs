@@ -67,7 +67,8 @@ pub struct WorkloadSpec {
     pub resources: usize,
     /// Share of claims that go to resource 0.
     pub hot_share: f64,
-    /// Most rows the client inserts; the processes stop there.
+    /// Most rows the client inserts; the processes stop there. 0 turns the row workload off: the client inserts
+    /// nothing (not even resources) and replicas run no row pipelines (a gang-only scenario).
     pub rows_max: usize,
     /// A task's processing time, uniform.
     pub task_process: Range<Duration>,
@@ -305,6 +306,9 @@ impl Client {
 
     /// Runs the workload to the end of its span (or its row bound) and reports what it inserted.
     pub async fn run(mut self) -> ClientReport {
+        if self.spec.rows_max == 0 {
+            return self.report;
+        }
         for index in 0..self.spec.resources {
             let row = NewRow::new("resource", "free", json!({ "count": 0 }));
             let row = self

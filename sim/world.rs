@@ -1,25 +1,35 @@
 //! The simulated world (DESIGN §5): a database node serving MemStore over simulated RPC, N replica nodes
-//! running the workload's pipelines, and a client node inserting the workload; plus the handles through which
-//! faults and directed scenarios act on it:
+//! running the workload's pipelines (and the operation pipeline when the scenario has a gang part), M agent
+//! nodes (`agent-0..`, gang scenarios only) each running a node [`Agent`](crate::agent::Agent) with the world's
+//! one simulated executor, and a client node inserting the row workload and submitting the gang operations;
+//! plus the handles through which faults and directed scenarios act on it:
 //!
 //! ```ignore
 //! world.replica(1).pause(lease_ttl * 2).await;     // its leases expire while it sleeps
 //! world.replica(0).kill_for(Duration::from_secs(5)).await;
 //! world.net().partition(Target::Replica(2), Target::Db, Duration::from_secs(10)).await;
 //! world.db().restart(Duration::from_secs(1)).await;
+//! world.agent(3).kill_for(Duration::from_secs(5)).await;    // its processes die with it
+//! world.agent(1).partition_from_db(Duration::from_secs(20)).await; // it must self-fence
 //! ```
 //!
 //! Every handle traces what it does, holds the fault for its span and undoes it. Faults that would fight over
-//! one thing do not overlap (a replica has one node slot for kill and pause, one clock slot; the network, the
-//! database, lost replies and buggify have one slot each): a fault whose slot is taken is traced as `skipped`.
-//! [`World::heal`] undoes every fault still in force.
+//! one thing do not overlap (a replica or an agent has one node slot for kill and pause, a replica one clock
+//! slot; the network, the database, lost replies and buggify have one slot each): a fault whose slot is taken is
+//! traced as `skipped`. [`World::heal`] undoes every fault still in force.
+//!
+//! Every simulated process writes its start, exit and kill to the world's [`ProcessLog`] (the gang checkers'
+//! record) and to the trace.
 
+use super::agents::{self, AgentContext};
 use super::db::{self, Database};
+use super::gang::{self, GangClient, SubmitOutcome};
 use super::net_store::{NetStore, NetStoreOptions};
 use super::replica::{self, ReplicaContext, Stop};
 use super::scenario::Scenario;
 use super::trace::Trace;
 use super::workload::{Client, ClientReport};
+use crate::agent::{ProcessEvent, ProcessLog, SimulatedExecutor};
 use crate::pipeline::LocalClock;
 use crate::pipeline::clock::RATE_PPM_EXACT;
 use crate::store::{Row, Timestamp};
@@ -42,6 +52,8 @@ pub enum Target {
     Client,
     /// Replica `i`.
     Replica(usize),
+    /// Agent `i` (node `agent-{i}`).
+    Agent(usize),
 }
 
 /// A thing at most one fault holds at a time.
@@ -49,6 +61,7 @@ pub enum Target {
 enum Slot {
     Replica(usize),
     Clock(usize),
+    Agent(usize),
     Db,
     Network,
     Replies,
@@ -61,6 +74,8 @@ struct FaultState {
     busy: BTreeSet<Slot>,
     killed: BTreeSet<usize>,
     paused: BTreeSet<usize>,
+    killed_agents: BTreeSet<usize>,
+    paused_agents: BTreeSet<usize>,
     db_down: bool,
     /// Clogged directed links and how many faults hold each.
     links: BTreeMap<(NodeId, NodeId), u32>,
@@ -73,6 +88,14 @@ struct ReplicaSlot {
     node: NodeHandle,
 }
 
+struct AgentSlot {
+    ctx: Arc<AgentContext>,
+    node: NodeHandle,
+}
+
+/// What the gang client reported so far: each submission's outcome, in submission order.
+type Submitted = Arc<Mutex<Vec<(String, SubmitOutcome)>>>;
+
 struct Inner {
     seed: u64,
     scenario: Arc<Scenario>,
@@ -84,6 +107,9 @@ struct Inner {
     client_node: NodeHandle,
     client_ip: IpAddr,
     replicas: Vec<ReplicaSlot>,
+    agents: Vec<AgentSlot>,
+    log: ProcessLog,
+    submitted: Submitted,
     faults_on: Arc<AtomicBool>,
     stop: Arc<Stop>,
     clients: Arc<AtomicU64>,
@@ -100,11 +126,18 @@ pub struct World {
 const DB_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 
+/// The address of agent `index`: 10.0.2.{index + 1}.
+fn agent_ip(index: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 0, 2, index as u8 + 1))
+}
+
 impl World {
     /// Builds the world of `scenario` under `seed` on the current simulated runtime: the database node first
-    /// (and waits until it serves), then the replicas, then the client node (idle until [`World::run_client`]).
+    /// (and waits until it serves), then the replicas, then the client node (idle until [`World::run_client`]),
+    /// then the agents. Panics on a scenario that breaks [`Scenario::check`] (the run checks it first).
     pub async fn build(scenario: Arc<Scenario>, seed: u64, trace: Trace) -> World {
         assert!(scenario.replicas <= 200, "replica addresses are 10.0.1.1 to 10.0.1.200");
+        assert!(scenario.agents() <= 200, "agent addresses are 10.0.2.1 to 10.0.2.200");
         let handle = Handle::current();
         let latency = scenario.net_latency.clone();
         NetSim::current().update_config(|config| {
@@ -114,6 +147,9 @@ impl World {
         let name: Arc<str> = Arc::from("world");
         trace.record(&name, "build", format!("scenario={} seed={seed} replicas={}", scenario.name, scenario.replicas));
         let db = Database::new(seed, IpAddr::V4(DB_IP), trace.clone());
+        if scenario.gang.is_some() {
+            db.enable_gang_trace();
+        }
         if scenario.mutation.apply_guard_disabled {
             db.store.disable_apply_guard_for_mutation_test();
             trace.record(&name, "mutation", "apply_guard_disabled");
@@ -128,6 +164,7 @@ impl World {
         let stop = Arc::new(Stop::default());
         let clients = Arc::new(AtomicU64::new(0));
         let spec = Arc::new(scenario.workload.clone());
+        let operations = scenario.gang.as_ref().map(|gang| gang.pipeline_config());
         let replicas = (0..scenario.replicas)
             .map(|index| {
                 let ip = IpAddr::V4(Ipv4Addr::new(10, 0, 1, index as u8 + 1));
@@ -138,6 +175,7 @@ impl World {
                     db: db.addr(),
                     seed,
                     spec: spec.clone(),
+                    operations: operations.clone(),
                     call_timeout: scenario.call_timeout,
                     clock: LocalClock::drifting(),
                     faults_on: faults_on.clone(),
@@ -157,6 +195,46 @@ impl World {
                 ReplicaSlot { ctx, node }
             })
             .collect();
+        let log = {
+            let trace = trace.clone();
+            ProcessLog::with_sink(Arc::new(move |event: &ProcessEvent| {
+                let (kind, fields) = gang::process_line(event);
+                trace.record(&Arc::from(event.node.as_str()), kind, fields);
+            }))
+        };
+        let agents = match &scenario.gang {
+            None => Vec::new(),
+            Some(gang) => {
+                let mut script = gang.jobs.clone();
+                script.seed = seed;
+                let executor = SimulatedExecutor::new(script, log.clone());
+                (0..gang.agents)
+                    .map(|index| {
+                        let ctx = Arc::new(AgentContext {
+                            index,
+                            name: Arc::from(gang::agent_name(index)),
+                            ip: agent_ip(index),
+                            db: db.addr(),
+                            config: gang.agent_config(index),
+                            executor: executor.clone(),
+                            call_timeout: scenario.call_timeout,
+                            clock: LocalClock::drifting(),
+                            trace: trace.clone(),
+                            clients: clients.clone(),
+                            incarnations: AtomicU64::new(0),
+                        });
+                        let init = ctx.clone();
+                        let node = handle
+                            .create_node()
+                            .name(ctx.name.to_string())
+                            .ip(ctx.ip)
+                            .init(move || agents::run(init.clone()))
+                            .build();
+                        AgentSlot { ctx, node }
+                    })
+                    .collect()
+            }
+        };
         let inner = Inner {
             seed,
             scenario,
@@ -168,6 +246,9 @@ impl World {
             client_node,
             client_ip: IpAddr::V4(CLIENT_IP),
             replicas,
+            agents,
+            log,
+            submitted: Submitted::default(),
             faults_on,
             stop,
             clients,
@@ -205,6 +286,49 @@ impl World {
     /// The store's time now.
     pub fn store_now(&self) -> Timestamp {
         self.inner.db.now()
+    }
+
+    /// Agent nodes.
+    pub fn agents(&self) -> usize {
+        self.inner.agents.len()
+    }
+
+    /// Handle on agent `index`.
+    pub fn agent(&self, index: usize) -> AgentHandle<'_> {
+        assert!(index < self.agents(), "agent {index} of {}", self.agents());
+        AgentHandle { world: self, index }
+    }
+
+    /// The process log every simulated executor of the world writes (the gang checkers' record).
+    pub fn process_log(&self) -> &ProcessLog {
+        &self.inner.log
+    }
+
+    /// What the gang client reported so far: each submission's name and outcome, in submission order.
+    pub fn submitted(&self) -> Vec<(String, SubmitOutcome)> {
+        self.inner.submitted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// The row id of the operation the scenario names `name`, once the client submitted it.
+    pub fn operation(&self, name: &str) -> Option<crate::store::RowId> {
+        self.submitted().into_iter().find_map(|(n, outcome)| match outcome {
+            SubmitOutcome::Submitted(id) if n == name => Some(id),
+            _ => None,
+        })
+    }
+
+    /// Runs the gang client on the client node until its last submission and control action are done (at once
+    /// without a gang part).
+    pub async fn run_gang_client(&self) {
+        let Some(gang) = self.scenario().gang.clone() else { return };
+        let store = Arc::new(self.connect_client().await);
+        let client = GangClient {
+            store,
+            gang: Arc::new(gang),
+            trace: self.inner.trace.clone(),
+            outcomes: self.inner.submitted.clone(),
+        };
+        self.inner.client_node.spawn(client.run()).await.expect("the client node is never killed")
     }
 
     /// Handle on replica `index`.
@@ -273,6 +397,12 @@ impl World {
         }
         for index in std::mem::take(&mut state.paused) {
             inner.handle.resume(inner.replicas[index].node.id());
+        }
+        for index in std::mem::take(&mut state.killed_agents) {
+            inner.handle.restart(inner.agents[index].node.id());
+        }
+        for index in std::mem::take(&mut state.paused_agents) {
+            inner.handle.resume(inner.agents[index].node.id());
         }
         for replica in &inner.replicas {
             if replica.ctx.clock.rate_ppm() != RATE_PPM_EXACT {
@@ -354,7 +484,77 @@ impl World {
             Target::Db => self.inner.db_node.id(),
             Target::Client => self.inner.client_node.id(),
             Target::Replica(index) => self.inner.replicas[index].node.id(),
+            Target::Agent(index) => self.inner.agents[index].node.id(),
         }
+    }
+}
+
+/// Faults on one agent node.
+pub struct AgentHandle<'a> {
+    world: &'a World,
+    index: usize,
+}
+
+impl AgentHandle<'_> {
+    fn slot(&self) -> &AgentSlot {
+        &self.world.inner.agents[self.index]
+    }
+
+    fn record(&self, kind: &'static str, fields: impl Into<String>) {
+        self.world.inner.trace.record(&self.slot().ctx.name, kind, fields);
+    }
+
+    /// Kills the agent (its processes die with it) and, after `down`, starts it again through its init function.
+    pub async fn kill_for(&self, down: Duration) {
+        if !self.world.acquire(Slot::Agent(self.index), "agent-kill") {
+            return;
+        }
+        self.kill();
+        tokio::time::sleep(down).await;
+        self.start();
+        self.world.release(Slot::Agent(self.index));
+    }
+
+    /// Kills the agent node now; the process log records the death of every process it ran.
+    pub fn kill(&self) {
+        self.record("kill", "");
+        self.world.inner.handle.kill(self.slot().node.id());
+        // A simulated node's tasks end without a word: say so in the log before the node can start anything again.
+        self.world.inner.log.node_died(&self.slot().ctx.name);
+        self.world.state().killed_agents.insert(self.index);
+    }
+
+    /// Starts a killed agent through its init function (a new node session).
+    pub fn start(&self) {
+        self.record("restart", "");
+        self.world.inner.handle.restart(self.slot().node.id());
+        self.world.state().killed_agents.remove(&self.index);
+    }
+
+    /// Pauses the agent node for `span` (it and its processes stop while time goes on: its node lease lapses),
+    /// then resumes it: it finds its local deadline passed and fences itself.
+    pub async fn pause(&self, span: Duration) {
+        if !self.world.acquire(Slot::Agent(self.index), "agent-pause") {
+            return;
+        }
+        self.record("pause", format!("span={span:?}"));
+        self.world.inner.handle.pause(self.slot().node.id());
+        self.world.state().paused_agents.insert(self.index);
+        tokio::time::sleep(span).await;
+        self.world.inner.handle.resume(self.slot().node.id());
+        self.world.state().paused_agents.remove(&self.index);
+        self.record("resume", "");
+        self.world.release(Slot::Agent(self.index));
+    }
+
+    /// Cuts the agent off from the database for `span`: it must fence itself before its node is declared lost.
+    pub async fn partition_from_db(&self, span: Duration) {
+        self.world.net().partition(Target::Agent(self.index), Target::Db, span).await;
+    }
+
+    /// How many times the agent started.
+    pub fn incarnations(&self) -> u64 {
+        self.slot().ctx.incarnations.load(Ordering::SeqCst)
     }
 }
 

@@ -3,6 +3,7 @@
 //! guards against and watches it fire (STYLE, "Checkers bite").
 
 pub mod exactly_once;
+pub mod gang;
 pub mod lease_exclusivity;
 pub mod liveness;
 pub mod locked_forever;

@@ -71,9 +71,19 @@ impl ProcessHandle {
 
     /// Kills the process and waits until it has ended. Returns how it ended (it may have exited first).
     pub async fn kill(mut self) -> ExitStatus {
+        self.request_kill();
+        self.ended().await
+    }
+
+    /// Asks the executor to kill the process, without waiting (a second request does nothing).
+    pub fn request_kill(&mut self) {
         if let Some(kill) = self.kill.take() {
             let _ = kill.send(());
         }
+    }
+
+    /// Waits until the process has ended and returns how. Cancel-safe: the handle stays usable.
+    pub async fn ended(&mut self) -> ExitStatus {
         loop {
             if let Some(status) = *self.exit.borrow_and_update() {
                 return status;

@@ -20,7 +20,9 @@ pub mod process;
 pub mod simulated;
 
 pub use executor::{Executor, ExecutorError, ExitStatus, ProcessHandle, StartRequest};
-pub use simulated::{Behaviour, End, JobScript, ProcessEvent, ProcessEventKind, ProcessLog, Rule, SimulatedExecutor};
+pub use simulated::{
+    Behaviour, End, JobScript, ProcessEvent, ProcessEventKind, ProcessLog, ProcessSink, Rule, SimulatedExecutor,
+};
 
 use crate::gang::model::{
     ALLOCATION_FREE, Allocation, AllocationData, AllocationRef, INBOX_NEW, JobId, JobLaunch, JobOutcome,
@@ -109,7 +111,16 @@ pub struct AgentPass {
     pub exited: Vec<(JobId, ExitStatus)>,
     /// Reports inserted into inboxes.
     pub reported: usize,
+    /// Jobs whose processes the fence killed (empty unless `fenced`).
+    pub fence_killed: Vec<JobId>,
+    /// The session (node lease token) the agent holds at the end of the pass.
+    pub session: Option<LockToken>,
 }
+
+/// Called with every pass an [`Agent::run`] loop finishes (including a fence at the local deadline while a store
+/// call hung, reported as a pass with only `fenced` and `fence_killed` set); not called for a pass that failed
+/// with a store error. The simulator traces fences, sessions and kills through it.
+pub type PassObserver = Arc<dyn Fn(&AgentPass) + Send + Sync>;
 
 /// A node agent over store `S` running processes through `E`.
 pub struct Agent<S: Store, E: Executor> {
@@ -125,6 +136,9 @@ pub struct Agent<S: Store, E: Executor> {
     finished: BTreeSet<JobId>,
     /// Reports not yet inserted: (operation, message), in order.
     outbox: VecDeque<(RowId, Message)>,
+    observer: Option<PassObserver>,
+    /// Jobs a fence killed and has not reported yet (a fence abandoned at the deadline leaves them to the next).
+    fence_killed: Vec<JobId>,
 }
 
 impl<S: Store, E: Executor> Agent<S, E> {
@@ -140,7 +154,15 @@ impl<S: Store, E: Executor> Agent<S, E> {
             processes: BTreeMap::new(),
             finished: BTreeSet::new(),
             outbox: VecDeque::new(),
+            observer: None,
+            fence_killed: Vec::new(),
         }
+    }
+
+    /// The same agent reporting every pass of [`Agent::run`] to `observer`.
+    pub fn with_observer(mut self, observer: PassObserver) -> Agent<S, E> {
+        self.observer = Some(observer);
+        self
     }
 
     /// The same agent on the local clock `clock` (the simulator drifts it).
@@ -173,17 +195,28 @@ impl<S: Store, E: Executor> Agent<S, E> {
         loop {
             let deadline = self.session.map(|s| s.deadline);
             let pass = match deadline {
-                Some(deadline) => tokio::select! {
+                // A deadline already passed: the pass fences at its start, and nothing may cut that fence short.
+                Some(deadline) if clock.now() < deadline => tokio::select! {
                     biased;
                     pass = self.run_once() => Some(pass),
                     _ = clock.sleep_until(deadline) => None,
                 },
-                None => Some(self.run_once().await),
+                _ => Some(self.run_once().await),
             };
-            match pass {
-                None => self.fence("node lease expired locally while a store call hung").await,
-                Some(Err(error)) => tracing::warn!(node = %self.config.name, %error, "agent pass failed"),
-                Some(Ok(_)) => {}
+            let pass = match pass {
+                None => {
+                    let reason = "node lease expired locally while a store call hung";
+                    let fence_killed = self.fence(reason).await;
+                    Some(AgentPass { fenced: Some(reason.into()), fence_killed, ..AgentPass::default() })
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(node = %self.config.name, %error, "agent pass failed");
+                    None
+                }
+                Some(Ok(pass)) => Some(pass),
+            };
+            if let (Some(observer), Some(pass)) = (&self.observer, &pass) {
+                observer(pass);
             }
             let wake = self.session.map_or(self.config.poll_interval, |s| {
                 s.deadline.saturating_duration_since(clock.now()).min(self.config.poll_interval)
@@ -214,7 +247,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
         // A fence ends the pass: the next one starts a new session.
         if self.session.is_some_and(|s| self.clock.now() >= s.deadline) {
             let reason = "node lease expired locally";
-            self.fence(reason).await;
+            pass.fence_killed = self.fence(reason).await;
             pass.fenced = Some(reason.into());
             return Ok(pass);
         }
@@ -224,8 +257,9 @@ impl<S: Store, E: Executor> Agent<S, E> {
         if self.session.is_none() {
             pass.leased = self.acquire().await?;
         }
-        if let Some(reason) = self.heartbeat_if_due().await? {
+        if let Some((reason, killed)) = self.heartbeat_if_due().await? {
             pass.fenced = Some(reason);
+            pass.fence_killed = killed;
             return Ok(pass);
         }
         self.collect_exits(&mut pass);
@@ -241,6 +275,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
             self.reconcile(session.lease.token, &allocations, &mut pass).await;
         }
         pass.reported = self.send_reports().await?;
+        pass.session = self.session();
         Ok(pass)
     }
 
@@ -300,8 +335,9 @@ impl<S: Store, E: Executor> Agent<S, E> {
     }
 
     /// Extends the lease when its local deadline is within `heartbeat_trigger`. Returns the fence reason if the
-    /// store says the lease is gone. A store error leaves the deadline running: the fence comes at the deadline.
-    async fn heartbeat_if_due(&mut self) -> Result<Option<String>, StoreError> {
+    /// store says the lease is gone, with the jobs the fence killed. A store error leaves the deadline running: the
+    /// fence comes at the deadline.
+    async fn heartbeat_if_due(&mut self) -> Result<Option<(String, Vec<JobId>)>, StoreError> {
         let Some(session) = self.session else { return Ok(None) };
         let sent = self.clock.now();
         if session.deadline.saturating_duration_since(sent) > self.config.heartbeat_trigger {
@@ -315,18 +351,26 @@ impl<S: Store, E: Executor> Agent<S, E> {
             Ok(None)
         } else {
             let reason = "node lease lost".to_string();
-            self.fence(&reason).await;
-            Ok(Some(reason))
+            let killed = self.fence(&reason).await;
+            Ok(Some((reason, killed)))
         }
     }
 
     /// Self-fencing: kills every process, then ends the session (giving the lease back if the store answers, so
     /// the controller sees the node lost at once). The next pass starts a new session.
-    async fn fence(&mut self, reason: &str) {
+    async fn fence(&mut self, reason: &str) -> Vec<JobId> {
         tracing::warn!(node = %self.config.name, reason, processes = self.processes.len(), "self-fencing");
-        for (_, running) in std::mem::take(&mut self.processes) {
-            running.handle.kill().await;
+        // Cancel-safe (`run` abandons a pass at the lease's local deadline, possibly in the middle of this fence):
+        // the processes stay listed until every one has ended, so the fence that follows waits for them too and
+        // reports them.
+        for running in self.processes.values_mut() {
+            running.handle.request_kill();
         }
+        for running in self.processes.values_mut() {
+            running.handle.ended().await;
+        }
+        let killed = std::mem::take(&mut self.processes).into_values().map(|running| running.job);
+        self.fence_killed.extend(killed);
         // Bounded: a fenced agent is often cut off from the store, and the lease expires on its own anyway.
         if let Some(session) = self.session.take() {
             let release = self.store.release(vec![session.lease]);
@@ -338,6 +382,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
                 Err(_) => tracing::warn!(node = %self.config.name, "lease release after fencing timed out"),
             }
         }
+        std::mem::take(&mut self.fence_killed)
     }
 
     fn collect_exits(&mut self, pass: &mut AgentPass) {

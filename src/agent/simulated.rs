@@ -130,31 +130,50 @@ pub struct ProcessEvent {
 /// Most entries a process log keeps; a run that starts more processes is a runaway and fails loudly.
 pub const PROCESS_LOG_LEN_MAX: usize = 10_000_000;
 
+/// Called with every entry a [`ProcessLog`] records, after it is recorded (the simulator traces them).
+pub type ProcessSink = Arc<dyn Fn(&ProcessEvent) + Send + Sync>;
+
 /// The process log shared by every simulated executor of a world. Clones share one log.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct ProcessLog {
     events: Arc<Mutex<Vec<ProcessEvent>>>,
+    sink: Option<ProcessSink>,
+}
+
+impl std::fmt::Debug for ProcessLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessLog").field("events", &lock(&self.events).len()).finish_non_exhaustive()
+    }
 }
 
 impl ProcessLog {
+    /// An empty log that hands every entry to `sink` as well.
+    pub fn with_sink(sink: ProcessSink) -> ProcessLog {
+        ProcessLog { events: Arc::default(), sink: Some(sink) }
+    }
+
     /// Every event so far, in order.
     pub fn events(&self) -> Vec<ProcessEvent> {
         lock(&self.events).clone()
     }
 
     fn push(&self, event: ProcessEvent) {
-        let mut events = lock(&self.events);
-        assert!(events.len() < PROCESS_LOG_LEN_MAX, "process log passed {PROCESS_LOG_LEN_MAX} entries");
-        events.push(event);
+        {
+            let mut events = lock(&self.events);
+            assert!(events.len() < PROCESS_LOG_LEN_MAX, "process log passed {PROCESS_LOG_LEN_MAX} entries");
+            events.push(event.clone());
+        }
+        if let Some(sink) = &self.sink {
+            sink(&event);
+        }
     }
 
     /// Records that `node` died with its agent: its live processes die with it (a simulated node's tasks end
     /// without a word, so the harness that kills the node says so here, before the node could start anything
     /// again).
     pub fn node_died(&self, node: &str) {
-        let mut events = lock(&self.events);
         let mut live: BTreeMap<JobId, ProcessEvent> = BTreeMap::new();
-        for event in events.iter().filter(|e| e.node == node) {
+        for event in lock(&self.events).iter().filter(|e| e.node == node) {
             match event.kind {
                 ProcessEventKind::Started => {
                     live.insert(event.job, event.clone());
@@ -165,7 +184,7 @@ impl ProcessLog {
             }
         }
         for (_, started) in live {
-            events.push(ProcessEvent { at: Instant::now(), kind: ProcessEventKind::Killed, ..started });
+            self.push(ProcessEvent { at: Instant::now(), kind: ProcessEventKind::Killed, ..started });
         }
     }
 

@@ -185,6 +185,21 @@ impl MemStore {
         self.lock().events.clone()
     }
 
+    /// How many events the store holds.
+    pub fn events_len(&self) -> usize {
+        self.lock().events.len()
+    }
+
+    /// The events from index `start` on (0-based, sequence order): the tail a caller's last call appended.
+    pub fn events_from(&self, start: usize) -> Vec<Event> {
+        self.lock().events.get(start..).unwrap_or(&[]).to_vec()
+    }
+
+    /// A snapshot of row `id`, outside any call (no commit): for the simulator's trace and checkers.
+    pub fn row(&self, id: RowId) -> Option<Row> {
+        self.lock().rows.get(&id).cloned()
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock is a bug of ours that already failed the run; keep serving reads.
         self.inner.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

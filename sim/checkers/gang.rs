@@ -1,0 +1,212 @@
+//! The gang checkers (DESIGN §4, §5), run on every simulation with a gang part, from the executors' process log
+//! and the operations' rows and events as the database holds them at the end:
+//! - `allocation_exclusivity`: no allocation ever has two live processes ([`ProcessLog::exclusivity_violations`]);
+//! - `process_outlived_operation`: at the end (every operation ended, the replicas drained, a lease ttl passed) no
+//!   process is alive: agents killed what their operations left, and fenced agents killed theirs;
+//! - `gang_audit`: rank uniqueness per incarnation, reuse keeping cookie/rank/descriptor, the completion and
+//!   failure rules ([`audit::operation`] on every operation's view);
+//! - `liveness`: every submitted operation ended within the liveness bound after the heal;
+//! - `expect`: the scenario's per-operation expectations (final state, incarnation bounds, completion time).
+//!
+//! [`ProcessLog::exclusivity_violations`]: crate::agent::ProcessLog::exclusivity_violations
+//! [`audit::operation`]: crate::gang::audit::operation
+
+use super::{Violation, listed};
+use crate::gang::api::OperationView;
+use crate::gang::audit;
+use crate::gang::model::JobId;
+use crate::sim::gang::{Expectations, OperationExpectation, OperationReport};
+use crate::store::RowId;
+use std::collections::BTreeMap;
+
+/// What the gang checkers read.
+#[derive(Clone, Copy, Debug)]
+pub struct GangCheckInput<'a> {
+    /// Every submission's report, in submission order.
+    pub reports: &'a [OperationReport],
+    /// Every submitted operation's view at the end.
+    pub views: &'a [OperationView],
+    /// The process log's allocation-exclusivity violations.
+    pub exclusivity: &'a [String],
+    /// Processes alive at the end, by allocation row.
+    pub live_at_end: &'a BTreeMap<RowId, Vec<JobId>>,
+    /// Operations (name, status) not ended when the liveness wait stopped.
+    pub unfinished: &'a [String],
+    /// The scenario's expectations.
+    pub expectations: &'a Expectations,
+}
+
+/// Runs every gang checker; returns what they found, in checker order.
+pub fn check_all(input: &GangCheckInput<'_>) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    let mut push = |checker: &'static str, found: Vec<String>, what: &str| {
+        if !found.is_empty() {
+            violations.push(Violation { checker, message: format!("{} {what}: {}", found.len(), listed(&found)) });
+        }
+    };
+    push("allocation_exclusivity", input.exclusivity.to_vec(), "second live processes in one allocation");
+    let live: Vec<String> =
+        input.live_at_end.iter().map(|(row, jobs)| format!("allocation {row} still runs jobs {jobs:?}")).collect();
+    push("process_outlived_operation", live, "processes alive at the end, after every operation ended");
+    let audits: Vec<String> = input
+        .views
+        .iter()
+        .flat_map(|view| audit::operation(view).into_iter().map(move |v| format!("operation {}: {v}", view.id)))
+        .collect();
+    push("gang_audit", audits, "broken gang rules");
+    push("liveness", input.unfinished.to_vec(), "operations not ended within the liveness bound after the heal");
+    push("expect", expectations(input.expectations, input.reports), "unmet expectations");
+    violations
+}
+
+/// Every unmet expectation, as a sentence naming the operation, what was expected and what happened.
+pub fn expectations(expectations: &Expectations, reports: &[OperationReport]) -> Vec<String> {
+    let mut unmet = Vec::new();
+    for expectation in &expectations.operations {
+        match reports.iter().find(|report| report.name == expectation.operation) {
+            None => {
+                unmet.push(format!("operation {}: expected it to run, actual: never submitted", expectation.operation))
+            }
+            Some(report) => unmet.extend(unmet_by(expectation, report)),
+        }
+    }
+    unmet
+}
+
+fn unmet_by(expectation: &OperationExpectation, report: &OperationReport) -> Vec<String> {
+    let name = match report.id {
+        Some(id) => format!("operation {} (op={id})", report.name),
+        None => format!("operation {} (refused: {})", report.name, report.refused.as_deref().unwrap_or("?")),
+    };
+    let mut unmet = Vec::new();
+    if let Some(state) = expectation.state
+        && report.status != Some(state)
+    {
+        let actual = report.status.map_or("not submitted".to_string(), |s| s.to_string());
+        unmet.push(format!("{name}: state expected {state}, actual {actual} (result {:?})", report.result));
+    }
+    let incarnations = report.incarnations.len() as u32;
+    if let Some(min) = expectation.incarnations_min
+        && incarnations < min
+    {
+        unmet.push(format!("{name}: incarnations expected at least {min}, actual {incarnations}"));
+    }
+    if let Some(max) = expectation.incarnations_max
+        && incarnations > max
+    {
+        unmet.push(format!("{name}: incarnations expected at most {max}, actual {incarnations}"));
+    }
+    if let Some(bound) = expectation.completed_within {
+        match report.completion() {
+            Some(took) if took <= bound => {}
+            Some(took) => unmet.push(format!("{name}: completion expected within {bound:?}, actual {took:?}")),
+            None => unmet.push(format!("{name}: completion expected within {bound:?}, actual: never ended")),
+        }
+    }
+    unmet
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gang::model::OperationStatus;
+    use crate::sim::gang::IncarnationReport;
+    use std::time::Duration;
+
+    fn report(status: OperationStatus, incarnations: u32, took: Duration) -> OperationReport {
+        let incarnation =
+            |index| IncarnationReport { index, reason: "start".into(), trigger: None, at: Duration::ZERO };
+        OperationReport {
+            name: "train".into(),
+            id: Some(RowId(7)),
+            refused: None,
+            status: Some(status),
+            result: None,
+            submitted_at: Some(Duration::from_secs(10)),
+            ended_at: Some(Duration::from_secs(10) + took),
+            incarnations: (0..incarnations).map(incarnation).collect(),
+            jobs: BTreeMap::new(),
+        }
+    }
+
+    fn expecting(expectation: OperationExpectation) -> Expectations {
+        Expectations { operations: vec![expectation] }
+    }
+
+    #[test]
+    fn met_expectations_pass() {
+        let expectation = OperationExpectation {
+            state: Some(OperationStatus::Completed),
+            incarnations_min: Some(2),
+            incarnations_max: Some(2),
+            completed_within: Some(Duration::from_secs(60)),
+            ..OperationExpectation::on("train")
+        };
+        let reports = [report(OperationStatus::Completed, 2, Duration::from_secs(60))];
+        assert_eq!(expectations(&expecting(expectation), &reports), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_wrong_final_state_names_expected_and_actual() {
+        let expectation =
+            OperationExpectation { state: Some(OperationStatus::Completed), ..OperationExpectation::on("train") };
+        let reports = [report(OperationStatus::Failed, 1, Duration::from_secs(5))];
+        let unmet = expectations(&expecting(expectation), &reports);
+        assert_eq!(unmet.len(), 1, "{unmet:?}");
+        assert!(unmet[0].contains("operation train (op=7): state expected completed, actual failed"), "{unmet:?}");
+    }
+
+    #[test]
+    fn incarnation_and_completion_bounds_fire() {
+        let expectation = OperationExpectation {
+            incarnations_min: Some(2),
+            incarnations_max: Some(3),
+            completed_within: Some(Duration::from_secs(30)),
+            ..OperationExpectation::on("train")
+        };
+        let unmet = expectations(
+            &expecting(expectation.clone()),
+            &[report(OperationStatus::Completed, 1, Duration::from_secs(31))],
+        );
+        assert_eq!(unmet.len(), 2, "{unmet:?}");
+        assert!(unmet[0].contains("incarnations expected at least 2, actual 1"), "{unmet:?}");
+        assert!(unmet[1].contains("completion expected within 30s, actual 31s"), "{unmet:?}");
+        let unmet =
+            expectations(&expecting(expectation), &[report(OperationStatus::Completed, 4, Duration::from_secs(1))]);
+        assert_eq!(unmet, vec!["operation train (op=7): incarnations expected at most 3, actual 4".to_string()]);
+    }
+
+    #[test]
+    fn an_operation_that_never_ended_or_was_refused_fails_its_expectations() {
+        let mut running = report(OperationStatus::Running, 1, Duration::ZERO);
+        running.ended_at = None;
+        let within = OperationExpectation {
+            completed_within: Some(Duration::from_secs(1)),
+            ..OperationExpectation::on("train")
+        };
+        let unmet = expectations(&expecting(within), &[running]);
+        assert!(unmet[0].contains("actual: never ended"), "{unmet:?}");
+        let state =
+            OperationExpectation { state: Some(OperationStatus::Completed), ..OperationExpectation::on("train") };
+        let unmet = expectations(&expecting(state.clone()), &[OperationReport::refused("train", "tasks: empty")]);
+        assert!(unmet[0].contains("refused: tasks: empty") && unmet[0].contains("actual not submitted"), "{unmet:?}");
+        let unmet = expectations(&expecting(state), &[]);
+        assert!(unmet[0].contains("never submitted"), "{unmet:?}");
+    }
+
+    #[test]
+    fn live_processes_and_exclusivity_breaks_are_violations() {
+        let live = BTreeMap::from([(RowId(40), vec![JobId { operation: RowId(7), index: 3 }])]);
+        let exclusivity = ["allocation 40.1 starts job 7-4 while job 7-3 (allocation 40.1) still runs".to_string()];
+        let input = GangCheckInput {
+            reports: &[],
+            views: &[],
+            exclusivity: &exclusivity,
+            live_at_end: &live,
+            unfinished: &[],
+            expectations: &Expectations::default(),
+        };
+        let found: Vec<&str> = check_all(&input).iter().map(|v| v.checker).collect();
+        assert_eq!(found, ["allocation_exclusivity", "process_outlived_operation"]);
+    }
+}

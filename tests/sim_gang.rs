@@ -1,0 +1,324 @@
+//! Gang operations in the simulated world (DESIGN §4, §5): replicas running the operation pipeline and agent nodes
+//! running simulated jobs, all over the simulated network to the database node, under the fault catalogue, with
+//! the gang checkers (allocation exclusivity and no process outliving its operation from the process log,
+//! `gang::audit` on every operation, the scenario's expectations) on every run.
+//!
+//! Pinned seeds run by default; `MADSIM_TEST_NUM=N` runs N seeds instead, and `MADSIM_TEST_SEED=S` alone replays
+//! seed S. A failing seed prints its checker, the tail of its trace, the trace file and the replay command.
+#![cfg(madsim)]
+
+use lockstep::agent::{Behaviour, JobScript};
+use lockstep::gang::SpecFormat;
+use lockstep::gang::model::OperationStatus;
+use lockstep::sim::trace::TraceEvent;
+use lockstep::sim::{
+    self, Control, ControlAction, OperationExpectation, Replay, RunReport, Scenario, Submission, Target, World,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// Seeds of the mixed gang scenario (pinned: shared/notes/madsim.md pitfall 4). About 3 s each in a debug build.
+const MIXED_SEEDS: [u64; 6] = [1, 2, 3, 4, 5, 6];
+
+const GANG_OF_THREE: &str = "{tasks={worker={job_count=3;command=w;gang_options={}}}}";
+
+fn replay(name: &'static str) -> Replay {
+    Replay { test: "sim_gang", name }
+}
+
+fn submission(name: &str, at: u64, spec: &str) -> Submission {
+    Submission { name: name.into(), at: Duration::from_secs(at), spec: spec.into(), format: SpecFormat::Yson }
+}
+
+fn assert_passed(report: &RunReport, name: &'static str) {
+    assert!(report.passed(), "{}", sim::run::failure_text(report, replay(name)));
+}
+
+/// The value of `key` among an event's space-separated `key=value` fields.
+fn field<'a>(event: &'a TraceEvent, key: &str) -> Option<&'a str> {
+    event.fields.split_whitespace().find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+}
+
+fn events<'a>(report: &'a RunReport, kind: &'a str) -> impl Iterator<Item = &'a TraceEvent> + 'a {
+    report.trace.iter().filter(move |event| event.kind == kind)
+}
+
+/// The agent index running a job of an operation now, read from the database (the first allocated slot).
+fn busy_agent(world: &World) -> usize {
+    let allocated = world.rows().into_iter().find(|row| row.kind == "allocation" && row.status == "allocated");
+    let allocated = allocated.expect("a job runs by now");
+    let node = allocated.data["node_name"].as_str().expect("an allocation names its node").to_string();
+    node.strip_prefix("agent-").and_then(|i| i.parse().ok()).expect("agent nodes are agent-N")
+}
+
+#[test]
+fn mixed_gang_faults_keep_every_rule_and_reach_gang_restarts() {
+    let scenario = Scenario::gang_mixed();
+    let seeds = sim::seeds(&MIXED_SEEDS);
+    let name = "mixed_gang_faults_keep_every_rule_and_reach_gang_restarts";
+    let reports = sim::check_seeds(&scenario, &seeds, replay(name));
+    let mut coverage = sim::coverage::Coverage::default();
+    for report in &reports {
+        coverage.add(&report.coverage);
+        assert_eq!(report.operations.len(), scenario.gang.as_ref().unwrap().operations.len());
+        for operation in &report.operations {
+            assert!(
+                operation.status.is_some_and(|s| s.is_terminal()),
+                "seed {}: {operation:?} did not end",
+                report.seed
+            );
+        }
+    }
+    if seeds.len() >= MIXED_SEEDS.len() {
+        // The checkers above only judge what the seeds reached: each of these paths must happen somewhere.
+        let paths = ["incarnation", "node-lost", "fence", "fence-kill", "proc-kill", "job-kill", "kill", "pause"];
+        let missing = coverage.missing(&paths);
+        assert!(missing.is_empty(), "no seed reached {missing:?}: {coverage}");
+        let restarts = reports
+            .iter()
+            .flat_map(|report| &report.operations)
+            .map(|operation| operation.incarnations.len().saturating_sub(1))
+            .sum::<usize>();
+        assert!(restarts > 0, "no gang restart on any pinned seed: the reuse and rank checks tested nothing");
+    }
+}
+
+#[test]
+fn the_same_seed_gives_a_byte_identical_gang_trace() {
+    let scenario = Scenario::gang_mixed();
+    for seed in sim::seeds(&[1]) {
+        let (first, second) = (sim::run(&scenario, seed), sim::run(&scenario, seed));
+        let (first, second) = (first.trace_text(), second.trace_text());
+        assert!(first.lines().count() > 1_000, "seed {seed}: trace too short to mean anything");
+        assert!(first.contains(" op="), "seed {seed}: no operation lines in the trace");
+        if first != second {
+            let (index, (a, b)) = first.lines().zip(second.lines()).enumerate().find(|(_, (a, b))| a != b).unwrap();
+            panic!("seed {seed}: traces diverge at line {index}:\n  first:  {a}\n  second: {b}");
+        }
+    }
+}
+
+/// Four agents of one slot and a gang of three 60-second jobs: one agent is spare.
+fn one_gang(name: &str) -> Scenario {
+    let scenario = Scenario::gang_quiet(4, 1, vec![submission("train", 1, GANG_OF_THREE)], Duration::from_secs(60));
+    Scenario { name: name.into(), ..scenario }
+}
+
+#[test]
+fn an_agent_killed_mid_gang_causes_one_gang_restart_that_keeps_cookies_and_ranks() {
+    let name = "an_agent_killed_mid_gang_causes_one_gang_restart_that_keeps_cookies_and_ranks";
+    let scenario = one_gang("agent-killed").expecting(OperationExpectation {
+        state: Some(OperationStatus::Completed),
+        incarnations_min: Some(2),
+        incarnations_max: Some(2),
+        ..OperationExpectation::on("train")
+    });
+    for seed in sim::seeds(&[1, 2]) {
+        let script = sim::script(|world| async move {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            let agent = busy_agent(&world);
+            world.agent(agent).kill_for(Duration::from_secs(30)).await;
+        });
+        let report = sim::run_with(&scenario, seed, Some(script));
+        assert_passed(&report, name);
+        let train = report.operation("train").expect("submitted");
+        assert_eq!(train.incarnations[1].reason, "job_aborted", "seed {seed}: {train:?}");
+        // The killed node's processes died with it, and the controller ended its job as lost.
+        assert!(events(&report, "proc-kill").count() >= 1, "seed {seed}: no process died with its agent");
+        assert_eq!(events(&report, "node-lost").count(), 1, "seed {seed}");
+        // Incarnation 1 places its jobs: every (cookie, rank) pair of incarnation 0 again, and a job placed in an
+        // allocation that incarnation 0 used keeps that job's cookie and rank.
+        let assigned = |inc: &str| -> BTreeMap<String, (String, String)> {
+            events(&report, "job")
+                .filter(|e| field(e, "inc") == Some(inc) && field(e, "to") == Some("assigned"))
+                .map(|e| {
+                    let alloc = field(e, "alloc").unwrap().split('.').next().unwrap().to_string();
+                    (alloc, (field(e, "cookie").unwrap().to_string(), field(e, "rank").unwrap().to_string()))
+                })
+                .collect()
+        };
+        let op = train.id.unwrap();
+        let (first, second) = (assigned(&format!("{op}-i0")), assigned(&format!("{op}-i1")));
+        let pairs = |m: &BTreeMap<String, (String, String)>| m.values().cloned().collect::<BTreeSet<_>>();
+        assert_eq!(pairs(&first), pairs(&second), "seed {seed}: cookies and ranks changed across the restart");
+        let reused: Vec<&String> = second.keys().filter(|alloc| first.contains_key(*alloc)).collect();
+        assert_eq!(reused.len(), 2, "seed {seed}: the two surviving allocations are reused: {first:?} {second:?}");
+        for alloc in reused {
+            assert_eq!(first[alloc], second[alloc], "seed {seed}: allocation {alloc} changed identity");
+        }
+    }
+}
+
+#[test]
+fn a_partitioned_agent_fences_itself_before_its_node_is_declared_lost() {
+    let name = "a_partitioned_agent_fences_itself_before_its_node_is_declared_lost";
+    let scenario = one_gang("agent-partitioned");
+    for seed in sim::seeds(&[1, 2]) {
+        let script = sim::script(|world| async move {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            let agent = busy_agent(&world);
+            world.agent(agent).partition_from_db(Duration::from_secs(30)).await;
+        });
+        let report = sim::run_with(&scenario, seed, Some(script));
+        assert_passed(&report, name);
+        let partition = events(&report, "partition").next().expect("partitioned");
+        let agent = partition.fields.split("<->").next().unwrap();
+        let node = format!("agent-{}", agent.trim_start_matches("Agent(").trim_end_matches(')'));
+        let fence = report
+            .trace
+            .iter()
+            .find(|e| *e.node == *node && e.kind == "fence")
+            .unwrap_or_else(|| panic!("seed {seed}: {node} never fenced itself"));
+        let killed = report
+            .trace
+            .iter()
+            .find(|e| *e.node == *node && e.kind == "proc-kill")
+            .unwrap_or_else(|| panic!("seed {seed}: {node}'s fence killed no process"));
+        let lost = events(&report, "node-lost")
+            .find(|e| field(e, "node") == Some(node.as_str()))
+            .unwrap_or_else(|| panic!("seed {seed}: the controller never declared {node} lost"));
+        assert!(killed.at <= fence.at && fence.at < lost.at, "seed {seed}: {killed}\n{fence}\n{lost}");
+        assert!(fence.fields.contains("killed=1"), "seed {seed}: {fence}");
+        let train = report.operation("train").unwrap();
+        assert_eq!(train.status, Some(OperationStatus::Completed), "seed {seed}: {train:?}");
+    }
+}
+
+#[test]
+fn a_paused_replica_cannot_apply_an_operation_pass_with_its_stale_token() {
+    let name = "a_paused_replica_cannot_apply_an_operation_pass_with_its_stale_token";
+    // Plain jobs of 2 s in waves keep the operations' passes coming. The script waits until replica 0 has leased
+    // an operation, lets its pass start reading, and pauses it for twice the lease ttl. Store calls wait 30 s
+    // here, so the call in flight outlives the pause and the pass goes on, late: its lock or apply must be stale.
+    let spec = "{tasks={many={job_count=30;command=m}}}";
+    let operations = (0..3).map(|i| submission(&format!("plain-{i}"), 1 + i, spec)).collect();
+    let mut scenario = Scenario::gang_quiet(4, 2, operations, Duration::from_secs(2));
+    scenario.name = "replica-paused".into();
+    scenario.call_timeout = Duration::from_secs(30);
+    let ttl = scenario.gang.as_ref().unwrap().controller.lease_ttl;
+    let mut stale = 0;
+    for seed in sim::seeds(&[1, 2, 3]) {
+        let script = sim::script(move |world| async move {
+            let mut seen = 0;
+            let mut pauses = 0;
+            let leased = |e: &TraceEvent| {
+                &*e.node == "replica-0"
+                    && e.kind == "commit"
+                    && e.fields.starts_with("fetch operations [")
+                    && field(e, "op").is_some()
+            };
+            while pauses < 3 && world.trace().elapsed() < Duration::from_secs(100) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let new = world.trace().events_from(seen);
+                seen += new.len();
+                if new.iter().any(leased) {
+                    // Past the pass's refetch by token (which would see the lost lease and end the pass quietly),
+                    // in the middle of its reads.
+                    tokio::time::sleep(Duration::from_millis(20 + 20 * pauses)).await;
+                    world.replica(0).pause(ttl * 2).await;
+                    pauses += 1;
+                    seen = world.trace().len();
+                }
+            }
+        });
+        let report = sim::run_with(&scenario, seed, Some(script));
+        assert_passed(&report, name);
+        for operation in &report.operations {
+            assert_eq!(operation.status, Some(OperationStatus::Completed), "seed {seed}: {operation:?}");
+        }
+        assert!(events(&report, "pause").count() >= 1, "seed {seed}: the script found no pass of replica 0");
+        stale += report
+            .trace
+            .iter()
+            .filter(|e| &*e.node == "replica-0" && e.kind == "commit" && field(e, "op").is_some())
+            .filter(|e| e.fields.contains(" stale ") || e.fields.contains(" Stale "))
+            .count();
+    }
+    assert!(stale > 0, "no operation pass of the paused replica came back stale: the pauses missed every pass");
+}
+
+#[test]
+fn a_wrong_expectation_fails_with_checker_expect() {
+    let scenario = one_gang("wrong-expectation").expecting(OperationExpectation {
+        state: Some(OperationStatus::Failed),
+        completed_within: Some(Duration::from_secs(5)),
+        ..OperationExpectation::on("train")
+    });
+    let report = sim::run(&scenario, 1);
+    assert!(report.panic.is_none(), "{report:?}");
+    let violations: Vec<_> = report.violations.iter().filter(|v| v.checker == "expect").collect();
+    assert_eq!(violations.len(), 1, "{:?}", report.violations);
+    let message = &violations[0].message;
+    assert!(message.contains("2 unmet expectations"), "{message}");
+    assert!(message.contains("operation train (op="), "{message}");
+    assert!(message.contains("state expected failed, actual completed"), "{message}");
+    assert!(message.contains("completion expected within 5s"), "{message}");
+}
+
+#[test]
+fn an_abort_ends_a_hanging_operation_and_its_processes() {
+    let name = "an_abort_ends_a_hanging_operation_and_its_processes";
+    let mut scenario = one_gang("abort").expecting(OperationExpectation {
+        state: Some(OperationStatus::Aborted),
+        completed_within: Some(Duration::from_secs(60)),
+        ..OperationExpectation::on("train")
+    });
+    let gang = scenario.gang.as_mut().unwrap();
+    gang.jobs = JobScript { seed: 0, default: Behaviour::hang(), rules: Vec::new() };
+    let action = ControlAction::Abort { reason: "user asked".into() };
+    gang.controls.push(Control { at: Duration::from_secs(30), operation: "train".into(), action });
+    let report = sim::run(&scenario, 1);
+    assert_passed(&report, name);
+    let op = report.operation("train").unwrap().id.unwrap();
+    assert_eq!(events(&report, "abort").count(), 1);
+    // Every process the hanging jobs started was killed by its agent once the operation ended.
+    let started = events(&report, "proc-start").filter(|e| field(e, "op") == Some(&op.to_string())).count();
+    let killed = events(&report, "proc-kill").filter(|e| field(e, "op") == Some(&op.to_string())).count();
+    assert_eq!((started, killed), (3, 3));
+    let timeline = report.operation_trace(op);
+    assert!(timeline.lines().all(|line| line.contains(&format!("op={op}"))), "{timeline}");
+    assert!(timeline.contains("op-state") && timeline.contains("to=aborted"), "{timeline}");
+}
+
+#[test]
+fn submissions_retried_after_lost_replies_are_not_duplicated() {
+    let name = "submissions_retried_after_lost_replies_are_not_duplicated";
+    let operations: Vec<Submission> = (0..8).map(|i| submission(&format!("op-{i}"), 2 + i, GANG_OF_THREE)).collect();
+    let count = operations.len();
+    let mut scenario = Scenario::gang_quiet(4, 2, operations, Duration::from_secs(5));
+    scenario.name = "lost-replies".into();
+    let mut retried = 0;
+    for seed in sim::seeds(&[1, 2]) {
+        let script = sim::script(|world| async move { world.db().drop_replies(0.5, Duration::from_secs(15)).await });
+        let report = sim::run_with(&scenario, seed, Some(script));
+        assert_passed(&report, name);
+        let inserted = events(&report, "commit").filter(|e| e.fields.contains(" operation op=")).count();
+        assert_eq!(inserted, count, "seed {seed}: operation rows inserted");
+        let ids: BTreeSet<_> = report.operations.iter().map(|o| o.id.unwrap()).collect();
+        assert_eq!(ids.len(), count, "seed {seed}: {:?}", report.operations);
+        retried += events(&report, "submit").filter(|e| field(e, "attempts") != Some("1")).count();
+    }
+    assert!(retried > 0, "no submission needed a retry: the lost replies missed the client");
+}
+
+#[test]
+fn a_scenario_that_breaks_a_rule_is_refused_with_the_field_named() {
+    let mut bad_spec = one_gang("bad-spec");
+    bad_spec.gang.as_mut().unwrap().operations[0].spec = "{tasks={worker={job_count=0;command=w}}}".into();
+    let report = sim::run(&bad_spec, 1);
+    let error = report.panic.expect("refused");
+    assert!(error.contains("gang.operations[0].spec (train)") && error.contains("job_count"), "{error}");
+    assert!(report.trace.is_empty(), "the run must not start");
+
+    let mut no_agents = Scenario::mixed();
+    no_agents.faults.fixed.push(sim::FaultEvent {
+        at: Duration::ZERO,
+        fault: sim::Fault::Isolate { node: Target::Agent(0), span: Duration::from_secs(1) },
+    });
+    let error = no_agents.check().expect_err("no agent 0").to_string();
+    assert!(error.contains("faults.fixed[0]") && error.contains("0 agents"), "{error}");
+
+    let unknown = one_gang("unknown").expecting(OperationExpectation::on("nope"));
+    let error = unknown.check().expect_err("no such operation").to_string();
+    assert!(error.contains("expect.operations[0].operation") && error.contains("\"nope\""), "{error}");
+}
