@@ -29,7 +29,10 @@ use crate::gang::model::{
     KIND_ALLOCATION, KIND_INBOX, KIND_NODE, KIND_OPERATION, Message, NodeData, node_lease_owner,
 };
 use crate::pipeline::LocalClock;
-use crate::store::{FetchParams, HeartbeatParams, Lease, LockToken, NewRow, RowId, RowUpdate, Store, StoreError};
+use crate::store::{
+    ApplyOutcome, ApplyParams, FetchParams, HeartbeatParams, Lease, LockToken, NewRow, RowId, RowUpdate, Store,
+    StoreError,
+};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
@@ -294,17 +297,21 @@ impl<S: Store, E: Executor> Agent<S, E> {
     }
 
     /// Graceful stop (a node taken out of service, `lockstep agent` on SIGTERM): the agent takes no new job; it
-    /// reports the processes that already ended, kills the ones still running and reports each of their jobs as
-    /// interrupted ([`REASON_NODE_STOPPING`]), so that the controller restarts them elsewhere (a ranked job of a
-    /// gang task restarts its gang, DESIGN §4); and it gives its node lease back, so the controller sees the node
-    /// gone at once instead of when the lease expires.
+    /// collects the exits of processes that already ended, kills the ones still running and reports each of
+    /// their jobs as interrupted ([`REASON_NODE_STOPPING`]), so that the controller restarts them elsewhere at once
+    /// (a ranked job of a gang task restarts its gang, DESIGN §4); and it gives its node lease back, so the
+    /// controller sees the node gone at once instead of when the lease expires.
     ///
-    /// The lease goes back before the reports are inserted: a pass that handles the reports then finds the node's
-    /// allocations dead and reuses none of them for the next incarnation (reusing one would place a job on a node
-    /// that will never start it, and cost a second gang restart). A pass that runs between the two calls aborts
-    /// the jobs as "node lost" instead, and the reports that follow are ignored; either way the jobs restart once.
-    /// Each store call is bounded by `lease_margin`: a stopping agent cut off from the store still ends, and the
-    /// controller then learns of the node's loss when its lease expires.
+    /// The reports and the lease's release are one guarded apply on the node lease (inserts, then unlock, in one
+    /// transaction), then a fetch hint per operation. A controller pass reads the inbox before the nodes, so it
+    /// sees the reports only with the node gone: the pass that handles them reuses none of the node's allocations
+    /// for the next incarnation (reusing one would place a job on a node that never starts it, and cost a second
+    /// gang restart). A pass whose two reads straddle the apply sees the node gone without the reports and aborts
+    /// its jobs as "node lost"; the reports that follow are then ignored. Either way the jobs restart once, on
+    /// other nodes, without waiting for the lease to expire. If the lease was already lost (stale) or the apply
+    /// fails, the reports are inserted plainly (a duplicate of a report that did commit is ignored). Each store
+    /// call is bounded by `lease_margin`: a stopping agent cut off from the store still ends, and the controller
+    /// then learns of the node's loss when its lease expires.
     pub async fn stop(mut self) -> AgentStop {
         let mut stop = AgentStop::default();
         let mut pass = AgentPass::default();
@@ -322,17 +329,23 @@ impl<S: Store, E: Executor> Agent<S, E> {
             stop.interrupted.push(running.job);
         }
         if let Some(session) = self.session.take() {
-            let release = self.store.release(vec![session.lease]);
-            match tokio::time::timeout(self.config.lease_margin, release).await {
-                Ok(Ok(released)) => stop.lease_released = released == 1,
-                Ok(Err(error)) => tracing::warn!(node = %self.config.name, %error, "lease release on stop failed"),
-                Err(_) => tracing::warn!(node = %self.config.name, "lease release on stop timed out"),
+            match tokio::time::timeout(self.config.lease_margin, self.report_and_release(session.lease)).await {
+                Ok(Ok(released)) => {
+                    stop.lease_released = released;
+                    if released {
+                        stop.reported = std::mem::take(&mut self.outbox).len();
+                    }
+                }
+                Ok(Err(error)) => tracing::warn!(node = %self.config.name, %error, "release on stop failed"),
+                Err(_) => tracing::warn!(node = %self.config.name, "release on stop timed out"),
             }
         }
-        match tokio::time::timeout(self.config.lease_margin, self.send_reports()).await {
-            Ok(Ok(sent)) => stop.reported = sent,
-            Ok(Err(error)) => tracing::warn!(node = %self.config.name, %error, "reports on stop failed"),
-            Err(_) => tracing::warn!(node = %self.config.name, "reports on stop timed out"),
+        if !self.outbox.is_empty() {
+            match tokio::time::timeout(self.config.lease_margin, self.send_reports()).await {
+                Ok(Ok(sent)) => stop.reported += sent,
+                Ok(Err(error)) => tracing::warn!(node = %self.config.name, %error, "reports on stop failed"),
+                Err(_) => tracing::warn!(node = %self.config.name, "reports on stop timed out"),
+            }
         }
         stop.unreported = self.outbox.len();
         tracing::info!(
@@ -344,6 +357,25 @@ impl<S: Store, E: Executor> Agent<S, E> {
             "agent stopped"
         );
         stop
+    }
+
+    /// Inserts every queued report and gives the node lease back in one guarded apply, then hints the operations
+    /// reported to. Returns whether it applied (false: the lease was already lost, nothing written).
+    async fn report_and_release(&self, lease: Lease) -> Result<bool, StoreError> {
+        let inserts = self
+            .outbox
+            .iter()
+            .map(|(operation, message)| NewRow::new(KIND_INBOX, INBOX_NEW, message.to_json()).with_parent(*operation))
+            .collect();
+        let params = ApplyParams { inserts, ..ApplyParams::new(lease, RowUpdate::default()) };
+        if self.store.apply(params).await? == ApplyOutcome::Stale {
+            return Ok(false);
+        }
+        let operations: BTreeSet<RowId> = self.outbox.iter().map(|(operation, _)| *operation).collect();
+        for operation in operations {
+            self.store.hint(KIND_OPERATION, Some(operation)).await?;
+        }
+        Ok(true)
     }
 
     /// One pass (see the module docs). Errors: the store's; state stays consistent and the next pass retries.
