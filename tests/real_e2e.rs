@@ -545,6 +545,11 @@ async fn submit_wait_follows_an_operation_to_its_end_and_exits_with_its_outcome(
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("completed"), "{stderr}");
+    let op = String::from_utf8(output.stdout).unwrap().trim().to_string();
+    let table = cluster.cli(&["status", &op]);
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(table.contains("state       completed"), "{table}");
+    assert_eq!(table.matches(" completed  node-1 ").count(), 3, "three ranks completed on node-1:\n{table}");
     let fails = cluster.dir.0.join("fails.json");
     let output = cluster.cli(&["submit", fails.to_str().unwrap(), "--wait", "--poll-interval", "100ms"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
