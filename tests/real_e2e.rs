@@ -600,9 +600,16 @@ fn the_readme_real_mode_walkthrough_uses_commands_flags_and_a_spec_that_exist() 
 
     let mut commands = BTreeSet::new();
     for line in section.lines().map(str::trim) {
-        let Some(rest) = line.strip_prefix("lockstep ") else { continue };
-        let rest = rest.split('#').next().unwrap().trim().trim_end_matches('&').trim();
-        let args: Vec<&str> = rest.split_whitespace().collect();
+        // A command starts a line, or follows `$(` or `watch -n 1 `; `$op` stands for an operation id.
+        let starts = ["$(lockstep ", "watch -n 1 lockstep "];
+        let Some(rest) = line
+            .strip_prefix("lockstep ")
+            .or_else(|| starts.iter().find_map(|start| line.find(start).map(|at| &line[at + start.len()..])))
+        else {
+            continue;
+        };
+        let rest = rest.split('#').next().unwrap().trim().trim_end_matches(['&', ')']).trim();
+        let args: Vec<&str> = rest.split_whitespace().map(|arg| if arg == "$op" { "1" } else { arg }).collect();
         let output = Command::new(BIN).args(&args).arg("--help").output().unwrap();
         assert!(output.status.success(), "`lockstep {rest} --help`: {}", String::from_utf8_lossy(&output.stderr));
         commands.insert(args[0].to_string());
@@ -610,8 +617,8 @@ fn the_readme_real_mode_walkthrough_uses_commands_flags_and_a_spec_that_exist() 
     for command in ["migrate", "serve", "agent", "submit", "status"] {
         assert!(commands.contains(command), "the walk-through runs `lockstep {command}`");
     }
-    // The prose names `lockstep abort 1` inline.
-    assert!(section.contains("`lockstep abort 1`"));
+    // The prose names `lockstep abort $op` inline.
+    assert!(section.contains("`lockstep abort $op`"));
     let output = Command::new(BIN).args(["abort", "1", "--help"]).output().unwrap();
     assert!(output.status.success(), "abort 1 --help");
 }

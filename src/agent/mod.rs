@@ -177,7 +177,7 @@ pub const REASON_NODE_STOPPING: &str = "node stopping";
 /// What a graceful stop did ([`Agent::stop`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AgentStop {
-    /// Jobs whose processes had ended by themselves; their exits were reported.
+    /// Jobs whose processes had ended by themselves (before or during the stop); their exits were reported.
     pub exited: Vec<JobId>,
     /// Jobs whose processes were killed and reported interrupted.
     pub interrupted: Vec<JobId>,
@@ -318,15 +318,19 @@ impl<S: Store, E: Executor> Agent<S, E> {
         self.collect_exits(&mut pass);
         stop.exited = pass.exited.into_iter().map(|(job, _)| job).collect();
         for (_, running) in std::mem::take(&mut self.processes) {
-            let status = running.handle.kill().await;
             // A process that ended between the exit check and the kill reports how it ended.
-            let outcome = match status {
-                ExitStatus::Killed => JobOutcome::Interrupted { reason: REASON_NODE_STOPPING.into() },
-                status => exit_outcome(status),
+            let outcome = match running.handle.kill().await {
+                ExitStatus::Killed => {
+                    stop.interrupted.push(running.job);
+                    JobOutcome::Interrupted { reason: REASON_NODE_STOPPING.into() }
+                }
+                status => {
+                    stop.exited.push(running.job);
+                    exit_outcome(status)
+                }
             };
             let message = Message::JobEnded { job: running.job, allocation: running.allocation, outcome };
             self.outbox.push_back((running.job.operation, message));
-            stop.interrupted.push(running.job);
         }
         if let Some(session) = self.session.take() {
             match tokio::time::timeout(self.config.lease_margin, self.report_and_release(session.lease)).await {
@@ -360,7 +364,8 @@ impl<S: Store, E: Executor> Agent<S, E> {
     }
 
     /// Inserts every queued report and gives the node lease back in one guarded apply, then hints the operations
-    /// reported to. Returns whether it applied (false: the lease was already lost, nothing written).
+    /// reported to (a hint that fails is logged: the operations' next passes read the reports anyway). Returns
+    /// whether it applied (false: the lease was already lost, nothing written).
     async fn report_and_release(&self, lease: Lease) -> Result<bool, StoreError> {
         let inserts = self
             .outbox
@@ -373,7 +378,9 @@ impl<S: Store, E: Executor> Agent<S, E> {
         }
         let operations: BTreeSet<RowId> = self.outbox.iter().map(|(operation, _)| *operation).collect();
         for operation in operations {
-            self.store.hint(KIND_OPERATION, Some(operation)).await?;
+            if let Err(error) = self.store.hint(KIND_OPERATION, Some(operation)).await {
+                tracing::warn!(node = %self.config.name, %operation, %error, "fetch hint after stop failed");
+            }
         }
         Ok(true)
     }
