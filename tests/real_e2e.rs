@@ -21,7 +21,7 @@ use lockstep::gang::model::{Allocation, JobStatus, KIND_ALLOCATION, KIND_NODE, O
 use lockstep::gang::status::StatusReport;
 use lockstep::gang::{OperationSpec, SpecFormat};
 use lockstep::store::conformance::Harness;
-use lockstep::store::{PgStore, RowId, Store};
+use lockstep::store::{LockToken, PgStore, RowId, Store, Timestamp};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -227,6 +227,38 @@ impl Cluster {
         }
     }
 
+    /// Waits until replica `name` (the only one not frozen) is seen holding `op`'s lease in the middle of a pass,
+    /// and leaves it frozen (SIGSTOP) there: a live lease on the row is frozen with its holder, then read again
+    /// after a while; if the holder applied before it froze, it is let go on (SIGCONT) to the next pass. First
+    /// waits for any lease a replica frozen earlier may hold to expire. Returns the lease's token and expiry.
+    async fn catch_lease_holder(&mut self, op: RowId, name: &str) -> (LockToken, Timestamp) {
+        let started = Instant::now();
+        let live = |row: &lockstep::store::Row, now: Timestamp| {
+            row.lock_token.zip(row.lock_expires_at).filter(|(_, expires)| *expires > now)
+        };
+        loop {
+            let now = self.store().now().await.unwrap();
+            if live(&self.store().get(op).await.unwrap().unwrap(), now).is_none() {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "operation {op} stays leased");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        loop {
+            assert!(started.elapsed() < Duration::from_secs(60), "{name} never seen holding operation {op}'s lease");
+            let row = self.store().get(op).await.unwrap().unwrap();
+            let now = self.store().now().await.unwrap();
+            let Some((token, expires)) = live(&row, now) else { continue };
+            signal(self.child(name), libc::SIGSTOP);
+            // A statement the holder sent before it froze may still commit.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if self.store().get(op).await.unwrap().unwrap().lock_token == Some(token) {
+                return (token, expires);
+            }
+            signal(self.child(name), libc::SIGCONT);
+        }
+    }
+
     /// The node name of each allocation row.
     async fn allocation_nodes(&self) -> BTreeMap<RowId, String> {
         let rows = self.store().list(KIND_ALLOCATION, None).await.unwrap();
@@ -358,30 +390,45 @@ async fn the_seed_gang_survives_a_killed_job_a_killed_replica_and_a_killed_agent
     let ranks: Vec<(Option<u32>, u32)> = report.tasks[0].jobs.iter().map(|j| (j.gang_rank, j.job_cookie)).collect();
     assert_eq!(ranks, vec![(Some(0), 0), (Some(1), 1), (Some(2), 2)]);
 
-    // 2. A replica is killed with SIGKILL while the gang runs, just as its jobs end and both replicas race to
-    //    handle their reports (so it often dies mid-pass, holding the operation's lease): the other replica
-    //    finishes the operation. If the dead one held the lease, the survivor takes over once the lease expires
-    //    (lease ttl) and its fetcher's next try comes (at most the longest empty-fetch backoff, 5 s × 1.2).
+    // 2. A replica is killed with SIGKILL in the middle of a pass over the running operation, holding its lease:
+    //    the other replica takes the operation over once the lease expires (no earlier: the lease is exclusive;
+    //    no later than the lease time plus its fetcher's longest empty-fetch backoff, 5 s × 1.2), restarts no
+    //    gang (a revival, when replica-a had locked the jobs, finds every rank alive), and completes it. To catch replica-a holding the lease,
+    //    replica-b is frozen (SIGSTOP) meanwhile, and replica-a is frozen first and killed only once the frozen
+    //    process is seen to still hold the lease.
     let gang = Gang::new(&cluster, "replica-kill");
     let op = cluster.submit("replica-kill.yson", &gang.spec());
     gang.wait_for_starts(1, Duration::from_secs(30)).await;
-    gang.release();
+    signal(cluster.child("replica-b"), libc::SIGSTOP);
+    let (token, expires) = cluster.catch_lease_holder(op, "replica-a").await;
     signal(cluster.child("replica-a"), libc::SIGKILL);
     let killed_at = Instant::now();
     exit_within(cluster.child("replica-a"), Duration::from_secs(5)).await;
-    let at_kill = cluster.store().get(op).await.unwrap().unwrap();
+    let now = cluster.store().now().await.unwrap();
+    let lease_left = Duration::from_micros(u64::try_from(expires.as_micros() - now.as_micros()).unwrap_or(0));
+    signal(cluster.child("replica-b"), libc::SIGCONT);
     let backoff_max = *lockstep::pipeline::config::FETCH_BACKOFF_DEFAULT.last().unwrap();
     let bound = REPLICA_LEASE_TTL + backoff_max.mul_f64(1.2) + Duration::from_secs(2);
-    cluster.wait_for(op, bound, "completed by replica-b", |v| v.status.is_terminal()).await;
+    loop {
+        let row = cluster.store().get(op).await.unwrap().unwrap();
+        if row.lock_token != Some(token) {
+            break;
+        }
+        assert!(killed_at.elapsed() < bound, "replica-b did not take operation {op} over within {bound:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let took_over = killed_at.elapsed();
-    let leased = at_kill.lock_token.map(|token| format!("leased (token {token})")).unwrap_or("not leased".into());
     eprintln!(
-        "replica kill: operation {op} {leased} just after the kill; ended {took_over:?} after it (bound {bound:?})"
+        "replica kill: replica-a died holding lease {token} ({lease_left:?} left); taken over after {took_over:?}"
     );
+    assert!(took_over + Duration::from_millis(200) >= lease_left, "taken over before the lease expired");
+    gang.release();
+    cluster.wait_for(op, Duration::from_secs(30), "ended", |v| v.status.is_terminal()).await;
     let view = cluster.view(op).await;
     assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);
-    assert_eq!(view.incarnation_events().len(), 1, "no gang restart");
+    assert_eq!(view.incarnation_events().len(), 1, "revival found every rank alive: no gang restart");
     assert_eq!(audit::operation(&view), Vec::<String>::new());
+    assert_starts(&(0..3).map(|rank| gang.starts(rank)).collect::<Vec<_>>(), &[&format!("{op}-i0")]);
 
     // 3. An agent is killed with SIGKILL: its job processes die with it, its jobs are declared lost once its node
     //    lease expires, and the gang restarts with every rank placed on the other nodes.
