@@ -2,11 +2,13 @@
 //! schema, running real shell commands, with short lease times. Needs PostgreSQL (DATABASE_URL); never skips.
 //!
 //! - the seed's gang example (3 jobs) survives a killed job process (one gang restart), a replica killed with
-//!   SIGKILL (the other one finishes the operation within the lease time) and an agent killed with SIGKILL (its
-//!   jobs are declared lost and the gang restarts on the other nodes);
+//!   SIGKILL while it holds the operation's lease (the other one takes over once the lease expires and finishes
+//!   it) and an agent killed with SIGKILL (its job processes die with it, its jobs are declared lost and the gang
+//!   restarts on the other nodes);
 //! - the seed's master/slave example (1 + 100 short jobs) completes on 3 agents;
 //! - SIGTERM stops an agent gracefully (its jobs restart elsewhere at once, long before its lease would expire) and
-//!   drains a replica (exit 0);
+//!   drains a replica caught mid-pass (the lease is gone when it exits 0);
+//! - `submit --wait` exits with the operation's outcome; bad input exits 2 naming the field;
 //! - the README's real-mode walk-through names commands and flags that exist and a spec that parses.
 //!
 //! Each job of the gang tests appends `incarnation cookie rank pid` to `OUT/rank-$YT_GANG_RANK` when it starts and
@@ -517,6 +519,7 @@ async fn the_seed_master_slave_example_completes_on_three_agents() {
 async fn sigterm_stops_an_agent_gracefully_and_drains_a_replica() {
     let mut cluster = Cluster::new("sigterm").await;
     cluster.start_replica("replica-a");
+    cluster.start_replica("replica-b");
     // A long node lease: without the graceful stop, the controller would wait about 30 s to see the node gone.
     let long_lease = ["--lease-ttl", "30s", "--lease-margin", "2s", "--poll-interval", "200ms"];
     cluster.start_agent("node-1", 3, &long_lease);
@@ -568,11 +571,31 @@ async fn sigterm_stops_an_agent_gracefully_and_drains_a_replica() {
     cluster.wait_for(op, Duration::from_secs(30), "ended", |v| v.status.is_terminal()).await;
     assert_eq!(cluster.view(op).await.status, OperationStatus::Completed);
 
+    // A replica that gets SIGTERM in the middle of a pass (holding the operation's lease) finishes the pass or
+    // gives the lease back before it exits 0: the lease is gone at once, not when it expires (as after SIGKILL).
+    let gang = Gang::new(&cluster, "sigterm-replica");
+    let op = cluster.submit("sigterm-replica.yson", &gang.spec());
+    gang.wait_for_starts(1, Duration::from_secs(30)).await;
+    signal(cluster.child("replica-b"), libc::SIGSTOP);
+    let (token, expires) = cluster.catch_lease_holder(op, "replica-a").await;
     signal(cluster.child("replica-a"), libc::SIGTERM);
+    signal(cluster.child("replica-a"), libc::SIGCONT);
+    let stopped_at = Instant::now();
     let status = exit_within(cluster.child("replica-a"), Duration::from_secs(10)).await;
     assert!(status.success(), "replica exit: {status}");
+    let row = cluster.store().get(op).await.unwrap().unwrap();
+    let now = cluster.store().now().await.unwrap();
+    let lease_left = Duration::from_micros(u64::try_from(expires.as_micros() - now.as_micros()).unwrap_or(0));
+    assert_ne!(row.lock_token, Some(token), "replica-a exited still holding the lease ({lease_left:?} left)");
+    eprintln!("replica SIGTERM: drained and exited in {:?}; its lease had {lease_left:?} left", stopped_at.elapsed());
     let log = cluster.log("replica-a");
     assert!(log.contains("replica drained"), "replica log:\n{log}");
+    signal(cluster.child("replica-b"), libc::SIGCONT);
+    gang.release();
+    cluster.wait_for(op, Duration::from_secs(30), "ended", |v| v.status.is_terminal()).await;
+    let view = cluster.view(op).await;
+    assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);
+    assert_eq!(view.incarnation_events().len(), 1, "no gang restart");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
