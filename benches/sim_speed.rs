@@ -1,6 +1,7 @@
 //! How fast the simulator runs the whole system (DESIGN §5): the 3-replica, 10 000-row mixed-fault world of
 //! about 10 simulated minutes (`Scenario::mixed_large`), seed after seed on one thread, then the CI sweep's small
-//! mixed world. Prints simulated seconds per wall second and seeds per minute.
+//! mixed world, then the gang world of `tests/sim_gang.rs` (`Scenario::gang_mixed`). Prints simulated seconds per
+//! wall second and seeds per minute.
 //!
 //! Run (release, simulator build): `env -u RUSTFLAGS cargo sim-bench --bench sim_speed`.
 //! `LOCKSTEP_BENCH_SEEDS` sets how many large seeds run (default 5).
@@ -49,6 +50,12 @@ fn main() {
     measure(&Scenario::mixed_large(), &(1..=seeds).collect::<Vec<_>>(), true);
     println!("sim_speed: {} (the CI sweep's world), one thread:", Scenario::mixed().name);
     measure(&Scenario::mixed(), &(1..=100).collect::<Vec<_>>(), false);
+    let gang = Scenario::gang_mixed();
+    println!(
+        "sim_speed: {} (replicas, agents, gang operations, every fault incl. agent faults), one thread:",
+        gang.name
+    );
+    measure(&gang, &(1..=20).collect::<Vec<_>>(), false);
 }
 
 #[cfg(not(madsim))]

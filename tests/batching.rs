@@ -42,11 +42,9 @@ impl Slow {
 }
 
 impl Store for Slow {
-    fn fetch(&self, p: FetchParams) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send {
-        async move {
-            tokio::time::sleep(CALL).await;
-            self.inner.fetch(p).await
-        }
+    async fn fetch(&self, p: FetchParams) -> Result<Vec<Row>, StoreError> {
+        tokio::time::sleep(CALL).await;
+        self.inner.fetch(p).await
     }
     fn refetch(&self, lease: Lease) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send {
         self.inner.refetch(lease)
@@ -57,22 +55,15 @@ impl Store for Slow {
     fn lock_related(&self, p: LockRelatedParams) -> impl Future<Output = Result<LockOutcome, StoreError>> + Send {
         self.inner.lock_related(p)
     }
-    fn apply(&self, p: ApplyParams) -> impl Future<Output = Result<ApplyOutcome, StoreError>> + Send {
-        async move {
-            self.record(1);
-            tokio::time::sleep(CALL).await;
-            self.inner.apply(p).await
-        }
+    async fn apply(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
+        self.record(1);
+        tokio::time::sleep(CALL).await;
+        self.inner.apply(p).await
     }
-    fn apply_batch(
-        &self,
-        batch: Vec<ApplyParams>,
-    ) -> impl Future<Output = Result<Vec<ApplyOutcome>, StoreError>> + Send {
-        async move {
-            self.record(batch.len());
-            tokio::time::sleep(CALL).await;
-            self.inner.apply_batch(batch).await
-        }
+    async fn apply_batch(&self, batch: Vec<ApplyParams>) -> Result<Vec<ApplyOutcome>, StoreError> {
+        self.record(batch.len());
+        tokio::time::sleep(CALL).await;
+        self.inner.apply_batch(batch).await
     }
     fn reset_for_retry(&self, lease: Lease) -> impl Future<Output = Result<bool, StoreError>> + Send {
         self.inner.reset_for_retry(lease)

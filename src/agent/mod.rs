@@ -12,7 +12,9 @@
 //! One [`Agent::run_once`] pass: fence if the local deadline passed; register the node and its allocation rows
 //! (once); take the lease if it has none; heartbeat when due; report processes that exited; reconcile the
 //! allocations (kill what should not run, start what should); send the reports. [`Agent::run`] loops over passes
-//! and fences at the deadline even while a store call hangs.
+//! and fences at the deadline even while a store call hangs; [`Agent::run_until`] does the same until a stop
+//! signal and then stops gracefully ([`Agent::stop`]: interrupt and report the running jobs, give the node lease
+//! back).
 
 pub mod executor;
 #[cfg(not(madsim))]
@@ -29,8 +31,12 @@ use crate::gang::model::{
     KIND_ALLOCATION, KIND_INBOX, KIND_NODE, KIND_OPERATION, Message, NodeData, node_lease_owner,
 };
 use crate::pipeline::LocalClock;
-use crate::store::{FetchParams, HeartbeatParams, Lease, LockToken, NewRow, RowId, RowUpdate, Store, StoreError};
+use crate::store::{
+    ApplyOutcome, ApplyParams, FetchParams, HeartbeatParams, Lease, LockToken, NewRow, RowId, RowUpdate, Store,
+    StoreError,
+};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::{Duration, Instant};
@@ -81,6 +87,60 @@ impl AgentConfig {
     }
 }
 
+/// An agent configuration that breaks a rule; the message names the node, the field, the value and the rule.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("agent {node}: {field}: {rule}")]
+pub struct AgentConfigError {
+    /// The node's name.
+    pub node: String,
+    /// The field.
+    pub field: &'static str,
+    /// The value and the rule it breaks.
+    pub rule: String,
+}
+
+impl AgentConfig {
+    /// Checks the rules; the first broken one is returned:
+    /// - `name` is not empty and `slots` is at least 1;
+    /// - `lease_margin` is shorter than `lease_ttl` (the agent must hold its lease a while on its own clock);
+    /// - `poll_interval` is not zero;
+    /// - `heartbeat_trigger` leaves at least two passes (`2 × poll_interval`) to extend the lease before its local
+    ///   deadline, and is shorter than the local lease (`lease_ttl − lease_margin`), or every pass would
+    ///   heartbeat.
+    pub fn validate(&self) -> Result<(), AgentConfigError> {
+        let fail = |field, rule: String| Err(AgentConfigError { node: self.name.clone(), field, rule });
+        if self.name.is_empty() {
+            return fail("name", "must not be empty".into());
+        }
+        if self.slots == 0 {
+            return fail("slots", "0 must be at least 1".into());
+        }
+        if self.lease_margin >= self.lease_ttl {
+            return fail(
+                "lease_margin",
+                format!("{:?} must be shorter than lease_ttl {:?}", self.lease_margin, self.lease_ttl),
+            );
+        }
+        if self.poll_interval.is_zero() {
+            return fail("poll_interval", "must not be zero".into());
+        }
+        if self.heartbeat_trigger < self.poll_interval * 2 {
+            let rule = format!(
+                "{:?} leaves less than two passes ({:?} each) to extend the lease",
+                self.heartbeat_trigger, self.poll_interval
+            );
+            return fail("heartbeat_trigger", rule);
+        }
+        let local = self.lease_ttl - self.lease_margin;
+        if self.heartbeat_trigger >= local {
+            let rule =
+                format!("{:?} must be shorter than lease_ttl − lease_margin ({local:?})", self.heartbeat_trigger);
+            return fail("heartbeat_trigger", rule);
+        }
+        Ok(())
+    }
+}
+
 /// The agent's node lease.
 #[derive(Clone, Copy, Debug)]
 struct Session {
@@ -121,6 +181,25 @@ pub struct AgentPass {
 /// call hung, reported as a pass with only `fenced` and `fence_killed` set); not called for a pass that failed
 /// with a store error. The simulator traces fences, sessions and kills through it.
 pub type PassObserver = Arc<dyn Fn(&AgentPass) + Send + Sync>;
+
+/// The reason of the jobs a stopping agent interrupts ([`Agent::stop`]).
+pub const REASON_NODE_STOPPING: &str = "node stopping";
+
+/// What a graceful stop did ([`Agent::stop`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentStop {
+    /// Jobs whose processes had ended by themselves (before or during the stop); their exits were reported.
+    pub exited: Vec<JobId>,
+    /// Jobs whose processes were killed and reported interrupted.
+    pub interrupted: Vec<JobId>,
+    /// Reports inserted into inboxes.
+    pub reported: usize,
+    /// Reports that could not be inserted (store unreachable); those jobs are aborted as "node lost" once the
+    /// node's lease expires.
+    pub unreported: usize,
+    /// Whether the node lease was given back (false: there was none, or the store did not answer in time).
+    pub lease_released: bool,
+}
 
 /// A node agent over store `S` running processes through `E`.
 pub struct Agent<S: Store, E: Executor> {
@@ -186,12 +265,20 @@ impl<S: Store, E: Executor> Agent<S, E> {
         self.processes.iter().map(|(row, p)| (*row, p.job)).collect()
     }
 
-    /// The agent's loop, forever: a pass, then a pause of `poll_interval` that an `allocation` fetch hint cuts
-    /// short. If a pass is still running (a store call hanging) at the lease's local deadline, it is abandoned and
-    /// the agent fences itself: self-fencing never waits for the store.
-    pub async fn run(mut self) {
+    /// The agent's loop, forever (see [`Agent::run_until`]).
+    pub async fn run(self) {
+        self.run_until(std::future::pending::<()>()).await;
+    }
+
+    /// The agent's loop until `stop` resolves: a pass, then a pause of `poll_interval` that an `allocation` fetch
+    /// hint cuts short. If a pass is still running (a store call hanging) at the lease's local deadline, it is
+    /// abandoned and the agent fences itself: self-fencing never waits for the store. `stop` is looked at between
+    /// passes only (a pass is never cut in the middle; a hung one ends at the lease's deadline), and then the agent
+    /// stops gracefully ([`Agent::stop`]) and returns what the stop did.
+    pub async fn run_until(mut self, stop: impl Future<Output = ()>) -> AgentStop {
         let mut hints = self.store.subscribe_hints();
         let clock = self.clock.clone();
+        tokio::pin!(stop);
         loop {
             let deadline = self.session.map(|s| s.deadline);
             let pass = match deadline {
@@ -226,6 +313,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
             loop {
                 tokio::select! {
                     biased;
+                    _ = &mut stop => return self.stop().await,
                     _ = &mut sleep => break,
                     hint = hints.recv() => match hint {
                         Ok(kind) if kind == KIND_ALLOCATION => break,
@@ -239,6 +327,95 @@ impl<S: Store, E: Executor> Agent<S, E> {
                 }
             }
         }
+    }
+
+    /// Graceful stop (a node taken out of service, `lockstep agent` on SIGTERM): the agent takes no new job; it
+    /// collects the exits of processes that already ended, kills the ones still running and reports each of
+    /// their jobs as interrupted ([`REASON_NODE_STOPPING`]), so that the controller restarts them elsewhere at once
+    /// (a ranked job of a gang task restarts its gang, DESIGN §4); and it gives its node lease back, so the
+    /// controller sees the node gone at once instead of when the lease expires.
+    ///
+    /// The reports and the lease's release are one guarded apply on the node lease (inserts, then unlock, in one
+    /// transaction), then a fetch hint per operation. A controller pass reads the inbox before the nodes, so it
+    /// sees the reports only with the node gone: the pass that handles them reuses none of the node's allocations
+    /// for the next incarnation (reusing one would place a job on a node that never starts it, and cost a second
+    /// gang restart). A pass whose two reads straddle the apply sees the node gone without the reports and aborts
+    /// its jobs as "node lost"; the reports that follow are then ignored. Either way the jobs restart once, on
+    /// other nodes, without waiting for the lease to expire. If the lease was already lost (stale) or the apply
+    /// fails, the reports are inserted plainly (a duplicate of a report that did commit is ignored). Each store
+    /// call is bounded by `lease_margin`: a stopping agent cut off from the store still ends, and the controller
+    /// then learns of the node's loss when its lease expires.
+    pub async fn stop(mut self) -> AgentStop {
+        let mut stop = AgentStop::default();
+        let mut pass = AgentPass::default();
+        self.collect_exits(&mut pass);
+        stop.exited = pass.exited.into_iter().map(|(job, _)| job).collect();
+        for (_, running) in std::mem::take(&mut self.processes) {
+            // A process that ended between the exit check and the kill reports how it ended.
+            let outcome = match running.handle.kill().await {
+                ExitStatus::Killed => {
+                    stop.interrupted.push(running.job);
+                    JobOutcome::Interrupted { reason: REASON_NODE_STOPPING.into() }
+                }
+                status => {
+                    stop.exited.push(running.job);
+                    exit_outcome(status)
+                }
+            };
+            let message = Message::JobEnded { job: running.job, allocation: running.allocation, outcome };
+            self.outbox.push_back((running.job.operation, message));
+        }
+        if let Some(session) = self.session.take() {
+            match tokio::time::timeout(self.config.lease_margin, self.report_and_release(session.lease)).await {
+                Ok(Ok(released)) => {
+                    stop.lease_released = released;
+                    if released {
+                        stop.reported = std::mem::take(&mut self.outbox).len();
+                    }
+                }
+                Ok(Err(error)) => tracing::warn!(node = %self.config.name, %error, "release on stop failed"),
+                Err(_) => tracing::warn!(node = %self.config.name, "release on stop timed out"),
+            }
+        }
+        if !self.outbox.is_empty() {
+            match tokio::time::timeout(self.config.lease_margin, self.send_reports()).await {
+                Ok(Ok(sent)) => stop.reported += sent,
+                Ok(Err(error)) => tracing::warn!(node = %self.config.name, %error, "reports on stop failed"),
+                Err(_) => tracing::warn!(node = %self.config.name, "reports on stop timed out"),
+            }
+        }
+        stop.unreported = self.outbox.len();
+        tracing::info!(
+            node = %self.config.name,
+            interrupted = stop.interrupted.len(),
+            reported = stop.reported,
+            unreported = stop.unreported,
+            lease_released = stop.lease_released,
+            "agent stopped"
+        );
+        stop
+    }
+
+    /// Inserts every queued report and gives the node lease back in one guarded apply, then hints the operations
+    /// reported to (a hint that fails is logged: the operations' next passes read the reports anyway). Returns
+    /// whether it applied (false: the lease was already lost, nothing written).
+    async fn report_and_release(&self, lease: Lease) -> Result<bool, StoreError> {
+        let inserts = self
+            .outbox
+            .iter()
+            .map(|(operation, message)| NewRow::new(KIND_INBOX, INBOX_NEW, message.to_json()).with_parent(*operation))
+            .collect();
+        let params = ApplyParams { inserts, ..ApplyParams::new(lease, RowUpdate::default()) };
+        if self.store.apply(params).await? == ApplyOutcome::Stale {
+            return Ok(false);
+        }
+        let operations: BTreeSet<RowId> = self.outbox.iter().map(|(operation, _)| *operation).collect();
+        for operation in operations {
+            if let Err(error) = self.store.hint(KIND_OPERATION, Some(operation)).await {
+                tracing::warn!(node = %self.config.name, %operation, %error, "fetch hint after stop failed");
+            }
+        }
+        Ok(true)
     }
 
     /// One pass (see the module docs). Errors: the store's; state stays consistent and the next pass retries.
@@ -391,11 +568,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
         for row in ended {
             let running = self.processes.remove(&row).expect("listed");
             let status = running.handle.exit_status().expect("ended");
-            let outcome = match status {
-                ExitStatus::Exited(code) => JobOutcome::Exited { code },
-                ExitStatus::Signaled(signal) => JobOutcome::Exited { code: 128 + signal },
-                ExitStatus::Killed => JobOutcome::Aborted { reason: "process killed".into() },
-            };
+            let outcome = exit_outcome(status);
             self.finished.insert(running.job);
             let message = Message::JobEnded { job: running.job, allocation: running.allocation, outcome };
             self.outbox.push_back((running.job.operation, message));
@@ -469,5 +642,15 @@ impl<S: Store, E: Executor> Agent<S, E> {
             self.store.hint(KIND_OPERATION, Some(operation)).await?;
         }
         Ok(sent)
+    }
+}
+
+/// How the controller hears of a process's exit: a signal the agent did not send counts as exit code 128 + signal,
+/// as a shell reports it.
+fn exit_outcome(status: ExitStatus) -> JobOutcome {
+    match status {
+        ExitStatus::Exited(code) => JobOutcome::Exited { code },
+        ExitStatus::Signaled(signal) => JobOutcome::Exited { code: 128 + signal },
+        ExitStatus::Killed => JobOutcome::Aborted { reason: "process killed".into() },
     }
 }

@@ -5,6 +5,12 @@
 //! The shell runs in a process group of its own and a kill sends SIGKILL to the whole group, so a command's
 //! children die with it: otherwise `sh -c "a | b"` would leave `a` and `b` running in an allocation the controller
 //! may already have given to another job.
+//!
+//! On Linux each job's shell also gets SIGKILL when its agent dies (`PR_SET_PDEATHSIG`), so an agent killed with
+//! SIGKILL (or by the OOM killer) leaves no job running: DESIGN §4 promises that when the controller declares a node
+//! lost its processes are dead, and a dead agent cannot fence itself. The signal follows the thread that spawned
+//! the shell; the agent spawns from its runtime's worker threads, which live as long as the agent. Only the shell
+//! gets it: a command's own children outlive it, as they outlive any `sh` killed alone.
 
 use super::executor::{Executor, ExecutorError, ExitStatus, ProcessHandle, StartRequest, process_pair};
 use std::path::{Path, PathBuf};
@@ -69,6 +75,7 @@ impl Executor for OsExecutor {
         }
         command.stdin(Stdio::null()).stdout(open("stdout")?).stderr(open("stderr")?);
         command.process_group(0).kill_on_drop(true);
+        die_with_agent(&mut command);
         let mut child = command.spawn().map_err(|e| ExecutorError(format!("cannot spawn sh: {e}")))?;
         let pid = child.id().ok_or_else(|| ExecutorError("process exited before it could be tracked".into()))?;
         let (handle, mut control) = process_pair();
@@ -108,3 +115,26 @@ fn kill_group(pid: u32) {
         libc::killpg(pid, libc::SIGKILL);
     }
 }
+
+/// Asks the kernel to SIGKILL the job's shell when the agent dies (Linux; see the module docs).
+#[cfg(target_os = "linux")]
+fn die_with_agent(command: &mut tokio::process::Command) {
+    let agent = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe calls (prctl,
+    // getppid, raise).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The agent died between the fork and the prctl: the signal was never armed.
+            if u32::try_from(libc::getppid()).ok() != Some(agent) {
+                libc::raise(libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_agent(_command: &mut tokio::process::Command) {}

@@ -4,7 +4,8 @@
 //! - [`model`]: operations, jobs, allocations, nodes and inbox messages as rows of the store.
 //! - [`rules`]: the rules of DESIGN §4 as pure functions; [`controller`]: one pass over one operation, pure.
 //! - [`pipeline`]: the operation pipeline that runs passes over the store; [`api`]: submit, abort, spec update,
-//!   status.
+//!   status; [`replica`]: a controller replica (the operation pipeline on a manager); [`status`]: the status
+//!   report `lockstep status` prints.
 //! - [`env`](mod@env): the job environment (`YT_*` variables); [`audit`]: the rules as checks over recorded rows.
 
 pub mod api;
@@ -13,8 +14,10 @@ pub mod controller;
 pub mod env;
 pub mod model;
 pub mod pipeline;
+pub mod replica;
 pub mod rules;
 pub mod spec;
+pub mod status;
 pub mod validate;
 pub mod yson;
 

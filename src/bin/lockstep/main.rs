@@ -1,9 +1,13 @@
-//! The `lockstep` command line (DESIGN §6). The simulator build (`--cfg madsim`) carries `lockstep sim run |
-//! sweep | replay | explain` (`sim.rs`); in the normal build `lockstep sim …` says how to get that build.
+//! The `lockstep` command line (DESIGN §6). The normal build carries the real-mode commands (`serve`, `agent`,
+//! `submit`, `status`, `abort`, `migrate`: controller replicas and node agents on PostgreSQL running real
+//! processes); the simulator build (`--cfg madsim`) carries `lockstep sim run | sweep | replay | explain`
+//! (`sim.rs`), and in the normal build `lockstep sim …` says how to get that build.
 //!
-//! Exit codes: 0 success; 1 a failed check or expectation (or nothing found); 2 bad input (clap's usage
-//! errors too); 3 a replay that did not reproduce its trace.
+//! Exit codes: 0 success; 1 a failed check, expectation or operation (or nothing found); 2 bad input (clap's
+//! usage errors too); 3 a replay that did not reproduce its trace.
 
+#[cfg(not(madsim))]
+mod real;
 #[cfg(madsim)]
 mod sim;
 
@@ -15,7 +19,14 @@ use std::process::ExitCode;
 #[command(
     name = "lockstep",
     version,
-    about = "Leased-row pipelines, a gang controller, and their deterministic simulator"
+    about = "Leased-row pipelines, a YTsaurus-style gang controller, its node agents, and their simulator",
+    long_about = "Leased-row pipelines, a YTsaurus-style gang controller on them, its node agents, and their \
+                  deterministic simulator.\n\n\
+                  Real mode: controller replicas (`serve`) and node agents (`agent`) coordinate through one \
+                  PostgreSQL database and run jobs as OS processes; `submit`, `status` and `abort` talk to the \
+                  same database. Logs go to stderr, filtered by RUST_LOG (default: info).\n\n\
+                  Simulator: `sim run | sweep | replay | explain` run scenario files deterministically (the \
+                  simulator build: `cargo sim …`)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -24,6 +35,9 @@ struct Cli {
 
 #[derive(clap::Subcommand)]
 enum Command {
+    #[cfg(not(madsim))]
+    #[command(flatten)]
+    Real(real::Command),
     /// Scenario files under the deterministic simulator: run, sweep, replay, explain.
     #[cfg(madsim)]
     #[command(subcommand)]
@@ -61,6 +75,8 @@ impl NeedsSimBuild {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        #[cfg(not(madsim))]
+        Command::Real(command) => real::run(command),
         #[cfg(madsim)]
         Command::Sim(command) => sim::main(command),
         #[cfg(not(madsim))]

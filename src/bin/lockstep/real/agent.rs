@@ -1,0 +1,139 @@
+//! `lockstep agent`: one node agent running jobs as OS processes (`sh -c COMMAND` in `WORK_DIR/{job id}`, with the
+//! job environment). Runs until SIGTERM or SIGINT, then stops gracefully (`Agent::stop`): it takes no new job,
+//! kills the running ones and reports them interrupted ("node stopping") so the controller restarts them
+//! elsewhere, and gives its node lease back so the node counts as gone at once.
+
+use super::{Database, Failure, duration, termination};
+use lockstep::agent::process::OsExecutor;
+use lockstep::agent::{Agent, AgentConfig};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Pooled PostgreSQL sessions of an agent: its loop makes one store call at a time; one spare for the graceful
+/// stop's release while a call is in flight.
+const AGENT_CONNECTIONS: u32 = 2;
+
+/// Flags of `agent`. Lease defaults are the library's (`lockstep::agent`); the tests shorten them.
+#[derive(clap::Args, Debug)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// The node's name, unique in the cluster. A restarted agent with the same name takes the node back.
+    #[arg(long)]
+    pub node: String,
+    /// Allocations (job slots) the node offers.
+    #[arg(long)]
+    pub slots: u32,
+    /// Directory of the job sandboxes (`WORK_DIR/{job id}`, holding the job's stdout and stderr); created if
+    /// missing.
+    #[arg(long)]
+    pub work_dir: PathBuf,
+    /// Local directory standing for Cypress: `file_paths` entry `//tmp/x` is copied from `FILES_ROOT/tmp/x`. Without
+    /// it, jobs with `file_paths` fail to start.
+    #[arg(long)]
+    pub files_root: Option<PathBuf>,
+    /// Node lease length (database clock): how long a dead agent's jobs look alive to the controller.
+    #[arg(long, value_parser = duration::parse, default_value = "10s")]
+    pub lease_ttl: Duration,
+    /// The agent fences itself (kills its jobs) this long before the database lets its lease expire.
+    #[arg(long, value_parser = duration::parse, default_value = "2s")]
+    pub lease_margin: Duration,
+    /// Extend the node lease when its local deadline is this close. Default: lease-ttl / 2.
+    #[arg(long, value_parser = duration::parse)]
+    pub heartbeat_trigger: Option<Duration>,
+    /// Pause between passes when no new allocation wakes the agent (local clock).
+    #[arg(long, value_parser = duration::parse, default_value = "1s")]
+    pub poll_interval: Duration,
+}
+
+impl AgentArgs {
+    /// The agent's settings.
+    pub fn agent_config(&self) -> AgentConfig {
+        AgentConfig {
+            lease_ttl: self.lease_ttl,
+            lease_margin: self.lease_margin,
+            heartbeat_trigger: self.heartbeat_trigger.unwrap_or(self.lease_ttl / 2),
+            poll_interval: self.poll_interval,
+            ..AgentConfig::new(self.node.clone(), self.slots)
+        }
+    }
+}
+
+/// Runs the agent until a signal, then stops it gracefully.
+pub async fn run(args: AgentArgs) -> Result<(), Failure> {
+    let config = args.agent_config();
+    config.validate().map_err(|error| {
+        Failure::usage(format!(
+            "{error} (set by --node, --slots, --lease-ttl, --lease-margin, --heartbeat-trigger, --poll-interval)"
+        ))
+    })?;
+    std::fs::create_dir_all(&args.work_dir)
+        .map_err(|error| Failure::usage(format!("--work-dir {}: {error}", args.work_dir.display())))?;
+    if let Some(root) = &args.files_root
+        && !root.is_dir()
+    {
+        return Err(Failure::usage(format!("--files-root {}: not a directory", root.display())));
+    }
+    let store = Arc::new(args.database.connect(&format!("lockstep agent {}", args.node), AGENT_CONNECTIONS).await?);
+    let executor = OsExecutor::new(&args.work_dir, args.files_root.clone());
+    tracing::info!(
+        node = %config.name,
+        slots = config.slots,
+        work_dir = %args.work_dir.display(),
+        lease_ttl = ?config.lease_ttl,
+        "agent started"
+    );
+    let node = config.name.clone();
+    let stop = Agent::new(store, executor, config)
+        .run_until(async {
+            let signal = termination().await;
+            tracing::info!(%node, signal, "stopping: no new jobs; running jobs are interrupted and reported");
+        })
+        .await;
+    if stop.unreported > 0 {
+        tracing::warn!(unreported = stop.unreported, "some reports were not sent; the node lease expiry covers them");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        agent: AgentArgs,
+    }
+
+    #[test]
+    fn agent_defaults_are_the_librarys() {
+        let args = ["agent", "--database-url", "postgres://h/db", "--node", "n1", "--slots", "2", "--work-dir", "/w"];
+        let config = Cli::try_parse_from(args).unwrap().agent.agent_config();
+        assert_eq!(config, AgentConfig::new("n1", 2));
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn agent_lease_flags_are_checked_by_the_librarys_rules() {
+        let args = [
+            "agent",
+            "--database-url",
+            "postgres://h/db",
+            "--node",
+            "n1",
+            "--slots",
+            "2",
+            "--work-dir",
+            "/w",
+            "--lease-ttl",
+            "2s",
+            "--lease-margin",
+            "3s",
+        ];
+        let error = Cli::try_parse_from(args).unwrap().agent.agent_config().validate().unwrap_err();
+        assert_eq!(error.field, "lease_margin", "{error}");
+    }
+}

@@ -1,0 +1,225 @@
+//! The client commands: `submit`, `status`, `abort`, `migrate`. Each connects, makes its calls through
+//! `lockstep::gang::api` (write requests go to the operation's inbox with a fetch hint, so they never contend with a
+//! replica's lease), and exits.
+
+use super::{Database, Failure, duration};
+use lockstep::gang::api::{self, GangError};
+use lockstep::gang::model::OperationStatus;
+use lockstep::gang::status::StatusReport;
+use lockstep::gang::{OperationSpec, SpecFormat};
+use lockstep::store::{PgStore, RowId};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Pooled sessions of a client command: it makes one call at a time.
+const CLIENT_CONNECTIONS: u32 = 1;
+
+/// A spec's text format on the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FormatArg {
+    Yson,
+    Json,
+    Yaml,
+}
+
+impl From<FormatArg> for SpecFormat {
+    fn from(format: FormatArg) -> SpecFormat {
+        match format {
+            FormatArg::Yson => SpecFormat::Yson,
+            FormatArg::Json => SpecFormat::Json,
+            FormatArg::Yaml => SpecFormat::Yaml,
+        }
+    }
+}
+
+/// Flags of `submit`.
+#[derive(clap::Args, Debug)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// The spec file: YSON (.yson), JSON (.json) or YAML (.yaml, .yml).
+    pub spec: PathBuf,
+    /// The spec's format, when its extension does not tell.
+    #[arg(long, value_enum)]
+    pub format: Option<FormatArg>,
+    /// Follow the operation to its end (state and incarnation changes on stderr); exit 0 if it completed, 1 if it
+    /// failed or was aborted.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: pause between two reads of the operation.
+    #[arg(long, value_parser = duration::parse, default_value = "500ms")]
+    pub poll_interval: Duration,
+}
+
+/// Flags of `status`.
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// The operation's id, as `submit` printed it.
+    pub operation: i64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Show the jobs of every incarnation, not only the current one.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// Flags of `abort`.
+#[derive(clap::Args, Debug)]
+pub struct AbortArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// The operation's id.
+    pub operation: i64,
+    /// The reason recorded on the operation.
+    #[arg(long, default_value = "aborted by user")]
+    pub reason: String,
+}
+
+/// Flags of `migrate`.
+#[derive(clap::Args, Debug)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub database: Database,
+}
+
+/// The format of `path`: `--format` if given, else its extension. Errors (usage): no known extension.
+pub fn spec_format(path: &Path, flag: Option<FormatArg>) -> Result<SpecFormat, Failure> {
+    if let Some(format) = flag {
+        return Ok(format.into());
+    }
+    match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("yson") => Ok(SpecFormat::Yson),
+        Some("json") => Ok(SpecFormat::Json),
+        Some("yaml" | "yml") => Ok(SpecFormat::Yaml),
+        _ => Err(Failure::usage(format!(
+            "{}: cannot tell the spec's format from its extension (.yson, .json, .yaml, .yml); pass --format",
+            path.display()
+        ))),
+    }
+}
+
+/// Reads and validates the spec at `path`. Errors (usage): unreadable file, syntax error, broken rules (each
+/// naming its field).
+pub fn read_spec(path: &Path, flag: Option<FormatArg>) -> Result<OperationSpec, Failure> {
+    let format = spec_format(path, flag)?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| Failure::usage(format!("cannot read spec {}: {error}", path.display())))?;
+    OperationSpec::parse(&text, format)
+        .map_err(|error| Failure::usage(format!("spec {} is invalid:\n{error}", path.display())))
+}
+
+fn gang_failure(error: GangError) -> Failure {
+    match error {
+        GangError::Spec(error) => Failure::usage(format!("spec is invalid:\n{error}")),
+        error => Failure::runtime(error.to_string()),
+    }
+}
+
+/// `submit`: parse, submit, print the id; with `--wait`, follow the operation to its end.
+pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
+    let spec = read_spec(&args.spec, args.format)?;
+    let store = args.database.connect("lockstep submit", CLIENT_CONNECTIONS).await?;
+    let operation = api::submit(&store, spec).await.map_err(gang_failure)?;
+    println!("{operation}");
+    let _ = std::io::stdout().flush();
+    if !args.wait {
+        return Ok(());
+    }
+    let end = follow(&store, operation, args.poll_interval).await?;
+    match end.state {
+        OperationStatus::Completed => Ok(()),
+        state => Err(Failure::runtime(format!(
+            "operation {operation} {state}: {}",
+            end.result.unwrap_or_else(|| "no reason recorded".into())
+        ))),
+    }
+}
+
+/// Reads `operation` every `poll_interval` until it ends, logging each change of state, incarnation or job
+/// counts to stderr. A read that fails is logged and retried (the database may come back). Never ends for an
+/// operation that never ends: `--wait` follows it as long as it runs.
+async fn follow(store: &PgStore, operation: RowId, poll_interval: Duration) -> Result<StatusReport, Failure> {
+    let mut last = None;
+    loop {
+        match StatusReport::read(store, operation, false).await {
+            Ok(report) => {
+                let summary = summary(&report);
+                if last.as_ref() != Some(&summary) {
+                    eprintln!("{summary}");
+                    last = Some(summary);
+                }
+                if report.state.is_terminal() {
+                    return Ok(report);
+                }
+            }
+            Err(GangError::NotFound(id)) => return Err(Failure::runtime(format!("operation {id} not found"))),
+            Err(error) => tracing::warn!(%operation, %error, "reading the operation failed; retrying"),
+        }
+        tokio::time::sleep(poll_interval).await;
+    }
+}
+
+/// One line: `operation 5: running, incarnation 5-i1, jobs: 2 running, 1 completed`.
+fn summary(report: &StatusReport) -> String {
+    let mut counts = std::collections::BTreeMap::new();
+    for job in report.tasks.iter().flat_map(|t| &t.jobs) {
+        *counts.entry(job.state).or_insert(0usize) += 1;
+    }
+    let jobs: Vec<String> = counts.iter().map(|(state, n)| format!("{n} {state}")).collect();
+    format!(
+        "operation {}: {}, incarnation {}, jobs: {}",
+        report.operation,
+        report.state,
+        report.incarnation,
+        jobs.join(", ")
+    )
+}
+
+/// `status`: the report as a table, or as JSON with `--json`.
+pub async fn status(args: StatusArgs) -> Result<(), Failure> {
+    let store = args.database.connect("lockstep status", CLIENT_CONNECTIONS).await?;
+    let report = StatusReport::read(&store, RowId(args.operation), args.all).await.map_err(gang_failure)?;
+    if args.json {
+        let json = serde_json::to_string_pretty(&report).expect("status reports serialize");
+        println!("{json}");
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(())
+}
+
+/// `abort`: records the request in the operation's inbox; a replica's next pass aborts it.
+pub async fn abort(args: AbortArgs) -> Result<(), Failure> {
+    let store = args.database.connect("lockstep abort", CLIENT_CONNECTIONS).await?;
+    api::abort(&store, RowId(args.operation), &args.reason).await.map_err(gang_failure)?;
+    eprintln!("abort of operation {} requested", args.operation);
+    Ok(())
+}
+
+/// `migrate`: connecting applies the migrations.
+pub async fn migrate(args: MigrateArgs) -> Result<(), Failure> {
+    let store = args.database.connect("lockstep migrate", CLIENT_CONNECTIONS).await?;
+    store.close().await;
+    eprintln!("schema {} is migrated", args.database.schema);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_format_comes_from_the_flag_then_the_extension() {
+        assert_eq!(spec_format(Path::new("a.yson"), None).unwrap(), SpecFormat::Yson);
+        assert_eq!(spec_format(Path::new("a.JSON"), None).unwrap(), SpecFormat::Json);
+        assert_eq!(spec_format(Path::new("a.yml"), None).unwrap(), SpecFormat::Yaml);
+        assert_eq!(spec_format(Path::new("a.txt"), Some(FormatArg::Yaml)).unwrap(), SpecFormat::Yaml);
+        let error = spec_format(Path::new("spec"), None).unwrap_err();
+        assert_eq!(error.code, 2);
+        assert!(error.message.contains("--format"), "{}", error.message);
+    }
+}

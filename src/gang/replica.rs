@@ -1,0 +1,71 @@
+//! A controller replica: a [`PipelineManager`] running the operation pipeline over a store (DESIGN §3, §4). Every
+//! replica runs the same pipelines; they share the work through leases, so any number of them may run against one
+//! store and any of them may die (`lockstep serve` is one replica on PostgreSQL).
+
+use super::pipeline::{OperationHandler, operation_pipeline_config};
+use crate::pipeline::{ConfigError, ManagerOptions, PipelineConfig, PipelineManager};
+use crate::store::Store;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a replica may tune: the operation pipeline's workers and lease timing. Every default is the engine's
+/// (`crate::pipeline` config defaults: 20 workers, 30 s lease, 2 s margin, 1 s heartbeat, 5 s between passes over
+/// a running operation).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplicaConfig {
+    /// Workers of the operation pipeline: passes over different operations run at once. Default 20.
+    pub workers: usize,
+    /// Lease length of an operation pass, store clock: how long a dead replica's operation waits before another
+    /// replica takes it over. Default 30 s.
+    pub lease_ttl: Duration,
+    /// Local margin before the store-side expiry. Default 2 s.
+    pub lease_margin: Duration,
+    /// Heartbeat period of the pipeline's leases, local clock. Default 1 s.
+    pub heartbeat_interval: Duration,
+    /// Least time between two passes over one running operation without a fetch hint, store clock: how soon a
+    /// lost node is noticed when no report wakes the operation. Default 5 s.
+    pub min_processing_interval: Duration,
+    /// Seed of the engine's fetch jitter. Default 0 (any value will do in production).
+    pub seed: u64,
+}
+
+impl Default for ReplicaConfig {
+    fn default() -> ReplicaConfig {
+        let defaults = operation_pipeline_config();
+        ReplicaConfig {
+            workers: defaults.workers,
+            lease_ttl: defaults.lease_ttl,
+            lease_margin: defaults.lease_margin,
+            heartbeat_interval: defaults.heartbeat_interval,
+            min_processing_interval: defaults.min_processing_interval,
+            seed: 0,
+        }
+    }
+}
+
+impl ReplicaConfig {
+    /// The operation pipeline's config with this replica's settings (heartbeat trigger `lease_ttl / 2`).
+    pub fn pipeline_config(&self) -> PipelineConfig {
+        PipelineConfig {
+            workers: self.workers,
+            lease_margin: self.lease_margin,
+            heartbeat_interval: self.heartbeat_interval,
+            min_processing_interval: self.min_processing_interval,
+            ..operation_pipeline_config().with_lease_ttl(self.lease_ttl)
+        }
+    }
+
+    /// Store connections the replica uses at most: the pipeline's workers, fetcher and heartbeater.
+    pub fn connections_needed(&self) -> usize {
+        self.pipeline_config().connections_needed()
+    }
+
+    /// Registers the operation pipeline on a new manager over `store` and starts it. Errors: a config rule the
+    /// settings break (named by field), or a store pool too small for the workers.
+    pub fn start<S: Store>(&self, store: Arc<S>) -> Result<PipelineManager<S>, ConfigError> {
+        let mut manager = PipelineManager::new(store, ManagerOptions { seed: self.seed });
+        manager.register(self.pipeline_config(), OperationHandler::default())?;
+        manager.start();
+        Ok(manager)
+    }
+}

@@ -1,0 +1,694 @@
+//! Real mode end to end: the built `lockstep` binary as `serve` replicas and `agent` processes on one PostgreSQL
+//! schema, running real shell commands, with short lease times. Needs PostgreSQL (DATABASE_URL); never skips.
+//!
+//! - the seed's gang example (3 jobs) survives a killed job process (one gang restart), a replica killed with
+//!   SIGKILL while it holds the operation's lease (the other one takes over once the lease expires and finishes
+//!   it) and an agent killed with SIGKILL (its job processes die with it, its jobs are declared lost and the gang
+//!   restarts on the other nodes);
+//! - the seed's master/slave example (1 + 100 short jobs) completes on 3 agents;
+//! - SIGTERM stops an agent gracefully (its jobs restart elsewhere at once, long before its lease would expire) and
+//!   drains a replica caught mid-pass (the lease is gone when it exits 0);
+//! - `submit --wait` exits with the operation's outcome; bad input exits 2 naming the field;
+//! - the README's real-mode walk-through names commands and flags that exist and a spec that parses.
+//!
+//! Each job of the gang tests appends `incarnation cookie rank pid` to `OUT/rank-$YT_GANG_RANK` when it starts and
+//! then waits for the file `OUT/go`, so the test decides when a gang may complete.
+#![cfg(not(madsim))]
+
+mod support;
+
+use lockstep::gang::api::{self, OperationView};
+use lockstep::gang::audit;
+use lockstep::gang::model::{Allocation, JobStatus, KIND_ALLOCATION, KIND_NODE, OperationStatus};
+use lockstep::gang::status::StatusReport;
+use lockstep::gang::{OperationSpec, SpecFormat};
+use lockstep::store::conformance::Harness;
+use lockstep::store::{LockToken, PgStore, RowId, Store, Timestamp};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+use support::pg::PgHarness;
+
+const BIN: &str = env!("CARGO_BIN_EXE_lockstep");
+const SEED_GANG: &str = include_str!("../scenarios/specs/seed-gang.yson");
+const SEED_GANG_COMMAND: &str =
+    "echo rank $YT_GANG_RANK of $YT_GANG_SIZE, cookie $YT_JOB_COOKIE, incarnation $YT_OPERATION_INCARNATION; sleep 30";
+
+/// Operation lease of the replicas in these tests (`serve --lease-ttl`).
+const REPLICA_LEASE_TTL: Duration = Duration::from_secs(4);
+/// Flags of every replica: a short lease, passes over running operations every second.
+const REPLICA_FLAGS: &[&str] = &[
+    "--workers",
+    "4",
+    "--lease-ttl",
+    "4s",
+    "--lease-margin",
+    "500ms",
+    "--heartbeat-interval",
+    "250ms",
+    "--min-processing-interval",
+    "1s",
+];
+/// Node lease of the agents in these tests (`agent --lease-ttl`).
+const AGENT_LEASE_TTL: Duration = Duration::from_secs(3);
+/// Flags of the agents: a short node lease, a pass every 200 ms.
+const AGENT_FLAGS: &[&str] = &["--lease-ttl", "3s", "--lease-margin", "1s", "--poll-interval", "200ms"];
+
+/// A fresh directory under the system's temp dir, removed when dropped (kept when the test failed).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("lockstep-real-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept {} of the failed test", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// The child processes of a test. Dropping it kills (SIGKILL) and reaps every one still running, and prints the
+/// end of each one's log when the test is failing.
+struct Processes {
+    children: BTreeMap<String, Child>,
+    logs: PathBuf,
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for (name, child) in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+            if std::thread::panicking() {
+                let log = std::fs::read_to_string(self.logs.join(format!("{name}.log"))).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                eprintln!("---- {name} (last lines) ----");
+                for line in tail.iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
+}
+
+/// Replicas and agents on a schema of their own. Fields drop in order: processes, then the temp dir, then the
+/// schema (which cannot be dropped while the processes hold sessions on it).
+struct Cluster {
+    processes: Processes,
+    dir: TempDir,
+    harness: PgHarness,
+}
+
+fn signal(child: &Child, signal: i32) {
+    let pid = libc::pid_t::try_from(child.id()).expect("a pid fits pid_t");
+    // SAFETY: kill only sends a signal to our own child.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal {signal} to {pid}");
+}
+
+/// Waits up to `limit` for `child` to exit.
+async fn exit_within(child: &mut Child, limit: Duration) -> ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(started.elapsed() < limit, "process {} still running after {limit:?}", child.id());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Whether process `pid` is gone (or a zombie no one reaped yet).
+fn process_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+impl Cluster {
+    async fn new(name: &str) -> Cluster {
+        let harness = PgHarness::with(|options| options.max_connections = 4).await;
+        let dir = TempDir::new(name);
+        let logs = dir.0.join("logs");
+        std::fs::create_dir_all(&logs).unwrap();
+        let cluster = Cluster { processes: Processes { children: BTreeMap::new(), logs }, dir, harness };
+        let migrate = cluster.cli(&["migrate"]);
+        assert!(migrate.status.success(), "migrate: {}", String::from_utf8_lossy(&migrate.stderr));
+        cluster
+    }
+
+    fn store(&self) -> &PgStore {
+        self.harness.store()
+    }
+
+    fn database_args(&self) -> Vec<String> {
+        let schema = self.store().schema().to_string();
+        vec!["--database-url".into(), support::pg::database_url(), "--schema".into(), schema]
+    }
+
+    fn spawn(&mut self, name: &str, args: &[&str]) {
+        let log = std::fs::File::create(self.processes.logs.join(format!("{name}.log"))).unwrap();
+        let child = Command::new(BIN)
+            .args(args)
+            .args(self.database_args())
+            .env("RUST_LOG", "info,sqlx=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.processes.children.insert(name.to_string(), child);
+    }
+
+    fn start_replica(&mut self, name: &str) {
+        let mut args = vec!["serve", "--replica", name];
+        args.extend(REPLICA_FLAGS);
+        self.spawn(name, &args);
+    }
+
+    fn start_agent(&mut self, name: &str, slots: u32, extra: &[&str]) {
+        let work_dir = self.dir.0.join("nodes").join(name);
+        let (work_dir, slots) = (work_dir.to_str().unwrap().to_string(), slots.to_string());
+        let mut args = vec!["agent", "--node", name, "--slots", &slots, "--work-dir", &work_dir];
+        args.extend(extra);
+        self.spawn(name, &args);
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.processes.logs.join(format!("{name}.log"))).unwrap()
+    }
+
+    fn child(&mut self, name: &str) -> &mut Child {
+        self.processes.children.get_mut(name).unwrap_or_else(|| panic!("no process {name}"))
+    }
+
+    /// Runs a client command to its end.
+    fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(BIN).args(args).args(self.database_args()).env("RUST_LOG", "warn").output().unwrap()
+    }
+
+    /// Writes `text` to `name` in the temp dir and submits it; returns the printed operation id.
+    fn submit(&self, name: &str, text: &str) -> RowId {
+        let path = self.dir.0.join(name);
+        std::fs::write(&path, text).unwrap();
+        let output = self.cli(&["submit", path.to_str().unwrap()]);
+        assert!(output.status.success(), "submit: {}", String::from_utf8_lossy(&output.stderr));
+        RowId(String::from_utf8(output.stdout).unwrap().trim().parse().expect("submit prints the operation id"))
+    }
+
+    /// `lockstep status OP --json`.
+    fn status_json(&self, op: RowId) -> StatusReport {
+        let output = self.cli(&["status", &op.to_string(), "--json"]);
+        assert!(output.status.success(), "status: {}", String::from_utf8_lossy(&output.stderr));
+        serde_json::from_slice(&output.stdout).expect("status --json is a StatusReport")
+    }
+
+    async fn view(&self, op: RowId) -> OperationView {
+        api::status(self.store(), op).await.unwrap()
+    }
+
+    async fn wait_for(&self, op: RowId, limit: Duration, what: &str, done: impl Fn(&OperationView) -> bool) {
+        let started = Instant::now();
+        loop {
+            let view = self.view(op).await;
+            if done(&view) {
+                return;
+            }
+            assert!(started.elapsed() < limit, "operation {op}: not {what} after {limit:?}: {:?}", view.status);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until replica `name` (the only one not frozen) is seen holding `op`'s lease in the middle of a pass,
+    /// and leaves it frozen (SIGSTOP) there: a live lease on the row is frozen with its holder, then read again
+    /// after a while; if the holder applied before it froze, it is let go on (SIGCONT) to the next pass. First
+    /// waits for any lease a replica frozen earlier may hold to expire. Returns the lease's token and expiry.
+    async fn catch_lease_holder(&mut self, op: RowId, name: &str) -> (LockToken, Timestamp) {
+        let started = Instant::now();
+        let live = |row: &lockstep::store::Row, now: Timestamp| {
+            row.lock_token.zip(row.lock_expires_at).filter(|(_, expires)| *expires > now)
+        };
+        loop {
+            let now = self.store().now().await.unwrap();
+            if live(&self.store().get(op).await.unwrap().unwrap(), now).is_none() {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "operation {op} stays leased");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        loop {
+            assert!(started.elapsed() < Duration::from_secs(60), "{name} never seen holding operation {op}'s lease");
+            let row = self.store().get(op).await.unwrap().unwrap();
+            let now = self.store().now().await.unwrap();
+            let Some((token, expires)) = live(&row, now) else { continue };
+            signal(self.child(name), libc::SIGSTOP);
+            // A statement the holder sent before it froze may still commit.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if self.store().get(op).await.unwrap().unwrap().lock_token == Some(token) {
+                return (token, expires);
+            }
+            signal(self.child(name), libc::SIGCONT);
+        }
+    }
+
+    /// The node name of each allocation row.
+    async fn allocation_nodes(&self) -> BTreeMap<RowId, String> {
+        let rows = self.store().list(KIND_ALLOCATION, None).await.unwrap();
+        rows.iter().map(|row| Allocation::from_row(row).unwrap()).map(|a| (a.row, a.data.node_name)).collect()
+    }
+}
+
+/// One line of a rank file: what a job saw when it started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Start {
+    incarnation: String,
+    cookie: u32,
+    rank: u32,
+    pid: i32,
+}
+
+/// A gang of the seed's example whose jobs record their starts under `out` and wait for `out/go`.
+struct Gang {
+    out: PathBuf,
+}
+
+impl Gang {
+    fn new(cluster: &Cluster, name: &str) -> Gang {
+        let out = cluster.dir.0.join(name);
+        std::fs::create_dir_all(&out).unwrap();
+        Gang { out }
+    }
+
+    /// The seed's gang example with this gang's command in place of its own.
+    fn spec(&self) -> String {
+        let out = self.out.display();
+        let command = format!(
+            "echo $YT_OPERATION_INCARNATION $YT_JOB_COOKIE $YT_GANG_RANK $$ >> {out}/rank-$YT_GANG_RANK; \
+             while [ ! -e {out}/go ]; do sleep 0.05; done"
+        );
+        assert!(SEED_GANG.contains(SEED_GANG_COMMAND));
+        SEED_GANG.replace(SEED_GANG_COMMAND, &command)
+    }
+
+    fn starts(&self, rank: u32) -> Vec<Start> {
+        let text = std::fs::read_to_string(self.out.join(format!("rank-{rank}"))).unwrap_or_default();
+        text.lines()
+            .map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                assert_eq!(fields.len(), 4, "rank file line {line:?}");
+                Start {
+                    incarnation: fields[0].into(),
+                    cookie: fields[1].parse().unwrap(),
+                    rank: fields[2].parse().unwrap(),
+                    pid: fields[3].parse().unwrap(),
+                }
+            })
+            .collect()
+    }
+
+    /// Waits until every rank 0..3 recorded `count` starts.
+    async fn wait_for_starts(&self, count: usize, limit: Duration) -> Vec<Vec<Start>> {
+        let started = Instant::now();
+        loop {
+            let starts: Vec<Vec<Start>> = (0..3).map(|rank| self.starts(rank)).collect();
+            if starts.iter().all(|s| s.len() >= count) {
+                return starts;
+            }
+            assert!(started.elapsed() < limit, "not {count} starts per rank after {limit:?}: {starts:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn release(&self) {
+        std::fs::write(self.out.join("go"), "").unwrap();
+    }
+}
+
+/// Every rank recorded exactly the starts of `incarnations`, in order, each with its own rank as job cookie (the
+/// cookie and rank a job of a new incarnation keeps).
+fn assert_starts(starts: &[Vec<Start>], incarnations: &[&str]) {
+    for (rank, starts) in starts.iter().enumerate() {
+        let seen: Vec<&str> = starts.iter().map(|s| s.incarnation.as_str()).collect();
+        assert_eq!(seen, incarnations, "rank {rank}: incarnations of its starts");
+        for start in starts {
+            assert_eq!(start.rank as usize, rank, "rank file {rank}: {start:?}");
+            assert_eq!(start.cookie as usize, rank, "rank {rank} keeps job cookie {rank}: {start:?}");
+        }
+    }
+}
+
+/// The trigger of the operation's one gang restart (its `incarnation_started` event of index 1): job, task,
+/// job_cookie, gang_rank, status, reason.
+fn restart_trigger(view: &OperationView) -> serde_json::Value {
+    let events = view.incarnation_events();
+    assert_eq!(events.len(), 2, "one gang restart: {events:?}");
+    events[1].data["trigger"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_gang_survives_a_killed_job_a_killed_replica_and_a_killed_agent() {
+    let mut cluster = Cluster::new("gang").await;
+    cluster.start_replica("replica-a");
+    cluster.start_replica("replica-b");
+    for node in ["node-1", "node-2", "node-3"] {
+        cluster.start_agent(node, 2, AGENT_FLAGS);
+    }
+
+    // 1. A job's process is killed: one gang restart, every rank starts again in the new incarnation with its
+    //    cookie and rank, and the operation completes.
+    let gang = Gang::new(&cluster, "job-kill");
+    let op = cluster.submit("job-kill.yson", &gang.spec());
+    let first = gang.wait_for_starts(1, Duration::from_secs(30)).await;
+    let i0 = format!("{op}-i0");
+    assert_starts(&first, &[&i0]);
+    let victim = first[1][0].pid;
+    // SAFETY: killpg sends SIGKILL to the job's process group (the shell and its sleep).
+    assert_eq!(unsafe { libc::killpg(victim, libc::SIGKILL) }, 0);
+    let starts = gang.wait_for_starts(2, Duration::from_secs(30)).await;
+    let i1 = format!("{op}-i1");
+    assert_starts(&starts, &[&i0, &i1]);
+    gang.release();
+    cluster.wait_for(op, Duration::from_secs(30), "ended", |v| v.status.is_terminal()).await;
+    let view = cluster.view(op).await;
+    assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);
+    assert_eq!(view.incarnation_events().len(), 2, "one gang restart");
+    let killed: Vec<_> = view.jobs.iter().filter(|j| j.status == JobStatus::Failed).collect();
+    assert_eq!(killed.len(), 1, "the killed job failed");
+    assert_eq!((killed[0].data.gang_rank, killed[0].data.exit_code), (Some(1), Some(128 + libc::SIGKILL)));
+    assert_eq!(audit::operation(&view), Vec::<String>::new());
+    assert_starts(&(0..3).map(|rank| gang.starts(rank)).collect::<Vec<_>>(), &[&i0, &i1]);
+    let report = cluster.status_json(op);
+    assert_eq!((report.state, report.incarnation.as_str(), report.gang_restarts), (view.status, i1.as_str(), 1));
+    let ranks: Vec<(Option<u32>, u32)> = report.tasks[0].jobs.iter().map(|j| (j.gang_rank, j.job_cookie)).collect();
+    assert_eq!(ranks, vec![(Some(0), 0), (Some(1), 1), (Some(2), 2)]);
+
+    // 2. A replica is killed with SIGKILL in the middle of a pass over the running operation, holding its lease:
+    //    the other replica takes the operation over once the lease expires (no earlier: the lease is exclusive;
+    //    no later than the lease time plus its fetcher's longest empty-fetch backoff, 5 s × 1.2), restarts no
+    //    gang (a revival, when replica-a had locked the jobs, finds every rank alive), and completes it. To catch replica-a holding the lease,
+    //    replica-b is frozen (SIGSTOP) meanwhile, and replica-a is frozen first and killed only once the frozen
+    //    process is seen to still hold the lease.
+    let gang = Gang::new(&cluster, "replica-kill");
+    let op = cluster.submit("replica-kill.yson", &gang.spec());
+    gang.wait_for_starts(1, Duration::from_secs(30)).await;
+    signal(cluster.child("replica-b"), libc::SIGSTOP);
+    let (token, expires) = cluster.catch_lease_holder(op, "replica-a").await;
+    signal(cluster.child("replica-a"), libc::SIGKILL);
+    let killed_at = Instant::now();
+    exit_within(cluster.child("replica-a"), Duration::from_secs(5)).await;
+    let now = cluster.store().now().await.unwrap();
+    let lease_left = Duration::from_micros(u64::try_from(expires.as_micros() - now.as_micros()).unwrap_or(0));
+    signal(cluster.child("replica-b"), libc::SIGCONT);
+    let backoff_max = *lockstep::pipeline::config::FETCH_BACKOFF_DEFAULT.last().unwrap();
+    let bound = REPLICA_LEASE_TTL + backoff_max.mul_f64(1.2) + Duration::from_secs(2);
+    loop {
+        let row = cluster.store().get(op).await.unwrap().unwrap();
+        if row.lock_token != Some(token) {
+            break;
+        }
+        assert!(killed_at.elapsed() < bound, "replica-b did not take operation {op} over within {bound:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let took_over = killed_at.elapsed();
+    eprintln!(
+        "replica kill: replica-a died holding lease {token} ({lease_left:?} left); taken over after {took_over:?}"
+    );
+    assert!(took_over + Duration::from_millis(200) >= lease_left, "taken over before the lease expired");
+    gang.release();
+    cluster.wait_for(op, Duration::from_secs(30), "ended", |v| v.status.is_terminal()).await;
+    let view = cluster.view(op).await;
+    assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);
+    assert_eq!(view.incarnation_events().len(), 1, "revival found every rank alive: no gang restart");
+    assert_eq!(audit::operation(&view), Vec::<String>::new());
+    assert_starts(&(0..3).map(|rank| gang.starts(rank)).collect::<Vec<_>>(), &[&format!("{op}-i0")]);
+
+    // 3. An agent is killed with SIGKILL: its job processes die with it, its jobs are declared lost once its node
+    //    lease expires, and the gang restarts with every rank placed on the other nodes.
+    let gang = Gang::new(&cluster, "agent-kill");
+    let op = cluster.submit("agent-kill.yson", &gang.spec());
+    let first = gang.wait_for_starts(1, Duration::from_secs(30)).await;
+    let i0 = format!("{op}-i0");
+    let nodes = cluster.allocation_nodes().await;
+    let view = cluster.view(op).await;
+    let node_of = |job: &lockstep::gang::model::Job| nodes[&job.data.allocation.unwrap().row].clone();
+    let victim = node_of(view.current_jobs().find(|j| j.data.gang_rank == Some(0)).unwrap());
+    let lost: BTreeSet<u32> =
+        view.current_jobs().filter(|j| node_of(j) == victim).filter_map(|j| j.data.gang_rank).collect();
+    signal(cluster.child(&victim), libc::SIGKILL);
+    let killed_at = Instant::now();
+    exit_within(cluster.child(&victim), Duration::from_secs(5)).await;
+    for rank in &lost {
+        let pid = first[*rank as usize][0].pid;
+        let started = Instant::now();
+        while !process_gone(pid) {
+            assert!(started.elapsed() < Duration::from_secs(5), "job process {pid} outlived its killed agent");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let starts = gang.wait_for_starts(2, AGENT_LEASE_TTL + Duration::from_secs(20)).await;
+    eprintln!("agent kill: gang restarted {:?} after the kill of {victim}", killed_at.elapsed());
+    let i1 = format!("{op}-i1");
+    assert_starts(&starts, &[&i0, &i1]);
+    let view = cluster.view(op).await;
+    // The first lost job found triggers the restart ("node lost"); the restart aborts the rest.
+    let trigger = restart_trigger(&view);
+    assert_eq!(trigger["reason"], "node lost", "{trigger}");
+    assert!(lost.contains(&(trigger["gang_rank"].as_u64().unwrap() as u32)), "{trigger}");
+    for job in view.jobs.iter().filter(|j| j.data.incarnation == 0 && node_of(j) == victim) {
+        assert_eq!(job.status, JobStatus::Aborted, "job {} on {victim}", job.data.id);
+    }
+    for job in view.current_jobs() {
+        assert_ne!(node_of(job), victim, "job {} of the new incarnation placed on the dead node", job.data.id);
+    }
+    gang.release();
+    cluster.wait_for(op, Duration::from_secs(30), "ended", |v| v.status.is_terminal()).await;
+    let view = cluster.view(op).await;
+    assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);
+    assert_eq!(view.incarnation_events().len(), 2, "one gang restart");
+    assert_eq!(audit::operation(&view), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_master_slave_example_completes_on_three_agents() {
+    let mut cluster = Cluster::new("master-slave").await;
+    let files = cluster.dir.0.join("cypress");
+    std::fs::create_dir_all(files.join("tmp")).unwrap();
+    for file in ["run_master.py", "run_slave.py", "duties_180124.dat"] {
+        std::fs::write(files.join("tmp").join(file), "x\n").unwrap();
+    }
+    cluster.start_replica("replica-a");
+    cluster.start_replica("replica-b");
+    let files_root = files.to_str().unwrap().to_string();
+    for node in ["node-1", "node-2", "node-3"] {
+        let mut flags = AGENT_FLAGS.to_vec();
+        flags.extend(["--files-root", &files_root]);
+        cluster.start_agent(node, 4, &flags);
+    }
+    // The seed's spec with short shell commands that need the files their sandboxes must hold.
+    let spec = include_str!("../scenarios/specs/seed-master-slave.yson")
+        .replace("python run_master.py < duties.dat", "test -f run_master.py && cat duties.dat")
+        .replace("python run_slave.py", "test -f run_slave.py");
+    let started = Instant::now();
+    let op = cluster.submit("master-slave.yson", &spec);
+    cluster.wait_for(op, Duration::from_secs(90), "ended", |v| v.status.is_terminal()).await;
+    eprintln!("master/slave: 101 jobs on 3 agents × 4 slots in {:?}", started.elapsed());
+    let view = cluster.view(op).await;
+    assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);
+    assert_eq!(view.jobs.iter().filter(|j| j.status == JobStatus::Completed).count(), 101);
+    assert_eq!(audit::operation(&view), Vec::<String>::new());
+    let nodes = cluster.allocation_nodes().await;
+    let used: BTreeSet<&String> = view.jobs.iter().filter_map(|j| j.data.allocation).map(|a| &nodes[&a.row]).collect();
+    assert_eq!(used.len(), 3, "jobs ran on every agent: {used:?}");
+    let master = view.jobs.iter().find(|j| j.data.task == "master").unwrap();
+    let sandbox = cluster.dir.0.join("nodes").join(&nodes[&master.data.allocation.unwrap().row]);
+    let stdout = std::fs::read_to_string(sandbox.join(master.data.id.to_string()).join("stdout")).unwrap();
+    assert_eq!(stdout, "x\n", "the master read duties.dat, copied under its file_name");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_an_agent_gracefully_and_drains_a_replica() {
+    let mut cluster = Cluster::new("sigterm").await;
+    cluster.start_replica("replica-a");
+    cluster.start_replica("replica-b");
+    // A long node lease: without the graceful stop, the controller would wait about 30 s to see the node gone.
+    let long_lease = ["--lease-ttl", "30s", "--lease-margin", "2s", "--poll-interval", "200ms"];
+    cluster.start_agent("node-1", 3, &long_lease);
+    cluster.start_agent("node-2", 3, &long_lease);
+    let gang = Gang::new(&cluster, "sigterm");
+    let op = cluster.submit("sigterm.yson", &gang.spec());
+    let first = gang.wait_for_starts(1, Duration::from_secs(30)).await;
+    let nodes = cluster.allocation_nodes().await;
+    let view = cluster.view(op).await;
+    let node_of = |job: &lockstep::gang::model::Job| nodes[&job.data.allocation.unwrap().row].clone();
+    let stopped = node_of(view.current_jobs().find(|j| j.data.gang_rank == Some(0)).unwrap());
+    let interrupted: BTreeSet<u32> =
+        view.current_jobs().filter(|j| node_of(j) == stopped).filter_map(|j| j.data.gang_rank).collect();
+
+    signal(cluster.child(&stopped), libc::SIGTERM);
+    let stopped_at = Instant::now();
+    let status = exit_within(cluster.child(&stopped), Duration::from_secs(10)).await;
+    assert!(status.success(), "agent {stopped} exit: {status}");
+    let log = cluster.log(&stopped);
+    let expected = format!("interrupted={}", interrupted.len());
+    assert!(log.contains("agent stopped") && log.contains(&expected), "{stopped} log:\n{log}");
+    assert!(log.contains("lease_released=true"), "{stopped} log:\n{log}");
+    for rank in &interrupted {
+        assert!(process_gone(first[*rank as usize][0].pid), "rank {rank}'s process outlived its stopped agent");
+    }
+    let node = cluster.store().list(KIND_NODE, None).await.unwrap().into_iter().find(|r| r.status == stopped).unwrap();
+    assert_eq!(node.lock_token, None, "{stopped} gave its node lease back");
+
+    let starts = gang.wait_for_starts(2, Duration::from_secs(10)).await;
+    let restarted = stopped_at.elapsed();
+    eprintln!("agent SIGTERM: gang restarted {restarted:?} after the signal (node lease 30 s)");
+    assert!(restarted < Duration::from_secs(10), "the restart waited for the lease: {restarted:?}");
+    assert_starts(&starts, &[&format!("{op}-i0"), &format!("{op}-i1")]);
+    let view = cluster.view(op).await;
+    // The first report consumed triggers the restart and the restart aborts the rest ("incarnation changed"). A
+    // pass whose reads straddle the agent's report-and-release sees the node gone first ("node lost").
+    let trigger = restart_trigger(&view);
+    let reasons = ["interrupted: node stopping", "node lost"];
+    assert!(reasons.iter().any(|reason| trigger["reason"] == *reason), "{trigger}");
+    eprintln!("agent SIGTERM: restart trigger {}", trigger["reason"]);
+    assert!(interrupted.contains(&(trigger["gang_rank"].as_u64().unwrap() as u32)), "{trigger}");
+    for job in view.jobs.iter().filter(|j| j.data.incarnation == 0 && node_of(j) == stopped) {
+        assert_eq!(job.status, JobStatus::Aborted, "job {}", job.data.id);
+    }
+    for job in view.current_jobs() {
+        assert_ne!(node_of(job), stopped, "job {} placed on the stopped node", job.data.id);
+    }
+    gang.release();
+    cluster.wait_for(op, Duration::from_secs(30), "ended", |v| v.status.is_terminal()).await;
+    assert_eq!(cluster.view(op).await.status, OperationStatus::Completed);
+
+    // A replica that gets SIGTERM in the middle of a pass (holding the operation's lease) finishes the pass or
+    // gives the lease back before it exits 0: the lease is gone at once, not when it expires (as after SIGKILL).
+    let gang = Gang::new(&cluster, "sigterm-replica");
+    let op = cluster.submit("sigterm-replica.yson", &gang.spec());
+    gang.wait_for_starts(1, Duration::from_secs(30)).await;
+    signal(cluster.child("replica-b"), libc::SIGSTOP);
+    let (token, expires) = cluster.catch_lease_holder(op, "replica-a").await;
+    signal(cluster.child("replica-a"), libc::SIGTERM);
+    signal(cluster.child("replica-a"), libc::SIGCONT);
+    let stopped_at = Instant::now();
+    let status = exit_within(cluster.child("replica-a"), Duration::from_secs(10)).await;
+    assert!(status.success(), "replica exit: {status}");
+    let row = cluster.store().get(op).await.unwrap().unwrap();
+    let now = cluster.store().now().await.unwrap();
+    let lease_left = Duration::from_micros(u64::try_from(expires.as_micros() - now.as_micros()).unwrap_or(0));
+    assert_ne!(row.lock_token, Some(token), "replica-a exited still holding the lease ({lease_left:?} left)");
+    eprintln!("replica SIGTERM: drained and exited in {:?}; its lease had {lease_left:?} left", stopped_at.elapsed());
+    let log = cluster.log("replica-a");
+    assert!(log.contains("replica drained"), "replica log:\n{log}");
+    signal(cluster.child("replica-b"), libc::SIGCONT);
+    gang.release();
+    cluster.wait_for(op, Duration::from_secs(30), "ended", |v| v.status.is_terminal()).await;
+    let view = cluster.view(op).await;
+    assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);
+    assert_eq!(view.incarnation_events().len(), 1, "no gang restart");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_wait_follows_an_operation_to_its_end_and_exits_with_its_outcome() {
+    let mut cluster = Cluster::new("submit-wait").await;
+    cluster.start_replica("replica-a");
+    cluster.start_agent("node-1", 3, AGENT_FLAGS);
+    let spec = |command: &str| SEED_GANG.replace(SEED_GANG_COMMAND, command);
+    std::fs::write(cluster.dir.0.join("ok.yson"), spec("true")).unwrap();
+    std::fs::write(
+        cluster.dir.0.join("fails.json"),
+        r#"{"tasks": {"t": {"job_count": 1, "command": "exit 3"}}, "max_failed_job_count": 1}"#,
+    )
+    .unwrap();
+    let ok = cluster.dir.0.join("ok.yson");
+    let output = cluster.cli(&["submit", ok.to_str().unwrap(), "--wait", "--poll-interval", "100ms"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("completed"), "{stderr}");
+    let op = String::from_utf8(output.stdout).unwrap().trim().to_string();
+    let table = cluster.cli(&["status", &op]);
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(table.contains("state       completed"), "{table}");
+    assert_eq!(table.matches(" completed  node-1 ").count(), 3, "three ranks completed on node-1:\n{table}");
+    let fails = cluster.dir.0.join("fails.json");
+    let output = cluster.cli(&["submit", fails.to_str().unwrap(), "--wait", "--poll-interval", "100ms"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("failed"), "{stderr}");
+    let op = RowId(String::from_utf8(output.stdout).unwrap().trim().parse().unwrap());
+    assert_eq!(cluster.view(op).await.status, OperationStatus::Failed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_exits_2_naming_the_field_and_client_commands_report_missing_operations() {
+    let cluster = Cluster::new("bad-input").await;
+    let bad = cluster.dir.0.join("bad.yson");
+    std::fs::write(&bad, "{tasks={trainer={job_count=8;command=x;gang_options={size=9}}}}").unwrap();
+    let output = cluster.cli(&["submit", bad.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("tasks.trainer.gang_options.size: 9 exceeds job_count 8"), "{stderr}");
+    assert!(output.stdout.is_empty(), "nothing submitted");
+    let unknown = cluster.dir.0.join("spec.txt");
+    std::fs::write(&unknown, "{}").unwrap();
+    let output = cluster.cli(&["submit", unknown.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--format"));
+    let output = cluster.cli(&["serve", "--lease-ttl", "4s"]);
+    assert_eq!(output.status.code(), Some(2), "a lease too short for the default margin and heartbeat");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("heartbeat_trigger"));
+    for command in ["status", "abort"] {
+        let output = cluster.cli(&[command, "999999999"]);
+        assert_eq!(output.status.code(), Some(1), "{command}");
+        assert!(String::from_utf8_lossy(&output.stderr).contains("operation 999999999 not found"), "{command}");
+    }
+}
+
+/// The README's `## Real mode` section: its spec file parses as the seed's gang example, and every `lockstep`
+/// command it shows exists with the flags it uses (`--help` after them exits 0; clap refuses unknown flags
+/// first).
+#[test]
+fn the_readme_real_mode_walkthrough_uses_commands_flags_and_a_spec_that_exist() {
+    let readme = include_str!("../README.md");
+    let start = readme.find("## Real mode").expect("README has a Real mode section");
+    let section = &readme[start..start + readme[start..].find("\n## Tests").expect("Real mode comes before Tests")];
+    assert!(section.contains("scenarios/specs/seed-gang.yson"), "the walk-through submits the seed's gang example");
+    let spec = OperationSpec::parse(SEED_GANG, SpecFormat::Yson).expect("seed-gang.yson parses");
+    assert_eq!(spec.tasks.keys().collect::<Vec<_>>(), ["worker"]);
+    assert_eq!((spec.tasks["worker"].job_count, spec.gang_size()), (3, 3));
+    assert_eq!(spec.tasks["worker"].command, SEED_GANG_COMMAND);
+
+    let mut commands = BTreeSet::new();
+    for line in section.lines().map(str::trim) {
+        // A command starts a line, or follows `$(` or `watch -n 1 `; `$op` stands for an operation id.
+        let starts = ["$(lockstep ", "watch -n 1 lockstep "];
+        let Some(rest) = line
+            .strip_prefix("lockstep ")
+            .or_else(|| starts.iter().find_map(|start| line.find(start).map(|at| &line[at + start.len()..])))
+        else {
+            continue;
+        };
+        let rest = rest.split('#').next().unwrap().trim().trim_end_matches(['&', ')']).trim();
+        let args: Vec<&str> = rest.split_whitespace().map(|arg| if arg == "$op" { "1" } else { arg }).collect();
+        let output = Command::new(BIN).args(&args).arg("--help").output().unwrap();
+        assert!(output.status.success(), "`lockstep {rest} --help`: {}", String::from_utf8_lossy(&output.stderr));
+        commands.insert(args[0].to_string());
+    }
+    for command in ["migrate", "serve", "agent", "submit", "status"] {
+        assert!(commands.contains(command), "the walk-through runs `lockstep {command}`");
+    }
+    // The prose names `lockstep abort $op` inline.
+    assert!(section.contains("`lockstep abort $op`"));
+    let output = Command::new(BIN).args(["abort", "1", "--help"]).output().unwrap();
+    assert!(output.status.success(), "abort 1 --help");
+}
