@@ -252,8 +252,8 @@ impl Expectations {
 }
 
 /// A count of trace lines the run must show: lines of `kind`, on `node` if given, whose fields hold every
-/// `key=value` pair of `fields` (values written as the trace writes them, [`value`]) and the text `contains`
-/// if given, number at least `at_least` and at most `at_most`.
+/// `key=value` pair of `fields` (values written as the trace writes them, [`value`]) and one of the texts of
+/// `contains` if any, number at least `at_least` and at most `at_most`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TraceExpectation {
     /// The line's kind (`fence`, `incarnation`, `node-lost`, `commit`, …; the kinds of this module's doc and of
@@ -263,8 +263,8 @@ pub struct TraceExpectation {
     pub node: Option<String>,
     /// `key=value` pairs the line's fields must hold, each as one whole field token.
     pub fields: Vec<(String, String)>,
-    /// Text the line's fields must contain.
-    pub contains: Option<String>,
+    /// Texts the line's fields must contain one of (empty: no condition).
+    pub contains: Vec<String>,
     /// Fewest matching lines.
     pub at_least: u64,
     /// Most matching lines.
@@ -284,7 +284,7 @@ impl TraceExpectation {
         let tokens = super::explain::field_tokens(fields);
         node_ok
             && kind == self.kind
-            && self.contains.as_deref().is_none_or(|text| fields.contains(text))
+            && (self.contains.is_empty() || self.contains.iter().any(|text| fields.contains(text.as_str())))
             && self.fields.iter().all(|(key, expected)| {
                 let token = format!("{key}={}", value(expected));
                 tokens.iter().any(|t| *t == token)
@@ -301,8 +301,10 @@ impl TraceExpectation {
         if !pairs.is_empty() {
             text.push_str(&format!(" with {}", pairs.join(" ")));
         }
-        if let Some(contains) = &self.contains {
-            text.push_str(&format!(" containing {contains:?}"));
+        match self.contains.as_slice() {
+            [] => {}
+            [one] => text.push_str(&format!(" containing {one:?}")),
+            many => text.push_str(&format!(" containing one of {many:?}")),
         }
         text
     }

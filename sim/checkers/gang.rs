@@ -238,7 +238,7 @@ mod tests {
             kind: "fence".into(),
             node: Some("agent-1".into()),
             fields: vec![("reason".into(), "lease lost".into())],
-            contains: Some("killed=1".into()),
+            contains: vec!["killed=1".into()],
             at_least: 1,
             at_most: Some(1),
         };
@@ -247,14 +247,14 @@ mod tests {
             trace: trace_expectations,
         };
         assert!(expectations(&on(vec![fence.clone()]), &[], &trace).is_empty());
-        let any_agent = TraceExpectation { node: Some("agent-*".into()), contains: None, ..fence.clone() };
+        let any_agent = TraceExpectation { node: Some("agent-*".into()), contains: Vec::new(), ..fence.clone() };
         let unmet = expectations(&on(vec![any_agent]), &[], &trace);
         assert_eq!(unmet, [r#"trace: `fence` lines on agent-* with reason="lease lost" expected at most 1, actual 2"#]);
         let restart = TraceExpectation {
             kind: "incarnation".into(),
             node: None,
             fields: vec![("reason".into(), "lack after revival".into())],
-            contains: None,
+            contains: vec!["nothing".into(), "index=".into()],
             at_least: 1,
             at_most: None,
         };

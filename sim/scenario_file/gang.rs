@@ -155,9 +155,37 @@ pub(super) struct ExpectTraceDoc {
     node: Option<String>,
     #[serde(default)]
     fields: BTreeMap<String, String>,
-    contains: Option<String>,
+    #[serde(default)]
+    contains: Texts,
     at_least: Option<u64>,
     at_most: Option<u64>,
+}
+
+/// One text or a list of texts: `contains = "x"` or `contains = ["x", "y"]`.
+#[derive(Default)]
+struct Texts(Vec<String>);
+
+impl<'de> Deserialize<'de> for Texts {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Texts, D::Error> {
+        struct TextsVisitor;
+        impl<'de> serde::de::Visitor<'de> for TextsVisitor {
+            type Value = Texts;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Texts, E> {
+                Ok(Texts(vec![text.to_string()]))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Texts, A::Error> {
+                let mut texts = Vec::new();
+                while let Some(text) = seq.next_element::<String>()? {
+                    texts.push(text);
+                }
+                Ok(Texts(texts))
+            }
+        }
+        deserializer.deserialize_any(TextsVisitor)
+    }
 }
 
 /// The gang part's tables, as the file wrote them.
@@ -518,6 +546,9 @@ pub(super) fn expectations(
         {
             return Err((at("at_most"), format!("{max} is below at_least {at_least}")));
         }
+        if doc.contains.0.iter().any(String::is_empty) {
+            return Err((at("contains"), "an empty text matches every line: leave it out".into()));
+        }
         if let Some(field) = doc.fields.keys().find(|field| field.is_empty() || field.contains(['=', ' '])) {
             let mut path = at("fields");
             path.push(Seg::Key(field.clone()));
@@ -527,7 +558,7 @@ pub(super) fn expectations(
             kind: doc.kind.clone(),
             node: doc.node.clone(),
             fields: doc.fields.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            contains: doc.contains.clone(),
+            contains: doc.contains.0.clone(),
             at_least,
             at_most: doc.at_most,
         });
