@@ -74,9 +74,7 @@ fn tokens(fields: &str) -> impl Iterator<Item = &str> {
         let parts: Vec<&str> = if word.contains('"') {
             vec![word]
         } else {
-            word.split(|c: char| matches!(c, ',' | '[' | ']' | '(' | ')' | '{' | '}'))
-                .filter(|t| !t.is_empty())
-                .collect()
+            word.split([',', '[', ']', '(', ')', '{', '}']).filter(|t| !t.is_empty()).collect()
         };
         parts
     })

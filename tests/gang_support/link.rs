@@ -70,11 +70,9 @@ impl Store for Link {
     fn refetch(&self, lease: Lease) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send {
         self.via(self.inner.refetch(lease))
     }
-    fn heartbeat(&self, p: HeartbeatParams) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send {
-        async move {
-            self.gate_for(true).await?;
-            self.inner.heartbeat(p).await
-        }
+    async fn heartbeat(&self, p: HeartbeatParams) -> Result<Vec<Lease>, StoreError> {
+        self.gate_for(true).await?;
+        self.inner.heartbeat(p).await
     }
     fn lock_related(&self, p: LockRelatedParams) -> impl Future<Output = Result<LockOutcome, StoreError>> + Send {
         self.via(self.inner.lock_related(p))
