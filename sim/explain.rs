@@ -36,14 +36,51 @@ pub fn parse_line(line: &str) -> Option<TraceLine<'_>> {
     Some(TraceLine { at, node, kind, fields: rest.trim_end() })
 }
 
-/// The field tokens of `fields`: split at whitespace, commas, brackets and parentheses.
-fn tokens(fields: &str) -> impl Iterator<Item = &str> {
-    fields
-        .split(|c: char| c.is_whitespace() || matches!(c, ',' | '[' | ']' | '(' | ')' | '{' | '}'))
-        .filter(|t| !t.is_empty())
+/// The whitespace-separated words of `fields`, a string literal kept whole: a trace value with spaces, quotes
+/// or `=` is written as a Rust string literal (`reason="node lost"`, `error="op=3 \"x\""`: sim/gang.rs), so
+/// `reason="node lost"` is one word and nothing inside a literal is a word of its own.
+pub fn field_tokens(fields: &str) -> Vec<&str> {
+    let mut words = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (None, false, false);
+    for (at, c) in fields.char_indices() {
+        if quoted {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => quoted = false,
+                _ => {}
+            }
+            continue;
+        }
+        if c.is_whitespace() {
+            if let Some(from) = start.take() {
+                words.push(&fields[from..at]);
+            }
+            continue;
+        }
+        start.get_or_insert(at);
+        quoted = c == '"';
+    }
+    if let Some(from) = start {
+        words.push(&fields[from..]);
+    }
+    words
 }
 
-/// Whether `fields` holds the token `op=ID` exactly.
+/// The field tokens of `fields`: its words ([`field_tokens`]), those outside string literals split further at
+/// commas, brackets and parentheses; a word holding a string literal is one token.
+fn tokens(fields: &str) -> impl Iterator<Item = &str> {
+    field_tokens(fields).into_iter().flat_map(|word| {
+        let parts: Vec<&str> = if word.contains('"') {
+            vec![word]
+        } else {
+            word.split([',', '[', ']', '(', ')', '{', '}']).filter(|t| !t.is_empty()).collect()
+        };
+        parts
+    })
+}
+
+/// Whether `fields` holds the token `op=ID` exactly (not inside a quoted value).
 pub fn mentions_operation(fields: &str, operation: &str) -> bool {
     tokens(fields).any(|token| token.strip_prefix("op=") == Some(operation))
 }
@@ -51,7 +88,7 @@ pub fn mentions_operation(fields: &str, operation: &str) -> bool {
 /// Whether a line of `kind` with `fields` is about row `row` (the rules of the module doc).
 pub fn mentions_row(kind: &str, fields: &str, row: &str) -> bool {
     let store_call = matches!(kind, "commit" | "reply-dropped");
-    for word in fields.split_whitespace() {
+    for word in field_tokens(fields).into_iter().filter(|word| !word.contains('"')) {
         // `related=[3,4]`: the key applies to every id of the list that follows it in the same word.
         let (key, values) = match word.split_once('=') {
             Some((key, values)) => (Some(key), values),
@@ -144,6 +181,21 @@ mod tests {
         assert!(!mentions_row("commit", "apply 3#12 applied related=[] inserted=[]", "12"));
         assert!(mentions_row("commit", "lock_related 12#5 jobs [3,4] Locked", "4"));
         assert!(!mentions_row("pause", "span=12s", "12"));
+    }
+
+    #[test]
+    fn quoted_values_are_one_token_and_never_match() {
+        let fields = r#"op=7 name="a b" reason="node lost" error="op=3 \"x y\" op=4" trigger=7-2"#;
+        assert_eq!(
+            field_tokens(fields),
+            ["op=7", r#"name="a b""#, r#"reason="node lost""#, r#"error="op=3 \"x y\" op=4""#, "trigger=7-2"]
+        );
+        assert!(mentions_operation(fields, "7"));
+        assert!(!mentions_operation(fields, "3") && !mentions_operation(fields, "4"));
+        assert!(!mentions_row("commit", r#"insert 5 operation error="row=9""#, "9"));
+        assert!(mentions_row("commit", r#"insert 5 operation error="row=9""#, "5"));
+        assert_eq!(field_tokens("  a   b  "), ["a", "b"]);
+        assert_eq!(field_tokens(r#"unterminated="a b"#), [r#"unterminated="a b"#]);
     }
 
     #[test]

@@ -240,6 +240,74 @@ pub enum ControlAction {
 pub struct Expectations {
     /// Per-operation expectations.
     pub operations: Vec<OperationExpectation>,
+    /// What the trace must show: counts of lines of a kind (what must have happened, e.g. a fence).
+    pub trace: Vec<TraceExpectation>,
+}
+
+impl Expectations {
+    /// Whether there is nothing to check.
+    pub fn is_empty(&self) -> bool {
+        self.operations.is_empty() && self.trace.is_empty()
+    }
+}
+
+/// A count of trace lines the run must show: lines of `kind`, on `node` if given, whose fields hold every
+/// `key=value` pair of `fields` (values written as the trace writes them, [`value`]) and one of the texts of
+/// `contains` if any, number at least `at_least` and at most `at_most`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceExpectation {
+    /// The line's kind (`fence`, `incarnation`, `node-lost`, `commit`, …; the kinds of this module's doc and of
+    /// `sim/world.rs`'s faults).
+    pub kind: String,
+    /// The node (`agent-1`, `replica-0`, `db`, `world`, `client`), or a prefix ending in `*` (`agent-*`).
+    pub node: Option<String>,
+    /// `key=value` pairs the line's fields must hold, each as one whole field token.
+    pub fields: Vec<(String, String)>,
+    /// Texts the line's fields must contain one of (empty: no condition).
+    pub contains: Vec<String>,
+    /// Fewest matching lines.
+    pub at_least: u64,
+    /// Most matching lines.
+    pub at_most: Option<u64>,
+}
+
+impl TraceExpectation {
+    /// Whether a line on `node` of `kind` with `fields` matches (every condition but the counts).
+    pub fn matches(&self, node: &str, kind: &str, fields: &str) -> bool {
+        let node_ok = match self.node.as_deref() {
+            None => true,
+            Some(pattern) => match pattern.strip_suffix('*') {
+                Some(prefix) => node.starts_with(prefix),
+                None => node == pattern,
+            },
+        };
+        let tokens = super::explain::field_tokens(fields);
+        node_ok
+            && kind == self.kind
+            && (self.contains.is_empty() || self.contains.iter().any(|text| fields.contains(text.as_str())))
+            && self.fields.iter().all(|(key, expected)| {
+                let token = format!("{key}={}", value(expected));
+                tokens.iter().any(|t| *t == token)
+            })
+    }
+
+    /// The expectation in words: `` `fence` lines on agent-1 `` with its conditions.
+    pub fn describe(&self) -> String {
+        let mut text = format!("`{}` lines", self.kind);
+        if let Some(node) = &self.node {
+            text.push_str(&format!(" on {node}"));
+        }
+        let pairs: Vec<String> = self.fields.iter().map(|(k, v)| format!("{k}={}", value(v))).collect();
+        if !pairs.is_empty() {
+            text.push_str(&format!(" with {}", pairs.join(" ")));
+        }
+        match self.contains.as_slice() {
+            [] => {}
+            [one] => text.push_str(&format!(" containing {one:?}")),
+            many => text.push_str(&format!(" containing one of {many:?}")),
+        }
+        text
+    }
 }
 
 /// What one operation must show at the end of the run. Absent fields are not checked.
@@ -286,6 +354,16 @@ impl Expectations {
                 && min > max
             {
                 return Err(format!("expect.operations[{index}]: incarnations_min {min} > incarnations_max {max}"));
+            }
+        }
+        for (index, expectation) in self.trace.iter().enumerate() {
+            if expectation.kind.is_empty() || expectation.kind.contains(char::is_whitespace) {
+                return Err(format!("expect.trace[{index}].kind: {:?} is not one word", expectation.kind));
+            }
+            if let Some(max) = expectation.at_most
+                && expectation.at_least > max
+            {
+                return Err(format!("expect.trace[{index}]: at_least {} > at_most {max}", expectation.at_least));
             }
         }
         Ok(())

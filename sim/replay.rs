@@ -2,17 +2,19 @@
 //! exact (DESIGN §5: a run is a function of scenario, seed and build).
 //!
 //! A replay file is JSON ([`ReplayFile`]): its format version, the build that wrote it, the scenario's name and
-//! version (the file's `version` key and a hash of its normalized content), the scenario's text itself (so a
-//! replay does not depend on the scenario file still existing unchanged), the seed, the trace's hash and
+//! version (the file's `version` key and a hash of its normalized content), the scenario's text itself and the
+//! text of every spec file it reads (so a replay depends on neither still existing unchanged), the seed, the trace's hash and
 //! length, and what failed. `lockstep sim replay` refuses a file of another format, another build or whose
 //! scenario text no longer hashes to the recorded version, then reruns the seed and compares trace hashes.
 
 use super::run::{RunReport, summary};
+use super::scenario_file::gang::SpecSource;
 use super::scenario_file::{ScenarioError, ScenarioFile};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
-/// The replay file format this build writes and reads.
-pub const REPLAY_FORMAT: u32 = 1;
+/// The replay file format this build writes and reads (2: the spec files' texts, `spec_files`).
+pub const REPLAY_FORMAT: u32 = 2;
 
 /// FNV-1a, 64 bits: a small stable hash (the same value on every platform and build) for trace and scenario
 /// identities. Not for adversarial input.
@@ -61,6 +63,9 @@ pub struct ReplayFile {
     pub scenario: ReplayScenario,
     /// The scenario file's text, whole.
     pub scenario_text: String,
+    /// The text of every spec file the scenario reads (`spec_file`), by the path the scenario writes.
+    #[serde(default)]
+    pub spec_files: BTreeMap<String, String>,
     /// The run's seed.
     pub seed: u64,
     /// The trace the run produced.
@@ -141,6 +146,7 @@ impl ReplayFile {
                 path: file.origin.clone(),
             },
             scenario_text: file.text.clone(),
+            spec_files: file.spec_files.clone(),
             seed: report.seed,
             trace: trace_identity(report),
             failure: summary(report),
@@ -184,7 +190,7 @@ impl ReplayFile {
             });
         }
         let origin = format!("{path} (its scenario_text, from {})", replay.scenario.path);
-        let scenario = ScenarioFile::parse(&replay.scenario_text, &origin)
+        let scenario = ScenarioFile::parse_with(&replay.scenario_text, &origin, SpecSource::Files(&replay.spec_files))
             .map_err(|source| ReplayError::ScenarioText { path: path.to_string(), source: Box::new(source) })?;
         let recorded = format!("{} {}", replay.scenario.name, replay.scenario.version);
         let embedded = format!("{} {}", scenario.scenario.name, scenario.version_label());
@@ -218,6 +224,7 @@ mod tests {
                 path: "s.toml".into(),
             },
             scenario_text: text.into(),
+            spec_files: BTreeMap::new(),
             seed: 7,
             trace: TraceIdentity { hash: "0".repeat(16), events: 3 },
             failure: "seed 7: liveness: …".into(),
@@ -231,6 +238,29 @@ mod tests {
         assert_eq!(read, replay);
         assert_eq!(scenario.version, 2);
         assert_eq!(replay.file_name(), "s-seed-7.replay.json");
+    }
+
+    #[test]
+    fn a_replay_carries_its_spec_files_and_needs_nothing_on_disk() {
+        let dir = std::env::temp_dir().join(format!("lockstep-replay-specs-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("specs")).unwrap();
+        std::fs::write(dir.join("specs/g.yson"), "{tasks={w={job_count=2;command=w;gang_options={}}}}").unwrap();
+        let text = "name = \"s\"\nversion = 1\n[topology]\nagents = 2\n[[operations]]\nname = \"g\"\nat = \"1s\"\n\
+                    spec_file = \"specs/g.yson\"\n";
+        std::fs::write(dir.join("s.toml"), text).unwrap();
+        let file = ScenarioFile::load(&dir.join("s.toml")).unwrap();
+        assert_eq!(file.spec_files.keys().collect::<Vec<_>>(), ["specs/g.yson"]);
+        let mut replay = replay_of("name = \"s\"\nversion = 1\n", "b1");
+        replay.scenario.version = file.version_label();
+        replay.scenario_text = text.into();
+        replay.spec_files = file.spec_files.clone();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let (_, scenario) = ReplayFile::check(&replay.to_json(), "r.json", "b1").unwrap();
+        assert_eq!(scenario.scenario.gang.unwrap().operations[0].spec, file.scenario.gang.unwrap().operations[0].spec);
+        // Without the copy, the replay is refused, naming the spec file.
+        replay.spec_files.clear();
+        let error = ReplayFile::check(&replay.to_json(), "r.json", "b1").unwrap_err().to_string();
+        assert!(error.contains("operations[0].spec_file") && error.contains("specs/g.yson"), "{error}");
     }
 
     #[test]
@@ -248,9 +278,10 @@ mod tests {
         let mut future = serde_json::to_value(&replay).unwrap();
         future["format"] = 99.into();
         let error = ReplayFile::check(&future.to_string(), "r.json", "b1").unwrap_err().to_string();
-        assert!(error.contains("replay format 99, but this build reads format 1"), "{error}");
+        assert!(error.contains(&format!("replay format 99, but this build reads format {REPLAY_FORMAT}")), "{error}");
 
-        let error = ReplayFile::check("{\"format\": 1}", "r.json", "b1").unwrap_err().to_string();
+        let error =
+            ReplayFile::check(&format!("{{\"format\": {REPLAY_FORMAT}}}"), "r.json", "b1").unwrap_err().to_string();
         assert!(error.contains("not a lockstep replay file"), "{error}");
     }
 }

@@ -81,8 +81,13 @@ pub struct RunReport {
     pub keyed_rows: usize,
     /// Rows in the database at the end, counted by kind and then by status (`task` → `done` → 103).
     pub statuses: BTreeMap<String, BTreeMap<String, usize>>,
+    /// Whether the scenario has a gang part (agents, operations).
+    pub gang: bool,
     /// What became of each submitted gang operation, in submission order (empty without a gang part).
     pub operations: Vec<OperationReport>,
+    /// The checkers that judged the run, in order, each name once ([`checkers::names`], `drain`, and with a gang
+    /// part or expectations, [`checkers::gang::NAMES`] not yet listed); empty if the run ended before them.
+    pub checkers: Vec<&'static str>,
     /// Simulated time the run took.
     pub simulated: Duration,
     /// Wall-clock time the run took.
@@ -119,8 +124,12 @@ impl RunReport {
     /// Trace lines about operation `op` (those carrying the token `op=<op>`), as text.
     pub fn operation_trace(&self, op: RowId) -> String {
         let token = format!("op={op}");
-        let lines: Vec<TraceEvent> =
-            self.trace.iter().filter(|e| e.fields.split_whitespace().any(|field| field == token)).cloned().collect();
+        let lines: Vec<TraceEvent> = self
+            .trace
+            .iter()
+            .filter(|e| super::explain::field_tokens(&e.fields).contains(&token.as_str()))
+            .cloned()
+            .collect();
         trace::render(&lines)
     }
 }
@@ -171,7 +180,9 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
             rows: 0,
             keyed_rows: 0,
             statuses: BTreeMap::new(),
+            gang: scenario.gang.is_some(),
             operations: Vec::new(),
+            checkers: Vec::new(),
             simulated: Duration::ZERO,
             wall: std::time::Duration::ZERO,
         };
@@ -213,7 +224,9 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
         rows: 0,
         keyed_rows: 0,
         statuses: BTreeMap::new(),
+        gang: scenario.gang.is_some(),
         operations: Vec::new(),
+        checkers: Vec::new(),
         simulated,
         wall,
         trace,
@@ -221,7 +234,8 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
     match result {
         Err(panic) => report.panic = Some(panic),
         Ok(outcome) => {
-            report.violations = check(&scenario, &outcome);
+            report.violations = check(&scenario, &outcome, &report.trace);
+            report.checkers = checker_names(&scenario);
             report.coverage = Coverage::of(&outcome.history, &report.trace);
             report.client = outcome.client;
             report.commits = outcome.history.len();
@@ -240,7 +254,22 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
     report
 }
 
-fn check(scenario: &Scenario, outcome: &Outcome) -> Vec<Violation> {
+/// The checkers that judge a run of `scenario`, in order, each name once.
+fn checker_names(scenario: &Scenario) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = checkers::names().chain(["drain"]).collect();
+    if scenario.gang.is_some() || !scenario.expect.is_empty() {
+        let more: Vec<&'static str> =
+            checkers::gang::NAMES.into_iter().filter(|name| scenario.gang.is_some() || *name == "expect").collect();
+        for name in more {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    names
+}
+
+fn check(scenario: &Scenario, outcome: &Outcome, trace: &[TraceEvent]) -> Vec<Violation> {
     let input = CheckInput {
         history: &outcome.history,
         events: &outcome.events,
@@ -264,7 +293,15 @@ fn check(scenario: &Scenario, outcome: &Outcome) -> Vec<Violation> {
             live_at_end: &gang.live_at_end,
             unfinished: &gang.unfinished,
             expectations: &scenario.expect,
+            trace,
         }));
+    } else if !scenario.expect.is_empty() {
+        // A scenario without a gang part may still state what its trace must show.
+        let unmet = checkers::gang::expectations(&scenario.expect, &[], trace);
+        if !unmet.is_empty() {
+            let message = format!("{} unmet expectations: {}", unmet.len(), checkers::listed(&unmet));
+            violations.push(Violation { checker: "expect", message });
+        }
     }
     violations
 }

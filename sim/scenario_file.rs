@@ -6,19 +6,24 @@
 //! the defaults of [`Scenario::mixed`] without its faults (3 replicas, the sweeps' workload of
 //! [`small_workload`], 6 s leases). Durations are strings with a unit: `"500ms"`, `"90s"`, `"2m"`, `"1m30s"`.
 //!
-//! Where later sections go: `[topology]` gains `agents` and `slots_per_agent`, `[[operations]]` lists the specs
-//! to submit (`name`, `at`, `spec` or `spec_file` relative to the scenario's directory, `format`), and
-//! `[[expect.operation]]` the expected end of each (`state`, `incarnations`, `completes_within`).
+//! The gang part (`[topology] agents, slots`, `[agent]`, `[controller]`, `[[operations]]`, `[jobs]`,
+//! `[[controls]]`, `[[expect.operation]]`, `[[expect.trace]]`) is in [`gang`]. A file with a gang part and no
+//! `[workload]` table runs no row workload ([`no_rows`]).
 //!
 //! [`small_workload`]: super::scenario::small_workload
+//! [`no_rows`]: super::scenario::no_rows
+
+pub mod gang;
 
 use super::faults::{Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
 use super::replay::fnv1a64;
-use super::scenario::{Mutation, Scenario};
+use super::scenario::{Mutation, Scenario, no_rows};
 use super::world::Target;
 use crate::pipeline::ConfigError;
+use gang::{ExpectOperationDoc, ExpectTraceDoc, GangDocs, SpecSource};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
 use std::path::Path;
@@ -42,12 +47,15 @@ pub struct ScenarioFile {
     pub seeds: Vec<u64>,
     /// The file's text, as read.
     pub text: String,
+    /// The spec files its operations and controls read (`spec_file`), by the path the file writes, with their
+    /// text as read when the file was parsed (a replay file carries them).
+    pub spec_files: BTreeMap<String, String>,
     /// Where the text came from (a path, or a label such as `<replay file>`), in error messages.
     pub origin: String,
 }
 
 impl ScenarioFile {
-    /// Reads and checks the scenario file at `path`.
+    /// Reads and checks the scenario file at `path`; its `spec_file`s are read relative to its directory.
     ///
     /// # Errors
     /// [`ScenarioError::Read`] if the file cannot be read; else as [`ScenarioFile::parse`].
@@ -55,21 +63,32 @@ impl ScenarioFile {
         let origin = path.display().to_string();
         let text = std::fs::read_to_string(path)
             .map_err(|error| ScenarioError::Read { origin: origin.clone(), message: error.to_string() })?;
-        ScenarioFile::parse(&text, &origin)
+        let dir = path.parent().unwrap_or(Path::new(""));
+        ScenarioFile::parse_with(&text, &origin, SpecSource::Dir(dir))
     }
 
-    /// Parses and checks a scenario file's `text`; `origin` names it in errors.
+    /// Parses and checks a scenario file's `text`; `origin` names it in errors; `spec_file`s are read relative
+    /// to the current directory.
     ///
     /// # Errors
     /// [`ScenarioError::Invalid`] for a TOML syntax error, an unknown key, a value of the wrong type or shape,
-    /// or a value that breaks a rule (a replica index out of range, a negative rate, an empty range, a fixed
-    /// fault at or past the end of the fault window, a pipeline config the engine refuses, …).
+    /// or a value that breaks a rule (a replica or agent index out of range, a negative rate, an empty range, a
+    /// fixed fault at or past the end of the fault window, a pipeline config the engine refuses, a spec file
+    /// that cannot be read, a spec that fails validation, …).
     pub fn parse(text: &str, origin: &str) -> Result<ScenarioFile, ScenarioError> {
+        ScenarioFile::parse_with(text, origin, SpecSource::Dir(Path::new("")))
+    }
+
+    /// As [`ScenarioFile::parse`], reading `spec_file`s from `specs`.
+    ///
+    /// # Errors
+    /// As [`ScenarioFile::parse`].
+    pub fn parse_with(text: &str, origin: &str, specs: SpecSource<'_>) -> Result<ScenarioFile, ScenarioError> {
         let located = Located { text, origin };
         let tree = DeTable::parse(text).map_err(|error| located.toml_error(&error, None))?;
         let tree = tree.get_ref();
         let doc: FileDoc = toml::from_str(text).map_err(|error| located.toml_error(&error, Some(tree)))?;
-        let file = doc.into_file(text, origin).map_err(|(path, rule)| located.at_path(tree, &path, rule))?;
+        let file = doc.into_file(text, origin, specs).map_err(|(path, rule)| located.at_path(tree, &path, rule))?;
         Ok(file)
     }
 
@@ -259,20 +278,28 @@ struct FileDoc {
     network: NetworkDoc,
     #[serde(default)]
     pipeline: PipelineDoc,
-    #[serde(default)]
-    workload: WorkloadDoc,
+    workload: Option<WorkloadDoc>,
     #[serde(default)]
     faults: FaultsDoc,
     #[serde(default)]
     expect: ExpectDoc,
     #[serde(default)]
     mutation: MutationDoc,
+    agent: Option<gang::AgentDoc>,
+    controller: Option<gang::ControllerDoc>,
+    #[serde(default)]
+    operations: Vec<gang::OperationDoc>,
+    jobs: Option<gang::JobsDoc>,
+    #[serde(default)]
+    controls: Vec<gang::ControlDoc>,
 }
 
 #[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TopologyDoc {
     replicas: Option<usize>,
+    agents: Option<usize>,
+    slots: Option<u32>,
 }
 
 #[derive(Default, Deserialize)]
@@ -336,6 +363,7 @@ struct FixedDoc {
     at: Dur,
     kind: KindDoc,
     replica: Option<usize>,
+    agent: Option<usize>,
     down: Option<Dur>,
     span: Option<Dur>,
     a: Option<String>,
@@ -362,6 +390,10 @@ struct ExpectDoc {
     liveness_within: Option<Dur>,
     starvation_within: Option<Dur>,
     drain_within: Option<Dur>,
+    #[serde(default)]
+    operation: Vec<ExpectOperationDoc>,
+    #[serde(default)]
+    trace: Vec<ExpectTraceDoc>,
 }
 
 #[derive(Default, Deserialize)]
@@ -491,7 +523,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 // ---- from the file's shape to a Scenario ----
 
 impl FileDoc {
-    fn into_file(self, text: &str, origin: &str) -> Result<ScenarioFile, Broken> {
+    fn into_file(mut self, text: &str, origin: &str, specs: SpecSource<'_>) -> Result<ScenarioFile, Broken> {
         let mut scenario = Scenario::mixed();
         scenario.faults = FaultPlan::default();
         check_name(&self.name)?;
@@ -509,15 +541,85 @@ impl FileDoc {
             }
             scenario.replicas = replicas;
         }
+        let gang_docs = GangDocs {
+            agents: self.topology.agents,
+            slots: self.topology.slots,
+            agent: self.agent,
+            controller: self.controller,
+            operations: self.operations,
+            jobs: self.jobs,
+            controls: self.controls,
+        };
+        let mut spec_files = BTreeMap::new();
+        if gang_docs.present() {
+            let (gang, files) = gang_docs.workload(specs)?;
+            scenario.gang = Some(gang);
+            spec_files = files;
+            if self.workload.is_none() {
+                scenario.workload = no_rows();
+            }
+        }
         self.network.apply(&mut scenario)?;
         self.pipeline.apply(&mut scenario)?;
-        self.workload.apply(&mut scenario)?;
+        if let Some(workload) = self.workload {
+            workload.apply(&mut scenario)?;
+        }
         check_pipelines(&scenario)?;
+        let (operations, trace) = (std::mem::take(&mut self.expect.operation), std::mem::take(&mut self.expect.trace));
         self.expect.apply(&mut scenario)?;
+        scenario.expect = gang::expectations(&operations, &trace, scenario.gang.as_ref(), scenario.replicas)?;
         scenario.mutation = Mutation { apply_guard_disabled: self.mutation.apply_guard_disabled.unwrap_or(false) };
         self.faults.apply(&mut scenario)?;
-        Ok(ScenarioFile { scenario, version: self.version, seeds, text: text.to_string(), origin: origin.to_string() })
+        // Every rule above is checked at its key; the scenario's own check is the last word (a rule only it knows
+        // is reported at the key its message names).
+        scenario.check().map_err(|error| check_error(&error.to_string()))?;
+        Ok(ScenarioFile {
+            scenario,
+            version: self.version,
+            seeds,
+            text: text.to_string(),
+            spec_files,
+            origin: origin.to_string(),
+        })
     }
+}
+
+/// A [`Scenario::check`] message (`invalid scenario: gang.operations[2].name: …`) as a broken rule at the file's
+/// key for the field it names (`operations[2].name`).
+fn check_error(message: &str) -> Broken {
+    let message = message.strip_prefix("invalid scenario: ").unwrap_or(message);
+    let end = message.find([':', ' ']).unwrap_or(message.len());
+    let (field, rule) = (&message[..end], message[end..].trim_start_matches([':', ' ']));
+    let renames = [
+        ("gang.agents", "topology.agents"),
+        ("gang.slots", "topology.slots"),
+        ("gang.agent", "agent"),
+        ("gang.controller", "controller"),
+        ("gang.operations", "operations"),
+        ("gang.controls", "controls"),
+        ("expect.operations", "expect.operation"),
+        ("faults.fixed", "faults.at"),
+        ("replicas", "topology.replicas"),
+    ];
+    let field = renames
+        .iter()
+        .find_map(|(from, to)| field.strip_prefix(from).map(|rest| format!("{to}{rest}")))
+        .unwrap_or_else(|| field.to_string());
+    // An expectation's `operation` field is its `name` key in the file.
+    let field = match field.strip_prefix("expect.operation[").and_then(|rest| rest.strip_suffix("].operation")) {
+        Some(index) => format!("expect.operation[{index}].name"),
+        None => field,
+    };
+    let mut path = KeyPath::new();
+    for part in field.split('.') {
+        let (name, index) = match part.split_once('[') {
+            Some((name, index)) => (name, index.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        };
+        path.push(Seg::Key(name.to_string()));
+        path.extend(index.map(Seg::Index));
+    }
+    (path, rule.to_string())
 }
 
 fn check_name(name: &str) -> Result<(), Broken> {
@@ -714,7 +816,8 @@ impl ExpectDoc {
 
 impl FaultsDoc {
     fn apply(self, scenario: &mut Scenario) -> Result<(), Broken> {
-        let until = self.until.map_or(scenario.workload.span, |until| until.0);
+        let gang_span = scenario.gang.as_ref().map_or(Duration::ZERO, |gang| gang.span());
+        let until = self.until.map_or(scenario.workload.span.max(gang_span), |until| until.0);
         let mut plan = FaultPlan { fixed: Vec::new(), random: Vec::new(), until };
         for (index, fixed) in self.at.iter().enumerate() {
             let at = fixed.at.0;
@@ -723,14 +826,14 @@ impl FaultsDoc {
                     item(&["faults", "at"], index, "at"),
                     format!(
                         "{at:?} is at or past the end of the fault window ({until:?}, faults.until or else \
-                         workload.span): the fault would never start"
+                         workload.span or the last operation's submission): the fault would never start"
                     ),
                 ));
             }
-            plan.fixed.push(FaultEvent { at, fault: fixed.fault(index, scenario.replicas)? });
+            plan.fixed.push(FaultEvent { at, fault: fixed.fault(index, scenario.replicas, scenario.agents())? });
         }
         for (index, random) in self.random.iter().enumerate() {
-            plan.random.push(random.process(index)?);
+            plan.random.push(random.process(index, scenario.agents())?);
         }
         scenario.faults = plan;
         Ok(())
@@ -752,6 +855,7 @@ fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::Buggify => &["span"],
         FaultKind::AgentKill => &["agent", "down"],
         FaultKind::AgentPause => &["agent", "span"],
+        // Random-only kinds: at a fixed time, a partition or an isolate names the agent as its node.
         FaultKind::AgentPartition | FaultKind::AgentIsolate => &[],
     }
 }
@@ -761,6 +865,7 @@ impl FixedDoc {
     fn present(&self) -> Vec<&'static str> {
         let set = [
             ("replica", self.replica.is_some()),
+            ("agent", self.agent.is_some()),
             ("down", self.down.is_some()),
             ("span", self.span.is_some()),
             ("a", self.a.is_some()),
@@ -775,9 +880,20 @@ impl FixedDoc {
         set.iter().filter(|(_, present)| *present).map(|(name, _)| *name).collect()
     }
 
-    fn fault(&self, index: usize, replicas: usize) -> Result<Fault, Broken> {
+    fn fault(&self, index: usize, replicas: usize, agents: usize) -> Result<Fault, Broken> {
         let kind = self.kind.0;
         let at = |field: &str| item(&["faults", "at"], index, field);
+        let node_form = match kind {
+            FaultKind::AgentPartition => Some("kind = \"partition\", a = \"agent-N\", b = \"db\""),
+            FaultKind::AgentIsolate => Some("kind = \"isolate\", node = \"agent-N\""),
+            _ => None,
+        };
+        if let Some(form) = node_form {
+            return Err((
+                at("kind"),
+                format!("{} is a random process kind; at a fixed time write {form}", kind.name()),
+            ));
+        }
         let fields = fixed_fields(kind);
         if let Some(extra) = self.present().into_iter().find(|field| !fields.contains(field)) {
             return Err((
@@ -798,11 +914,18 @@ impl FixedDoc {
             }
             Ok(replica)
         };
+        let agent = || -> Result<usize, Broken> {
+            let agent = self.agent.ok_or_else(|| need("agent"))?;
+            if agent >= agents {
+                return Err((at("agent"), no_agent(agent, agents)));
+            }
+            Ok(agent)
+        };
         let span = || self.span.map(|span| span.0).ok_or_else(|| need("span"));
         let down = || self.down.map(|down| down.0).ok_or_else(|| need("down"));
         let target = |field: &str, value: &Option<String>| -> Result<Target, Broken> {
             let value = value.as_deref().ok_or_else(|| need(field))?;
-            parse_target(value, replicas).map_err(|rule| (at(field), rule))
+            parse_target(value, replicas, agents).map_err(|rule| (at(field), rule))
         };
         Ok(match kind {
             FaultKind::Kill => Fault::Kill { replica: replica()?, down: down()? },
@@ -836,17 +959,20 @@ impl FixedDoc {
                 Fault::Contention { claims: at_least_one(at("claims"), self.claims.ok_or_else(|| need("claims"))?)? }
             }
             FaultKind::Buggify => Fault::Buggify { span: span()? },
-            FaultKind::AgentKill | FaultKind::AgentPause | FaultKind::AgentPartition | FaultKind::AgentIsolate => {
-                return Err((at("kind"), format!("{} faults are not in scenario files yet", kind.name())));
-            }
+            FaultKind::AgentKill => Fault::AgentKill { agent: agent()?, down: down()? },
+            FaultKind::AgentPause => Fault::AgentPause { agent: agent()?, span: span()? },
+            FaultKind::AgentPartition | FaultKind::AgentIsolate => unreachable!("refused above"),
         })
     }
 }
 
 impl RandomDoc {
-    fn process(&self, index: usize) -> Result<RandomFault, Broken> {
+    fn process(&self, index: usize, agents: usize) -> Result<RandomFault, Broken> {
         let kind = self.kind.0;
         let at = |field: &str| item(&["faults", "random"], index, field);
+        if kind.targets_agents() && agents == 0 {
+            return Err((at("kind"), format!("a {} process needs agents: topology.agents is 0", kind.name())));
+        }
         let per_minute = rate(at("per_minute"), self.per_minute)?;
         let span = match (&self.span, kind) {
             (Some(_), FaultKind::Contention) => {
@@ -865,16 +991,30 @@ impl RandomDoc {
     }
 }
 
-/// A network target: `db`, `client` or `replica-N` with N below `replicas`.
-fn parse_target(text: &str, replicas: usize) -> Result<Target, String> {
+/// Why agent `agent` is not in a world of `agents`.
+fn no_agent(agent: usize, agents: usize) -> String {
+    match agents {
+        0 => format!("agent {agent} does not exist: topology.agents is 0 (no agents)"),
+        _ => format!("agent {agent} does not exist: topology.agents is {agents} (0..={})", agents - 1),
+    }
+}
+
+/// A network target: `db`, `client`, `replica-N` with N below `replicas`, or `agent-N` with N below `agents`.
+fn parse_target(text: &str, replicas: usize, agents: usize) -> Result<Target, String> {
     match text {
         "db" => Ok(Target::Db),
         "client" => Ok(Target::Client),
         _ => {
-            let index = text
-                .strip_prefix("replica-")
-                .and_then(|index| index.parse::<usize>().ok())
-                .ok_or_else(|| format!("\"{text}\" is not a node: expected \"db\", \"client\" or \"replica-N\""))?;
+            if let Some(agent) = text.strip_prefix("agent-").and_then(|index| index.parse::<usize>().ok()) {
+                if agent >= agents {
+                    return Err(format!("\"{text}\": {}", no_agent(agent, agents)));
+                }
+                return Ok(Target::Agent(agent));
+            }
+            let index =
+                text.strip_prefix("replica-").and_then(|index| index.parse::<usize>().ok()).ok_or_else(|| {
+                    format!("\"{text}\" is not a node: expected \"db\", \"client\", \"replica-N\" or \"agent-N\"")
+                })?;
             if index >= replicas {
                 return Err(format!(
                     "\"{text}\": replica {index} does not exist: topology.replicas is {replicas} (0..={})",
@@ -1120,5 +1260,254 @@ apply_guard_disabled = true
         assert_ne!(a.content_hash(), c.content_hash());
         assert_ne!(a.content_hash(), d.content_hash());
         assert!(a.version_label().starts_with("v1-"));
+    }
+    const GANG: &str = "name = \"g\"\nversion = 1\n[topology]\nagents = 3\nslots = 2\n[[operations]]\nname = \"train\"\n\
+                        at = \"1s\"\nspec = \"{tasks={w={job_count=3;command=w;gang_options={}}}}\"\n";
+
+    #[test]
+    fn the_gang_part_maps_to_the_scenario() {
+        let text = format!(
+            "{GANG}{}",
+            r#"
+[agent]
+lease_ttl = "8s"
+lease_margin = "1s"
+heartbeat_trigger = "3s"
+poll_interval = "500ms"
+[controller]
+workers = 3
+lease_ttl = "12s"
+min_processing_interval = "1s"
+[jobs]
+duration = ["2s", "4s"]
+exit_code = 0
+[[jobs.rule]]
+task = "w"
+cookie = 1
+attempt = 0
+duration = "1s"
+exit_code = 3
+[[jobs.rule]]
+task = "w"
+hang = true
+[[controls]]
+at = "30s"
+operation = "train"
+action = "abort"
+reason = "enough"
+[[expect.operation]]
+name = "train"
+state = "aborted"
+incarnations = { min = 1, max = 2 }
+completes_within = "1m"
+[[expect.trace]]
+kind = "fence"
+node = "agent-1"
+fields = { killed = "1" }
+at_least = 1
+at_most = 2
+[faults]
+until = "40s"
+[[faults.at]]
+at = "10s"
+kind = "agent-kill"
+agent = 2
+down = "5s"
+[[faults.at]]
+at = "12s"
+kind = "partition"
+a = "agent-1"
+b = "db"
+span = "20s"
+[[faults.random]]
+kind = "agent-pause"
+per_minute = 0.5
+span = ["5s", "10s"]
+"#
+        );
+        let file = parse(&text).unwrap();
+        let s = &file.scenario;
+        let gang = s.gang.as_ref().expect("a gang part");
+        assert_eq!((gang.agents, gang.slots), (3, 2));
+        assert_eq!(gang.agent.heartbeat_trigger, Duration::from_secs(3));
+        assert_eq!(gang.agent.poll_interval, Duration::from_millis(500));
+        assert_eq!((gang.controller.workers, gang.controller.lease_ttl), (3, Duration::from_secs(12)));
+        assert_eq!(gang.operations[0].at, Duration::from_secs(1));
+        assert_eq!(gang.jobs.default.duration, (Duration::from_secs(2), Duration::from_secs(4)));
+        assert_eq!(gang.jobs.rules[0].behaviour, crate::agent::Behaviour::exit_after(Duration::from_secs(1), 3));
+        assert_eq!(gang.jobs.rules[1].behaviour.end, crate::agent::End::Hang);
+        assert_eq!(gang.jobs.rules[1].job_cookie, None);
+        assert_eq!(gang.controls[0].action, super::super::gang::ControlAction::Abort { reason: "enough".into() });
+        let expect = &s.expect.operations[0];
+        assert_eq!(expect.state, Some(crate::gang::model::OperationStatus::Aborted));
+        assert_eq!((expect.incarnations_min, expect.incarnations_max), (Some(1), Some(2)));
+        assert_eq!(s.expect.trace[0].fields, [("killed".to_string(), "1".to_string())]);
+        assert_eq!(s.faults.fixed[0].fault, Fault::AgentKill { agent: 2, down: Duration::from_secs(5) });
+        let partition = &s.faults.fixed[1].fault;
+        assert!(matches!(partition, Fault::Partition { a: Target::Agent(1), b: Target::Db, .. }), "{partition:?}");
+        assert_eq!(s.faults.random[0].kind, FaultKind::AgentPause);
+        assert_eq!(s.workload.rows_max, 0, "a gang file without [workload] runs no rows");
+    }
+
+    #[test]
+    fn a_spec_file_is_read_from_the_scenarios_directory_with_its_format_from_the_extension() {
+        let dir = std::env::temp_dir().join(format!("lockstep-scenario-specs-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("specs")).unwrap();
+        std::fs::write(dir.join("specs/g.json"), r#"{"tasks": {"w": {"job_count": 2, "command": "w"}}}"#).unwrap();
+        std::fs::write(dir.join("specs/g.txt"), "{}").unwrap();
+        let with = |field: &str| {
+            format!(
+                "name = \"g\"\nversion = 1\n[topology]\nagents = 1\n[[operations]]\nname = \"a\"\nat = \"1s\"\n{field}\n"
+            )
+        };
+        let load = |text: &str| {
+            std::fs::write(dir.join("s.toml"), text).unwrap();
+            ScenarioFile::load(&dir.join("s.toml"))
+        };
+        let file = load(&with("spec_file = \"specs/g.json\"")).unwrap();
+        let operation = &file.scenario.gang.as_ref().unwrap().operations[0];
+        assert_eq!(operation.format, crate::gang::SpecFormat::Json);
+        assert_eq!(file.spec_files["specs/g.json"], operation.spec);
+        let invalid = |result: Result<ScenarioFile, ScenarioError>| match result.expect_err("invalid") {
+            ScenarioError::Invalid { line, key, rule, .. } => (line, key, rule),
+            other => panic!("{other}"),
+        };
+        let (line, key, rule) = invalid(load(&with("spec_file = \"specs/g.txt\"")));
+        assert_eq!((line, key.as_str()), (8, "operations[0].spec_file"));
+        assert!(rule.contains("cannot tell the spec's format") && rule.contains("add `format`"), "{rule}");
+        let (_, key, rule) = invalid(load(&with("spec_file = \"specs/none.yson\"")));
+        assert_eq!(key, "operations[0].spec_file");
+        assert!(rule.contains("cannot read") && rule.contains("none.yson"), "{rule}");
+        let (_, key, _) = invalid(load(&with("spec_file = \"specs/g.json\"\nspec = \"{}\"")));
+        assert_eq!(key, "operations[0].spec_file");
+        let (_, key, rule) = invalid(load(&with("")));
+        assert_eq!(key, "operations[0].spec");
+        assert!(rule.contains("needs `spec`"), "{rule}");
+        let (_, _, rule) = invalid(load(&with("spec_file = \"specs/g.txt\"\nformat = \"toml\"")));
+        assert!(rule.contains("unknown spec format \"toml\""), "{rule}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_invalid_spec_names_the_operation_and_the_specs_field() {
+        let text = GANG.replace("job_count=3", "job_count=0");
+        let (line, key, rule) = error(&text);
+        assert_eq!((line, key.as_str()), (9, "operations[0].spec"));
+        assert!(rule.contains("operation \"train\"") && rule.contains("tasks.w.job_count"), "{rule}");
+    }
+
+    #[test]
+    fn operations_and_controls_are_checked_by_name_and_time() {
+        let second = "[[operations]]\nname = \"train\"\nat = \"2s\"\nspec = \"{tasks={w={job_count=1;command=w}}}\"\n";
+        let (line, key, rule) = error(&format!("{GANG}{second}"));
+        assert_eq!((line, key.as_str()), (11, "operations[1].name"));
+        assert!(rule.contains("already names operations[0]"), "{rule}");
+        let control = |body: &str| format!("{GANG}[[controls]]\n{body}\n");
+        let (_, key, rule) = error(&control("at = \"5s\"\noperation = \"nope\"\naction = \"abort\""));
+        assert_eq!(key, "controls[0].operation");
+        assert!(rule.contains("no operation named \"nope\""), "{rule}");
+        let (_, key, rule) = error(&control("at = \"500ms\"\noperation = \"train\"\naction = \"abort\""));
+        assert_eq!(key, "controls[0].at");
+        assert!(rule.contains("before operation \"train\" is submitted"), "{rule}");
+        let (_, key, rule) = error(&control("at = \"5s\"\noperation = \"train\"\naction = \"pause\""));
+        assert_eq!(key, "controls[0].action");
+        assert!(rule.contains("expected abort or update-spec"), "{rule}");
+        let (_, key, _) = error(&control("at = \"5s\"\noperation = \"train\"\naction = \"abort\"\nspec = \"{}\""));
+        assert_eq!(key, "controls[0].spec");
+        let (_, key, rule) = error(&control("at = \"5s\"\noperation = \"train\"\naction = \"update-spec\""));
+        assert_eq!(key, "controls[0].spec");
+        assert!(rule.contains("needs `spec`"), "{rule}");
+        let no_agents = GANG.replace("agents = 3\n", "");
+        let (_, key, rule) = error(&no_agents);
+        assert_eq!(key, "topology.agents");
+        assert!(rule.contains("at least one agent"), "{rule}");
+    }
+
+    #[test]
+    fn agent_faults_are_checked_against_the_topology() {
+        let fault = |body: &str| format!("{GANG}[faults]\nuntil = \"30s\"\n[[faults.at]]\nat = \"5s\"\n{body}\n");
+        let (line, key, rule) = error(&fault("kind = \"agent-kill\"\nagent = 3\ndown = \"1s\""));
+        assert_eq!((line, key.as_str()), (15, "faults.at[0].agent"));
+        assert!(rule.contains("agent 3 does not exist: topology.agents is 3 (0..=2)"), "{rule}");
+        let (_, key, rule) = error(&fault("kind = \"partition\"\na = \"agent-7\"\nb = \"db\"\nspan = \"1s\""));
+        assert_eq!(key, "faults.at[0].a");
+        assert!(rule.contains("agent 7 does not exist"), "{rule}");
+        let (_, key, rule) = error(&fault("kind = \"agent-pause\"\nreplica = 0\nspan = \"1s\""));
+        assert_eq!(key, "faults.at[0].replica");
+        assert!(
+            rule.contains("an agent-pause fault takes no `replica`") || rule.contains("takes no `replica`"),
+            "{rule}"
+        );
+        let (_, key, rule) = error(&fault("kind = \"agent-partition\"\nspan = \"1s\""));
+        assert_eq!(key, "faults.at[0].kind");
+        assert!(rule.contains("random process kind") && rule.contains("a = \"agent-N\""), "{rule}");
+        let random =
+            "name = \"t\"\nversion = 1\n[[faults.random]]\nkind = \"agent-kill\"\nper_minute = 1.0\nspan = \"1s\"\n";
+        let (line, key, rule) = error(random);
+        assert_eq!((line, key.as_str()), (4, "faults.random[0].kind"));
+        assert!(rule.contains("needs agents: topology.agents is 0"), "{rule}");
+    }
+
+    #[test]
+    fn expectations_are_checked_at_their_keys() {
+        let expect = |body: &str| format!("{GANG}[[expect.operation]]\n{body}\n");
+        let (line, key, rule) = error(&expect("name = \"other\""));
+        assert_eq!((line, key.as_str()), (11, "expect.operation[0].name"));
+        assert!(rule.contains("no operation named \"other\""), "{rule}");
+        let (_, key, rule) = error(&expect("name = \"train\"\nstate = \"running\""));
+        assert_eq!(key, "expect.operation[0].state");
+        assert!(rule.contains("expected completed, failed or aborted"), "{rule}");
+        let (_, key, rule) = error(&expect("name = \"train\"\nincarnations = { min = 3, max = 2 }"));
+        assert_eq!(key, "expect.operation[0].incarnations");
+        assert!(rule.contains("min 3 is above max 2"), "{rule}");
+        let (_, key, _) = error(&expect("name = \"train\"\nincarnations = { least = 3 }"));
+        assert_eq!(key, "expect.operation[0].incarnations.least");
+        let trace = |body: &str| format!("{GANG}[[expect.trace]]\n{body}\n");
+        let (_, key, rule) = error(&trace("kind = \"fence\"\nnode = \"agent-3\""));
+        assert_eq!(key, "expect.trace[0].node");
+        assert!(rule.contains("agent-3 does not exist: topology.agents is 3"), "{rule}");
+        let (_, key, rule) = error(&trace("kind = \"fence\"\nat_least = 2\nat_most = 1"));
+        assert_eq!(key, "expect.trace[0].at_most");
+        assert!(rule.contains("below at_least 2"), "{rule}");
+        let (_, key, _) = error(&trace("kind = \"two words\""));
+        assert_eq!(key, "expect.trace[0].kind");
+        let file = parse(&trace("kind = \"fence\"\nnode = \"agent-*\"")).unwrap();
+        assert_eq!(file.scenario.expect.trace[0].at_least, 1, "at_least defaults to 1");
+    }
+
+    #[test]
+    fn job_rules_and_tunables_are_checked_at_their_keys() {
+        let rule = |body: &str| format!("{GANG}[[jobs.rule]]\n{body}\n");
+        let (_, key, message) = error(&rule("task = \"w\"\nexit_code = 1\nhang = true"));
+        assert_eq!(key, "jobs.rule[0].hang");
+        assert!(message.contains("give one of exit_code, hang, start_failure"), "{message}");
+        assert_eq!(error(&rule("hang = false")).1, "jobs.rule[0].hang");
+        assert_eq!(error(&rule("duration = [\"2s\", \"1s\"]")).1, "jobs.rule[0].duration");
+        let (_, key, message) = error(&format!("{GANG}[agent]\nlease_ttl = \"4s\"\nheartbeat_trigger = \"3s\"\n"));
+        assert_eq!(key, "agent.heartbeat_trigger");
+        assert!(message.contains("must be below lease_ttl - lease_margin"), "{message}");
+        assert_eq!(error(&format!("{GANG}[controller]\nworkers = 0\n")).1, "controller.workers");
+        assert_eq!(error(&format!("{GANG}[controller]\nlease_ttl = \"1s\"\n")).1, "controller.lease_ttl");
+        assert_eq!(error(&GANG.replace("slots = 2", "slots = 0")).1, "topology.slots");
+        assert_eq!(error(&GANG.replace("agents = 3", "agents = 201")).1, "topology.agents");
+    }
+
+    #[test]
+    fn the_scenarios_own_check_is_reported_at_the_files_key() {
+        let (key, rule) = check_error("invalid scenario: gang.operations[2].spec (train): tasks: empty");
+        assert_eq!(render_path(&key), "operations[2].spec");
+        assert_eq!(rule, "(train): tasks: empty");
+        let (key, _) = check_error("invalid scenario: expect.operations[1].operation: no operation named \"x\"");
+        assert_eq!(render_path(&key), "expect.operation[1].name");
+        let (key, rule) = check_error("invalid scenario: faults.random[0]: contention needs the row workload");
+        assert_eq!(
+            (render_path(&key).as_str(), rule.as_str()),
+            ("faults.random[0]", "contention needs the row workload")
+        );
+        let gang_contention =
+            format!("{GANG}[faults]\nuntil = \"9s\"\n[[faults.random]]\nkind = \"contention\"\nper_minute = 1.0\n");
+        let (_, key, rule) = error(&gang_contention);
+        assert_eq!(key, "faults.random[0]");
+        assert!(rule.contains("contention needs the row workload"), "{rule}");
     }
 }

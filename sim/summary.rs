@@ -2,18 +2,27 @@
 //! seed, simulated time (never wall time, so the text is a function of scenario, seed and build), what the
 //! client did, rows by kind and final status, the faults injected (counted from the trace), the engine paths
 //! taken, and each checker's verdict; for a failed check, its message and the last trace events about the rows
-//! it names.
+//! it names. A run with a gang part also shows, per operation, its final state and result, when it was submitted
+//! and ended, each incarnation with its reason, trigger and time, and its job counts by task and state; a failed
+//! check that names operations shows the last trace events about each (`op=<id>` lines).
 
 use super::checkers;
 use super::explain;
+use super::gang::OperationReport;
 use super::run::RunReport;
 use super::trace::{self, TraceEvent};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
 
-/// Trace events shown under a failed check (the last ones about the rows it names).
+/// Trace events shown under a failed check (the last ones about the rows it names, or about each operation).
 pub const EVENTS_SHOWN: usize = 12;
+
+/// Operations whose trace events a failed check shows at most (the first it names).
+pub const OPERATIONS_SHOWN: usize = 3;
+
+/// Incarnations listed per operation at most (the first ones; the rest are counted).
+pub const INCARNATIONS_SHOWN: usize = 10;
 
 /// Engine paths the summary counts (from [`super::coverage::Coverage`]).
 const PATHS: [&str; 7] = ["applied", "stale-apply", "takeover", "reset", "contended", "call-timeout", "reply-dropped"];
@@ -28,17 +37,29 @@ pub fn render(report: &RunReport) -> String {
     let _ = writeln!(text, "scenario {} seed {}: {verdict}", report.scenario, report.seed);
     let _ = writeln!(text, "simulated time: {}", seconds(report.simulated));
     let c = &report.client;
-    let _ = writeln!(
-        text,
-        "client inserted {} rows: {} jobs of {} tasks, {} claims, {} resources; {} rows in the database, {} commits",
-        c.rows(),
-        c.jobs,
-        c.tasks,
-        c.claims,
-        c.resources,
-        report.rows,
-        report.commits
-    );
+    if report.gang && c.rows() == 0 {
+        let refused = report.operations.iter().filter(|o| o.refused.is_some()).count();
+        let _ = writeln!(
+            text,
+            "client submitted {} operations ({refused} refused); {} rows in the database, {} commits",
+            report.operations.len(),
+            report.rows,
+            report.commits
+        );
+    } else {
+        let _ = writeln!(
+            text,
+            "client inserted {} rows: {} jobs of {} tasks, {} claims, {} resources; {} rows in the database, {} \
+             commits",
+            c.rows(),
+            c.jobs,
+            c.tasks,
+            c.claims,
+            c.resources,
+            report.rows,
+            report.commits
+        );
+    }
     if !report.statuses.is_empty() {
         let _ = writeln!(text, "rows by kind and final status:");
         let width = report.statuses.keys().map(String::len).max().unwrap_or(0);
@@ -50,6 +71,9 @@ pub fn render(report: &RunReport) -> String {
     let _ = writeln!(text, "faults injected: {}", counted(&fault_counts(&report.trace)));
     let paths: BTreeMap<String, u64> = PATHS.iter().map(|path| (path.to_string(), report.coverage.get(path))).collect();
     let _ = writeln!(text, "engine paths: {}", counted(&paths));
+    if report.gang {
+        push_operations(&mut text, &report.operations);
+    }
     match &report.panic {
         Some(panic) => {
             let _ = writeln!(text, "the run panicked before the checkers ran: {panic}");
@@ -61,38 +85,133 @@ pub fn render(report: &RunReport) -> String {
     text
 }
 
+/// The per-operation section of a gang run.
+fn push_operations(text: &mut String, operations: &[OperationReport]) {
+    let _ = writeln!(text, "operations:");
+    if operations.is_empty() {
+        let _ = writeln!(text, "  none submitted");
+    }
+    for operation in operations {
+        let Some(id) = operation.id else {
+            let refused = operation.refused.as_deref().unwrap_or("?");
+            let _ = writeln!(text, "  {}: refused: {refused}", operation.name);
+            continue;
+        };
+        let status = operation.status.map_or("?".to_string(), |s| s.to_string());
+        let result = operation.result.as_deref().map_or(String::new(), |r| format!(" ({r})"));
+        let _ = writeln!(text, "  {} (op={id}): {status}{result}", operation.name);
+        let submitted = operation.submitted_at.map_or("?".into(), seconds);
+        let ended = match (operation.ended_at, operation.completion()) {
+            (Some(at), Some(took)) => format!("ended at {} (after {})", seconds(at), seconds(took)),
+            _ => "not ended".into(),
+        };
+        let _ = writeln!(text, "    submitted at {submitted}, {ended}");
+        for incarnation in operation.incarnations.iter().take(INCARNATIONS_SHOWN) {
+            let trigger = incarnation.trigger.as_deref().map_or(String::new(), |job| format!(", trigger job {job}"));
+            let _ = writeln!(
+                text,
+                "    incarnation {} at {}: {}{trigger}",
+                incarnation.index,
+                seconds(incarnation.at),
+                incarnation.reason
+            );
+        }
+        if operation.incarnations.len() > INCARNATIONS_SHOWN {
+            let _ = writeln!(text, "    and {} more incarnations", operation.incarnations.len() - INCARNATIONS_SHOWN);
+        }
+        let tasks: Vec<String> = operation
+            .jobs
+            .iter()
+            .map(|(task, states)| {
+                let counts: Vec<String> =
+                    states.iter().map(|(state, count)| format!("{} {count}", state.as_str())).collect();
+                format!("{task}: {}", counts.join(", "))
+            })
+            .collect();
+        let _ = writeln!(text, "    jobs: {}", if tasks.is_empty() { "none".into() } else { tasks.join("; ") });
+    }
+}
+
 fn push_checkers(text: &mut String, report: &RunReport) {
     let _ = writeln!(text, "checkers:");
-    let names: Vec<&str> = checkers::names().chain([DRAIN]).collect();
+    let names: Vec<&str> = match report.checkers.is_empty() {
+        true => checkers::names().chain([DRAIN]).collect(),
+        false => report.checkers.clone(),
+    };
     let width = names.iter().map(|name| name.len()).max().unwrap_or(0);
     for name in names {
-        let violation = report.violations.iter().find(|violation| violation.checker == name);
-        match violation {
-            None => {
-                let _ = writeln!(text, "  {name:<width$}  ok");
-            }
-            Some(violation) => {
-                let _ = writeln!(text, "  {name:<width$}  FAILED: {}", violation.message);
-                let rows = rows_named(&violation.message);
-                let about: Vec<&TraceEvent> =
-                    report.trace.iter().filter(|event| explain::event_mentions_rows(event, &rows)).collect();
-                if rows.is_empty() || about.is_empty() {
-                    let _ = writeln!(text, "    last {EVENTS_SHOWN} trace events:");
-                    push_events(text, tail(&report.trace, EVENTS_SHOWN));
-                } else {
-                    let shown = about.len().min(EVENTS_SHOWN);
-                    let _ = writeln!(
-                        text,
-                        "    last {shown} of {} trace events about row{} {}:",
-                        about.len(),
-                        if rows.len() == 1 { "" } else { "s" },
-                        rows.join(", ")
-                    );
-                    push_events(text, about[about.len() - shown..].iter().copied().cloned().collect());
-                }
+        let violations: Vec<_> = report.violations.iter().filter(|violation| violation.checker == name).collect();
+        if violations.is_empty() {
+            let _ = writeln!(text, "  {name:<width$}  ok");
+        }
+        for violation in violations {
+            let _ = writeln!(text, "  {name:<width$}  FAILED: {}", violation.message);
+            let operations = operations_named(&violation.message);
+            match operations.is_empty() {
+                true => push_row_events(text, report, &violation.message),
+                false => push_operation_events(text, report, &operations),
             }
         }
     }
+}
+
+/// The last trace events about the rows `message` names, or the trace's last events if it names none.
+fn push_row_events(text: &mut String, report: &RunReport, message: &str) {
+    let rows = rows_named(message);
+    let about: Vec<&TraceEvent> =
+        report.trace.iter().filter(|event| explain::event_mentions_rows(event, &rows)).collect();
+    if rows.is_empty() || about.is_empty() {
+        let _ = writeln!(text, "    last {EVENTS_SHOWN} trace events:");
+        push_events(text, tail(&report.trace, EVENTS_SHOWN));
+    } else {
+        let shown = about.len().min(EVENTS_SHOWN);
+        let _ = writeln!(
+            text,
+            "    last {shown} of {} trace events about row{} {}:",
+            about.len(),
+            if rows.len() == 1 { "" } else { "s" },
+            rows.join(", ")
+        );
+        push_events(text, about[about.len() - shown..].iter().copied().cloned().collect());
+    }
+}
+
+/// The last trace events about each of the first [`OPERATIONS_SHOWN`] `operations` (lines with `op=<id>`).
+fn push_operation_events(text: &mut String, report: &RunReport, operations: &[String]) {
+    for op in operations.iter().take(OPERATIONS_SHOWN) {
+        let about: Vec<&TraceEvent> =
+            report.trace.iter().filter(|event| explain::mentions_operation(&event.fields, op)).collect();
+        let shown = about.len().min(EVENTS_SHOWN);
+        let _ = writeln!(text, "    last {shown} of {} trace events about op={op}:", about.len());
+        push_events(text, about[about.len() - shown..].iter().copied().cloned().collect());
+    }
+    if operations.len() > OPERATIONS_SHOWN {
+        let _ = writeln!(text, "    ({} more operations named)", operations.len() - OPERATIONS_SHOWN);
+    }
+}
+
+/// Operation row ids a violation message names, in order of first mention: tokens `op=12` (`op=12)` too) and
+/// `operation 12` (the gang checkers' forms).
+pub fn operations_named(message: &str) -> Vec<String> {
+    let words: Vec<&str> = message
+        .split(|c: char| c.is_whitespace() || matches!(c, ',' | ';' | ':' | '(' | ')' | '[' | ']' | '`'))
+        .filter(|word| !word.is_empty())
+        .collect();
+    let is_number = |word: &str| !word.is_empty() && word.chars().all(|c| c.is_ascii_digit());
+    let mut operations: Vec<String> = Vec::new();
+    for (index, word) in words.iter().enumerate() {
+        let id = match word.strip_prefix("op=") {
+            Some(id) => Some(id),
+            None if *word == "operation" => words.get(index + 1).copied(),
+            None => None,
+        };
+        if let Some(id) = id.filter(|id| is_number(id))
+            && !operations.iter().any(|known| known == id)
+        {
+            operations.push(id.to_string());
+        }
+    }
+    operations
 }
 
 fn push_events(text: &mut String, events: Vec<TraceEvent>) {
@@ -131,13 +250,19 @@ pub fn rows_named(message: &str) -> Vec<String> {
     rows
 }
 
-/// Faults the trace shows injected, by fault kind name (`db-restart` for a kill of the database node), and
-/// faults skipped because their target was taken.
+/// Faults the trace shows injected, by fault kind name (`db-restart` for a kill of the database node; `agent-kill`,
+/// `agent-pause`, `agent-partition`, `agent-isolate` for faults on agent nodes, fixed or random), and faults
+/// skipped because their target was taken.
 pub fn fault_counts(trace: &[TraceEvent]) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
     for event in trace {
+        let agent = event.node.starts_with("agent-") || event.fields.contains("Agent(");
         let kind = match (&*event.node, event.kind) {
             ("db", "kill") => "db-restart",
+            (_, "kill") if agent => "agent-kill",
+            (_, "pause") if agent => "agent-pause",
+            (_, "partition") if agent => "agent-partition",
+            (_, "isolate") if agent => "agent-isolate",
             (_, kind @ ("kill" | "pause" | "partition" | "isolate" | "degrade" | "lost-replies" | "clock-drift")) => {
                 kind
             }
@@ -181,6 +306,14 @@ mod tests {
     }
 
     #[test]
+    fn operations_named_finds_op_tokens_and_operation_ids_once_each() {
+        let message = "2 broken gang rules: operation 7: rank 0 twice; operation train (op=9): state expected \
+                       completed, actual failed; op=7 running; operation 12";
+        assert_eq!(operations_named(message), ["7", "9", "12"]);
+        assert!(operations_named("row 12 written with token 5").is_empty());
+    }
+
+    #[test]
     fn faults_are_counted_by_kind_from_the_trace() {
         let trace = [
             event("replica-0", "pause", "span=7s"),
@@ -190,10 +323,22 @@ mod tests {
             event("replica-1", "kill", ""),
             event("world", "skipped", "Pause (Replica(0) busy)"),
             event("replica-1", "commit", "apply 1#1 applied related=[] inserted=[]"),
+            event("agent-2", "kill", ""),
+            event("world", "partition", "Agent(1)<->Db span=30s"),
+            event("world", "partition", "Replica(1)<->Db span=3s"),
         ];
         let counts = fault_counts(&trace);
-        let expected: BTreeMap<String, u64> =
-            [("db-restart", 1), ("kill", 1), ("pause", 1), ("skipped", 1)].map(|(k, v)| (k.to_string(), v)).into();
+        let expected: BTreeMap<String, u64> = [
+            ("agent-kill", 1),
+            ("agent-partition", 1),
+            ("db-restart", 1),
+            ("kill", 1),
+            ("partition", 1),
+            ("pause", 1),
+            ("skipped", 1),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .into();
         assert_eq!(counts, expected);
     }
 }

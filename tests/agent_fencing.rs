@@ -133,6 +133,39 @@ async fn an_agent_whose_store_calls_hang_still_fences_at_its_deadline() {
     running.abort();
 }
 
+/// A pass that extends the node lease and then hangs on a later call is abandoned at the *extended* deadline: the
+/// agent must not fence itself while its lease is still held (found by `lockstep sim run
+/// scenarios/gang-db-restart.toml` under lost replies: a heartbeat went through, the next insert lost its reply,
+/// and the agent fenced at the deadline its pass started with, so its node was declared lost and the gang
+/// restarted for nothing).
+#[tokio::test(start_paused = true)]
+async fn a_pass_that_extended_the_lease_and_then_hangs_fences_at_the_extended_deadline() {
+    let setup = Setup::new();
+    let mut agent = setup.agent("node-0", hanging());
+    agent.run_once().await.unwrap();
+    api::submit_text(&setup.store, "{tasks={t={job_count=1;command=c}}}", SpecFormat::Yson).await.unwrap();
+    setup.controller_pass().await;
+    agent.run_once().await.unwrap();
+    let first_expiry = setup.node_lease_expiry("node-0").await;
+    // The next pass is due for a heartbeat (its local deadline is within the trigger): it extends the lease, then
+    // hangs on its next call.
+    tokio::time::advance(Duration::from_millis(3_500)).await;
+    setup.link.set(Mode::HeartbeatsOnly);
+    let running = tokio::spawn(agent.run());
+    tokio::time::sleep_until(first_expiry - Duration::from_secs(1)).await;
+    let extended = setup.node_lease_expiry("node-0").await;
+    assert!(extended > first_expiry, "the hanging pass extended the lease first");
+    // Past the deadline the pass started with (first expiry − margin) and past the first expiry itself: the
+    // lease is held, so the job must still run.
+    tokio::time::sleep_until(first_expiry + Duration::from_secs(1)).await;
+    assert_eq!(setup.log.live().len(), 1, "the agent fenced while its extended lease was still held");
+    // The pass still hangs: the agent fences at the extended deadline, before the store lets the lease go.
+    tokio::time::sleep_until(extended + Duration::from_secs(1)).await;
+    assert!(setup.log.live().is_empty(), "the hanging pass was abandoned and the job killed");
+    assert!(setup.kill_time() < extended, "killed at {:?}, extended lease ends at {extended:?}", setup.kill_time());
+    running.abort();
+}
+
 #[tokio::test(start_paused = true)]
 async fn after_fencing_the_agent_starts_a_new_session_and_never_runs_the_old_allocations() {
     let setup = Setup::new();

@@ -54,13 +54,45 @@ fn readme_scenario_example_parses_and_its_table_lists_every_fault_kind() {
     }
 }
 
-/// The quick start's scenario output is the pinned summary of `scenarios/rows-quiet.toml` (seed 1), so the
+/// The README's annotated gang scenario parses (its spec file read from `scenarios/`) and sets every gang key.
+#[cfg(madsim)]
+#[test]
+fn readme_gang_scenario_example_parses_with_every_gang_key() {
+    use lockstep::sim::scenario_file::gang::SpecSource;
+    use lockstep::sim::{Fault, FaultKind, ScenarioFile, Target};
+    let readme = include_str!("../README.md");
+    let start = readme.find("## Scenarios and the command line").expect("a Scenarios section");
+    let section = &readme[start..start + readme[start + 3..].find("\n## ").expect("a next section") + 3];
+    let blocks: Vec<&str> =
+        section.split("```toml\n").skip(1).map(|block| &block[..block.find("```").unwrap()]).collect();
+    assert_eq!(blocks.len(), 2, "a row example and a gang example");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let file =
+        ScenarioFile::parse_with(blocks[1], "README.md", SpecSource::Dir(&dir)).unwrap_or_else(|e| panic!("{e}"));
+    let scenario = &file.scenario;
+    let gang = scenario.gang.as_ref().expect("a gang part");
+    assert_eq!((gang.agents, gang.slots, gang.controller.workers), (3, 1, 4));
+    assert_eq!(gang.operations[0].spec, include_str!("../scenarios/specs/seed-gang.yson"));
+    assert_eq!(gang.jobs.rules.len(), 1);
+    assert_eq!(gang.controls.len(), 1);
+    assert_eq!(scenario.workload.rows_max, 0, "no [workload]: no rows");
+    assert!(matches!(scenario.faults.fixed[0].fault, Fault::AgentKill { agent: 1, .. }));
+    assert!(matches!(scenario.faults.fixed[1].fault, Fault::Partition { a: Target::Agent(2), b: Target::Db, .. }));
+    assert_eq!(scenario.faults.random[0].kind, FaultKind::AgentPartition);
+    assert_eq!(scenario.expect.operations.len(), 1);
+    assert_eq!(scenario.expect.trace[0].contains, ["killed="]);
+    for kind in FaultKind::ALL.into_iter().filter(|kind| kind.targets_agents()) {
+        assert!(section.contains(kind.name()), "the README's gang example never names {}", kind.name());
+    }
+}
+
+/// The quick start's scenario output is the pinned summary of `scenarios/gang-seed-example.toml` (seed 1), so the
 /// README changes when the behaviour does.
 #[test]
 fn readme_quick_start_scenario_output_is_the_pinned_summary() {
     let readme = include_str!("../README.md");
-    let snapshot = include_str!("snapshots/sim_scenarios__rows-quiet.snap");
-    let summary = &snapshot[snapshot.find("scenario rows-quiet seed 1").expect("the snapshot's summary")..];
-    assert!(readme.contains("env -u RUSTFLAGS cargo sim run scenarios/rows-quiet.toml"), "README quick start");
+    let snapshot = include_str!("snapshots/sim_scenarios__gang-seed-example.snap");
+    let summary = &snapshot[snapshot.find("scenario gang-seed-example seed 1").expect("the snapshot's summary")..];
+    assert!(readme.contains("env -u RUSTFLAGS cargo sim run scenarios/gang-seed-example.toml"), "README quick start");
     assert!(readme.contains(summary.trim_end()), "README's quick start output differs from the snapshot:\n{summary}");
 }

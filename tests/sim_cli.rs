@@ -195,3 +195,32 @@ fn sweep_tabulates_outcomes_and_writes_each_failing_seed_as_a_replay_file() {
     assert!(stdout.lines().any(|line| line.starts_with("passed") && line.ends_with(" 2")), "{stdout}");
     assert!(!dir.join("q").exists(), "a passing sweep wrote replay files");
 }
+
+/// A real gang run: `run --trace` on the agent-death scenario, then `explain --operation` on its operation. Every
+/// line of the timeline is the operation's (`op=ID` as a field of its own), quoted values (`reason="incarnation
+/// changed"`) stay whole, and the timeline holds both incarnations and the node-lost line.
+#[test]
+fn explain_follows_an_operation_of_a_real_gang_run_through_its_gang_restart() {
+    let dir = temp_dir("explain-gang");
+    let run = lockstep(&["sim", "run", &scenario("gang-restart-agent-death.toml"), "--trace", "gang.trace"], &dir);
+    let (stdout, stderr) = text(&run);
+    assert_eq!(run.status.code(), Some(0), "{stdout}{stderr}");
+    let at = stdout.find("train (op=").expect("the summary names the operation") + "train (op=".len();
+    let op = &stdout[at..at + stdout[at..].find(')').unwrap()];
+    assert!(stdout.contains("incarnation 1 at "), "{stdout}");
+    let explain = lockstep(&["sim", "explain", "gang.trace", "--operation", op], &dir);
+    let (timeline, stderr) = text(&explain);
+    assert_eq!(explain.status.code(), Some(0), "{stderr}");
+    let token = format!("op={op}");
+    let lines: Vec<&str> = timeline.lines().skip(1).collect();
+    assert!(lines.len() > 20, "{timeline}");
+    for line in &lines {
+        assert!(line.split_whitespace().any(|word| word == token), "not about {token}: {line}");
+    }
+    assert!(timeline.contains(&format!("incarnation  {token} index=1")), "{timeline}");
+    assert!(timeline.contains("node-lost") && timeline.contains("reason=\"node lost\""), "{timeline}");
+    assert!(timeline.contains("reason=\"incarnation changed\""), "{timeline}");
+    // Another operation id matches nothing in this single-operation run.
+    let none = lockstep(&["sim", "explain", "gang.trace", "--operation", "99999"], &dir);
+    assert_eq!(none.status.code(), Some(1));
+}

@@ -6,7 +6,8 @@
 //! - `gang_audit`: rank uniqueness per incarnation, reuse keeping cookie/rank/descriptor, the completion and
 //!   failure rules ([`audit::operation`] on every operation's view);
 //! - `liveness`: every submitted operation ended within the liveness bound after the heal;
-//! - `expect`: the scenario's per-operation expectations (final state, incarnation bounds, completion time).
+//! - `expect`: the scenario's per-operation expectations (final state, incarnation bounds, completion time) and
+//!   trace expectations (counts of trace lines of a kind: what must have happened).
 //!
 //! [`ProcessLog::exclusivity_violations`]: crate::agent::ProcessLog::exclusivity_violations
 //! [`audit::operation`]: crate::gang::audit::operation
@@ -15,7 +16,8 @@ use super::{Violation, listed};
 use crate::gang::api::OperationView;
 use crate::gang::audit;
 use crate::gang::model::JobId;
-use crate::sim::gang::{Expectations, OperationExpectation, OperationReport};
+use crate::sim::gang::{Expectations, OperationExpectation, OperationReport, TraceExpectation};
+use crate::sim::trace::TraceEvent;
 use crate::store::RowId;
 use std::collections::BTreeMap;
 
@@ -34,7 +36,14 @@ pub struct GangCheckInput<'a> {
     pub unfinished: &'a [String],
     /// The scenario's expectations.
     pub expectations: &'a Expectations,
+    /// The run's trace (for trace expectations).
+    pub trace: &'a [TraceEvent],
 }
+
+/// The gang checkers' names, in the order they run (`liveness` is also a row checker's name: the summary lists it
+/// once).
+pub const NAMES: [&str; 5] =
+    ["allocation_exclusivity", "process_outlived_operation", "gang_audit", "liveness", "expect"];
 
 /// Runs every gang checker; returns what they found, in checker order.
 pub fn check_all(input: &GangCheckInput<'_>) -> Vec<Violation> {
@@ -55,12 +64,13 @@ pub fn check_all(input: &GangCheckInput<'_>) -> Vec<Violation> {
         .collect();
     push("gang_audit", audits, "broken gang rules");
     push("liveness", input.unfinished.to_vec(), "operations not ended within the liveness bound after the heal");
-    push("expect", expectations(input.expectations, input.reports), "unmet expectations");
+    push("expect", expectations(input.expectations, input.reports, input.trace), "unmet expectations");
     violations
 }
 
-/// Every unmet expectation, as a sentence naming the operation, what was expected and what happened.
-pub fn expectations(expectations: &Expectations, reports: &[OperationReport]) -> Vec<String> {
+/// Every unmet expectation, as a sentence naming the operation (or the trace lines), what was expected and what
+/// happened.
+pub fn expectations(expectations: &Expectations, reports: &[OperationReport], trace: &[TraceEvent]) -> Vec<String> {
     let mut unmet = Vec::new();
     for expectation in &expectations.operations {
         match reports.iter().find(|report| report.name == expectation.operation) {
@@ -70,7 +80,20 @@ pub fn expectations(expectations: &Expectations, reports: &[OperationReport]) ->
             Some(report) => unmet.extend(unmet_by(expectation, report)),
         }
     }
+    unmet.extend(expectations.trace.iter().filter_map(|expectation| unmet_trace(expectation, trace)));
     unmet
+}
+
+fn unmet_trace(expectation: &TraceExpectation, trace: &[TraceEvent]) -> Option<String> {
+    let count = trace.iter().filter(|e| expectation.matches(&e.node, e.kind, &e.fields)).count() as u64;
+    let what = expectation.describe();
+    if count < expectation.at_least {
+        return Some(format!("trace: {what} expected at least {}, actual {count}", expectation.at_least));
+    }
+    match expectation.at_most {
+        Some(max) if count > max => Some(format!("trace: {what} expected at most {max}, actual {count}")),
+        _ => None,
+    }
 }
 
 fn unmet_by(expectation: &OperationExpectation, report: &OperationReport) -> Vec<String> {
@@ -130,7 +153,7 @@ mod tests {
     }
 
     fn expecting(expectation: OperationExpectation) -> Expectations {
-        Expectations { operations: vec![expectation] }
+        Expectations { operations: vec![expectation], trace: Vec::new() }
     }
 
     #[test]
@@ -143,7 +166,7 @@ mod tests {
             ..OperationExpectation::on("train")
         };
         let reports = [report(OperationStatus::Completed, 2, Duration::from_secs(60))];
-        assert_eq!(expectations(&expecting(expectation), &reports), Vec::<String>::new());
+        assert_eq!(expectations(&expecting(expectation), &reports, &[]), Vec::<String>::new());
     }
 
     #[test]
@@ -151,7 +174,7 @@ mod tests {
         let expectation =
             OperationExpectation { state: Some(OperationStatus::Completed), ..OperationExpectation::on("train") };
         let reports = [report(OperationStatus::Failed, 1, Duration::from_secs(5))];
-        let unmet = expectations(&expecting(expectation), &reports);
+        let unmet = expectations(&expecting(expectation), &reports, &[]);
         assert_eq!(unmet.len(), 1, "{unmet:?}");
         assert!(unmet[0].contains("operation train (op=7): state expected completed, actual failed"), "{unmet:?}");
     }
@@ -167,12 +190,16 @@ mod tests {
         let unmet = expectations(
             &expecting(expectation.clone()),
             &[report(OperationStatus::Completed, 1, Duration::from_secs(31))],
+            &[],
         );
         assert_eq!(unmet.len(), 2, "{unmet:?}");
         assert!(unmet[0].contains("incarnations expected at least 2, actual 1"), "{unmet:?}");
         assert!(unmet[1].contains("completion expected within 30s, actual 31s"), "{unmet:?}");
-        let unmet =
-            expectations(&expecting(expectation), &[report(OperationStatus::Completed, 4, Duration::from_secs(1))]);
+        let unmet = expectations(
+            &expecting(expectation),
+            &[report(OperationStatus::Completed, 4, Duration::from_secs(1))],
+            &[],
+        );
         assert_eq!(unmet, vec!["operation train (op=7): incarnations expected at most 3, actual 4".to_string()]);
     }
 
@@ -184,14 +211,56 @@ mod tests {
             completed_within: Some(Duration::from_secs(1)),
             ..OperationExpectation::on("train")
         };
-        let unmet = expectations(&expecting(within), &[running]);
+        let unmet = expectations(&expecting(within), &[running], &[]);
         assert!(unmet[0].contains("actual: never ended"), "{unmet:?}");
         let state =
             OperationExpectation { state: Some(OperationStatus::Completed), ..OperationExpectation::on("train") };
-        let unmet = expectations(&expecting(state.clone()), &[OperationReport::refused("train", "tasks: empty")]);
+        let unmet = expectations(&expecting(state.clone()), &[OperationReport::refused("train", "tasks: empty")], &[]);
         assert!(unmet[0].contains("refused: tasks: empty") && unmet[0].contains("actual not submitted"), "{unmet:?}");
-        let unmet = expectations(&expecting(state), &[]);
+        let unmet = expectations(&expecting(state), &[], &[]);
         assert!(unmet[0].contains("never submitted"), "{unmet:?}");
+    }
+
+    #[test]
+    fn trace_expectations_count_matching_lines() {
+        let line = |node: &str, kind: &'static str, fields: &str| TraceEvent {
+            at: Duration::from_secs(1),
+            node: node.into(),
+            kind,
+            fields: fields.into(),
+        };
+        let trace = [
+            line("agent-1", "fence", "reason=\"lease lost\" killed=1"),
+            line("agent-2", "fence", "reason=\"lease lost\" killed=0"),
+            line("replica-0", "incarnation", "op=7 index=1 inc=7-i1 reason=job_aborted"),
+        ];
+        let fence = TraceExpectation {
+            kind: "fence".into(),
+            node: Some("agent-1".into()),
+            fields: vec![("reason".into(), "lease lost".into())],
+            contains: vec!["killed=1".into()],
+            at_least: 1,
+            at_most: Some(1),
+        };
+        let on = |trace_expectations: Vec<TraceExpectation>| Expectations {
+            operations: Vec::new(),
+            trace: trace_expectations,
+        };
+        assert!(expectations(&on(vec![fence.clone()]), &[], &trace).is_empty());
+        let any_agent = TraceExpectation { node: Some("agent-*".into()), contains: Vec::new(), ..fence.clone() };
+        let unmet = expectations(&on(vec![any_agent]), &[], &trace);
+        assert_eq!(unmet, [r#"trace: `fence` lines on agent-* with reason="lease lost" expected at most 1, actual 2"#]);
+        let restart = TraceExpectation {
+            kind: "incarnation".into(),
+            node: None,
+            fields: vec![("reason".into(), "lack after revival".into())],
+            contains: vec!["nothing".into(), "index=".into()],
+            at_least: 1,
+            at_most: None,
+        };
+        let unmet = expectations(&on(vec![restart]), &[], &trace);
+        let expected = r#"trace: `incarnation` lines with reason="lack after revival" containing one of ["nothing", "index="] expected at least 1, actual 0"#;
+        assert_eq!(unmet, [expected]);
     }
 
     #[test]
@@ -205,6 +274,7 @@ mod tests {
             live_at_end: &live,
             unfinished: &[],
             expectations: &Expectations::default(),
+            trace: &[],
         };
         let found: Vec<&str> = check_all(&input).iter().map(|v| v.checker).collect();
         assert_eq!(found, ["allocation_exclusivity", "process_outlived_operation"]);

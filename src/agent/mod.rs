@@ -218,6 +218,10 @@ pub struct Agent<S: Store, E: Executor> {
     observer: Option<PassObserver>,
     /// Jobs a fence killed and has not reported yet (a fence abandoned at the deadline leaves them to the next).
     fence_killed: Vec<JobId>,
+    /// The session's deadline as the last heartbeat extended it, shared with [`Agent::run`]'s deadline watch: a
+    /// pass that extends the lease and then hangs on a later call must be abandoned at the *new* deadline, not at
+    /// the one the pass started with (else the agent fences itself while its lease is still held).
+    extended: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 impl<S: Store, E: Executor> Agent<S, E> {
@@ -235,6 +239,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
             outbox: VecDeque::new(),
             observer: None,
             fence_killed: Vec::new(),
+            extended: Arc::default(),
         }
     }
 
@@ -283,11 +288,26 @@ impl<S: Store, E: Executor> Agent<S, E> {
             let deadline = self.session.map(|s| s.deadline);
             let pass = match deadline {
                 // A deadline already passed: the pass fences at its start, and nothing may cut that fence short.
-                Some(deadline) if clock.now() < deadline => tokio::select! {
-                    biased;
-                    pass = self.run_once() => Some(pass),
-                    _ = clock.sleep_until(deadline) => None,
-                },
+                Some(deadline) if clock.now() < deadline => {
+                    let extended = self.extended.clone();
+                    // The deadline moves on when the pass's own heartbeat extends the lease.
+                    let watch = async {
+                        let mut deadline = deadline;
+                        loop {
+                            clock.sleep_until(deadline).await;
+                            let latest = *extended.lock().unwrap_or_else(|p| p.into_inner());
+                            match latest {
+                                Some(later) if later > deadline => deadline = later,
+                                _ => break,
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        biased;
+                        pass = self.run_once() => Some(pass),
+                        _ = watch => None,
+                    }
+                }
                 _ => Some(self.run_once().await),
             };
             let pass = match pass {
@@ -525,6 +545,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
         if held.contains(&session.lease) && self.clock.now() < session.deadline {
             let deadline = sent + self.config.lease_ttl - self.config.lease_margin;
             self.session = Some(Session { deadline, ..session });
+            *self.extended.lock().unwrap_or_else(|p| p.into_inner()) = Some(deadline);
             Ok(None)
         } else {
             let reason = "node lease lost".to_string();

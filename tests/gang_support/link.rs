@@ -19,6 +19,8 @@ pub enum Mode {
     Failing = 1,
     /// Calls never return (until the link opens again).
     Hanging = 2,
+    /// Heartbeats go through; every other call hangs (a store that renews leases but whose other calls stall).
+    HeartbeatsOnly = 3,
 }
 
 /// A handle on `inner` through a link; clones share the link.
@@ -40,9 +42,14 @@ impl Link {
     }
 
     async fn gate(&self) -> Result<(), StoreError> {
+        self.gate_for(false).await
+    }
+
+    async fn gate_for(&self, heartbeat: bool) -> Result<(), StoreError> {
         loop {
             match self.mode.load(Ordering::SeqCst) {
                 0 => return Ok(()),
+                3 if heartbeat => return Ok(()),
                 1 => return Err(StoreError::Unavailable("link cut".into())),
                 // A hanging call waits for the link to open, polling on simulated time.
                 _ => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
@@ -63,8 +70,9 @@ impl Store for Link {
     fn refetch(&self, lease: Lease) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send {
         self.via(self.inner.refetch(lease))
     }
-    fn heartbeat(&self, p: HeartbeatParams) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send {
-        self.via(self.inner.heartbeat(p))
+    async fn heartbeat(&self, p: HeartbeatParams) -> Result<Vec<Lease>, StoreError> {
+        self.gate_for(true).await?;
+        self.inner.heartbeat(p).await
     }
     fn lock_related(&self, p: LockRelatedParams) -> impl Future<Output = Result<LockOutcome, StoreError>> + Send {
         self.via(self.inner.lock_related(p))
