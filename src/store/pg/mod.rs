@@ -328,6 +328,26 @@ impl Store for PgStore {
         row.as_ref().map(codec::row).transpose().map_err(|e| self.fail(e))
     }
 
+    async fn refetch_batch(&self, leases: Vec<Lease>) -> Result<Vec<Option<Row>>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (ids, tokens) = split_leases(&leases);
+        let found = sqlx::query(sql::REFETCH_BATCH)
+            .bind(ids)
+            .bind(tokens)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        let mut rows = vec![None; leases.len()];
+        for found in &found {
+            let (index, row) = codec::numbered_row(found).map_err(|e| self.fail(e))?;
+            let slot = rows.get_mut(index).expect("WITH ORDINALITY numbers only the leases sent");
+            *slot = Some(row);
+        }
+        Ok(rows)
+    }
+
     async fn heartbeat(&self, p: HeartbeatParams) -> Result<Vec<Lease>, StoreError> {
         if p.leases.is_empty() {
             return Ok(Vec::new());

@@ -136,6 +136,17 @@ pub(super) const DEALLOCATE_FETCH: &str = "DEALLOCATE lockstep_explain_fetch";
 pub(super) const REFETCH: &str =
     concat!("SELECT ", row_columns!(), " FROM resources AS r WHERE r.id = $1 AND r.lock_token = $2");
 
+/// The batched refetch (mem.rs `refetch_batch`): the row of every lease that still carries its token, with the
+/// lease's position in the input (`input_order`, from 1); a stale or missing lease returns no row, and a lease
+/// given twice returns its row twice. The rows come in no particular order; the caller places them by position.
+/// `$1` ids (`int8[]`), `$2` tokens (`int8[]`, same length).
+pub(super) const REFETCH_BATCH: &str = concat!(
+    "SELECT lease.input_order, ",
+    row_columns!(),
+    " FROM unnest($1::int8[], $2::int8[]) WITH ORDINALITY AS lease(id, token, input_order)
+JOIN resources AS r ON r.id = lease.id AND r.lock_token = lease.token"
+);
+
 /// The heartbeat (mem.rs `heartbeat`): lock the main rows still carrying their tokens (in id order, so two
 /// heartbeats cannot deadlock), then extend every row carrying one of those tokens: main and related rows.
 /// Returns the extended rows' `(id, lock_token)`; a lease was held if its own row is among them.
