@@ -130,8 +130,8 @@ pub struct RefetchBatcher<S: Store> {
 
 impl<S: Store> RefetchBatcher<S> {
     /// A batcher for the pipeline `config` over `store` (window `refetch_batch_window`, batches of at most
-    /// `workers`), waiting on `clock` and counting its store calls in `metrics.refetch_calls`. Spawns nothing
-    /// until the first refetch.
+    /// `workers`), waiting on `clock` and counting refetches in `metrics.refetched` and its store calls in
+    /// `metrics.refetch_calls`. Spawns nothing until the first refetch.
     pub fn new(store: Arc<S>, config: &PipelineConfig, clock: LocalClock, metrics: Arc<Metrics>) -> RefetchBatcher<S> {
         let policy = Policy { window: config.refetch_batch_window, batch_max: config.workers };
         let group = GroupCommit::new(store.clone(), policy, clock, metrics.clone());
@@ -149,6 +149,7 @@ impl<S: Store> RefetchBatcher<S> {
     /// Errors: the store's error for the whole batch, or `Unavailable` when the batcher was stopped with the
     /// refetch in it.
     pub async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
+        Metrics::bump(&self.metrics.refetched);
         if !self.is_batching() {
             Metrics::bump(&self.metrics.refetch_calls);
             return self.store.refetch(lease).await;
