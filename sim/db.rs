@@ -276,6 +276,7 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
     Ok(match call {
         Call::Fetch(params) => Reply::Rows(store.fetch(params).await?),
         Call::Refetch(lease) => Reply::MaybeRow(store.refetch(lease).await?),
+        Call::RefetchBatch(leases) => Reply::MaybeRows(store.refetch_batch(leases).await?),
         Call::Heartbeat(params) => Reply::Leases(store.heartbeat(params).await?),
         Call::LockRelated(params) => Reply::Lock(store.lock_related(params).await?),
         Call::Apply(params) => Reply::Apply(store.apply(params).await?),

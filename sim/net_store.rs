@@ -172,6 +172,17 @@ impl Store for NetStore {
         }
     }
 
+    async fn refetch_batch(&self, leases: Vec<Lease>) -> Result<Vec<Option<Row>>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One datagram each way for the whole batch, as PgStore's one statement.
+        match self.call(Call::RefetchBatch(leases)).await? {
+            Reply::MaybeRows(rows) => Ok(rows),
+            other => unexpected("refetch_batch", other),
+        }
+    }
+
     async fn heartbeat(&self, params: HeartbeatParams) -> Result<Vec<Lease>, StoreError> {
         match self.call(Call::Heartbeat(params)).await? {
             Reply::Leases(leases) => Ok(leases),

@@ -39,6 +39,7 @@ pub struct Request {
 pub enum Call {
     Fetch(FetchParams),
     Refetch(Lease),
+    RefetchBatch(Vec<Lease>),
     Heartbeat(HeartbeatParams),
     LockRelated(LockRelatedParams),
     Apply(ApplyParams),
@@ -75,6 +76,7 @@ impl Call {
         match self {
             Call::Fetch(_) => "fetch",
             Call::Refetch(_) => "refetch",
+            Call::RefetchBatch(_) => "refetch_batch",
             Call::Heartbeat(_) => "heartbeat",
             Call::LockRelated(_) => "lock_related",
             Call::Apply(_) => "apply",
@@ -98,6 +100,7 @@ impl Call {
 pub enum Reply {
     Rows(Vec<Row>),
     MaybeRow(Option<Row>),
+    MaybeRows(Vec<Option<Row>>),
     Row(Row),
     Leases(Vec<Lease>),
     Lock(LockOutcome),

@@ -733,7 +733,7 @@ fn check_pipelines(scenario: &Scenario) -> Result<(), Broken> {
     for config in configs {
         if let Err(ConfigError::Field { pipeline, field, rule }) = config.validate() {
             let at = match field {
-                "apply_batch_window" => key(&["pipeline", "lease_margin"]),
+                "apply_batch_window" | "refetch_batch_window" => key(&["pipeline", "lease_margin"]),
                 "workers" => key(&["pipeline", "workers"]),
                 _ => key(&["pipeline", "lease_ttl"]),
             };

@@ -1,12 +1,13 @@
 //! Batching (DESIGN §3, Batching): the apply batcher's group-commit rule, workers that go on while their applies
-//! wait, the bound on unanswered applies, a drain that waits for them, and fetches that grow when the workers
-//! outrun them. On MemStore behind a wrapper that makes every store call take a fixed time, on tokio's paused
+//! wait, the bound on unanswered applies, a drain that waits for them, fetches that grow when the workers
+//! outrun them, and the refetch batcher's group-commit rule. On MemStore behind a wrapper that makes every store call take a fixed time, on tokio's paused
 //! clock, so the timings are exact.
 #![cfg(not(madsim))]
 
 use lockstep::pipeline::queue::Marks;
 use lockstep::pipeline::{
-    Changes, FetchPass, Handler, LoadCx, ManagerOptions, Pipeline, PipelineConfig, PipelineManager, WorkError,
+    Changes, FetchPass, Handler, ItemOutcome, LoadCx, ManagerOptions, Pipeline, PipelineConfig, PipelineManager,
+    WorkError,
 };
 use lockstep::store::*;
 use serde_json::json;
@@ -17,19 +18,41 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 const START: Timestamp = Timestamp(1_700_000_000_000_000);
-/// How long every write call (fetch, apply, apply_batch) of the [`Slow`] store takes.
+/// How long every fetch, refetch and apply call (single or batched) of the [`Slow`] store takes.
 const CALL: Duration = Duration::from_millis(10);
 
-/// MemStore whose fetches and applies each take [`CALL`], recording the size and start of every apply call.
+/// MemStore whose fetches, refetches and applies each take [`CALL`], recording the size and start of every apply
+/// and refetch call.
 #[derive(Clone)]
 struct Slow {
     inner: MemStore,
     applies: Arc<Mutex<Vec<(Instant, usize)>>>,
+    /// Start and size of every `refetch_batch` call.
+    refetch_batches: Arc<Mutex<Vec<(Instant, usize)>>>,
+    /// `refetch` calls (one lease each).
+    refetches: Arc<Mutex<usize>>,
 }
 
 impl Slow {
     fn new() -> Slow {
-        Slow { inner: MemStore::new(TokioClock::new(START)), applies: Arc::default() }
+        Slow {
+            inner: MemStore::new(TokioClock::new(START)),
+            applies: Arc::default(),
+            refetch_batches: Arc::default(),
+            refetches: Arc::default(),
+        }
+    }
+
+    fn refetch_batch_sizes(&self) -> Vec<usize> {
+        self.refetch_batches.lock().unwrap().iter().map(|(_, len)| *len).collect()
+    }
+
+    fn refetch_batch_starts(&self) -> Vec<Instant> {
+        self.refetch_batches.lock().unwrap().iter().map(|(at, _)| *at).collect()
+    }
+
+    fn single_refetches(&self) -> usize {
+        *self.refetches.lock().unwrap()
     }
 
     fn apply_sizes(&self) -> Vec<usize> {
@@ -46,8 +69,15 @@ impl Store for Slow {
         tokio::time::sleep(CALL).await;
         self.inner.fetch(p).await
     }
-    fn refetch(&self, lease: Lease) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send {
-        self.inner.refetch(lease)
+    async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
+        *self.refetches.lock().unwrap() += 1;
+        tokio::time::sleep(CALL).await;
+        self.inner.refetch(lease).await
+    }
+    async fn refetch_batch(&self, leases: Vec<Lease>) -> Result<Vec<Option<Row>>, StoreError> {
+        self.refetch_batches.lock().unwrap().push((Instant::now(), leases.len()));
+        tokio::time::sleep(CALL).await;
+        self.inner.refetch_batch(leases).await
     }
     fn heartbeat(&self, p: HeartbeatParams) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send {
         self.inner.heartbeat(p)
@@ -154,7 +184,7 @@ async fn a_lone_apply_goes_to_the_store_at_once() {
     p.fetcher(1).run_once().await.unwrap();
     let started = Instant::now();
     let outcome = p.work_one(&Done { process: Duration::ZERO }).await;
-    assert_eq!(outcome, Some(lockstep::pipeline::ItemOutcome::Applied));
+    assert_eq!(outcome, Some(ItemOutcome::Applied));
     // One store call's time: no batch window was waited, since no other batch was in the store.
     assert_eq!(started.elapsed(), CALL);
     assert_eq!(store.apply_sizes(), vec![1]);
@@ -273,4 +303,144 @@ async fn fetches_keep_dstack_size_while_workers_are_busy() {
         }
     }
     assert_eq!(p.shared.marks(), Marks { max: 8, low: 2 });
+}
+
+/// The pipeline of [`config`] with refetch on (the default), so every item's refetch goes through the refetch
+/// batcher.
+fn refetching(workers: usize) -> PipelineConfig {
+    PipelineConfig { refetch: true, ..config(workers) }
+}
+
+/// Runs one worker pass over `p`'s queue at once and `rest` more passes `after` later, all concurrently (as
+/// `1 + rest` workers would); returns their outcomes in that order.
+async fn one_then_more(p: &Pipeline<Slow>, rest: usize, after: Duration) -> Vec<Option<ItemOutcome>> {
+    let pass = |p: Pipeline<Slow>| tokio::spawn(async move { p.work_one(&Done { process: Duration::ZERO }).await });
+    let mut passes = vec![pass(p.clone())];
+    tokio::time::sleep(after).await;
+    passes.extend((0..rest).map(|_| pass(p.clone())));
+    let mut outcomes = Vec::new();
+    for pass in passes {
+        outcomes.push(pass.await.unwrap());
+    }
+    outcomes
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_refetch_goes_to_the_store_at_once() {
+    let store = Slow::new();
+    insert_ready(&store, 1).await;
+    let p = Pipeline::new(Arc::new(store.clone()), refetching(4)).unwrap();
+    p.fetcher(1).run_once().await.unwrap();
+    let started = Instant::now();
+    let outcome = p.work_one(&Done { process: Duration::ZERO }).await;
+    assert_eq!(outcome, Some(ItemOutcome::Applied));
+    // A refetch and an apply, one store call's time each: no batch window was waited, since no other batch was
+    // in the store.
+    assert_eq!(started.elapsed(), CALL * 2);
+    assert_eq!(store.refetch_batch_sizes(), vec![1], "the refetch went through the batcher");
+    assert_eq!(p.metrics().refetch_calls, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn refetches_that_arrive_while_one_is_in_the_store_go_together_next() {
+    let store = Slow::new();
+    insert_ready(&store, 4).await;
+    // A window longer than a store call: the three later refetches wait for the first batch to be answered.
+    let config = PipelineConfig { refetch_batch_window: CALL * 5, ..refetching(4) };
+    let p = Pipeline::new(Arc::new(store.clone()), config).unwrap();
+    p.fetcher(1).run_once().await.unwrap();
+    let outcomes = one_then_more(&p, 3, Duration::from_millis(1)).await;
+    assert_eq!(outcomes, vec![Some(ItemOutcome::Applied); 4]);
+    assert_eq!(store.refetch_batch_sizes(), vec![1, 3], "refetch calls");
+    let starts = store.refetch_batch_starts();
+    assert_eq!(starts[1].duration_since(starts[0]), CALL, "the second batch went as the first was answered");
+    assert_eq!(store.single_refetches(), 0);
+    assert_eq!(p.metrics().refetch_calls, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refetch_batch_waits_at_most_the_window() {
+    let store = Slow::new();
+    insert_ready(&store, 4).await;
+    let config = refetching(4);
+    let window = config.refetch_batch_window;
+    assert!(window + Duration::from_millis(1) < CALL, "the window ends while the first batch is in the store");
+    let p = Pipeline::new(Arc::new(store.clone()), config).unwrap();
+    p.fetcher(1).run_once().await.unwrap();
+    let outcomes = one_then_more(&p, 3, Duration::from_millis(1)).await;
+    assert_eq!(outcomes, vec![Some(ItemOutcome::Applied); 4]);
+    assert_eq!(store.refetch_batch_sizes(), vec![1, 3], "refetch calls");
+    let starts = store.refetch_batch_starts();
+    let waited = starts[1].duration_since(starts[0]) - Duration::from_millis(1);
+    assert_eq!(waited, window, "the second batch went when its window ended, the first still in the store");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_lease_in_a_refetch_batch_drops_only_that_item() {
+    let store = Slow::new();
+    insert_ready(&store, 4).await;
+    let rows = store.list("task", None).await.unwrap();
+    let p = Pipeline::new(Arc::new(store.clone()), refetching(4)).unwrap();
+    p.fetcher(1).run_once().await.unwrap();
+    // The store gives the third row's lease to someone else (as after a suspension this replica's clock did not
+    // see): its token changes while the item waits in this pipeline's queue.
+    let taken = store.get(rows[2].id).await.unwrap().unwrap();
+    let lease = Lease { id: taken.id, token: taken.lock_token.expect("leased by the fetch") };
+    assert_eq!(store.release(vec![lease]).await.unwrap(), 1);
+    let thief = FetchParams {
+        pipeline: "thief".into(),
+        kind: "task".into(),
+        statuses: vec!["ready".into()],
+        limit: 10,
+        lease_ttl: Duration::from_secs(30),
+        min_processing_interval: Duration::from_secs(5),
+        retry_delay: Duration::from_secs(1),
+    };
+    let stolen = store.inner.fetch(thief).await.unwrap();
+    assert_eq!(stolen.iter().map(|row| row.id).collect::<Vec<_>>(), vec![taken.id]);
+    // The first item's refetch goes alone; the other three, the taken one among them, in one batch.
+    let outcomes = one_then_more(&p, 3, Duration::from_millis(1)).await;
+    assert_eq!(store.refetch_batch_sizes(), vec![1, 3], "refetch calls");
+    let applied = Some(ItemOutcome::Applied);
+    assert_eq!(outcomes, vec![applied, applied, Some(ItemOutcome::Stale), applied], "outcomes in row order");
+    let metrics = p.metrics();
+    assert_eq!((metrics.applied, metrics.stale), (3, 1));
+    assert_eq!(metrics.leases_held, 0);
+    let applies: usize = store.apply_sizes().iter().sum();
+    assert_eq!(applies, 3, "the taken item was processed and applied (stale) instead of dropped at its refetch");
+    for row in store.list("task", None).await.unwrap() {
+        if row.id == taken.id {
+            assert_eq!(row.status, "ready", "the taken row {} was processed", row.id);
+            assert_eq!(row.lock_token, stolen[0].lock_token, "the taken row {} lost its new lease", row.id);
+        } else {
+            assert_eq!(row.status, "done", "row {} was not processed", row.id);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_a_zero_refetch_window_each_refetch_is_its_own_store_call() {
+    let store = Slow::new();
+    insert_ready(&store, 4).await;
+    let config = PipelineConfig { refetch_batch_window: Duration::ZERO, ..refetching(4) };
+    let p = Pipeline::new(Arc::new(store.clone()), config).unwrap();
+    p.fetcher(1).run_once().await.unwrap();
+    let outcomes = one_then_more(&p, 3, Duration::from_millis(1)).await;
+    assert_eq!(outcomes, vec![Some(ItemOutcome::Applied); 4]);
+    assert_eq!(store.refetch_batch_sizes(), Vec::<usize>::new(), "refetch batches");
+    assert_eq!(store.single_refetches(), 4);
+    assert_eq!(p.metrics().refetch_calls, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_running_pipelines_workers_refetch_in_batches() {
+    let store = Slow::new();
+    insert_ready(&store, 40).await;
+    let (_, mut manager) = run_to_done(&store, refetching(8), Duration::from_millis(1)).await;
+    manager.shutdown().await;
+    let sizes = store.refetch_batch_sizes();
+    assert_eq!(sizes.iter().sum::<usize>(), 40, "every item refetched once: {sizes:?}");
+    assert!(sizes.iter().any(|&len| len > 1), "no refetch batch of two or more: {sizes:?}");
+    assert!(sizes.iter().all(|&len| len <= 8), "a refetch batch larger than the workers: {sizes:?}");
+    assert_eq!(manager.metrics("tasks").unwrap().refetch_calls, sizes.len() as u64);
 }

@@ -1,5 +1,6 @@
 //! The fetch query uses an index, not a sequential scan of the resource table, when most rows are finished
-//! (DESIGN §2: "Indexes serve the fetch"). Needs PostgreSQL (see `support::pg`; never skips).
+//! (DESIGN §2: "Indexes serve the fetch"), and a batched refetch reuses its cached plan. Needs PostgreSQL (see
+//! `support::pg`; never skips).
 
 #![cfg(not(madsim))]
 
@@ -71,4 +72,31 @@ async fn fetch_among_many_finished_rows_uses_the_fetch_index_not_a_seq_scan() {
     let leased = store.fetch(fetch_params()).await.expect("fetch");
     let leased: Vec<_> = leased.iter().map(|row| row.id).collect();
     assert_eq!(leased, ready, "the fetch leased other rows than the ready ones");
+}
+
+/// A batched refetch of a few leases runs the cached generic plan after five calls, as a single refetch does,
+/// instead of planning at every call (`REFETCH_BATCH_LEN_MIN` in src/store/pg/sql.rs).
+#[tokio::test]
+async fn refetch_batch_of_a_few_leases_reuses_a_generic_plan() {
+    use lockstep::store::Lease;
+    // One connection, so that every call and the plan counts share one session.
+    let h = PgHarness::with(|options| options.max_connections = 1).await;
+    let store = h.store();
+    // A table of a real pipeline's size: on a handful of rows every plan costs next to nothing.
+    let finished = (0..FINISHED_ROWS).map(|i| NewRow::new("job", "done", serde_json::json!({ "i": i }))).collect();
+    store.insert_many(finished).await.expect("insert finished rows");
+    let ready = (0..3).map(|_| NewRow::new("job", "ready", serde_json::json!({}))).collect();
+    store.insert_many(ready).await.expect("insert ready rows");
+    let leased = store.fetch(fetch_params()).await.expect("fetch");
+    assert_eq!(leased.len(), 3);
+    let leases: Vec<Lease> =
+        leased.iter().map(|row| Lease { id: row.id, token: row.lock_token.expect("leased") }).collect();
+    const CALLS: i64 = 8;
+    for _ in 0..CALLS {
+        let rows = store.refetch_batch(leases[..2].to_vec()).await.expect("refetch_batch");
+        assert_eq!(rows, vec![Some(leased[0].clone()), Some(leased[1].clone())]);
+    }
+    let (generic, custom) = store.refetch_batch_plans().await.expect("plan counts").expect("the statement prepared");
+    assert_eq!(generic + custom, CALLS, "plans of {CALLS} calls");
+    assert!(generic >= CALLS - 5, "{generic} generic and {custom} custom plans in {CALLS} calls");
 }

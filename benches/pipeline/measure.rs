@@ -28,8 +28,9 @@ pub struct Sample {
     pub wal_bytes: Option<u64>,
     /// The rows ran out before the window's end, which then ended early (the rate is still over the window).
     pub ran_out: bool,
-    /// Lockstep only, over the whole run: rows leased per fetch call, and applies per apply store call.
-    pub per_call: Option<(f64, f64)>,
+    /// Lockstep only, over the whole run: rows leased per fetch call, applies per apply store call, and refetches
+    /// per refetch store call (0 when the pipeline made none).
+    pub per_call: Option<(f64, f64, f64)>,
 }
 
 impl Sample {
@@ -162,10 +163,16 @@ impl<S: Store> Handler<S> for Sleeps {
     }
 }
 
-/// Rows per fetch call and applies per apply call over a pipeline's whole run, summed over replicas.
-pub fn per_call(snapshots: &[MetricsSnapshot]) -> (f64, f64) {
+/// Rows per fetch call, applies per apply call and refetches per refetch call over a pipeline's whole run, summed
+/// over replicas.
+pub fn per_call(snapshots: &[MetricsSnapshot]) -> (f64, f64, f64) {
     let sum = |f: fn(&MetricsSnapshot) -> u64| snapshots.iter().map(f).sum::<u64>() as f64;
     let fetch_calls = sum(|m| m.fetch_latency.count).max(1.0);
     let apply_calls = sum(|m| m.apply_calls).max(1.0);
-    (sum(|m| m.fetched) / fetch_calls, (sum(|m| m.applied) + sum(|m| m.stale)) / apply_calls)
+    let refetch_calls = sum(|m| m.refetch_calls).max(1.0);
+    (
+        sum(|m| m.fetched) / fetch_calls,
+        (sum(|m| m.applied) + sum(|m| m.stale)) / apply_calls,
+        sum(|m| m.refetched) / refetch_calls,
+    )
 }

@@ -110,13 +110,15 @@ impl Line {
     fn cells(&self) -> [String; 6] {
         let cpu = median(&self.samples.iter().map(Sample::cpu_us_per_item).collect::<Vec<_>>());
         let db_cpu = median(&self.samples.iter().map(Sample::db_cpu_us_per_item).collect::<Vec<_>>());
-        let per_call: Vec<(f64, f64)> = self.samples.iter().filter_map(|s| s.per_call).collect();
+        let per_call: Vec<(f64, f64, f64)> = self.samples.iter().filter_map(|s| s.per_call).collect();
         let per_call = if per_call.is_empty() {
             "–".into()
         } else {
             let fetch = median(&per_call.iter().map(|p| p.0).collect::<Vec<_>>());
             let apply = median(&per_call.iter().map(|p| p.1).collect::<Vec<_>>());
-            format!("{fetch:.1} / {apply:.1}")
+            let refetch = median(&per_call.iter().map(|p| p.2).collect::<Vec<_>>());
+            let refetch = if refetch > 0.0 { format!("{refetch:.1}") } else { "–".into() };
+            format!("{fetch:.1} / {apply:.1} / {refetch}")
         };
         let wal: Vec<f64> = self.samples.iter().filter_map(Sample::wal_per_item).collect();
         let ran_out = if self.samples.iter().any(|s| s.ran_out) { " (rows ran out)" } else { "" };
@@ -155,7 +157,7 @@ impl Report {
             let _ = writeln!(
                 out,
                 "| | items/s | ± half spread | ÷ {} | CPU µs/item (DB + client) | WAL bytes/item | rows/fetch, \
-                 applies/call |",
+                 applies/call, refetches/call |",
                 table.reference
             );
             let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");

@@ -54,6 +54,10 @@ fn no_refetch(config: &mut PipelineConfig) {
     config.refetch = false;
 }
 
+fn no_refetch_batching(config: &mut PipelineConfig) {
+    config.refetch_batch_window = Duration::ZERO;
+}
+
 fn pg_contenders() -> Vec<Contender> {
     let ping = StoreTweaks { ping_before_use: true };
     vec![
@@ -61,6 +65,11 @@ fn pg_contenders() -> Vec<Contender> {
         Contender::Raw { batch: RAW_BATCH },
         Contender::Lockstep { label: "defaults", tune: defaults, tweaks: StoreTweaks::default() },
         Contender::Lockstep { label: "refetch off", tune: no_refetch, tweaks: StoreTweaks::default() },
+        Contender::Lockstep {
+            label: "refetch batching off",
+            tune: no_refetch_batching,
+            tweaks: StoreTweaks::default(),
+        },
         Contender::Lockstep { label: "apply batching off", tune: no_batching, tweaks: StoreTweaks::default() },
         Contender::Lockstep { label: "ping before each call", tune: defaults, tweaks: ping },
     ]

@@ -40,11 +40,18 @@ pub const APPLY_BATCH_MAX_DEFAULT: usize = 100;
 /// limit the benchmarks compare with (BENCHMARKS.md).
 pub const FETCH_LIMIT_MAX_DEFAULT: usize = 100;
 
+/// Default longest wait of a worker's refetch for other workers' refetches to join it in one store call: the
+/// apply batch window's 2 ms. As for applies, a batch waits only while an earlier refetch batch of the pipeline is
+/// in the store, so the window binds only on a store slower than it (a refetch batch by primary key takes well
+/// under a millisecond on PostgreSQL on these machines, BENCHMARKS.md).
+pub const REFETCH_BATCH_WINDOW_DEFAULT: Duration = APPLY_BATCH_WINDOW_DEFAULT;
+
 /// Default of [`PipelineConfig::refetch`]: on, as DESIGN §3's worker loads by token.
 pub const REFETCH_DEFAULT: bool = true;
 
 const _: () = assert!(HEARTBEAT_INTERVAL_DEFAULT.as_millis() * 2 <= LEASE_TTL_DEFAULT.as_millis());
 const _: () = assert!(APPLY_BATCH_WINDOW_DEFAULT.as_millis() < LEASE_MARGIN_DEFAULT.as_millis());
+const _: () = assert!(REFETCH_BATCH_WINDOW_DEFAULT.as_millis() < LEASE_MARGIN_DEFAULT.as_millis());
 const _: () = assert!(
     LEASE_MARGIN_DEFAULT.as_millis() + HEARTBEAT_INTERVAL_DEFAULT.as_millis() * 2 <= LEASE_TTL_DEFAULT.as_millis() / 2
 );
@@ -103,6 +110,14 @@ pub struct PipelineConfig {
     /// leased), so the two reads differ only in `hinted` and `lock_expires_at`; a taken-over item is then
     /// processed and its apply found stale, writing nothing. Default [`REFETCH_DEFAULT`].
     pub refetch: bool,
+    /// Longest a worker's refetch waits, local clock, for other workers' refetches to join it in one store call
+    /// ([`Store::refetch_batch`](crate::store::Store::refetch_batch); see [`super::batcher`]); a batch holds at
+    /// most `workers` refetches. Zero turns refetch batching off: every refetch is a store call of its own. Its
+    /// own field rather than `apply_batch_window`, so either batching can be turned off (or measured) alone: a
+    /// refetch is a read the worker waits for, an apply a write it hands over. Must be shorter than
+    /// `lease_margin`, as a refetch that waits for its batch holds a lease only checked locally before. Default
+    /// [`REFETCH_BATCH_WINDOW_DEFAULT`].
+    pub refetch_batch_window: Duration,
 }
 
 /// A configuration that breaks a rule; the message names the field, the value and the rule.
@@ -145,6 +160,7 @@ impl PipelineConfig {
             apply_batch_max: APPLY_BATCH_MAX_DEFAULT,
             fetch_limit_max: FETCH_LIMIT_MAX_DEFAULT,
             refetch: REFETCH_DEFAULT,
+            refetch_batch_window: REFETCH_BATCH_WINDOW_DEFAULT,
         }
     }
 
@@ -220,6 +236,11 @@ impl PipelineConfig {
                 format!("{:?} must be shorter than lease_margin {:?}", self.apply_batch_window, self.lease_margin);
             return fail("apply_batch_window", rule);
         }
+        if self.refetch_batch_window >= self.lease_margin {
+            let rule =
+                format!("{:?} must be shorter than lease_margin {:?}", self.refetch_batch_window, self.lease_margin);
+            return fail("refetch_batch_window", rule);
+        }
         Ok(())
     }
 }
@@ -252,5 +273,13 @@ mod tests {
         assert!(message.starts_with("pipeline p: heartbeat_trigger:"), "{message}");
         let config = PipelineConfig::new("p", "k", &[]);
         assert!(config.validate().unwrap_err().to_string().contains("statuses"));
+        let config = PipelineConfig {
+            refetch_batch_window: std::time::Duration::from_secs(2),
+            ..PipelineConfig::new("p", "k", &["ready"])
+        };
+        assert_eq!(
+            config.validate().unwrap_err().to_string(),
+            "pipeline p: refetch_batch_window: 2s must be shorter than lease_margin 2s"
+        );
     }
 }

@@ -124,6 +124,7 @@ impl<S: Store> PipelineManager<S> {
         for registered in &mut self.pipelines {
             registered.pipeline.shared.close();
             registered.pipeline.batcher.abort();
+            registered.pipeline.refetcher.abort();
             let tasks = registered.fetcher.take().into_iter().chain(registered.heartbeater.take());
             for task in tasks.chain(registered.workers.drain(..)) {
                 task.abort();

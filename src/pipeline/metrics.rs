@@ -60,6 +60,11 @@ pub struct Metrics {
     /// Store calls that carried applies: one per batch (DESIGN §3, Batching), one per apply when batching is off.
     /// `applied + stale` over this is the mean batch size.
     pub apply_calls: AtomicU64,
+    /// Refetches by token the workers made (one per item that reached its load with refetch on).
+    pub refetched: AtomicU64,
+    /// Store calls that carried refetches: one per batch (DESIGN §3, Batching), one per refetch when batching is
+    /// off.
+    pub refetch_calls: AtomicU64,
     /// Items dropped as stale: lost before processing, refetch found another token, or apply found none.
     pub stale: AtomicU64,
     /// Reset-and-retry after related-lock contention.
@@ -89,6 +94,10 @@ pub struct MetricsSnapshot {
     pub applied: u64,
     /// See [`Metrics::apply_calls`].
     pub apply_calls: u64,
+    /// See [`Metrics::refetched`].
+    pub refetched: u64,
+    /// See [`Metrics::refetch_calls`].
+    pub refetch_calls: u64,
     /// See [`Metrics::stale`].
     pub stale: u64,
     /// See [`Metrics::retries`].
@@ -127,6 +136,8 @@ impl Metrics {
             empty_fetches: read(&self.empty_fetches),
             applied: read(&self.applied),
             apply_calls: read(&self.apply_calls),
+            refetched: read(&self.refetched),
+            refetch_calls: read(&self.refetch_calls),
             stale: read(&self.stale),
             retries: read(&self.retries),
             errors: read(&self.errors),

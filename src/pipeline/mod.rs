@@ -4,8 +4,8 @@
 //! - the fetcher leases ready rows (`lock_expires_at`, `lock_token`, `lock_owner`) into the queue while it is
 //!   below its lower mark, backs off on empty fetches and wakes at once on a fetch hint;
 //! - each worker runs load (refetch by token, related locks) → process (no store call) → guarded apply, and
-//!   resets the lease for retry when a related lock is contended; the [`ApplyBatcher`] groups several workers'
-//!   applies into one store call;
+//!   resets the lease for retry when a related lock is contended; the [`RefetchBatcher`] and [`ApplyBatcher`]
+//!   group several workers' refetches, and their applies, into one store call each;
 //! - the heartbeater extends leases that come close to expiry and forgets lost ones.
 //!
 //! [`PipelineManager`] registers pipelines, runs them, and drains them on shutdown. The engine is generic over
@@ -15,6 +15,7 @@ pub mod batcher;
 pub mod clock;
 pub mod config;
 pub mod fetcher;
+pub mod group_commit;
 pub mod handler;
 pub mod heartbeater;
 pub mod hinter;
@@ -23,7 +24,7 @@ pub mod metrics;
 pub mod queue;
 pub mod worker;
 
-pub use batcher::{ApplyBatcher, PendingApply};
+pub use batcher::{ApplyBatcher, PendingApply, RefetchBatcher};
 pub use clock::LocalClock;
 pub use config::{ConfigError, PipelineConfig};
 pub use fetcher::{FetchPass, Fetcher};
@@ -56,6 +57,8 @@ pub struct Pipeline<S: Store> {
     pub clock: LocalClock,
     /// Groups its workers' guarded applies into batches (DESIGN §3, Batching).
     pub batcher: Arc<ApplyBatcher<S>>,
+    /// Groups its workers' refetches into batches (DESIGN §3, Batching).
+    pub refetcher: Arc<RefetchBatcher<S>>,
 }
 
 pub(crate) type Core<S> = Pipeline<S>;
@@ -69,6 +72,7 @@ impl<S: Store> Clone for Pipeline<S> {
             metrics: self.metrics.clone(),
             clock: self.clock.clone(),
             batcher: self.batcher.clone(),
+            refetcher: self.refetcher.clone(),
         }
     }
 }
@@ -81,13 +85,15 @@ impl<S: Store> Pipeline<S> {
         let clock = LocalClock::exact();
         let metrics = Arc::new(Metrics::default());
         let batcher = Arc::new(ApplyBatcher::new(store.clone(), &config, clock.clone(), metrics.clone()));
-        Ok(Pipeline { store, config: Arc::new(config), shared, metrics, clock, batcher })
+        let refetcher = Arc::new(RefetchBatcher::new(store.clone(), &config, clock.clone(), metrics.clone()));
+        Ok(Pipeline { store, config: Arc::new(config), shared, metrics, clock, batcher, refetcher })
     }
 
     /// The same pipeline on the local clock `clock` (DESIGN §2: deadlines are local, timestamps the store's).
     pub fn with_local_clock(mut self, clock: LocalClock) -> Pipeline<S> {
         let (store, metrics) = (self.store.clone(), self.metrics.clone());
-        self.batcher = Arc::new(ApplyBatcher::new(store, &self.config, clock.clone(), metrics));
+        self.batcher = Arc::new(ApplyBatcher::new(store.clone(), &self.config, clock.clone(), metrics.clone()));
+        self.refetcher = Arc::new(RefetchBatcher::new(store, &self.config, clock.clone(), metrics));
         self.clock = clock;
         self
     }

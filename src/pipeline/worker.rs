@@ -1,10 +1,11 @@
 //! A worker: takes one leased item at a time and runs load → process → guarded apply (dstack PIPELINES,
 //! "Typical worker structure"; DESIGN §3, Worker).
 //!
-//! With apply batching on, the worker hands its apply to the pipeline's batcher and takes its next item while the
-//! apply waits for its batch and the store; a small task of its own finishes the item (hints, counters, and the
-//! lease leaves the ledger) once the outcome arrives. The worker's loop ends only after every such task has: a
-//! drain waits for the applies of the items the worker started.
+//! The refetch goes to the pipeline's refetch batcher, which may read it in one store call with other workers'
+//! refetches; the worker waits for its row. With apply batching on, the worker hands its apply to the pipeline's
+//! apply batcher and takes its next item while the apply waits for its batch and the store; a small task of its own
+//! finishes the item (hints, counters, and the lease leaves the ledger) once the outcome arrives. The worker's loop
+//! ends only after every such task has: a drain waits for the applies of the items the worker started.
 
 use super::Core;
 use super::batcher::PendingApply;
@@ -114,10 +115,10 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
     if !core.shared.holds(lease, clock.now()) {
         return Step::Done(ItemOutcome::Stale);
     }
-    // 2. Load: refetch by id + token (unless the config trusts the fetched row, see `PipelineConfig::refetch`),
-    //    then the handler's reads and related locks.
+    // 2. Load: refetch by id + token, batched with other workers' refetches (unless the config trusts the fetched
+    //    row, see `PipelineConfig::refetch`), then the handler's reads and related locks.
     let row = if core.config.refetch {
-        match core.store.refetch(lease).await {
+        match core.refetcher.refetch(lease).await {
             Ok(Some(row)) => row,
             Ok(None) => return Step::Done(ItemOutcome::Stale),
             Err(error) => return Step::Done(failed(name, lease, WorkError::Store(error))),

@@ -423,6 +423,15 @@ impl Store for MemStore {
         Ok(state.rows.get(&lease.id).filter(|row| row.lock_token == Some(lease.token)).cloned())
     }
 
+    async fn refetch_batch(&self, leases: Vec<Lease>) -> Result<Vec<Option<Row>>, StoreError> {
+        // One lock: every lease is read in the same state, as one PostgreSQL statement reads one snapshot.
+        let state = self.lock();
+        Ok(leases
+            .into_iter()
+            .map(|lease| state.rows.get(&lease.id).filter(|row| row.lock_token == Some(lease.token)).cloned())
+            .collect())
+    }
+
     async fn heartbeat(&self, p: HeartbeatParams) -> Result<Vec<Lease>, StoreError> {
         let now = self.now();
         let expires = now.plus(p.lease_ttl);

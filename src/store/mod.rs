@@ -49,6 +49,25 @@ pub trait Store: Send + Sync + 'static {
     /// Reads the row if it still carries `lease.token`; `None` means the lease is stale.
     fn refetch(&self, lease: Lease) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send;
 
+    /// Several refetches in one call (DESIGN §3, Batching: the workers' loads by token, grouped): the outcome of
+    /// each lease, in input order, is what [`Store::refetch`] would return for it: the row if it still carries
+    /// the lease's token, `None` if the lease is stale or the row is missing. Writes nothing, so a lease given
+    /// twice reads the same row twice.
+    ///
+    /// `Err` means the store failed and no outcome is known for any lease.
+    ///
+    /// The default refetches the leases one call at a time; backends that can do better (one statement, one
+    /// lock) override it. An empty batch returns an empty vector without calling the store.
+    fn refetch_batch(&self, leases: Vec<Lease>) -> impl Future<Output = Result<Vec<Option<Row>>, StoreError>> + Send {
+        async move {
+            let mut rows = Vec::with_capacity(leases.len());
+            for lease in leases {
+                rows.push(self.refetch(lease).await?);
+            }
+            Ok(rows)
+        }
+    }
+
     /// Extends every lease in `params.leases` that is still held, and the related rows locked with the same
     /// tokens, to `now + lease_ttl`. Returns the leases still held; the others were lost or re-tokened and are
     /// not written.

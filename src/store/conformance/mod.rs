@@ -4,9 +4,9 @@
 //! A backend's test file builds a [`Harness`] (a fresh, empty store plus a way to move its clock) and invokes
 //! [`conformance_tests!`](crate::conformance_tests), which expands to one `#[tokio::test]` per case, so a failing
 //! case names itself (`fetch::skips_rows_whose_status_is_not_listed`). The cases live one file per area: [`fetch`],
-//! [`apply`], [`apply_batch`], [`related`], [`heartbeat`], [`release`], [`rows`], [`update_unleased`], [`hint`].
-//! Each case is a `pub async fn case<H: Harness>(h: H)` that panics, naming the rows involved, when the store
-//! breaks the rule it is named after; change semantics here first, then in the backends.
+//! [`apply`], [`apply_batch`], [`refetch`], [`related`], [`heartbeat`], [`release`], [`rows`], [`update_unleased`],
+//! [`hint`]. Each case is a `pub async fn case<H: Harness>(h: H)` that panics, naming the rows involved, when the
+//! store breaks the rule it is named after; change semantics here first, then in the backends.
 //!
 //! The cases fit a store on a manual clock (MemStore on [`ManualClock`](crate::store::ManualClock)) and one on
 //! real time (PostgreSQL's `now()` plus an offset) alike, because:
@@ -25,6 +25,7 @@ pub mod apply_batch;
 pub mod fetch;
 pub mod heartbeat;
 pub mod hint;
+pub mod refetch;
 pub mod related;
 pub mod release;
 pub mod rows;
@@ -140,6 +141,10 @@ macro_rules! __conformance_cases {
                 apply_batch_writes_each_items_related_updates_inserts_and_events,
                 apply_batch_with_a_lease_twice_applies_only_the_first_copy,
                 apply_batch_of_stale_items_writes_nothing,
+            }
+            refetch {
+                refetch_batch_reads_each_lease_as_refetch_would_in_input_order,
+                refetch_batch_of_no_leases_is_empty,
             }
             related {
                 lock_related_locks_every_row_with_the_holders_token_and_owner,
@@ -399,6 +404,7 @@ mod tests {
             ("fetch", include_str!("fetch.rs")),
             ("heartbeat", include_str!("heartbeat.rs")),
             ("hint", include_str!("hint.rs")),
+            ("refetch", include_str!("refetch.rs")),
             ("related", include_str!("related.rs")),
             ("release", include_str!("release.rs")),
             ("rows", include_str!("rows.rs")),

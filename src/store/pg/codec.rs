@@ -70,6 +70,15 @@ pub(super) fn row(r: &PgRow) -> Result<Row, sqlx::Error> {
     })
 }
 
+/// A result row of `sql::REFETCH_BATCH`: the lease's index in the input (from 0) and its row.
+pub(super) fn numbered_row(r: &PgRow) -> Result<(usize, Row), sqlx::Error> {
+    let input_order: i64 = r.try_get("input_order")?;
+    // `WITH ORDINALITY` numbers from 1.
+    let index = usize::try_from(input_order - 1)
+        .map_err(|_| sqlx::Error::Protocol(format!("refetch batch: input_order {input_order} is below 1")))?;
+    Ok((index, row(r)?))
+}
+
 /// A result row of `sql::EVENTS` as an [`Event`].
 pub(super) fn event(r: &PgRow) -> Result<Event, sqlx::Error> {
     Ok(Event {

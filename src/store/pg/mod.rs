@@ -192,6 +192,18 @@ impl PgStore {
         lines.iter().map(|line| line.try_get::<String, _>(0)).collect::<Result<_, _>>().map_err(|e| self.fail(e))
     }
 
+    /// How often this store's connection planned the batched refetch: `(generic, custom)` plans, `None` before
+    /// its first call (tests that check a connection reuses the generic plan; run them on a pool of one
+    /// connection, as the counts are per session).
+    #[doc(hidden)]
+    pub async fn refetch_batch_plans(&self) -> Result<Option<(i64, i64)>, StoreError> {
+        sqlx::query_as(sql::PREPARED_PLANS)
+            .bind(sql::REFETCH_BATCH)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))
+    }
+
     /// Drops `schema` and everything in it, on a connection of its own (tests clean up after a passing case).
     /// Refuses [`PgOptions::SCHEMA_DEFAULT`]. Gives up with an error after 5 s waiting for a lock, rather than
     /// hang a test whose runtime is blocked while a connection still holds one.
@@ -326,6 +338,29 @@ impl Store for PgStore {
             .await
             .map_err(|e| self.fail(e))?;
         row.as_ref().map(codec::row).transpose().map_err(|e| self.fail(e))
+    }
+
+    async fn refetch_batch(&self, leases: Vec<Lease>) -> Result<Vec<Option<Row>>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (mut ids, mut tokens) = split_leases(&leases);
+        let padded = leases.len().max(sql::REFETCH_BATCH_LEN_MIN);
+        ids.resize(padded, 0);
+        tokens.resize(padded, 0);
+        let found = sqlx::query(sql::REFETCH_BATCH)
+            .bind(ids)
+            .bind(tokens)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        let mut rows = vec![None; leases.len()];
+        for found in &found {
+            let (index, row) = codec::numbered_row(found).map_err(|e| self.fail(e))?;
+            let slot = rows.get_mut(index).expect("a padding lease (id 0, token 0) matches no row");
+            *slot = Some(row);
+        }
+        Ok(rows)
     }
 
     async fn heartbeat(&self, p: HeartbeatParams) -> Result<Vec<Lease>, StoreError> {
