@@ -173,6 +173,31 @@ fn a_bad_scenario_file_exits_2_naming_the_file_line_and_key() {
     assert!(stderr.contains("typo.toml:4:8: workload.span: invalid duration \"10 parsecs\""), "{stderr}");
 }
 
+/// A sweep refuses at parse time (exit 2, before anything runs or is listed in memory) a range of more than a
+/// million seeds, a seed past u64, and `--jobs 0`; the largest seed itself is a range of one seed.
+#[test]
+fn sweep_refuses_huge_ranges_overflowing_seeds_and_zero_jobs_with_exit_2() {
+    let dir = temp_dir("sweep-bounds");
+    let quiet = scenario("rows-quiet.toml");
+    let cases: [(&[&str], &str); 3] = [
+        (&["--seeds", "1..=9007199254740993"], "holds 9007199254740993 seeds; a sweep runs at most 1000000"),
+        (&["--seeds", "1..18446744073709551616"], "seed 18446744073709551616 overflows"),
+        (&["--seeds", "1..3", "--jobs", "0"], "--jobs <JOBS>"),
+    ];
+    for (args, expected) in cases {
+        let output = lockstep(&[&["sim", "sweep", quiet.as_str()], args].concat(), &dir);
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stdout}{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{args:?} ran: {stdout}");
+    }
+    let max = "18446744073709551615";
+    let output = lockstep(&["sim", "sweep", &quiet, "--seeds", &format!("{max}..={max}"), "--out", "q"], &dir);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains(&format!("seeds {max}..={max} (1)")), "{stdout}");
+}
+
 #[test]
 fn sweep_tabulates_outcomes_and_writes_each_failing_seed_as_a_replay_file() {
     let dir = temp_dir("sweep");
@@ -182,7 +207,7 @@ fn sweep_tabulates_outcomes_and_writes_each_failing_seed_as_a_replay_file() {
     let (stdout, stderr) = text(&output);
     assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
     assert!(stdout.contains("failed: lease_exclusivity"), "{stdout}");
-    assert!(stdout.contains("seeds 5..7 (2) on 2 threads"), "{stdout}");
+    assert!(stdout.contains("seeds 5..=6 (2) on 2 threads"), "{stdout}");
     assert!(dir.join("r").join(format!("planted-seed-{PLANTED_SEED}.replay.json")).exists(), "{stdout}");
     let written = std::fs::read_dir(dir.join("r")).unwrap().count();
     let failed_lines =

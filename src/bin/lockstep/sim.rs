@@ -67,11 +67,11 @@ pub struct RunArgs {
 pub struct SweepArgs {
     /// The scenario file (TOML).
     scenario: PathBuf,
-    /// Seeds: `A..B` (B excluded) or `A..=B`.
+    /// Seeds: `A..B` (B excluded) or `A..=B`; at most 1 000 000 of them.
     #[arg(long, value_parser = parse_seeds)]
     seeds: SeedRange,
-    /// Threads; default every core (or `LOCKSTEP_SIM_JOBS`).
-    #[arg(long)]
+    /// Threads (at least 1); default every core (or `LOCKSTEP_SIM_JOBS`).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     jobs: Option<usize>,
     /// Directory for the failing seeds' replay files.
     #[arg(long, default_value = REPLAY_DIR)]
@@ -102,11 +102,22 @@ pub struct ExplainArgs {
     row: Option<String>,
 }
 
-/// A range of seeds.
+/// The most seeds one sweep runs: a larger range is refused at parse time (exit 2) instead of being listed in
+/// memory (at about a second a seed, a million seeds is already days of work; split larger sweeps).
+pub const MAX_SWEEP_SEEDS: u64 = 1_000_000;
+
+/// A range of seeds, `first..=last` (both included; never more than [`MAX_SWEEP_SEEDS`] seeds).
 #[derive(Clone, Debug)]
 pub struct SeedRange {
     first: u64,
-    end: u64,
+    last: u64,
+}
+
+impl SeedRange {
+    /// How many seeds the range holds (at least 1, at most [`MAX_SWEEP_SEEDS`]).
+    fn len(&self) -> u64 {
+        self.last - self.first + 1
+    }
 }
 
 fn parse_seeds(text: &str) -> Result<SeedRange, String> {
@@ -115,13 +126,34 @@ fn parse_seeds(text: &str) -> Result<SeedRange, String> {
         Some((first, end)) => (first, end, true),
         None => text.split_once("..").map(|(first, end)| (first, end, false)).ok_or_else(bad)?,
     };
-    let first: u64 = first.trim().parse().map_err(|_| bad())?;
-    let end: u64 = end.trim().parse().map_err(|_| bad())?;
-    let end = if inclusive { end.checked_add(1).ok_or_else(bad)? } else { end };
-    if end <= first {
-        return Err(format!("\"{text}\" holds no seed: the end must be past the start"));
+    let seed = |part: &str| -> Result<u64, String> {
+        let part = part.trim();
+        match part.parse::<u64>() {
+            Ok(seed) => Ok(seed),
+            Err(_) if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) => {
+                Err(format!("\"{text}\": seed {part} overflows: seeds are 0..={}", u64::MAX))
+            }
+            Err(_) => Err(bad()),
+        }
+    };
+    let (first, end) = (seed(first)?, seed(end)?);
+    let last = if inclusive {
+        end
+    } else {
+        end.checked_sub(1)
+            .filter(|last| *last >= first)
+            .ok_or_else(|| format!("\"{text}\" holds no seed: the end must be past the start"))?
+    };
+    if last < first {
+        return Err(format!("\"{text}\" holds no seed: the end must not be before the start"));
     }
-    Ok(SeedRange { first, end })
+    let count = u128::from(last - first) + 1;
+    if count > u128::from(MAX_SWEEP_SEEDS) {
+        return Err(format!(
+            "\"{text}\" holds {count} seeds; a sweep runs at most {MAX_SWEEP_SEEDS}: split it into several sweeps"
+        ));
+    }
+    Ok(SeedRange { first, last })
 }
 
 /// Runs one simulator command; returns the exit code.
@@ -191,15 +223,16 @@ fn sweep(args: SweepArgs) -> u8 {
         Ok(file) => file,
         Err(code) => return code,
     };
-    let seeds: Vec<u64> = (args.seeds.first..args.seeds.end).collect();
+    // At most MAX_SWEEP_SEEDS seeds (parse_seeds refuses more), so listing them is cheap.
+    let seeds: Vec<u64> = (args.seeds.first..=args.seeds.last).collect();
     let jobs = args.jobs.unwrap_or_else(sim::run::jobs).max(1);
     println!(
-        "{} ({}), seeds {}..{} ({}) on {jobs} threads, build {BUILD_ID}",
+        "{} ({}), seeds {}..={} ({}) on {jobs} threads, build {BUILD_ID}",
         args.scenario.display(),
         file.version_label(),
         args.seeds.first,
-        args.seeds.end,
-        seeds.len()
+        args.seeds.last,
+        args.seeds.len()
     );
     let target =
         if std::io::stderr().is_terminal() { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
@@ -358,11 +391,33 @@ mod tests {
     #[test]
     fn seed_ranges_exclude_or_include_their_end() {
         let range = parse_seeds("1..4").unwrap();
-        assert_eq!((range.first, range.end), (1, 4));
+        assert_eq!((range.first, range.last, range.len()), (1, 3, 3));
         let range = parse_seeds("1..=4").unwrap();
-        assert_eq!((range.first, range.end), (1, 5));
+        assert_eq!((range.first, range.last, range.len()), (1, 4, 4));
         assert!(parse_seeds("4..4").unwrap_err().contains("holds no seed"));
+        assert!(parse_seeds("0..0").unwrap_err().contains("holds no seed"));
+        assert!(parse_seeds("5..=4").unwrap_err().contains("holds no seed"));
         assert!(parse_seeds("a..b").unwrap_err().contains("not a seed range"));
         assert!(parse_seeds("7").unwrap_err().contains("not a seed range"));
+    }
+
+    #[test]
+    fn the_largest_seed_is_a_seed_range_and_a_larger_one_overflows() {
+        let max = u64::MAX;
+        let range = parse_seeds(&format!("{max}..={max}")).unwrap();
+        assert_eq!((range.first, range.last, range.len()), (max, max, 1));
+        let range = parse_seeds(&format!("{}..{max}", max - 2)).unwrap();
+        assert_eq!((range.first, range.last), (max - 2, max - 1));
+        let error = parse_seeds("1..18446744073709551616").unwrap_err();
+        assert!(error.contains("seed 18446744073709551616 overflows"), "{error}");
+    }
+
+    #[test]
+    fn a_sweep_runs_at_most_a_million_seeds() {
+        assert_eq!(parse_seeds("1..=1000000").unwrap().len(), MAX_SWEEP_SEEDS);
+        let error = parse_seeds("1..=1000001").unwrap_err();
+        assert!(error.contains("holds 1000001 seeds; a sweep runs at most 1000000"), "{error}");
+        let error = parse_seeds("0..=18446744073709551615").unwrap_err();
+        assert!(error.contains("holds 18446744073709551616 seeds"), "{error}");
     }
 }
