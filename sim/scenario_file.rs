@@ -643,6 +643,34 @@ fn positive(path: KeyPath, value: Duration) -> Result<Duration, Broken> {
     Ok(value)
 }
 
+/// The longest simulated span a scenario file may give a workload, a fault window, a submission or control time,
+/// or an expectation bound: one simulated hour. Longer runs cannot finish within the trace's
+/// [`TRACE_LEN_MAX`](crate::sim::trace::TRACE_LEN_MAX) events (and would take hours of wall time); refused at load.
+pub const SIMULATED_SPAN_MAX: Duration = Duration::from_secs(3600);
+
+/// `value` if it is at most [`SIMULATED_SPAN_MAX`]; else the broken rule at `path`.
+fn within_max(path: KeyPath, value: Duration) -> Result<Duration, Broken> {
+    if value > SIMULATED_SPAN_MAX {
+        return Err((path, format!("{value:?} is longer than {SIMULATED_SPAN_MAX:?}, the most a scenario simulates")));
+    }
+    Ok(value)
+}
+
+/// A fault's `down` or `span` (a random process's longest) if it fits in the fault window (`faults.until`), so
+/// that every fault ends well within the run's time limit (three fault windows and more); else the broken rule.
+fn within_window(path: KeyPath, value: Duration, window: Duration) -> Result<Duration, Broken> {
+    if value > window {
+        return Err((
+            path,
+            format!(
+                "{value:?} is longer than the fault window ({window:?}, faults.until or else workload.span or the \
+                 last operation's submission): a fault may last at most the window; lengthen faults.until"
+            ),
+        ));
+    }
+    Ok(value)
+}
+
 fn ordered(path: KeyPath, range: &DurationRange) -> Result<Range<Duration>, Broken> {
     let range = range.0.clone();
     if range.start > range.end {
@@ -752,7 +780,7 @@ impl WorkloadDoc {
         let spec = &mut scenario.workload;
         let at = |field: &str| key(&["workload", field]);
         if let Some(span) = self.span {
-            spec.span = span.0;
+            spec.span = within_max(at("span"), span.0)?;
         }
         if let Some(value) = self.jobs_per_minute {
             spec.jobs_per_minute = rate(at("jobs_per_minute"), value)?;
@@ -802,13 +830,20 @@ impl WorkloadDoc {
 impl ExpectDoc {
     fn apply(self, scenario: &mut Scenario) -> Result<(), Broken> {
         if let Some(bound) = self.liveness_within {
-            scenario.liveness_bound = positive(key(&["expect", "liveness_within"]), bound.0)?;
+            scenario.liveness_bound = within_max(
+                key(&["expect", "liveness_within"]),
+                positive(key(&["expect", "liveness_within"]), bound.0)?,
+            )?;
         }
         if let Some(bound) = self.starvation_within {
-            scenario.starvation_bound = positive(key(&["expect", "starvation_within"]), bound.0)?;
+            scenario.starvation_bound = within_max(
+                key(&["expect", "starvation_within"]),
+                positive(key(&["expect", "starvation_within"]), bound.0)?,
+            )?;
         }
         if let Some(bound) = self.drain_within {
-            scenario.drain_budget = positive(key(&["expect", "drain_within"]), bound.0)?;
+            scenario.drain_budget =
+                within_max(key(&["expect", "drain_within"]), positive(key(&["expect", "drain_within"]), bound.0)?)?;
         }
         Ok(())
     }
@@ -817,7 +852,10 @@ impl ExpectDoc {
 impl FaultsDoc {
     fn apply(self, scenario: &mut Scenario) -> Result<(), Broken> {
         let gang_span = scenario.gang.as_ref().map_or(Duration::ZERO, |gang| gang.span());
-        let until = self.until.map_or(scenario.workload.span.max(gang_span), |until| until.0);
+        let until = match self.until {
+            Some(until) => within_max(key(&["faults", "until"]), until.0)?,
+            None => scenario.workload.span.max(gang_span),
+        };
         let mut plan = FaultPlan { fixed: Vec::new(), random: Vec::new(), until };
         for (index, fixed) in self.at.iter().enumerate() {
             let at = fixed.at.0;
@@ -830,10 +868,10 @@ impl FaultsDoc {
                     ),
                 ));
             }
-            plan.fixed.push(FaultEvent { at, fault: fixed.fault(index, scenario.replicas, scenario.agents())? });
+            plan.fixed.push(FaultEvent { at, fault: fixed.fault(index, scenario.replicas, scenario.agents(), until)? });
         }
         for (index, random) in self.random.iter().enumerate() {
-            plan.random.push(random.process(index, scenario.agents())?);
+            plan.random.push(random.process(index, scenario.agents(), until)?);
         }
         scenario.faults = plan;
         Ok(())
@@ -880,7 +918,7 @@ impl FixedDoc {
         set.iter().filter(|(_, present)| *present).map(|(name, _)| *name).collect()
     }
 
-    fn fault(&self, index: usize, replicas: usize, agents: usize) -> Result<Fault, Broken> {
+    fn fault(&self, index: usize, replicas: usize, agents: usize, window: Duration) -> Result<Fault, Broken> {
         let kind = self.kind.0;
         let at = |field: &str| item(&["faults", "at"], index, field);
         let node_form = match kind {
@@ -921,8 +959,8 @@ impl FixedDoc {
             }
             Ok(agent)
         };
-        let span = || self.span.map(|span| span.0).ok_or_else(|| need("span"));
-        let down = || self.down.map(|down| down.0).ok_or_else(|| need("down"));
+        let span = || within_window(at("span"), self.span.ok_or_else(|| need("span"))?.0, window);
+        let down = || within_window(at("down"), self.down.ok_or_else(|| need("down"))?.0, window);
         let target = |field: &str, value: &Option<String>| -> Result<Target, Broken> {
             let value = value.as_deref().ok_or_else(|| need(field))?;
             parse_target(value, replicas, agents).map_err(|rule| (at(field), rule))
@@ -967,7 +1005,7 @@ impl FixedDoc {
 }
 
 impl RandomDoc {
-    fn process(&self, index: usize, agents: usize) -> Result<RandomFault, Broken> {
+    fn process(&self, index: usize, agents: usize, window: Duration) -> Result<RandomFault, Broken> {
         let kind = self.kind.0;
         let at = |field: &str| item(&["faults", "random"], index, field);
         if kind.targets_agents() && agents == 0 {
@@ -979,7 +1017,11 @@ impl RandomDoc {
                 return Err((at("span"), "a contention process takes no `span` (a burst has none)".into()));
             }
             (None, FaultKind::Contention) => Duration::ZERO..Duration::ZERO,
-            (Some(span), _) => ordered(at("span"), span)?,
+            (Some(span), _) => {
+                let span = ordered(at("span"), span)?;
+                within_window(at("span"), span.end, window)?;
+                span
+            }
             (None, _) => {
                 return Err((
                     at("span"),
@@ -1200,6 +1242,28 @@ apply_guard_disabled = true
         let (line, key, rule) = error(text);
         assert_eq!((line, key.as_str()), (6, "faults.at[0].at"));
         assert!(rule.contains("at or past the end of the fault window"), "{rule}");
+    }
+
+    #[test]
+    fn a_fault_longer_than_the_window_or_a_span_past_an_hour_is_refused_at_its_key() {
+        let head = "name = \"t\"\nversion = 1\n[workload]\nspan = \"30s\"\n";
+        let (line, key, rule) =
+            error(&format!("{head}[[faults.at]]\nkind = \"db-restart\"\nat = \"1s\"\ndown = \"10h\"\n"));
+        assert_eq!((line, key.as_str()), (8, "faults.at[0].down"));
+        assert!(rule.contains("36000s is longer than the fault window (30s"), "{rule}");
+        let text = format!("{head}[[faults.at]]\nkind = \"pause\"\nat = \"1s\"\nreplica = 0\nspan = \"31s\"\n");
+        assert_eq!(error(&text).1, "faults.at[0].span");
+        let text = format!("{head}[[faults.random]]\nkind = \"kill\"\nper_minute = 1.0\nspan = [\"1s\", \"40s\"]\n");
+        assert_eq!(error(&text).1, "faults.random[0].span");
+        // Exactly the window is allowed.
+        parse(&format!("{head}[[faults.at]]\nkind = \"db-restart\"\nat = \"1s\"\ndown = \"30s\"\n")).unwrap();
+
+        let (line, key, rule) = error(&format!("{head}[faults]\nuntil = \"1000h\"\n"));
+        assert_eq!((line, key.as_str()), (6, "faults.until"));
+        assert!(rule.contains("3600000s is longer than 3600s, the most a scenario simulates"), "{rule}");
+        assert_eq!(error("name = \"t\"\nversion = 1\n[workload]\nspan = \"61m\"\n").1, "workload.span");
+        assert_eq!(error(&format!("{head}[expect]\nliveness_within = \"2h\"\n")).1, "expect.liveness_within");
+        parse(&format!("{head}[faults]\nuntil = \"1h\"\n")).unwrap();
     }
 
     #[test]

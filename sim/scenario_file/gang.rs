@@ -7,7 +7,7 @@
 //! ([`SpecSource`]), and their text goes into the [`Scenario`] itself: the content hash covers it, and a replay
 //! file carries it ([`super::ScenarioFile::spec_files`]), so a replay never needs the spec file again.
 
-use super::{Broken, Dur, DurationRange, KeyPath, Seg, item, key, ordered, positive};
+use super::{Broken, Dur, DurationRange, KeyPath, Seg, item, key, ordered, positive, within_max};
 use crate::agent::{Behaviour, End, JobScript, Rule};
 use crate::gang::model::OperationStatus;
 use crate::gang::{OperationSpec, SpecFormat};
@@ -243,7 +243,8 @@ impl GangDocs {
             }
             let what = format!("operation {:?}", doc.name);
             let (spec, format) = spec_of(&doc.spec, &doc.spec_file, doc.format, &at, &what, specs, &mut files)?;
-            operations.push(Submission { name: doc.name.clone(), at: doc.at.0, spec, format });
+            let submitted = within_max(at("at"), doc.at.0)?;
+            operations.push(Submission { name: doc.name.clone(), at: submitted, spec, format });
         }
         if !operations.is_empty() && agents == 0 {
             return Err((key(&["topology", "agents"]), "operations need at least one agent (agents = 0)".into()));
@@ -321,6 +322,7 @@ fn control(
         let names: Vec<&str> = operations.iter().map(|s| s.name.as_str()).collect();
         return Err((at("operation"), format!("no operation named {:?} (operations: {names:?})", doc.operation)));
     };
+    within_max(at("at"), doc.at.0)?;
     if doc.at.0 < submission.at {
         return Err((
             at("at"),
