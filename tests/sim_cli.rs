@@ -249,3 +249,23 @@ fn explain_follows_an_operation_of_a_real_gang_run_through_its_gang_restart() {
     let none = lockstep(&["sim", "explain", "gang.trace", "--operation", "99999"], &dir);
     assert_eq!(none.status.code(), Some(1));
 }
+
+/// `lockstep sim run … | head -1`: a reader that closes the pipe early ends the run quietly (SIGPIPE's default
+/// action), not with a panic and exit 101.
+#[test]
+fn a_closed_stdout_ends_the_run_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = temp_dir("closed-pipe");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["sim", "run", &scenario("rows-quiet.toml")])
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    drop(child.stdout.take());
+    let output = child.wait_with_output().expect("the run ends");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.signal(), Some(libc::SIGPIPE), "{:?}: {stderr}", output.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

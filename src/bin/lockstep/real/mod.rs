@@ -33,6 +33,13 @@ pub enum Command {
     Migrate(client::MigrateArgs),
 }
 
+impl Command {
+    /// Whether the command runs until stopped (`serve`, `agent`) rather than printing a result and exiting.
+    pub fn is_long_running(&self) -> bool {
+        matches!(self, Command::Serve(_) | Command::Agent(_))
+    }
+}
+
 /// Where the database is. Every command takes these.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Database {
