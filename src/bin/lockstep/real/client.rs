@@ -122,7 +122,7 @@ fn gang_failure(error: GangError) -> Failure {
 /// `submit`: parse, submit, print the id; with `--wait`, follow the operation to its end.
 pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let spec = read_spec(&args.spec, args.format)?;
-    let store = args.database.connect("lockstep submit", CLIENT_CONNECTIONS).await?;
+    let store = args.database.connect_migrated("lockstep submit", CLIENT_CONNECTIONS).await?;
     let operation = api::submit(&store, spec).await.map_err(gang_failure)?;
     println!("{operation}");
     let _ = std::io::stdout().flush();
@@ -181,7 +181,7 @@ fn summary(report: &StatusReport) -> String {
 
 /// `status`: the report as a table, or as JSON with `--json`.
 pub async fn status(args: StatusArgs) -> Result<(), Failure> {
-    let store = args.database.connect("lockstep status", CLIENT_CONNECTIONS).await?;
+    let store = args.database.connect_migrated("lockstep status", CLIENT_CONNECTIONS).await?;
     let report = StatusReport::read(&store, RowId(args.operation), args.all).await.map_err(gang_failure)?;
     if args.json {
         let json = serde_json::to_string_pretty(&report).expect("status reports serialize");
@@ -194,7 +194,7 @@ pub async fn status(args: StatusArgs) -> Result<(), Failure> {
 
 /// `abort`: records the request in the operation's inbox; a replica's next pass aborts it.
 pub async fn abort(args: AbortArgs) -> Result<(), Failure> {
-    let store = args.database.connect("lockstep abort", CLIENT_CONNECTIONS).await?;
+    let store = args.database.connect_migrated("lockstep abort", CLIENT_CONNECTIONS).await?;
     api::abort(&store, RowId(args.operation), &args.reason).await.map_err(gang_failure)?;
     eprintln!("abort of operation {} requested", args.operation);
     Ok(())
