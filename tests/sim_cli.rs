@@ -269,3 +269,25 @@ fn a_closed_stdout_ends_the_run_quietly() {
     assert_eq!(output.status.signal(), Some(libc::SIGPIPE), "{:?}: {stderr}", output.status);
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `--trace` to a path that cannot be written is refused before the simulation runs (exit 2), by `run` and by
+/// `replay`, instead of after it with exit 0.
+#[test]
+fn an_unwritable_trace_path_is_refused_before_the_run() {
+    let dir = temp_dir("bad-trace");
+    let output = lockstep(&["sim", "run", &scenario("rows-quiet.toml"), "--trace", "/proc/nope/x"], &dir);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("cannot create the trace file /proc/nope/x"), "{stderr}");
+    assert!(!stdout.contains("scenario rows-quiet seed"), "the run ran: {stdout}");
+
+    let planted = planted(&dir);
+    let run = lockstep(&["sim", "run", planted.to_str().unwrap(), "--seed", PLANTED_SEED, "--out", "out"], &dir);
+    assert_eq!(run.status.code(), Some(1), "{:?}", text(&run));
+    let replay_file = format!("out/planted-seed-{PLANTED_SEED}.replay.json");
+    let output = lockstep(&["sim", "replay", &replay_file, "--trace", "/proc/nope/x"], &dir);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("cannot create the trace file /proc/nope/x"), "{stderr}");
+    assert!(!stdout.contains("reproduced"), "the replay ran: {stdout}");
+}

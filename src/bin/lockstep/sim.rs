@@ -178,15 +178,48 @@ fn run(args: RunArgs) -> u8 {
         Ok(file) => file,
         Err(code) => return code,
     };
+    let trace = match create_trace(args.trace.as_deref()) {
+        Ok(trace) => trace,
+        Err(code) => return code,
+    };
     let seed = args.seed.unwrap_or(file.seeds[0]);
     println!("{} ({}), seed {seed}, build {BUILD_ID}", args.scenario.display(), file.version_label());
     let report = sim::run(&file.scenario, seed);
     print!("{}", render(&report));
-    finish(&file, &report, args.trace.as_deref(), &args.out)
+    finish(&file, &report, trace, &args.out)
+}
+
+/// The `--trace` file, created (empty) before the run so that an unwritable path is refused at once (exit 2)
+/// instead of after the whole simulation.
+fn create_trace(path: Option<&Path>) -> Result<Option<(PathBuf, std::fs::File)>, u8> {
+    let Some(path) = path else { return Ok(None) };
+    match std::fs::File::create(path) {
+        Ok(file) => Ok(Some((path.to_path_buf(), file))),
+        Err(error) => {
+            eprintln!("lockstep sim: cannot create the trace file {}: {error}", path.display());
+            Err(BAD_INPUT)
+        }
+    }
+}
+
+/// Writes the run's trace to the file [`create_trace`] opened, and says where (or why not: exit 1).
+fn write_trace(trace: Option<(PathBuf, std::fs::File)>, report: &RunReport) -> Result<(), u8> {
+    use std::io::Write;
+    let Some((path, mut file)) = trace else { return Ok(()) };
+    match file.write_all(report.trace_text().as_bytes()).and_then(|()| file.flush()) {
+        Ok(()) => {
+            println!("trace written to {}", path.display());
+            Ok(())
+        }
+        Err(error) => {
+            eprintln!("lockstep sim: cannot write the trace to {}: {error}", path.display());
+            Err(FAILED)
+        }
+    }
 }
 
 /// The end of `run`: wall time, trace identity, the trace file, and for a failure its replay file.
-fn finish(file: &ScenarioFile, report: &RunReport, trace: Option<&Path>, out: &Path) -> u8 {
+fn finish(file: &ScenarioFile, report: &RunReport, trace: Option<(PathBuf, std::fs::File)>, out: &Path) -> u8 {
     let identity = trace_identity(report);
     println!(
         "wall time: {:.2} s; trace: {} events, hash {}",
@@ -194,14 +227,9 @@ fn finish(file: &ScenarioFile, report: &RunReport, trace: Option<&Path>, out: &P
         identity.events,
         identity.hash
     );
-    if let Some(path) = trace {
-        match std::fs::write(path, report.trace_text()) {
-            Ok(()) => println!("trace written to {}", path.display()),
-            Err(error) => eprintln!("lockstep sim: cannot write the trace to {}: {error}", path.display()),
-        }
-    }
+    let written = write_trace(trace, report);
     if report.passed() {
-        return PASSED;
+        return written.err().unwrap_or(PASSED);
     }
     match write_replay(file, report, out) {
         Ok(path) => println!("replay file: {}\nreplay it with: lockstep sim replay {}", path.display(), path.display()),
@@ -309,6 +337,10 @@ fn replay(args: ReplayArgs) -> u8 {
             return BAD_INPUT;
         }
     };
+    let trace = match create_trace(args.trace.as_deref()) {
+        Ok(trace) => trace,
+        Err(code) => return code,
+    };
     note_changed_scenario(&replay);
     println!(
         "{path}: scenario {} ({}), seed {}, build {BUILD_ID}",
@@ -317,12 +349,7 @@ fn replay(args: ReplayArgs) -> u8 {
     let report = sim::run(&file.scenario, replay.seed);
     print!("{}", render(&report));
     let identity = trace_identity(&report);
-    if let Some(trace) = &args.trace {
-        match std::fs::write(trace, report.trace_text()) {
-            Ok(()) => println!("trace written to {}", trace.display()),
-            Err(error) => eprintln!("lockstep sim: cannot write the trace to {}: {error}", trace.display()),
-        }
-    }
+    let written = write_trace(trace, &report);
     if identity != replay.trace {
         eprintln!(
             "lockstep sim replay: NOT reproduced: this run's trace has hash {} ({} events), the replay file recorded \
@@ -333,7 +360,7 @@ fn replay(args: ReplayArgs) -> u8 {
         return NOT_REPRODUCED;
     }
     println!("reproduced: trace hash {} ({} events) matches the replay file", identity.hash, identity.events);
-    if report.passed() { PASSED } else { FAILED }
+    if report.passed() { written.err().unwrap_or(PASSED) } else { FAILED }
 }
 
 /// Says so when the scenario file a replay came from has changed since (the replay uses the text it carries).
