@@ -1414,6 +1414,25 @@ span = ["5s", "10s"]
     }
 
     #[test]
+    fn a_spec_with_a_key_lockstep_does_not_know_is_refused_naming_the_operation_and_the_key() {
+        let text = "name = \"g\"\nversion = 1\n[topology]\nagents = 1\n[[operations]]\nname = \"typo\"\nat = \"1s\"\n\
+                    spec = \"{tasks={t={job_count=2;command=c;gang_option={size=1}}}}\"\n";
+        let (line, key, rule) = error(text);
+        assert_eq!((line, key.as_str()), (8, "operations[0].spec"));
+        assert!(
+            rule.contains(
+                "operation \"typo\": its spec has key tasks.t.gang_option, which lockstep does not know (did \
+                           you mean gang_options?)"
+            ),
+            "{rule}"
+        );
+        // A YTsaurus key lockstep knowingly ignores (the seed's master/slave example has it) is accepted.
+        let text = "name = \"g\"\nversion = 1\n[topology]\nagents = 1\n[[operations]]\nname = \"ok\"\nat = \"1s\"\n\
+                    spec = \"{tasks={t={job_count=2;command=c}};stderr_table_path=s}\"\n";
+        parse(text).unwrap();
+    }
+
+    #[test]
     fn a_spec_file_is_read_from_the_scenarios_directory_with_its_format_from_the_extension() {
         let dir = std::env::temp_dir().join(format!("lockstep-scenario-specs-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("specs")).unwrap();

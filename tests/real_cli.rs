@@ -58,3 +58,36 @@ async fn client_commands_refuse_a_schema_that_is_not_migrated_and_create_nothing
     PgStore::drop_schema(&database_url(), &schema).await.expect("drop the test schema");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `submit` keeps a spec's unknown keys (as YTsaurus does) but warns on stderr about each, naming its path and the
+/// known key it is closest to; a YTsaurus key lockstep knowingly ignores (`stderr_table_path`) is not warned about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_warns_about_each_unknown_spec_key_with_the_closest_known_one() {
+    let harness = support::pg::PgHarness::new().await;
+    let schema = lockstep::store::conformance::Harness::store(&harness).schema().to_string();
+    let dir = std::env::temp_dir().join(format!("lockstep-real-cli-{schema}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = dir.join("typo.yson");
+    std::fs::write(
+        &spec,
+        "{tasks={t={job_count=2; command=\"true\"; gang_option={size=1}; foo=bar}}; pool=x; stderr_table_path=\"//s\"}",
+    )
+    .unwrap();
+    let output = lockstep(&["submit", spec.to_str().unwrap()], &schema);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let warnings: Vec<&str> = stderr.lines().filter(|line| line.starts_with("warning: spec key ")).collect();
+    assert_eq!(warnings.len(), 3, "{stderr}");
+    assert!(
+        stderr.contains(
+            "warning: spec key tasks.t.gang_option is not one lockstep knows; it is kept but has no effect (did you \
+             mean gang_options?)"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("warning: spec key tasks.t.foo is not one lockstep knows"), "{stderr}");
+    assert!(stderr.contains("warning: spec key pool is not one lockstep knows"), "{stderr}");
+    assert!(!stderr.contains("stderr_table_path"), "{stderr}");
+    assert!(String::from_utf8_lossy(&output.stdout).trim().parse::<u64>().is_ok(), "submit prints the id");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -291,9 +291,23 @@ fn spec_of(
             (text, format, "spec_file")
         }
     };
-    if let Err(error) = OperationSpec::parse(&text, format) {
-        let rule = error.to_string().replace('\n', "; ");
-        return Err((at(field), format!("{what}: its {format} spec is invalid: {rule}")));
+    let spec = match OperationSpec::parse(&text, format) {
+        Ok(spec) => spec,
+        Err(error) => {
+            let rule = error.to_string().replace('\n', "; ");
+            return Err((at(field), format!("{what}: its {format} spec is invalid: {rule}")));
+        }
+    };
+    // `lockstep submit` keeps (and warns about) keys it does not know; a simulation is strict: a misspelt key
+    // would silently simulate another operation (`gang_option` for `gang_options` runs a plain one).
+    if let Some(path) = spec.unknown_keys().first() {
+        let hint = crate::gang::spec::did_you_mean(path).map_or(String::new(), |key| format!(" (did you mean {key}?)"));
+        return Err((
+            at(field),
+            format!(
+                "{what}: its spec has key {path}, which lockstep does not know{hint}; a scenario refuses unknown keys"
+            ),
+        ));
     }
     Ok((text, format))
 }

@@ -112,6 +112,17 @@ pub fn read_spec(path: &Path, flag: Option<FormatArg>) -> Result<OperationSpec, 
         .map_err(|error| Failure::usage(format!("spec {} is invalid:\n{error}", path.display())))
 }
 
+/// One warning on stderr per key of `spec` that lockstep does not know (kept, as YTsaurus keeps unrecognized keys,
+/// but without effect), with the known key it is closest to: `warning: spec key tasks.t.gang_option is not one
+/// lockstep knows; it is kept but has no effect (did you mean gang_options?)`.
+fn warn_unknown_keys(spec: &OperationSpec) {
+    for path in spec.unknown_keys() {
+        let hint =
+            lockstep::gang::spec::did_you_mean(path).map_or(String::new(), |key| format!(" (did you mean {key}?)"));
+        eprintln!("warning: spec key {path} is not one lockstep knows; it is kept but has no effect{hint}");
+    }
+}
+
 fn gang_failure(error: GangError) -> Failure {
     match error {
         GangError::Spec(error) => Failure::usage(format!("spec is invalid:\n{error}")),
@@ -122,6 +133,7 @@ fn gang_failure(error: GangError) -> Failure {
 /// `submit`: parse, submit, print the id; with `--wait`, follow the operation to its end.
 pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let spec = read_spec(&args.spec, args.format)?;
+    warn_unknown_keys(&spec);
     let store = args.database.connect_migrated("lockstep submit", CLIENT_CONNECTIONS).await?;
     let operation = api::submit(&store, spec).await.map_err(gang_failure)?;
     println!("{operation}");
