@@ -168,11 +168,25 @@ struct Located<'a> {
 impl Located<'_> {
     fn toml_error(&self, error: &toml::de::Error, tree: Option<&DeTable<'_>>) -> ScenarioError {
         let offset = error.span().map_or(0, |span| span.start);
-        let key = match tree {
-            Some(tree) => path_at(tree, offset).map(|path| render_path(&path)).unwrap_or_default(),
-            None => String::new(),
+        let message = error.message().trim().replace('\n', "; ");
+        let path = tree.and_then(|tree| path_at(tree, offset).map(|path| (tree, path)));
+        // serde points a missing field at its table (the first key found there): name the field instead.
+        let missing = message.strip_prefix("missing field `").and_then(|rest| rest.split_once('`')).map(|(f, _)| f);
+        let key = match (path, missing) {
+            (Some((tree, path)), Some(field)) => render_path(&missing_at(tree, &path, field)),
+            (None, Some(field)) => field.to_string(),
+            (Some((_, path)), None) => render_path(&path),
+            (None, None) => String::new(),
         };
-        self.invalid(offset, key, error.message().trim().replace('\n', "; "))
+        // The syntax check's `duplicate key` points at the key: say which.
+        let message = match (message.as_str(), error.span()) {
+            ("duplicate key", Some(span)) => match self.text.get(span).map(str::trim) {
+                Some(name) if !name.is_empty() => format!("duplicate key `{name}`: each key may be set once"),
+                _ => message,
+            },
+            _ => message,
+        };
+        self.invalid(offset, key, message)
     }
 
     fn at_path(&self, tree: &DeTable<'_>, path: &[Seg], rule: String) -> ScenarioError {
@@ -208,16 +222,48 @@ fn path_at(table: &DeTable<'_>, offset: usize) -> Option<KeyPath> {
 }
 
 fn value_path_at(value: &Spanned<DeValue<'_>>, offset: usize) -> Option<KeyPath> {
-    match value.get_ref() {
+    let inner = match value.get_ref() {
         DeValue::Table(table) => path_at(table, offset),
         DeValue::Array(array) => array.iter().enumerate().find_map(|(index, element)| {
             let mut rest = value_path_at(element, offset)?;
             rest.insert(0, Seg::Index(index));
             Some(rest)
         }),
-        _ if value.span().contains(&offset) => Some(Vec::new()),
         _ => None,
+    };
+    // An error about a whole array or inline table (its length, say) points at its start: the value itself.
+    inner.or_else(|| value.span().contains(&offset).then(Vec::new))
+}
+
+/// The path of the field `field` that serde found missing, given the path serde pointed at (a key of the table
+/// lacking it): the deepest table along `path` that lacks `field`, then `field`.
+fn missing_at(tree: &DeTable<'_>, path: &[Seg], field: &str) -> KeyPath {
+    let mut best: KeyPath = Vec::new();
+    let mut table = Some(tree);
+    let mut current: Option<&Spanned<DeValue<'_>>> = None;
+    for (depth, seg) in path.iter().enumerate() {
+        if table.is_some_and(|table| table.get(field).is_none()) {
+            best = path[..depth].to_vec();
+        }
+        let next = match (seg, current.map(|value| value.get_ref())) {
+            (Seg::Key(key), None) => tree.get(key.as_str()),
+            (Seg::Key(key), Some(DeValue::Table(inner))) => inner.get(key.as_str()),
+            (Seg::Index(index), Some(DeValue::Array(array))) => array.get(*index),
+            _ => None,
+        };
+        let Some(next) = next else { break };
+        table = match next.get_ref() {
+            DeValue::Table(inner) => Some(inner),
+            _ => None,
+        };
+        current = Some(next);
     }
+    // The path may end at the table itself (an array-of-tables element pointed at by its header).
+    if table.is_some_and(|table| table.get(field).is_none()) && path.len() > best.len() && current.is_some() {
+        best = path.to_vec();
+    }
+    best.push(Seg::Key(field.to_string()));
+    best
 }
 
 /// Where `path` is in the text: its value's start, or for a key the file left out, its table's first key.
@@ -486,6 +532,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     while !rest.is_empty() {
         let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
         let (number, after) = rest.split_at(number_len);
+        if number.is_empty() {
+            return Err(match rest.chars().next() {
+                Some('-') => bad("a duration cannot be negative"),
+                Some(c) if c.is_ascii_alphabetic() => bad("expected a number before the unit"),
+                Some(c) => bad(&format!("unexpected {c:?}")),
+                None => bad("it is empty"),
+            });
+        }
         let after = after.trim_start();
         let unit_len = after.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(after.len());
         let (unit, after) = after.split_at(unit_len);
@@ -971,7 +1025,8 @@ impl FixedDoc {
             FaultKind::Partition => {
                 let (a, b) = (target("a", &self.a)?, target("b", &self.b)?);
                 if a == b {
-                    return Err((at("b"), format!("a partition needs two different nodes, not {a:?} twice")));
+                    let name = self.b.as_deref().unwrap_or_default();
+                    return Err((at("b"), format!("a partition needs two different nodes, not \"{name}\" twice")));
                 }
                 Fault::Partition { a, b, span: span()? }
             }
@@ -1304,6 +1359,38 @@ apply_guard_disabled = true
         assert_eq!(line, 2, "{rule}");
         let (_, _, rule) = error("version = 1\n");
         assert!(rule.contains("missing field `name`"), "{rule}");
+    }
+
+    #[test]
+    fn a_missing_field_a_duplicate_key_and_a_bad_array_name_their_own_key() {
+        let (_, key, rule) = error("name = \"t\"\n");
+        assert_eq!((key.as_str(), rule.as_str()), ("version", "missing field `version`"));
+        let (_, key, _) = error("version = 1\n");
+        assert_eq!(key, "name");
+        let head = "name = \"t\"\nversion = 1\n[workload]\nspan = \"10s\"\n";
+        let fault = "[[faults.at]]\nkind = \"db-restart\"\ndown = \"1s\"\n";
+        let (line, key, _) =
+            error(&format!("{head}[[faults.at]]\nkind = \"db-restart\"\nat = \"1s\"\ndown = \"1s\"\n{fault}"));
+        assert_eq!((line, key.as_str()), (9, "faults.at[1].at"));
+        let (line, key, rule) = error("name = \"t\"\nversion = 1\n[topology]\nreplicas = 2\nreplicas = 3\n");
+        assert_eq!(line, 5);
+        assert!(rule.starts_with("duplicate key `replicas`"), "{key}: {rule}");
+        let (line, key, rule) = error("name = \"t\"\nversion = 1\n[network]\nlatency = [\"1ms\", \"2ms\", \"3ms\"]\n");
+        assert_eq!((line, key.as_str()), (4, "network.latency"));
+        assert!(rule.contains("invalid length 3"), "{rule}");
+    }
+
+    #[test]
+    fn a_negative_duration_and_a_partition_of_one_node_say_so_in_the_files_terms() {
+        let (_, key, rule) = error("name = \"t\"\nversion = 1\n[network]\ncall_timeout = \"-2s\"\n");
+        assert_eq!(key, "network.call_timeout");
+        assert!(rule.contains("invalid duration \"-2s\": a duration cannot be negative"), "{rule}");
+        assert!(parse_duration("?2s").unwrap_err().contains("unexpected '?'"));
+        let text = "name = \"t\"\nversion = 1\n[[faults.at]]\nat = \"1s\"\nkind = \"partition\"\na = \"db\"\n\
+                    b = \"db\"\nspan = \"1s\"\n";
+        let (_, key, rule) = error(text);
+        assert_eq!(key, "faults.at[0].b");
+        assert_eq!(rule, "a partition needs two different nodes, not \"db\" twice");
     }
 
     #[test]
