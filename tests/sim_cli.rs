@@ -151,6 +151,21 @@ fn explain_prints_one_operations_timeline_aligned_and_says_when_there_is_none() 
     let (_, stderr) = text(&output);
     assert_eq!(output.status.code(), Some(1));
     assert!(stderr.contains("no line of t.trace (3 lines) is about operation 1 (none has a field `op=1`)"), "{stderr}");
+
+    // Not a trace file, an empty one, or an id that is not a number: bad input (exit 2), said plainly.
+    std::fs::write(dir.join("notes.txt"), "hello\n").unwrap();
+    std::fs::write(dir.join("empty.trace"), "").unwrap();
+    let cases: [(&[&str], &str); 3] = [
+        (&["notes.txt", "--operation", "7"], "notes.txt is not a trace file: line 1 is not a trace line"),
+        (&["empty.trace", "--row", "7"], "empty.trace is not a trace file: it is empty"),
+        (&["t.trace", "--operation", "abc"], "\"abc\" is not a row id: ids are numbers"),
+    ];
+    for (args, expected) in cases {
+        let output = lockstep(&[&["sim", "explain"], args].concat(), &dir);
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stdout}{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
 }
 
 #[test]

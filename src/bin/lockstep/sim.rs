@@ -94,11 +94,12 @@ pub struct ReplayArgs {
 pub struct ExplainArgs {
     /// The trace file (`sim run --trace FILE`).
     trace: PathBuf,
-    /// The operation's row id: lines whose fields hold the token `op=ID`.
-    #[arg(long)]
+    /// The operation's row id (a number): lines whose fields hold the token `op=ID`.
+    #[arg(long, value_parser = parse_row_id)]
     operation: Option<String>,
-    /// A row id: lines whose fields hold `id=ID` or `row=ID`, and store commits naming the row or its lease.
-    #[arg(long)]
+    /// A row id (a number): lines whose fields hold `id=ID` or `row=ID`, and store commits naming the row or its
+    /// lease.
+    #[arg(long, value_parser = parse_row_id)]
     row: Option<String>,
 }
 
@@ -154,6 +155,14 @@ fn parse_seeds(text: &str) -> Result<SeedRange, String> {
         ));
     }
     Ok(SeedRange { first, last })
+}
+
+/// A row id as `explain` takes it: a whole number (operations and rows are numbered, e.g. `op=7` in a summary).
+fn parse_row_id(text: &str) -> Result<String, String> {
+    match text.parse::<i64>() {
+        Ok(id) => Ok(id.to_string()),
+        Err(_) => Err(format!("\"{text}\" is not a row id: ids are numbers, e.g. 7 for `op=7` in `sim run`'s summary")),
+    }
 }
 
 /// Runs one simulator command; returns the exit code.
@@ -385,6 +394,14 @@ fn explain(args: ExplainArgs) -> u8 {
             return BAD_INPUT;
         }
     };
+    if let Err((line, text)) = explain::check_trace(&text) {
+        let why = match line {
+            0 => "it is empty".to_string(),
+            line => format!("line {line} is not a trace line (`seconds node kind fields`): {text:?}"),
+        };
+        eprintln!("lockstep sim explain: {path} is not a trace file: {why}; write one with `sim run --trace FILE`");
+        return BAD_INPUT;
+    }
     let (subject, how, lines) = match (&args.operation, &args.row) {
         (Some(operation), _) => (
             format!("operation {operation}"),
