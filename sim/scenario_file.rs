@@ -73,8 +73,9 @@ impl ScenarioFile {
     /// # Errors
     /// [`ScenarioError::Invalid`] for a TOML syntax error, an unknown key, a value of the wrong type or shape,
     /// or a value that breaks a rule (a replica or agent index out of range, a negative rate, an empty range, a
-    /// fixed fault at or past the end of the fault window, a pipeline config the engine refuses, a spec file
-    /// that cannot be read, a spec that fails validation, …).
+    /// fixed fault at or past the end of the fault window, a fault longer than the window, a span past
+    /// [`SIMULATED_SPAN_MAX`], a pipeline config the engine refuses, a spec file that cannot be read, a spec that
+    /// fails validation or has a key lockstep does not know, …).
     pub fn parse(text: &str, origin: &str) -> Result<ScenarioFile, ScenarioError> {
         ScenarioFile::parse_with(text, origin, SpecSource::Dir(Path::new("")))
     }
