@@ -36,6 +36,30 @@ pub fn parse_line(line: &str) -> Option<TraceLine<'_>> {
     Some(TraceLine { at, node, kind, fields: rest.trim_end() })
 }
 
+/// Whether `text` reads as a trace file (`sim run --trace FILE`): at least one line, and every non-blank line a
+/// trace line whose time is seconds with decimals (`12.000345 replica-0 commit …`). Errors: the first line that is
+/// not (1-based number and text), or `(0, "")` for a text without any line.
+pub fn check_trace(text: &str) -> Result<(), (usize, &str)> {
+    let is_time = |at: &str| {
+        at.split_once('.').is_some_and(|(s, f)| {
+            !s.is_empty()
+                && !f.is_empty()
+                && s.bytes().all(|b| b.is_ascii_digit())
+                && f.bytes().all(|b| b.is_ascii_digit())
+        })
+    };
+    let mut lines = text.lines().enumerate().filter(|(_, line)| !line.trim().is_empty()).peekable();
+    if lines.peek().is_none() {
+        return Err((0, ""));
+    }
+    for (index, line) in lines {
+        if !parse_line(line).is_some_and(|parsed| is_time(parsed.at)) {
+            return Err((index + 1, line));
+        }
+    }
+    Ok(())
+}
+
 /// The whitespace-separated words of `fields`, a string literal kept whole: a trace value with spaces, quotes
 /// or `=` is written as a Rust string literal (`reason="node lost"`, `error="op=3 \"x\""`: sim/gang.rs), so
 /// `reason="node lost"` is one word and nothing inside a literal is a word of its own.

@@ -88,7 +88,7 @@ pub struct RunReport {
     /// The checkers that judged the run, in order, each name once ([`checkers::names`], `drain`, and with a gang
     /// part or expectations, [`checkers::gang::NAMES`] not yet listed); empty if the run ended before them.
     pub checkers: Vec<&'static str>,
-    /// Simulated time the run took.
+    /// Simulated time the run took; for a run that panicked, the time of its last trace event (how far it got).
     pub simulated: Duration,
     /// Wall-clock time the run took.
     pub wall: std::time::Duration,
@@ -213,6 +213,11 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
     let wall = wall.elapsed();
     let trace =
         trace_slot.lock().unwrap_or_else(|p| p.into_inner()).take().map(|trace| trace.events()).unwrap_or_default();
+    // A panicked run has no end time of its own: the last trace event is as far as it got (not zero).
+    let simulated = match &result {
+        Ok(_) => simulated,
+        Err(_) => trace.last().map_or(Duration::ZERO, |event| event.at),
+    };
     let mut report = RunReport {
         seed,
         scenario: scenario.name.clone(),

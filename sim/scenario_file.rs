@@ -73,8 +73,9 @@ impl ScenarioFile {
     /// # Errors
     /// [`ScenarioError::Invalid`] for a TOML syntax error, an unknown key, a value of the wrong type or shape,
     /// or a value that breaks a rule (a replica or agent index out of range, a negative rate, an empty range, a
-    /// fixed fault at or past the end of the fault window, a pipeline config the engine refuses, a spec file
-    /// that cannot be read, a spec that fails validation, …).
+    /// fixed fault at or past the end of the fault window, a fault longer than the window, a span past
+    /// [`SIMULATED_SPAN_MAX`], a pipeline config the engine refuses, a spec file that cannot be read, a spec that
+    /// fails validation or has a key lockstep does not know, …).
     pub fn parse(text: &str, origin: &str) -> Result<ScenarioFile, ScenarioError> {
         ScenarioFile::parse_with(text, origin, SpecSource::Dir(Path::new("")))
     }
@@ -168,11 +169,25 @@ struct Located<'a> {
 impl Located<'_> {
     fn toml_error(&self, error: &toml::de::Error, tree: Option<&DeTable<'_>>) -> ScenarioError {
         let offset = error.span().map_or(0, |span| span.start);
-        let key = match tree {
-            Some(tree) => path_at(tree, offset).map(|path| render_path(&path)).unwrap_or_default(),
-            None => String::new(),
+        let message = error.message().trim().replace('\n', "; ");
+        let path = tree.and_then(|tree| path_at(tree, offset).map(|path| (tree, path)));
+        // serde points a missing field at its table (the first key found there): name the field instead.
+        let missing = message.strip_prefix("missing field `").and_then(|rest| rest.split_once('`')).map(|(f, _)| f);
+        let key = match (path, missing) {
+            (Some((tree, path)), Some(field)) => render_path(&missing_at(tree, &path, field)),
+            (None, Some(field)) => field.to_string(),
+            (Some((_, path)), None) => render_path(&path),
+            (None, None) => String::new(),
         };
-        self.invalid(offset, key, error.message().trim().replace('\n', "; "))
+        // The syntax check's `duplicate key` points at the key: say which.
+        let message = match (message.as_str(), error.span()) {
+            ("duplicate key", Some(span)) => match self.text.get(span).map(str::trim) {
+                Some(name) if !name.is_empty() => format!("duplicate key `{name}`: each key may be set once"),
+                _ => message,
+            },
+            _ => message,
+        };
+        self.invalid(offset, key, message)
     }
 
     fn at_path(&self, tree: &DeTable<'_>, path: &[Seg], rule: String) -> ScenarioError {
@@ -208,16 +223,48 @@ fn path_at(table: &DeTable<'_>, offset: usize) -> Option<KeyPath> {
 }
 
 fn value_path_at(value: &Spanned<DeValue<'_>>, offset: usize) -> Option<KeyPath> {
-    match value.get_ref() {
+    let inner = match value.get_ref() {
         DeValue::Table(table) => path_at(table, offset),
         DeValue::Array(array) => array.iter().enumerate().find_map(|(index, element)| {
             let mut rest = value_path_at(element, offset)?;
             rest.insert(0, Seg::Index(index));
             Some(rest)
         }),
-        _ if value.span().contains(&offset) => Some(Vec::new()),
         _ => None,
+    };
+    // An error about a whole array or inline table (its length, say) points at its start: the value itself.
+    inner.or_else(|| value.span().contains(&offset).then(Vec::new))
+}
+
+/// The path of the field `field` that serde found missing, given the path serde pointed at (a key of the table
+/// lacking it): the deepest table along `path` that lacks `field`, then `field`.
+fn missing_at(tree: &DeTable<'_>, path: &[Seg], field: &str) -> KeyPath {
+    let mut best: KeyPath = Vec::new();
+    let mut table = Some(tree);
+    let mut current: Option<&Spanned<DeValue<'_>>> = None;
+    for (depth, seg) in path.iter().enumerate() {
+        if table.is_some_and(|table| table.get(field).is_none()) {
+            best = path[..depth].to_vec();
+        }
+        let next = match (seg, current.map(|value| value.get_ref())) {
+            (Seg::Key(key), None) => tree.get(key.as_str()),
+            (Seg::Key(key), Some(DeValue::Table(inner))) => inner.get(key.as_str()),
+            (Seg::Index(index), Some(DeValue::Array(array))) => array.get(*index),
+            _ => None,
+        };
+        let Some(next) = next else { break };
+        table = match next.get_ref() {
+            DeValue::Table(inner) => Some(inner),
+            _ => None,
+        };
+        current = Some(next);
     }
+    // The path may end at the table itself (an array-of-tables element pointed at by its header).
+    if table.is_some_and(|table| table.get(field).is_none()) && path.len() > best.len() && current.is_some() {
+        best = path.to_vec();
+    }
+    best.push(Seg::Key(field.to_string()));
+    best
 }
 
 /// Where `path` is in the text: its value's start, or for a key the file left out, its table's first key.
@@ -486,6 +533,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     while !rest.is_empty() {
         let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
         let (number, after) = rest.split_at(number_len);
+        if number.is_empty() {
+            return Err(match rest.chars().next() {
+                Some('-') => bad("a duration cannot be negative"),
+                Some(c) if c.is_ascii_alphabetic() => bad("expected a number before the unit"),
+                Some(c) => bad(&format!("unexpected {c:?}")),
+                None => bad("it is empty"),
+            });
+        }
         let after = after.trim_start();
         let unit_len = after.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(after.len());
         let (unit, after) = after.split_at(unit_len);
@@ -643,6 +698,34 @@ fn positive(path: KeyPath, value: Duration) -> Result<Duration, Broken> {
     Ok(value)
 }
 
+/// The longest simulated span a scenario file may give a workload, a fault window, a submission or control time,
+/// or an expectation bound: one simulated hour. Longer runs cannot finish within the trace's
+/// [`TRACE_LEN_MAX`](crate::sim::trace::TRACE_LEN_MAX) events (and would take hours of wall time); refused at load.
+pub const SIMULATED_SPAN_MAX: Duration = Duration::from_secs(3600);
+
+/// `value` if it is at most [`SIMULATED_SPAN_MAX`]; else the broken rule at `path`.
+fn within_max(path: KeyPath, value: Duration) -> Result<Duration, Broken> {
+    if value > SIMULATED_SPAN_MAX {
+        return Err((path, format!("{value:?} is longer than {SIMULATED_SPAN_MAX:?}, the most a scenario simulates")));
+    }
+    Ok(value)
+}
+
+/// A fault's `down` or `span` (a random process's longest) if it fits in the fault window (`faults.until`), so
+/// that every fault ends well within the run's time limit (three fault windows and more); else the broken rule.
+fn within_window(path: KeyPath, value: Duration, window: Duration) -> Result<Duration, Broken> {
+    if value > window {
+        return Err((
+            path,
+            format!(
+                "{value:?} is longer than the fault window ({window:?}, faults.until or else workload.span or the \
+                 last operation's submission): a fault may last at most the window; lengthen faults.until"
+            ),
+        ));
+    }
+    Ok(value)
+}
+
 fn ordered(path: KeyPath, range: &DurationRange) -> Result<Range<Duration>, Broken> {
     let range = range.0.clone();
     if range.start > range.end {
@@ -752,7 +835,7 @@ impl WorkloadDoc {
         let spec = &mut scenario.workload;
         let at = |field: &str| key(&["workload", field]);
         if let Some(span) = self.span {
-            spec.span = span.0;
+            spec.span = within_max(at("span"), span.0)?;
         }
         if let Some(value) = self.jobs_per_minute {
             spec.jobs_per_minute = rate(at("jobs_per_minute"), value)?;
@@ -802,13 +885,20 @@ impl WorkloadDoc {
 impl ExpectDoc {
     fn apply(self, scenario: &mut Scenario) -> Result<(), Broken> {
         if let Some(bound) = self.liveness_within {
-            scenario.liveness_bound = positive(key(&["expect", "liveness_within"]), bound.0)?;
+            scenario.liveness_bound = within_max(
+                key(&["expect", "liveness_within"]),
+                positive(key(&["expect", "liveness_within"]), bound.0)?,
+            )?;
         }
         if let Some(bound) = self.starvation_within {
-            scenario.starvation_bound = positive(key(&["expect", "starvation_within"]), bound.0)?;
+            scenario.starvation_bound = within_max(
+                key(&["expect", "starvation_within"]),
+                positive(key(&["expect", "starvation_within"]), bound.0)?,
+            )?;
         }
         if let Some(bound) = self.drain_within {
-            scenario.drain_budget = positive(key(&["expect", "drain_within"]), bound.0)?;
+            scenario.drain_budget =
+                within_max(key(&["expect", "drain_within"]), positive(key(&["expect", "drain_within"]), bound.0)?)?;
         }
         Ok(())
     }
@@ -817,7 +907,10 @@ impl ExpectDoc {
 impl FaultsDoc {
     fn apply(self, scenario: &mut Scenario) -> Result<(), Broken> {
         let gang_span = scenario.gang.as_ref().map_or(Duration::ZERO, |gang| gang.span());
-        let until = self.until.map_or(scenario.workload.span.max(gang_span), |until| until.0);
+        let until = match self.until {
+            Some(until) => within_max(key(&["faults", "until"]), until.0)?,
+            None => scenario.workload.span.max(gang_span),
+        };
         let mut plan = FaultPlan { fixed: Vec::new(), random: Vec::new(), until };
         for (index, fixed) in self.at.iter().enumerate() {
             let at = fixed.at.0;
@@ -830,10 +923,10 @@ impl FaultsDoc {
                     ),
                 ));
             }
-            plan.fixed.push(FaultEvent { at, fault: fixed.fault(index, scenario.replicas, scenario.agents())? });
+            plan.fixed.push(FaultEvent { at, fault: fixed.fault(index, scenario.replicas, scenario.agents(), until)? });
         }
         for (index, random) in self.random.iter().enumerate() {
-            plan.random.push(random.process(index, scenario.agents())?);
+            plan.random.push(random.process(index, scenario.agents(), until)?);
         }
         scenario.faults = plan;
         Ok(())
@@ -880,7 +973,7 @@ impl FixedDoc {
         set.iter().filter(|(_, present)| *present).map(|(name, _)| *name).collect()
     }
 
-    fn fault(&self, index: usize, replicas: usize, agents: usize) -> Result<Fault, Broken> {
+    fn fault(&self, index: usize, replicas: usize, agents: usize, window: Duration) -> Result<Fault, Broken> {
         let kind = self.kind.0;
         let at = |field: &str| item(&["faults", "at"], index, field);
         let node_form = match kind {
@@ -921,8 +1014,8 @@ impl FixedDoc {
             }
             Ok(agent)
         };
-        let span = || self.span.map(|span| span.0).ok_or_else(|| need("span"));
-        let down = || self.down.map(|down| down.0).ok_or_else(|| need("down"));
+        let span = || within_window(at("span"), self.span.ok_or_else(|| need("span"))?.0, window);
+        let down = || within_window(at("down"), self.down.ok_or_else(|| need("down"))?.0, window);
         let target = |field: &str, value: &Option<String>| -> Result<Target, Broken> {
             let value = value.as_deref().ok_or_else(|| need(field))?;
             parse_target(value, replicas, agents).map_err(|rule| (at(field), rule))
@@ -933,7 +1026,8 @@ impl FixedDoc {
             FaultKind::Partition => {
                 let (a, b) = (target("a", &self.a)?, target("b", &self.b)?);
                 if a == b {
-                    return Err((at("b"), format!("a partition needs two different nodes, not {a:?} twice")));
+                    let name = self.b.as_deref().unwrap_or_default();
+                    return Err((at("b"), format!("a partition needs two different nodes, not \"{name}\" twice")));
                 }
                 Fault::Partition { a, b, span: span()? }
             }
@@ -967,7 +1061,7 @@ impl FixedDoc {
 }
 
 impl RandomDoc {
-    fn process(&self, index: usize, agents: usize) -> Result<RandomFault, Broken> {
+    fn process(&self, index: usize, agents: usize, window: Duration) -> Result<RandomFault, Broken> {
         let kind = self.kind.0;
         let at = |field: &str| item(&["faults", "random"], index, field);
         if kind.targets_agents() && agents == 0 {
@@ -979,7 +1073,11 @@ impl RandomDoc {
                 return Err((at("span"), "a contention process takes no `span` (a burst has none)".into()));
             }
             (None, FaultKind::Contention) => Duration::ZERO..Duration::ZERO,
-            (Some(span), _) => ordered(at("span"), span)?,
+            (Some(span), _) => {
+                let span = ordered(at("span"), span)?;
+                within_window(at("span"), span.end, window)?;
+                span
+            }
             (None, _) => {
                 return Err((
                     at("span"),
@@ -1203,6 +1301,28 @@ apply_guard_disabled = true
     }
 
     #[test]
+    fn a_fault_longer_than_the_window_or_a_span_past_an_hour_is_refused_at_its_key() {
+        let head = "name = \"t\"\nversion = 1\n[workload]\nspan = \"30s\"\n";
+        let (line, key, rule) =
+            error(&format!("{head}[[faults.at]]\nkind = \"db-restart\"\nat = \"1s\"\ndown = \"10h\"\n"));
+        assert_eq!((line, key.as_str()), (8, "faults.at[0].down"));
+        assert!(rule.contains("36000s is longer than the fault window (30s"), "{rule}");
+        let text = format!("{head}[[faults.at]]\nkind = \"pause\"\nat = \"1s\"\nreplica = 0\nspan = \"31s\"\n");
+        assert_eq!(error(&text).1, "faults.at[0].span");
+        let text = format!("{head}[[faults.random]]\nkind = \"kill\"\nper_minute = 1.0\nspan = [\"1s\", \"40s\"]\n");
+        assert_eq!(error(&text).1, "faults.random[0].span");
+        // Exactly the window is allowed.
+        parse(&format!("{head}[[faults.at]]\nkind = \"db-restart\"\nat = \"1s\"\ndown = \"30s\"\n")).unwrap();
+
+        let (line, key, rule) = error(&format!("{head}[faults]\nuntil = \"1000h\"\n"));
+        assert_eq!((line, key.as_str()), (6, "faults.until"));
+        assert!(rule.contains("3600000s is longer than 3600s, the most a scenario simulates"), "{rule}");
+        assert_eq!(error("name = \"t\"\nversion = 1\n[workload]\nspan = \"61m\"\n").1, "workload.span");
+        assert_eq!(error(&format!("{head}[expect]\nliveness_within = \"2h\"\n")).1, "expect.liveness_within");
+        parse(&format!("{head}[faults]\nuntil = \"1h\"\n")).unwrap();
+    }
+
+    #[test]
     fn a_fault_with_a_field_of_another_kind_or_without_its_own_is_refused() {
         let head = "name = \"t\"\nversion = 1\n[[faults.at]]\nat = \"1s\"\n";
         let (line, key, rule) = error(&format!("{head}kind = \"pause\"\nreplica = 0\nspan = \"1s\"\nloss = 0.1\n"));
@@ -1240,6 +1360,38 @@ apply_guard_disabled = true
         assert_eq!(line, 2, "{rule}");
         let (_, _, rule) = error("version = 1\n");
         assert!(rule.contains("missing field `name`"), "{rule}");
+    }
+
+    #[test]
+    fn a_missing_field_a_duplicate_key_and_a_bad_array_name_their_own_key() {
+        let (_, key, rule) = error("name = \"t\"\n");
+        assert_eq!((key.as_str(), rule.as_str()), ("version", "missing field `version`"));
+        let (_, key, _) = error("version = 1\n");
+        assert_eq!(key, "name");
+        let head = "name = \"t\"\nversion = 1\n[workload]\nspan = \"10s\"\n";
+        let fault = "[[faults.at]]\nkind = \"db-restart\"\ndown = \"1s\"\n";
+        let (line, key, _) =
+            error(&format!("{head}[[faults.at]]\nkind = \"db-restart\"\nat = \"1s\"\ndown = \"1s\"\n{fault}"));
+        assert_eq!((line, key.as_str()), (9, "faults.at[1].at"));
+        let (line, key, rule) = error("name = \"t\"\nversion = 1\n[topology]\nreplicas = 2\nreplicas = 3\n");
+        assert_eq!(line, 5);
+        assert!(rule.starts_with("duplicate key `replicas`"), "{key}: {rule}");
+        let (line, key, rule) = error("name = \"t\"\nversion = 1\n[network]\nlatency = [\"1ms\", \"2ms\", \"3ms\"]\n");
+        assert_eq!((line, key.as_str()), (4, "network.latency"));
+        assert!(rule.contains("invalid length 3"), "{rule}");
+    }
+
+    #[test]
+    fn a_negative_duration_and_a_partition_of_one_node_say_so_in_the_files_terms() {
+        let (_, key, rule) = error("name = \"t\"\nversion = 1\n[network]\ncall_timeout = \"-2s\"\n");
+        assert_eq!(key, "network.call_timeout");
+        assert!(rule.contains("invalid duration \"-2s\": a duration cannot be negative"), "{rule}");
+        assert!(parse_duration("?2s").unwrap_err().contains("unexpected '?'"));
+        let text = "name = \"t\"\nversion = 1\n[[faults.at]]\nat = \"1s\"\nkind = \"partition\"\na = \"db\"\n\
+                    b = \"db\"\nspan = \"1s\"\n";
+        let (_, key, rule) = error(text);
+        assert_eq!(key, "faults.at[0].b");
+        assert_eq!(rule, "a partition needs two different nodes, not \"db\" twice");
     }
 
     #[test]
@@ -1347,6 +1499,25 @@ span = ["5s", "10s"]
         assert!(matches!(partition, Fault::Partition { a: Target::Agent(1), b: Target::Db, .. }), "{partition:?}");
         assert_eq!(s.faults.random[0].kind, FaultKind::AgentPause);
         assert_eq!(s.workload.rows_max, 0, "a gang file without [workload] runs no rows");
+    }
+
+    #[test]
+    fn a_spec_with_a_key_lockstep_does_not_know_is_refused_naming_the_operation_and_the_key() {
+        let text = "name = \"g\"\nversion = 1\n[topology]\nagents = 1\n[[operations]]\nname = \"typo\"\nat = \"1s\"\n\
+                    spec = \"{tasks={t={job_count=2;command=c;gang_option={size=1}}}}\"\n";
+        let (line, key, rule) = error(text);
+        assert_eq!((line, key.as_str()), (8, "operations[0].spec"));
+        assert!(
+            rule.contains(
+                "operation \"typo\": its spec has key tasks.t.gang_option, which lockstep does not know (did \
+                           you mean gang_options?)"
+            ),
+            "{rule}"
+        );
+        // A YTsaurus key lockstep knowingly ignores (the seed's master/slave example has it) is accepted.
+        let text = "name = \"g\"\nversion = 1\n[topology]\nagents = 1\n[[operations]]\nname = \"ok\"\nat = \"1s\"\n\
+                    spec = \"{tasks={t={job_count=2;command=c}};stderr_table_path=s}\"\n";
+        parse(text).unwrap();
     }
 
     #[test]

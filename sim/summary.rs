@@ -35,9 +35,14 @@ pub fn render(report: &RunReport) -> String {
     let mut text = String::new();
     let verdict = if report.passed() { "PASSED" } else { "FAILED" };
     let _ = writeln!(text, "scenario {} seed {}: {verdict}", report.scenario, report.seed);
-    let _ = writeln!(text, "simulated time: {}", seconds(report.simulated));
     let c = &report.client;
-    if report.gang && c.rows() == 0 {
+    if report.panic.is_some() {
+        // The run never reached its end: its client, database and engine-path counts were never read.
+        let _ =
+            writeln!(text, "simulated time: {} (its last trace event: the run panicked)", seconds(report.simulated));
+        let _ = writeln!(text, "client, rows and commits: not known (the run panicked before its end)");
+    } else if report.gang && c.rows() == 0 {
+        let _ = writeln!(text, "simulated time: {}", seconds(report.simulated));
         let refused = report.operations.iter().filter(|o| o.refused.is_some()).count();
         let _ = writeln!(
             text,
@@ -47,6 +52,7 @@ pub fn render(report: &RunReport) -> String {
             report.commits
         );
     } else {
+        let _ = writeln!(text, "simulated time: {}", seconds(report.simulated));
         let _ = writeln!(
             text,
             "client inserted {} rows: {} jobs of {} tasks, {} claims, {} resources; {} rows in the database, {} \
@@ -69,8 +75,11 @@ pub fn render(report: &RunReport) -> String {
         }
     }
     let _ = writeln!(text, "faults injected: {}", counted(&fault_counts(&report.trace)));
-    let paths: BTreeMap<String, u64> = PATHS.iter().map(|path| (path.to_string(), report.coverage.get(path))).collect();
-    let _ = writeln!(text, "engine paths: {}", counted(&paths));
+    if report.panic.is_none() {
+        let paths: BTreeMap<String, u64> =
+            PATHS.iter().map(|path| (path.to_string(), report.coverage.get(path))).collect();
+        let _ = writeln!(text, "engine paths: {}", counted(&paths));
+    }
     if report.gang {
         push_operations(&mut text, &report.operations);
     }

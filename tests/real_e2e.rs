@@ -646,12 +646,48 @@ async fn bad_input_exits_2_naming_the_field_and_client_commands_report_missing_o
     assert!(String::from_utf8_lossy(&output.stderr).contains("--format"));
     let output = cluster.cli(&["serve", "--lease-ttl", "4s"]);
     assert_eq!(output.status.code(), Some(2), "a lease too short for the default margin and heartbeat");
-    assert!(String::from_utf8_lossy(&output.stderr).contains("heartbeat_trigger"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--lease-ttl 4s: too short for --lease-margin 2s and --heartbeat-interval 1s"), "{stderr}");
+    assert!(!stderr.contains("heartbeat_trigger"), "serve has no such flag: {stderr}");
     for command in ["status", "abort"] {
         let output = cluster.cli(&[command, "999999999"]);
         assert_eq!(output.status.code(), Some(1), "{command}");
         assert!(String::from_utf8_lossy(&output.stderr).contains("operation 999999999 not found"), "{command}");
     }
+}
+
+/// A second agent for a node whose agent is alive waits for the node lease, and says so once at the default log
+/// level (a warning), not silently and not every pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_for_a_held_node_warns_once_that_it_waits() {
+    let mut cluster = Cluster::new("second-agent").await;
+    cluster.start_agent("node-1", 1, AGENT_FLAGS);
+    let first = Instant::now();
+    while !cluster.log("node-1").contains("node session started") {
+        assert!(
+            first.elapsed() < Duration::from_secs(20),
+            "the first agent got no session:\n{}",
+            cluster.log("node-1")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let work_dir = cluster.dir.0.join("nodes").join("node-1-second");
+    let work_dir = work_dir.to_str().unwrap().to_string();
+    let mut args = vec!["agent", "--node", "node-1", "--slots", "1", "--work-dir", &work_dir];
+    args.extend(AGENT_FLAGS);
+    cluster.spawn("node-1-second", &args);
+    let warning = "node node-1 is held by another agent session; waiting for its lease";
+    let started = Instant::now();
+    while !cluster.log("node-1-second").contains(warning) {
+        let log = cluster.log("node-1-second");
+        assert!(started.elapsed() < Duration::from_secs(20), "no warning from the second agent:\n{log}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Several more passes (one every 200 ms) while the first agent keeps its lease: still one warning.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = cluster.log("node-1-second");
+    assert_eq!(log.matches(warning).count(), 1, "{log}");
+    assert!(!log.contains("node session started"), "the second agent took a held lease:\n{log}");
 }
 
 /// The README's `## Real mode` section: its spec file parses as the seed's gang example, and every `lockstep`

@@ -151,6 +151,21 @@ fn explain_prints_one_operations_timeline_aligned_and_says_when_there_is_none() 
     let (_, stderr) = text(&output);
     assert_eq!(output.status.code(), Some(1));
     assert!(stderr.contains("no line of t.trace (3 lines) is about operation 1 (none has a field `op=1`)"), "{stderr}");
+
+    // Not a trace file, an empty one, or an id that is not a number: bad input (exit 2), said plainly.
+    std::fs::write(dir.join("notes.txt"), "hello\n").unwrap();
+    std::fs::write(dir.join("empty.trace"), "").unwrap();
+    let cases: [(&[&str], &str); 3] = [
+        (&["notes.txt", "--operation", "7"], "notes.txt is not a trace file: line 1 is not a trace line"),
+        (&["empty.trace", "--row", "7"], "empty.trace is not a trace file: it is empty"),
+        (&["t.trace", "--operation", "abc"], "\"abc\" is not a row id: ids are numbers"),
+    ];
+    for (args, expected) in cases {
+        let output = lockstep(&[&["sim", "explain"], args].concat(), &dir);
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stdout}{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
 }
 
 #[test]
@@ -173,6 +188,31 @@ fn a_bad_scenario_file_exits_2_naming_the_file_line_and_key() {
     assert!(stderr.contains("typo.toml:4:8: workload.span: invalid duration \"10 parsecs\""), "{stderr}");
 }
 
+/// A sweep refuses at parse time (exit 2, before anything runs or is listed in memory) a range of more than a
+/// million seeds, a seed past u64, and `--jobs 0`; the largest seed itself is a range of one seed.
+#[test]
+fn sweep_refuses_huge_ranges_overflowing_seeds_and_zero_jobs_with_exit_2() {
+    let dir = temp_dir("sweep-bounds");
+    let quiet = scenario("rows-quiet.toml");
+    let cases: [(&[&str], &str); 3] = [
+        (&["--seeds", "1..=9007199254740993"], "holds 9007199254740993 seeds; a sweep runs at most 1000000"),
+        (&["--seeds", "1..18446744073709551616"], "seed 18446744073709551616 overflows"),
+        (&["--seeds", "1..3", "--jobs", "0"], "--jobs <JOBS>"),
+    ];
+    for (args, expected) in cases {
+        let output = lockstep(&[&["sim", "sweep", quiet.as_str()], args].concat(), &dir);
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stdout}{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{args:?} ran: {stdout}");
+    }
+    let max = "18446744073709551615";
+    let output = lockstep(&["sim", "sweep", &quiet, "--seeds", &format!("{max}..={max}"), "--out", "q"], &dir);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains(&format!("seeds {max}..={max} (1)")), "{stdout}");
+}
+
 #[test]
 fn sweep_tabulates_outcomes_and_writes_each_failing_seed_as_a_replay_file() {
     let dir = temp_dir("sweep");
@@ -182,7 +222,7 @@ fn sweep_tabulates_outcomes_and_writes_each_failing_seed_as_a_replay_file() {
     let (stdout, stderr) = text(&output);
     assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
     assert!(stdout.contains("failed: lease_exclusivity"), "{stdout}");
-    assert!(stdout.contains("seeds 5..7 (2) on 2 threads"), "{stdout}");
+    assert!(stdout.contains("seeds 5..=6 (2) on 2 threads"), "{stdout}");
     assert!(dir.join("r").join(format!("planted-seed-{PLANTED_SEED}.replay.json")).exists(), "{stdout}");
     let written = std::fs::read_dir(dir.join("r")).unwrap().count();
     let failed_lines =
@@ -223,4 +263,46 @@ fn explain_follows_an_operation_of_a_real_gang_run_through_its_gang_restart() {
     // Another operation id matches nothing in this single-operation run.
     let none = lockstep(&["sim", "explain", "gang.trace", "--operation", "99999"], &dir);
     assert_eq!(none.status.code(), Some(1));
+}
+
+/// `lockstep sim run … | head -1`: a reader that closes the pipe early ends the run quietly (SIGPIPE's default
+/// action), not with a panic and exit 101.
+#[test]
+fn a_closed_stdout_ends_the_run_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = temp_dir("closed-pipe");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["sim", "run", &scenario("rows-quiet.toml")])
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    drop(child.stdout.take());
+    let output = child.wait_with_output().expect("the run ends");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.signal(), Some(libc::SIGPIPE), "{:?}: {stderr}", output.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// `--trace` to a path that cannot be written is refused before the simulation runs (exit 2), by `run` and by
+/// `replay`, instead of after it with exit 0.
+#[test]
+fn an_unwritable_trace_path_is_refused_before_the_run() {
+    let dir = temp_dir("bad-trace");
+    let output = lockstep(&["sim", "run", &scenario("rows-quiet.toml"), "--trace", "/proc/nope/x"], &dir);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("cannot create the trace file /proc/nope/x"), "{stderr}");
+    assert!(!stdout.contains("scenario rows-quiet seed"), "the run ran: {stdout}");
+
+    let planted = planted(&dir);
+    let run = lockstep(&["sim", "run", planted.to_str().unwrap(), "--seed", PLANTED_SEED, "--out", "out"], &dir);
+    assert_eq!(run.status.code(), Some(1), "{:?}", text(&run));
+    let replay_file = format!("out/planted-seed-{PLANTED_SEED}.replay.json");
+    let output = lockstep(&["sim", "replay", &replay_file, "--trace", "/proc/nope/x"], &dir);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("cannot create the trace file /proc/nope/x"), "{stderr}");
+    assert!(!stdout.contains("reproduced"), "the replay ran: {stdout}");
 }

@@ -392,3 +392,28 @@ fn fetch_hints_cross_the_network_and_wake_fetchers_at_once() {
     let median = delays[delays.len() / 2];
     assert!(median < Duration::from_millis(200), "median insert-to-fetch {median:?}: hints do not wake fetchers");
 }
+
+/// A run that panics mid-way (7 s after the world is built) reports how far it got in simulated time (its last
+/// trace event), not zero, and its
+/// summary says the client and database counts are not known instead of printing zeros.
+#[test]
+fn a_run_that_panics_reports_the_simulated_time_it_reached() {
+    let script = sim::script(|_world| async move {
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        panic!("a planted panic at 7 s");
+    });
+    let report = sim::run_with(&Scenario::quiet(), 1, Some(script));
+    assert_eq!(report.panic.as_deref(), Some("a planted panic at 7 s"));
+    let last = report.trace.last().expect("the quiet workload traced events before 7 s").at;
+    assert_eq!(report.simulated, last);
+    assert!(
+        report.simulated > Duration::from_secs(5) && report.simulated < Duration::from_secs(9),
+        "{:?}",
+        report.simulated
+    );
+    let text = sim::summary::render(&report);
+    let seconds = format!("simulated time: {}.{:03} s (its last trace event", last.as_secs(), last.subsec_millis());
+    assert!(text.contains(&seconds), "{text}");
+    assert!(text.contains("client, rows and commits: not known"), "{text}");
+    assert!(!text.contains("0 commits") && !text.contains("engine paths"), "{text}");
+}

@@ -7,7 +7,7 @@
 //! ([`SpecSource`]), and their text goes into the [`Scenario`] itself: the content hash covers it, and a replay
 //! file carries it ([`super::ScenarioFile::spec_files`]), so a replay never needs the spec file again.
 
-use super::{Broken, Dur, DurationRange, KeyPath, Seg, item, key, ordered, positive};
+use super::{Broken, Dur, DurationRange, KeyPath, Seg, item, key, ordered, positive, within_max};
 use crate::agent::{Behaviour, End, JobScript, Rule};
 use crate::gang::model::OperationStatus;
 use crate::gang::{OperationSpec, SpecFormat};
@@ -243,7 +243,8 @@ impl GangDocs {
             }
             let what = format!("operation {:?}", doc.name);
             let (spec, format) = spec_of(&doc.spec, &doc.spec_file, doc.format, &at, &what, specs, &mut files)?;
-            operations.push(Submission { name: doc.name.clone(), at: doc.at.0, spec, format });
+            let submitted = within_max(at("at"), doc.at.0)?;
+            operations.push(Submission { name: doc.name.clone(), at: submitted, spec, format });
         }
         if !operations.is_empty() && agents == 0 {
             return Err((key(&["topology", "agents"]), "operations need at least one agent (agents = 0)".into()));
@@ -290,9 +291,23 @@ fn spec_of(
             (text, format, "spec_file")
         }
     };
-    if let Err(error) = OperationSpec::parse(&text, format) {
-        let rule = error.to_string().replace('\n', "; ");
-        return Err((at(field), format!("{what}: its {format} spec is invalid: {rule}")));
+    let spec = match OperationSpec::parse(&text, format) {
+        Ok(spec) => spec,
+        Err(error) => {
+            let rule = error.to_string().replace('\n', "; ");
+            return Err((at(field), format!("{what}: its {format} spec is invalid: {rule}")));
+        }
+    };
+    // `lockstep submit` keeps (and warns about) keys it does not know; a simulation is strict: a misspelt key
+    // would silently simulate another operation (`gang_option` for `gang_options` runs a plain one).
+    if let Some(path) = spec.unknown_keys().first() {
+        let hint = crate::gang::spec::did_you_mean(path).map_or(String::new(), |key| format!(" (did you mean {key}?)"));
+        return Err((
+            at(field),
+            format!(
+                "{what}: its spec has key {path}, which lockstep does not know{hint}; a scenario refuses unknown keys"
+            ),
+        ));
     }
     Ok((text, format))
 }
@@ -321,6 +336,7 @@ fn control(
         let names: Vec<&str> = operations.iter().map(|s| s.name.as_str()).collect();
         return Err((at("operation"), format!("no operation named {:?} (operations: {names:?})", doc.operation)));
     };
+    within_max(at("at"), doc.at.0)?;
     if doc.at.0 < submission.at {
         return Err((
             at("at"),

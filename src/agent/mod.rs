@@ -222,6 +222,9 @@ pub struct Agent<S: Store, E: Executor> {
     /// pass that extends the lease and then hangs on a later call must be abandoned at the *new* deadline, not at
     /// the one the pass started with (else the agent fences itself while its lease is still held).
     extended: Arc<std::sync::Mutex<Option<Instant>>>,
+    /// Whether the agent already warned that the node lease is held by another session (once per wait: reset when
+    /// the agent gets a session).
+    warned_held: bool,
 }
 
 impl<S: Store, E: Executor> Agent<S, E> {
@@ -240,6 +243,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
             observer: None,
             fence_killed: Vec::new(),
             extended: Arc::default(),
+            warned_held: false,
         }
     }
 
@@ -521,7 +525,20 @@ impl<S: Store, E: Executor> Agent<S, E> {
             min_processing_interval: Duration::ZERO,
             retry_delay: Duration::ZERO,
         };
-        let Some(row) = self.store.fetch(params).await?.into_iter().next() else { return Ok(false) };
+        let Some(row) = self.store.fetch(params).await?.into_iter().next() else {
+            // Another session holds the node lease (a second agent for this node, or this agent's own earlier
+            // session until its lease expires): say so once, not every pass.
+            if !self.warned_held {
+                self.warned_held = true;
+                tracing::warn!(
+                    node = %self.config.name,
+                    "node {} is held by another agent session; waiting for its lease",
+                    self.config.name
+                );
+            }
+            return Ok(false);
+        };
+        self.warned_held = false;
         let token = row.lock_token.expect("a fetched row carries its lease token");
         self.node = Some(row.id);
         self.finished.clear();

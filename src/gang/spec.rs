@@ -96,6 +96,12 @@ impl TaskSpec {
 }
 
 impl OperationSpec {
+    /// The [unrecognized](OperationSpec::unrecognized) keys that are not [`IGNORED_KEYS`]: likely typos, which a
+    /// scenario file refuses and `lockstep submit` warns about. Paths as in `unrecognized` (`tasks.t.gang_option`).
+    pub fn unknown_keys(&self) -> Vec<&str> {
+        self.unrecognized.iter().map(String::as_str).filter(|path| !IGNORED_KEYS.contains(path)).collect()
+    }
+
     /// Whether any task is a gang task (DESIGN §4: then the operation is a gang operation).
     pub fn is_gang(&self) -> bool {
         self.tasks.values().any(TaskSpec::is_gang)
@@ -278,6 +284,41 @@ fn convert_map(items: &BTreeMap<String, yson::Node>, path: &str) -> Result<Map<S
 #[derive(Default)]
 struct Decoder {
     violations: Vec<Violation>,
+}
+
+/// Operation keys of YTsaurus that the seed document shows (its master/slave example) and lockstep accepts but
+/// does not interpret: there are no stderr tables here. Kept in [`OperationSpec::unrecognized`] like any other
+/// unknown key, but not reported by [`OperationSpec::unknown_keys`].
+pub const IGNORED_KEYS: [&str; 1] = ["stderr_table_path"];
+
+/// The key lockstep knows that an unrecognized key path (`tasks.t.gang_option`, `max_failed_jobs`) was most
+/// likely meant to be: the known key of the same level (operation or task) within two edits of its last part,
+/// the closest first. `None` if no key is that close.
+pub fn did_you_mean(path: &str) -> Option<&'static str> {
+    let last = path.rsplit('.').next().unwrap_or(path);
+    let known: &[&'static str] = if path.starts_with("tasks.") { &TASK_KEYS } else { &OPERATION_KEYS };
+    known
+        .iter()
+        .map(|key| (edit_distance(last, key), *key))
+        .filter(|(distance, _)| *distance <= 2)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, key)| key)
+}
+
+/// Levenshtein distance between `a` and `b`, by chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1).min(row[j] + 1).min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 const OPERATION_KEYS: [&str; 4] = ["tasks", "max_failed_job_count", "fail_on_job_restart", "restart_completed_jobs"];
@@ -566,6 +607,22 @@ pub fn sandbox_name_allowed(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unknown_keys_leave_out_ignored_ones_and_suggest_the_close_known_key() {
+        let text = "{tasks={t={job_count=2; command=\"true\"; gang_option={size=1}; foo=bar}}; pool=x; \
+                    stderr_table_path=\"//tmp/s\"; max_failed_jobs_count=1}";
+        let spec = OperationSpec::parse(text, SpecFormat::Yson).unwrap();
+        assert!(!spec.is_gang(), "the misspelt gang_option is not a gang option");
+        assert_eq!(spec.unknown_keys(), ["max_failed_jobs_count", "pool", "tasks.t.foo", "tasks.t.gang_option"]);
+        assert!(spec.unrecognized.contains(&"stderr_table_path".to_string()));
+        assert_eq!(did_you_mean("tasks.t.gang_option"), Some("gang_options"));
+        assert_eq!(did_you_mean("max_failed_jobs_count"), Some("max_failed_job_count"));
+        assert_eq!(did_you_mean("tasks.t.comand"), Some("command"));
+        assert_eq!(did_you_mean("comand"), None, "command is a task key, not an operation key");
+        assert_eq!(did_you_mean("tasks.t.foo"), None);
+        assert_eq!(did_you_mean("pool"), None);
+    }
 
     #[test]
     fn field_paths_quote_keys_that_are_not_identifiers() {

@@ -67,11 +67,11 @@ pub struct RunArgs {
 pub struct SweepArgs {
     /// The scenario file (TOML).
     scenario: PathBuf,
-    /// Seeds: `A..B` (B excluded) or `A..=B`.
+    /// Seeds: `A..B` (B excluded) or `A..=B`; at most 1 000 000 of them.
     #[arg(long, value_parser = parse_seeds)]
     seeds: SeedRange,
-    /// Threads; default every core (or `LOCKSTEP_SIM_JOBS`).
-    #[arg(long)]
+    /// Threads (at least 1); default every core (or `LOCKSTEP_SIM_JOBS`).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     jobs: Option<usize>,
     /// Directory for the failing seeds' replay files.
     #[arg(long, default_value = REPLAY_DIR)]
@@ -94,19 +94,31 @@ pub struct ReplayArgs {
 pub struct ExplainArgs {
     /// The trace file (`sim run --trace FILE`).
     trace: PathBuf,
-    /// The operation's row id: lines whose fields hold the token `op=ID`.
-    #[arg(long)]
+    /// The operation's row id (a number): lines whose fields hold the token `op=ID`.
+    #[arg(long, value_parser = parse_row_id)]
     operation: Option<String>,
-    /// A row id: lines whose fields hold `id=ID` or `row=ID`, and store commits naming the row or its lease.
-    #[arg(long)]
+    /// A row id (a number): lines whose fields hold `id=ID` or `row=ID`, and store commits naming the row or its
+    /// lease.
+    #[arg(long, value_parser = parse_row_id)]
     row: Option<String>,
 }
 
-/// A range of seeds.
+/// The most seeds one sweep runs: a larger range is refused at parse time (exit 2) instead of being listed in
+/// memory (at about a second a seed, a million seeds is already days of work; split larger sweeps).
+pub const MAX_SWEEP_SEEDS: u64 = 1_000_000;
+
+/// A range of seeds, `first..=last` (both included; never more than [`MAX_SWEEP_SEEDS`] seeds).
 #[derive(Clone, Debug)]
 pub struct SeedRange {
     first: u64,
-    end: u64,
+    last: u64,
+}
+
+impl SeedRange {
+    /// How many seeds the range holds (at least 1, at most [`MAX_SWEEP_SEEDS`]).
+    fn len(&self) -> u64 {
+        self.last - self.first + 1
+    }
 }
 
 fn parse_seeds(text: &str) -> Result<SeedRange, String> {
@@ -115,13 +127,42 @@ fn parse_seeds(text: &str) -> Result<SeedRange, String> {
         Some((first, end)) => (first, end, true),
         None => text.split_once("..").map(|(first, end)| (first, end, false)).ok_or_else(bad)?,
     };
-    let first: u64 = first.trim().parse().map_err(|_| bad())?;
-    let end: u64 = end.trim().parse().map_err(|_| bad())?;
-    let end = if inclusive { end.checked_add(1).ok_or_else(bad)? } else { end };
-    if end <= first {
-        return Err(format!("\"{text}\" holds no seed: the end must be past the start"));
+    let seed = |part: &str| -> Result<u64, String> {
+        let part = part.trim();
+        match part.parse::<u64>() {
+            Ok(seed) => Ok(seed),
+            Err(_) if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) => {
+                Err(format!("\"{text}\": seed {part} overflows: seeds are 0..={}", u64::MAX))
+            }
+            Err(_) => Err(bad()),
+        }
+    };
+    let (first, end) = (seed(first)?, seed(end)?);
+    let last = if inclusive {
+        end
+    } else {
+        end.checked_sub(1)
+            .filter(|last| *last >= first)
+            .ok_or_else(|| format!("\"{text}\" holds no seed: the end must be past the start"))?
+    };
+    if last < first {
+        return Err(format!("\"{text}\" holds no seed: the end must not be before the start"));
     }
-    Ok(SeedRange { first, end })
+    let count = u128::from(last - first) + 1;
+    if count > u128::from(MAX_SWEEP_SEEDS) {
+        return Err(format!(
+            "\"{text}\" holds {count} seeds; a sweep runs at most {MAX_SWEEP_SEEDS}: split it into several sweeps"
+        ));
+    }
+    Ok(SeedRange { first, last })
+}
+
+/// A row id as `explain` takes it: a whole number (operations and rows are numbered, e.g. `op=7` in a summary).
+fn parse_row_id(text: &str) -> Result<String, String> {
+    match text.parse::<i64>() {
+        Ok(id) => Ok(id.to_string()),
+        Err(_) => Err(format!("\"{text}\" is not a row id: ids are numbers, e.g. 7 for `op=7` in `sim run`'s summary")),
+    }
 }
 
 /// Runs one simulator command; returns the exit code.
@@ -146,15 +187,48 @@ fn run(args: RunArgs) -> u8 {
         Ok(file) => file,
         Err(code) => return code,
     };
+    let trace = match create_trace(args.trace.as_deref()) {
+        Ok(trace) => trace,
+        Err(code) => return code,
+    };
     let seed = args.seed.unwrap_or(file.seeds[0]);
     println!("{} ({}), seed {seed}, build {BUILD_ID}", args.scenario.display(), file.version_label());
     let report = sim::run(&file.scenario, seed);
     print!("{}", render(&report));
-    finish(&file, &report, args.trace.as_deref(), &args.out)
+    finish(&file, &report, trace, &args.out)
+}
+
+/// The `--trace` file, created (empty) before the run so that an unwritable path is refused at once (exit 2)
+/// instead of after the whole simulation.
+fn create_trace(path: Option<&Path>) -> Result<Option<(PathBuf, std::fs::File)>, u8> {
+    let Some(path) = path else { return Ok(None) };
+    match std::fs::File::create(path) {
+        Ok(file) => Ok(Some((path.to_path_buf(), file))),
+        Err(error) => {
+            eprintln!("lockstep sim: cannot create the trace file {}: {error}", path.display());
+            Err(BAD_INPUT)
+        }
+    }
+}
+
+/// Writes the run's trace to the file [`create_trace`] opened, and says where (or why not: exit 1).
+fn write_trace(trace: Option<(PathBuf, std::fs::File)>, report: &RunReport) -> Result<(), u8> {
+    use std::io::Write;
+    let Some((path, mut file)) = trace else { return Ok(()) };
+    match file.write_all(report.trace_text().as_bytes()).and_then(|()| file.flush()) {
+        Ok(()) => {
+            println!("trace written to {}", path.display());
+            Ok(())
+        }
+        Err(error) => {
+            eprintln!("lockstep sim: cannot write the trace to {}: {error}", path.display());
+            Err(FAILED)
+        }
+    }
 }
 
 /// The end of `run`: wall time, trace identity, the trace file, and for a failure its replay file.
-fn finish(file: &ScenarioFile, report: &RunReport, trace: Option<&Path>, out: &Path) -> u8 {
+fn finish(file: &ScenarioFile, report: &RunReport, trace: Option<(PathBuf, std::fs::File)>, out: &Path) -> u8 {
     let identity = trace_identity(report);
     println!(
         "wall time: {:.2} s; trace: {} events, hash {}",
@@ -162,14 +236,9 @@ fn finish(file: &ScenarioFile, report: &RunReport, trace: Option<&Path>, out: &P
         identity.events,
         identity.hash
     );
-    if let Some(path) = trace {
-        match std::fs::write(path, report.trace_text()) {
-            Ok(()) => println!("trace written to {}", path.display()),
-            Err(error) => eprintln!("lockstep sim: cannot write the trace to {}: {error}", path.display()),
-        }
-    }
+    let written = write_trace(trace, report);
     if report.passed() {
-        return PASSED;
+        return written.err().unwrap_or(PASSED);
     }
     match write_replay(file, report, out) {
         Ok(path) => println!("replay file: {}\nreplay it with: lockstep sim replay {}", path.display(), path.display()),
@@ -191,15 +260,16 @@ fn sweep(args: SweepArgs) -> u8 {
         Ok(file) => file,
         Err(code) => return code,
     };
-    let seeds: Vec<u64> = (args.seeds.first..args.seeds.end).collect();
+    // At most MAX_SWEEP_SEEDS seeds (parse_seeds refuses more), so listing them is cheap.
+    let seeds: Vec<u64> = (args.seeds.first..=args.seeds.last).collect();
     let jobs = args.jobs.unwrap_or_else(sim::run::jobs).max(1);
     println!(
-        "{} ({}), seeds {}..{} ({}) on {jobs} threads, build {BUILD_ID}",
+        "{} ({}), seeds {}..={} ({}) on {jobs} threads, build {BUILD_ID}",
         args.scenario.display(),
         file.version_label(),
         args.seeds.first,
-        args.seeds.end,
-        seeds.len()
+        args.seeds.last,
+        args.seeds.len()
     );
     let target =
         if std::io::stderr().is_terminal() { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
@@ -276,6 +346,10 @@ fn replay(args: ReplayArgs) -> u8 {
             return BAD_INPUT;
         }
     };
+    let trace = match create_trace(args.trace.as_deref()) {
+        Ok(trace) => trace,
+        Err(code) => return code,
+    };
     note_changed_scenario(&replay);
     println!(
         "{path}: scenario {} ({}), seed {}, build {BUILD_ID}",
@@ -284,12 +358,7 @@ fn replay(args: ReplayArgs) -> u8 {
     let report = sim::run(&file.scenario, replay.seed);
     print!("{}", render(&report));
     let identity = trace_identity(&report);
-    if let Some(trace) = &args.trace {
-        match std::fs::write(trace, report.trace_text()) {
-            Ok(()) => println!("trace written to {}", trace.display()),
-            Err(error) => eprintln!("lockstep sim: cannot write the trace to {}: {error}", trace.display()),
-        }
-    }
+    let written = write_trace(trace, &report);
     if identity != replay.trace {
         eprintln!(
             "lockstep sim replay: NOT reproduced: this run's trace has hash {} ({} events), the replay file recorded \
@@ -300,7 +369,7 @@ fn replay(args: ReplayArgs) -> u8 {
         return NOT_REPRODUCED;
     }
     println!("reproduced: trace hash {} ({} events) matches the replay file", identity.hash, identity.events);
-    if report.passed() { PASSED } else { FAILED }
+    if report.passed() { written.err().unwrap_or(PASSED) } else { FAILED }
 }
 
 /// Says so when the scenario file a replay came from has changed since (the replay uses the text it carries).
@@ -325,6 +394,14 @@ fn explain(args: ExplainArgs) -> u8 {
             return BAD_INPUT;
         }
     };
+    if let Err((line, text)) = explain::check_trace(&text) {
+        let why = match line {
+            0 => "it is empty".to_string(),
+            line => format!("line {line} is not a trace line (`seconds node kind fields`): {text:?}"),
+        };
+        eprintln!("lockstep sim explain: {path} is not a trace file: {why}; write one with `sim run --trace FILE`");
+        return BAD_INPUT;
+    }
     let (subject, how, lines) = match (&args.operation, &args.row) {
         (Some(operation), _) => (
             format!("operation {operation}"),
@@ -358,11 +435,33 @@ mod tests {
     #[test]
     fn seed_ranges_exclude_or_include_their_end() {
         let range = parse_seeds("1..4").unwrap();
-        assert_eq!((range.first, range.end), (1, 4));
+        assert_eq!((range.first, range.last, range.len()), (1, 3, 3));
         let range = parse_seeds("1..=4").unwrap();
-        assert_eq!((range.first, range.end), (1, 5));
+        assert_eq!((range.first, range.last, range.len()), (1, 4, 4));
         assert!(parse_seeds("4..4").unwrap_err().contains("holds no seed"));
+        assert!(parse_seeds("0..0").unwrap_err().contains("holds no seed"));
+        assert!(parse_seeds("5..=4").unwrap_err().contains("holds no seed"));
         assert!(parse_seeds("a..b").unwrap_err().contains("not a seed range"));
         assert!(parse_seeds("7").unwrap_err().contains("not a seed range"));
+    }
+
+    #[test]
+    fn the_largest_seed_is_a_seed_range_and_a_larger_one_overflows() {
+        let max = u64::MAX;
+        let range = parse_seeds(&format!("{max}..={max}")).unwrap();
+        assert_eq!((range.first, range.last, range.len()), (max, max, 1));
+        let range = parse_seeds(&format!("{}..{max}", max - 2)).unwrap();
+        assert_eq!((range.first, range.last), (max - 2, max - 1));
+        let error = parse_seeds("1..18446744073709551616").unwrap_err();
+        assert!(error.contains("seed 18446744073709551616 overflows"), "{error}");
+    }
+
+    #[test]
+    fn a_sweep_runs_at_most_a_million_seeds() {
+        assert_eq!(parse_seeds("1..=1000000").unwrap().len(), MAX_SWEEP_SEEDS);
+        let error = parse_seeds("1..=1000001").unwrap_err();
+        assert!(error.contains("holds 1000001 seeds; a sweep runs at most 1000000"), "{error}");
+        let error = parse_seeds("0..=18446744073709551615").unwrap_err();
+        assert!(error.contains("holds 18446744073709551616 seeds"), "{error}");
     }
 }

@@ -80,7 +80,11 @@ impl PgStore {
         let fail = |err| error::store_error(err, options.acquire_timeout);
         let base: PgConnectOptions = options.url.parse().map_err(fail)?;
         let base = base.application_name(&options.application_name);
-        ensure_schema(&base, &options.schema).await.map_err(fail)?;
+        if options.migrate {
+            ensure_schema(&base, &options.schema).await.map_err(fail)?;
+        } else {
+            check_migrated(&base, &options.schema).await?;
+        }
         // A startup option rather than an `after_connect` hook: no extra round trip per connection, and it
         // survives `RESET ALL`. Plans are cached as PostgreSQL chooses (`plan_cache_mode = auto`): every statement
         // finds its rows by primary key, token or the fetch index, and the fetch writes its limit into its text so
@@ -112,7 +116,9 @@ impl PgStore {
                 _listener_shutdown: shutdown,
             }),
         };
-        store.migrate().await?;
+        if options.migrate {
+            store.migrate().await?;
+        }
         listen::start(connect, channel, instance, hints, shutdown_rx).await.map_err(|err| store.fail(err))?;
         Ok(store)
     }
@@ -276,6 +282,37 @@ async fn ensure_schema(options: &PgConnectOptions, schema: &str) -> Result<(), s
         sqlx::query(AssertSqlSafe(sql::create_schema(schema))).execute(&mut conn).await?;
     }
     conn.close().await
+}
+
+/// Checks, without changing anything, that `schema` exists and holds every migration of this build (for
+/// [`PgOptions::migrate`] = false). Errors: [`StoreError::Invalid`] naming the schema if it is missing or not
+/// fully migrated; `Unavailable`/`Timeout` if PostgreSQL cannot be reached.
+async fn check_migrated(options: &PgConnectOptions, schema: &str) -> Result<(), StoreError> {
+    let fail = |err| error::store_error(err, PgOptions::ACQUIRE_TIMEOUT_DEFAULT);
+    let mut conn = PgConnection::connect_with(options).await.map_err(fail)?;
+    let applied: Vec<i64> =
+        match sqlx::query_scalar(sql::MIGRATIONS_TABLE_EXISTS).bind(schema).fetch_one(&mut conn).await {
+            Ok(true) => sqlx::query_scalar(AssertSqlSafe(sql::applied_migrations(schema)))
+                .fetch_all(&mut conn)
+                .await
+                .map_err(fail)?,
+            Ok(false) => Vec::new(),
+            Err(err) => return Err(fail(err)),
+        };
+    conn.close().await.map_err(fail)?;
+    let migrator = sqlx::migrate!("./migrations");
+    let missing = migrator
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .filter(|m| !applied.contains(&m.version))
+        .count();
+    if missing > 0 {
+        return Err(StoreError::Invalid(format!(
+            "schema {schema} is not migrated ({missing} of its migrations not applied): run `lockstep migrate --schema \
+             {schema}` first"
+        )));
+    }
+    Ok(())
 }
 
 /// Binds the fetch's parameters, in `sql::FETCH`'s order, to `query` (the text of [`PgStore::fetch_sql`] or its

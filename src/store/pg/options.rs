@@ -33,6 +33,11 @@ pub struct PgOptions {
     /// Whether the pool checks an idle connection with a round trip (sqlx's `test_before_acquire`) before each
     /// store call uses it. Default [`PgOptions::PING_BEFORE_USE_DEFAULT`].
     pub ping_before_use: bool,
+    /// Whether connecting creates the schema if missing and applies the migrations not yet applied (default
+    /// [`PgOptions::MIGRATE_DEFAULT`], true). False for a client that must not run DDL: connecting then only
+    /// checks that the schema exists and holds every migration of this build, and fails with
+    /// [`StoreError::Invalid`] (`schema X is not migrated: …`) if not, changing nothing.
+    pub migrate: bool,
 }
 
 impl PgOptions {
@@ -51,6 +56,8 @@ impl PgOptions {
     /// it such a connection fails its one call with `Unavailable`, which the engine handles as it handles any
     /// lost call: reads are retried, writes are left to lease expiry and the guarded apply.
     pub const PING_BEFORE_USE_DEFAULT: bool = false;
+    /// Default of [`PgOptions::migrate`]: connecting migrates.
+    pub const MIGRATE_DEFAULT: bool = true;
 
     /// Options for `url` with every default.
     pub fn new(url: impl Into<String>) -> PgOptions {
@@ -62,6 +69,7 @@ impl PgOptions {
             clock_offset: Duration::ZERO,
             application_name: PgOptions::APPLICATION_NAME_DEFAULT.to_string(),
             ping_before_use: PgOptions::PING_BEFORE_USE_DEFAULT,
+            migrate: PgOptions::MIGRATE_DEFAULT,
         }
     }
 }
@@ -76,6 +84,7 @@ impl fmt::Debug for PgOptions {
             .field("clock_offset", &self.clock_offset)
             .field("application_name", &self.application_name)
             .field("ping_before_use", &self.ping_before_use)
+            .field("migrate", &self.migrate)
             .finish()
     }
 }

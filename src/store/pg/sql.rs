@@ -20,6 +20,15 @@ macro_rules! row_columns {
 /// role without `CREATE` on the database can use a schema made for it. `$1`: schema name.
 pub(super) const SCHEMA_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)";
 
+/// Whether schema `$1` holds sqlx's migration table (false if the schema itself is missing).
+pub(super) const MIGRATIONS_TABLE_EXISTS: &str =
+    "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = '_sqlx_migrations')";
+
+/// The versions of the migrations applied successfully to `schema` (a checked identifier, as for `create_schema`).
+pub(super) fn applied_migrations(schema: &str) -> String {
+    format!("SELECT version FROM \"{schema}\"._sqlx_migrations WHERE success")
+}
+
 /// The store's time. `$1`: clock offset.
 pub(super) const NOW: &str = "SELECT lockstep_now($1)";
 

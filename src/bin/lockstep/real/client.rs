@@ -112,6 +112,17 @@ pub fn read_spec(path: &Path, flag: Option<FormatArg>) -> Result<OperationSpec, 
         .map_err(|error| Failure::usage(format!("spec {} is invalid:\n{error}", path.display())))
 }
 
+/// One warning on stderr per key of `spec` that lockstep does not know (kept, as YTsaurus keeps unrecognized keys,
+/// but without effect), with the known key it is closest to: `warning: spec key tasks.t.gang_option is not one
+/// lockstep knows; it is kept but has no effect (did you mean gang_options?)`.
+fn warn_unknown_keys(spec: &OperationSpec) {
+    for path in spec.unknown_keys() {
+        let hint =
+            lockstep::gang::spec::did_you_mean(path).map_or(String::new(), |key| format!(" (did you mean {key}?)"));
+        eprintln!("warning: spec key {path} is not one lockstep knows; it is kept but has no effect{hint}");
+    }
+}
+
 fn gang_failure(error: GangError) -> Failure {
     match error {
         GangError::Spec(error) => Failure::usage(format!("spec is invalid:\n{error}")),
@@ -122,7 +133,8 @@ fn gang_failure(error: GangError) -> Failure {
 /// `submit`: parse, submit, print the id; with `--wait`, follow the operation to its end.
 pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let spec = read_spec(&args.spec, args.format)?;
-    let store = args.database.connect("lockstep submit", CLIENT_CONNECTIONS).await?;
+    warn_unknown_keys(&spec);
+    let store = args.database.connect_migrated("lockstep submit", CLIENT_CONNECTIONS).await?;
     let operation = api::submit(&store, spec).await.map_err(gang_failure)?;
     println!("{operation}");
     let _ = std::io::stdout().flush();
@@ -181,7 +193,7 @@ fn summary(report: &StatusReport) -> String {
 
 /// `status`: the report as a table, or as JSON with `--json`.
 pub async fn status(args: StatusArgs) -> Result<(), Failure> {
-    let store = args.database.connect("lockstep status", CLIENT_CONNECTIONS).await?;
+    let store = args.database.connect_migrated("lockstep status", CLIENT_CONNECTIONS).await?;
     let report = StatusReport::read(&store, RowId(args.operation), args.all).await.map_err(gang_failure)?;
     if args.json {
         let json = serde_json::to_string_pretty(&report).expect("status reports serialize");
@@ -194,7 +206,7 @@ pub async fn status(args: StatusArgs) -> Result<(), Failure> {
 
 /// `abort`: records the request in the operation's inbox; a replica's next pass aborts it.
 pub async fn abort(args: AbortArgs) -> Result<(), Failure> {
-    let store = args.database.connect("lockstep abort", CLIENT_CONNECTIONS).await?;
+    let store = args.database.connect_migrated("lockstep abort", CLIENT_CONNECTIONS).await?;
     api::abort(&store, RowId(args.operation), &args.reason).await.map_err(gang_failure)?;
     eprintln!("abort of operation {} requested", args.operation);
     Ok(())

@@ -33,27 +33,47 @@ pub enum Command {
     Migrate(client::MigrateArgs),
 }
 
+impl Command {
+    /// Whether the command runs until stopped (`serve`, `agent`) rather than printing a result and exiting.
+    pub fn is_long_running(&self) -> bool {
+        matches!(self, Command::Serve(_) | Command::Agent(_))
+    }
+}
+
 /// Where the database is. Every command takes these.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Database {
     /// PostgreSQL connection URL, e.g. postgres://postgres@127.0.0.1:5432/lockstep.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
-    /// Schema holding lockstep's tables; created if missing. Replicas, agents and clients of one cluster use the
-    /// same schema.
+    /// Schema holding lockstep's tables. `migrate`, `serve` and `agent` create and migrate it if needed;
+    /// `submit`, `status` and `abort` refuse a schema that is not migrated (exit 2) and change nothing. Replicas,
+    /// agents and clients of one cluster use the same schema.
     #[arg(long, env = "LOCKSTEP_SCHEMA", default_value = PgOptions::SCHEMA_DEFAULT)]
     pub schema: String,
 }
 
 impl Database {
-    /// Connects with `max_connections` pooled sessions, `application_name` = `name`. Every connect applies the
-    /// migrations not yet applied (PgStore does; `migrate` makes it an explicit step).
+    /// Connects with `max_connections` pooled sessions, `application_name` = `name`, creating the schema if
+    /// missing and applying the migrations not yet applied (`migrate`, `serve`, `agent`).
     pub async fn connect(&self, name: &str, max_connections: u32) -> Result<PgStore, Failure> {
+        self.connect_with(name, max_connections, true).await
+    }
+
+    /// As [`Database::connect`] but runs no DDL (`submit`, `status`, `abort`): a schema that is missing or not
+    /// fully migrated is a usage error (exit 2) naming the schema and the `migrate` command.
+    pub async fn connect_migrated(&self, name: &str, max_connections: u32) -> Result<PgStore, Failure> {
+        self.connect_with(name, max_connections, false).await
+    }
+
+    async fn connect_with(&self, name: &str, max_connections: u32, migrate: bool) -> Result<PgStore, Failure> {
         let mut options = PgOptions::new(self.database_url.clone());
+        options.migrate = migrate;
         options.schema = self.schema.clone();
         options.application_name = name.to_string();
         options.max_connections = max_connections;
         PgStore::connect_with(options).await.map_err(|error| match error {
+            StoreError::Invalid(message) if message.contains("is not migrated") => Failure::usage(message),
             StoreError::Invalid(message) => Failure::usage(format!("--schema / --database-url: {message}")),
             error => Failure::runtime(format!("cannot connect to PostgreSQL (schema {}): {error}", self.schema)),
         })

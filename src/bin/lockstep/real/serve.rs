@@ -5,6 +5,7 @@
 
 use super::{Database, Failure, duration, termination};
 use lockstep::gang::replica::ReplicaConfig;
+use lockstep::pipeline::ConfigError;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,14 +53,38 @@ impl ServeArgs {
     }
 }
 
+/// A pipeline-config rule that `serve`'s flags broke, said in terms of those flags (the pipeline's own field
+/// names, such as `heartbeat_trigger`, are not flags of `serve`).
+fn config_rule(args: &ServeArgs, error: &ConfigError) -> String {
+    let flags = "--workers, --lease-ttl, --lease-margin, --heartbeat-interval, --min-processing-interval";
+    let ConfigError::Field { field, rule, .. } = error else { return format!("{error} (set by {flags})") };
+    let show = |d: Duration| format!("{d:?}");
+    match *field {
+        // serve extends a lease when half its ttl is left: that half must hold two heartbeats and the margin.
+        "heartbeat_trigger" => {
+            let floor = (args.lease_margin + args.heartbeat_interval * 2) * 2;
+            format!(
+                "--lease-ttl {}: too short for --lease-margin {} and --heartbeat-interval {}: a lease is extended \
+                 when half its ttl ({}) is left, which must hold two heartbeats plus the margin; use --lease-ttl {} \
+                 or more, or a shorter --lease-margin or --heartbeat-interval",
+                show(args.lease_ttl),
+                show(args.lease_margin),
+                show(args.heartbeat_interval),
+                show(args.lease_ttl / 2),
+                show(floor.max(Duration::from_millis(1))),
+            )
+        }
+        "workers" | "lease_ttl" | "lease_margin" | "heartbeat_interval" | "min_processing_interval" => {
+            format!("--{}: {rule}", field.replace('_', "-"))
+        }
+        _ => format!("{error} (set by {flags})"),
+    }
+}
+
 /// Runs the replica until a signal, then drains it.
 pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     let config = args.replica_config();
-    config.pipeline_config().validate().map_err(|error| {
-        Failure::usage(format!(
-            "{error} (set by --workers, --lease-ttl, --lease-margin, --heartbeat-interval, --min-processing-interval)"
-        ))
-    })?;
+    config.pipeline_config().validate().map_err(|error| Failure::usage(config_rule(&args, &error)))?;
     let needed = config.connections_needed();
     let connections = args.max_connections.unwrap_or(u32::try_from(needed).unwrap_or(u32::MAX));
     if (connections as usize) < needed {
@@ -112,6 +137,19 @@ mod tests {
         let cli = Cli::try_parse_from(["serve", "--database-url", "postgres://h/db"]).unwrap();
         let config = ReplicaConfig { seed: 0, ..cli.serve.replica_config() };
         assert_eq!(config, ReplicaConfig::default());
+    }
+
+    #[test]
+    fn a_lease_too_short_is_said_in_serves_flags() {
+        let cli = Cli::try_parse_from(["serve", "--database-url", "postgres://h/db", "--lease-ttl", "1s"]).unwrap();
+        let error = cli.serve.replica_config().pipeline_config().validate().unwrap_err();
+        let message = config_rule(&cli.serve, &error);
+        assert!(message.starts_with("--lease-ttl 1s: too short for --lease-margin 2s and --heartbeat-interval 1s"));
+        assert!(message.contains("use --lease-ttl 8s or more"), "{message}");
+        assert!(!message.contains("heartbeat_trigger"), "{message}");
+        // The floor it names is enough.
+        let args = ["serve", "--database-url", "postgres://h/db", "--lease-ttl", "8s"];
+        Cli::try_parse_from(args).unwrap().serve.replica_config().pipeline_config().validate().unwrap();
     }
 
     #[test]
