@@ -110,6 +110,29 @@ impl RunReport {
         trace::render(&self.trace)
     }
 
+    /// The report of a run of `scenario` under `seed` before anything is known: no panic, no violation, zero
+    /// counts and times.
+    fn empty(scenario: &Scenario, seed: u64) -> RunReport {
+        RunReport {
+            seed,
+            scenario: scenario.name.clone(),
+            panic: None,
+            violations: Vec::new(),
+            trace: Vec::new(),
+            coverage: Coverage::default(),
+            client: ClientReport::default(),
+            commits: 0,
+            rows: 0,
+            keyed_rows: 0,
+            statuses: BTreeMap::new(),
+            gang: scenario.gang.is_some(),
+            operations: Vec::new(),
+            checkers: Vec::new(),
+            simulated: Duration::ZERO,
+            wall: std::time::Duration::ZERO,
+        }
+    }
+
     /// Drops the trace, keeping the counts (for sweeps of many seeds).
     pub fn slim(mut self) -> RunReport {
         self.trace = Vec::new();
@@ -168,24 +191,7 @@ pub fn run(scenario: &Scenario, seed: u64) -> RunReport {
 /// `<dir>/<scenario>-seed-<seed>.trace`.
 pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunReport {
     if let Err(error) = scenario.check() {
-        return RunReport {
-            seed,
-            scenario: scenario.name.clone(),
-            panic: Some(error.to_string()),
-            violations: Vec::new(),
-            trace: Vec::new(),
-            coverage: Coverage::default(),
-            client: ClientReport::default(),
-            commits: 0,
-            rows: 0,
-            keyed_rows: 0,
-            statuses: BTreeMap::new(),
-            gang: scenario.gang.is_some(),
-            operations: Vec::new(),
-            checkers: Vec::new(),
-            simulated: Duration::ZERO,
-            wall: std::time::Duration::ZERO,
-        };
+        return RunReport { panic: Some(error.to_string()), ..RunReport::empty(scenario, seed) };
     }
     let scenario = Arc::new(scenario.clone());
     let trace_slot: Arc<Mutex<Option<Trace>>> = Arc::default();
@@ -218,24 +224,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
         Ok(_) => simulated,
         Err(_) => trace.last().map_or(Duration::ZERO, |event| event.at),
     };
-    let mut report = RunReport {
-        seed,
-        scenario: scenario.name.clone(),
-        panic: None,
-        violations: Vec::new(),
-        coverage: Coverage::default(),
-        client: ClientReport::default(),
-        commits: 0,
-        rows: 0,
-        keyed_rows: 0,
-        statuses: BTreeMap::new(),
-        gang: scenario.gang.is_some(),
-        operations: Vec::new(),
-        checkers: Vec::new(),
-        simulated,
-        wall,
-        trace,
-    };
+    let mut report = RunReport { simulated, wall, trace, ..RunReport::empty(&scenario, seed) };
     match result {
         Err(panic) => report.panic = Some(panic),
         Ok(outcome) => {

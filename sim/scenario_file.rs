@@ -514,66 +514,8 @@ impl<'de> Deserialize<'de> for KindDoc {
     }
 }
 
-/// Parses a duration: one or more `<number><unit>` parts (`"90s"`, `"1.5s"`, `"1m30s"`), units `us`, `ms`,
-/// `s`, `m`, `h`. Exact to the nanosecond.
-///
-/// # Errors
-/// A message naming the text and the accepted form.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = |why: &str| {
-        format!(
-            "invalid duration \"{text}\": {why}; write a number and a unit (us, ms, s, m, h), e.g. \"500ms\", \"90s\", \"2m\""
-        )
-    };
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return Err(bad("it is empty"));
-    }
-    let mut total: u128 = 0;
-    while !rest.is_empty() {
-        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        let (number, after) = rest.split_at(number_len);
-        if number.is_empty() {
-            return Err(match rest.chars().next() {
-                Some('-') => bad("a duration cannot be negative"),
-                Some(c) if c.is_ascii_alphabetic() => bad("expected a number before the unit"),
-                Some(c) => bad(&format!("unexpected {c:?}")),
-                None => bad("it is empty"),
-            });
-        }
-        let after = after.trim_start();
-        let unit_len = after.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(after.len());
-        let (unit, after) = after.split_at(unit_len);
-        let unit_nanos: u128 = match unit {
-            "us" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60_000_000_000,
-            "h" => 3_600_000_000_000,
-            "" => return Err(bad("a number without a unit")),
-            _ => return Err(bad(&format!("unknown unit \"{unit}\""))),
-        };
-        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-        let digits_ok = |part: &str| part.chars().all(|c| c.is_ascii_digit());
-        if whole.is_empty() || number.ends_with('.') || !digits_ok(fraction) || fraction.len() > 9 {
-            return Err(bad("expected a number before the unit"));
-        }
-        let whole: u128 = whole.parse().map_err(|_| bad("the number is too large"))?;
-        let fraction_nanos = if fraction.is_empty() {
-            0
-        } else {
-            fraction.parse::<u128>().expect("digits") * unit_nanos / 10u128.pow(fraction.len() as u32)
-        };
-        total = whole
-            .checked_mul(unit_nanos)
-            .and_then(|nanos| nanos.checked_add(fraction_nanos))
-            .and_then(|nanos| nanos.checked_add(total))
-            .ok_or_else(|| bad("too large"))?;
-        rest = after.trim_start();
-    }
-    let secs = u64::try_from(total / 1_000_000_000).map_err(|_| bad("too large"))?;
-    Ok(Duration::new(secs, (total % 1_000_000_000) as u32))
-}
+/// Parses a duration in the files' form: [`crate::duration::parse`] (also the real-mode command line's).
+pub use crate::duration::parse as parse_duration;
 
 // ---- from the file's shape to a Scenario ----
 

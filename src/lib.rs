@@ -7,6 +7,7 @@
 
 pub mod agent;
 mod buggify;
+pub mod duration;
 pub mod gang;
 pub mod pipeline;
 pub mod store;

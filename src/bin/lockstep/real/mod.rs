@@ -9,7 +9,7 @@
 
 mod agent;
 mod client;
-mod duration;
+use lockstep::duration;
 mod serve;
 
 use lockstep::store::{PgOptions, PgStore, StoreError};

@@ -1,0 +1,90 @@
+//! Durations as people write them, in scenario files and on the command line: one or more `<number><unit>` parts
+//! (`"500ms"`, `"1.5s"`, `"1m30s"`), exact to the nanosecond.
+
+use std::time::Duration;
+
+/// Parses a duration: one or more `<number><unit>` parts (`"90s"`, `"1.5s"`, `"1m30s"`), units `us`, `ms`,
+/// `s`, `m`, `h`. Exact to the nanosecond.
+///
+/// # Errors
+/// A message naming the text and the accepted form.
+pub fn parse(text: &str) -> Result<Duration, String> {
+    let bad = |why: &str| {
+        format!(
+            "invalid duration \"{text}\": {why}; write a number and a unit (us, ms, s, m, h), e.g. \"500ms\", \"90s\", \"2m\""
+        )
+    };
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(bad("it is empty"));
+    }
+    let mut total: u128 = 0;
+    while !rest.is_empty() {
+        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let (number, after) = rest.split_at(number_len);
+        if number.is_empty() {
+            return Err(match rest.chars().next() {
+                Some('-') => bad("a duration cannot be negative"),
+                Some(c) if c.is_ascii_alphabetic() => bad("expected a number before the unit"),
+                Some(c) => bad(&format!("unexpected {c:?}")),
+                None => bad("it is empty"),
+            });
+        }
+        let after = after.trim_start();
+        let unit_len = after.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let unit_nanos: u128 = match unit {
+            "us" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "" => return Err(bad("a number without a unit")),
+            _ => return Err(bad(&format!("unknown unit \"{unit}\""))),
+        };
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        let digits_ok = |part: &str| part.chars().all(|c| c.is_ascii_digit());
+        if whole.is_empty() || number.ends_with('.') || !digits_ok(fraction) || fraction.len() > 9 {
+            return Err(bad("expected a number before the unit"));
+        }
+        let whole: u128 = whole.parse().map_err(|_| bad("the number is too large"))?;
+        let fraction_nanos = if fraction.is_empty() {
+            0
+        } else {
+            fraction.parse::<u128>().expect("digits") * unit_nanos / 10u128.pow(fraction.len() as u32)
+        };
+        total = whole
+            .checked_mul(unit_nanos)
+            .and_then(|nanos| nanos.checked_add(fraction_nanos))
+            .and_then(|nanos| nanos.checked_add(total))
+            .ok_or_else(|| bad("too large"))?;
+        rest = after.trim_start();
+    }
+    let secs = u64::try_from(total / 1_000_000_000).map_err(|_| bad("too large"))?;
+    Ok(Duration::new(secs, (total % 1_000_000_000) as u32))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_with_their_units_exactly() {
+        assert_eq!(parse("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse("250us"), Ok(Duration::from_micros(250)));
+    }
+
+    #[test]
+    fn a_duration_without_a_number_and_a_known_unit_is_refused_with_the_rule() {
+        for bad in ["30", "5x", "s", "1..2s", "", "-2s"] {
+            let error = parse(bad).unwrap_err();
+            assert!(error.contains("write a number and a unit"), "{bad:?}: {error}");
+        }
+        assert!(parse("-2s").unwrap_err().contains("cannot be negative"));
+    }
+}
