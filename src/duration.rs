@@ -81,9 +81,10 @@ mod tests {
 
     #[test]
     fn a_duration_without_a_number_and_a_known_unit_is_refused_with_the_rule() {
-        for bad in ["30", "5x", "s", "1..2s", "", "-2s"] {
+        for bad in ["30", "5x", "s", "1..2s", "", "-2s", "1.s", ".5s", "1.2.3s", "99999999999999999999999h"] {
             let error = parse(bad).unwrap_err();
             assert!(error.contains("write a number and a unit"), "{bad:?}: {error}");
+            assert!(error.contains(&format!("\"{bad}\"")), "the message quotes the text: {error}");
         }
         assert!(parse("-2s").unwrap_err().contains("cannot be negative"));
     }
