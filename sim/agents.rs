@@ -13,7 +13,6 @@
 
 use super::gang;
 use super::net_store::{NetStore, NetStoreOptions};
-use super::replica::tag_base;
 use super::trace::Trace;
 use crate::agent::{Agent, AgentConfig, SimulatedExecutor};
 use crate::pipeline::LocalClock;
@@ -52,14 +51,7 @@ pub struct AgentContext {
 pub async fn run(ctx: Arc<AgentContext>) {
     let incarnation = ctx.incarnations.fetch_add(1, Ordering::SeqCst) + 1;
     ctx.trace.record(&ctx.name, "start", format!("incarnation={incarnation}"));
-    let options = NetStoreOptions {
-        node: ctx.name.clone(),
-        ip: ctx.ip,
-        db: ctx.db,
-        call_timeout: ctx.call_timeout,
-        hints: true,
-        tag_base: tag_base(&ctx.clients),
-    };
+    let options = NetStoreOptions::next_client(ctx.name.clone(), ctx.ip, ctx.db, ctx.call_timeout, true, &ctx.clients);
     let store = NetStore::connect(options, ctx.trace.clone()).await;
     let (trace, name) = (ctx.trace.clone(), ctx.name.clone());
     let observer = Arc::new(move |pass: &crate::agent::AgentPass| gang::trace_pass(&trace, &name, pass));

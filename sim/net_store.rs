@@ -46,6 +46,26 @@ pub struct NetStoreOptions {
     pub tag_base: u64,
 }
 
+impl NetStoreOptions {
+    /// Options for a new client on `node` (at `ip`) of the database at `db`, with the next reply-tag range of the
+    /// run's allocator `clients` (see [`tag_base`]).
+    pub fn next_client(
+        node: Arc<str>,
+        ip: IpAddr,
+        db: SocketAddr,
+        call_timeout: Duration,
+        hints: bool,
+        clients: &AtomicU64,
+    ) -> NetStoreOptions {
+        NetStoreOptions { node, ip, db, call_timeout, hints, tag_base: tag_base(clients) }
+    }
+}
+
+/// A reply-tag range for a new store client: `(n + 1) << 32` for the n-th client of the run.
+pub fn tag_base(clients: &AtomicU64) -> u64 {
+    (clients.fetch_add(1, Ordering::SeqCst) + 1) << 32
+}
+
 /// A store client on a simulated node. Dropping it stops its hint tasks.
 pub struct NetStore {
     options: NetStoreOptions,

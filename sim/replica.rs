@@ -88,23 +88,11 @@ impl ReplicaContext {
     }
 }
 
-/// A reply-tag range for a new store client: `(n + 1) << 32` for the n-th client of the run.
-pub fn tag_base(clients: &AtomicU64) -> u64 {
-    (clients.fetch_add(1, Ordering::SeqCst) + 1) << 32
-}
-
 /// One incarnation of the replica, from start until the world drains it. The node's init function.
 pub async fn run(ctx: Arc<ReplicaContext>) {
     let incarnation = ctx.incarnations.fetch_add(1, Ordering::SeqCst) + 1;
     ctx.trace.record(&ctx.name, "start", format!("incarnation={incarnation} clock_ppm={}", ctx.clock.rate_ppm()));
-    let options = NetStoreOptions {
-        node: ctx.name.clone(),
-        ip: ctx.ip,
-        db: ctx.db,
-        call_timeout: ctx.call_timeout,
-        hints: true,
-        tag_base: tag_base(&ctx.clients),
-    };
+    let options = NetStoreOptions::next_client(ctx.name.clone(), ctx.ip, ctx.db, ctx.call_timeout, true, &ctx.clients);
     let store = NetStore::connect(options, ctx.trace.clone()).await;
     // Every incarnation draws fresh engine jitter: a restarted process does not replay its predecessor.
     let seed = ctx.seed ^ (ctx.index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ incarnation;

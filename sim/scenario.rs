@@ -187,11 +187,7 @@ impl Scenario {
             agents: 5,
             slots: 2,
             agent: AgentTunables::default(),
-            controller: ControllerTunables {
-                lease_ttl: Duration::from_secs(10),
-                min_processing_interval: Duration::from_secs(2),
-                ..ControllerTunables::default()
-            },
+            controller: sim_controller(),
             operations,
             jobs: gang_jobs(),
             controls: Vec::new(),
@@ -217,11 +213,7 @@ impl Scenario {
             agents,
             slots,
             agent: AgentTunables::default(),
-            controller: ControllerTunables {
-                lease_ttl: Duration::from_secs(10),
-                min_processing_interval: Duration::from_secs(2),
-                ..ControllerTunables::default()
-            },
+            controller: sim_controller(),
             operations,
             jobs: JobScript::uniform(job),
             controls: Vec::new(),
@@ -268,6 +260,16 @@ impl Scenario {
     pub fn with_workload(mut self, workload: WorkloadSpec) -> Scenario {
         self.workload = workload;
         self
+    }
+}
+
+/// The operation pipeline of the built-in gang scenarios: a 10 s lease and a pass at least every 2 s (simulated),
+/// so restarts and takeovers fit in a short simulated run.
+fn sim_controller() -> ControllerTunables {
+    ControllerTunables {
+        lease_ttl: Duration::from_secs(10),
+        min_processing_interval: Duration::from_secs(2),
+        ..ControllerTunables::default()
     }
 }
 

@@ -361,14 +361,9 @@ impl World {
     }
 
     async fn connect_client(&self) -> NetStore {
-        let options = NetStoreOptions {
-            node: Arc::from("client"),
-            ip: self.inner.client_ip,
-            db: self.inner.db.addr(),
-            call_timeout: self.scenario().call_timeout,
-            hints: false,
-            tag_base: replica::tag_base(&self.inner.clients),
-        };
+        let (ip, db, call_timeout) = (self.inner.client_ip, self.inner.db.addr(), self.scenario().call_timeout);
+        let options =
+            NetStoreOptions::next_client(Arc::from("client"), ip, db, call_timeout, false, &self.inner.clients);
         let trace = self.inner.trace.clone();
         self.inner.client_node.spawn(NetStore::connect(options, trace)).await.expect("client connects")
     }
