@@ -31,6 +31,15 @@ struct Slow {
     refetch_batches: Arc<Mutex<Vec<(Instant, usize)>>>,
     /// `refetch` calls (one lease each).
     refetches: Arc<Mutex<usize>>,
+    /// Fetch calls: made, in the store now, and most in the store at once.
+    fetches: Arc<Mutex<Fetches>>,
+}
+
+#[derive(Default)]
+struct Fetches {
+    calls: usize,
+    in_flight: usize,
+    in_flight_max: usize,
 }
 
 impl Slow {
@@ -40,7 +49,14 @@ impl Slow {
             applies: Arc::default(),
             refetch_batches: Arc::default(),
             refetches: Arc::default(),
+            fetches: Arc::default(),
         }
+    }
+
+    /// Fetch calls made, and most in the store at once.
+    fn fetch_calls(&self) -> (usize, usize) {
+        let fetches = self.fetches.lock().unwrap();
+        (fetches.calls, fetches.in_flight_max)
     }
 
     fn refetch_batch_sizes(&self) -> Vec<usize> {
@@ -66,7 +82,14 @@ impl Slow {
 
 impl Store for Slow {
     async fn fetch(&self, p: FetchParams) -> Result<Vec<Row>, StoreError> {
+        {
+            let mut fetches = self.fetches.lock().unwrap();
+            fetches.calls += 1;
+            fetches.in_flight += 1;
+            fetches.in_flight_max = fetches.in_flight_max.max(fetches.in_flight);
+        }
         tokio::time::sleep(CALL).await;
+        self.fetches.lock().unwrap().in_flight -= 1;
         self.inner.fetch(p).await
     }
     async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
@@ -305,10 +328,84 @@ async fn fetches_keep_dstack_size_while_workers_are_busy() {
     assert_eq!(p.shared.marks(), Marks { max: 8, low: 2 });
 }
 
-/// The pipeline of [`config`] with refetch on (the default), so every item's refetch goes through the refetch
-/// batcher.
+/// While the workers outrun the fetches, the second fetcher's fetch overlaps the first's: two fetches are in the
+/// store at once and the rows are done in about half the time one fetcher takes.
+#[tokio::test(start_paused = true)]
+async fn a_second_fetch_overlaps_the_first_while_the_queue_is_grown() {
+    let mut took = Vec::new();
+    for fetchers in [1, 2] {
+        let store = Slow::new();
+        insert_ready(&store, 2_000).await;
+        // Applies in batches of up to 500, so that the fetches, not the applies, bound the pipeline.
+        let config = PipelineConfig { fetchers, fetch_limit_max: 64, apply_batch_max: 500, ..config(8) };
+        let (elapsed, mut manager) = run_to_done(&store, config, Duration::ZERO).await;
+        manager.shutdown().await;
+        let (_, in_flight_max) = store.fetch_calls();
+        assert_eq!(in_flight_max, fetchers, "{fetchers} fetcher(s)");
+        took.push(elapsed);
+    }
+    // One fetcher: 64 rows per 10 ms call. Two: twice that, less the grow-up and the applies' share.
+    assert!(took[1].as_secs_f64() < took[0].as_secs_f64() * 0.65, "one fetcher {:?}, two {:?}", took[0], took[1]);
+}
+
+/// Fetches in flight hold room in the queue: the queue and their reservations never exceed `fetchers` × the
+/// queue's max, and a fetch never asks for more than the max.
+#[tokio::test(start_paused = true)]
+async fn fetches_in_flight_never_overfill_the_queue() {
+    let store = Slow::new();
+    insert_ready(&store, 600).await;
+    let config = PipelineConfig { fetchers: 3, fetch_limit_max: 32, ..config(4) };
+    let p = Pipeline::new(Arc::new(store.clone()), config).unwrap();
+    // Grown to the cap: the workers outran three full fetches.
+    let mut fetcher = p.fetcher(1);
+    for _ in 0..4 {
+        fetcher.run_once().await.unwrap();
+        while p.work_one(&Done { process: Duration::ZERO }).await.is_some() {}
+        let waiting = tokio::spawn({
+            let shared = p.shared.clone();
+            async move { shared.pop().await }
+        });
+        tokio::task::yield_now().await;
+        waiting.abort();
+    }
+    assert_eq!(p.shared.marks(), Marks { max: 32, low: 8 });
+    let first = p.shared.reserve(0).expect("an empty grown queue takes a fetch");
+    assert_eq!(first.limit(), 32, "at most the queue's max per fetch");
+    let second = p.shared.reserve(1).expect("the second fetcher fetches while the queue is grown");
+    let third = p.shared.reserve(2).expect("and the third");
+    assert_eq!((second.limit(), third.limit()), (32, 32));
+    assert!(p.shared.reserve(0).is_none(), "3 × 32 rows reserved: no room left");
+    drop(third);
+    assert_eq!(p.shared.reserved(), 64, "a dropped reservation gives its room back");
+    assert_eq!(p.shared.reserve(2).map(|r| r.limit()), Some(32));
+}
+
+/// At dstack's size (no backlog: the store never has all the rows a fetch asks for) only the first fetcher
+/// fetches, so the store sees the same fetches as with one fetcher, empty ones included.
+#[tokio::test(start_paused = true)]
+async fn an_idle_pipeline_fetches_as_with_one_fetcher() {
+    let mut calls = Vec::new();
+    for fetchers in [1, 2] {
+        let store = Slow::new();
+        insert_ready(&store, 6).await;
+        let config = PipelineConfig { fetchers, ..config(4) }; // queue max 8
+        let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 1 });
+        manager.register(config, Done { process: Duration::from_millis(500) }).unwrap();
+        manager.start();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        manager.shutdown().await;
+        assert!(all_done(&store).await);
+        let (fetch_calls, in_flight_max) = store.fetch_calls();
+        assert_eq!(in_flight_max, 1, "{fetchers} fetcher(s)");
+        calls.push(fetch_calls);
+    }
+    assert_eq!(calls[0], calls[1], "fetch calls with one fetcher and with two");
+}
+
+/// The pipeline of [`config`] with refetch on (the default) for every row however fresh, so every item's
+/// refetch goes through the refetch batcher.
 fn refetching(workers: usize) -> PipelineConfig {
-    PipelineConfig { refetch: true, ..config(workers) }
+    PipelineConfig { refetch: true, refetch_after: Duration::ZERO, ..config(workers) }
 }
 
 /// Runs one worker pass over `p`'s queue at once and `rest` more passes `after` later, all concurrently (as

@@ -98,12 +98,15 @@ async fn fetch_fills_the_queue_to_its_max_and_waits_below_the_lower_mark() {
     assert_eq!(fetcher.run_once().await.unwrap(), lockstep::pipeline::FetchPass::Fetched { fetched: 7, limit: 7 });
 }
 
+/// A lease the store handed to another holder while this replica's clock did not see the time pass (the test
+/// moves only the store's clock, as a suspended machine would see it).
 #[tokio::test(start_paused = true)]
 async fn a_lease_taken_over_before_processing_is_dropped_unprocessed() {
     let clock = ManualClock::new(START);
     let store = MemStore::with_history(clock.clone());
     let ids = insert_ready(&store, 1).await;
-    let p = pipeline(&store, config(1));
+    // Every row reread, however fresh: the reread is what finds the lease gone.
+    let p = pipeline(&store, PipelineConfig { refetch_after: Duration::ZERO, ..config(1) });
     p.fetcher(1).run_once().await.unwrap();
     // Another replica of the same pipeline takes the row after the store-side expiry.
     clock.advance(p.config.lease_ttl + Duration::from_secs(1));
@@ -119,6 +122,44 @@ async fn a_lease_taken_over_before_processing_is_dropped_unprocessed() {
     assert_eq!(row.last_processed_at, None);
     assert!(!store.history().iter().any(|c| matches!(c.op, CommitOp::Apply { .. })), "no apply attempted");
     assert_eq!(p.metrics().stale, 1);
+}
+
+/// A row loaded within `refetch_after` of its fetch is not reread: the worker processes the fetched copy, and if
+/// the lease was lost unseen (only the store's clock moved), the guarded apply finds it stale and writes nothing.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_row_is_loaded_as_fetched_and_a_lost_lease_is_caught_by_the_guarded_apply() {
+    let clock = ManualClock::new(START);
+    let store = MemStore::with_history(clock.clone());
+    let ids = insert_ready(&store, 1).await;
+    let p = pipeline(&store, config(1));
+    assert_eq!(p.config.refetch_after, Duration::from_secs(1));
+    p.fetcher(1).run_once().await.unwrap();
+    clock.advance(p.config.lease_ttl + Duration::from_secs(1));
+    let other = pipeline(&store, config(1));
+    other.fetcher(2).run_once().await.unwrap();
+
+    let handler = MarkDone::default();
+    assert_eq!(p.work_one(&handler).await, Some(ItemOutcome::Stale));
+    assert_eq!(handler.started.load(Ordering::SeqCst), 1, "the fresh row is processed from the fetch's copy");
+    assert_eq!(p.metrics().refetched, 0);
+    let row = store.get(ids[0]).await.unwrap().unwrap();
+    assert_eq!(row.status, "ready", "the stale apply wrote nothing");
+    assert_eq!(row.lock_token, other.shared.leases().values().next().map(|held| held.token));
+}
+
+/// A row that waited `refetch_after` or longer in the queue (local clock) is reread before it is loaded.
+#[tokio::test(start_paused = true)]
+async fn a_row_that_waited_refetch_after_is_reread() {
+    let store = MemStore::new(ManualClock::new(START));
+    insert_ready(&store, 2).await;
+    let p = pipeline(&store, config(1));
+    p.fetcher(1).run_once().await.unwrap();
+    let handler = MarkDone::default();
+    assert_eq!(p.work_one(&handler).await, Some(ItemOutcome::Applied));
+    assert_eq!(p.metrics().refetched, 0, "loaded at once: not reread");
+    tokio::time::advance(p.config.refetch_after).await;
+    assert_eq!(p.work_one(&handler).await, Some(ItemOutcome::Applied));
+    assert_eq!(p.metrics().refetched, 1, "waited refetch_after: reread");
 }
 
 /// Re-leases its row from another pipeline instance while processing, so its own apply comes too late.
@@ -525,7 +566,7 @@ fn a_config_that_needs_more_connections_than_the_store_has_is_refused() {
             self.0.now()
         }
         fn connection_limit(&self) -> Option<usize> {
-            Some(12)
+            Some(13)
         }
     }
     let store = Arc::new(Limited(MemStore::new(ManualClock::new(START))));
@@ -534,7 +575,7 @@ fn a_config_that_needs_more_connections_than_the_store_has_is_refused() {
     let error = manager.register(PipelineConfig { name: "more".into(), ..config(1) }, MarkDone::default());
     assert_eq!(
         error.unwrap_err().to_string(),
-        "store allows 12 connections but the pipelines need 15 (workers + fetcher + heartbeater each)"
+        "store allows 13 connections but the pipelines need 17 (workers + fetchers + heartbeater each)"
     );
 }
 

@@ -151,7 +151,7 @@ async fn measure(settings: &Settings, section: Section, contender: Contender, re
 /// both stores.
 async fn sweep(settings: &Settings) -> Vec<Series> {
     let workers: Vec<usize> = if settings.smoke { vec![1, 8] } else { vec![1, 2, 4, 8, 16, 32, 64] };
-    // PostgreSQL's pool is workers + 2 per replica; the server allows 100 sessions, shared with other users.
+    // PostgreSQL's pool is workers + 3 per replica; the server allows 100 sessions, shared with other users.
     let pg_workers: Vec<usize> = workers.iter().copied().filter(|w| *w <= 32).collect();
     let ms = PROCESSING.as_secs_f64() * 1000.0;
     let rows = PROCESSING_ROWS.min(settings.mem_rows);

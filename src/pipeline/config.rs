@@ -39,6 +39,9 @@ pub const APPLY_BATCH_MAX_DEFAULT: usize = 100;
 /// Default most rows one fetch leases once the workers outrun dstack's queue size: the batch size of the raw SQL
 /// limit the benchmarks compare with (BENCHMARKS.md).
 pub const FETCH_LIMIT_MAX_DEFAULT: usize = 100;
+/// Default fetch loops per pipeline: dstack's one, plus one that fetches only while the queue is grown, so that
+/// a fetch's round trip overlaps the next (BENCHMARKS.md: one fetch of 100 rows at a time bounded one replica).
+pub const FETCHERS_DEFAULT: usize = 2;
 
 /// Default longest wait of a worker's refetch for other workers' refetches to join it in one store call: the
 /// apply batch window's 2 ms. As for applies, a batch waits only while an earlier refetch batch of the pipeline is
@@ -48,6 +51,11 @@ pub const REFETCH_BATCH_WINDOW_DEFAULT: Duration = APPLY_BATCH_WINDOW_DEFAULT;
 
 /// Default of [`PipelineConfig::refetch`]: on, as DESIGN §3's worker loads by token.
 pub const REFETCH_DEFAULT: bool = true;
+/// Default of [`PipelineConfig::refetch_after`]: a row that waited less than 1 s since its fetch is loaded as
+/// fetched. Items that outrun their fetches wait milliseconds (BENCHMARKS.md: a queue of 100 rows drains in under
+/// 10 ms), and a reread of each then doubled the store's work per item; a row that waited longer (slow items, whose
+/// queue is dstack's size) is reread.
+pub const REFETCH_AFTER_DEFAULT: Duration = Duration::from_secs(1);
 
 const _: () = assert!(HEARTBEAT_INTERVAL_DEFAULT.as_millis() * 2 <= LEASE_TTL_DEFAULT.as_millis());
 const _: () = assert!(APPLY_BATCH_WINDOW_DEFAULT.as_millis() < LEASE_MARGIN_DEFAULT.as_millis());
@@ -102,6 +110,11 @@ pub struct PipelineConfig {
     /// while the store has more ready rows (DESIGN §3, Batching: fetch many rows per statement; the rule is in
     /// [`super::queue`]). At most dstack's queue max has no effect. Default [`FETCH_LIMIT_MAX_DEFAULT`].
     pub fetch_limit_max: usize,
+    /// Fetch loops, at least 1: the first is dstack's fetcher (backoff, hints); each other one fetches only while
+    /// the queue is grown past dstack's size (the workers outran the fetches and the store has more rows), so up
+    /// to this many fetches are in flight at once and the queue holds up to this many times its max (the rule is
+    /// in [`super::queue`]). Each may use a store connection. Default [`FETCHERS_DEFAULT`].
+    pub fetchers: usize,
     /// Whether a worker rereads its row by `id + lock_token` before `load` (DESIGN §3: load = refetch by token),
     /// which drops, unprocessed, an item whose lease the store gave to someone else while this replica's clock
     /// did not see the time pass (a suspended machine: its monotonic clock stops, the database's does not).
@@ -110,6 +123,12 @@ pub struct PipelineConfig {
     /// leased), so the two reads differ only in `hinted` and `lock_expires_at`; a taken-over item is then
     /// processed and its apply found stale, writing nothing. Default [`REFETCH_DEFAULT`].
     pub refetch: bool,
+    /// With `refetch` on, the least time, on the local clock, from the fetch of a row to its worker's load for the
+    /// worker to reread it; a row loaded sooner is loaded as the fetch returned it. The fetch read the row under
+    /// the same lease and returned all of it, so a reread this soon finds the same row (see `refetch`) at the
+    /// cost of a store call; the reread pays where a row waited, and so where a lease lost unseen is likelier.
+    /// Zero rereads every row. Default [`REFETCH_AFTER_DEFAULT`].
+    pub refetch_after: Duration,
     /// Longest a worker's refetch waits, local clock, for other workers' refetches to join it in one store call
     /// ([`Store::refetch_batch`](crate::store::Store::refetch_batch); see [`super::batcher`]); a batch holds at
     /// most `workers` refetches. Zero turns refetch batching off: every refetch is a store call of its own. Its
@@ -132,7 +151,7 @@ pub enum ConfigError {
     Duplicate(String),
     /// The store's connection pool cannot serve every worker, fetcher and heartbeater (DESIGN §3).
     #[error(
-        "store allows {available} connections but the pipelines need {needed} (workers + fetcher + heartbeater each)"
+        "store allows {available} connections but the pipelines need {needed} (workers + fetchers + heartbeater each)"
     )]
     Connections { needed: usize, available: usize },
 }
@@ -159,7 +178,9 @@ impl PipelineConfig {
             apply_batch_window: APPLY_BATCH_WINDOW_DEFAULT,
             apply_batch_max: APPLY_BATCH_MAX_DEFAULT,
             fetch_limit_max: FETCH_LIMIT_MAX_DEFAULT,
+            fetchers: FETCHERS_DEFAULT,
             refetch: REFETCH_DEFAULT,
+            refetch_after: REFETCH_AFTER_DEFAULT,
             refetch_batch_window: REFETCH_BATCH_WINDOW_DEFAULT,
         }
     }
@@ -181,9 +202,9 @@ impl PipelineConfig {
         (self.workers as f64 * self.queue_lower_factor).ceil() as usize
     }
 
-    /// Store connections this pipeline can use at once: one per worker, the fetcher and the heartbeater.
+    /// Store connections this pipeline can use at once: one per worker and fetcher, and the heartbeater's.
     pub fn connections_needed(&self) -> usize {
-        self.workers + 2
+        self.workers + self.fetchers + 1
     }
 
     /// Checks every rule; the first broken one is returned.
@@ -227,6 +248,9 @@ impl PipelineConfig {
         }
         if !(0.0..=1.0).contains(&self.fetch_shortest_chance) {
             return fail("fetch_shortest_chance", format!("{} must be in [0, 1]", self.fetch_shortest_chance));
+        }
+        if self.fetchers == 0 {
+            return fail("fetchers", "0 must be at least 1".into());
         }
         if self.apply_batch_max == 0 {
             return fail("apply_batch_max", "0 must be at least 1".into());

@@ -53,63 +53,39 @@ impl<S: Store> Fetcher<S> {
         self.empty_streak
     }
 
-    /// One pass: if the queue is below its lower mark, lease up to (queue max − size) rows and queue them, then
-    /// adapt the queue's size to whether the workers outran the fetch ([`Shared::adapt`]).
+    /// One pass of the first fetcher: if the queue is below its lower mark and has room ([`Shared::reserve`]),
+    /// lease up to the room's rows and queue them, then adapt the queue's size to whether the workers outran the
+    /// fetch ([`Shared::adapt`]).
     ///
+    /// [`Shared::reserve`]: super::queue::Shared::reserve
     /// [`Shared::adapt`]: super::queue::Shared::adapt
     ///
     /// Errors: the store's, with nothing queued (a fetch whose reply was lost leaves its leases to expire).
     pub async fn run_once(&mut self) -> Result<FetchPass, StoreError> {
-        let shared = &self.core.shared;
-        if shared.queue_len() >= shared.marks().low {
-            return Ok(FetchPass::Full);
+        let pass = fetch(&self.core, 0).await?;
+        match pass {
+            FetchPass::Fetched { fetched: 0, .. } => {
+                self.empty_streak += 1;
+                Metrics::bump(&self.core.metrics.empty_fetches);
+            }
+            FetchPass::Fetched { .. } => self.empty_streak = 0,
+            FetchPass::Full => {}
         }
-        let limit = shared.fetch_limit();
-        let config = &self.core.config;
-        let params = FetchParams {
-            pipeline: config.name.clone(),
-            kind: config.kind.clone(),
-            statuses: config.statuses.clone(),
-            limit,
-            lease_ttl: config.lease_ttl,
-            min_processing_interval: config.min_processing_interval,
-            retry_delay: config.retry_delay,
-        };
-        let clock = &self.core.clock;
-        let sent = clock.now();
-        let rows = self.core.store.fetch(params).await?;
-        self.core.metrics.fetch_latency.record(clock.now().duration_since(sent));
-        if buggify::fires(Point::FetchStall) {
-            // The rows arrive with a lease ttl gone: their local deadlines (from `sent`) have passed, so the
-            // heartbeater and the workers must treat them as lost, whatever the store says.
-            clock.sleep(config.lease_ttl).await;
-        }
-        assert!(rows.len() <= limit, "fetch returned {} rows past its limit {limit}", rows.len());
-        let fetched = rows.len();
-        self.core.metrics.fetched.fetch_add(fetched as u64, Ordering::Relaxed);
-        if fetched == 0 {
-            self.empty_streak += 1;
-            Metrics::bump(&self.core.metrics.empty_fetches);
-        } else {
-            self.empty_streak = 0;
-        }
-        let items = rows
-            .into_iter()
-            .map(|row| {
-                let token = row.lock_token.expect("a fetched row carries its lease token");
-                Item { lease: Lease { id: row.id, token }, row }
-            })
-            .collect();
-        shared.push(items, sent, config.lease_ttl, config.lease_margin);
-        shared.adapt(fetched, limit);
-        Ok(FetchPass::Fetched { fetched, limit })
+        Ok(pass)
     }
 
     /// The fetcher's loop, until the pipeline stops. After a full queue it waits for a refill or a hint; after
     /// an empty fetch it sleeps the backoff unless a hint comes; after a partial fetch (the store had fewer
     /// ready rows than the limit) it sleeps the shortest backoff unless a hint comes. A store error is logged
-    /// and treated as an empty fetch.
-    pub async fn run(mut self) {
+    /// and treated as an empty fetch. The pipeline's other fetchers ([`PipelineConfig::fetchers`]) run alongside
+    /// it on the same task ([`run_more`]), so the loop ends, and an abort stops them, together.
+    pub async fn run(self) {
+        let core = self.core.clone();
+        let more = (1..core.config.fetchers).map(|fetcher| run_more(&core, fetcher));
+        tokio::join!(self.run_first(), futures_util::future::join_all(more));
+    }
+
+    async fn run_first(mut self) {
         let shared = self.core.shared.clone();
         while !shared.is_stopping() {
             let wait = match self.run_once().await {
@@ -146,6 +122,68 @@ impl<S: Store> Fetcher<S> {
 
     fn backoff(&mut self) -> Duration {
         fetch_backoff(&self.core.config, self.empty_streak, &mut self.rng)
+    }
+}
+
+/// One fetch by fetcher `fetcher` (0 is the first): reserve room, lease up to its rows, queue them, adapt the
+/// queue's size. Errors: the store's, with nothing queued and the room given back.
+async fn fetch<S: Store>(core: &Core<S>, fetcher: usize) -> Result<FetchPass, StoreError> {
+    let shared = &core.shared;
+    let Some(reservation) = shared.reserve(fetcher) else {
+        return Ok(FetchPass::Full);
+    };
+    let limit = reservation.limit();
+    let config = &core.config;
+    let params = FetchParams {
+        pipeline: config.name.clone(),
+        kind: config.kind.clone(),
+        statuses: config.statuses.clone(),
+        limit,
+        lease_ttl: config.lease_ttl,
+        min_processing_interval: config.min_processing_interval,
+        retry_delay: config.retry_delay,
+    };
+    let clock = &core.clock;
+    let sent = clock.now();
+    let rows = core.store.fetch(params).await?;
+    core.metrics.fetch_latency.record(clock.now().duration_since(sent));
+    if buggify::fires(Point::FetchStall) {
+        // The rows arrive with a lease ttl gone: their local deadlines (from `sent`) have passed, so the
+        // heartbeater and the workers must treat them as lost, whatever the store says.
+        clock.sleep(config.lease_ttl).await;
+    }
+    let fetched = rows.len();
+    core.metrics.fetched.fetch_add(fetched as u64, Ordering::Relaxed);
+    let items = rows
+        .into_iter()
+        .map(|row| {
+            let token = row.lock_token.expect("a fetched row carries its lease token");
+            Item { lease: Lease { id: row.id, token }, row, fetched_at: sent }
+        })
+        .collect();
+    reservation.fill(items, sent, config.lease_ttl, config.lease_margin);
+    shared.adapt(fetched, limit);
+    Ok(FetchPass::Fetched { fetched, limit })
+}
+
+/// The loop of a fetcher other than the first: while the queue is grown, it fetches whenever the queue is below its
+/// lower mark and has room, so its fetch overlaps the first fetcher's; otherwise it waits for a refill. It never
+/// backs off and never waits for hints: an empty or partial fetch brings the queue back to dstack's size, where
+/// only the first fetcher runs. A store error is logged, and the fetcher waits for the next refill.
+async fn run_more<S: Store>(core: &Core<S>, fetcher: usize) {
+    let shared = &core.shared;
+    while !shared.is_stopping() {
+        match fetch(core, fetcher).await {
+            Ok(FetchPass::Fetched { .. }) => continue,
+            Ok(FetchPass::Full) => {}
+            Err(error) => tracing::warn!(pipeline = %core.config.name, fetcher, %error, "fetch failed"),
+        }
+        // `biased`: see `Fetcher::run_first`.
+        tokio::select! {
+            biased;
+            _ = shared.stop.notified() => {}
+            _ = shared.refill_more.notified() => {}
+        }
     }
 }
 

@@ -8,6 +8,13 @@
 //! the two marks' ratio; a fetch that gets fewer rows than it asked for (no backlog) brings it back to dstack's
 //! size. Fast items thus come in large fetches, one statement for many rows (DESIGN §3, Batching), while slow
 //! items, whose workers never wait for the queue, keep the small queue and the short lease wait of dstack.
+//!
+//! While the queue is grown, up to `fetchers` fetches may be in flight at once, so that a store call's latency
+//! does not bound the pipeline to one fetch's rows per round trip. Each fetch reserves the room its rows will
+//! take ([`Shared::reserve`]): the queue plus the reservations of the fetches in flight never exceed `fetchers`
+//! × the queue's max while it is grown, nor dstack's max otherwise, and a fetch never leases more than the
+//! queue's max. Only the first fetcher runs while the queue is at dstack's size, so an idle pipeline polls the
+//! store as dstack's does.
 
 use super::config::PipelineConfig;
 use crate::store::{Lease, Row, RowId};
@@ -24,6 +31,8 @@ pub struct Item {
     pub row: Row,
     /// Its lease.
     pub lease: Lease,
+    /// Local instant the fetch that leased it was sent: the row is the store's as of then, or later.
+    pub fetched_at: Instant,
 }
 
 /// A lease the pipeline holds, as its holder sees it on its own monotonic clock.
@@ -53,19 +62,61 @@ pub struct Shared {
     /// The largest queue max: [`PipelineConfig::fetch_limit_max`], or the base max if larger.
     cap: usize,
     marks: Mutex<Marks>,
+    /// Fetch loops of the pipeline ([`PipelineConfig::fetchers`]).
+    fetchers: usize,
     /// A worker found the queue empty since the last fetch.
     starved: AtomicBool,
-    queue: Mutex<VecDeque<Item>>,
+    queue: Mutex<Queue>,
     /// One permit per queued item; closed when the pipeline stops taking work.
     items: Semaphore,
     leases: Mutex<BTreeMap<RowId, Held>>,
-    /// Wakes the fetcher: a worker dropped the queue below its lower mark.
+    /// Wakes the first fetcher: a worker dropped the queue below its lower mark.
     pub refill: Notify,
+    /// Wakes the other fetchers, on the same event as `refill` (they never wait for hints: a hint must reach the
+    /// first fetcher, which alone backs off).
+    pub refill_more: Notify,
     /// Wakes the fetcher: a fetch hint for this pipeline's kind arrived.
     pub hint: Notify,
     /// Wakes everything that waits on the pipeline's services when it stops.
     pub stop: Notify,
     stopping: AtomicBool,
+}
+
+/// The queued items and the room that fetches in flight hold in it.
+struct Queue {
+    items: VecDeque<Item>,
+    /// Rows the fetches in flight may still lease, summed over their reservations.
+    reserved: usize,
+}
+
+/// Room in the queue held by one fetch in flight (see the module doc): at most [`Reservation::limit`] rows. Fill it
+/// with the fetched rows ([`Reservation::fill`]); dropping it unfilled (the fetch failed) gives the room back.
+pub struct Reservation<'a> {
+    shared: &'a Shared,
+    limit: usize,
+}
+
+impl Reservation<'_> {
+    /// Most rows the fetch may lease.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Queues the fetched rows and records their leases (`sent`: when the fetch was sent), giving back the room.
+    /// Panics if the fetch returned more rows than its limit.
+    pub fn fill(mut self, items: Vec<Item>, sent: Instant, ttl: Duration, margin: Duration) {
+        assert!(items.len() <= self.limit, "fetch returned {} rows past its limit {}", items.len(), self.limit);
+        let limit = std::mem::take(&mut self.limit);
+        self.shared.push(limit, items, sent, ttl, margin);
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.limit > 0 {
+            lock(&self.shared.queue).reserved -= self.limit;
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -80,11 +131,13 @@ impl Shared {
             base,
             cap: config.fetch_limit_max.max(base.max),
             marks: Mutex::new(base),
+            fetchers: config.fetchers,
             starved: AtomicBool::new(false),
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(Queue { items: VecDeque::new(), reserved: 0 }),
             items: Semaphore::new(0),
             leases: Mutex::new(BTreeMap::new()),
             refill: Notify::new(),
+            refill_more: Notify::new(),
             hint: Notify::new(),
             stop: Notify::new(),
             stopping: AtomicBool::new(false),
@@ -93,7 +146,12 @@ impl Shared {
 
     /// Items waiting for a worker.
     pub fn queue_len(&self) -> usize {
-        lock(&self.queue).len()
+        lock(&self.queue).items.len()
+    }
+
+    /// Rows the fetches in flight may still lease.
+    pub fn reserved(&self) -> usize {
+        lock(&self.queue).reserved
     }
 
     /// The queue's marks now.
@@ -101,9 +159,28 @@ impl Shared {
         *lock(&self.marks)
     }
 
-    /// How many rows the next fetch may lease: queue max − size.
-    pub fn fetch_limit(&self) -> usize {
-        self.marks().max.saturating_sub(self.queue_len())
+    /// Reserves room for a fetch by fetcher `fetcher` (0 is the first), or `None` when no fetch is due: the queue
+    /// is at or above its lower mark, its room is held by fetches in flight, or `fetcher` is not the first and the
+    /// queue is at dstack's size (see the module doc). The limit is queue max − size − reserved while the queue is
+    /// at dstack's size (dstack's own rule when one fetch is in flight), and at most the queue's max while it is
+    /// grown.
+    pub fn reserve(&self, fetcher: usize) -> Option<Reservation<'_>> {
+        let marks = self.marks();
+        let grown = marks.max > self.base.max;
+        if fetcher > 0 && !grown {
+            return None;
+        }
+        let mut queue = lock(&self.queue);
+        if queue.items.len() >= marks.low {
+            return None;
+        }
+        let room = if grown { marks.max * self.fetchers } else { marks.max };
+        let limit = marks.max.min(room.saturating_sub(queue.items.len() + queue.reserved));
+        if limit == 0 {
+            return None;
+        }
+        queue.reserved += limit;
+        Some(Reservation { shared: self, limit })
     }
 
     /// After a fetch that leased `fetched` of the `limit` rows it asked for: doubles the queue's size (up to the
@@ -128,12 +205,13 @@ impl Shared {
         lock(&self.leases).len()
     }
 
-    /// Queues fetched rows and records their leases; `sent` is when the fetch was sent.
-    pub fn push(&self, items: Vec<Item>, sent: Instant, ttl: Duration, margin: Duration) {
+    /// Queues fetched rows and records their leases, giving back the room `reserved` of a fetch sent at `sent`.
+    fn push(&self, reserved: usize, items: Vec<Item>, sent: Instant, ttl: Duration, margin: Duration) {
         let count = items.len();
         {
             let mut leases = lock(&self.leases);
             let mut queue = lock(&self.queue);
+            queue.reserved -= reserved;
             for item in items {
                 let held = Held { token: item.lease.token, leased_at: sent, deadline: sent + ttl - margin };
                 // The ledger may still hold an older lease of this row: after a stall longer than the ttl (a
@@ -150,10 +228,11 @@ impl Shared {
                         previous.token
                     );
                 }
-                queue.push_back(item);
+                queue.items.push_back(item);
             }
-            let max = self.marks().max;
-            assert!(queue.len() <= max, "queue {} past its max {max}", queue.len());
+            let room = self.cap * self.fetchers;
+            let held = queue.items.len() + queue.reserved;
+            assert!(held <= room, "queue {} plus reserved {} past its room {room}", queue.items.len(), queue.reserved);
         }
         self.items.add_permits(count);
     }
@@ -172,10 +251,11 @@ impl Shared {
         permit.forget();
         let (item, len) = {
             let mut queue = lock(&self.queue);
-            (queue.pop_front().expect("a permit without an item"), queue.len())
+            (queue.items.pop_front().expect("a permit without an item"), queue.items.len())
         };
         if len < self.marks().low {
             self.refill.notify_one();
+            self.refill_more.notify_one();
         }
         Some(item)
     }
@@ -186,9 +266,10 @@ impl Shared {
         self.items.close();
         // Stored permits, so a fetcher between its stop check and its wait still wakes.
         self.refill.notify_one();
+        self.refill_more.notify_one();
         self.hint.notify_one();
         self.stop.notify_waiters();
-        lock(&self.queue).drain(..).collect()
+        lock(&self.queue).items.drain(..).collect()
     }
 
     /// Whether [`Shared::close`] was called.

@@ -116,8 +116,9 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
         return Step::Done(ItemOutcome::Stale);
     }
     // 2. Load: refetch by id + token, batched with other workers' refetches (unless the config trusts the fetched
-    //    row, see `PipelineConfig::refetch`), then the handler's reads and related locks.
-    let row = if core.config.refetch {
+    //    row, see `PipelineConfig::refetch` and `refetch_after`), then the handler's reads and related locks.
+    let waited = clock.now().duration_since(item.fetched_at);
+    let row = if core.config.refetch && waited >= core.config.refetch_after {
         match core.refetcher.refetch(lease).await {
             Ok(Some(row)) => row,
             Ok(None) => return Step::Done(ItemOutcome::Stale),
