@@ -566,7 +566,7 @@ fn a_config_that_needs_more_connections_than_the_store_has_is_refused() {
             self.0.now()
         }
         fn connection_limit(&self) -> Option<usize> {
-            Some(13)
+            Some(12)
         }
     }
     let store = Arc::new(Limited(MemStore::new(ManualClock::new(START))));
@@ -575,7 +575,7 @@ fn a_config_that_needs_more_connections_than_the_store_has_is_refused() {
     let error = manager.register(PipelineConfig { name: "more".into(), ..config(1) }, MarkDone::default());
     assert_eq!(
         error.unwrap_err().to_string(),
-        "store allows 13 connections but the pipelines need 17 (workers + fetchers + heartbeater each)"
+        "store allows 12 connections but the pipelines need 15 (workers + fetchers + heartbeater each)"
     );
 }
 

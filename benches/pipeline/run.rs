@@ -54,23 +54,31 @@ fn no_refetch(config: &mut PipelineConfig) {
     config.refetch = false;
 }
 
-fn no_refetch_batching(config: &mut PipelineConfig) {
+fn reread_every_row(config: &mut PipelineConfig) {
+    config.refetch_after = Duration::ZERO;
+}
+
+fn reread_every_row_unbatched(config: &mut PipelineConfig) {
+    config.refetch_after = Duration::ZERO;
     config.refetch_batch_window = Duration::ZERO;
+}
+
+fn two_fetchers(config: &mut PipelineConfig) {
+    config.fetchers = 2;
 }
 
 fn pg_contenders() -> Vec<Contender> {
     let ping = StoreTweaks { ping_before_use: true };
+    let plain = StoreTweaks::default();
     vec![
         Contender::Raw { batch: 1 },
         Contender::Raw { batch: RAW_BATCH },
-        Contender::Lockstep { label: "defaults", tune: defaults, tweaks: StoreTweaks::default() },
-        Contender::Lockstep { label: "refetch off", tune: no_refetch, tweaks: StoreTweaks::default() },
-        Contender::Lockstep {
-            label: "refetch batching off",
-            tune: no_refetch_batching,
-            tweaks: StoreTweaks::default(),
-        },
-        Contender::Lockstep { label: "apply batching off", tune: no_batching, tweaks: StoreTweaks::default() },
+        Contender::Lockstep { label: "defaults", tune: defaults, tweaks: plain },
+        Contender::Lockstep { label: "two fetchers", tune: two_fetchers, tweaks: plain },
+        Contender::Lockstep { label: "every row reread", tune: reread_every_row, tweaks: plain },
+        Contender::Lockstep { label: "every row reread, unbatched", tune: reread_every_row_unbatched, tweaks: plain },
+        Contender::Lockstep { label: "refetch off", tune: no_refetch, tweaks: plain },
+        Contender::Lockstep { label: "apply batching off", tune: no_batching, tweaks: plain },
         Contender::Lockstep { label: "ping before each call", tune: defaults, tweaks: ping },
     ]
 }
@@ -80,7 +88,8 @@ fn mem_contenders() -> Vec<Contender> {
         Contender::Raw { batch: 1 },
         Contender::Raw { batch: RAW_BATCH },
         Contender::Lockstep { label: "defaults", tune: defaults, tweaks: StoreTweaks::default() },
-        Contender::Lockstep { label: "refetch off", tune: no_refetch, tweaks: StoreTweaks::default() },
+        Contender::Lockstep { label: "two fetchers", tune: two_fetchers, tweaks: StoreTweaks::default() },
+        Contender::Lockstep { label: "every row reread", tune: reread_every_row, tweaks: StoreTweaks::default() },
         Contender::Lockstep { label: "apply batching off", tune: no_batching, tweaks: StoreTweaks::default() },
     ]
 }
@@ -151,7 +160,7 @@ async fn measure(settings: &Settings, section: Section, contender: Contender, re
 /// both stores.
 async fn sweep(settings: &Settings) -> Vec<Series> {
     let workers: Vec<usize> = if settings.smoke { vec![1, 8] } else { vec![1, 2, 4, 8, 16, 32, 64] };
-    // PostgreSQL's pool is workers + 3 per replica; the server allows 100 sessions, shared with other users.
+    // PostgreSQL's pool is workers + 2 per replica; the server allows 100 sessions, shared with other users.
     let pg_workers: Vec<usize> = workers.iter().copied().filter(|w| *w <= 32).collect();
     let ms = PROCESSING.as_secs_f64() * 1000.0;
     let rows = PROCESSING_ROWS.min(settings.mem_rows);

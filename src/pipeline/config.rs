@@ -39,9 +39,10 @@ pub const APPLY_BATCH_MAX_DEFAULT: usize = 100;
 /// Default most rows one fetch leases once the workers outrun dstack's queue size: the batch size of the raw SQL
 /// limit the benchmarks compare with (BENCHMARKS.md).
 pub const FETCH_LIMIT_MAX_DEFAULT: usize = 100;
-/// Default fetch loops per pipeline: dstack's one, plus one that fetches only while the queue is grown, so that
-/// a fetch's round trip overlaps the next (BENCHMARKS.md: one fetch of 100 rows at a time bounded one replica).
-pub const FETCHERS_DEFAULT: usize = 2;
+/// Default fetch loops per pipeline: dstack's one. A second loop overlaps fetches while the queue is grown, which
+/// pays where a fetch's round trip, not its work in the store, bounds a pipeline (`tests/batching.rs`: twice the
+/// rows per second at 10 ms a call); on PostgreSQL over loopback it measured no gain (BENCHMARKS.md).
+pub const FETCHERS_DEFAULT: usize = 1;
 
 /// Default longest wait of a worker's refetch for other workers' refetches to join it in one store call: the
 /// apply batch window's 2 ms. As for applies, a batch waits only while an earlier refetch batch of the pipeline is
@@ -115,8 +116,9 @@ pub struct PipelineConfig {
     /// to this many fetches are in flight at once and the queue holds up to this many times its max (the rule is
     /// in [`super::queue`]). Each may use a store connection. Default [`FETCHERS_DEFAULT`].
     pub fetchers: usize,
-    /// Whether a worker rereads its row by `id + lock_token` before `load` (DESIGN §3: load = refetch by token),
-    /// which drops, unprocessed, an item whose lease the store gave to someone else while this replica's clock
+    /// Whether a worker rereads its row by `id + lock_token` before `load` (DESIGN §3: load = refetch by token)
+    /// when the row waited `refetch_after` or longer since its fetch. The reread drops, unprocessed, an item
+    /// whose lease the store gave to someone else while this replica's clock
     /// did not see the time pass (a suspended machine: its monotonic clock stops, the database's does not).
     /// With `false` the worker loads the row as the fetch returned it, one store round trip less per item: while
     /// the lease is live no one else can write the row (every write is guarded by the token or refused while

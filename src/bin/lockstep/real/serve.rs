@@ -34,7 +34,7 @@ pub struct ServeArgs {
     /// how soon a lost node is noticed.
     #[arg(long, value_parser = duration::parse, default_value = "5s")]
     pub min_processing_interval: Duration,
-    /// Pooled PostgreSQL sessions. Default: workers + 3 (the workers, the two fetchers, the heartbeater).
+    /// Pooled PostgreSQL sessions. Default: workers + 2 (the workers, the fetcher, the heartbeater).
     #[arg(long)]
     pub max_connections: Option<u32>,
 }
