@@ -380,6 +380,84 @@ async fn fetches_in_flight_never_overfill_the_queue() {
     assert_eq!(p.shared.reserve(2).map(|r| r.limit()), Some(32));
 }
 
+/// Grows `p`'s queue to its cap: the workers outrun full fetches until the marks stop doubling.
+async fn grow(p: &Pipeline<Slow>) {
+    let mut fetcher = p.fetcher(1);
+    for _ in 0..4 {
+        fetcher.run_once().await.unwrap();
+        while p.work_one(&Done { process: Duration::ZERO }).await.is_some() {}
+        let waiting = tokio::spawn({
+            let shared = p.shared.clone();
+            async move { shared.pop().await }
+        });
+        tokio::task::yield_now().await;
+        waiting.abort();
+    }
+}
+
+/// A fetcher that found the room held by a fetch in flight waits for a refill; when that fetch gives its room back
+/// with the queue below its lower mark (it leased nothing), the fetcher is woken, though no worker pops.
+#[tokio::test(start_paused = true)]
+async fn a_fetch_giving_its_room_back_below_the_low_mark_wakes_the_fetchers() {
+    let store = Slow::new();
+    insert_ready(&store, 600).await;
+    let p = Pipeline::new(Arc::new(store.clone()), PipelineConfig { fetchers: 2, fetch_limit_max: 32, ..config(4) })
+        .unwrap();
+    grow(&p).await;
+    let held = p.shared.reserve(1).expect("the second fetcher fetches while the queue is grown");
+    // The first fetcher's fetch came back partial meanwhile: the queue is back at dstack's size (max 8).
+    p.shared.adapt(0, 32);
+    assert_eq!(p.shared.marks(), Marks { max: 8, low: 2 });
+    assert!(p.shared.reserve(0).is_none(), "the room is held by the fetch in flight");
+    // Any wake-up stored by the workers' pops is used up: the first fetcher now waits.
+    let _ = tokio::time::timeout(Duration::from_millis(1), p.shared.refill.notified()).await;
+    held.fill(Vec::new(), Instant::now(), Duration::from_secs(30), Duration::from_secs(2));
+    let woken = tokio::time::timeout(Duration::from_millis(1), p.shared.refill.notified()).await;
+    assert!(woken.is_ok(), "the returned room must wake the first fetcher");
+    assert_eq!(p.shared.reserve(0).map(|r| r.limit()), Some(8));
+}
+
+/// With several fetchers, a fetch that answers after its leases expired may bring a row that another fetch has
+/// since leased again: the older lease is dropped, not queued, and the ledger keeps the newer one.
+#[tokio::test(start_paused = true)]
+async fn a_row_fetched_again_by_another_fetcher_keeps_only_its_newer_lease() {
+    let store = Slow::new();
+    insert_ready(&store, 1).await;
+    let p = Pipeline::new(Arc::new(store.clone()), PipelineConfig { fetchers: 2, ..config(4) }).unwrap();
+    let params = |config: &PipelineConfig| FetchParams {
+        pipeline: config.name.clone(),
+        kind: config.kind.clone(),
+        statuses: config.statuses.clone(),
+        limit: 1,
+        lease_ttl: config.lease_ttl,
+        min_processing_interval: config.min_processing_interval,
+        retry_delay: config.retry_delay,
+    };
+    let item = |row: Row| {
+        let token = row.lock_token.unwrap();
+        lockstep::pipeline::queue::Item { lease: Lease { id: row.id, token }, row, fetched_at: Instant::now() }
+    };
+    let older = item(store.inner.fetch(params(&p.config)).await.unwrap().remove(0));
+    tokio::time::advance(p.config.lease_ttl + Duration::from_secs(1)).await;
+    let newer = item(store.inner.fetch(params(&p.config)).await.unwrap().remove(0));
+    assert!(older.lease.token < newer.lease.token);
+    // The queue is grown (a worker waited on it, and a fetch got all it asked for), so both fetchers fetch; both
+    // fetches were in flight, and the newer one answers first.
+    let waiting = tokio::spawn({
+        let shared = p.shared.clone();
+        async move { shared.pop().await }
+    });
+    tokio::task::yield_now().await;
+    waiting.abort();
+    p.shared.adapt(8, 8);
+    let stalled = p.shared.reserve(0).unwrap();
+    let (ttl, margin) = (p.config.lease_ttl, p.config.lease_margin);
+    assert_eq!(p.shared.reserve(1).unwrap().fill(vec![newer.clone()], Instant::now(), ttl, margin), 1);
+    assert_eq!(stalled.fill(vec![older], Instant::now(), ttl, margin), 0, "the older lease is dropped");
+    assert_eq!(p.shared.queue_len(), 1);
+    assert_eq!(p.shared.leases().get(&newer.lease.id).map(|held| held.token), Some(newer.lease.token));
+}
+
 /// At dstack's size (no backlog: the store never has all the rows a fetch asks for) only the first fetcher
 /// fetches, so the store sees the same fetches as with one fetcher, empty ones included.
 #[tokio::test(start_paused = true)]

@@ -128,8 +128,11 @@ pub struct PipelineConfig {
     /// With `refetch` on, the least time, on the local clock, from the fetch of a row to its worker's load for the
     /// worker to reread it; a row loaded sooner is loaded as the fetch returned it. The fetch read the row under
     /// the same lease and returned all of it, so a reread this soon finds the same row (see `refetch`) at the
-    /// cost of a store call; the reread pays where a row waited, and so where a lease lost unseen is likelier.
-    /// Zero rereads every row. Default [`REFETCH_AFTER_DEFAULT`].
+    /// cost of a store call. What is given up: for a row loaded sooner, the reread's check of a lease lost while
+    /// the local clock stood still (a suspended machine; the local wait then reads short whatever the store saw),
+    /// so such an item is processed, and its guarded apply, not the reread, finds it stale and writes nothing
+    /// (side effects outside the store must be idempotent anyway, DESIGN §3). Zero rereads every row. Default
+    /// [`REFETCH_AFTER_DEFAULT`].
     pub refetch_after: Duration,
     /// Longest a worker's refetch waits, local clock, for other workers' refetches to join it in one store call
     /// ([`Store::refetch_batch`](crate::store::Store::refetch_batch); see [`super::batcher`]); a batch holds at

@@ -15,7 +15,8 @@ use tokio::time::Duration;
 /// What one fetch pass did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FetchPass {
-    /// The queue was at or above its lower mark: nothing was fetched.
+    /// No fetch was due: the queue was at or above its lower mark, its room was held by fetches in flight, or (a
+    /// fetcher other than the first) the queue was at dstack's size. Nothing was fetched.
     Full,
     /// Leased `fetched` rows of at most `limit`.
     Fetched { fetched: usize, limit: usize },
@@ -161,7 +162,8 @@ async fn fetch<S: Store>(core: &Core<S>, fetcher: usize) -> Result<FetchPass, St
             Item { lease: Lease { id: row.id, token }, row, fetched_at: sent }
         })
         .collect();
-    reservation.fill(items, sent, config.lease_ttl, config.lease_margin);
+    let queued = reservation.fill(items, sent, config.lease_ttl, config.lease_margin);
+    core.metrics.stale.fetch_add((fetched - queued) as u64, Ordering::Relaxed);
     shared.adapt(fetched, limit);
     Ok(FetchPass::Fetched { fetched, limit })
 }
@@ -182,7 +184,7 @@ async fn run_more<S: Store>(core: &Core<S>, fetcher: usize) {
         tokio::select! {
             biased;
             _ = shared.stop.notified() => {}
-            _ = shared.refill_more.notified() => {}
+            _ = shared.refill_more[fetcher - 1].notified() => {}
         }
     }
 }

@@ -97,8 +97,9 @@ impl<'a, S: Store> LoadCx<'a, S> {
 
 /// A pipeline's processing logic, generic over the store (STYLE: the engine never names a backend).
 ///
-/// The engine calls `load` with the refetched row (the lease is still held), then `process` with no store
-/// access, then applies the returned [`Changes`] guarded by the lease's token.
+/// The engine calls `load` with the row (refetched by token, or as the fetch returned it when fresh; see
+/// [`PipelineConfig::refetch_after`](super::PipelineConfig::refetch_after)) while the lease is held, then `process`
+/// with no store access, then applies the returned [`Changes`] guarded by the lease's token.
 pub trait Handler<S: Store>: Send + Sync + 'static {
     /// Whatever `load` gathers for `process`.
     type Context: Send + 'static;

@@ -4,9 +4,10 @@
 //! - the fetcher leases ready rows (`lock_expires_at`, `lock_token`, `lock_owner`) into the queue while it is
 //!   below its lower mark, backs off on empty fetches and wakes at once on a fetch hint; with `fetchers` > 1,
 //!   more fetch loops overlap its fetches while the workers outrun it;
-//! - each worker runs load (refetch by token unless the row is fresh from its fetch, related locks) → process (no store call) → guarded apply, and
-//!   resets the lease for retry when a related lock is contended; the [`RefetchBatcher`] and [`ApplyBatcher`]
-//!   group several workers' refetches, and their applies, into one store call each;
+//! - each worker runs load (refetch by token unless the row is fresh from its fetch, related locks) → process
+//!   (no store call) → guarded apply, and resets the lease for retry when a related lock is contended; the
+//!   [`RefetchBatcher`] and [`ApplyBatcher`] group several workers' refetches, and their applies, into one store
+//!   call each;
 //! - the heartbeater extends leases that come close to expiry and forgets lost ones.
 //!
 //! [`PipelineManager`] registers pipelines, runs them, and drains them on shutdown. The engine is generic over

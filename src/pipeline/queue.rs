@@ -11,10 +11,12 @@
 //!
 //! While the queue is grown, up to `fetchers` fetches may be in flight at once, so that a store call's latency
 //! does not bound the pipeline to one fetch's rows per round trip. Each fetch reserves the room its rows will
-//! take ([`Shared::reserve`]): the queue plus the reservations of the fetches in flight never exceed `fetchers`
-//! × the queue's max while it is grown, nor dstack's max otherwise, and a fetch never leases more than the
-//! queue's max. Only the first fetcher runs while the queue is at dstack's size, so an idle pipeline polls the
-//! store as dstack's does.
+//! take ([`Shared::reserve`]): a fetch leases at most the queue's max, and is sent only while the queue plus the
+//! reservations of the fetches in flight leave it room under `fetchers` × the queue's max (dstack's max while the
+//! queue is at dstack's size). A fetch still in flight when the queue shrinks back may overfill the smaller queue
+//! once; the queue plus reservations never pass `fetchers` × `fetch_limit_max`. Only the first fetcher runs while
+//! the queue is at dstack's size, so an idle pipeline polls the store as dstack's does. A fetch that gives its
+//! room back below the lower mark wakes the fetchers, as a worker's pop would.
 
 use super::config::PipelineConfig;
 use crate::store::{Lease, Row, RowId};
@@ -72,9 +74,10 @@ pub struct Shared {
     leases: Mutex<BTreeMap<RowId, Held>>,
     /// Wakes the first fetcher: a worker dropped the queue below its lower mark.
     pub refill: Notify,
-    /// Wakes the other fetchers, on the same event as `refill` (they never wait for hints: a hint must reach the
-    /// first fetcher, which alone backs off).
-    pub refill_more: Notify,
+    /// Wake the other fetchers, one each, on the same events as `refill` (they never wait for hints: a hint must
+    /// reach the first fetcher, which alone backs off). One each, so that [`Shared::close`] leaves every one of
+    /// them a stored wake-up.
+    pub refill_more: Vec<Notify>,
     /// Wakes the fetcher: a fetch hint for this pipeline's kind arrived.
     pub hint: Notify,
     /// Wakes everything that waits on the pipeline's services when it stops.
@@ -103,18 +106,24 @@ impl Reservation<'_> {
     }
 
     /// Queues the fetched rows and records their leases (`sent`: when the fetch was sent), giving back the room.
-    /// Panics if the fetch returned more rows than its limit.
-    pub fn fill(mut self, items: Vec<Item>, sent: Instant, ttl: Duration, margin: Duration) {
+    /// Returns how many were queued: a row the ledger already holds under a newer token (another fetch took it
+    /// again after this one's lease expired) is dropped. Panics if the fetch returned more rows than its limit.
+    pub fn fill(mut self, items: Vec<Item>, sent: Instant, ttl: Duration, margin: Duration) -> usize {
         assert!(items.len() <= self.limit, "fetch returned {} rows past its limit {}", items.len(), self.limit);
         let limit = std::mem::take(&mut self.limit);
-        self.shared.push(limit, items, sent, ttl, margin);
+        self.shared.push(limit, items, sent, ttl, margin)
     }
 }
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if self.limit > 0 {
-            lock(&self.shared.queue).reserved -= self.limit;
+            let len = {
+                let mut queue = lock(&self.shared.queue);
+                queue.reserved -= self.limit;
+                queue.items.len()
+            };
+            self.shared.room_returned(len);
         }
     }
 }
@@ -137,7 +146,7 @@ impl Shared {
             items: Semaphore::new(0),
             leases: Mutex::new(BTreeMap::new()),
             refill: Notify::new(),
-            refill_more: Notify::new(),
+            refill_more: (1..config.fetchers).map(|_| Notify::new()).collect(),
             hint: Notify::new(),
             stop: Notify::new(),
             stopping: AtomicBool::new(false),
@@ -206,35 +215,59 @@ impl Shared {
     }
 
     /// Queues fetched rows and records their leases, giving back the room `reserved` of a fetch sent at `sent`.
-    fn push(&self, reserved: usize, items: Vec<Item>, sent: Instant, ttl: Duration, margin: Duration) {
-        let count = items.len();
-        {
+    fn push(&self, reserved: usize, items: Vec<Item>, sent: Instant, ttl: Duration, margin: Duration) -> usize {
+        let (queued, len) = {
             let mut leases = lock(&self.leases);
             let mut queue = lock(&self.queue);
             queue.reserved -= reserved;
+            let mut queued = 0;
             for item in items {
                 let held = Held { token: item.lease.token, leased_at: sent, deadline: sent + ttl - margin };
-                // The ledger may still hold an older lease of this row: after a stall longer than the ttl (a
-                // paused process), the store's lease expired and this pipeline's fetch took the row again before
-                // the heartbeater or the old worker noticed. The new lease supersedes it: the old worker's apply
-                // is stale and its `forget` (guarded by token) leaves the new entry alone. Tokens only grow.
-                let previous = leases.insert(item.lease.id, held);
-                if let Some(previous) = previous {
-                    assert!(
-                        previous.token < item.lease.token,
-                        "row {} leased with token {} while the ledger holds newer token {}",
+                // The ledger may already hold another lease of this row. An older one: after a stall longer than
+                // the ttl (a paused process), the store's lease expired and this pipeline's fetch took the row
+                // again before the heartbeater or the old worker noticed; the new lease supersedes it, the old
+                // worker's apply is stale and its `forget` (guarded by token) leaves the new entry alone. A newer
+                // one: with several fetchers, a fetch that stalled past the ttl answers after another fetch took
+                // the row again; its lease is the lost one and its item is dropped here. Tokens only grow.
+                match leases.get(&item.lease.id) {
+                    Some(newer) if newer.token > item.lease.token => continue,
+                    Some(same) => assert!(
+                        same.token != item.lease.token,
+                        "row {} queued twice with token {}",
                         item.lease.id,
-                        item.lease.token,
-                        previous.token
-                    );
+                        same.token
+                    ),
+                    None => {}
                 }
+                leases.insert(item.lease.id, held);
                 queue.items.push_back(item);
+                queued += 1;
             }
             let room = self.cap * self.fetchers;
             let held = queue.items.len() + queue.reserved;
             assert!(held <= room, "queue {} plus reserved {} past its room {room}", queue.items.len(), queue.reserved);
+            (queued, queue.items.len())
+        };
+        self.items.add_permits(queued);
+        self.room_returned(len);
+        queued
+    }
+
+    /// A fetch gave its room back with `len` items queued: a fetcher that found the room held by that fetch waits
+    /// for a refill, and below the lower mark one may not come from the workers (an empty queue has no pops), so
+    /// it comes from here.
+    fn room_returned(&self, len: usize) {
+        if len < self.marks().low {
+            self.wake_fetchers();
         }
-        self.items.add_permits(count);
+    }
+
+    /// Wakes every fetcher waiting for a refill (stored permits: a fetcher not yet waiting wakes at once).
+    fn wake_fetchers(&self) {
+        self.refill.notify_one();
+        for notify in &self.refill_more {
+            notify.notify_one();
+        }
     }
 
     /// Waits for the next item; `None` once the pipeline stops taking work. Wakes the fetcher when the queue
@@ -254,8 +287,7 @@ impl Shared {
             (queue.items.pop_front().expect("a permit without an item"), queue.items.len())
         };
         if len < self.marks().low {
-            self.refill.notify_one();
-            self.refill_more.notify_one();
+            self.wake_fetchers();
         }
         Some(item)
     }
@@ -265,8 +297,7 @@ impl Shared {
         self.stopping.store(true, Ordering::SeqCst);
         self.items.close();
         // Stored permits, so a fetcher between its stop check and its wait still wakes.
-        self.refill.notify_one();
-        self.refill_more.notify_one();
+        self.wake_fetchers();
         self.hint.notify_one();
         self.stop.notify_waiters();
         lock(&self.queue).items.drain(..).collect()
