@@ -295,6 +295,7 @@ pub fn small_workload() -> WorkloadSpec {
         lease_ttl: Duration::from_secs(6),
         lease_margin: Duration::from_secs(1),
         min_processing_interval: Duration::from_secs(1),
+        fetchers: 1,
     }
 }
 

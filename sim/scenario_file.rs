@@ -362,6 +362,7 @@ struct PipelineDoc {
     lease_ttl: Option<Dur>,
     lease_margin: Option<Dur>,
     min_processing_interval: Option<Dur>,
+    fetchers: Option<usize>,
     #[serde(default)]
     workers: WorkersDoc,
 }
@@ -735,6 +736,9 @@ impl PipelineDoc {
         }
         if let Some(interval) = self.min_processing_interval {
             spec.min_processing_interval = interval.0;
+        }
+        if let Some(fetchers) = self.fetchers {
+            spec.fetchers = at_least_one(key(&["pipeline", "fetchers"]), fetchers)?;
         }
         let workers = |name: &str, value: Option<usize>, default: usize| match value {
             Some(value) => at_least_one(key(&["pipeline", "workers", name]), value),
@@ -1273,6 +1277,12 @@ apply_guard_disabled = true
         assert_eq!(error(&format!("{head}[workload]\nhot_share = 1.5\n")).1, "workload.hot_share");
         assert_eq!(error(&format!("{head}[workload]\ntasks_per_job = [3, 1]\n")).1, "workload.tasks_per_job");
         assert_eq!(error(&format!("{head}[pipeline.workers]\ntasks = 0\n")).1, "pipeline.workers.tasks");
+        assert_eq!(
+            error(&format!("{head}[pipeline]\nfetchers = 0\n")),
+            (4, "pipeline.fetchers".into(), "0 must be at least 1".into())
+        );
+        let two = parse(&format!("{head}[pipeline]\nfetchers = 2\n")).unwrap();
+        assert_eq!(two.scenario.workload.config("tasks", "task", "ready", 3).fetchers, 2);
         let (_, key, rule) = error(&format!("{head}[pipeline]\nlease_ttl = \"2s\"\nlease_margin = \"1s\"\n"));
         assert_eq!(key, "pipeline.lease_ttl");
         assert!(rule.contains("heartbeat_trigger"), "{rule}");

@@ -90,6 +90,8 @@ pub struct WorkloadSpec {
     pub lease_margin: Duration,
     /// Minimum processing interval of every pipeline.
     pub min_processing_interval: Duration,
+    /// Fetch loops of every pipeline ([`PipelineConfig::fetchers`]).
+    pub fetchers: usize,
 }
 
 impl WorkloadSpec {
@@ -101,13 +103,14 @@ impl WorkloadSpec {
     }
 
     /// The config of one of the workload's pipelines: `name` (its lock owner) over rows of `kind` in `status`,
-    /// with `workers` workers and this spec's lease ttl, lease margin and minimum processing interval. The
+    /// with `workers` workers and this spec's lease ttl, lease margin, minimum processing interval and fetch loops. The
     /// scenario file validates every pipeline's config with it before a run.
     pub fn config(&self, name: &str, kind: &str, status: &str, workers: usize) -> PipelineConfig {
         let mut config = PipelineConfig::new(name, kind, &[status]).with_lease_ttl(self.lease_ttl);
         config.workers = workers;
         config.lease_margin = self.lease_margin;
         config.min_processing_interval = self.min_processing_interval;
+        config.fetchers = self.fetchers;
         config
     }
 }

@@ -297,12 +297,7 @@ async fn fetches_grow_while_workers_outrun_them_and_shrink_when_rows_run_out() {
         }
         // Workers empty the queue and then wait on it: they outran the fetch.
         while p.work_one(&handler).await.is_some() {}
-        let waiting = tokio::spawn({
-            let shared = p.shared.clone();
-            async move { shared.pop().await }
-        });
-        tokio::task::yield_now().await;
-        waiting.abort();
+        starve(&p).await;
     }
     // dstack's 8 twice (no worker had waited before the first fetch), then doubling to the cap of 64, then the
     // cap, until the store has fewer rows than asked for.
@@ -357,17 +352,7 @@ async fn fetches_in_flight_never_overfill_the_queue() {
     let config = PipelineConfig { fetchers: 3, fetch_limit_max: 32, ..config(4) };
     let p = Pipeline::new(Arc::new(store.clone()), config).unwrap();
     // Grown to the cap: the workers outran three full fetches.
-    let mut fetcher = p.fetcher(1);
-    for _ in 0..4 {
-        fetcher.run_once().await.unwrap();
-        while p.work_one(&Done { process: Duration::ZERO }).await.is_some() {}
-        let waiting = tokio::spawn({
-            let shared = p.shared.clone();
-            async move { shared.pop().await }
-        });
-        tokio::task::yield_now().await;
-        waiting.abort();
-    }
+    grow(&p).await;
     assert_eq!(p.shared.marks(), Marks { max: 32, low: 8 });
     let first = p.shared.reserve(0).expect("an empty grown queue takes a fetch");
     assert_eq!(first.limit(), 32, "at most the queue's max per fetch");
@@ -380,18 +365,23 @@ async fn fetches_in_flight_never_overfill_the_queue() {
     assert_eq!(p.shared.reserve(2).map(|r| r.limit()), Some(32));
 }
 
+/// A worker finds `p`'s queue empty and waits on it (then goes away): the workers outran the fetch.
+async fn starve(p: &Pipeline<Slow>) {
+    let waiting = tokio::spawn({
+        let shared = p.shared.clone();
+        async move { shared.pop().await }
+    });
+    tokio::task::yield_now().await;
+    waiting.abort();
+}
+
 /// Grows `p`'s queue to its cap: the workers outrun full fetches until the marks stop doubling.
 async fn grow(p: &Pipeline<Slow>) {
     let mut fetcher = p.fetcher(1);
     for _ in 0..4 {
         fetcher.run_once().await.unwrap();
         while p.work_one(&Done { process: Duration::ZERO }).await.is_some() {}
-        let waiting = tokio::spawn({
-            let shared = p.shared.clone();
-            async move { shared.pop().await }
-        });
-        tokio::task::yield_now().await;
-        waiting.abort();
+        starve(p).await;
     }
 }
 
@@ -443,12 +433,7 @@ async fn a_row_fetched_again_by_another_fetcher_keeps_only_its_newer_lease() {
     assert!(older.lease.token < newer.lease.token);
     // The queue is grown (a worker waited on it, and a fetch got all it asked for), so both fetchers fetch; both
     // fetches were in flight, and the newer one answers first.
-    let waiting = tokio::spawn({
-        let shared = p.shared.clone();
-        async move { shared.pop().await }
-    });
-    tokio::task::yield_now().await;
-    waiting.abort();
+    starve(&p).await;
     p.shared.adapt(8, 8);
     let stalled = p.shared.reserve(0).unwrap();
     let (ttl, margin) = (p.config.lease_ttl, p.config.lease_margin);

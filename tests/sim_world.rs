@@ -155,6 +155,26 @@ fn a_quiet_world_processes_every_row_without_stale_work() {
     }
 }
 
+/// Two fetch loops per pipeline (`fetchers = 2`) under every random fault, with jobs of many short tasks, so that
+/// the tasks' queues grow and the second loop's fetches overlap the first's (its reservations, wake-ups and
+/// dropped older leases are unit-tested in `tests/batching.rs`): every checker holds on every seed.
+#[test]
+fn two_fetch_loops_hold_every_invariant_under_every_fault() {
+    let workload = lockstep::sim::workload::WorkloadSpec {
+        jobs_per_minute: 120.0,
+        tasks_per_job: 4..=8,
+        task_process: Duration::from_millis(5)..Duration::from_millis(50),
+        fetchers: 2,
+        ..small_workload()
+    };
+    let scenario = Scenario { name: "mixed-two-fetchers".into(), ..Scenario::mixed() }.with_workload(workload);
+    let seeds = sim::seeds(&DEFAULT_SEEDS);
+    let reports = sim::check_seeds(&scenario, &seeds, replay("two_fetch_loops_hold_every_invariant_under_every_fault"));
+    for report in reports {
+        assert!(report.client.rows() > 300, "seed {}: the workload inserted {:?}", report.seed, report.client);
+    }
+}
+
 /// Three replicas, no random faults, jobs only, tasks that take 2–4 s: at any moment every worker is in the
 /// middle of processing, so a fault lands on work in flight.
 fn directed() -> Scenario {
