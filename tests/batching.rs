@@ -33,6 +33,8 @@ struct Slow {
     refetches: Arc<Mutex<usize>>,
     /// Fetch calls: made, in the store now, and most in the store at once.
     fetches: Arc<Mutex<Fetches>>,
+    /// While set, every fetch fails (after its [`CALL`]) as if the store were gone.
+    fail_fetches: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Default)]
@@ -50,6 +52,7 @@ impl Slow {
             refetch_batches: Arc::default(),
             refetches: Arc::default(),
             fetches: Arc::default(),
+            fail_fetches: Arc::default(),
         }
     }
 
@@ -90,6 +93,9 @@ impl Store for Slow {
         }
         tokio::time::sleep(CALL).await;
         self.fetches.lock().unwrap().in_flight -= 1;
+        if self.fail_fetches.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("the test cut the store".into()));
+        }
         self.inner.fetch(p).await
     }
     async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
@@ -441,6 +447,26 @@ async fn a_row_fetched_again_by_another_fetcher_keeps_only_its_newer_lease() {
     assert_eq!(stalled.fill(vec![older], Instant::now(), ttl, margin), 0, "the older lease is dropped");
     assert_eq!(p.shared.queue_len(), 1);
     assert_eq!(p.shared.leases().get(&newer.lease.id).map(|held| held.token), Some(newer.lease.token));
+}
+
+/// A drain ends while every fetch loop's store call fails: each of three loops, back from a failed fetch after the
+/// queue closed, is woken (the close stores a wake-up per loop, and a failed fetch's returned room wakes them
+/// too; with neither, all but one loop waited forever).
+#[tokio::test(start_paused = true)]
+async fn a_drain_with_three_fetch_loops_ends_while_the_store_fails_them() {
+    let store = Slow::new();
+    insert_ready(&store, 5_000).await;
+    // Applies in large batches, so that the fetches bound the pipeline and every loop is in the store.
+    let config = PipelineConfig { fetchers: 3, fetch_limit_max: 32, apply_batch_max: 500, ..config(4) };
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 1 });
+    manager.register(config, Done { process: Duration::ZERO }).unwrap();
+    manager.start();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store.fetch_calls().1, 3, "three fetches in the store at once");
+    // Every fetch in the store now fails, after the queue has closed.
+    store.fail_fetches.store(true, std::sync::atomic::Ordering::SeqCst);
+    let drained = tokio::time::timeout(Duration::from_secs(60), manager.shutdown()).await;
+    assert!(drained.is_ok(), "the drain must end");
 }
 
 /// At dstack's size (no backlog: the store never has all the rows a fetch asks for) only the first fetcher
