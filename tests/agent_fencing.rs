@@ -250,3 +250,139 @@ async fn a_reused_allocation_kills_the_old_incarnations_job_before_starting_the_
         assert_eq!(earlier_live, 0, "allocation {allocation} was empty when job {} started", job.data.id);
     }
 }
+
+/// A session the controller declared lost stays lost (issue 13): an agent whose local clock runs slow sends its
+/// heartbeat after its node lease expired in the store and after the controller aborted its jobs as "node lost".
+/// The heartbeat must not bring the old session back (the controller would place jobs under it and declare the
+/// node lost a second time, a second gang restart): the agent learns the lease is gone, fences, and starts a new
+/// session.
+#[tokio::test(start_paused = true)]
+async fn a_node_declared_lost_does_not_come_back_under_its_old_session_after_a_late_heartbeat() {
+    let setup = Setup::new();
+    // The agent's clock runs at half the store's rate, and it extends its 10 s lease only 2 s before its local
+    // deadline (8 s local = 16 s of store time): by its own clock its heartbeat is due 12 s after its session
+    // started, 2 s after the store let the lease expire (DESIGN §2: a margin smaller than ttl × drift).
+    let clock = lockstep::pipeline::LocalClock::drifting();
+    clock.set_rate_ppm(500_000);
+    let config = AgentConfig { heartbeat_trigger: Duration::from_secs(2), ..AgentConfig::new("node-0", 1) };
+    let executor = SimulatedExecutor::new(hanging(), setup.log.clone());
+    let mut agent = Agent::new(Arc::new(setup.link.clone()), executor, config).with_local_clock(clock);
+    agent.run_once().await.unwrap();
+    let old = agent.session().expect("a session");
+    let op = api::submit_text(&setup.store, "{tasks={t={job_count=1;command=c}}}", SpecFormat::Yson).await.unwrap();
+    setup.controller_pass().await;
+    assert_eq!(agent.run_once().await.unwrap().started.len(), 1);
+    let expiry = setup.node_lease_expiry("node-0").await;
+
+    tokio::time::sleep_until(expiry + Duration::from_secs(1)).await;
+    setup.controller_pass().await;
+    let view = api::status(&setup.store, op).await.unwrap();
+    assert_eq!(view.jobs[0].data.reason.as_deref(), Some("node lost"), "the controller declared node-0 lost");
+
+    let mut fenced = None;
+    for _ in 0..30 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let pass = agent.run_once().await.unwrap();
+        if pass.fenced.is_some() {
+            fenced = pass.fenced;
+            break;
+        }
+        assert_eq!(agent.session(), Some(old), "no new session before the old one is found lost");
+    }
+    assert_eq!(fenced.as_deref(), Some("node lease lost"), "the late heartbeat revived the lost session");
+    let nodes = setup.store.list(KIND_NODE, None).await.unwrap();
+    let node = nodes.iter().find(|n| n.status == "node-0").unwrap();
+    let now = setup.store.now().await.unwrap();
+    assert!(
+        node.lock_token != Some(old) || node.lock_expires_at.is_none_or(|at| at <= now),
+        "session {old} of node-0 is live again: {node:?}"
+    );
+    let pass = agent.run_once().await.unwrap();
+    assert!(pass.leased && agent.session().is_some_and(|new| new > old), "a new session follows the fence");
+}
+
+/// A node row carries the running agent's slots (issue 13): an agent restarted within its predecessor's node
+/// lease with fewer `--slots` waits for that lease, writes its slot count before its session starts, and the
+/// controller then places jobs only in the slots it offers.
+#[tokio::test(start_paused = true)]
+async fn an_agent_restarted_with_fewer_slots_updates_its_node_before_its_session_starts() {
+    let setup = Setup::new();
+    let executor = || SimulatedExecutor::new(hanging(), setup.log.clone());
+    let mut first = Agent::new(Arc::new(setup.link.clone()), executor(), AgentConfig::new("node-0", 3));
+    first.run_once().await.unwrap();
+    let old = first.session().expect("a session");
+    drop(first); // killed: its lease runs on until it expires
+    let mut second = Agent::new(Arc::new(setup.link.clone()), executor(), AgentConfig::new("node-0", 1));
+    let pass = second.run_once().await.unwrap();
+    assert!(!pass.leased && second.session().is_none(), "the old session still holds the node");
+
+    let mut new = None;
+    for _ in 0..30 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        second.run_once().await.unwrap();
+        if let Some(session) = second.session() {
+            new = Some(session);
+            break;
+        }
+    }
+    assert!(new.is_some_and(|new| new > old), "the restarted agent gets a new session");
+    let nodes = setup.store.list(KIND_NODE, None).await.unwrap();
+    let node = nodes.iter().find(|n| n.status == "node-0").unwrap();
+    assert_eq!(node.data["slots"], 1, "node-0's row still offers the old agent's slots: {}", node.data);
+
+    let op = api::submit_text(&setup.store, "{tasks={t={job_count=3;command=c}}}", SpecFormat::Yson).await.unwrap();
+    setup.controller_pass().await;
+    let pass = second.run_once().await.unwrap();
+    assert_eq!(pass.started.len(), 1, "one slot, one job");
+    assert!(pass.unserved.is_empty(), "no job was placed in a slot the agent does not offer: {:?}", pass.unserved);
+    let view = api::status(&setup.store, op).await.unwrap();
+    let placed = view.jobs.iter().filter(|j| j.data.allocation.is_some() && !j.status.is_terminal()).count();
+    assert_eq!(placed, 1, "jobs placed on node-0: {:?}", view.jobs);
+}
+
+/// An allocation granted under the agent's session in a slot it does not offer (a row written elsewhere, or by a
+/// controller that read an out-of-date node row) is reported interrupted, once, instead of staying assigned
+/// forever (issue 13).
+#[tokio::test(start_paused = true)]
+async fn a_job_placed_in_a_slot_the_agent_does_not_offer_is_reported_interrupted_once() {
+    use lockstep::gang::model::{
+        ALLOCATION_ALLOCATED, AllocationData, INBOX_NEW, JobId, JobLaunch, KIND_ALLOCATION, KIND_INBOX,
+    };
+    use lockstep::store::NewRow;
+    let setup = Setup::new();
+    let mut agent = setup.agent("node-0", hanging());
+    agent.run_once().await.unwrap();
+    let session = agent.session().unwrap();
+    let node = agent.node().unwrap();
+    let op = api::submit_text(&setup.store, "{tasks={t={job_count=1;command=c}}}", SpecFormat::Yson).await.unwrap();
+    let job = JobId { operation: op, index: 0 };
+    let launch = JobLaunch {
+        job,
+        incarnation: format!("{op}-i0"),
+        task: "t".into(),
+        job_cookie: 0,
+        gang_rank: None,
+        command: "c".into(),
+        environment: Default::default(),
+        file_paths: Vec::new(),
+    };
+    let data = AllocationData {
+        generation: 1,
+        operation: Some(op),
+        node_session: Some(session),
+        job: Some(launch),
+        ..AllocationData::free(node, "node-0".into(), 5)
+    };
+    let row = NewRow::new(KIND_ALLOCATION, ALLOCATION_ALLOCATED, serde_json::to_value(&data).unwrap());
+    setup.store.insert(row.with_parent(node)).await.unwrap();
+
+    let pass = agent.run_once().await.unwrap();
+    assert_eq!(pass.unserved, vec![job]);
+    assert!(pass.started.is_empty());
+    let inbox = setup.store.list(KIND_INBOX, Some(op)).await.unwrap();
+    let reports: Vec<_> =
+        inbox.iter().filter(|r| r.status == INBOX_NEW && r.data.to_string().contains("not served")).collect();
+    assert_eq!(reports.len(), 1, "one report: {inbox:?}");
+    let pass = agent.run_once().await.unwrap();
+    assert!(pass.unserved.is_empty(), "reported again: {:?}", pass.unserved);
+}

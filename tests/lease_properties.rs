@@ -215,7 +215,12 @@ impl Model {
             }
             Step::Heartbeat { holder, picks, ttl_ms } => {
                 let leases: Vec<Lease> = picks.iter().map(|pick| self.lease(holder, *pick)).collect();
-                let expected: Vec<Lease> = leases.iter().copied().filter(|l| self.carries(l.id, l.token)).collect();
+                // Held: the row carries the token and the lease has not expired (a heartbeat never revives one).
+                let expected: Vec<Lease> = leases
+                    .iter()
+                    .copied()
+                    .filter(|l| self.live(l.id, now).is_some_and(|(t, _)| t == l.token))
+                    .collect();
                 let lease_ttl = Duration::from_millis(ttl_ms);
                 let held = self.store.heartbeat(HeartbeatParams { leases: leases.clone(), lease_ttl }).await.unwrap();
                 assert_eq!(held, expected, "heartbeat of {leases:?}: held leases");

@@ -33,7 +33,7 @@ use crate::gang::model::{
 use crate::pipeline::LocalClock;
 use crate::store::{
     ApplyOutcome, ApplyParams, FetchParams, HeartbeatParams, Lease, LockToken, NewRow, RowId, RowUpdate, Store,
-    StoreError,
+    StoreError, WriteOutcome,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
@@ -173,6 +173,9 @@ pub struct AgentPass {
     pub reported: usize,
     /// Jobs whose processes the fence killed (empty unless `fenced`).
     pub fence_killed: Vec<JobId>,
+    /// Jobs placed in an allocation whose slot this agent does not offer (`slot ≥ slots`), reported interrupted
+    /// instead of started.
+    pub unserved: Vec<JobId>,
     /// The session (node lease token) the agent holds at the end of the pass.
     pub session: Option<LockToken>,
 }
@@ -486,15 +489,9 @@ impl<S: Store, E: Executor> Agent<S, E> {
         let data = NodeData { name: name.clone(), slots: self.config.slots };
         let data_json = serde_json::to_value(&data).expect("node data serializes");
         let existing = self.store.list(KIND_NODE, None).await?.into_iter().find(|row| row.status == *name);
+        // An existing row's data (slots) is brought up to date by `acquire`, before each new session.
         let node = match existing {
-            Some(row) => {
-                if row.data != data_json {
-                    // Busy while this node's previous session still holds the lease; the old slot count stays.
-                    let update = RowUpdate { status: None, data: Some(data_json) };
-                    self.store.update_unleased(row.id, update).await?;
-                }
-                row.id
-            }
+            Some(row) => row.id,
             None => self.store.insert(NewRow::new(KIND_NODE, name.clone(), data_json)).await?.id,
         };
         let slots: BTreeSet<u32> = self
@@ -514,7 +511,24 @@ impl<S: Store, E: Executor> Agent<S, E> {
     }
 
     /// Takes the node lease if it is free: a new session. Returns whether it got one.
+    ///
+    /// First the node row must carry this agent's data (its slots): a row written by an earlier agent for the node
+    /// (say with more `--slots`) is updated while no session holds it, so a session never starts with a slot count
+    /// the agent will not serve, and the controller, which reads a node's slots with its session, never places a
+    /// job in a slot that does not exist (issue 13). While an earlier session still holds the lease the update is
+    /// busy and the agent waits, as it must for the lease anyway.
     async fn acquire(&mut self) -> Result<bool, StoreError> {
+        let node = self.node.expect("registered before acquiring");
+        let data = NodeData { name: self.config.name.clone(), slots: self.config.slots };
+        let data = serde_json::to_value(&data).expect("node data serializes");
+        let current = self.store.get(node).await?.map(|row| row.data);
+        if current.as_ref() != Some(&data) {
+            let update = RowUpdate { status: None, data: Some(data) };
+            if self.store.update_unleased(node, update).await? == WriteOutcome::Busy {
+                self.warn_held();
+                return Ok(false);
+            }
+        }
         let sent = self.clock.now();
         let params = FetchParams {
             pipeline: node_lease_owner(&self.config.name),
@@ -526,16 +540,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
             retry_delay: Duration::ZERO,
         };
         let Some(row) = self.store.fetch(params).await?.into_iter().next() else {
-            // Another session holds the node lease (a second agent for this node, or this agent's own earlier
-            // session until its lease expires): say so once, not every pass.
-            if !self.warned_held {
-                self.warned_held = true;
-                tracing::warn!(
-                    node = %self.config.name,
-                    "node {} is held by another agent session; waiting for its lease",
-                    self.config.name
-                );
-            }
+            self.warn_held();
             return Ok(false);
         };
         self.warned_held = false;
@@ -546,6 +551,19 @@ impl<S: Store, E: Executor> Agent<S, E> {
         self.session = Some(Session { lease: Lease { id: row.id, token }, deadline });
         tracing::info!(node = %self.config.name, %token, "node session started");
         Ok(true)
+    }
+
+    /// Another session holds the node lease (a second agent for this node, or this agent's own earlier session
+    /// until its lease expires): say so once per wait, not every pass.
+    fn warn_held(&mut self) {
+        if !self.warned_held {
+            self.warned_held = true;
+            tracing::warn!(
+                node = %self.config.name,
+                "node {} is held by another agent session; waiting for its lease",
+                self.config.name
+            );
+        }
     }
 
     /// Extends the lease when its local deadline is within `heartbeat_trigger`. Returns the fence reason if the
@@ -618,11 +636,21 @@ impl<S: Store, E: Executor> Agent<S, E> {
     async fn reconcile(&mut self, session: LockToken, allocations: &[Allocation], pass: &mut AgentPass) {
         let mut wanted: BTreeMap<RowId, (AllocationRef, &JobLaunch)> = BTreeMap::new();
         for allocation in allocations {
-            let ours = allocation.allocated
-                && allocation.data.node_session == Some(session)
-                && allocation.data.slot < self.config.slots;
-            if let (true, Some(launch)) = (ours, &allocation.data.job) {
+            let ours = allocation.allocated && allocation.data.node_session == Some(session);
+            let Some(launch) = allocation.data.job.as_ref().filter(|_| ours) else { continue };
+            if allocation.data.slot < self.config.slots {
                 wanted.insert(allocation.row, (allocation.current(), launch));
+            } else if self.finished.insert(launch.job) {
+                // A slot this agent does not offer: the job is reported interrupted once, so the controller puts
+                // it elsewhere instead of waiting for a start that never comes.
+                let reason = format!(
+                    "allocation slot {} is not served: node {} has {} slots",
+                    allocation.data.slot, self.config.name, self.config.slots
+                );
+                let outcome = JobOutcome::Interrupted { reason };
+                let message = Message::JobEnded { job: launch.job, allocation: allocation.current(), outcome };
+                self.outbox.push_back((launch.job.operation, message));
+                pass.unserved.push(launch.job);
             }
         }
         let stale: Vec<RowId> = self
@@ -657,7 +685,11 @@ impl<S: Store, E: Executor> Agent<S, E> {
                 }
             }
         }
-        let named: BTreeSet<JobId> = wanted.values().map(|(_, launch)| launch.job).collect();
+        let named: BTreeSet<JobId> = allocations
+            .iter()
+            .filter(|allocation| allocation.allocated && allocation.data.node_session == Some(session))
+            .filter_map(|allocation| allocation.data.job.as_ref().map(|launch| launch.job))
+            .collect();
         self.finished.retain(|job| named.contains(job));
     }
 

@@ -436,7 +436,12 @@ impl Store for MemStore {
         let now = self.now();
         let expires = now.plus(p.lease_ttl);
         let mut state = self.lock();
-        let held: Vec<Lease> = p.leases.into_iter().filter(|lease| state.holds(*lease)).collect();
+        // An expired lease is gone even if no one took it over: a heartbeat never revives it, so a holder the
+        // others already count as dead (a node the controller declared lost) cannot come back under it.
+        let live = |state: &State, lease: Lease| {
+            state.holds(lease) && state.rows[&lease.id].lock_expires_at.is_some_and(|expires| expires > now)
+        };
+        let held: Vec<Lease> = p.leases.into_iter().filter(|lease| live(&state, *lease)).collect();
         for lease in &held {
             let ids: Vec<RowId> = state.by_token[&lease.token].iter().copied().collect();
             for id in ids {

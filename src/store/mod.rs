@@ -71,6 +71,12 @@ pub trait Store: Send + Sync + 'static {
     /// Extends every lease in `params.leases` that is still held, and the related rows locked with the same
     /// tokens, to `now + lease_ttl`. Returns the leases still held; the others were lost or re-tokened and are
     /// not written.
+    ///
+    /// Held means the row carries the lease's token *and* the lease has not expired (`lock_expires_at > now`):
+    /// a heartbeat never revives an expired lease, even one no one took over, because others may already have
+    /// acted on its expiry (the controller declares a node lost when its node lease expires, and a late
+    /// heartbeat must not bring that session back; issue 13). The guarded apply still accepts an expired lease no
+    /// one took (its guard is the token).
     fn heartbeat(&self, params: HeartbeatParams) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send;
 
     /// Locks every row of `params.related` with the holder's token and `params.owner`, all or nothing.

@@ -68,16 +68,30 @@ pub async fn heartbeat_returns_only_held_leases_and_leaves_lost_ones_untouched<H
     applied_now(&apply(&h, ApplyParams::new(new, RowUpdate::default())).await, new);
 }
 
-/// A lease is held while its row carries its token: one that expired but that no one took over is extended
-/// like any other (the same guard as apply's).
-pub async fn heartbeat_extends_an_expired_lease_no_one_took<H: Harness>(h: H) {
-    let row = insert(&h, "job").await;
-    let lease = lease_single(&h, "jobs", &row).await;
+/// An expired lease is gone even if no one took it over: its heartbeat returns it as not held and writes nothing,
+/// so the row stays eligible for any fetcher (issue 13: a node the controller declared lost must not come back
+/// under the same session). Its related rows are not extended either. The guarded apply, whose guard is the
+/// token, still accepts it (apply.rs).
+pub async fn heartbeat_does_not_revive_an_expired_lease<H: Harness>(h: H) {
+    let (parent, children) = family(&h, 1).await;
+    let lease = lease_with_children(&h, &parent, &children).await;
     h.advance(past(LEASE_TTL));
-    let before = now(&h).await;
-    assert_eq!(heartbeat(&h, vec![lease], LEASE_TTL).await, vec![lease], "an untaken lease is held");
-    let after = now(&h).await;
-    let expires = get(&h, row.id).await.lock_expires_at.expect("a leased row has an expiry");
-    assert_within(expires, before.plus(LEASE_TTL), after.plus(LEASE_TTL), "extended lock_expires_at");
-    assert_eq!(ids(&fetch(&h, "other", "job").await), vec![], "row {} taken after its heartbeat", row.id);
+    let parent_before = get(&h, parent.id).await;
+    let child_before = get(&h, children[0].id).await;
+    assert_eq!(
+        heartbeat(&h, vec![lease], LEASE_TTL).await,
+        vec![],
+        "the expired lease {}#{} is held",
+        lease.id,
+        lease.token
+    );
+    assert_eq!(get(&h, parent.id).await, parent_before, "an expired lease's heartbeat wrote row {}", parent.id);
+    assert_eq!(
+        get(&h, children[0].id).await,
+        child_before,
+        "an expired lease's heartbeat wrote row {}",
+        children[0].id
+    );
+    let taken = fetch(&h, "other", &parent.kind).await;
+    assert_eq!(ids(&taken), vec![parent.id], "row {} is not eligible after its expired lease's heartbeat", parent.id);
 }

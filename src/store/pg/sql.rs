@@ -173,8 +173,9 @@ pub(super) const REFETCH_BATCH_LEN_MIN: usize = 10;
 pub(super) const PREPARED_PLANS: &str =
     "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1";
 
-/// The heartbeat (mem.rs `heartbeat`): lock the main rows still carrying their tokens (in id order, so two
-/// heartbeats cannot deadlock), then extend every row carrying one of those tokens: main and related rows.
+/// The heartbeat (mem.rs `heartbeat`): lock the main rows still carrying their tokens under leases that have not
+/// expired (an expired lease is never revived), in id order so two heartbeats cannot deadlock, then extend every
+/// row carrying one of those tokens: main and related rows.
 /// Returns the extended rows' `(id, lock_token)`; a lease was held if its own row is among them.
 ///
 /// `$2` ids (`int8[]`), `$3` tokens (`int8[]`, same length), `$4` lease ttl.
@@ -183,6 +184,7 @@ pub(super) const HEARTBEAT: &str = "WITH held AS (
     FROM resources AS r
     JOIN unnest($2::int8[], $3::int8[]) AS lease(id, token)
       ON r.id = lease.id AND r.lock_token = lease.token
+    WHERE r.lock_expires_at > lockstep_now($1)
     ORDER BY r.id
     FOR NO KEY UPDATE OF r
 )
