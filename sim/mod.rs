@@ -6,6 +6,8 @@
 //! - [`db`], [`net_store`], [`rpc`]: the database node, the `Store` that crosses the network to it, and their
 //!   wire protocol;
 //! - [`replica`], [`workload`]: what replicas run and what the client inserts;
+//! - [`user`], [`service`]: users' own pipelines in the world ([`PipelineSet`]: their handlers, workload, final
+//!   statuses, checkers) and the simulated external services their handlers call;
 //! - [`gang`], [`agents`]: gang scenarios (agents, operations to submit, job behaviour, control actions,
 //!   expectations), the client that submits them, the agent nodes, the `op=` trace lines and the per-operation
 //!   report;
@@ -24,6 +26,7 @@
 
 pub mod agents;
 pub mod checkers;
+pub mod cli;
 pub mod coverage;
 pub mod db;
 pub mod explain;
@@ -37,8 +40,10 @@ pub mod rpc;
 pub mod run;
 pub mod scenario;
 pub mod scenario_file;
+pub mod service;
 pub mod summary;
 pub mod trace;
+pub mod user;
 pub mod workload;
 pub mod world;
 
@@ -50,4 +55,5 @@ pub use gang::{
 pub use run::{Replay, RunReport, Script, check_seeds, run, run_seeds, run_seeds_with, run_with, script, seeds};
 pub use scenario::{Mutation, Scenario};
 pub use scenario_file::{ScenarioError, ScenarioFile};
+pub use user::{PipelineSet, ReplicaCx, WorkloadClient};
 pub use world::{Target, World};

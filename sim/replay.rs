@@ -9,7 +9,7 @@
 
 use super::run::{RunReport, summary};
 use super::scenario_file::gang::SpecSource;
-use super::scenario_file::{ScenarioError, ScenarioFile};
+use super::scenario_file::{PipelineSets, ScenarioError, ScenarioFile};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -172,6 +172,20 @@ impl ReplayFile {
     /// # Errors
     /// [`ReplayError`], naming both values of whatever differs.
     pub fn check(text: &str, path: &str, build: &str) -> Result<(ReplayFile, ScenarioFile), ReplayError> {
+        ReplayFile::check_in(text, path, build, &PipelineSets::new())
+    }
+
+    /// As [`ReplayFile::check`], resolving the scenario's `pipelines` key among `sets` (the binary's registered
+    /// pipeline sets).
+    ///
+    /// # Errors
+    /// As [`ReplayFile::check`].
+    pub fn check_in(
+        text: &str,
+        path: &str,
+        build: &str,
+        sets: &PipelineSets,
+    ) -> Result<(ReplayFile, ScenarioFile), ReplayError> {
         let malformed = |message: String| ReplayError::Malformed { path: path.to_string(), message };
         let value: serde_json::Value = serde_json::from_str(text).map_err(|error| malformed(error.to_string()))?;
         let format = value.get("format").and_then(serde_json::Value::as_u64);
@@ -190,7 +204,8 @@ impl ReplayFile {
             });
         }
         let origin = format!("{path} (its scenario_text, from {})", replay.scenario.path);
-        let scenario = ScenarioFile::parse_with(&replay.scenario_text, &origin, SpecSource::Files(&replay.spec_files))
+        let specs = SpecSource::Files(&replay.spec_files);
+        let scenario = ScenarioFile::parse_in(&replay.scenario_text, &origin, specs, sets)
             .map_err(|source| ReplayError::ScenarioText { path: path.to_string(), source: Box::new(source) })?;
         let recorded = format!("{} {}", replay.scenario.name, replay.scenario.version);
         let embedded = format!("{} {}", scenario.scenario.name, scenario.version_label());

@@ -1,5 +1,5 @@
-//! A replica node: a [`PipelineManager`] running the workload's pipelines (unless the row workload is empty)
-//! and, in a gang scenario, the gang controller's operation pipeline ([`OperationHandler`]), over a [`NetStore`]
+//! A replica node: a [`PipelineManager`] running the workload's pipelines (unless the row workload is empty),
+//! a user's [`PipelineSet`] if the scenario has one, and, in a gang scenario, the gang controller's operation pipeline ([`OperationHandler`]), over a [`NetStore`]
 //! (DESIGN §5).
 //!
 //! [`run`] is the node's init function, so a restart runs it again from scratch: the replica keeps no state of
@@ -7,7 +7,9 @@
 //! survives restarts, so a drift fault outlives a crash.
 
 use super::net_store::{NetStore, NetStoreOptions};
+use super::service::Service;
 use super::trace::Trace;
+use super::user::{PipelineSet, ReplicaCx};
 use super::workload::{self, WorkloadSpec};
 use crate::gang::pipeline::OperationHandler;
 use crate::pipeline::{LocalClock, ManagerOptions, PipelineConfig, PipelineManager, ShutdownReport};
@@ -63,6 +65,12 @@ pub struct ReplicaContext {
     pub spec: Arc<WorkloadSpec>,
     /// The operation pipeline's config, in a gang scenario.
     pub operations: Option<PipelineConfig>,
+    /// A user's pipelines, registered at every start.
+    pub pipelines: Option<PipelineSet>,
+    /// The world's simulated external services (a user's pipelines call them).
+    pub services: Arc<Vec<Arc<Service>>>,
+    /// The longest lease ttl a user's pipeline registered, in microseconds (the run waits it out at the end).
+    pub lease_ttl_max: Arc<AtomicU64>,
     /// Time-out of each store call.
     pub call_timeout: Duration,
     /// The machine's monotonic clock (drifting under a clock fault).
@@ -100,6 +108,23 @@ pub async fn run(ctx: Arc<ReplicaContext>) {
         PipelineManager::new(Arc::new(store), ManagerOptions { seed }).with_local_clock(ctx.clock.clone());
     if ctx.spec.rows_max > 0 {
         workload::register(&mut manager, &ctx.spec, ctx.seed, &ctx.faults_on);
+    }
+    if let Some(set) = &ctx.pipelines {
+        let mut cx = ReplicaCx {
+            manager: &mut manager,
+            replica: ctx.index,
+            incarnation,
+            seed: ctx.seed,
+            node: ctx.name.clone(),
+            ip: ctx.ip,
+            services: &ctx.services,
+            clients: &ctx.clients,
+            faults_on: &ctx.faults_on,
+            lease_ttl_max: &ctx.lease_ttl_max,
+        };
+        if let Err(error) = set.register(&mut cx) {
+            panic!("{}: pipeline set {}: {error}", ctx.name, set.name());
+        }
     }
     if let Some(config) = &ctx.operations {
         let handler = OperationHandler::new(config.name.clone());

@@ -16,11 +16,12 @@
 //!    rows: gang rows have their own checkers, and node rows stay leased by their live agents), and with a gang
 //!    part the process log and the operations ([`checkers::gang`]).
 
-use super::checkers::{self, CheckInput, Violation};
+use super::checkers::{self, CheckInput, RowModel, Violation};
 use super::coverage::Coverage;
 use super::faults::FaultRunner;
 use super::gang::{self, OperationReport, SubmitOutcome};
 use super::scenario::Scenario;
+use super::service::Effect;
 use super::trace::{self, Trace, TraceEvent};
 use super::workload::{self, ClientReport};
 use super::world::World;
@@ -170,6 +171,7 @@ struct Outcome {
     keyed_rows: usize,
     drain: Result<(), String>,
     gang: Option<GangOutcome>,
+    effects: Vec<Effect>,
 }
 
 /// What the simulated part of a gang run hands back to the gang checkers.
@@ -250,7 +252,11 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
 
 /// The checkers that judge a run of `scenario`, in order, each name once.
 fn checker_names(scenario: &Scenario) -> Vec<&'static str> {
-    let mut names: Vec<&'static str> = checkers::names().chain(["drain"]).collect();
+    let mut names: Vec<&'static str> = checkers::names().collect();
+    if let Some(set) = &scenario.pipelines {
+        names.extend(set.checkers().iter().map(|checker| checker.name()));
+    }
+    names.push("drain");
     if scenario.gang.is_some() || !scenario.expect.is_empty() {
         let more: Vec<&'static str> =
             checkers::gang::NAMES.into_iter().filter(|name| scenario.gang.is_some() || *name == "expect").collect();
@@ -264,6 +270,10 @@ fn checker_names(scenario: &Scenario) -> Vec<&'static str> {
 }
 
 fn check(scenario: &Scenario, outcome: &Outcome, trace: &[TraceEvent]) -> Vec<Violation> {
+    let rows = match &scenario.pipelines {
+        Some(set) => RowModel::User(set),
+        None => RowModel::Builtin,
+    };
     let input = CheckInput {
         history: &outcome.history,
         events: &outcome.events,
@@ -274,8 +284,11 @@ fn check(scenario: &Scenario, outcome: &Outcome, trace: &[TraceEvent]) -> Vec<Vi
         final_at: outcome.final_at,
         liveness_bound: scenario.liveness_bound,
         starvation_bound: scenario.starvation_bound,
+        rows,
+        effects: &outcome.effects,
     };
-    let mut violations = checkers::check_all(&input);
+    let more = scenario.pipelines.as_ref().map_or(&[][..], |set| set.checkers());
+    let mut violations = checkers::check_all(&input, more);
     if let Err(message) = &outcome.drain {
         violations.push(Violation { checker: "drain", message: message.clone() });
     }
@@ -300,10 +313,15 @@ fn check(scenario: &Scenario, outcome: &Outcome, trace: &[TraceEvent]) -> Vec<Vi
     violations
 }
 
-/// Whether every workload row is final and every gang operation ended.
-fn converged(rows: &[Row]) -> bool {
-    rows.iter().all(|row| match gang::is_gang_row(row) {
-        false => workload::is_terminal(row),
+/// Whether every workload row (the built-in workload's or a user's set's) is final and every gang operation
+/// ended.
+fn converged(scenario: &Scenario, rows: &[Row]) -> bool {
+    let gang = scenario.gang.is_some();
+    rows.iter().all(|row| match gang && gang::is_gang_row(row) {
+        false => match &scenario.pipelines {
+            Some(set) => set.is_final(row),
+            None => workload::is_terminal(row),
+        },
         true => row.kind != KIND_OPERATION || OperationStatus::parse(&row.status).is_some_and(|s| s.is_terminal()),
     })
 }
@@ -335,7 +353,7 @@ async fn simulate(scenario: Arc<Scenario>, seed: u64, script: Option<Script>, tr
     let deadline = tokio::time::Instant::now() + scenario.liveness_bound;
     let rows_at_liveness = loop {
         let rows = world.rows();
-        if converged(&rows) || tokio::time::Instant::now() >= deadline {
+        if converged(&scenario, &rows) || tokio::time::Instant::now() >= deadline {
             break rows;
         }
         tokio::time::sleep(CONVERGENCE_POLL).await;
@@ -343,20 +361,23 @@ async fn simulate(scenario: Arc<Scenario>, seed: u64, script: Option<Script>, tr
     let liveness_at = world.store_now();
     let unfinished = unfinished_operations(&rows_at_liveness);
     let drain = world.drain(scenario.drain_budget).await;
-    tokio::time::sleep(scenario.lease_ttl_max() + Duration::from_secs(1)).await;
+    let lease_ttl_max = scenario.lease_ttl_max().max(world.user_lease_ttl_max());
+    tokio::time::sleep(lease_ttl_max + Duration::from_secs(1)).await;
     let store = &world.database().store;
     let gang = match scenario.gang.is_some() {
         true => Some(gang_outcome(&world, unfinished).await),
         false => None,
     };
     let rows_final = store.rows();
+    // The row checkers judge the workload's rows; gang rows have the gang checkers, and node rows stay leased by
+    // their agents, which never drain.
+    let gang_part = scenario.gang.is_some();
     Outcome {
         history: store.history(),
         events: store.all_events(),
-        // The row checkers judge the workload's rows; gang rows have the gang checkers, and node rows stay leased
-        // by their agents, which never drain.
-        rows_at_liveness: rows_at_liveness.into_iter().filter(|row| !gang::is_gang_row(row)).collect(),
-        rows_final: rows_final.into_iter().filter(|row| row.kind != KIND_NODE).collect(),
+        rows_at_liveness: rows_at_liveness.into_iter().filter(|row| !(gang_part && gang::is_gang_row(row))).collect(),
+        rows_final: rows_final.into_iter().filter(|row| !(gang_part && row.kind == KIND_NODE)).collect(),
+        effects: world.effects(),
         heal_at,
         liveness_at,
         final_at: world.store_now(),

@@ -6,6 +6,7 @@
 
 use super::faults::{Fault, FaultKind, FaultPlan, RandomFault};
 use super::gang::{AgentTunables, ControllerTunables, Expectations, GangWorkload, OperationExpectation, Submission};
+use super::user::PipelineSet;
 use super::workload::{Workers, WorkloadSpec};
 use super::world::Target;
 use crate::agent::{Behaviour, End, JobScript, Rule};
@@ -21,6 +22,10 @@ pub enum InvalidScenario {
     #[error("invalid scenario: {0}")]
     Invalid(String),
 }
+
+/// The lease ttl the time limit assumes for a user's pipelines: the engine's default (their configs may set
+/// another; the run waits out the longest one registered before its last snapshot).
+pub const USER_LEASE_TTL_ASSUMED: Duration = crate::pipeline::config::LEASE_TTL_DEFAULT;
 
 /// Test-only switches that plant a bug in the system, to prove that the checkers catch it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -58,6 +63,9 @@ pub struct Scenario {
     pub gang: Option<GangWorkload>,
     /// What the run must show besides the invariants (checker `expect`).
     pub expect: Expectations,
+    /// A user's pipelines ([`super::user`]): every replica runs them and the client runs their workload, in place
+    /// of the built-in row workload (which must then be off: `workload.rows_max` 0). None by default.
+    pub pipelines: Option<PipelineSet>,
 }
 
 impl Scenario {
@@ -88,6 +96,15 @@ impl Scenario {
         }
         if let Some(gang) = &self.gang {
             gang.check().map_err(InvalidScenario::Invalid)?;
+        }
+        if let Some(set) = &self.pipelines {
+            set.check().map_err(InvalidScenario::Invalid)?;
+            if self.workload.rows_max > 0 {
+                return invalid(format!(
+                    "pipelines: the pipeline set {} replaces the built-in row workload: set workload.rows_max to 0",
+                    set.name()
+                ));
+            }
         }
         self.expect.check(self.gang.as_ref()).map_err(InvalidScenario::Invalid)?;
         let rows = self.workload.rows_max > 0;
@@ -134,6 +151,7 @@ impl Scenario {
             + self.liveness_bound
             + self.drain_budget
             + self.workload.lease_ttl * 4
+            + self.pipelines.as_ref().map_or(Duration::ZERO, |_| USER_LEASE_TTL_ASSUMED * 4)
             + Duration::from_secs(120)
     }
 
@@ -166,6 +184,7 @@ impl Scenario {
             mutation: Mutation::default(),
             gang: None,
             expect: Expectations::default(),
+            pipelines: None,
         }
     }
 

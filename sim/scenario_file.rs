@@ -18,6 +18,7 @@ pub mod gang;
 use super::faults::{Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
 use super::replay::fnv1a64;
 use super::scenario::{Mutation, Scenario, no_rows};
+use super::user::PipelineSet;
 use super::world::Target;
 use crate::pipeline::ConfigError;
 use gang::{ExpectOperationDoc, ExpectTraceDoc, GangDocs, SpecSource};
@@ -60,11 +61,20 @@ impl ScenarioFile {
     /// # Errors
     /// [`ScenarioError::Read`] if the file cannot be read; else as [`ScenarioFile::parse`].
     pub fn load(path: &Path) -> Result<ScenarioFile, ScenarioError> {
+        ScenarioFile::load_in(path, &PipelineSets::new())
+    }
+
+    /// As [`ScenarioFile::load`], resolving a `pipelines = "NAME"` key among `sets` (a user's binary registers
+    /// its pipeline sets: [`super::cli::Registry`]).
+    ///
+    /// # Errors
+    /// As [`ScenarioFile::load`], and [`ScenarioError::Invalid`] at `pipelines` for a name not in `sets`.
+    pub fn load_in(path: &Path, sets: &PipelineSets) -> Result<ScenarioFile, ScenarioError> {
         let origin = path.display().to_string();
         let text = std::fs::read_to_string(path)
             .map_err(|error| ScenarioError::Read { origin: origin.clone(), message: error.to_string() })?;
         let dir = path.parent().unwrap_or(Path::new(""));
-        ScenarioFile::parse_with(&text, &origin, SpecSource::Dir(dir))
+        ScenarioFile::parse_in(&text, &origin, SpecSource::Dir(dir), sets)
     }
 
     /// Parses and checks a scenario file's `text`; `origin` names it in errors; `spec_file`s are read relative
@@ -85,11 +95,25 @@ impl ScenarioFile {
     /// # Errors
     /// As [`ScenarioFile::parse`].
     pub fn parse_with(text: &str, origin: &str, specs: SpecSource<'_>) -> Result<ScenarioFile, ScenarioError> {
+        ScenarioFile::parse_in(text, origin, specs, &PipelineSets::new())
+    }
+
+    /// As [`ScenarioFile::parse_with`], resolving a `pipelines = "NAME"` key among `sets`.
+    ///
+    /// # Errors
+    /// As [`ScenarioFile::parse`], and [`ScenarioError::Invalid`] at `pipelines` for a name not in `sets`.
+    pub fn parse_in(
+        text: &str,
+        origin: &str,
+        specs: SpecSource<'_>,
+        sets: &PipelineSets,
+    ) -> Result<ScenarioFile, ScenarioError> {
         let located = Located { text, origin };
         let tree = DeTable::parse(text).map_err(|error| located.toml_error(&error, None))?;
         let tree = tree.get_ref();
         let doc: FileDoc = toml::from_str(text).map_err(|error| located.toml_error(&error, Some(tree)))?;
-        let file = doc.into_file(text, origin, specs).map_err(|(path, rule)| located.at_path(tree, &path, rule))?;
+        let file =
+            doc.into_file(text, origin, specs, sets).map_err(|(path, rule)| located.at_path(tree, &path, rule))?;
         Ok(file)
     }
 
@@ -300,6 +324,21 @@ fn table_anchor(table: &DeTable<'_>, fallback: usize) -> usize {
 /// A failed rule: the key's path and the rule.
 type Broken = (KeyPath, String);
 
+/// Pipeline sets by name, as a binary registers them (`pipelines = "NAME"` in a scenario file names one).
+pub type PipelineSets = BTreeMap<String, PipelineSet>;
+
+/// The rule a `pipelines` name not among `sets` breaks, naming the ones there are.
+fn unknown_set(name: &str, sets: &PipelineSets) -> String {
+    if sets.is_empty() {
+        return format!(
+            "no pipeline set {name:?} in this binary: it registers none (a project's own binary registers its sets \
+             with lockstep::sim::cli::Registry)"
+        );
+    }
+    let known: Vec<&str> = sets.keys().map(String::as_str).collect();
+    format!("no pipeline set {name:?} in this binary (it registers {})", known.join(", "))
+}
+
 fn key(parts: &[&str]) -> KeyPath {
     parts.iter().map(|part| Seg::Key(part.to_string())).collect()
 }
@@ -319,12 +358,12 @@ struct FileDoc {
     name: String,
     version: u64,
     seeds: Option<Vec<u64>>,
+    pipelines: Option<String>,
     #[serde(default)]
     topology: TopologyDoc,
     #[serde(default)]
     network: NetworkDoc,
-    #[serde(default)]
-    pipeline: PipelineDoc,
+    pipeline: Option<PipelineDoc>,
     workload: Option<WorkloadDoc>,
     #[serde(default)]
     faults: FaultsDoc,
@@ -521,7 +560,13 @@ pub use crate::duration::parse as parse_duration;
 // ---- from the file's shape to a Scenario ----
 
 impl FileDoc {
-    fn into_file(mut self, text: &str, origin: &str, specs: SpecSource<'_>) -> Result<ScenarioFile, Broken> {
+    fn into_file(
+        mut self,
+        text: &str,
+        origin: &str,
+        specs: SpecSource<'_>,
+        sets: &PipelineSets,
+    ) -> Result<ScenarioFile, Broken> {
         let mut scenario = Scenario::mixed();
         scenario.faults = FaultPlan::default();
         check_name(&self.name)?;
@@ -557,8 +602,21 @@ impl FileDoc {
                 scenario.workload = no_rows();
             }
         }
+        if let Some(name) = &self.pipelines {
+            let set = sets.get(name).ok_or_else(|| (key(&["pipelines"]), unknown_set(name, sets)))?;
+            if self.workload.is_some() {
+                let rule = format!("the pipeline set {name} brings its own workload: remove [workload]");
+                return Err((key(&["workload"]), rule));
+            }
+            if self.pipeline.is_some() {
+                let rule = format!("the pipeline set {name} configures its own pipelines: remove [pipeline]");
+                return Err((key(&["pipeline"]), rule));
+            }
+            scenario.workload = no_rows();
+            scenario.pipelines = Some(set.clone());
+        }
         self.network.apply(&mut scenario)?;
-        self.pipeline.apply(&mut scenario)?;
+        self.pipeline.unwrap_or_default().apply(&mut scenario)?;
         if let Some(workload) = self.workload {
             workload.apply(&mut scenario)?;
         }
@@ -1086,6 +1144,49 @@ mod tests {
             ScenarioError::Invalid { line, key, rule, .. } => (line, key, rule),
             other => panic!("not an Invalid error: {other}"),
         }
+    }
+
+    fn sets() -> PipelineSets {
+        let set = PipelineSet::new("orders", |_| Ok(())).final_statuses("order", &["done"]);
+        PipelineSets::from([("orders".to_string(), set)])
+    }
+
+    fn error_in(text: &str, sets: &PipelineSets) -> (usize, String, String) {
+        match ScenarioFile::parse_in(text, "t.toml", SpecSource::Dir(Path::new("")), sets) {
+            Err(ScenarioError::Invalid { line, key, rule, .. }) => (line, key, rule),
+            other => panic!("not an Invalid error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_file_naming_a_registered_pipeline_set_runs_it_without_the_built_in_rows() {
+        let text = format!("{MINIMAL}pipelines = \"orders\"\n");
+        let file = ScenarioFile::parse_in(&text, "t.toml", SpecSource::Dir(Path::new("")), &sets()).unwrap();
+        let set = file.scenario.pipelines.as_ref().expect("the set is attached");
+        assert_eq!(set.name(), "orders");
+        assert_eq!(file.scenario.workload.rows_max, 0, "the built-in rows are off");
+        // The set is part of the version hash: the same file naming another set is another scenario.
+        let plain = ScenarioFile::parse(MINIMAL, "t.toml").unwrap();
+        assert_ne!(file.version_label(), plain.version_label());
+    }
+
+    #[test]
+    fn an_unknown_pipeline_set_or_a_built_in_table_beside_one_is_refused_at_its_key() {
+        let text = format!("{MINIMAL}pipelines = \"billing\"\n");
+        let (line, key, rule) = error_in(&text, &sets());
+        assert_eq!((line, key.as_str()), (3, "pipelines"));
+        assert!(rule.contains("no pipeline set \"billing\" in this binary (it registers orders)"), "{rule}");
+        let (_, _, rule) = error_in(&text, &PipelineSets::new());
+        assert!(rule.contains("it registers none"), "{rule}");
+
+        let text = format!("{MINIMAL}pipelines = \"orders\"\n[workload]\nspan = \"10s\"\n");
+        let (_, key, rule) = error_in(&text, &sets());
+        assert_eq!(key, "workload");
+        assert!(rule.contains("brings its own workload"), "{rule}");
+        let text = format!("{MINIMAL}pipelines = \"orders\"\n[pipeline]\nfetchers = 2\n");
+        let (_, key, rule) = error_in(&text, &sets());
+        assert_eq!(key, "pipeline");
+        assert!(rule.contains("configures its own pipelines"), "{rule}");
     }
 
     #[test]

@@ -51,6 +51,13 @@ pub fn render(report: &RunReport) -> String {
             report.rows,
             report.commits
         );
+    } else if c.user_rows > 0 {
+        let _ = writeln!(text, "simulated time: {}", seconds(report.simulated));
+        let _ = writeln!(
+            text,
+            "client inserted {} rows (the pipeline set's workload); {} rows in the database, {} commits",
+            c.user_rows, report.rows, report.commits
+        );
     } else {
         let _ = writeln!(text, "simulated time: {}", seconds(report.simulated));
         let _ = writeln!(

@@ -281,12 +281,14 @@ pub struct ClientReport {
     pub claims: usize,
     /// Resources inserted.
     pub resources: usize,
+    /// Rows a user's workload inserted ([`super::user::WorkloadClient::insert`]).
+    pub user_rows: usize,
 }
 
 impl ClientReport {
     /// Rows inserted.
     pub fn rows(&self) -> usize {
-        self.jobs + self.tasks + self.claims + self.resources
+        self.jobs + self.tasks + self.claims + self.resources + self.user_rows
     }
 }
 
@@ -394,24 +396,33 @@ impl Client {
         let _ = self.store.hint(&kind, None).await;
     }
 
-    /// Repeats `call` until it succeeds, backing off; fails the run after [`CLIENT_ATTEMPTS_MAX`] attempts.
-    async fn retry<T, F, Fut>(&self, what: &str, mut call: F) -> T
+    async fn retry<T, F, Fut>(&self, what: &str, call: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,
     {
-        let mut backoff = CLIENT_BACKOFF.0;
-        for _ in 0..CLIENT_ATTEMPTS_MAX {
-            match call().await {
-                Ok(value) => return value,
-                Err(_) => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(CLIENT_BACKOFF.1);
-                }
+        retry_call(what, call).await
+    }
+}
+
+/// Repeats `call` until it succeeds, backing off ([`CLIENT_BACKOFF`]); fails the run (panics naming `what`)
+/// after [`CLIENT_ATTEMPTS_MAX`] attempts. Only for calls safe to repeat (keyed inserts, reads, hints).
+pub async fn retry_call<T, F, Fut>(what: &str, mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut backoff = CLIENT_BACKOFF.0;
+    for _ in 0..CLIENT_ATTEMPTS_MAX {
+        match call().await {
+            Ok(value) => return value,
+            Err(_) => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(CLIENT_BACKOFF.1);
             }
         }
-        panic!("client: {what} failed {CLIENT_ATTEMPTS_MAX} times in a row")
     }
+    panic!("client: {what} failed {CLIENT_ATTEMPTS_MAX} times in a row")
 }
 
 /// A Poisson process's next gap at `per_minute` events per minute (never, for a rate of 0).

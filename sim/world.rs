@@ -27,7 +27,9 @@ use super::gang::{self, GangClient, SubmitOutcome};
 use super::net_store::{NetStore, NetStoreOptions};
 use super::replica::{self, ReplicaContext, Stop};
 use super::scenario::Scenario;
+use super::service::{self, Effect, Service};
 use super::trace::Trace;
+use super::user::WorkloadClient;
 use super::workload::{Client, ClientReport};
 use crate::agent::{ProcessEvent, ProcessLog, SimulatedExecutor};
 use crate::pipeline::LocalClock;
@@ -113,6 +115,9 @@ struct Inner {
     faults_on: Arc<AtomicBool>,
     stop: Arc<Stop>,
     clients: Arc<AtomicU64>,
+    services: Arc<Vec<Arc<Service>>>,
+    /// The longest lease ttl a user's pipeline registered, in microseconds.
+    lease_ttl_max: Arc<AtomicU64>,
     bursts: AtomicU64,
     state: Mutex<FaultState>,
 }
@@ -165,6 +170,8 @@ impl World {
         let clients = Arc::new(AtomicU64::new(0));
         let spec = Arc::new(scenario.workload.clone());
         let operations = scenario.gang.as_ref().map(|gang| gang.pipeline_config());
+        let services = Arc::new(Self::start_services(&handle, &scenario, seed, &trace, &faults_on));
+        let lease_ttl_max = Arc::new(AtomicU64::new(0));
         let replicas = (0..scenario.replicas)
             .map(|index| {
                 let ip = IpAddr::V4(Ipv4Addr::new(10, 0, 1, index as u8 + 1));
@@ -176,6 +183,9 @@ impl World {
                     seed,
                     spec: spec.clone(),
                     operations: operations.clone(),
+                    pipelines: scenario.pipelines.clone(),
+                    services: services.clone(),
+                    lease_ttl_max: lease_ttl_max.clone(),
                     call_timeout: scenario.call_timeout,
                     clock: LocalClock::drifting(),
                     faults_on: faults_on.clone(),
@@ -252,6 +262,8 @@ impl World {
             faults_on,
             stop,
             clients,
+            services,
+            lease_ttl_max,
             bursts: AtomicU64::new(0),
             state: Mutex::new(FaultState::default()),
         };
@@ -352,9 +364,57 @@ impl World {
         ClientHandle { world: self }
     }
 
-    /// Runs the workload on the client node until its span ends; returns what it inserted.
+    /// The nodes of a user's services (none without a pipeline set), each started and serving.
+    fn start_services(
+        handle: &Handle,
+        scenario: &Scenario,
+        seed: u64,
+        trace: &Trace,
+        faults_on: &Arc<AtomicBool>,
+    ) -> Vec<Arc<Service>> {
+        let Some(set) = &scenario.pipelines else { return Vec::new() };
+        let services: Vec<Arc<Service>> = set
+            .services()
+            .iter()
+            .enumerate()
+            .map(|(index, (name, options))| {
+                Service::new(name, index, options.clone(), seed, trace.clone(), faults_on.clone())
+            })
+            .collect();
+        for service in &services {
+            let init = service.clone();
+            handle
+                .create_node()
+                .name(service.node_name())
+                .ip(service.ip())
+                .init(move || service::serve(init.clone()))
+                .build();
+        }
+        services
+    }
+
+    /// Every request the world's services handled, service by service, each in order.
+    pub fn effects(&self) -> Vec<Effect> {
+        self.inner.services.iter().flat_map(|service| service.log()).collect()
+    }
+
+    /// The longest lease ttl a user's pipeline registered on any replica so far (zero without one).
+    pub fn user_lease_ttl_max(&self) -> Duration {
+        Duration::from_micros(self.inner.lease_ttl_max.load(Ordering::SeqCst))
+    }
+
+    /// Runs the workload on the client node until its span ends; returns what it inserted. With a user's
+    /// pipeline set, runs the set's workload instead (and reports the rows it inserted as `user_rows`).
     pub async fn run_client(&self) -> ClientReport {
         let store = self.connect_client().await;
+        if let Some(set) = self.scenario().pipelines.clone() {
+            let client = WorkloadClient::new(store, self.seed(), self.inner.trace.clone(), Arc::from("client"));
+            let counted = client.clone();
+            if let Some(workload) = set.run_workload(client) {
+                self.inner.client_node.spawn(workload).await.expect("the client node is never killed");
+            }
+            return ClientReport { user_rows: counted.inserted(), ..ClientReport::default() };
+        }
         let spec = Arc::new(self.scenario().workload.clone());
         let client = Client::new(store, spec, self.seed(), self.inner.trace.clone(), Arc::from("client"));
         self.inner.client_node.spawn(client.run()).await.expect("the client node is never killed")

@@ -96,3 +96,17 @@ fn readme_quick_start_scenario_output_is_the_pinned_summary() {
     assert!(readme.contains("env -u RUSTFLAGS cargo sim run scenarios/gang-seed-example.toml"), "README quick start");
     assert!(readme.contains(summary.trim_end()), "README's quick start output differs from the snapshot:\n{summary}");
 }
+
+/// The README's "Test your own pipelines" shows the example crate's simulator tests whole, and its scenario-file
+/// commands name files the example has.
+#[test]
+fn readme_shows_the_user_pipelines_test_whole() {
+    let readme = include_str!("../README.md");
+    let test = include_str!("../examples/user-pipelines/tests/sim.rs");
+    assert!(readme.contains(test), "README.md must include examples/user-pipelines/tests/sim.rs verbatim");
+    for scenario in ["orders-mixed.toml", "orders-without-keys.toml"] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/user-pipelines/scenarios");
+        assert!(path.join(scenario).is_file(), "the README runs {scenario}, which the example lacks");
+        assert!(readme.contains(&format!("scenarios/{scenario}")));
+    }
+}

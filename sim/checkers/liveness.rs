@@ -6,12 +6,11 @@
 //! leased names the lost holder; a row with an owner and no token names a reset nobody retried).
 
 use super::{CheckInput, describe, listed};
-use crate::sim::workload;
 
 /// The check; the error lists the rows left behind.
 pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
     let left: Vec<String> =
-        input.rows_at_liveness.iter().filter(|row| !workload::is_terminal(row)).map(describe).collect();
+        input.rows_at_liveness.iter().filter(|row| !input.rows.is_final(row)).map(describe).collect();
     let waited = input.liveness_at.as_micros() - input.heal_at.as_micros();
     if !left.is_empty() {
         return Err(format!(

@@ -3,12 +3,16 @@
 //! guards against and watches it fire (STYLE, "Checkers bite").
 
 pub mod exactly_once;
+pub mod external;
 pub mod gang;
 pub mod lease_exclusivity;
 pub mod liveness;
 pub mod locked_forever;
 pub mod starvation;
 
+use super::service::Effect;
+use super::user::PipelineSet;
+use super::workload;
 use crate::store::{Commit, Event, Row, Timestamp};
 use std::fmt;
 use std::time::Duration;
@@ -37,6 +41,56 @@ pub struct CheckInput<'a> {
     pub liveness_bound: Duration,
     /// After the heal, no parent may wait longer than this for its related locks.
     pub starvation_bound: Duration,
+    /// Whose rows these are: the built-in workload's, or a [`PipelineSet`]'s (which says which statuses are
+    /// final).
+    pub rows: RowModel<'a>,
+    /// Every request the simulated external services handled, service by service in order (empty without
+    /// services).
+    pub effects: &'a [Effect],
+}
+
+/// Whose rows a run holds, and so which statuses end their life.
+#[derive(Clone, Copy, Debug)]
+pub enum RowModel<'a> {
+    /// The built-in workload's jobs, tasks, claims and resources ([`workload::is_terminal`]).
+    Builtin,
+    /// A user's pipeline set ([`PipelineSet::is_final`]).
+    User(&'a PipelineSet),
+}
+
+impl RowModel<'_> {
+    /// Whether `row` reached the end of its life.
+    pub fn is_final(&self, row: &Row) -> bool {
+        match self {
+            RowModel::Builtin => workload::is_terminal(row),
+            RowModel::User(set) => set.is_final(row),
+        }
+    }
+}
+
+/// One invariant checked on every run: the built-in checkers and the ones users add to a [`PipelineSet`]
+/// implement it alike. A checker reads only what the database and the services recorded ([`CheckInput`]),
+/// never what replicas believe.
+pub trait Checker: Send + Sync + 'static {
+    /// The checker's name, as failures and sweep tables print it: lowercase words joined by `_`, unique in a
+    /// run.
+    fn name(&self) -> &'static str;
+
+    /// The check. Errors: what broke, naming rows, tokens, times (at most [`LISTED_MAX`] items; see [`listed`]).
+    fn check(&self, input: &CheckInput<'_>) -> Result<(), String>;
+}
+
+/// A built-in checker: its name and its check function.
+struct Builtin(&'static str, fn(&CheckInput<'_>) -> Result<(), String>);
+
+impl Checker for Builtin {
+    fn name(&self) -> &'static str {
+        self.0
+    }
+
+    fn check(&self, input: &CheckInput<'_>) -> Result<(), String> {
+        (self.1)(input)
+    }
 }
 
 /// A broken invariant.
@@ -55,28 +109,27 @@ impl fmt::Display for Violation {
     }
 }
 
-/// One checker: its name and its check.
-type Checker = (&'static str, fn(&CheckInput<'_>) -> Result<(), String>);
-
-/// Every checker, in the order they run.
-const CHECKS: [Checker; 5] = [
-    ("lease_exclusivity", lease_exclusivity::check),
-    ("liveness", liveness::check),
-    ("locked_forever", locked_forever::check),
-    ("starvation", starvation::check),
-    ("exactly_once", exactly_once::check),
+/// Every built-in checker, in the order they run.
+const CHECKS: [Builtin; 6] = [
+    Builtin("lease_exclusivity", lease_exclusivity::check),
+    Builtin("liveness", liveness::check),
+    Builtin("locked_forever", locked_forever::check),
+    Builtin("starvation", starvation::check),
+    Builtin("exactly_once", exactly_once::check),
+    Builtin("external_exactly_once", external::check),
 ];
 
-/// The checkers' names, in the order they run (the names of [`Violation::checker`]).
+/// The built-in checkers' names, in the order they run (the names of [`Violation::checker`]).
 pub fn names() -> impl Iterator<Item = &'static str> {
-    CHECKS.iter().map(|(name, _)| *name)
+    CHECKS.iter().map(|checker| checker.0)
 }
 
-/// Runs every checker; returns what they found, in checker order.
-pub fn check_all(input: &CheckInput<'_>) -> Vec<Violation> {
-    CHECKS
-        .into_iter()
-        .filter_map(|(checker, check)| check(input).err().map(|message| Violation { checker, message }))
+/// Runs every built-in checker, then `more` (a pipeline set's own); returns what they found, in checker order.
+pub fn check_all(input: &CheckInput<'_>, more: &[std::sync::Arc<dyn Checker>]) -> Vec<Violation> {
+    let builtins = CHECKS.iter().map(|checker| checker as &dyn Checker);
+    builtins
+        .chain(more.iter().map(|checker| checker.as_ref()))
+        .filter_map(|checker| checker.check(input).err().map(|message| Violation { checker: checker.name(), message }))
         .collect()
 }
 
@@ -160,6 +213,8 @@ pub(crate) mod fixtures {
             final_at: at(200),
             liveness_bound: Duration::from_secs(60),
             starvation_bound: Duration::from_secs(60),
+            rows: super::RowModel::Builtin,
+            effects: &[],
         }
     }
 }

@@ -8,8 +8,6 @@
 
 #[cfg(not(madsim))]
 mod real;
-#[cfg(madsim)]
-mod sim;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -41,7 +39,7 @@ enum Command {
     /// Scenario files under the deterministic simulator: run, sweep, replay, explain.
     #[cfg(madsim)]
     #[command(subcommand)]
-    Sim(sim::Command),
+    Sim(lockstep::sim::cli::Command),
     /// Scenario files under the deterministic simulator (needs the simulator build: `cargo sim …`).
     #[cfg(not(madsim))]
     Sim(NeedsSimBuild),
@@ -97,7 +95,7 @@ fn main() -> ExitCode {
         #[cfg(not(madsim))]
         Command::Real(command) => real::run(command),
         #[cfg(madsim)]
-        Command::Sim(command) => sim::main(command),
+        Command::Sim(command) => lockstep::sim::cli::execute(command, &lockstep::sim::cli::Registry::builtin()),
         #[cfg(not(madsim))]
         Command::Sim(needs) => needs.refuse(),
     }

@@ -1,23 +1,108 @@
-//! `lockstep sim run | sweep | replay | explain` (simulator build only): scenario files run under a seed, many
-//! seeds on every core, failing seeds written as replay files and replayed exactly, and one operation's or
-//! row's timeline read back from a trace. The work is in the library (`lockstep::sim::{scenario_file, summary,
-//! replay, explain}`); this file parses arguments, prints and picks the exit code.
+//! The simulator's command line (simulator build only): `run | sweep | replay | explain` over scenario files:
+//! scenario files run under a seed, many seeds on every core, failing seeds written as replay files and
+//! replayed exactly, and one operation's or row's timeline read back from a trace. lockstep's own binary
+//! (`lockstep sim …`) and a user's own (issue 19: a binary that registers its [`PipelineSet`]s and calls
+//! [`main`]) are both a [`Registry`] handed to [`execute`]. The work is in the library ([`super::scenario_file`],
+//! [`super::summary`], [`super::replay`], [`super::explain`]); this module parses arguments, prints and picks
+//! the exit code.
+//!
+//! A user's binary, whole (`examples/user-pipelines/src/bin/orders-sim.rs`):
+//!
+//! ```ignore
+//! fn main() -> std::process::ExitCode {
+//!     let registry = lockstep::sim::cli::Registry::new("orders-sim")
+//!         .with(user_pipelines::orders(user_pipelines::Idempotency::On));
+//!     lockstep::sim::cli::main(registry)
+//! }
+//! ```
+//!
+//! Its scenario files name a set with `pipelines = "orders"` and run with `orders-sim run FILE`.
 
+use super::explain;
+use super::replay::{ReplayFile, trace_identity};
+use super::run::summary;
+use super::scenario_file::PipelineSets;
+use super::summary::render;
+use super::user::PipelineSet;
+use super::{RunReport, ScenarioFile};
+use crate::sim;
+use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use lockstep::sim::explain;
-use lockstep::sim::replay::{ReplayFile, trace_identity};
-use lockstep::sim::run::summary;
-use lockstep::sim::summary::render;
-use lockstep::sim::{self, RunReport, ScenarioFile};
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// This build's id, recorded in replay files (set by `build.rs` from a hash of the sources, the compiler, the
+/// lockstep's build id, recorded in replay files (set by `build.rs` from a hash of the sources, the compiler, the
 /// profile and the simulator cfg).
 pub const BUILD_ID: &str = env!("LOCKSTEP_BUILD_ID");
+
+/// What a binary's simulator commands know: its name in messages, its build id (replay files record it and
+/// `replay` refuses another's), and the pipeline sets its scenario files may name.
+#[derive(Clone, Debug)]
+pub struct Registry {
+    program: String,
+    build_id: String,
+    sets: PipelineSets,
+}
+
+impl Registry {
+    /// lockstep's own: `lockstep sim`, lockstep's build id, no pipeline set (its scenarios run the built-in
+    /// workload and gang controller).
+    pub fn builtin() -> Registry {
+        Registry { program: "lockstep sim".into(), build_id: BUILD_ID.into(), sets: PipelineSets::new() }
+    }
+
+    /// A user's binary named `program` (in messages and the commands it prints), with no set yet. Its build id
+    /// is lockstep's followed by `+{program}`: give one that changes with your code too
+    /// ([`Registry::with_build_id`]), or a replay file may be replayed by a build of other handlers.
+    pub fn new(program: impl Into<String>) -> Registry {
+        let program = program.into();
+        let build_id = format!("{BUILD_ID}+{program}");
+        Registry { program, build_id, sets: PipelineSets::new() }
+    }
+
+    /// The same registry with `set` (scenario files name it: `pipelines = "{set name}"`).
+    ///
+    /// Panics if a set of that name is registered already (two sets of one name are a bug of the binary).
+    pub fn with(mut self, set: PipelineSet) -> Registry {
+        let name = set.name().to_string();
+        assert!(self.sets.insert(name.clone(), set).is_none(), "pipeline set {name} is registered twice");
+        self
+    }
+
+    /// The same registry with build id `lockstep's + "+" + id`: a hash of your sources (as lockstep's
+    /// `build.rs` makes its own), a version or a commit.
+    pub fn with_build_id(mut self, id: &str) -> Registry {
+        self.build_id = format!("{BUILD_ID}+{id}");
+        self
+    }
+
+    /// The build id replay files record.
+    pub fn build_id(&self) -> &str {
+        &self.build_id
+    }
+
+    /// The registered pipeline sets, by name.
+    pub fn sets(&self) -> &PipelineSets {
+        &self.sets
+    }
+}
+
+/// A user's simulator binary: parses the process's arguments as `PROGRAM run | sweep | replay | explain …`,
+/// runs the command with `registry`, and returns the exit code (0 passed, 1 a check failed, 2 bad input, 3 a
+/// replay that did not reproduce).
+pub fn main(registry: Registry) -> ExitCode {
+    #[derive(clap::Parser)]
+    #[command(about = "Scenario files of this project's pipelines under lockstep's deterministic simulator")]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+    let cli = Cli::parse();
+    execute(cli.command, &registry)
+}
 
 /// Every check passed (and a replay matched its trace).
 const PASSED: u8 = 0;
@@ -165,54 +250,54 @@ fn parse_row_id(text: &str) -> Result<String, String> {
     }
 }
 
-/// Runs one simulator command; returns the exit code.
-pub fn main(command: Command) -> ExitCode {
+/// Runs one simulator command with `registry`; returns the exit code.
+pub fn execute(command: Command, registry: &Registry) -> ExitCode {
     ExitCode::from(match command {
-        Command::Run(args) => run(args),
-        Command::Sweep(args) => sweep(args),
-        Command::Replay(args) => replay(args),
-        Command::Explain(args) => explain(args),
+        Command::Run(args) => run(args, registry),
+        Command::Sweep(args) => sweep(args, registry),
+        Command::Replay(args) => replay(args, registry),
+        Command::Explain(args) => explain(args, registry),
     })
 }
 
-fn load(path: &Path) -> Result<ScenarioFile, u8> {
-    ScenarioFile::load(path).map_err(|error| {
-        eprintln!("lockstep sim: {error}");
+fn load(path: &Path, registry: &Registry) -> Result<ScenarioFile, u8> {
+    ScenarioFile::load_in(path, &registry.sets).map_err(|error| {
+        eprintln!("{}: {error}", registry.program);
         BAD_INPUT
     })
 }
 
-fn run(args: RunArgs) -> u8 {
-    let file = match load(&args.scenario) {
+fn run(args: RunArgs, registry: &Registry) -> u8 {
+    let file = match load(&args.scenario, registry) {
         Ok(file) => file,
         Err(code) => return code,
     };
-    let trace = match create_trace(args.trace.as_deref()) {
+    let trace = match create_trace(args.trace.as_deref(), &registry.program) {
         Ok(trace) => trace,
         Err(code) => return code,
     };
     let seed = args.seed.unwrap_or(file.seeds[0]);
-    println!("{} ({}), seed {seed}, build {BUILD_ID}", args.scenario.display(), file.version_label());
+    println!("{} ({}), seed {seed}, build {}", args.scenario.display(), file.version_label(), registry.build_id);
     let report = sim::run(&file.scenario, seed);
     print!("{}", render(&report));
-    finish(&file, &report, trace, &args.out)
+    finish(&file, &report, trace, &args.out, registry)
 }
 
 /// The `--trace` file, created (empty) before the run so that an unwritable path is refused at once (exit 2)
 /// instead of after the whole simulation.
-fn create_trace(path: Option<&Path>) -> Result<Option<(PathBuf, std::fs::File)>, u8> {
+fn create_trace(path: Option<&Path>, program: &str) -> Result<Option<(PathBuf, std::fs::File)>, u8> {
     let Some(path) = path else { return Ok(None) };
     match std::fs::File::create(path) {
         Ok(file) => Ok(Some((path.to_path_buf(), file))),
         Err(error) => {
-            eprintln!("lockstep sim: cannot create the trace file {}: {error}", path.display());
+            eprintln!("{program}: cannot create the trace file {}: {error}", path.display());
             Err(BAD_INPUT)
         }
     }
 }
 
 /// Writes the run's trace to the file [`create_trace`] opened, and says where (or why not: exit 1).
-fn write_trace(trace: Option<(PathBuf, std::fs::File)>, report: &RunReport) -> Result<(), u8> {
+fn write_trace(trace: Option<(PathBuf, std::fs::File)>, report: &RunReport, program: &str) -> Result<(), u8> {
     use std::io::Write;
     let Some((path, mut file)) = trace else { return Ok(()) };
     match file.write_all(report.trace_text().as_bytes()).and_then(|()| file.flush()) {
@@ -221,14 +306,20 @@ fn write_trace(trace: Option<(PathBuf, std::fs::File)>, report: &RunReport) -> R
             Ok(())
         }
         Err(error) => {
-            eprintln!("lockstep sim: cannot write the trace to {}: {error}", path.display());
+            eprintln!("{program}: cannot write the trace to {}: {error}", path.display());
             Err(FAILED)
         }
     }
 }
 
 /// The end of `run`: wall time, trace identity, the trace file, and for a failure its replay file.
-fn finish(file: &ScenarioFile, report: &RunReport, trace: Option<(PathBuf, std::fs::File)>, out: &Path) -> u8 {
+fn finish(
+    file: &ScenarioFile,
+    report: &RunReport,
+    trace: Option<(PathBuf, std::fs::File)>,
+    out: &Path,
+    registry: &Registry,
+) -> u8 {
     let identity = trace_identity(report);
     println!(
         "wall time: {:.2} s; trace: {} events, hash {}",
@@ -236,27 +327,29 @@ fn finish(file: &ScenarioFile, report: &RunReport, trace: Option<(PathBuf, std::
         identity.events,
         identity.hash
     );
-    let written = write_trace(trace, report);
+    let written = write_trace(trace, report, &registry.program);
     if report.passed() {
         return written.err().unwrap_or(PASSED);
     }
-    match write_replay(file, report, out) {
-        Ok(path) => println!("replay file: {}\nreplay it with: lockstep sim replay {}", path.display(), path.display()),
-        Err(error) => eprintln!("lockstep sim: {error}"),
+    match write_replay(file, report, out, registry) {
+        Ok(path) => {
+            println!("replay file: {}\nreplay it with: {} replay {}", path.display(), registry.program, path.display())
+        }
+        Err(error) => eprintln!("{}: {error}", registry.program),
     }
     FAILED
 }
 
-fn write_replay(file: &ScenarioFile, report: &RunReport, out: &Path) -> Result<PathBuf, String> {
-    let replay = ReplayFile::new(file, report, BUILD_ID);
+fn write_replay(file: &ScenarioFile, report: &RunReport, out: &Path, registry: &Registry) -> Result<PathBuf, String> {
+    let replay = ReplayFile::new(file, report, &registry.build_id);
     std::fs::create_dir_all(out).map_err(|error| format!("cannot create {}: {error}", out.display()))?;
     let path = out.join(replay.file_name());
     std::fs::write(&path, replay.to_json()).map_err(|error| format!("cannot write {}: {error}", path.display()))?;
     Ok(path)
 }
 
-fn sweep(args: SweepArgs) -> u8 {
-    let file = match load(&args.scenario) {
+fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
+    let file = match load(&args.scenario, registry) {
         Ok(file) => file,
         Err(code) => return code,
     };
@@ -264,12 +357,13 @@ fn sweep(args: SweepArgs) -> u8 {
     let seeds: Vec<u64> = (args.seeds.first..=args.seeds.last).collect();
     let jobs = args.jobs.unwrap_or_else(sim::run::jobs).max(1);
     println!(
-        "{} ({}), seeds {}..={} ({}) on {jobs} threads, build {BUILD_ID}",
+        "{} ({}), seeds {}..={} ({}) on {jobs} threads, build {}",
         args.scenario.display(),
         file.version_label(),
         args.seeds.first,
         args.seeds.last,
-        args.seeds.len()
+        args.seeds.len(),
+        registry.build_id
     );
     let target =
         if std::io::stderr().is_terminal() { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
@@ -295,8 +389,8 @@ fn sweep(args: SweepArgs) -> u8 {
     }
     println!("failing seeds:");
     for report in failing {
-        match write_replay(&file, report, &args.out) {
-            Ok(path) => println!("  {}\n    replay: lockstep sim replay {}", summary(report), path.display()),
+        match write_replay(&file, report, &args.out, registry) {
+            Ok(path) => println!("  {}\n    replay: {} replay {}", summary(report), registry.program, path.display()),
             Err(error) => println!("  {}\n    {error}", summary(report)),
         }
     }
@@ -330,38 +424,39 @@ fn sweep_table(reports: &[RunReport], wall: std::time::Duration) -> String {
     text
 }
 
-fn replay(args: ReplayArgs) -> u8 {
+fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
+    let program = &registry.program;
     let path = args.file.display().to_string();
     let text = match std::fs::read_to_string(&args.file) {
         Ok(text) => text,
         Err(error) => {
-            eprintln!("lockstep sim replay: cannot read {path}: {error}");
+            eprintln!("{program} replay: cannot read {path}: {error}");
             return BAD_INPUT;
         }
     };
-    let (replay, file) = match ReplayFile::check(&text, &path, BUILD_ID) {
+    let (replay, file) = match ReplayFile::check_in(&text, &path, &registry.build_id, &registry.sets) {
         Ok(checked) => checked,
         Err(error) => {
-            eprintln!("lockstep sim replay: refused: {error}");
+            eprintln!("{program} replay: refused: {error}");
             return BAD_INPUT;
         }
     };
-    let trace = match create_trace(args.trace.as_deref()) {
+    let trace = match create_trace(args.trace.as_deref(), &registry.program) {
         Ok(trace) => trace,
         Err(code) => return code,
     };
-    note_changed_scenario(&replay);
+    note_changed_scenario(&replay, registry);
     println!(
-        "{path}: scenario {} ({}), seed {}, build {BUILD_ID}",
-        replay.scenario.name, replay.scenario.version, replay.seed
+        "{path}: scenario {} ({}), seed {}, build {}",
+        replay.scenario.name, replay.scenario.version, replay.seed, registry.build_id
     );
     let report = sim::run(&file.scenario, replay.seed);
     print!("{}", render(&report));
     let identity = trace_identity(&report);
-    let written = write_trace(trace, &report);
+    let written = write_trace(trace, &report, program);
     if identity != replay.trace {
         eprintln!(
-            "lockstep sim replay: NOT reproduced: this run's trace has hash {} ({} events), the replay file recorded \
+            "{program} replay: NOT reproduced: this run's trace has hash {} ({} events), the replay file recorded \
              {} ({} events). The same scenario, seed and build gave another run: a determinism bug; keep the replay \
              file and report it.",
             identity.hash, identity.events, replay.trace.hash, replay.trace.events
@@ -373,8 +468,8 @@ fn replay(args: ReplayArgs) -> u8 {
 }
 
 /// Says so when the scenario file a replay came from has changed since (the replay uses the text it carries).
-fn note_changed_scenario(replay: &ReplayFile) {
-    let Ok(current) = ScenarioFile::load(Path::new(&replay.scenario.path)) else { return };
+fn note_changed_scenario(replay: &ReplayFile, registry: &Registry) {
+    let Ok(current) = ScenarioFile::load_in(Path::new(&replay.scenario.path), &registry.sets) else { return };
     if current.version_label() != replay.scenario.version {
         eprintln!(
             "note: {} is now version {}; replaying version {}, the text the replay file carries",
@@ -385,12 +480,13 @@ fn note_changed_scenario(replay: &ReplayFile) {
     }
 }
 
-fn explain(args: ExplainArgs) -> u8 {
+fn explain(args: ExplainArgs, registry: &Registry) -> u8 {
+    let program = &registry.program;
     let path = args.trace.display().to_string();
     let text = match std::fs::read_to_string(&args.trace) {
         Ok(text) => text,
         Err(error) => {
-            eprintln!("lockstep sim explain: cannot read {path}: {error}");
+            eprintln!("{program} explain: cannot read {path}: {error}");
             return BAD_INPUT;
         }
     };
@@ -399,7 +495,7 @@ fn explain(args: ExplainArgs) -> u8 {
             0 => "it is empty".to_string(),
             line => format!("line {line} is not a trace line (`seconds node kind fields`): {text:?}"),
         };
-        eprintln!("lockstep sim explain: {path} is not a trace file: {why}; write one with `sim run --trace FILE`");
+        eprintln!("{program} explain: {path} is not a trace file: {why}; write one with `run --trace FILE`");
         return BAD_INPUT;
     }
     let (subject, how, lines) = match (&args.operation, &args.row) {
@@ -417,7 +513,7 @@ fn explain(args: ExplainArgs) -> u8 {
     };
     if lines.is_empty() {
         eprintln!(
-            "lockstep sim explain: no line of {path} ({} lines) is about {subject} (none has {how})",
+            "{program} explain: no line of {path} ({} lines) is about {subject} (none has {how})",
             text.lines().count()
         );
         return FAILED;
