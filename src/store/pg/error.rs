@@ -19,6 +19,10 @@ const LOCK_TIMEOUT_CODE: &str = "55P03";
 /// SQLSTATE of a statement cancelled by `statement_timeout` (query_canceled; also a cancel request).
 const STATEMENT_TIMEOUT_CODE: &str = "57014";
 
+/// SQLSTATE codes (or classes) of a connection the server refused for what the URL names: class 28 (invalid
+/// authorization: no such role, a wrong password) and 3D000 (no such database). The caller's URL is wrong.
+const REFUSED_URL_CODES: [&str; 2] = ["28", "3D000"];
+
 /// SQLSTATE class 22 (data exception): a value PostgreSQL cannot store, e.g. a NUL character in `text` (22021)
 /// or `\u0000` in `jsonb` (22P05). The call's arguments broke a rule of the store.
 const INVALID_DATA_CLASS: &str = "22";
@@ -26,7 +30,8 @@ const INVALID_DATA_CLASS: &str = "22";
 /// Maps a sqlx error to the store's error. `waits` are the store's bounds, reported by the `Timeout` of the one
 /// that ran out: the pool's wait for a connection, a lock wait (`lock_timeout`) or a statement
 /// (`statement_timeout`). Lost or refused connections are `Unavailable`, serialization failures and deadlocks
-/// `Conflict`, a malformed URL or a value PostgreSQL cannot store `Invalid`, anything else `Other`. A database
+/// `Conflict`, a malformed URL, a role, password or database the server refuses, or a value PostgreSQL cannot
+/// store `Invalid`, anything else `Other`. A database
 /// error's message is PostgreSQL's own with its SQLSTATE (not sqlx's wrapping, which adds the line of the server's
 /// source that raised it). Every message is [`scrub`]bed.
 pub(super) fn store_error(err: sqlx::Error, waits: Waits) -> StoreError {
@@ -47,7 +52,7 @@ pub(super) fn store_error(err: sqlx::Error, waits: Waits) -> StoreError {
                 StoreError::Timeout(waits.statement)
             } else if UNAVAILABLE_CODES.iter().any(|c| code.starts_with(c)) {
                 StoreError::Unavailable(message)
-            } else if code.starts_with(INVALID_DATA_CLASS) {
+            } else if code.starts_with(INVALID_DATA_CLASS) || REFUSED_URL_CODES.iter().any(|c| code.starts_with(c)) {
                 StoreError::Invalid(message)
             } else {
                 StoreError::Other(message)

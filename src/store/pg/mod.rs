@@ -72,8 +72,9 @@ impl fmt::Debug for PgStore {
 impl PgStore {
     /// Connects to `url` with default [`PgOptions`] and runs the migrations.
     ///
-    /// Errors: `Invalid` for a malformed URL, `Unavailable`/`Timeout` when PostgreSQL cannot be reached, `Other`
-    /// when a migration fails. No error contains the URL.
+    /// Errors: `Invalid` for a malformed URL or a role, password or database the server refuses (SQLSTATE class
+    /// 28, 3D000), `Unavailable`/`Timeout` when PostgreSQL cannot be reached, `Other` when a migration fails. No
+    /// error contains the URL.
     pub async fn connect(url: &str) -> Result<PgStore, StoreError> {
         PgStore::connect_with(PgOptions::new(url)).await
     }
