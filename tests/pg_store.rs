@@ -105,6 +105,19 @@ async fn the_hint_listener_reconnects_after_its_session_is_terminated() {
 }
 
 #[tokio::test]
+async fn ending_a_schemas_listeners_or_sessions_never_touches_another_runs() {
+    // Another run's schema whose name, and so its channel's, starts with this one's.
+    let h = PgHarness::new().await;
+    let schema = h.store().schema().to_string();
+    let other_run = PgHarness::with(|o| o.schema = format!("{schema}x")).await;
+    let ended = h.store().disconnect_hint_listeners().await.expect("terminate the listeners");
+    assert_eq!(ended, 1, "only this schema's listener, not the one of {}", other_run.store().schema());
+    // The default session name is every run's: refused.
+    let refused = h.store().terminate_sessions(PgOptions::APPLICATION_NAME_DEFAULT).await;
+    assert!(matches!(refused, Err(StoreError::Invalid(_))), "{refused:?}");
+}
+
+#[tokio::test]
 async fn connect_errors_never_contain_the_password() {
     let refused = PgStore::connect("postgres://lockstep:hunter2@127.0.0.1:1/nowhere")
         .await

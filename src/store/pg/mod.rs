@@ -270,8 +270,18 @@ impl PgStore {
     /// Terminates every other server session whose `application_name` is `application_name` (as a lost network
     /// or a restarted server would), waiting up to 5 s for each, and returns how many there were: tests check that
     /// the engine survives lost connections.
+    ///
+    /// Errors: `Invalid` unless `application_name` contains this store's schema name, so that a test run ends only
+    /// sessions it named itself (several runs share a database; each has schemas of its own).
     #[doc(hidden)]
     pub async fn terminate_sessions(&self, application_name: &str) -> Result<i64, StoreError> {
+        if !application_name.contains(self.schema()) {
+            return Err(StoreError::Invalid(format!(
+                "terminate_sessions: application_name {application_name:?} does not contain the store's schema {}: \
+                 it could name another run's sessions",
+                self.schema()
+            )));
+        }
         sqlx::query_scalar(sql::TERMINATE_SESSIONS)
             .bind(application_name)
             .fetch_one(&self.inner.pool)

@@ -430,13 +430,14 @@ pub(super) const HINT: &str = "WITH marked AS (
 SELECT pg_notify($2, $3)";
 
 /// Ends the sessions listening on a channel (tests of the listener's reconnect), waiting up to 5 s for each.
-/// `$1` channel. Returns how many were ended.
+/// `$1` channel. Returns how many were ended. A listener's last statement is exactly `LISTEN "channel"` (sqlx's
+/// `PgListener::listen`, or with a `;` when it listens again after a reconnect): an exact match, so a channel
+/// whose name merely contains this one (another test run's) is never touched.
 pub(super) const TERMINATE_LISTENERS: &str = "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))
 FROM pg_stat_activity
 WHERE datname = current_database()
   AND pid <> pg_backend_pid()
-  AND query LIKE 'LISTEN %'
-  AND position($1 IN query) > 0";
+  AND query IN ('LISTEN \"' || $1 || '\"', 'LISTEN \"' || $1 || '\";')";
 
 /// Ends the sessions of one application (tests of lost connections), waiting up to 5 s for each.
 /// `$1` application_name. Returns how many were ended.
