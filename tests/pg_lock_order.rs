@@ -222,11 +222,12 @@ async fn a_call_chosen_as_a_deadlock_victim_is_run_again_and_succeeds() {
 
     // 1. Another session (not lockstep: nothing stops a person running SQL) locks the highest related row.
     let mut other = PgConnection::connect(&database_url()).await.expect("connect");
-    let mut other_tx = other.begin().await.expect("begin");
+    let other_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut other).await.expect("pid");
+    sqlx::query("BEGIN").execute(&mut other).await.expect("begin");
     // Its own deadlock check fires long after the store's (the server default, 1 s), so the store is the victim.
-    sqlx::query("SET LOCAL deadlock_timeout = '30s'").execute(&mut *other_tx).await.expect("set");
+    sqlx::query("SET LOCAL deadlock_timeout = '30s'").execute(&mut other).await.expect("set");
     let lock = format!("SELECT 1 FROM \"{schema}\".resources WHERE id = $1 FOR UPDATE");
-    sqlx::query(sqlx::AssertSqlSafe(lock.clone())).bind(high.0).execute(&mut *other_tx).await.expect("lock high");
+    sqlx::query(sqlx::AssertSqlSafe(lock.clone())).bind(high.0).execute(&mut other).await.expect("lock high");
     // 2. The heartbeat locks the parent and waits for that row.
     let heartbeat = tokio::spawn({
         let victim = victim.clone();
@@ -234,10 +235,27 @@ async fn a_call_chosen_as_a_deadlock_victim_is_run_again_and_succeeds() {
     });
     let mut watcher = PgConnection::connect(&database_url()).await.expect("connect");
     until_waiting_on_a_lock(&mut watcher, &application_name).await;
-    // 3. The other session asks for the parent: a deadlock. PostgreSQL aborts the heartbeat's transaction, the
-    //    other session gets the parent; it then rolls back, and the heartbeat, run again, goes through.
-    sqlx::query(sqlx::AssertSqlSafe(lock)).bind(family.parent.id.0).execute(&mut *other_tx).await.expect("lock parent");
-    other_tx.rollback().await.expect("rollback");
+    // 3. The other session asks for the parent: a deadlock. After its 1 s `deadlock_timeout` PostgreSQL aborts
+    //    the heartbeat's transaction, and the store runs it again at once.
+    let parent = family.parent.id.0;
+    let other_wants_parent = tokio::spawn(async move {
+        let _ = sqlx::query(sqlx::AssertSqlSafe(lock)).bind(parent).execute(&mut other).await;
+        other
+    });
+    let started = Instant::now();
+    while victim.conflict_retries() == 0 {
+        assert!(started.elapsed() < LOCK_WAIT_SEEN_MAX, "no deadlock within {LOCK_WAIT_SEEN_MAX:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // 4. The other session goes away (had it won the parent back, the run again would meet it once more: a row
+    //    lock freed by an aborted transaction goes to whoever asks first). The heartbeat, run again, goes through.
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 5000)")
+        .bind(other_pid)
+        .fetch_one(&mut watcher)
+        .await
+        .expect("end the other session");
+    assert!(ended, "the other session (pid {other_pid}) ended");
+    drop(other_wants_parent.await.expect("no panic"));
     let held = heartbeat.await.expect("no panic").expect("the heartbeat was run again after the deadlock");
     assert_eq!(held, vec![family.parent]);
     assert_eq!(victim.conflict_retries(), 1, "the deadlock was retried once");
