@@ -1,6 +1,7 @@
 //! PgStore behaviours the conformance suite cannot see: hints between stores through `NOTIFY`, the listener's
-//! reconnect, credentials kept out of errors, the schema rule, repeated migrations, bulk inserts, and spans so
-//! long that timestamps saturate (compared with MemStore). Needs PostgreSQL (see `support::pg`; never skips).
+//! reconnect, credentials kept out of errors, the schema rule, repeated and concurrent migrations, bulk inserts,
+//! spans so long that timestamps saturate (compared with MemStore), and the session time-outs that bound a wait
+//! on a row lock. Needs PostgreSQL (see `support::pg`; never skips).
 
 #![cfg(not(madsim))]
 
@@ -8,11 +9,12 @@ mod support;
 
 use lockstep::store::conformance::Harness;
 use lockstep::store::{
-    ApplyParams, FetchParams, HeartbeatParams, Hint, Lease, ManualClock, MemStore, NewRow, PgOptions, PgStore, Row,
-    RowUpdate, Store, StoreError, Timestamp,
+    ApplyParams, FetchParams, HeartbeatParams, Hint, Lease, LockRelatedParams, ManualClock, MemStore, NewRow,
+    PgOptions, PgStore, Row, RowId, RowUpdate, Store, StoreError, Timestamp,
 };
-use std::time::Duration;
-use support::pg::{PgHarness, store_with};
+use sqlx::{Connection, PgConnection};
+use std::time::{Duration, Instant};
+use support::pg::{PgHarness, database_url, store_with, unique_schema};
 use tokio::sync::broadcast;
 
 /// Longest wait for a hint that should come.
@@ -21,6 +23,12 @@ const HINT_WAIT: Duration = Duration::from_secs(10);
 const RECONNECT_PROBES_MAX: usize = 40;
 const RECONNECT_PROBE_WAIT: Duration = Duration::from_millis(250);
 const YEAR: Duration = Duration::from_secs(31_557_600);
+/// Stores connecting at once to a schema that does not exist yet (a replica and an agent started together).
+const CONCURRENT_CONNECTS: usize = 6;
+/// Fresh schemas the concurrent-connect test tries (the race it guards against lost 2 of 6 tries).
+const CONCURRENT_CONNECT_ROUNDS: usize = 3;
+/// Longest a call stuck on a row lock may take past its time-out before the test calls it unbounded.
+const TIMEOUT_SLACK: Duration = Duration::from_secs(5);
 
 async fn next_hint(rx: &mut broadcast::Receiver<Hint>, which: &str) -> Hint {
     match tokio::time::timeout(HINT_WAIT, rx.recv()).await {
@@ -94,6 +102,19 @@ async fn the_hint_listener_reconnects_after_its_session_is_terminated() {
         "no hint reached the other store within {RECONNECT_PROBES_MAX} probes of {RECONNECT_PROBE_WAIT:?}: its \
          listener did not reconnect"
     );
+}
+
+#[tokio::test]
+async fn ending_a_schemas_listeners_or_sessions_never_touches_another_runs() {
+    // Another run's schema whose name, and so its channel's, starts with this one's.
+    let h = PgHarness::new().await;
+    let schema = h.store().schema().to_string();
+    let other_run = PgHarness::with(|o| o.schema = format!("{schema}x")).await;
+    let ended = h.store().disconnect_hint_listeners().await.expect("terminate the listeners");
+    assert_eq!(ended, 1, "only this schema's listener, not the one of {}", other_run.store().schema());
+    // The default session name is every run's: refused.
+    let refused = h.store().terminate_sessions(PgOptions::APPLICATION_NAME_DEFAULT).await;
+    assert!(matches!(refused, Err(StoreError::Invalid(_))), "{refused:?}");
 }
 
 #[tokio::test]
@@ -261,5 +282,126 @@ async fn serialization_failures_deadlocks_and_lost_sessions_are_typed_errors() {
     assert!(matches!(store.raise_for_test("XX000").await, StoreError::Other(_)), "internal error");
     for code in ["40001", "40P01", "57P01", "08006"] {
         assert!(store.raise_for_test(code).await.is_retryable(), "{code} is retryable");
+    }
+}
+
+#[tokio::test]
+async fn session_time_outs_are_the_options_defaults_or_their_own() {
+    let h = PgHarness::new().await;
+    assert_eq!(h.store().session_setting("lock_timeout").await.unwrap(), "2s");
+    assert_eq!(h.store().session_setting("statement_timeout").await.unwrap(), "30s");
+    assert_eq!(h.store().session_setting("idle_in_transaction_session_timeout").await.unwrap(), "5s");
+    let own = PgHarness::with(|o| {
+        o.lock_timeout = Duration::from_millis(250);
+        o.statement_timeout = Duration::from_secs(7);
+        o.idle_in_transaction_timeout = Duration::ZERO;
+    })
+    .await;
+    assert_eq!(own.store().session_setting("lock_timeout").await.unwrap(), "250ms");
+    assert_eq!(own.store().session_setting("statement_timeout").await.unwrap(), "7s");
+    assert_eq!(own.store().session_setting("idle_in_transaction_session_timeout").await.unwrap(), "0");
+}
+
+/// Another session (a person's open transaction, a frozen process) holding `row`'s lock until it is dropped.
+async fn hold_row_lock(store: &PgStore, row: RowId) -> PgConnection {
+    let mut conn = PgConnection::connect(&database_url()).await.expect("connect");
+    sqlx::query("BEGIN").execute(&mut conn).await.expect("begin");
+    let lock = format!("SELECT 1 FROM \"{}\".resources WHERE id = $1 FOR UPDATE", store.schema());
+    sqlx::query(sqlx::AssertSqlSafe(lock)).bind(row.0).execute(&mut conn).await.expect("lock the row");
+    conn
+}
+
+/// Runs `call`, which should fail with `Timeout(expected)` once its wait on a row lock ran out; bounded so that
+/// an unbounded wait fails the test rather than hanging it.
+async fn times_out<T: std::fmt::Debug>(
+    what: &str,
+    expected: Duration,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) {
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(expected + TIMEOUT_SLACK, call)
+        .await
+        .unwrap_or_else(|_| panic!("{what} still waited on the row lock after {:?}", expected + TIMEOUT_SLACK));
+    match outcome {
+        Err(StoreError::Timeout(t)) => assert_eq!(t, expected, "{what}: the time-out names the bound that ran out"),
+        other => panic!("{what}: expected Timeout({expected:?}), got {other:?}"),
+    }
+    assert!(started.elapsed() >= expected, "{what} gave up after {:?}, before its time-out", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_call_waiting_on_a_row_lock_past_lock_timeout_fails_with_a_timeout_and_writes_nothing() {
+    let lock_timeout = Duration::from_millis(300);
+    let h = PgHarness::with(|o| o.lock_timeout = lock_timeout).await;
+    let store = h.store();
+    let holder = store.insert(ready_job()).await.expect("insert");
+    let related = store.insert(NewRow::new("task", "waiting", serde_json::json!({}))).await.expect("insert");
+    let lease = lease_of(&store.fetch(params(YEAR, Duration::ZERO)).await.expect("fetch")[0]);
+    assert_eq!(lease.id, holder.id);
+    let other = hold_row_lock(store, related.id).await;
+    let update = RowUpdate::status("blocked");
+    times_out("update_unleased", lock_timeout, store.update_unleased(related.id, update)).await;
+    let lock = LockRelatedParams { holder: lease, related: vec![related.id], owner: "jobs".into(), lease_ttl: YEAR };
+    times_out("lock_related", lock_timeout, store.lock_related(lock)).await;
+    drop(other);
+    assert_eq!(store.get(related.id).await.expect("get"), Some(related), "the calls that timed out wrote nothing");
+}
+
+#[tokio::test]
+async fn a_statement_running_past_statement_timeout_fails_with_a_timeout() {
+    let statement_timeout = Duration::from_millis(300);
+    let h = PgHarness::with(|o| {
+        o.lock_timeout = Duration::ZERO;
+        o.statement_timeout = statement_timeout;
+    })
+    .await;
+    let row = h.store().insert(ready_job()).await.expect("insert");
+    let _other = hold_row_lock(h.store(), row.id).await;
+    times_out("update_unleased", statement_timeout, h.store().update_unleased(row.id, RowUpdate::status("x"))).await;
+}
+
+#[tokio::test]
+async fn a_lock_or_statement_time_out_and_an_ended_idle_session_are_typed_errors() {
+    let h = PgHarness::with(|o| {
+        o.lock_timeout = Duration::from_millis(1500);
+        o.statement_timeout = Duration::from_secs(20);
+    })
+    .await;
+    let store = h.store();
+    assert!(matches!(store.raise_for_test("55P03").await, StoreError::Timeout(t) if t.as_millis() == 1500));
+    assert!(matches!(store.raise_for_test("57014").await, StoreError::Timeout(t) if t.as_secs() == 20));
+    assert!(matches!(store.raise_for_test("25P03").await, StoreError::Unavailable(_)), "idle in transaction");
+    let shown = store.raise_for_test("XX000").await.to_string();
+    assert!(shown.ends_with("raised for a test (SQLSTATE XX000)"), "PostgreSQL's message, no sqlx noise: {shown}");
+    assert!(!shown.contains(" at line "), "{shown}");
+}
+
+#[tokio::test]
+async fn stores_connecting_at_once_to_a_new_schema_all_create_and_migrate_it() {
+    for _ in 0..CONCURRENT_CONNECT_ROUNDS {
+        let schema = unique_schema();
+        let mut connects = tokio::task::JoinSet::new();
+        for _ in 0..CONCURRENT_CONNECTS {
+            let mut options = PgOptions::new(database_url());
+            options.schema = schema.clone();
+            options.max_connections = 1;
+            connects.spawn(PgStore::connect_with(options));
+        }
+        let mut stores = Vec::new();
+        while let Some(connected) = connects.join_next().await {
+            match connected.expect("no connect panicked") {
+                Ok(store) => stores.push(store),
+                Err(err) => {
+                    panic!("one of {CONCURRENT_CONNECTS} stores connecting at once to new schema {schema}: {err}")
+                }
+            }
+        }
+        let row = stores[0].insert(ready_job()).await.expect("insert");
+        for store in &stores {
+            assert_eq!(store.get(row.id).await.expect("get").map(|r| r.id), Some(row.id), "one schema, one table");
+            store.close().await;
+        }
+        drop(stores);
+        PgStore::drop_schema(&database_url(), &schema).await.expect("drop the test schema");
     }
 }

@@ -1,13 +1,20 @@
-//! The client commands of real mode (`submit`, `status`, `abort`) on a schema that is not migrated: they run no
-//! DDL (a typo in `--schema` must not create a schema), exit 2 and name the `migrate` command; `migrate` creates
-//! it. Needs PostgreSQL (DATABASE_URL); never skips.
+//! The commands of real mode against bad input and a database in odd states: the client commands (`submit`,
+//! `status`, `abort`) on a schema that is not migrated run no DDL (a typo in `--schema` must not create a schema),
+//! exit 2 and name the `migrate` command; `migrate` creates it, also several at once. A bad flag value (a lease ttl
+//! past its bound, a URL that is not PostgreSQL's, a URL file that cannot be read) exits 2 naming the flag; a
+//! database error is printed as PostgreSQL says it; "cannot connect" is said only of a server that cannot be
+//! reached. Needs PostgreSQL (DATABASE_URL); never skips.
 #![cfg(not(madsim))]
 
 mod support;
 
 use lockstep::store::PgStore;
+use sqlx::Connection;
 use std::process::{Command, Output};
 use support::pg::{database_url, unique_schema};
+
+/// Processes of `lockstep migrate` started at once on one new schema (a replica and agents started together).
+const CONCURRENT_MIGRATES: usize = 4;
 
 fn lockstep(args: &[&str], schema: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lockstep"))
@@ -18,9 +25,35 @@ fn lockstep(args: &[&str], schema: &str) -> Output {
         .expect("the binary runs")
 }
 
+/// Runs the binary with exactly `args` and no `DATABASE_URL` in its environment.
+fn lockstep_bare(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("the binary runs")
+}
+
+/// Asserts that `output` is a usage error (exit 2) whose message contains each of `parts`; returns stderr.
+fn usage_error(output: &Output, parts: &[&str]) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    for part in parts {
+        assert!(stderr.contains(part), "{part:?} missing from: {stderr}");
+    }
+    stderr
+}
+
+/// Runs `sql` on a connection of its own.
+async fn execute(sql: String) {
+    let mut conn = sqlx::PgConnection::connect(&database_url()).await.expect("PostgreSQL is reachable");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await.expect("the statement runs");
+    let _ = conn.close().await;
+}
+
 /// Whether `schema` exists, asked on a connection of its own.
 async fn schema_exists(schema: &str) -> bool {
-    use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(&database_url()).await.expect("PostgreSQL is reachable");
     let exists = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
         .bind(schema)
@@ -90,4 +123,114 @@ async fn submit_warns_about_each_unknown_spec_key_with_the_closest_known_one() {
     assert!(!stderr.contains("stderr_table_path"), "{stderr}");
     assert!(String::from_utf8_lossy(&output.stdout).trim().parse::<u64>().is_ok(), "submit prints the id");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_lease_ttl_past_an_hour_is_refused_naming_the_flag() {
+    for command in [&["serve"][..], &["agent", "--node", "n", "--slots", "1", "--work-dir", "/tmp/lockstep-unused"]] {
+        let mut args = command.to_vec();
+        args.extend(["--database-url", "postgres://nobody@127.0.0.1:1/x", "--lease-ttl", "99999999999h"]);
+        usage_error(&lockstep_bare(&args), &["--lease-ttl", "99999999999h exceeds the longest lease ttl, 1h"]);
+    }
+}
+
+#[test]
+fn a_url_that_is_not_postgres_is_refused_naming_its_source_and_never_showing_it() {
+    let output = lockstep_bare(&["status", "1", "--database-url", "mysql://root:hunter2@127.0.0.1:3306/db"]);
+    let stderr = usage_error(&output, &["--database-url: a mysql:// URL is not PostgreSQL's"]);
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    let output = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["status", "1"])
+        .env("DATABASE_URL", "root:hunter2@127.0.0.1/db")
+        .output()
+        .expect("the binary runs");
+    let stderr = usage_error(&output, &["DATABASE_URL: not a URL"]);
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    usage_error(&lockstep_bare(&["status", "1"]), &["no database URL", "--database-url-file PATH", "DATABASE_URL"]);
+    let missing = "/nonexistent/lockstep-database-url";
+    usage_error(
+        &lockstep_bare(&["status", "1", "--database-url-file", missing]),
+        &[&format!("--database-url-file {missing}: cannot read it")],
+    );
+}
+
+#[test]
+fn help_says_the_url_flag_is_visible_in_the_process_list_and_names_the_other_ways() {
+    for command in ["serve", "agent", "submit", "status", "abort", "migrate"] {
+        let output = lockstep_bare(&[command, "--help"]);
+        let help = String::from_utf8_lossy(&output.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(help.contains("Every local user can read it in the process list"), "{command}: {help}");
+        assert!(help.contains("--database-url-file <PATH>"), "{command}: {help}");
+        assert!(help.contains("DATABASE_URL environment variable"), "{command}: {help}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_url_may_come_from_a_file_and_migrates_started_at_once_all_succeed() {
+    let schema = unique_schema();
+    let file = std::env::temp_dir().join(format!("lockstep-real-cli-url-{schema}"));
+    std::fs::write(&file, format!("{}\n", database_url())).unwrap();
+    let children: Vec<_> = (0..CONCURRENT_MIGRATES)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_lockstep"))
+                .args(["migrate", "--schema", &schema, "--database-url-file", file.to_str().unwrap()])
+                .env_remove("DATABASE_URL")
+                .env("RUST_LOG", "warn")
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("the binary runs")
+        })
+        .collect();
+    for child in children {
+        let output = child.wait_with_output().expect("migrate ends");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "one of {CONCURRENT_MIGRATES} migrates at once: {stderr}");
+    }
+    assert!(schema_exists(&schema).await);
+    PgStore::drop_schema(&database_url(), &schema).await.expect("drop the test schema");
+    let _ = std::fs::remove_file(&file);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_server_that_cannot_be_reached_is_cannot_connect_and_database_errors_are_postgres_own_words() {
+    // Nothing listens on port 1: that is a connection failure.
+    let output = lockstep_bare(&["status", "1", "--database-url", "postgres://nobody@127.0.0.1:1/x"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot connect to PostgreSQL (URL from --database-url)"), "{stderr}");
+
+    // A database the server does not have: the URL is wrong (exit 2, naming the flag).
+    let mut missing_db = database_url();
+    let slash = missing_db.rfind('/').expect("the URL names a database");
+    missing_db.replace_range(slash + 1.., "lockstep_no_such_database");
+    let output = lockstep_bare(&["status", "1", "--database-url", &missing_db]);
+    let stderr = usage_error(&output, &["--database-url: ", "lockstep_no_such_database", "(SQLSTATE 3D000)"]);
+    assert!(!stderr.contains("cannot connect"), "{stderr}");
+
+    // A schema migrated by a newer build: reached, but it cannot be opened.
+    let harness = support::pg::PgHarness::new().await;
+    let schema = lockstep::store::conformance::Harness::store(&harness).schema().to_string();
+    execute(format!(
+        "INSERT INTO \"{schema}\"._sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99999, 'from a newer build', true, '\\x00', 0)"
+    ))
+    .await;
+    let output = lockstep(&["migrate"], &schema);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("cannot open schema {schema} on PostgreSQL: ")), "{stderr}");
+    assert!(stderr.contains("99999"), "{stderr}");
+    assert!(!stderr.contains("cannot connect"), "{stderr}");
+
+    // A database error during a command: PostgreSQL's message and SQLSTATE, no sqlx wrapping.
+    execute(format!(
+        "DELETE FROM \"{schema}\"._sqlx_migrations WHERE version = 99999; DROP TABLE \"{schema}\".resources CASCADE"
+    ))
+    .await;
+    let output = lockstep(&["status", "1"], &schema);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("relation \"resources\" does not exist (SQLSTATE 42P01)"), "{stderr}");
+    assert!(!stderr.contains(" at line "), "{stderr}");
+    assert!(!stderr.contains("error returned from database"), "{stderr}");
 }

@@ -554,6 +554,9 @@ async fn sigterm_stops_an_agent_gracefully_and_drains_a_replica() {
     assert!(restarted < Duration::from_secs(10), "the restart waited for the lease: {restarted:?}");
     assert_starts(&starts, &[&format!("{op}-i0"), &format!("{op}-i1")]);
     let view = cluster.view(op).await;
+    // Read again: an agent that came up after the first read (a loaded machine) has allocations the first lacks.
+    let nodes = cluster.allocation_nodes().await;
+    let node_of = |job: &lockstep::gang::model::Job| nodes[&job.data.allocation.unwrap().row].clone();
     // The first report consumed triggers the restart and the restart aborts the rest ("incarnation changed"). A
     // pass whose reads straddle the agent's report-and-release sees the node gone first ("node lost").
     let trigger = restart_trigger(&view);

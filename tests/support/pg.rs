@@ -42,19 +42,31 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
+/// How long a connect waits, in tries a second apart, while the server has no session left ("too many clients",
+/// SQLSTATE 53300): two test runs on one database (one in the pipeline benchmark's smoke run, the other in
+/// `pg_replicas`) come within a few sessions of PostgreSQL's default 100.
+const SERVER_FULL_TRIES_MAX: usize = 30;
+
 /// Connects a store to a fresh schema with `configure` applied to the options. Panics (never skips) when the
-/// database cannot be reached or the migrations fail.
+/// database cannot be reached or the migrations fail; waits, within a bound, while the server is full.
 pub async fn store_with(configure: impl FnOnce(&mut PgOptions)) -> PgStore {
     let url = database_url();
     let mut options = PgOptions::new(url.clone());
     options.schema = unique_schema();
     options.acquire_timeout = Duration::from_secs(10);
     configure(&mut options);
-    match PgStore::connect_with(options).await {
-        Ok(store) => store,
-        Err(err @ (StoreError::Unavailable(_) | StoreError::Timeout(_))) => unreachable_db(&url, &err),
-        Err(err) => panic!("PostgreSQL at {}: {err}", redacted(&url)),
+    for tries in 1.. {
+        match PgStore::connect_with(options.clone()).await {
+            Ok(store) => return store,
+            Err(StoreError::Unavailable(message)) if message.contains("53300") && tries < SERVER_FULL_TRIES_MAX => {
+                eprintln!("PostgreSQL has no session left (other test runs); connecting again in 1 s");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(err @ (StoreError::Unavailable(_) | StoreError::Timeout(_))) => unreachable_db(&url, &err),
+            Err(err) => panic!("PostgreSQL at {}: {err}", redacted(&url)),
+        }
     }
+    unreachable!("the loop returns or panics")
 }
 
 fn unreachable_db(url: &str, err: &StoreError) -> ! {

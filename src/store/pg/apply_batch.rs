@@ -5,9 +5,10 @@
 //! Two shapes:
 //! 1. Every item only updates its main row (the common case): one statement, [`sql::APPLY_BATCH_MAIN`], guards,
 //!    writes and unlocks every item at once, so the batch costs one round trip and one commit.
-//! 2. Some item has related updates, inserts or events: one transaction locks every main and related row in id
-//!    order and reads their tokens ([`sql::APPLY_BATCH_LOCK`]), decides which items are held whole, then writes
-//!    only those: related updates, main rows, inserts and events, one statement each. A stale item writes nothing.
+//! 2. Some item has related updates, inserts or events: one transaction locks every main and related row, and
+//!    every row carrying one of the batch's tokens, in id order and reads their tokens ([`sql::APPLY_BATCH_LOCK`]),
+//!    decides which items are held whole, then writes only those: related updates, main rows, inserts and events,
+//!    one statement each. A stale item writes nothing.
 //!
 //! Items are decided as if applied one after another in input order (what MemStore does): a lease given twice
 //! applies once, its later copies are stale; tokens are store-wide unique, so no two distinct leases share one.
@@ -78,8 +79,10 @@ async fn apply_in_transaction(
     let mut ids: Vec<i64> = batch.iter().flat_map(|p| p.related.iter().map(|r| r.id.0).chain([p.lease.id.0])).collect();
     ids.sort_unstable();
     ids.dedup();
+    let batch_tokens: Vec<i64> = batch.iter().map(|p| p.lease.token.0).collect();
     let mut tx = pool.begin().await?;
-    let found: Vec<(i64, Option<i64>)> = sqlx::query_as(sql::APPLY_BATCH_LOCK).bind(&ids).fetch_all(&mut *tx).await?;
+    let found: Vec<(i64, Option<i64>)> =
+        sqlx::query_as(sql::APPLY_BATCH_LOCK).bind(&ids).bind(&batch_tokens).fetch_all(&mut *tx).await?;
     let tokens: BTreeMap<i64, Option<i64>> = found.into_iter().collect();
     let carries = |id: RowId, token: LockToken| tokens.get(&id.0).copied().flatten() == Some(token.0);
     let held: Vec<bool> = batch

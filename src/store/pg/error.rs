@@ -1,50 +1,77 @@
 //! The one conversion from sqlx's errors to [`StoreError`] (STYLE, Errors), and the scrubbing that keeps
 //! connection URLs and passwords out of every message PgStore returns or logs.
 
+use super::options::Waits;
 use crate::store::StoreError;
 use sqlx::migrate::MigrateError;
-use std::time::Duration;
 
 /// SQLSTATE codes after which the transaction may simply be retried: serialization failure and deadlock.
 const CONFLICT_CODES: [&str; 2] = ["40001", "40P01"];
 
 /// SQLSTATE codes (or classes, by prefix) that mean the server went away or refuses connections: class 08
-/// (connection exception), admin/crash shutdown, "cannot connect now", too many connections.
-const UNAVAILABLE_CODES: [&str; 5] = ["08", "57P01", "57P02", "57P03", "53300"];
+/// (connection exception), admin/crash shutdown, "cannot connect now", too many connections, and a session the
+/// server ended for idling in a transaction (`idle_in_transaction_session_timeout`).
+const UNAVAILABLE_CODES: [&str; 6] = ["08", "57P01", "57P02", "57P03", "53300", "25P03"];
+
+/// SQLSTATE of a lock wait that ran past `lock_timeout` (lock_not_available).
+const LOCK_TIMEOUT_CODE: &str = "55P03";
+
+/// SQLSTATE of a statement cancelled by `statement_timeout` (query_canceled; also a cancel request).
+const STATEMENT_TIMEOUT_CODE: &str = "57014";
+
+/// SQLSTATE codes (or classes) of a connection the server refused for what the URL names: class 28 (invalid
+/// authorization: no such role, a wrong password) and 3D000 (no such database). The caller's URL is wrong.
+const REFUSED_URL_CODES: [&str; 2] = ["28", "3D000"];
 
 /// SQLSTATE class 22 (data exception): a value PostgreSQL cannot store, e.g. a NUL character in `text` (22021)
 /// or `\u0000` in `jsonb` (22P05). The call's arguments broke a rule of the store.
 const INVALID_DATA_CLASS: &str = "22";
 
-/// Maps a sqlx error to the store's error. `acquire_timeout` is the pool's, reported when no connection freed
-/// up in time. Lost or refused connections are `Unavailable`, serialization failures and deadlocks `Conflict`,
-/// a malformed URL or a value PostgreSQL cannot store `Invalid`, anything else `Other`. Every message is
-/// [`scrub`]bed.
-pub(super) fn store_error(err: sqlx::Error, acquire_timeout: Duration) -> StoreError {
+/// Maps a sqlx error to the store's error. `waits` are the store's bounds, reported by the `Timeout` of the one
+/// that ran out: the pool's wait for a connection, a lock wait (`lock_timeout`) or a statement
+/// (`statement_timeout`). Lost or refused connections are `Unavailable`, serialization failures and deadlocks
+/// `Conflict`, a malformed URL, a role, password or database the server refuses, or a value PostgreSQL cannot
+/// store `Invalid`, anything else `Other`. A database
+/// error's message is PostgreSQL's own with its SQLSTATE (not sqlx's wrapping, which adds the line of the server's
+/// source that raised it). Every message is [`scrub`]bed.
+pub(super) fn store_error(err: sqlx::Error, waits: Waits) -> StoreError {
     match err {
-        sqlx::Error::PoolTimedOut => StoreError::Timeout(acquire_timeout),
+        sqlx::Error::PoolTimedOut => StoreError::Timeout(waits.acquire),
         sqlx::Error::Configuration(_) => StoreError::Invalid(scrub(&err.to_string())),
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
             StoreError::Unavailable(scrub(&err.to_string()))
         }
         sqlx::Error::Database(ref db) => {
             let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-            let message = scrub(&err.to_string());
+            let message = scrub(&format!("{} (SQLSTATE {code})", db.message()));
             if CONFLICT_CODES.contains(&code.as_str()) {
                 StoreError::Conflict(message)
+            } else if code == LOCK_TIMEOUT_CODE {
+                StoreError::Timeout(waits.lock)
+            } else if code == STATEMENT_TIMEOUT_CODE {
+                StoreError::Timeout(waits.statement)
             } else if UNAVAILABLE_CODES.iter().any(|c| code.starts_with(c)) {
                 StoreError::Unavailable(message)
-            } else if code.starts_with(INVALID_DATA_CLASS) {
-                StoreError::Invalid(format!("{message} (SQLSTATE {code})"))
+            } else if code.starts_with(INVALID_DATA_CLASS) || REFUSED_URL_CODES.iter().any(|c| code.starts_with(c)) {
+                StoreError::Invalid(message)
             } else {
-                StoreError::Other(format!("{message} (SQLSTATE {code})"))
+                StoreError::Other(message)
             }
         }
         sqlx::Error::Migrate(migrate) => match *migrate {
-            MigrateError::Execute(inner) => store_error(inner, acquire_timeout),
+            MigrateError::Execute(inner) => store_error(inner, waits),
             other => StoreError::Other(scrub(&format!("migration: {other}"))),
         },
         other => StoreError::Other(scrub(&other.to_string())),
+    }
+}
+
+/// Whether `err` is a serialization failure or deadlock: PostgreSQL rolled the transaction back, so the call
+/// wrote nothing and may run again whole (`retry`).
+pub(super) fn is_conflict(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| CONFLICT_CODES.contains(&code.as_ref())),
+        _ => false,
     }
 }
 
@@ -88,6 +115,7 @@ fn token_end(text: &str, from: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn scrub_removes_urls_with_credentials() {
@@ -111,12 +139,12 @@ mod tests {
 
     #[test]
     fn pool_timeout_is_a_timeout_and_io_is_unavailable() {
-        let timeout = Duration::from_secs(3);
+        let waits = Waits { acquire: Duration::from_secs(3), ..Waits::DEFAULT };
         assert!(matches!(
-            store_error(sqlx::Error::PoolTimedOut, timeout),
-            StoreError::Timeout(t) if t == timeout
+            store_error(sqlx::Error::PoolTimedOut, waits),
+            StoreError::Timeout(t) if t == waits.acquire
         ));
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
-        assert!(matches!(store_error(sqlx::Error::Io(io), timeout), StoreError::Unavailable(_)));
+        assert!(matches!(store_error(sqlx::Error::Io(io), waits), StoreError::Unavailable(_)));
     }
 }

@@ -30,9 +30,7 @@ pub(super) fn channel(schema: &str) -> String {
     if plain.len() <= CHANNEL_LEN_MAX {
         return plain;
     }
-    // FNV-1a: stable across processes and builds, unlike std's hasher.
-    let hash =
-        schema.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+    let hash = super::options::stable_hash(schema);
     format!("{CHANNEL_PREFIX}{hash:016x}")
 }
 

@@ -14,6 +14,7 @@ mod codec;
 mod error;
 mod listen;
 mod options;
+mod retry;
 mod sql;
 mod write;
 
@@ -30,8 +31,9 @@ use sqlx::types::Json;
 use sqlx::{AssertSqlSafe, Connection, PgConnection, Row as _};
 use std::collections::HashSet;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::{broadcast, oneshot};
 
@@ -49,7 +51,12 @@ struct Inner {
     /// Tags this store's `NOTIFY` payloads, so its listener skips hints it already delivered locally.
     instance: u64,
     clock_offset_micros: AtomicI64,
-    acquire_timeout: Duration,
+    /// The bounds a `Timeout` reports.
+    waits: options::Waits,
+    /// How to open the migration's own session (`migrate`).
+    migration: PgConnectOptions,
+    /// Calls run again after a conflict, since the store opened (`retry`).
+    conflict_retries: AtomicU64,
     max_connections: u32,
     hints: broadcast::Sender<Hint>,
     /// Dropped with the store, which stops the listener task.
@@ -65,33 +72,39 @@ impl fmt::Debug for PgStore {
 impl PgStore {
     /// Connects to `url` with default [`PgOptions`] and runs the migrations.
     ///
-    /// Errors: `Invalid` for a malformed URL, `Unavailable`/`Timeout` when PostgreSQL cannot be reached, `Other`
-    /// when a migration fails. No error contains the URL.
+    /// Errors: `Invalid` for a malformed URL or a role, password or database the server refuses (SQLSTATE class
+    /// 28, 3D000), `Unavailable`/`Timeout` when PostgreSQL cannot be reached, `Other` when a migration fails. No
+    /// error contains the URL.
     pub async fn connect(url: &str) -> Result<PgStore, StoreError> {
         PgStore::connect_with(PgOptions::new(url)).await
     }
 
-    /// Connects with `options`: creates the schema if missing, opens the pool (each connection's `search_path`
-    /// is the schema), runs the migrations, and starts the hint listener, returning once it listens.
+    /// Connects with `options`: creates the schema if missing and runs the migrations (both under the schema's
+    /// migration lock, so processes started together on a new schema take turns), opens the pool (each
+    /// connection's `search_path` is the schema, and its time-outs are the options'), and starts the hint
+    /// listener, returning once it listens.
     ///
-    /// Errors: as [`PgStore::connect`], plus `Invalid` for a schema name outside the allowed characters.
+    /// Errors: as [`PgStore::connect`], plus `Invalid` for a schema name outside the allowed characters or a
+    /// time-out PostgreSQL cannot take.
     pub async fn connect_with(options: PgOptions) -> Result<PgStore, StoreError> {
         options::check_schema(&options.schema)?;
-        let fail = |err| error::store_error(err, options.acquire_timeout);
+        let waits = options.waits();
+        let fail = |err| error::store_error(err, waits);
         let base: PgConnectOptions = options.url.parse().map_err(fail)?;
         let base = base.application_name(&options.application_name);
+        let migration = base.clone().options(options.session_settings(true)?);
         if options.migrate {
-            ensure_schema(&base, &options.schema).await.map_err(fail)?;
+            migrate_schema(&migration, &options.schema, options.acquire_timeout).await.map_err(fail)?;
         } else {
             check_migrated(&base, &options.schema).await?;
         }
-        // A startup option rather than an `after_connect` hook: no extra round trip per connection, and it
-        // survives `RESET ALL`. Plans are cached as PostgreSQL chooses (`plan_cache_mode = auto`): every statement
+        // Startup options rather than an `after_connect` hook: no extra round trip per connection, and they
+        // survive `RESET ALL`. Plans are cached as PostgreSQL chooses (`plan_cache_mode = auto`): every statement
         // finds its rows by primary key, token or the fetch index, and the fetch writes its limit into its text so
         // that its generic plan is the index scan (see `sql::fetch`; tests/pg_explain.rs checks the generic plan).
         // Forcing custom plans made every call plan again: 0.12 ms for a refetch by primary key against 0.03 ms
         // with the cached plan, 1.2 ms for the fetch against 0.06 ms (BENCHMARKS.md).
-        let connect = base.options([("search_path", options.schema.as_str())]);
+        let connect = base.options(options.session_settings(false)?);
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
@@ -110,25 +123,40 @@ impl PgStore {
                 channel: channel.clone(),
                 instance,
                 clock_offset_micros: AtomicI64::new(duration_micros(options.clock_offset)),
-                acquire_timeout: options.acquire_timeout,
+                waits,
+                migration,
+                conflict_retries: AtomicU64::new(0),
                 max_connections: options.max_connections,
                 hints: hints.clone(),
                 _listener_shutdown: shutdown,
             }),
         };
-        if options.migrate {
-            store.migrate().await?;
-        }
         listen::start(connect, channel, instance, hints, shutdown_rx).await.map_err(|err| store.fail(err))?;
         Ok(store)
     }
 
-    /// Runs the migrations in `migrations/` not yet applied to this store's schema (idempotent).
+    /// Runs the migrations in `migrations/` not yet applied to this store's schema (idempotent), on a session of
+    /// its own under the schema's migration lock, as connecting does.
     ///
     /// Errors: `Unavailable`/`Timeout` when PostgreSQL cannot be reached, `Other` when a migration fails or the
     /// schema holds migrations this build does not know.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::migrate!("./migrations").run(&self.inner.pool).await.map_err(|err| self.fail(err.into()))
+        let (migration, schema) = (&self.inner.migration, &self.inner.schema);
+        migrate_schema(migration, schema, self.inner.waits.acquire).await.map_err(|err| self.fail(err))
+    }
+
+    /// How many store calls of this store (and its clones) were run again after a serialization failure or
+    /// deadlock (DESIGN §2, "One lock order"): tests check that PgStore's own calls never deadlock each other.
+    #[doc(hidden)]
+    pub fn conflict_retries(&self) -> u64 {
+        self.inner.conflict_retries.load(Ordering::Relaxed)
+    }
+
+    /// The value of the PostgreSQL setting `name` on one of the pool's sessions (tests that check the session
+    /// time-outs).
+    #[doc(hidden)]
+    pub async fn session_setting(&self, name: &str) -> Result<String, StoreError> {
+        sqlx::query_scalar(sql::CURRENT_SETTING).bind(name).fetch_one(&self.inner.pool).await.map_err(|e| self.fail(e))
     }
 
     /// Closes the pool: waits for the calls in flight, then closes every connection; later calls fail with
@@ -219,7 +247,7 @@ impl PgStore {
         if schema == PgOptions::SCHEMA_DEFAULT {
             return Err(StoreError::Invalid("drop_schema: refusing to drop public".into()));
         }
-        let fail = |err| error::store_error(err, PgOptions::ACQUIRE_TIMEOUT_DEFAULT);
+        let fail = |err| error::store_error(err, options::Waits::DEFAULT);
         let options: PgConnectOptions = url.parse().map_err(fail)?;
         let mut conn = PgConnection::connect_with(&options).await.map_err(fail)?;
         sqlx::query(sql::DROP_SCHEMA_LOCK_TIMEOUT).execute(&mut conn).await.map_err(fail)?;
@@ -242,8 +270,18 @@ impl PgStore {
     /// Terminates every other server session whose `application_name` is `application_name` (as a lost network
     /// or a restarted server would), waiting up to 5 s for each, and returns how many there were: tests check that
     /// the engine survives lost connections.
+    ///
+    /// Errors: `Invalid` unless `application_name` contains this store's schema name, so that a test run ends only
+    /// sessions it named itself (several runs share a database; each has schemas of its own).
     #[doc(hidden)]
     pub async fn terminate_sessions(&self, application_name: &str) -> Result<i64, StoreError> {
+        if !application_name.contains(self.schema()) {
+            return Err(StoreError::Invalid(format!(
+                "terminate_sessions: application_name {application_name:?} does not contain the store's schema {}: \
+                 it could name another run's sessions",
+                self.schema()
+            )));
+        }
         sqlx::query_scalar(sql::TERMINATE_SESSIONS)
             .bind(application_name)
             .fetch_one(&self.inner.pool)
@@ -269,26 +307,55 @@ impl PgStore {
     }
 
     fn fail(&self, err: sqlx::Error) -> StoreError {
-        error::store_error(err, self.inner.acquire_timeout)
+        error::store_error(err, self.inner.waits)
+    }
+
+    /// Runs `call`, one whole transaction (or a single statement), and runs it again at once after a
+    /// serialization failure or deadlock, a bounded number of times (DESIGN §2; see `retry`). `what` names the
+    /// call in logs.
+    async fn run_again_on_conflict<T, F, Fut>(&self, what: &str, call: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        retry::conflicts(&self.inner.conflict_retries, what, call).await.map_err(|e| self.fail(e))
     }
 }
 
 /// Creates `schema` unless it exists (checked first, so a role that may not create schemas can use one made
-/// for it).
-async fn ensure_schema(options: &PgConnectOptions, schema: &str) -> Result<(), sqlx::Error> {
-    let mut conn = PgConnection::connect_with(options).await?;
-    let exists: bool = sqlx::query_scalar(sql::SCHEMA_EXISTS).bind(schema).fetch_one(&mut conn).await?;
+/// for it) and applies the migrations not yet applied to it, on sessions of their own (`options`: the schema as
+/// `search_path`, no statement or lock time-out), one of which holds the schema's migration lock throughout: a
+/// session-level advisory lock keyed by the schema's name. Processes started together on a schema that does not
+/// exist yet (a replica and an agent) take turns instead of racing on `CREATE SCHEMA`; the later ones find it
+/// created and migrated. The lock ends with its session, which ends here also when a step fails (dropping a
+/// connection closes it).
+async fn migrate_schema(
+    options: &PgConnectOptions,
+    schema: &str,
+    acquire_timeout: Duration,
+) -> Result<(), sqlx::Error> {
+    let mut lock = PgConnection::connect_with(options).await?;
+    let key = i64::from_ne_bytes(options::stable_hash(&format!("lockstep migrate {schema}")).to_ne_bytes());
+    sqlx::query(sql::MIGRATION_LOCK).bind(key).execute(&mut lock).await?;
+    let exists: bool = sqlx::query_scalar(sql::SCHEMA_EXISTS).bind(schema).fetch_one(&mut lock).await?;
     if !exists {
-        sqlx::query(AssertSqlSafe(sql::create_schema(schema))).execute(&mut conn).await?;
+        sqlx::query(AssertSqlSafe(sql::create_schema(schema))).execute(&mut lock).await?;
     }
-    conn.close().await
+    // The migrator runs on a pool of one session: on a `&mut PgConnection` its future is not `Send` (sqlx issue
+    // #2016), and `connect_with` must stay spawnable.
+    let migrator =
+        PgPoolOptions::new().max_connections(1).acquire_timeout(acquire_timeout).connect_with(options.clone()).await?;
+    let migrated = sqlx::migrate!("./migrations").run(&migrator).await;
+    migrator.close().await;
+    migrated?;
+    lock.close().await
 }
 
 /// Checks, without changing anything, that `schema` exists and holds every migration of this build (for
 /// [`PgOptions::migrate`] = false). Errors: [`StoreError::Invalid`] naming the schema if it is missing or not
 /// fully migrated; `Unavailable`/`Timeout` if PostgreSQL cannot be reached.
 async fn check_migrated(options: &PgConnectOptions, schema: &str) -> Result<(), StoreError> {
-    let fail = |err| error::store_error(err, PgOptions::ACQUIRE_TIMEOUT_DEFAULT);
+    let fail = |err| error::store_error(err, options::Waits::DEFAULT);
     let mut conn = PgConnection::connect_with(options).await.map_err(fail)?;
     let applied: Vec<i64> =
         match sqlx::query_scalar(sql::MIGRATIONS_TABLE_EXISTS).bind(schema).fetch_one(&mut conn).await {
@@ -405,29 +472,45 @@ impl Store for PgStore {
             return Ok(Vec::new());
         }
         let (ids, tokens) = split_leases(&p.leases);
-        let extended: Vec<(i64, i64)> = sqlx::query_as(sql::HEARTBEAT)
-            .bind(self.offset())
-            .bind(ids)
-            .bind(tokens)
-            .bind(interval(p.lease_ttl))
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(|e| self.fail(e))?;
+        let extended: Vec<(i64, i64)> = self
+            .run_again_on_conflict("heartbeat", || {
+                sqlx::query_as(sql::HEARTBEAT)
+                    .bind(self.offset())
+                    .bind(ids.clone())
+                    .bind(tokens.clone())
+                    .bind(interval(p.lease_ttl))
+                    .fetch_all(&self.inner.pool)
+            })
+            .await?;
         Ok(still_held(p.leases, &extended))
     }
 
     async fn lock_related(&self, p: LockRelatedParams) -> Result<LockOutcome, StoreError> {
-        write::lock_related_in_transaction(&self.inner.pool, self.offset(), p).await.map_err(|e| self.fail(e))?
+        self.run_again_on_conflict("lock_related", || {
+            write::lock_related_in_transaction(&self.inner.pool, self.offset(), p.clone())
+        })
+        .await?
     }
 
     async fn apply(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
         let simple = p.related.is_empty() && p.inserts.is_empty() && p.events.is_empty();
         if !simple {
-            return write::apply_in_transaction(&self.inner.pool, self.offset(), p).await.map_err(|e| self.fail(e));
+            return self
+                .run_again_on_conflict("apply", || {
+                    write::apply_in_transaction(&self.inner.pool, self.offset(), p.clone())
+                })
+                .await;
         }
         // One statement, so no explicit transaction (saves the BEGIN and COMMIT round trips).
-        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.fail(e))?;
-        let now = write::apply_main(&mut conn, self.offset(), p.lease, p.update).await.map_err(|e| self.fail(e))?;
+        let now = self
+            .run_again_on_conflict("apply", || {
+                let (pool, offset, lease, update) = (&self.inner.pool, self.offset(), p.lease, p.update.clone());
+                async move {
+                    let mut conn = pool.acquire().await?;
+                    write::apply_main(&mut conn, offset, lease, update).await
+                }
+            })
+            .await?;
         Ok(match now {
             Some(now) => ApplyOutcome::Applied { inserted: Vec::new(), now },
             None => ApplyOutcome::Stale,
@@ -439,18 +522,25 @@ impl Store for PgStore {
             0 => Ok(Vec::new()),
             // One item: the single apply's statement is the same work without the batch's bookkeeping.
             1 => Ok(vec![self.apply(batch.pop().expect("one item")).await?]),
-            _ => apply_batch::apply_batch(&self.inner.pool, self.offset(), batch).await.map_err(|e| self.fail(e)),
+            _ => {
+                self.run_again_on_conflict("apply_batch", || {
+                    apply_batch::apply_batch(&self.inner.pool, self.offset(), batch.clone())
+                })
+                .await
+            }
         }
     }
 
     async fn reset_for_retry(&self, lease: Lease) -> Result<bool, StoreError> {
-        let reset = sqlx::query(sql::RESET_FOR_RETRY)
-            .bind(self.offset())
-            .bind(lease.id.0)
-            .bind(lease.token.0)
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| self.fail(e))?;
+        let reset = self
+            .run_again_on_conflict("reset_for_retry", || {
+                sqlx::query(sql::RESET_FOR_RETRY)
+                    .bind(self.offset())
+                    .bind(lease.id.0)
+                    .bind(lease.token.0)
+                    .fetch_optional(&self.inner.pool)
+            })
+            .await?;
         Ok(reset.is_some())
     }
 
@@ -459,12 +549,11 @@ impl Store for PgStore {
             return Ok(0);
         }
         let (ids, tokens) = split_leases(&leases);
-        let held: Vec<(i64, i64)> = sqlx::query_as(sql::RELEASE)
-            .bind(ids)
-            .bind(tokens)
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(|e| self.fail(e))?;
+        let held: Vec<(i64, i64)> = self
+            .run_again_on_conflict("release", || {
+                sqlx::query_as(sql::RELEASE).bind(ids.clone()).bind(tokens.clone()).fetch_all(&self.inner.pool)
+            })
+            .await?;
         Ok(still_held(leases, &held).len())
     }
 
@@ -502,14 +591,16 @@ impl Store for PgStore {
     }
 
     async fn update_unleased(&self, id: RowId, update: RowUpdate) -> Result<WriteOutcome, StoreError> {
-        let busy: Option<bool> = sqlx::query_scalar(sql::UPDATE_UNLEASED)
-            .bind(self.offset())
-            .bind(id.0)
-            .bind(update.status)
-            .bind(update.data.map(Json))
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| self.fail(e))?;
+        let busy: Option<bool> = self
+            .run_again_on_conflict("update_unleased", || {
+                sqlx::query_scalar(sql::UPDATE_UNLEASED)
+                    .bind(self.offset())
+                    .bind(id.0)
+                    .bind(update.status.clone())
+                    .bind(update.data.clone().map(Json))
+                    .fetch_optional(&self.inner.pool)
+            })
+            .await?;
         Ok(match busy {
             None => WriteOutcome::Missing,
             Some(true) => WriteOutcome::Busy,

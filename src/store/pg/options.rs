@@ -1,11 +1,32 @@
-//! [`PgOptions`]: how a [`PgStore`](super::PgStore) reaches PostgreSQL and which schema it owns.
+//! [`PgOptions`]: how a [`PgStore`](super::PgStore) reaches PostgreSQL, which schema it owns, and how long its
+//! sessions may wait.
 
+use crate::agent::NODE_LEASE_TTL_DEFAULT;
+use crate::pipeline::config::LEASE_TTL_DEFAULT;
 use crate::store::StoreError;
 use std::fmt;
 use std::time::Duration;
 
 /// PostgreSQL identifiers are at most 63 bytes.
 const SCHEMA_LEN_MAX: usize = 63;
+
+/// The longest time-out PostgreSQL takes: its time-out settings are `int` milliseconds.
+const SESSION_TIMEOUT_MAX: Duration = Duration::from_millis(i32::MAX as u64);
+
+/// PostgreSQL's default `deadlock_timeout`: a session waiting on a lock this long checks for a deadlock.
+const DEADLOCK_TIMEOUT_SERVER_DEFAULT: Duration = Duration::from_secs(1);
+
+// A lock wait must outlast the deadlock check, so that a deadlock is reported as one (and run again, see `retry`)
+// rather than as a lock time-out.
+const _: () = assert!(PgOptions::LOCK_TIMEOUT_DEFAULT.as_millis() > DEADLOCK_TIMEOUT_SERVER_DEFAULT.as_millis());
+// A call stuck on a row lock gives up well before the lease it serves is due for its heartbeat (ttl / 2), for the
+// default leases of operations and of nodes (the shorter).
+const _: () = assert!(PgOptions::LOCK_TIMEOUT_DEFAULT.as_millis() * 4 <= LEASE_TTL_DEFAULT.as_millis());
+const _: () = assert!(PgOptions::LOCK_TIMEOUT_DEFAULT.as_millis() * 4 <= NODE_LEASE_TTL_DEFAULT.as_millis());
+// A frozen session's row locks are freed before a node lease stuck behind them is due for its heartbeat.
+const _: () =
+    assert!(PgOptions::IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT.as_millis() * 2 <= NODE_LEASE_TTL_DEFAULT.as_millis());
+const _: () = assert!(PgOptions::LOCK_TIMEOUT_DEFAULT.as_millis() < PgOptions::STATEMENT_TIMEOUT_DEFAULT.as_millis());
 
 /// How to reach PostgreSQL and which part of it a [`PgStore`](super::PgStore) owns.
 ///
@@ -38,6 +59,21 @@ pub struct PgOptions {
     /// checks that the schema exists and holds every migration of this build, and fails with
     /// [`StoreError::Invalid`] (`schema X is not migrated: …`) if not, changing nothing.
     pub migrate: bool,
+    /// PostgreSQL's `statement_timeout` on every pooled session and the hint listener's: a statement running
+    /// longer is cancelled and its call fails with [`StoreError::Timeout`] (nothing written). Zero turns it off.
+    /// The migration session has none (an index build may take long). Default
+    /// [`PgOptions::STATEMENT_TIMEOUT_DEFAULT`].
+    pub statement_timeout: Duration,
+    /// PostgreSQL's `lock_timeout`: a statement waiting longer for a row lock is cancelled and its call fails with
+    /// [`StoreError::Timeout`] (nothing written). Zero turns it off. Keep it well under the lease ttl of the
+    /// pipelines on the store, and above PostgreSQL's `deadlock_timeout` (1 s by default) so that a deadlock is
+    /// reported, and run again, as one. Default [`PgOptions::LOCK_TIMEOUT_DEFAULT`].
+    pub lock_timeout: Duration,
+    /// PostgreSQL's `idle_in_transaction_session_timeout`: a session that holds a transaction open this long
+    /// without sending its next statement (its process is frozen or starved) is ended by the server, releasing its
+    /// row locks; its call fails with [`StoreError::Unavailable`]. Zero turns it off. Default
+    /// [`PgOptions::IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT`].
+    pub idle_in_transaction_timeout: Duration,
 }
 
 impl PgOptions {
@@ -58,6 +94,23 @@ impl PgOptions {
     pub const PING_BEFORE_USE_DEFAULT: bool = false;
     /// Default of [`PgOptions::migrate`]: connecting migrates.
     pub const MIGRATE_DEFAULT: bool = true;
+    /// Default of [`PgOptions::statement_timeout`]: 30 s. Every statement of a store call finds its rows by
+    /// primary key, token or the fetch index and takes milliseconds (BENCHMARKS.md); the longest is the insert of
+    /// a whole spec's jobs by the operation's first pass (100 000 jobs, the spec's limit: 4.0 s measured here, and
+    /// 2.0 s for their events). A statement past 30 s is a runaway, and 30 s is the default lease ttl.
+    pub const STATEMENT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+    /// Default of [`PgOptions::lock_timeout`]: 2 s. Every transaction of lockstep is one store call that holds its
+    /// row locks for milliseconds, so a wait of seconds means the holder is stuck (a frozen replica, a person's open
+    /// transaction). 2 s is above PostgreSQL's 1 s `deadlock_timeout` and at most a quarter of the default lease
+    /// ttls (30 s for operations, 10 s for nodes), so a heartbeat stuck behind such a holder fails in time to be
+    /// tried again before its lease is lost.
+    pub const LOCK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
+    /// Default of [`PgOptions::idle_in_transaction_timeout`]: 5 s. lockstep keeps a transaction open only across
+    /// the round trips of one store call (well under a millisecond each); after seconds idle its process is
+    /// frozen, and its locks make every other process's calls on those rows time out until the server ends it.
+    /// 5 s is half the default node lease ttl (10 s), so an agent's node heartbeat stuck behind a frozen session
+    /// goes through again before the agent would fence itself.
+    pub const IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 
     /// Options for `url` with every default.
     pub fn new(url: impl Into<String>) -> PgOptions {
@@ -70,8 +123,70 @@ impl PgOptions {
             application_name: PgOptions::APPLICATION_NAME_DEFAULT.to_string(),
             ping_before_use: PgOptions::PING_BEFORE_USE_DEFAULT,
             migrate: PgOptions::MIGRATE_DEFAULT,
+            statement_timeout: PgOptions::STATEMENT_TIMEOUT_DEFAULT,
+            lock_timeout: PgOptions::LOCK_TIMEOUT_DEFAULT,
+            idle_in_transaction_timeout: PgOptions::IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
         }
     }
+
+    /// The bounds a [`StoreError::Timeout`] of a store with these options reports.
+    pub(super) fn waits(&self) -> Waits {
+        Waits { acquire: self.acquire_timeout, lock: self.lock_timeout, statement: self.statement_timeout }
+    }
+
+    /// The settings every session of the store starts with (as startup options, like `search_path`: no round
+    /// trip per connection, and they survive `RESET ALL`), the time-outs in milliseconds. `migration`: for the
+    /// session that migrates, which has neither a statement nor a lock time-out (a migration may build an index
+    /// on a large table, and waits for another process's migration of the schema however long it takes).
+    ///
+    /// Errors: `Invalid` naming the option when a time-out exceeds PostgreSQL's largest (about 24.8 days).
+    pub(super) fn session_settings(&self, migration: bool) -> Result<Vec<(&'static str, String)>, StoreError> {
+        let (statement, lock) =
+            if migration { (Duration::ZERO, Duration::ZERO) } else { (self.statement_timeout, self.lock_timeout) };
+        Ok(vec![
+            ("search_path", self.schema.clone()),
+            ("statement_timeout", timeout_millis("statement_timeout", statement)?),
+            ("lock_timeout", timeout_millis("lock_timeout", lock)?),
+            (
+                "idle_in_transaction_session_timeout",
+                timeout_millis("idle_in_transaction_timeout", self.idle_in_transaction_timeout)?,
+            ),
+        ])
+    }
+}
+
+/// Which wait ran out, for [`StoreError::Timeout`]: the pool's wait for a connection, PostgreSQL's
+/// `lock_timeout` or its `statement_timeout`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Waits {
+    pub(super) acquire: Duration,
+    pub(super) lock: Duration,
+    pub(super) statement: Duration,
+}
+
+impl Waits {
+    /// The defaults of [`PgOptions`] (sessions opened outside a store, e.g. to drop a schema).
+    pub(super) const DEFAULT: Waits = Waits {
+        acquire: PgOptions::ACQUIRE_TIMEOUT_DEFAULT,
+        lock: PgOptions::LOCK_TIMEOUT_DEFAULT,
+        statement: PgOptions::STATEMENT_TIMEOUT_DEFAULT,
+    };
+}
+
+/// `span` as a PostgreSQL time-out setting: whole milliseconds, rounded up so that a nonzero span stays on.
+fn timeout_millis(option: &str, span: Duration) -> Result<String, StoreError> {
+    if span > SESSION_TIMEOUT_MAX {
+        return Err(StoreError::Invalid(format!(
+            "{option}: {span:?} exceeds PostgreSQL's largest time-out, {SESSION_TIMEOUT_MAX:?}"
+        )));
+    }
+    Ok(span.as_nanos().div_ceil(1_000_000).to_string())
+}
+
+/// A hash of `text` that every process and build computes alike (FNV-1a), unlike std's hasher: names the
+/// migration lock of a schema and shortens long channel names.
+pub(super) fn stable_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 impl fmt::Debug for PgOptions {
@@ -85,6 +200,9 @@ impl fmt::Debug for PgOptions {
             .field("application_name", &self.application_name)
             .field("ping_before_use", &self.ping_before_use)
             .field("migrate", &self.migrate)
+            .field("statement_timeout", &self.statement_timeout)
+            .field("lock_timeout", &self.lock_timeout)
+            .field("idle_in_transaction_timeout", &self.idle_in_transaction_timeout)
             .finish()
     }
 }
@@ -115,6 +233,22 @@ mod tests {
         for bad in ["", "1t", "T", "a-b", "a\"b", "a b", &"s".repeat(64)] {
             assert!(check_schema(bad).is_err(), "{bad:?} passed");
         }
+    }
+
+    #[test]
+    fn time_outs_are_whole_milliseconds_rounded_up_within_postgres_bounds() {
+        let mut options = PgOptions::new("postgres://h/db");
+        options.lock_timeout = Duration::from_micros(1500);
+        options.statement_timeout = Duration::ZERO;
+        let settings = options.session_settings(false).unwrap();
+        assert!(settings.contains(&("lock_timeout", "2".to_string())), "{settings:?}");
+        assert!(settings.contains(&("statement_timeout", "0".to_string())), "{settings:?}");
+        assert!(settings.contains(&("idle_in_transaction_session_timeout", "5000".to_string())), "{settings:?}");
+        let migration = options.session_settings(true).unwrap();
+        assert!(migration.contains(&("lock_timeout", "0".to_string())), "{migration:?}");
+        options.idle_in_transaction_timeout = Duration::from_secs(30 * 24 * 3600);
+        let error = options.session_settings(false).unwrap_err().to_string();
+        assert!(error.contains("idle_in_transaction_timeout: 2592000s exceeds"), "{error}");
     }
 
     #[test]

@@ -5,6 +5,13 @@
 //! rows a call writes get one `now`. Spans are `interval`s of microseconds and go through `lockstep_ts_plus` and
 //! `lockstep_ts_minus`, which saturate as `Timestamp::plus` and `Timestamp::minus` do. Each statement's comment
 //! names the MemStore code it mirrors (src/store/mem.rs); the conformance suite checks they agree.
+//!
+//! One lock order (DESIGN §2): a statement that writes several rows first locks every row it may write, in id
+//! order, in a `locked` CTE (`ORDER BY id FOR NO KEY UPDATE`), and writes only rows of that CTE. PostgreSQL does
+//! not fold a CTE with a locking clause into the query, and a row is written only once the CTE has returned it,
+//! that is, locked it; so every row lock a statement waits for is taken in id order, and two calls can never wait
+//! for each other in a circle. The rows a lease writes besides its own are found by its token (related rows);
+//! `locked` finds them the same way. The fetch locks in its own order but with `SKIP LOCKED`: it never waits.
 
 use crate::store::{FetchParams, duration_micros};
 
@@ -173,29 +180,34 @@ pub(super) const REFETCH_BATCH_LEN_MIN: usize = 10;
 pub(super) const PREPARED_PLANS: &str =
     "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1";
 
-/// The heartbeat (mem.rs `heartbeat`): lock the main rows still carrying their tokens under leases that have not
-/// expired (an expired lease is never revived), in id order so two heartbeats cannot deadlock, then extend every
-/// row carrying one of those tokens: main and related rows.
-/// Returns the extended rows' `(id, lock_token)`; a lease was held if its own row is among them.
+/// The heartbeat (mem.rs `heartbeat`): lock every row carrying one of the tokens, main and related, in id order;
+/// then extend those whose token's main row still carries it under a lease that has not expired (an expired lease
+/// is never revived). Returns the extended rows' `(id, lock_token)`; a lease was held if its own row is among
+/// them.
 ///
 /// `$2` ids (`int8[]`), `$3` tokens (`int8[]`, same length), `$4` lease ttl.
-pub(super) const HEARTBEAT: &str = "WITH held AS (
-    SELECT r.lock_token
-    FROM resources AS r
+pub(super) const HEARTBEAT: &str = "WITH locked AS (
+    SELECT id, lock_token, lock_expires_at
+    FROM resources
+    WHERE lock_token = ANY($3)
+    ORDER BY id
+    FOR NO KEY UPDATE
+), held AS (
+    SELECT locked.lock_token
+    FROM locked
     JOIN unnest($2::int8[], $3::int8[]) AS lease(id, token)
-      ON r.id = lease.id AND r.lock_token = lease.token
-    WHERE r.lock_expires_at > lockstep_now($1)
-    ORDER BY r.id
-    FOR NO KEY UPDATE OF r
+      ON locked.id = lease.id AND locked.lock_token = lease.token
+    WHERE locked.lock_expires_at > lockstep_now($1)
 )
-UPDATE resources
+UPDATE resources AS r
 SET lock_expires_at = lockstep_ts_plus(lockstep_now($1), $4)
-WHERE lock_token IN (SELECT lock_token FROM held)
-RETURNING id, lock_token";
+FROM locked
+WHERE r.id = locked.id AND locked.lock_token IN (SELECT lock_token FROM held)
+RETURNING r.id, r.lock_token";
 
 /// Related locks, step 1 (mem.rs `lock_related`, `related_available`): lock the holder and the related rows in
-/// id order and say which are available to the holder. `$2` ids (related and holder), `$3` holder token,
-/// `$4` owner.
+/// id order and say which are available to the holder. Step 2 writes only rows this step locked. `$2` ids
+/// (related and holder), `$3` holder token, `$4` owner.
 pub(super) const LOCK_RELATED_READ: &str = "SELECT id, lock_token,
     CASE
         WHEN lock_token = $3 THEN true
@@ -214,49 +226,59 @@ pub(super) const LOCK_RELATED_WRITE: &str = "UPDATE resources
 SET lock_token = $3, lock_owner = $4, lock_expires_at = lockstep_ts_plus(lockstep_now($1), $5)
 WHERE id = ANY($2)";
 
-/// Apply, step 1 when there are related updates (mem.rs `apply`): write the related rows still locked with the
-/// token. The caller compares the count with the distinct ids it sent and rolls back on a shortfall (Stale).
+/// Apply, step 1 when there are related updates (mem.rs `apply`): lock every row carrying the token (the main row
+/// if still held, and the related rows) in id order, then write the related rows still locked with it. The
+/// caller compares the count with the distinct ids it sent and rolls back on a shortfall (Stale); the main write
+/// that follows finds its rows locked already.
 ///
 /// `$2` ids, `$3` statuses (`text[]`, NULL = keep), `$4` data (`jsonb[]`, NULL = keep), `$5` token.
-pub(super) const APPLY_RELATED: &str = "UPDATE resources AS r
+pub(super) const APPLY_RELATED: &str = "WITH locked AS (
+    SELECT id FROM resources WHERE lock_token = $5 ORDER BY id FOR NO KEY UPDATE
+)
+UPDATE resources AS r
 SET status = COALESCE(u.status, r.status),
     data = COALESCE(u.data, r.data),
     updated_at = lockstep_now($1)
 FROM unnest($2::int8[], $3::text[], $4::jsonb[]) AS u(id, status, data)
-WHERE r.id = u.id AND r.lock_token = $5
+WHERE r.id = u.id AND r.lock_token = $5 AND r.id IN (SELECT id FROM locked)
 RETURNING r.id";
 
-/// Apply, the guarded main write: if the main row still carries the token, write it, set
-/// `last_processed_at = updated_at = now`, clear its lease, and unlock every related row locked with the token.
+/// Apply, the guarded main write: lock every row carrying the token in id order; if the main row is among them,
+/// write it, set `last_processed_at = updated_at = now`, clear its lease, and unlock the others (related rows).
 /// `hinted` is left alone: a hint that arrived during the lease must survive the apply (conformance
 /// `hint_during_a_lease_survives_the_apply`; the fetch already cleared hints older than the lease). Returns the one
 /// `now`, or no row when stale (then nothing was written).
 ///
 /// `$2` id, `$3` token, `$4` status (NULL = keep), `$5` data (NULL = keep).
-pub(super) const APPLY_MAIN: &str = "WITH main AS (
+pub(super) const APPLY_MAIN: &str = "WITH locked AS (
+    SELECT id FROM resources WHERE lock_token = $3 ORDER BY id FOR NO KEY UPDATE
+), main AS (
     UPDATE resources
     SET status = COALESCE($4, status),
         data = COALESCE($5, data),
         updated_at = lockstep_now($1),
         last_processed_at = lockstep_now($1),
         lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
-    WHERE id = $2 AND lock_token = $3
+    WHERE id = $2 AND lock_token = $3 AND id IN (SELECT id FROM locked)
     RETURNING id
 ), unlocked AS (
     UPDATE resources
     SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
-    WHERE lock_token = $3 AND id <> $2 AND EXISTS (SELECT 1 FROM main)
+    WHERE id IN (SELECT id FROM locked) AND id <> $2 AND EXISTS (SELECT 1 FROM main)
 )
 SELECT lockstep_now($1) FROM main";
 
-/// Batched apply, the guarded main writes (mem.rs `State::apply`, once per item; `Store::apply_batch`): every input
-/// row that still carries its token is written as [`APPLY_MAIN`] writes one, and every other row carrying one of
-/// the applied tokens (a related row) is unlocked. A row whose token changed is left alone, and so are the related
-/// rows of its token. Returns the applied `(id, token)` pairs with the one `now`; no row when nothing applied.
+/// Batched apply, the guarded main writes (mem.rs `State::apply`, once per item; `Store::apply_batch`): every row
+/// carrying one of the tokens is locked in id order; every input row that still carries its token is written as
+/// [`APPLY_MAIN`] writes one, and every other locked row carrying one of the applied tokens (a related row) is
+/// unlocked. A row whose token changed is left alone, and so are the related rows of its token. Returns the
+/// applied `(id, token)` pairs with the one `now`; no row when nothing applied.
 ///
 /// `$2` ids, `$3` tokens (distinct), `$4` statuses (`text[]`, NULL = keep), `$5` data (`jsonb[]`, NULL = keep),
-/// all the same length. The caller sorts them by id, so rows are locked in id order as the other writers lock them.
-pub(super) const APPLY_BATCH_MAIN: &str = "WITH main AS (
+/// all the same length.
+pub(super) const APPLY_BATCH_MAIN: &str = "WITH locked AS (
+    SELECT id, lock_token FROM resources WHERE lock_token = ANY($3) ORDER BY id FOR NO KEY UPDATE
+), main AS (
     UPDATE resources AS r
     SET status = COALESCE(u.status, r.status),
         data = COALESCE(u.data, r.data),
@@ -264,20 +286,24 @@ pub(super) const APPLY_BATCH_MAIN: &str = "WITH main AS (
         last_processed_at = lockstep_now($1),
         lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
     FROM unnest($2::int8[], $3::int8[], $4::text[], $5::jsonb[]) AS u(id, token, status, data)
-    WHERE r.id = u.id AND r.lock_token = u.token
+    WHERE r.id = u.id AND r.lock_token = u.token AND r.id IN (SELECT id FROM locked)
     RETURNING r.id, u.token
 ), unlocked AS (
     UPDATE resources
     SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
-    WHERE lock_token IN (SELECT token FROM main) AND id NOT IN (SELECT id FROM main)
+    WHERE id IN (SELECT id FROM locked WHERE lock_token IN (SELECT token FROM main))
+      AND id NOT IN (SELECT id FROM main)
 )
 SELECT id, token, lockstep_now($1) AS now FROM main";
 
-/// Batched apply with related updates, inserts or events, step 1: lock every main and related row of the batch
-/// in id order and read its token, so the caller can tell which items are held whole before writing anything.
-/// `$1` ids.
-pub(super) const APPLY_BATCH_LOCK: &str =
-    "SELECT id, lock_token FROM resources WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE";
+/// Batched apply with related updates, inserts or events, step 1: lock every main and related row of the batch,
+/// and every row carrying one of its tokens (related rows locked without an update), in id order, and read their
+/// tokens, so the caller can tell which items are held whole before writing anything; the later steps write only
+/// rows locked here. `$1` ids, `$2` tokens.
+pub(super) const APPLY_BATCH_LOCK: &str = "SELECT id, lock_token FROM resources
+WHERE id = ANY($1) OR lock_token = ANY($2)
+ORDER BY id
+FOR NO KEY UPDATE";
 
 /// Batched apply, step 2: the related updates of the held items, each guarded by its item's token. Returns the
 /// written ids; the caller checks that every one was written (it holds their row locks since step 1).
@@ -291,35 +317,38 @@ FROM unnest($2::int8[], $3::int8[], $4::text[], $5::jsonb[]) AS u(id, token, sta
 WHERE r.id = u.id AND r.lock_token = u.token
 RETURNING r.id";
 
-/// Reset-and-retry (mem.rs `reset_for_retry`): keep the owner, clear token and expiry, set
-/// `last_processed_at = now`, and unlock related rows. Returns one row when the lease was held.
-/// `$2` id, `$3` token.
-pub(super) const RESET_FOR_RETRY: &str = "WITH main AS (
+/// Reset-and-retry (mem.rs `reset_for_retry`): lock every row carrying the token in id order; keep the owner,
+/// clear token and expiry, set `last_processed_at = now`, and unlock related rows. Returns one row when the lease
+/// was held. `$2` id, `$3` token.
+pub(super) const RESET_FOR_RETRY: &str = "WITH locked AS (
+    SELECT id FROM resources WHERE lock_token = $3 ORDER BY id FOR NO KEY UPDATE
+), main AS (
     UPDATE resources
     SET lock_token = NULL, lock_expires_at = NULL, last_processed_at = lockstep_now($1)
-    WHERE id = $2 AND lock_token = $3
+    WHERE id = $2 AND lock_token = $3 AND id IN (SELECT id FROM locked)
     RETURNING id
 ), unlocked AS (
     UPDATE resources
     SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
-    WHERE lock_token = $3 AND id <> $2 AND EXISTS (SELECT 1 FROM main)
+    WHERE id IN (SELECT id FROM locked) AND id <> $2 AND EXISTS (SELECT 1 FROM main)
 )
 SELECT id FROM main";
 
-/// Release (mem.rs `release`): lock the main rows still carrying their tokens, then clear the lease columns of
-/// every row carrying one of those tokens. Returns the `(id, token)` pairs that were held. `$1` ids, `$2`
-/// tokens. Writes no timestamp, so it takes no clock offset.
-pub(super) const RELEASE: &str = "WITH held AS (
-    SELECT r.id, r.lock_token
-    FROM resources AS r
+/// Release (mem.rs `release`): lock every row carrying one of the tokens in id order, then clear the lease
+/// columns of those whose token's main row still carries it. Returns the `(id, token)` pairs that were held. `$1`
+/// ids, `$2` tokens. Writes no timestamp, so it takes no clock offset.
+pub(super) const RELEASE: &str = "WITH locked AS (
+    SELECT id, lock_token FROM resources WHERE lock_token = ANY($2) ORDER BY id FOR NO KEY UPDATE
+), held AS (
+    SELECT locked.id, locked.lock_token
+    FROM locked
     JOIN unnest($1::int8[], $2::int8[]) AS lease(id, token)
-      ON r.id = lease.id AND r.lock_token = lease.token
-    ORDER BY r.id
-    FOR NO KEY UPDATE OF r
+      ON locked.id = lease.id AND locked.lock_token = lease.token
 ), unlocked AS (
-    UPDATE resources
+    UPDATE resources AS r
     SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
-    WHERE lock_token IN (SELECT lock_token FROM held)
+    FROM locked
+    WHERE r.id = locked.id AND locked.lock_token IN (SELECT lock_token FROM held)
 )
 SELECT id, lock_token FROM held";
 
@@ -360,16 +389,25 @@ pub(super) const LIST: &str = concat!(
 /// Events about a row, in sequence order. `$1` row id.
 pub(super) const EVENTS: &str = "SELECT seq, row_id, kind, data, at FROM events WHERE row_id = $1 ORDER BY seq";
 
-/// The write API's update (mem.rs `update_unleased`): busy while a live lease or an owner's reset mark is on the
-/// row; otherwise clear any expired lease (and the related rows locked with its token), then write. Returns no
-/// row when the row is missing, else whether it was busy. `$2` id, `$3` status, `$4` data.
-pub(super) const UPDATE_UNLEASED: &str = "WITH target AS (
+/// The write API's update (mem.rs `update_unleased`): lock the row and the rows carrying its token in id order;
+/// busy while a live lease or an owner's reset mark is on the row; otherwise clear any expired lease (and the
+/// related rows locked with its token), then write. Returns no row when the row is missing, else whether it was
+/// busy. `$2` id, `$3` status, `$4` data.
+///
+/// The token is read before the locks are taken; in the instant between, only a fetch or a related lock can give
+/// the row another token, and either makes it busy, so nothing is left to unlock that `locked` missed.
+pub(super) const UPDATE_UNLEASED: &str = "WITH locked AS (
+    SELECT id, lock_token, lock_expires_at, lock_owner
+    FROM resources
+    WHERE id = $2 OR lock_token = (SELECT lock_token FROM resources WHERE id = $2)
+    ORDER BY id
+    FOR NO KEY UPDATE
+), target AS (
     SELECT id, lock_token,
         (lock_expires_at IS NOT NULL AND lock_expires_at > lockstep_now($1))
             OR (lock_expires_at IS NULL AND lock_owner IS NOT NULL) AS busy
-    FROM resources
+    FROM locked
     WHERE id = $2
-    FOR NO KEY UPDATE
 ), written AS (
     UPDATE resources AS r
     SET status = COALESCE($3, r.status),
@@ -381,8 +419,8 @@ pub(super) const UPDATE_UNLEASED: &str = "WITH target AS (
 ), unlocked AS (
     UPDATE resources AS r
     SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
-    FROM target
-    WHERE r.lock_token = target.lock_token AND r.id <> target.id AND NOT target.busy
+    FROM locked, target
+    WHERE r.id = locked.id AND locked.lock_token = target.lock_token AND r.id <> target.id AND NOT target.busy
 )
 SELECT busy FROM target";
 
@@ -394,13 +432,14 @@ pub(super) const HINT: &str = "WITH marked AS (
 SELECT pg_notify($2, $3)";
 
 /// Ends the sessions listening on a channel (tests of the listener's reconnect), waiting up to 5 s for each.
-/// `$1` channel. Returns how many were ended.
+/// `$1` channel. Returns how many were ended. A listener's last statement is exactly `LISTEN "channel"` (sqlx's
+/// `PgListener::listen`, or with a `;` when it listens again after a reconnect): an exact match, so a channel
+/// whose name merely contains this one (another test run's) is never touched.
 pub(super) const TERMINATE_LISTENERS: &str = "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))
 FROM pg_stat_activity
 WHERE datname = current_database()
   AND pid <> pg_backend_pid()
-  AND query LIKE 'LISTEN %'
-  AND position($1 IN query) > 0";
+  AND query IN ('LISTEN \"' || $1 || '\"', 'LISTEN \"' || $1 || '\";')";
 
 /// Ends the sessions of one application (tests of lost connections), waiting up to 5 s for each.
 /// `$1` application_name. Returns how many were ended.
@@ -417,6 +456,13 @@ pub(super) const ANALYZE: &str = "ANALYZE resources";
 pub(super) fn create_schema(schema: &str) -> String {
     format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"")
 }
+
+/// The migration lock of a schema (`migrate_schema`): a session-level advisory lock, held until the migrating
+/// session ends. `$1` the key, a hash of the schema's name.
+pub(super) const MIGRATION_LOCK: &str = "SELECT pg_advisory_lock($1)";
+
+/// A setting of this session (tests of the session time-outs). `$1` its name.
+pub(super) const CURRENT_SETTING: &str = "SELECT current_setting($1)";
 
 /// Bounds the wait of `drop_schema` for locks (a blocked test must not hang).
 pub(super) const DROP_SCHEMA_LOCK_TIMEOUT: &str = "SET lock_timeout = '5s'";

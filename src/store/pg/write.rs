@@ -16,7 +16,9 @@ use std::collections::BTreeMap;
 
 /// The general apply: one transaction of related writes, the guarded main write, inserts and events.
 /// Rolls back and returns `Stale` as soon as a guard fails. The rollback is awaited, not left to the
-/// transaction's drop, so no row lock outlives the call.
+/// transaction's drop, so no row lock outlives the call. The first statement locks every row carrying the token
+/// in id order (DESIGN §2, one lock order), so the related rows are not locked before the main row when the main
+/// row's id is lower.
 pub(super) async fn apply_in_transaction(
     pool: &PgPool,
     offset: PgInterval,

@@ -3,7 +3,7 @@
 //! kills the running ones and reports them interrupted ("node stopping") so the controller restarts them
 //! elsewhere, and gives its node lease back so the node counts as gone at once.
 
-use super::{Database, Failure, duration, termination};
+use super::{Database, Failure, duration, lease_ttl, termination};
 use lockstep::agent::process::OsExecutor;
 use lockstep::agent::{Agent, AgentConfig};
 use std::path::PathBuf;
@@ -33,8 +33,8 @@ pub struct AgentArgs {
     /// it, jobs with `file_paths` fail to start.
     #[arg(long)]
     pub files_root: Option<PathBuf>,
-    /// Node lease length (database clock): how long a dead agent's jobs look alive to the controller.
-    #[arg(long, value_parser = duration::parse, default_value = "10s")]
+    /// Node lease length (database clock): how long a dead agent's jobs look alive to the controller. At most 1h.
+    #[arg(long, value_parser = lease_ttl, default_value = "10s")]
     pub lease_ttl: Duration,
     /// The agent fences itself (kills its jobs) this long before the database lets its lease expire.
     #[arg(long, value_parser = duration::parse, default_value = "2s")]
@@ -75,7 +75,11 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
     {
         return Err(Failure::usage(format!("--files-root {}: not a directory", root.display())));
     }
-    let store = Arc::new(args.database.connect(&format!("lockstep agent {}", args.node), AGENT_CONNECTIONS).await?);
+    let store = Arc::new(
+        args.database
+            .connect(&format!("lockstep agent {}", args.node), AGENT_CONNECTIONS, Some(args.lease_ttl))
+            .await?,
+    );
     let executor = OsExecutor::new(&args.work_dir, args.files_root.clone());
     tracing::info!(
         node = %config.name,

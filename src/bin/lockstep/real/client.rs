@@ -214,7 +214,7 @@ pub async fn abort(args: AbortArgs) -> Result<(), Failure> {
 
 /// `migrate`: connecting applies the migrations.
 pub async fn migrate(args: MigrateArgs) -> Result<(), Failure> {
-    let store = args.database.connect("lockstep migrate", CLIENT_CONNECTIONS).await?;
+    let store = args.database.connect("lockstep migrate", CLIENT_CONNECTIONS, None).await?;
     store.close().await;
     eprintln!("schema {} is migrated", args.database.schema);
     Ok(())

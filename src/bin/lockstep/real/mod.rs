@@ -13,8 +13,49 @@ use lockstep::duration;
 mod serve;
 
 use lockstep::store::{PgOptions, PgStore, StoreError};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+
+/// The longest `--lease-ttl` of `serve` and `agent`: 1 h. The ttl is how long a dead replica's operations (or a dead
+/// agent's jobs) wait before another process takes them over; past an hour that is an outage rather than a lease,
+/// and a slip of the unit (`30h` for `30s`) must not make one silently.
+pub const LEASE_TTL_MAX: Duration = Duration::from_secs(3600);
+
+/// The environment variable holding the connection URL when neither `--database-url` nor `--database-url-file`
+/// is given.
+const DATABASE_URL_VAR: &str = "DATABASE_URL";
+
+/// The form of a connection URL, for messages.
+const URL_FORM: &str = "postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE";
+
+/// Parses a `--lease-ttl`: a duration ([`duration::parse`]) longer than zero and at most [`LEASE_TTL_MAX`].
+///
+/// # Errors
+/// A message naming the value and the rule (clap adds the flag).
+pub fn lease_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = duration::parse(text)?;
+    if ttl.is_zero() {
+        return Err(format!("{text}: a lease ttl must be longer than zero"));
+    }
+    if ttl > LEASE_TTL_MAX {
+        return Err(format!(
+            "{text} exceeds the longest lease ttl, {}: a dead process's work would wait that long before it is \
+             taken over",
+            humantime(LEASE_TTL_MAX)
+        ));
+    }
+    Ok(ttl)
+}
+
+/// `span` as the flags write it, for messages (`1h`, `90s`, `500ms`).
+fn humantime(span: Duration) -> String {
+    match span.as_millis() {
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms => format!("{ms}ms"),
+    }
+}
 
 /// The real-mode commands.
 #[derive(clap::Subcommand, Debug)]
@@ -40,12 +81,19 @@ impl Command {
     }
 }
 
-/// Where the database is. Every command takes these.
+/// Where the database is. Every command takes these. The URL comes from `--database-url-file`, else
+/// `--database-url`, else the `DATABASE_URL` environment variable (the two flags together are refused).
 #[derive(clap::Args, Debug, Clone)]
 pub struct Database {
-    /// PostgreSQL connection URL, e.g. postgres://postgres@127.0.0.1:5432/lockstep.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    /// PostgreSQL connection URL, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE. Every local user can read it in
+    /// the process list while the command runs: for a URL with a password, use --database-url-file or the
+    /// DATABASE_URL environment variable instead. Without either flag, the URL is DATABASE_URL's.
+    #[arg(long, value_name = "URL", conflicts_with = "database_url_file")]
+    pub database_url: Option<String>,
+    /// A file holding the connection URL (white space around it is ignored), read at start: the URL does not show
+    /// in the process list. Keep the file readable by its owner only.
+    #[arg(long, value_name = "PATH")]
+    pub database_url_file: Option<PathBuf>,
     /// Schema holding lockstep's tables. `migrate`, `serve` and `agent` create and migrate it if needed;
     /// `submit`, `status` and `abort` refuse a schema that is not migrated (exit 2) and change nothing. Replicas,
     /// agents and clients of one cluster use the same schema.
@@ -55,29 +103,109 @@ pub struct Database {
 
 impl Database {
     /// Connects with `max_connections` pooled sessions, `application_name` = `name`, creating the schema if
-    /// missing and applying the migrations not yet applied (`migrate`, `serve`, `agent`).
-    pub async fn connect(&self, name: &str, max_connections: u32) -> Result<PgStore, Failure> {
-        self.connect_with(name, max_connections, true).await
+    /// missing and applying the migrations not yet applied (`migrate`, `serve`, `agent`). `lease_ttl`: the
+    /// shortest lease the process holds, if any; a store call waits at most a quarter of it for a row lock
+    /// (PostgreSQL's `lock_timeout`, at most [`PgOptions::LOCK_TIMEOUT_DEFAULT`]), so one stuck behind a frozen
+    /// session fails in time for the heartbeat to try again.
+    pub async fn connect(
+        &self,
+        name: &str,
+        max_connections: u32,
+        lease_ttl: Option<Duration>,
+    ) -> Result<PgStore, Failure> {
+        self.connect_with(name, max_connections, true, lease_ttl).await
     }
 
     /// As [`Database::connect`] but runs no DDL (`submit`, `status`, `abort`): a schema that is missing or not
     /// fully migrated is a usage error (exit 2) naming the schema and the `migrate` command.
     pub async fn connect_migrated(&self, name: &str, max_connections: u32) -> Result<PgStore, Failure> {
-        self.connect_with(name, max_connections, false).await
+        self.connect_with(name, max_connections, false, None).await
     }
 
-    async fn connect_with(&self, name: &str, max_connections: u32, migrate: bool) -> Result<PgStore, Failure> {
-        let mut options = PgOptions::new(self.database_url.clone());
+    async fn connect_with(
+        &self,
+        name: &str,
+        max_connections: u32,
+        migrate: bool,
+        lease_ttl: Option<Duration>,
+    ) -> Result<PgStore, Failure> {
+        let (url, source) = self.url(std::env::var(DATABASE_URL_VAR).ok())?;
+        let mut options = PgOptions::new(url);
         options.migrate = migrate;
         options.schema = self.schema.clone();
         options.application_name = name.to_string();
         options.max_connections = max_connections;
-        PgStore::connect_with(options).await.map_err(|error| match error {
-            StoreError::Invalid(message) if message.contains("is not migrated") => Failure::usage(message),
-            StoreError::Invalid(message) => Failure::usage(format!("--schema / --database-url: {message}")),
-            error => Failure::runtime(format!("cannot connect to PostgreSQL (schema {}): {error}", self.schema)),
-        })
+        if let Some(ttl) = lease_ttl {
+            options.lock_timeout = options.lock_timeout.min(ttl / 4);
+        }
+        PgStore::connect_with(options).await.map_err(|error| self.connect_failure(error, &source))
     }
+
+    /// The connection URL and where it came from (the flag or variable that messages name), from
+    /// `--database-url-file`, `--database-url` or `env_url` (`DATABASE_URL`), in that order; checked to be a
+    /// PostgreSQL URL.
+    ///
+    /// Errors (usage): no URL anywhere, a file that cannot be read or holds no URL, a URL of another scheme.
+    /// No message contains the URL.
+    fn url(&self, env_url: Option<String>) -> Result<(String, String), Failure> {
+        let (url, source) = match (&self.database_url_file, &self.database_url, env_url) {
+            (Some(path), _, _) => {
+                let source = format!("--database-url-file {}", path.display());
+                let text = std::fs::read_to_string(path)
+                    .map_err(|error| Failure::usage(format!("{source}: cannot read it: {error}")))?;
+                let url = text.trim();
+                if url.is_empty() || url.contains(char::is_whitespace) {
+                    let what = if url.is_empty() { "is empty" } else { "holds more than a URL" };
+                    return Err(Failure::usage(format!("{source}: the file {what}; write one URL, {URL_FORM}")));
+                }
+                (url.to_string(), source)
+            }
+            (None, Some(url), _) => (url.clone(), "--database-url".to_string()),
+            (None, None, Some(url)) if !url.is_empty() => (url, DATABASE_URL_VAR.to_string()),
+            (None, None, _) => {
+                return Err(Failure::usage(format!(
+                    "no database URL: give --database-url-file PATH, set {DATABASE_URL_VAR}, or give --database-url \
+                     URL ({URL_FORM})"
+                )));
+            }
+        };
+        check_postgres_url(&url).map_err(|rule| Failure::usage(format!("{source}: {rule}")))?;
+        Ok((url, source))
+    }
+
+    /// The failure of a connect, in the user's terms: a URL or schema the store refused is the flag's fault (exit
+    /// 2); a server that cannot be reached is "cannot connect" (exit 1); anything else (a migration that fails, a
+    /// permission the role lacks) names the schema it could not open (exit 1).
+    fn connect_failure(&self, error: StoreError, source: &str) -> Failure {
+        match error {
+            StoreError::Invalid(message) if message.contains("is not migrated") => Failure::usage(message),
+            StoreError::Invalid(message) => match message.strip_prefix("schema: ") {
+                Some(rule) => Failure::usage(format!("--schema {rule}")),
+                None => Failure::usage(format!("{source}: {message}")),
+            },
+            error @ (StoreError::Unavailable(_) | StoreError::Timeout(_)) => {
+                Failure::runtime(format!("cannot connect to PostgreSQL (URL from {source}): {error}"))
+            }
+            error => Failure::runtime(format!("cannot open schema {} on PostgreSQL: {error}", self.schema)),
+        }
+    }
+}
+
+/// Whether `url` names PostgreSQL (`postgres://` or `postgresql://`; sqlx would read any other scheme as
+/// PostgreSQL's). Errors: the rule, naming the scheme found but never the rest of the URL (it may hold a password).
+fn check_postgres_url(url: &str) -> Result<(), String> {
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Err(format!("not a URL: write {URL_FORM}"));
+    };
+    if scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql") {
+        return Ok(());
+    }
+    let shown = if scheme.len() <= 16 && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) {
+        format!("a {scheme}:// URL")
+    } else {
+        "a URL of another scheme".to_string()
+    };
+    Err(format!("{shown} is not PostgreSQL's: write {URL_FORM}"))
 }
 
 /// Why a command ended unsuccessfully: its exit code and its message.
@@ -163,6 +291,68 @@ mod tests {
     struct Cli {
         #[command(subcommand)]
         command: Command,
+    }
+
+    fn database(args: &[&str]) -> Database {
+        let mut argv = vec!["lockstep", "status", "7"];
+        argv.extend(args);
+        let Command::Status(status) = Cli::try_parse_from(argv).unwrap().command else { panic!("not status") };
+        status.database
+    }
+
+    #[test]
+    fn the_url_comes_from_the_file_then_the_flag_then_the_environment() {
+        let dir = std::env::temp_dir().join(format!("lockstep-url-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("url");
+        std::fs::write(&file, "  postgres://u:secret@h/db\n").unwrap();
+        let env = Some("postgres://env@h/db".to_string());
+        let from_file = database(&["--database-url-file", file.to_str().unwrap()]);
+        let (url, source) = from_file.url(env.clone()).unwrap();
+        assert_eq!(url, "postgres://u:secret@h/db");
+        assert_eq!(source, format!("--database-url-file {}", file.display()));
+        let (url, source) = database(&["--database-url", "postgresql://flag@h/db"]).url(env.clone()).unwrap();
+        assert_eq!((url.as_str(), source.as_str()), ("postgresql://flag@h/db", "--database-url"));
+        let (url, source) = database(&[]).url(env).unwrap();
+        assert_eq!((url.as_str(), source.as_str()), ("postgres://env@h/db", "DATABASE_URL"));
+        let none = database(&[]).url(None).unwrap_err();
+        assert_eq!(none.code, 2);
+        assert!(none.message.contains("--database-url-file PATH"), "{}", none.message);
+        std::fs::write(&file, "\n").unwrap();
+        let empty = from_file.url(None).unwrap_err();
+        assert!(
+            empty
+                .message
+                .ends_with("the file is empty; write one URL, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE")
+        );
+        let missing = database(&["--database-url-file", "/nonexistent/lockstep-url"]).url(None).unwrap_err();
+        assert!(missing.message.starts_with("--database-url-file /nonexistent/lockstep-url: cannot read it: "));
+        std::fs::remove_dir_all(&dir).unwrap();
+        let both = ["lockstep", "status", "7", "--database-url", "postgres://h/d", "--database-url-file", "/f"];
+        assert!(Cli::try_parse_from(both).is_err(), "the two flags together are refused");
+    }
+
+    #[test]
+    fn a_url_of_another_scheme_is_refused_without_showing_it() {
+        let error = database(&["--database-url", "mysql://root:secret@h/db"]).url(None).unwrap_err();
+        assert_eq!(error.code, 2);
+        assert_eq!(
+            error.message,
+            "--database-url: a mysql:// URL is not PostgreSQL's: write postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+        );
+        let error = database(&[]).url(Some("root:secret@h/db".into())).unwrap_err();
+        assert_eq!(error.message, "DATABASE_URL: not a URL: write postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE");
+        assert!(database(&["--database-url", "POSTGRES://h/db"]).url(None).is_ok());
+    }
+
+    #[test]
+    fn a_lease_ttl_is_longer_than_zero_and_at_most_an_hour() {
+        assert_eq!(lease_ttl("1h"), Ok(LEASE_TTL_MAX));
+        assert_eq!(lease_ttl("30s"), Ok(Duration::from_secs(30)));
+        let error = lease_ttl("99999999999h").unwrap_err();
+        assert!(error.starts_with("99999999999h exceeds the longest lease ttl, 1h"), "{error}");
+        assert!(lease_ttl("0s").unwrap_err().contains("longer than zero"));
+        assert!(lease_ttl("3x").unwrap_err().contains("write a number and a unit"));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! them at once rather than after the lease expires), and the passes in progress finish and apply. A second signal
 //! during the drain stops at once (exit 1); the leases then expire on their own.
 
-use super::{Database, Failure, duration, termination};
+use super::{Database, Failure, duration, lease_ttl, termination};
 use lockstep::gang::replica::ReplicaConfig;
 use lockstep::pipeline::ConfigError;
 use std::sync::Arc;
@@ -21,8 +21,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 20)]
     pub workers: usize,
     /// Lease length of an operation pass (database clock): how long a dead replica's operation waits before
-    /// another replica takes it over.
-    #[arg(long, value_parser = duration::parse, default_value = "30s")]
+    /// another replica takes it over. At most 1h.
+    #[arg(long, value_parser = lease_ttl, default_value = "30s")]
     pub lease_ttl: Duration,
     /// A replica gives its lease up this long before the database lets it expire.
     #[arg(long, value_parser = duration::parse, default_value = "2s")]
@@ -92,7 +92,8 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
         return Err(Failure::usage(format!("--max-connections: {rule}")));
     }
     let name = args.replica.clone().unwrap_or_else(|| format!("replica-{}", std::process::id()));
-    let store = Arc::new(args.database.connect(&format!("lockstep serve {name}"), connections).await?);
+    let store =
+        Arc::new(args.database.connect(&format!("lockstep serve {name}"), connections, Some(config.lease_ttl)).await?);
     let mut manager = config.start(store).map_err(|error| Failure::usage(error.to_string()))?;
     tracing::info!(
         replica = %name,
