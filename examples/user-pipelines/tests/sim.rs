@@ -55,3 +55,15 @@ fn a_charge_without_its_idempotency_key_is_caught_and_its_seed_replays_exactly()
     assert_eq!(again.violations, failed.violations, "seed {}: another failure on replay", failed.seed);
     assert_eq!(again.trace_text(), failed.trace_text(), "seed {}: the replay's trace differs", failed.seed);
 }
+
+/// A fault plan from a scenario file: the one `orders-sim run` takes, with the sets this project registers.
+#[test]
+fn the_scenario_file_holds_on_its_default_seeds() {
+    use lockstep::sim::ScenarioFile;
+    use lockstep::sim::scenario_file::PipelineSets;
+    let sets = PipelineSets::from([("orders".to_string(), orders(Idempotency::On))]);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/orders-mixed.toml");
+    let file = ScenarioFile::load_in(&path, &sets).unwrap_or_else(|error| panic!("{error}"));
+    let replay = Replay { test: "sim", name: "the_scenario_file_holds_on_its_default_seeds" };
+    check_seeds(&file.scenario, &seeds(&file.seeds), replay);
+}
