@@ -1,23 +1,17 @@
-//! Node agents: self-fencing when the node lease cannot be renewed, sessions, killing the jobs of older
-//! incarnations, and no spawn once the lease's local deadline has passed, however long the job's preparation took;
-//! on MemStore with the simulated executor, on tokio's paused clock.
+//! Node agents: self-fencing when the node lease cannot be renewed, sessions, and killing the jobs of older
+//! incarnations; on MemStore with the simulated executor, on tokio's paused clock.
 #![cfg(not(madsim))]
 
 use lockstep::agent::simulated::ProcessEventKind;
-use lockstep::agent::{
-    Agent, AgentConfig, Behaviour, Executor, ExecutorError, JobScript, ProcessHandle, ProcessLog, SimulatedExecutor,
-    StartRequest,
-};
+use lockstep::agent::{Agent, AgentConfig, Behaviour, JobScript, ProcessLog, SimulatedExecutor};
 use lockstep::gang::SpecFormat;
 use lockstep::gang::api;
 use lockstep::gang::model::{JobStatus, KIND_NODE, OperationStatus};
 use lockstep::gang::pipeline::{OperationHandler, operation_pipeline_config};
 use lockstep::pipeline::Pipeline;
 use lockstep::store::{MemStore, Store, Timestamp, TokioClock};
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 #[path = "gang_support/link.rs"]
@@ -255,66 +249,4 @@ async fn a_reused_allocation_kills_the_old_incarnations_job_before_starting_the_
             .fold(0i32, |live, e| live + if e.kind == ProcessEventKind::Started { 1 } else { -1 });
         assert_eq!(earlier_live, 0, "allocation {allocation} was empty when job {} started", job.data.id);
     }
-}
-
-/// The simulated executor with a preparation that lasts until the test opens its gate.
-struct GatedExecutor {
-    inner: SimulatedExecutor,
-    gate: watch::Receiver<bool>,
-}
-
-impl Executor for GatedExecutor {
-    type Prepared = StartRequest;
-
-    fn prepare(
-        &self,
-        request: StartRequest,
-    ) -> impl Future<Output = Result<StartRequest, ExecutorError>> + Send + 'static {
-        let mut gate = self.gate.clone();
-        async move {
-            gate.wait_for(|open| *open).await.expect("the test keeps the gate");
-            Ok(request)
-        }
-    }
-
-    fn spawn(&self, request: StartRequest) -> Result<ProcessHandle, ExecutorError> {
-        self.inner.spawn(request)
-    }
-}
-
-/// A pass that begins before the node lease's local deadline and gets to a prepared job only after it (here its
-/// store call hangs meanwhile) does not spawn it: the deadline is checked right before the spawn, not only when
-/// the pass begins. The next pass fences.
-#[tokio::test(start_paused = true)]
-async fn a_job_whose_preparation_ends_after_the_lease_deadline_is_not_spawned() {
-    let setup = Setup::new();
-    let (open, gate) = watch::channel(false);
-    let executor = GatedExecutor { inner: SimulatedExecutor::new(hanging(), setup.log.clone()), gate };
-    let mut agent = Agent::new(Arc::new(setup.link.clone()), executor, AgentConfig::new("node-0", 1));
-    agent.run_once().await.unwrap();
-    let expiry = setup.node_lease_expiry("node-0").await;
-    api::submit_text(&setup.store, "{tasks={t={job_count=1;command=c}}}", SpecFormat::Yson).await.unwrap();
-    setup.controller_pass().await;
-    let pass = agent.run_once().await.unwrap();
-    assert!(pass.started.is_empty(), "the preparation is still running");
-    let job = *agent.preparing().values().next().expect("the job's start is being prepared");
-
-    // Early in the lease (no heartbeat due), a pass begins and its allocation read hangs; meanwhile the lease's
-    // local deadline passes and the preparation ends.
-    setup.link.set(Mode::Hanging);
-    let later = async {
-        tokio::time::sleep_until(expiry - Duration::from_millis(500)).await;
-        open.send(true).unwrap();
-        settle().await;
-        setup.link.set(Mode::Open);
-    };
-    let (pass, ()) = tokio::join!(agent.run_once(), later);
-    let pass = pass.unwrap();
-    assert_eq!(pass.late, vec![job]);
-    assert!(pass.started.is_empty());
-    assert!(setup.log.events().is_empty(), "nothing spawned: {:?}", setup.log.events());
-    let pass = agent.run_once().await.unwrap();
-    assert_eq!(pass.fenced.as_deref(), Some("node lease expired locally"));
-    assert!(agent.preparing().is_empty(), "the fence gave the start up");
-    assert!(setup.log.events().is_empty());
 }

@@ -700,6 +700,10 @@ impl<S: Store, E: Executor> Agent<S, E> {
             }
             let result = match self.preparing.get_mut(row) {
                 Some(preparing) => match preparing.result.take() {
+                    // The stale ones were dropped above.
+                    _ if preparing.job != launch.job => {
+                        panic!("allocation {row}: preparing job {} but job {} is placed", preparing.job, launch.job)
+                    }
                     Some(result) => result,
                     None => continue,
                 },
