@@ -77,16 +77,24 @@ impl JobTree {
     pub async fn end(&self) -> Result<usize, TreeAlive> {
         let mut signalled = BTreeSet::new();
         let mut alive = Vec::new();
+        // The job's process group first: its shell's group holds what `/proc` would find in most trees, and is the
+        // only handle where there is no `/proc` to scan.
+        if let Some(leader) = self.session_leader() {
+            // SAFETY: killpg only sends a signal; a group that is gone fails with ESRCH, harmlessly.
+            unsafe {
+                libc::killpg(leader.pid, libc::SIGKILL);
+            }
+        }
         for _ in 0..END_ROUNDS_MAX {
             let tree = self.clone();
-            alive = tokio::task::spawn_blocking(move || tree.members()).await.unwrap_or_else(|error| {
+            match tokio::task::spawn_blocking(move || tree.members()).await {
+                Ok(members) if members.is_empty() => return Ok(signalled.len()),
+                Ok(members) => alive = members,
                 // The scan cannot panic short of a bug; a runtime shutting down cancels it. Look again next round.
-                tracing::warn!(marker = %self.marker, %error, "process scan failed");
-                vec![-1]
-            });
-            alive.retain(|pid| *pid > 0);
-            if alive.is_empty() {
-                return Ok(signalled.len());
+                Err(error) => {
+                    tracing::warn!(marker = %self.marker, %error, "process scan failed");
+                    alive.clear();
+                }
             }
             for pid in &alive {
                 // SAFETY: kill only sends a signal; a pid that died since the scan fails with ESRCH, harmlessly.
@@ -102,12 +110,15 @@ impl JobTree {
 
     /// The live (not zombie) processes of the tree now, in pid order, never the calling process.
     pub fn members(&self) -> Vec<i32> {
-        let session = self.leader.filter(|leader| {
-            // The shell's pid held by another process: the job's session ended and its id may be reused.
-            ProcStat::read(leader.pid).is_none_or(|stat| stat.start_ticks == leader.start_ticks)
-        });
+        let session = self.session_leader();
         let me = i32::try_from(std::process::id()).unwrap_or(-1);
-        let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+        let entries = match std::fs::read_dir("/proc") {
+            Ok(entries) => entries,
+            Err(error) => {
+                tracing::warn!(marker = %self.marker, %error, "cannot list /proc: only the process group was killed");
+                return Vec::new();
+            }
+        };
         let mut members: Vec<i32> = entries
             .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
             .filter(|pid| *pid != me)
@@ -121,6 +132,13 @@ impl JobTree {
             .collect();
         members.sort_unstable();
         members
+    }
+
+    /// The leader, while its pid (the job's session and process group id) still stands for the job: not held by a
+    /// different process (then the job's session has ended and the id may be reused).
+    fn session_leader(&self) -> Option<Leader> {
+        self.leader
+            .filter(|leader| ProcStat::read(leader.pid).is_none_or(|stat| stat.start_ticks == leader.start_ticks))
     }
 
     /// Whether process `pid` was started with this tree's marker in its environment (false if unreadable: another
