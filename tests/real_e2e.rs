@@ -529,7 +529,7 @@ impl Drop for Reaper {
 /// its marker, and its sandbox is its user's only. Then a job whose processes take every shape (background
 /// children, a pipeline, an orphaned grandchild, one that left the job's session) loses its agent to SIGKILL: the
 /// kernel kills only its shell, and the agent started again on the same work dir ends the rest before it does
-/// anything else.
+/// anything else; a second agent on that work dir is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_sees_only_its_environment_and_its_processes_end_when_its_killed_agent_restarts() {
     let mut cluster = Cluster::new("isolation").await;
@@ -589,6 +589,15 @@ async fn a_job_sees_only_its_environment_and_its_processes_end_when_its_killed_a
     eprintln!("agent restart: the killed agent's job processes ended {:?} after the restart", restarted.elapsed());
     let log = cluster.log("node-1");
     assert!(log.contains("ended the processes of jobs an earlier agent left running"), "{log}");
+
+    // One agent per work dir: a second one on the same work dir is refused (exit 2), not let loose on the first
+    // one's jobs.
+    let work_dir = cluster.dir.0.join("nodes").join("node-1");
+    let args = ["agent", "--node", "node-1-twin", "--slots", "1", "--work-dir", work_dir.to_str().unwrap()];
+    cluster.spawn("node-1-twin", &args);
+    let status = exit_within(cluster.child("node-1-twin"), Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(2), "{}", cluster.log("node-1-twin"));
+    assert!(cluster.log("node-1-twin").contains("in use by another agent"), "{}", cluster.log("node-1-twin"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

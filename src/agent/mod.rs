@@ -320,10 +320,10 @@ impl<S: Store, E: Executor> Agent<S, E> {
     }
 
     /// The agent's loop until `stop` resolves: a pass, then a pause of `poll_interval` that an `allocation` fetch
-    /// hint, or the end of a job's preparation, cuts short. If a pass is still running (a store call hanging) at the lease's local deadline, it is
-    /// abandoned and the agent fences itself: self-fencing never waits for the store. `stop` is looked at between
-    /// passes only (a pass is never cut in the middle; a hung one ends at the lease's deadline), and then the agent
-    /// stops gracefully ([`Agent::stop`]) and returns what the stop did.
+    /// hint, or the end of a job's preparation, cuts short. If a pass is still running (a store call hanging) at
+    /// the lease's local deadline, it is abandoned and the agent fences itself: self-fencing never waits for the
+    /// store. `stop` is looked at between passes only (a pass is never cut in the middle; a hung one ends at the
+    /// lease's deadline), and then the agent stops gracefully ([`Agent::stop`]) and returns what the stop did.
     pub async fn run_until(mut self, stop: impl Future<Output = ()>) -> AgentStop {
         let mut hints = self.store.subscribe_hints();
         let clock = self.clock.clone();
@@ -398,9 +398,9 @@ impl<S: Store, E: Executor> Agent<S, E> {
     /// Graceful stop (a node taken out of service, `lockstep agent` on SIGTERM): the agent takes no new job; it
     /// collects the exits of processes that already ended, kills the ones still running and reports each of
     /// their jobs as interrupted ([`REASON_NODE_STOPPING`]), as well as the jobs whose start it was still
-    /// preparing (they never run), so that the controller restarts them elsewhere at once
-    /// (a ranked job of a gang task restarts its gang, DESIGN §4); and it gives its node lease back, so the
-    /// controller sees the node gone at once instead of when the lease expires.
+    /// preparing (they never run), so that the controller restarts them elsewhere at once (a ranked job of a gang
+    /// task restarts its gang, DESIGN §4); and it gives its node lease back, so the controller sees the node gone
+    /// at once instead of when the lease expires.
     ///
     /// The reports and the lease's release are one guarded apply on the node lease (inserts, then unlock, in one
     /// transaction), then a fetch hint per operation. A controller pass reads the inbox before the nodes, so it
@@ -719,33 +719,45 @@ impl<S: Store, E: Executor> Agent<S, E> {
                     }
                 }
             };
-            // The spawn is the side effect the lease guards: it must not happen once the lease may be lost, however
-            // long the kills above or the preparation took.
-            if self.clock.now() >= session.deadline {
-                let preparing = Preparing { job: launch.job, allocation: *allocation, result: Some(result) };
-                self.preparing.insert(*row, preparing);
-                tracing::warn!(node = %self.config.name, job = %launch.job, "not started: node lease expired locally");
-                pass.late.push(launch.job);
-                continue;
-            }
-            self.preparing.remove(row);
-            match result.and_then(|prepared| self.executor.spawn(prepared)) {
-                Ok(handle) => {
-                    self.processes.insert(*row, Running { job: launch.job, allocation: *allocation, handle });
-                    let message = Message::JobStarted { job: launch.job, allocation: *allocation };
-                    self.outbox.push_back((launch.job.operation, message));
-                    pass.started.push(launch.job);
-                }
-                Err(error) => {
-                    self.finished.insert(launch.job);
-                    let outcome = JobOutcome::StartFailed { message: error.to_string() };
-                    let message = Message::JobEnded { job: launch.job, allocation: *allocation, outcome };
-                    self.outbox.push_back((launch.job.operation, message));
-                }
-            }
+            let preparing = Preparing { job: launch.job, allocation: *allocation, result: Some(result) };
+            self.spawn_prepared(*row, preparing, session.deadline, pass);
         }
         let named: BTreeSet<JobId> = wanted.values().map(|(_, launch)| launch.job).collect();
         self.finished.retain(|job| named.contains(job));
+    }
+
+    /// Spawns the prepared job of allocation row `row` and queues its report (started, or failed to start), unless
+    /// the lease's local `deadline` has passed: the spawn is the side effect the lease guards, so it must not happen
+    /// once the lease may be lost, however long the kills before it or the preparation took. A late start stays
+    /// listed in `preparing` for the fence of the next pass to give up.
+    fn spawn_prepared(
+        &mut self,
+        row: RowId,
+        mut preparing: Preparing<E::Prepared>,
+        deadline: Instant,
+        pass: &mut AgentPass,
+    ) {
+        let (job, allocation) = (preparing.job, preparing.allocation);
+        if self.clock.now() >= deadline {
+            tracing::warn!(node = %self.config.name, %job, "not started: node lease expired locally");
+            self.preparing.insert(row, preparing);
+            pass.late.push(job);
+            return;
+        }
+        self.preparing.remove(&row);
+        let result = preparing.result.take().expect("spawned once prepared");
+        match result.and_then(|prepared| self.executor.spawn(prepared)) {
+            Ok(handle) => {
+                self.processes.insert(row, Running { job, allocation, handle });
+                self.outbox.push_back((job.operation, Message::JobStarted { job, allocation }));
+                pass.started.push(job);
+            }
+            Err(error) => {
+                self.finished.insert(job);
+                let outcome = JobOutcome::StartFailed { message: error.to_string() };
+                self.outbox.push_back((job.operation, Message::JobEnded { job, allocation, outcome }));
+            }
+        }
     }
 
     /// Begins preparing `request` for allocation row `row`. A preparation that finishes at its first poll (the
