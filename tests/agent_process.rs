@@ -143,16 +143,21 @@ fn marker(n: u32) -> String {
     format!("1000.{}{n:02}", std::process::id())
 }
 
-/// Live (not zombie) processes whose command line contains `text`.
-fn alive_with(text: &str) -> Vec<i32> {
+/// Live (not zombie) `sleep` processes whose one argument is `marker`: the sleeps themselves, not the shells (or
+/// their forked subshells) whose `-c` text names every marker of the job, which would count a sleep as started
+/// before its shell forked it.
+fn alive_with(marker: &str) -> Vec<i32> {
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else { continue };
         let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        let args: Vec<&str> = cmdline.split('\0').filter(|arg| !arg.is_empty()).collect();
+        let is_sleep =
+            matches!(args.as_slice(), [program, argument] if program.ends_with("sleep") && *argument == marker);
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         let zombie = stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z'));
-        if cmdline.contains(text) && !zombie {
+        if is_sleep && !zombie {
             pids.push(pid);
         }
     }

@@ -497,13 +497,19 @@ async fn the_seed_gang_survives_a_killed_job_a_killed_replica_and_a_killed_agent
     assert_eq!(audit::operation(&view), Vec::<String>::new());
 }
 
-/// Live (not zombie) processes whose command line contains `text`.
-fn alive_with(text: &str) -> Vec<i32> {
+/// Live (not zombie) `sleep` processes whose one argument is `marker`: the sleeps themselves, not the shells (or
+/// their forked subshells) whose `-c` text names every marker of the job, which would count a sleep as started
+/// before its shell forked it.
+fn alive_with(marker: &str) -> Vec<i32> {
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else { continue };
         let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
-        if String::from_utf8_lossy(&cmdline).replace('\0', " ").contains(text) && !process_gone(pid) {
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        let args: Vec<&str> = cmdline.split('\0').filter(|arg| !arg.is_empty()).collect();
+        let is_sleep =
+            matches!(args.as_slice(), [program, argument] if program.ends_with("sleep") && *argument == marker);
+        if is_sleep && !process_gone(pid) {
             pids.push(pid);
         }
     }
