@@ -124,6 +124,12 @@ impl Store for Slow {
         tokio::time::sleep(CALL).await;
         self.inner.apply_batch(batch).await
     }
+    fn record_failure(
+        &self,
+        p: lockstep::store::FailureParams,
+    ) -> impl Future<Output = Result<lockstep::store::FailureOutcome, StoreError>> + Send {
+        self.inner.record_failure(p)
+    }
     fn reset_for_retry(&self, lease: Lease) -> impl Future<Output = Result<bool, StoreError>> + Send {
         self.inner.reset_for_retry(lease)
     }

@@ -514,6 +514,12 @@ fn a_config_that_needs_more_connections_than_the_store_has_is_refused() {
         ) -> impl Future<Output = Result<lockstep::store::ApplyOutcome, lockstep::store::StoreError>> + Send {
             self.0.apply(p)
         }
+        fn record_failure(
+            &self,
+            p: lockstep::store::FailureParams,
+        ) -> impl Future<Output = Result<lockstep::store::FailureOutcome, lockstep::store::StoreError>> + Send {
+            self.0.record_failure(p)
+        }
         fn reset_for_retry(
             &self,
             l: lockstep::store::Lease,

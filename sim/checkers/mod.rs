@@ -145,6 +145,9 @@ pub(crate) mod fixtures {
             lock_token: None,
             lock_owner: None,
             hinted: false,
+            attempts: 0,
+            errors: Vec::new(),
+            not_before: None,
         }
     }
 

@@ -16,6 +16,10 @@ const UNAVAILABLE_CODES: [&str; 5] = ["08", "57P01", "57P02", "57P03", "53300"];
 /// or `\u0000` in `jsonb` (22P05). The call's arguments broke a rule of the store.
 const INVALID_DATA_CLASS: &str = "22";
 
+/// SQLSTATE 54000 (program limit exceeded): e.g. an index row larger than a btree page allows. The store refuses
+/// such keys before SQL (`KEY_TEXT_BYTES_MAX`); this keeps one that slips past `Invalid` all the same.
+const LIMIT_EXCEEDED: &str = "54000";
+
 /// Maps a sqlx error to the store's error. `acquire_timeout` is the pool's, reported when no connection freed
 /// up in time. Lost or refused connections are `Unavailable`, serialization failures and deadlocks `Conflict`,
 /// a malformed URL or a value PostgreSQL cannot store `Invalid`, anything else `Other`. Every message is
@@ -34,7 +38,7 @@ pub(super) fn store_error(err: sqlx::Error, acquire_timeout: Duration) -> StoreE
                 StoreError::Conflict(message)
             } else if UNAVAILABLE_CODES.iter().any(|c| code.starts_with(c)) {
                 StoreError::Unavailable(message)
-            } else if code.starts_with(INVALID_DATA_CLASS) {
+            } else if code.starts_with(INVALID_DATA_CLASS) || code == LIMIT_EXCEEDED {
                 StoreError::Invalid(format!("{message} (SQLSTATE {code})"))
             } else {
                 StoreError::Other(format!("{message} (SQLSTATE {code})"))
