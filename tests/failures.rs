@@ -114,10 +114,10 @@ async fn a_handler_failure_is_recorded_at_once_and_the_row_backs_off() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn after_max_attempts_the_row_takes_the_failed_status() {
+async fn after_attempts_max_the_row_takes_the_failed_status() {
     let (clock, store, id, mut p) = one_row("fail").await;
     let mut config = (*p.config).clone();
-    config.retry = RetryPolicy { max_attempts: Some(3), jitter: 0.0, ..RetryPolicy::default() };
+    config.retry = RetryPolicy { attempts_max: Some(3), jitter: 0.0, ..RetryPolicy::default() };
     p = Pipeline::new(Arc::new(store.clone()), config).unwrap();
     let handler = Scripted::default();
     for attempt in 1..=2u32 {

@@ -38,12 +38,12 @@ pub fn operation_pipeline_config() -> PipelineConfig {
 
 /// The operation pipeline's retry policy: a pass that fails never fails its operation. An operation ends only by
 /// the rules of DESIGN §4 (its jobs, `max_failed_job_count`, an abort), so the pass is retried for ever
-/// (`max_attempts: None`), backing off from 1 s to at most `min_processing_interval` (5 s): a failing operation is
+/// (`attempts_max: None`), backing off from 1 s to at most `min_processing_interval` (5 s): a failing operation is
 /// looked at no less often than a healthy running one, and a cured cause is picked up within one interval.
 /// `failed_status` is never used; it names the operation status the controller itself sets on failure.
 pub fn operation_retry_policy(config: &PipelineConfig) -> RetryPolicy {
     RetryPolicy {
-        max_attempts: None,
+        attempts_max: None,
         backoff_max: config.min_processing_interval,
         failed_status: OperationStatus::Failed.as_str().to_string(),
         ..RetryPolicy::default()

@@ -60,7 +60,7 @@ pub const REFETCH_AFTER_DEFAULT: Duration = Duration::from_secs(1);
 
 /// Default most attempts of an item before it gives up: river's and graphile-worker's default of 25 (Oban's is 20,
 /// pg-boss retries 2 times). With the default backoff the 25th attempt comes ≈ 2.8 h after the first failure.
-pub const RETRY_MAX_ATTEMPTS_DEFAULT: u32 = 25;
+pub const RETRY_ATTEMPTS_MAX_DEFAULT: u32 = 25;
 /// Default delay after the first failure; each further failure in a row doubles it (graphile-worker and Oban back
 /// off exponentially too). 1 s is twice the shortest empty-fetch backoff, so a failing row costs at most one fetch
 /// pass of its pipeline per second even when its failures are instant.
@@ -95,8 +95,8 @@ const _: () = assert!(
 #[derive(Clone, Debug, PartialEq)]
 pub struct RetryPolicy {
     /// Attempts after which the row gives up: the failure that makes `attempts` reach this takes `failed_status`.
-    /// `None` retries for ever. At least 1. Default `Some(`[`RETRY_MAX_ATTEMPTS_DEFAULT`]`)`.
-    pub max_attempts: Option<u32>,
+    /// `None` retries for ever. At least 1. Default `Some(`[`RETRY_ATTEMPTS_MAX_DEFAULT`]`)`.
+    pub attempts_max: Option<u32>,
     /// Delay, store clock, after the first failure in a row; the n-th waits `backoff_base × 2ⁿ⁻¹`, at most
     /// `backoff_max`, then jittered. Not zero. Default [`RETRY_BACKOFF_BASE_DEFAULT`].
     pub backoff_base: Duration,
@@ -114,7 +114,7 @@ pub struct RetryPolicy {
 impl Default for RetryPolicy {
     fn default() -> RetryPolicy {
         RetryPolicy {
-            max_attempts: Some(RETRY_MAX_ATTEMPTS_DEFAULT),
+            attempts_max: Some(RETRY_ATTEMPTS_MAX_DEFAULT),
             backoff_base: RETRY_BACKOFF_BASE_DEFAULT,
             backoff_max: RETRY_BACKOFF_MAX_DEFAULT,
             jitter: RETRY_JITTER_DEFAULT,
@@ -126,7 +126,7 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// Whether the failure of attempt `attempt` (from 1) is the last one.
     pub fn gives_up_at(&self, attempt: u32) -> bool {
-        self.max_attempts.is_some_and(|max| attempt >= max)
+        self.attempts_max.is_some_and(|max| attempt >= max)
     }
 
     /// The delay before the attempt after failed attempt `attempt` (from 1): `backoff_base × 2^(attempt − 1)`,
@@ -354,8 +354,8 @@ impl PipelineConfig {
     fn validate_retry(&self) -> Result<(), ConfigError> {
         let fail = |field, rule: String| Err(ConfigError::Field { pipeline: self.name.clone(), field, rule });
         let retry = &self.retry;
-        if retry.max_attempts == Some(0) {
-            return fail("retry.max_attempts", "0 must be at least 1".into());
+        if retry.attempts_max == Some(0) {
+            return fail("retry.attempts_max", "0 must be at least 1".into());
         }
         if retry.backoff_base.is_zero() {
             return fail("retry.backoff_base", "must not be zero".into());
@@ -407,7 +407,7 @@ mod tests {
         assert_eq!(policy.backoff(20, 1.0), Duration::from_secs(600), "jitter stays under the cap");
         assert!(!policy.gives_up_at(24));
         assert!(policy.gives_up_at(25));
-        assert!(!RetryPolicy { max_attempts: None, ..policy }.gives_up_at(u32::MAX));
+        assert!(!RetryPolicy { attempts_max: None, ..policy }.gives_up_at(u32::MAX));
     }
 
     #[test]
@@ -420,8 +420,8 @@ mod tests {
         );
         config.retry.failed_status = "gave-up".into();
         config.validate().unwrap();
-        config.retry.max_attempts = Some(0);
-        assert_eq!(config.validate().unwrap_err().to_string(), "pipeline p: retry.max_attempts: 0 must be at least 1");
+        config.retry.attempts_max = Some(0);
+        assert_eq!(config.validate().unwrap_err().to_string(), "pipeline p: retry.attempts_max: 0 must be at least 1");
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub struct Failure<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RetryDecision {
     /// As the pipeline's [`RetryPolicy`](super::config::RetryPolicy) says: back off, or give up at
-    /// `max_attempts`.
+    /// `attempts_max`.
     Policy,
     /// Try again after this span (store clock), whatever the attempt.
     After(Duration),
