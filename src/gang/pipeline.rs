@@ -215,3 +215,17 @@ fn changes(pass: Pass) -> Changes {
     }
     changes
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_operation_pipeline_never_gives_up_and_backs_off_at_most_its_processing_interval() {
+        let config = operation_pipeline_config();
+        config.validate().unwrap();
+        assert_eq!(config.retry.attempts_max, None, "a failed pass must never fail its operation");
+        assert!(!config.retry.gives_up_at(u32::MAX));
+        assert_eq!(config.retry.backoff(u32::MAX, 1.0), config.min_processing_interval);
+    }
+}
