@@ -13,6 +13,10 @@
 //! pipeline wait at once, and that is the batch bound. Each lease reads as [`Store::refetch`] reads it: a stale one
 //! alone reads `None`, and only its item is dropped.
 //!
+//! A bad value fails alone (DESIGN §2): an apply the store would refuse ([`check_apply`]) fails at once without
+//! joining a batch, and a batch the store still refuses whole is sent again item by item (see
+//! [`super::group_commit`]).
+//!
 //! A window of zero (or a batch bound of 1) turns a batcher off: each call is its own store call, on the worker's
 //! task, and the worker waits for it.
 
