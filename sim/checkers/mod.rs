@@ -7,6 +7,7 @@ pub mod gang;
 pub mod lease_exclusivity;
 pub mod liveness;
 pub mod locked_forever;
+pub mod retries;
 pub mod starvation;
 
 use crate::store::{Commit, Event, Row, Timestamp};
@@ -37,13 +38,15 @@ pub struct CheckInput<'a> {
     pub liveness_bound: Duration,
     /// After the heal, no parent may wait longer than this for its related locks.
     pub starvation_bound: Duration,
+    /// Attempts after which the workload's pipelines give up on a row (the scenario's `attempts_max`).
+    pub attempts_max: u32,
 }
 
 /// A broken invariant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
     /// The checker that found it: `lease_exclusivity`, `liveness`, `locked_forever`, `starvation`,
-    /// `exactly_once`.
+    /// `exactly_once`, `retries`.
     pub checker: &'static str,
     /// What broke, naming rows, tokens, commits and times.
     pub message: String,
@@ -59,12 +62,13 @@ impl fmt::Display for Violation {
 type Checker = (&'static str, fn(&CheckInput<'_>) -> Result<(), String>);
 
 /// Every checker, in the order they run.
-const CHECKS: [Checker; 5] = [
+const CHECKS: [Checker; 6] = [
     ("lease_exclusivity", lease_exclusivity::check),
     ("liveness", liveness::check),
     ("locked_forever", locked_forever::check),
     ("starvation", starvation::check),
     ("exactly_once", exactly_once::check),
+    ("retries", retries::check),
 ];
 
 /// The checkers' names, in the order they run (the names of [`Violation::checker`]).
@@ -145,6 +149,9 @@ pub(crate) mod fixtures {
             lock_token: None,
             lock_owner: None,
             hinted: false,
+            attempts: 0,
+            errors: Vec::new(),
+            not_before: None,
         }
     }
 
@@ -160,6 +167,7 @@ pub(crate) mod fixtures {
             final_at: at(200),
             liveness_bound: Duration::from_secs(60),
             starvation_bound: Duration::from_secs(60),
+            attempts_max: 3,
         }
     }
 }
