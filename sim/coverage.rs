@@ -46,6 +46,10 @@ impl Coverage {
                     coverage.bump("reset");
                     open.insert(lease.id, false);
                 }
+                CommitOp::Failure { lease, attempts: Some(_), gave_up } => {
+                    coverage.bump(if *gave_up { "gave-up" } else { "failure-recorded" });
+                    open.insert(lease.id, false);
+                }
                 CommitOp::Release { released } => {
                     for lease in released {
                         open.insert(lease.id, false);

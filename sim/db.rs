@@ -124,7 +124,7 @@ impl Database {
     /// The operation a commit concerns, if exactly one (for `op=` on its trace line).
     fn commit_operation(&self, op: &CommitOp) -> Option<RowId> {
         let row = match op {
-            CommitOp::Apply { lease, .. } | CommitOp::Reset { lease, .. } => lease.id,
+            CommitOp::Apply { lease, .. } | CommitOp::Reset { lease, .. } | CommitOp::Failure { lease, .. } => lease.id,
             CommitOp::LockRelated { holder, .. } => holder.id,
             CommitOp::Insert { id, .. } => *id,
             CommitOp::Fetch { leases, .. } if leases.len() == 1 => leases[0].id,
@@ -281,6 +281,7 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
         Call::LockRelated(params) => Reply::Lock(store.lock_related(params).await?),
         Call::Apply(params) => Reply::Apply(store.apply(params).await?),
         Call::ApplyBatch(batch) => Reply::Applies(store.apply_batch(batch).await?),
+        Call::RecordFailure(params) => Reply::Failure(store.record_failure(params).await?),
         Call::Reset(lease) => Reply::Held(store.reset_for_retry(lease).await?),
         Call::Release(leases) => Reply::Count(store.release(leases).await?),
         Call::Insert(row) => Reply::Row(store.insert(row).await?),

@@ -693,6 +693,12 @@ impl Store for Keyed {
     async fn apply_batch(&self, batch: Vec<ApplyParams>) -> Result<Vec<ApplyOutcome>, StoreError> {
         self.store.apply_batch(batch).await
     }
+    async fn record_failure(
+        &self,
+        params: crate::store::FailureParams,
+    ) -> Result<crate::store::FailureOutcome, StoreError> {
+        self.store.record_failure(params).await
+    }
     async fn reset_for_retry(&self, lease: Lease) -> Result<bool, StoreError> {
         self.store.reset_for_retry(lease).await
     }

@@ -10,8 +10,9 @@
 use super::rpc::{Call, HINT_PORT, REPLY_TAG_MIN, Reply, Request, Response, TAG_HINT, TAG_SUBSCRIBE};
 use super::trace::Trace;
 use crate::store::{
-    ApplyOutcome, ApplyParams, Event, FetchParams, HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, Lease, LockOutcome,
-    LockRelatedParams, NewRow, Row, RowId, RowUpdate, Store, StoreError, Timestamp, WriteOutcome,
+    ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HINT_BUFFER_LEN_MAX, HeartbeatParams,
+    Hint, Lease, LockOutcome, LockRelatedParams, NewRow, Row, RowId, RowUpdate, Store, StoreError, Timestamp,
+    WriteOutcome,
 };
 use madsim::net::Endpoint;
 use std::net::{IpAddr, SocketAddr};
@@ -232,6 +233,13 @@ impl Store for NetStore {
         match self.call(Call::ApplyBatch(batch)).await? {
             Reply::Applies(outcomes) => Ok(outcomes),
             other => unexpected("apply_batch", other),
+        }
+    }
+
+    async fn record_failure(&self, params: FailureParams) -> Result<FailureOutcome, StoreError> {
+        match self.call(Call::RecordFailure(params)).await? {
+            Reply::Failure(outcome) => Ok(outcome),
+            other => unexpected("record_failure", other),
         }
     }
 

@@ -4,8 +4,8 @@
 //! serialized; every message can be delayed, lost or cut off by a partition like any packet.
 
 use crate::store::{
-    ApplyOutcome, ApplyParams, Event, FetchParams, HeartbeatParams, Lease, LockOutcome, LockRelatedParams, NewRow, Row,
-    RowId, RowUpdate, StoreError, Timestamp, WriteOutcome,
+    ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HeartbeatParams, Lease, LockOutcome,
+    LockRelatedParams, NewRow, Row, RowId, RowUpdate, StoreError, Timestamp, WriteOutcome,
 };
 use std::sync::Arc;
 
@@ -44,6 +44,7 @@ pub enum Call {
     LockRelated(LockRelatedParams),
     Apply(ApplyParams),
     ApplyBatch(Vec<ApplyParams>),
+    RecordFailure(FailureParams),
     Reset(Lease),
     Release(Vec<Lease>),
     Insert(NewRow),
@@ -81,6 +82,7 @@ impl Call {
             Call::LockRelated(_) => "lock_related",
             Call::Apply(_) => "apply",
             Call::ApplyBatch(_) => "apply_batch",
+            Call::RecordFailure(_) => "record_failure",
             Call::Reset(_) => "reset_for_retry",
             Call::Release(_) => "release",
             Call::Insert(_) => "insert",
@@ -106,6 +108,7 @@ pub enum Reply {
     Lock(LockOutcome),
     Apply(ApplyOutcome),
     Applies(Vec<ApplyOutcome>),
+    Failure(FailureOutcome),
     Held(bool),
     Count(usize),
     Events(Vec<Event>),

@@ -19,6 +19,7 @@ use super::faults::{Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
 use super::replay::fnv1a64;
 use super::scenario::{Mutation, Scenario, no_rows};
 use super::user::PipelineSet;
+use super::workload::JOB_STATUS;
 use super::world::Target;
 use crate::pipeline::ConfigError;
 use gang::{ExpectOperationDoc, ExpectTraceDoc, GangDocs, SpecSource};
@@ -429,6 +430,10 @@ struct WorkloadDoc {
     task_slow_chance: Option<f64>,
     task_slow: Option<DurationRange>,
     task_failure_chance: Option<f64>,
+    task_fail_first_share: Option<f64>,
+    task_fail_first_attempts: Option<u32>,
+    task_fail_always_share: Option<f64>,
+    attempts_max: Option<u32>,
     job_process: Option<DurationRange>,
     claim_process: Option<DurationRange>,
 }
@@ -815,7 +820,7 @@ fn check_pipelines(scenario: &Scenario) -> Result<(), Broken> {
     let spec = &scenario.workload;
     let w = &spec.workers;
     let mut configs =
-        vec![spec.config("tasks", "task", "ready", w.tasks), spec.config("jobs", "job", "running", w.jobs)];
+        vec![spec.config("tasks", "task", "ready", w.tasks), spec.config("jobs", "job", JOB_STATUS, w.jobs)];
     configs.extend((0..spec.claim_pipelines).map(|p| spec.config(&format!("claims-{p}"), "claim", "ready", w.claims)));
     for config in configs {
         if let Err(ConfigError::Field { pipeline, field, rule }) = config.validate() {
@@ -870,6 +875,23 @@ impl WorkloadDoc {
         }
         if let Some(value) = self.task_failure_chance {
             spec.task_failure_chance = chance(at("task_failure_chance"), value)?;
+        }
+        if let Some(value) = self.task_fail_first_share {
+            spec.task_fail_first_share = chance(at("task_fail_first_share"), value)?;
+        }
+        if let Some(value) = self.task_fail_always_share {
+            spec.task_fail_always_share = chance(at("task_fail_always_share"), value)?;
+        }
+        let shares = spec.task_fail_first_share + spec.task_fail_always_share;
+        if shares > 1.0 {
+            let rule = format!("{shares} with task_fail_first_share must be at most 1 (they are shares of the tasks)");
+            return Err((at("task_fail_always_share"), rule));
+        }
+        if let Some(value) = self.task_fail_first_attempts {
+            spec.task_fail_first_attempts = at_least_one(at("task_fail_first_attempts"), value as usize)? as u32;
+        }
+        if let Some(value) = self.attempts_max {
+            spec.attempts_max = at_least_one(at("attempts_max"), value as usize)? as u32;
         }
         let ranges = [
             ("task_process", &self.task_process, &mut spec.task_process),

@@ -25,7 +25,17 @@ pub const OPERATIONS_SHOWN: usize = 3;
 pub const INCARNATIONS_SHOWN: usize = 10;
 
 /// Engine paths the summary counts (from [`super::coverage::Coverage`]).
-const PATHS: [&str; 7] = ["applied", "stale-apply", "takeover", "reset", "contended", "call-timeout", "reply-dropped"];
+const PATHS: [&str; 9] = [
+    "applied",
+    "stale-apply",
+    "takeover",
+    "reset",
+    "contended",
+    "failure-recorded",
+    "gave-up",
+    "call-timeout",
+    "reply-dropped",
+];
 
 /// The checker the run's drain is reported under (a replica that cannot drain within the bound).
 const DRAIN: &str = "drain";

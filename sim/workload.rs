@@ -1,11 +1,14 @@
 //! The workload: the rows a client inserts and the pipelines every replica runs over them (DESIGN §5).
 //!
-//! - `task` rows (`ready` → `finished`) are processed by the `tasks` pipeline: a simulated processing time, now
-//!   and then longer than the lease ttl (heartbeats must keep the lease), and while faults are on, now and then
-//!   a failure that leaves the lease to expire.
-//! - `job` rows (`running` → `done`) are the tasks' parents (their ids are in the job's data). The `jobs` pipeline locks all of a job's
-//!   tasks with `lock_related` (owner `jobs`), so it contends with `tasks` and resets for retry, and once every
-//!   task is `finished` it moves them and itself to `done` in one guarded apply.
+//! - `task` rows (`ready` → `finished`, or `failed`) are processed by the `tasks` pipeline: a simulated processing
+//!   time, now and then longer than the lease ttl (heartbeats must keep the lease), and while faults are on, now
+//!   and then a failure. A share of the tasks fails its first `task_fail_first_attempts` attempts, and a share fails
+//!   every attempt (half of those by a panic), whatever the faults. A failure is recorded on the row and the row backs off (DESIGN §3,
+//!   failures); at the pipeline's last attempt ([`WorkloadSpec::attempts_max`]) the row gives up as `failed`.
+//! - `job` rows (`waiting` → `done`) are the tasks' parents (their ids are in the job's data). The `jobs` pipeline
+//!   locks all of a job's tasks with `lock_related` (owner `jobs`), so it contends with `tasks` and resets for
+//!   retry, and once every task is `finished` or `failed` it moves the finished ones and itself to `done` in one
+//!   guarded apply (a `failed` task stays `failed`).
 //! - `resource` rows are shared counters. Each `claims-{p}` pipeline (the extra pipelines competing for shared
 //!   related rows) takes `claim-{p}` rows (`ready` → `done`), locks the claim's resource with `lock_shared` (owner
 //!   `claims-{p}:{claim}`), and increments the resource's `count` in its guarded apply. A share of the claims
@@ -21,7 +24,7 @@
 use super::net_store::NetStore;
 use super::rng;
 use super::trace::Trace;
-use crate::pipeline::{Changes, Handler, LoadCx, PipelineConfig, PipelineManager, WorkError};
+use crate::pipeline::{Changes, Handler, LoadCx, PipelineConfig, PipelineManager, RetryPolicy, WorkError};
 use crate::store::{Lease, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowUpdate, Store, StoreError};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -38,6 +41,16 @@ pub const EFFECT_EVENT: &str = "effect";
 pub const CLIENT_ATTEMPTS_MAX: u32 = 2_000;
 /// The client's retry backoff: doubling from the first value, capped at the second.
 pub const CLIENT_BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(2));
+/// The backoff of a failed row in every row pipeline ([`RetryPolicy`] `backoff_base`, `backoff_max`): short, so
+/// that a row failing every attempt gives up (at the default 10 attempts) ≈ 13 s after its first failure, well
+/// within a scenario's liveness bound.
+pub const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
+/// Status of a workload job until its tasks end: not a status of the gang controller's job rows (`running`), so
+/// that the workload's `jobs` pipeline never leases a gang job of a scenario that runs both (it would fail on it,
+/// for want of tasks, and in the end give it up).
+pub const JOB_STATUS: &str = "waiting";
+/// Status a row takes when its pipeline gives up on it.
+pub const FAILED_STATUS: &str = "failed";
 
 /// Workers of each pipeline on each replica.
 #[derive(Clone, Debug)]
@@ -76,8 +89,16 @@ pub struct WorkloadSpec {
     pub task_slow_chance: f64,
     /// A slow task's processing time, uniform.
     pub task_slow: Range<Duration>,
-    /// Chance that a task's processing fails while faults are on (its lease is left to expire).
+    /// Chance that a task's processing fails while faults are on (the failure is recorded and the row backs off).
     pub task_failure_chance: f64,
+    /// Share of tasks that fail their first `task_fail_first_attempts` attempts, faults or not, then succeed.
+    pub task_fail_first_share: f64,
+    /// Attempts that a task of `task_fail_first_share` fails before it succeeds.
+    pub task_fail_first_attempts: u32,
+    /// Share of tasks that fail every attempt, so that their pipeline gives up on them (`failed`).
+    pub task_fail_always_share: f64,
+    /// Attempts after which every row pipeline gives up on a row ([`RetryPolicy::attempts_max`]), at least 1.
+    pub attempts_max: u32,
     /// A job's processing time, uniform.
     pub job_process: Range<Duration>,
     /// A claim's processing time, uniform.
@@ -111,17 +132,33 @@ impl WorkloadSpec {
         config.lease_margin = self.lease_margin;
         config.min_processing_interval = self.min_processing_interval;
         config.fetchers = self.fetchers;
+        config.retry = RetryPolicy {
+            attempts_max: Some(self.attempts_max),
+            backoff_base: RETRY_BACKOFF.0,
+            backoff_max: RETRY_BACKOFF.1,
+            failed_status: FAILED_STATUS.into(),
+            ..RetryPolicy::default()
+        };
         config
     }
 }
 
-/// Whether `row` reached the end of its life in this workload.
+/// Whether `row` reached the end of its life in this workload: done, or given up.
 pub fn is_terminal(row: &Row) -> bool {
-    row.kind == "resource" || row.status == "done"
+    row.kind == "resource" || row.status == "done" || row.status == FAILED_STATUS
 }
 
-/// The pipeline whose apply must record exactly one effect for `row`, if any.
+/// Whether `row` is one of the rows the workload's pipelines process (tasks, jobs, claims).
+pub fn is_processed(row: &Row) -> bool {
+    row.kind != "resource"
+}
+
+/// The pipeline whose apply must record exactly one effect for `row`, if any (none for a row given up: it was
+/// never applied).
 pub fn expected_effect(row: &Row) -> Option<String> {
+    if row.status == FAILED_STATUS {
+        return None;
+    }
     match row.kind.as_str() {
         "task" => Some("tasks".into()),
         "job" => Some("jobs".into()),
@@ -143,7 +180,7 @@ pub fn register<S: Store>(
     let tasks = Tasks { seed, spec: spec.clone(), faults_on: faults_on.clone() };
     manager.register(spec.config("tasks", "task", "ready", w.tasks), tasks).expect("tasks config");
     let jobs = Jobs { seed, spec: spec.clone() };
-    manager.register(spec.config("jobs", "job", "running", w.jobs), jobs).expect("jobs config");
+    manager.register(spec.config("jobs", "job", JOB_STATUS, w.jobs), jobs).expect("jobs config");
     for p in 0..spec.claim_pipelines {
         let name = format!("claims-{p}");
         let config = spec.config(&name, &format!("claim-{p}"), "ready", w.claims);
@@ -194,12 +231,46 @@ impl<S: Store> Handler<S> for Tasks {
         if fail && self.faults_on.load(Ordering::SeqCst) {
             return Err(WorkError::Failed(format!("task {} failed (planted)", row.id)));
         }
+        match self.fate(row.id) {
+            // Half of them panic: a panicking handler fails its item, not its worker (DESIGN §3).
+            Fate::FailsAlways if row.id.0 % 2 == 0 => panic!("task {} always panics (planted)", row.id),
+            Fate::FailsAlways => return Err(WorkError::Failed(format!("task {} always fails", row.id))),
+            Fate::FailsFirst if row.attempts < self.spec.task_fail_first_attempts => {
+                let attempt = row.attempts + 1;
+                return Err(WorkError::Failed(format!("task {} fails attempt {attempt}", row.id)));
+            }
+            Fate::FailsFirst | Fate::Succeeds => {}
+        }
         let events = vec![effect(row.id, "tasks", None)];
         Ok(Changes { events, hints: vec!["job".into()], ..Changes::status("finished") })
     }
 }
 
-/// `job` rows: lock every task, and once all are `finished`, move them and the job to `done`.
+/// What a task does whatever the faults.
+enum Fate {
+    Succeeds,
+    /// Fails its first `task_fail_first_attempts` attempts.
+    FailsFirst,
+    FailsAlways,
+}
+
+impl Tasks {
+    /// Task `row`'s fate: a draw from its own stream (the seed and the row id), the same on every replica and
+    /// at every attempt.
+    fn fate(&self, row: RowId) -> Fate {
+        let draw: f64 = rng::keyed(self.seed, "task-fate", row.0 as u64).random_range(0.0..1.0);
+        if draw < self.spec.task_fail_always_share {
+            Fate::FailsAlways
+        } else if draw < self.spec.task_fail_always_share + self.spec.task_fail_first_share {
+            Fate::FailsFirst
+        } else {
+            Fate::Succeeds
+        }
+    }
+}
+
+/// `job` rows: lock every task, and once all are `finished` (or `failed`), move the finished ones and the job to
+/// `done`.
 struct Jobs {
     seed: u64,
     spec: Arc<WorkloadSpec>,
@@ -223,12 +294,12 @@ impl<S: Store> Handler<S> for Jobs {
     async fn process(&self, row: Row, (lease, tasks): (Lease, Vec<Row>)) -> Result<Changes, WorkError> {
         let mut rng = pass_rng(self.seed, "job", lease);
         tokio::time::sleep(draw(&mut rng, &self.spec.job_process)).await;
-        if !tasks.iter().all(|task| task.status == "finished") {
+        if !tasks.iter().all(|task| task.status == "finished" || task.status == FAILED_STATUS) {
             // Not yet: the apply only releases the locks and stamps `last_processed_at`.
             return Ok(Changes::default());
         }
-        let related =
-            tasks.iter().map(|task| RelatedUpdate { id: task.id, update: RowUpdate::status("done") }).collect();
+        let finished = tasks.iter().filter(|task| task.status == "finished");
+        let related = finished.map(|task| RelatedUpdate { id: task.id, update: RowUpdate::status("done") }).collect();
         Ok(Changes { related, events: vec![effect(row.id, "jobs", None)], ..Changes::status("done") })
     }
 }
@@ -379,7 +450,7 @@ impl Client {
             let task = self.retry("insert task", || self.store.insert_keyed(task_key.clone(), task.clone())).await;
             tasks.push(task.id.0);
         }
-        let job = NewRow::new("job", "running", json!({ "tasks": tasks }));
+        let job = NewRow::new("job", JOB_STATUS, json!({ "tasks": tasks }));
         let job = self.retry("insert job", || self.store.insert_keyed(key.clone(), job.clone())).await;
         self.report.jobs += 1;
         self.report.tasks += tasks.len();

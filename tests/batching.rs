@@ -35,6 +35,11 @@ struct Slow {
     fetches: Arc<Mutex<Fetches>>,
     /// While set, every fetch fails (after its [`CALL`]) as if the store were gone.
     fail_fetches: Arc<std::sync::atomic::AtomicBool>,
+    /// A row whose apply the store refuses with `Invalid`, alone or in a batch (which then fails whole), as
+    /// PostgreSQL refuses a value no check before SQL caught.
+    refuse: Arc<Mutex<Option<RowId>>>,
+    /// Sizes of the apply calls refused for [`Slow::refuse`], in order.
+    refused: Arc<Mutex<Vec<usize>>>,
 }
 
 #[derive(Default)]
@@ -53,6 +58,8 @@ impl Slow {
             refetches: Arc::default(),
             fetches: Arc::default(),
             fail_fetches: Arc::default(),
+            refuse: Arc::default(),
+            refused: Arc::default(),
         }
     }
 
@@ -80,6 +87,16 @@ impl Slow {
 
     fn record(&self, len: usize) {
         self.applies.lock().unwrap().push((Instant::now(), len));
+    }
+
+    fn refuses(&self, batch: &[ApplyParams]) -> Result<(), StoreError> {
+        match *self.refuse.lock().unwrap() {
+            Some(id) if batch.iter().any(|p| p.lease.id == id) => {
+                self.refused.lock().unwrap().push(batch.len());
+                Err(StoreError::Invalid(format!("row {id}: refused by the test")))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -117,12 +134,20 @@ impl Store for Slow {
     async fn apply(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
         self.record(1);
         tokio::time::sleep(CALL).await;
+        self.refuses(std::slice::from_ref(&p))?;
         self.inner.apply(p).await
     }
     async fn apply_batch(&self, batch: Vec<ApplyParams>) -> Result<Vec<ApplyOutcome>, StoreError> {
         self.record(batch.len());
         tokio::time::sleep(CALL).await;
+        self.refuses(&batch)?;
         self.inner.apply_batch(batch).await
+    }
+    fn record_failure(
+        &self,
+        p: lockstep::store::FailureParams,
+    ) -> impl Future<Output = Result<lockstep::store::FailureOutcome, StoreError>> + Send {
+        self.inner.record_failure(p)
     }
     fn reset_for_retry(&self, lease: Lease) -> impl Future<Output = Result<bool, StoreError>> + Send {
         self.inner.reset_for_retry(lease)
@@ -629,4 +654,38 @@ async fn a_running_pipelines_workers_refetch_in_batches() {
     assert!(sizes.iter().any(|&len| len > 1), "no refetch batch of two or more: {sizes:?}");
     assert!(sizes.iter().all(|&len| len <= 8), "a refetch batch larger than the workers: {sizes:?}");
     assert_eq!(manager.metrics("tasks").unwrap().refetch_calls, sizes.len() as u64);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_the_store_refuses_whole_is_split_so_only_the_bad_item_fails() {
+    let store = Slow::new();
+    insert_ready(&store, 40).await;
+    let bad = store.list("task", None).await.unwrap()[17].id;
+    *store.refuse.lock().unwrap() = Some(bad);
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 1 });
+    manager.register(config(8), Done { process: Duration::from_millis(1) }).unwrap();
+    manager.start();
+    manager.hint_fetch("task", None).await.unwrap();
+    let done = || async { store.list("task", None).await.unwrap().iter().filter(|r| r.status == "done").count() };
+    for _ in 0..1000 {
+        if done().await == 39 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let metrics = manager.metrics("tasks").unwrap();
+    manager.shutdown().await;
+    for row in store.list("task", None).await.unwrap() {
+        if row.id == bad {
+            assert_eq!((row.status.as_str(), row.attempts), ("ready", 1), "the refused row {bad}");
+            assert!(row.errors[0].error.contains("refused by the test"), "{:?}", row.errors);
+        } else {
+            assert_eq!((row.status.as_str(), row.attempts), ("done", 0), "row {} batched with the refused one", row.id);
+        }
+    }
+    assert_eq!((metrics.applied, metrics.failures, metrics.errors), (39, 1, 0));
+    // The refused row went in a batch with others, which failed whole; then alone, refused again.
+    let refused = store.refused.lock().unwrap().clone();
+    assert_eq!(refused.len(), 2, "refused apply calls: {refused:?}");
+    assert!(refused[0] > 1 && refused[1] == 1, "refused apply calls: {refused:?}");
 }

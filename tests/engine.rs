@@ -28,7 +28,7 @@ async fn insert_ready(store: &MemStore, count: usize) -> Vec<RowId> {
     ids
 }
 
-/// Marks rows done, counting calls; optionally fails, or blocks until released.
+/// Marks rows done, counting calls; optionally fails as if the store were down, or blocks until released.
 #[derive(Default)]
 struct MarkDone {
     processed: AtomicUsize,
@@ -51,7 +51,8 @@ impl<S: Store> Handler<S> for MarkDone {
         }
         self.processed.fetch_add(1, Ordering::SeqCst);
         if self.fail {
-            return Err(WorkError::Failed(format!("row {} failed on purpose", row.id)));
+            let down = lockstep::store::StoreError::Unavailable(format!("row {}: store down on purpose", row.id));
+            return Err(WorkError::Store(down));
         }
         Ok(Changes::status("done"))
     }
@@ -277,7 +278,7 @@ async fn related_lock_contention_resets_the_lease_and_the_row_is_retried() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_worker_error_leaves_the_lease_to_expire_and_the_row_is_retried_after_it() {
+async fn a_store_error_leaves_the_lease_to_expire_and_the_row_is_retried_after_it() {
     let clock = ManualClock::new(START);
     let store = MemStore::new(clock.clone());
     let id = insert_ready(&store, 1).await[0];
@@ -290,6 +291,7 @@ async fn a_worker_error_leaves_the_lease_to_expire_and_the_row_is_retried_after_
     assert_eq!(row.lock_expires_at, Some(START.plus(p.config.lease_ttl)));
     assert_eq!(p.shared.leases_len(), 0, "the heartbeater no longer extends it");
     assert_eq!(p.metrics().errors, 1);
+    assert_eq!((row.attempts, p.metrics().failures), (0, 0), "the store being down is not the item's failure");
 
     clock.advance(p.config.lease_ttl - Duration::from_secs(1));
     assert_eq!(p.fetcher(1).run_once().await.unwrap(), lockstep::pipeline::FetchPass::Fetched { fetched: 0, limit: 2 });
@@ -513,6 +515,12 @@ fn a_config_that_needs_more_connections_than_the_store_has_is_refused() {
             p: lockstep::store::ApplyParams,
         ) -> impl Future<Output = Result<lockstep::store::ApplyOutcome, lockstep::store::StoreError>> + Send {
             self.0.apply(p)
+        }
+        fn record_failure(
+            &self,
+            p: lockstep::store::FailureParams,
+        ) -> impl Future<Output = Result<lockstep::store::FailureOutcome, lockstep::store::StoreError>> + Send {
+            self.0.record_failure(p)
         }
         fn reset_for_retry(
             &self,

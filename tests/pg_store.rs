@@ -405,3 +405,64 @@ async fn stores_connecting_at_once_to_a_new_schema_all_create_and_migrate_it() {
         PgStore::drop_schema(&database_url(), &schema).await.expect("drop the test schema");
     }
 }
+
+/// A schema migrated only to 0001 and holding rows (a deployment before issue 13) migrates to 0002 when a store
+/// connects: its rows read with no attempts, no errors and no `not_before`, and they fetch, fail with a backoff and
+/// apply as new rows do.
+#[tokio::test]
+async fn a_populated_schema_of_migration_0001_migrates_and_its_rows_fail_and_apply() {
+    use sqlx::Connection;
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    let url = support::pg::database_url();
+    let schema = support::pg::unique_schema();
+    let base: PgConnectOptions = url.parse().expect("DATABASE_URL parses");
+    let mut conn = sqlx::PgConnection::connect_with(&base).await.expect("PostgreSQL is reachable");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\""))).execute(&mut conn).await.unwrap();
+    conn.close().await.unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(base.options([("search_path", schema.as_str())]))
+        .await
+        .expect("a pool on the new schema");
+    sqlx::migrate!("./migrations").run_to(1, &pool).await.expect("migration 0001");
+    sqlx::query(
+        "INSERT INTO resources (kind, status, data, created_at, updated_at, last_processed_at)
+         VALUES ('task', 'ready', '{\"n\": 0}', now(), now(), NULL),
+                ('task', 'ready', '{\"n\": 1}', now(), now(), now() - interval '1 hour')",
+    )
+    .execute(&pool)
+    .await
+    .expect("rows in the 0001 schema");
+    pool.close().await;
+
+    let store = store_with(|options| options.schema = schema.clone()).await;
+    let rows = store.list("task", None).await.unwrap();
+    assert_eq!(rows.len(), 2);
+    for row in &rows {
+        assert_eq!((row.attempts, row.errors.len(), row.not_before), (0, 0, None), "row {} after 0002", row.id);
+    }
+    let params = FetchParams {
+        pipeline: "tasks".into(),
+        kind: "task".into(),
+        statuses: vec!["ready".into()],
+        limit: 10,
+        lease_ttl: Duration::from_secs(30),
+        min_processing_interval: Duration::from_secs(5),
+        retry_delay: Duration::from_secs(1),
+    };
+    let leased = store.fetch(params.clone()).await.unwrap();
+    assert_eq!(leased.len(), 2, "both old rows are eligible");
+    let lease = |row: &Row| Lease { id: row.id, token: row.lock_token.unwrap() };
+    let failure = lockstep::store::FailureParams {
+        lease: lease(&leased[0]),
+        error: "old row failed".into(),
+        retry: lockstep::store::Retry::After(Duration::from_secs(60)),
+    };
+    let outcome = store.record_failure(failure).await.unwrap();
+    assert_eq!(outcome, lockstep::store::FailureOutcome::Recorded { attempts: 1 });
+    let applied = store.apply(ApplyParams::new(lease(&leased[1]), RowUpdate::status("done"))).await.unwrap();
+    assert!(matches!(applied, lockstep::store::ApplyOutcome::Applied { .. }), "{applied:?}");
+    assert_eq!(store.fetch(params).await.unwrap(), vec![], "the failed row came back inside its backoff");
+    drop(store);
+    PgStore::drop_schema(&url, &schema).await.unwrap();
+}

@@ -6,6 +6,9 @@
 //!   it) and an agent killed with SIGKILL (its job processes die with it, its jobs are declared lost and the gang
 //!   restarts on the other nodes);
 //! - the seed's master/slave example (1 + 100 short jobs) completes on 3 agents;
+//! - a job sees only its own environment (not the agent's DATABASE_URL or LOCKSTEP_SCHEMA), in a private sandbox,
+//!   and every process of a job whose agent was killed with SIGKILL (background children, a pipeline, an orphan,
+//!   one that left the job's session) is gone once an agent starts again on the same work dir;
 //! - SIGTERM stops an agent gracefully (its jobs restart elsewhere at once, long before its lease would expire) and
 //!   drains a replica caught mid-pass (the lease is gone when it exits 0);
 //! - `submit --wait` exits with the operation's outcome; bad input exits 2 naming the field;
@@ -157,10 +160,16 @@ impl Cluster {
     }
 
     fn spawn(&mut self, name: &str, args: &[&str]) {
+        self.spawn_with_env(name, args, &[]);
+    }
+
+    /// [`Cluster::spawn`] with these variables added to the process's environment.
+    fn spawn_with_env(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) {
         let log = std::fs::File::create(self.processes.logs.join(format!("{name}.log"))).unwrap();
         let child = Command::new(BIN)
             .args(args)
             .args(self.database_args())
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info,sqlx=warn")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -177,11 +186,21 @@ impl Cluster {
     }
 
     fn start_agent(&mut self, name: &str, slots: u32, extra: &[&str]) {
+        self.start_agent_with_env(name, slots, extra, &[]);
+    }
+
+    /// An agent whose work dir is `nodes/{name}`, with these variables added to its environment.
+    fn start_agent_with_env(&mut self, name: &str, slots: u32, extra: &[&str], env: &[(&str, &str)]) {
         let work_dir = self.dir.0.join("nodes").join(name);
         let (work_dir, slots) = (work_dir.to_str().unwrap().to_string(), slots.to_string());
         let mut args = vec!["agent", "--node", name, "--slots", &slots, "--work-dir", &work_dir];
         args.extend(extra);
-        self.spawn(name, &args);
+        self.spawn_with_env(name, &args, env);
+    }
+
+    /// The sandbox of `job` on `node`.
+    fn sandbox(&self, node: &str, job: &lockstep::gang::model::JobId) -> PathBuf {
+        self.dir.0.join("nodes").join(node).join(job.to_string())
     }
 
     fn log(&self, name: &str) -> String {
@@ -476,6 +495,115 @@ async fn the_seed_gang_survives_a_killed_job_a_killed_replica_and_a_killed_agent
     assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);
     assert_eq!(view.incarnation_events().len(), 2, "one gang restart");
     assert_eq!(audit::operation(&view), Vec::<String>::new());
+}
+
+/// Live (not zombie) `sleep` processes whose one argument is `marker`: the sleeps themselves, not the shells (or
+/// their forked subshells) whose `-c` text names every marker of the job, which would count a sleep as started
+/// before its shell forked it.
+fn alive_with(marker: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else { continue };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        let args: Vec<&str> = cmdline.split('\0').filter(|arg| !arg.is_empty()).collect();
+        let is_sleep =
+            matches!(args.as_slice(), [program, argument] if program.ends_with("sleep") && *argument == marker);
+        if is_sleep && !process_gone(pid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Kills (SIGKILL) every live process of the given markers when dropped, so a failing test leaves none behind.
+struct Reaper(Vec<String>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for pid in self.0.iter().flat_map(|m| alive_with(m)) {
+            // SAFETY: kill only sends a signal, to a `sleep` this test's job started.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// The agent runs with the variables a controller host has (DATABASE_URL with its password, LOCKSTEP_SCHEMA, and
+/// any other): its job sees none of them, only the allow-list, the spec's `environment`, the `YT_*` variables and
+/// its marker, and its sandbox is its user's only. Then a job whose processes take every shape (background
+/// children, a pipeline, an orphaned grandchild, one that left the job's session) loses its agent to SIGKILL: the
+/// kernel kills only its shell, and the agent started again on the same work dir ends the rest before it does
+/// anything else; a second agent on that work dir is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_sees_only_its_environment_and_its_processes_end_when_its_killed_agent_restarts() {
+    let mut cluster = Cluster::new("isolation").await;
+    cluster.start_replica("replica-a");
+    let schema = cluster.store().schema().to_string();
+    let secret_url = "postgres://lockstep:s3cret@db.example:5432/prod";
+    let agent_env = [("DATABASE_URL", secret_url), ("LOCKSTEP_SCHEMA", schema.as_str()), ("E2E_UNRELATED", "x")];
+    cluster.start_agent_with_env("node-1", 1, AGENT_FLAGS, &agent_env);
+
+    let spec = r#"{"tasks": {"t": {"job_count": 1, "command": "env", "environment": {"GREETING": "hi"}}}}"#;
+    let op = cluster.submit("env.json", spec);
+    cluster.wait_for(op, Duration::from_secs(30), "ended", |v| v.status.is_terminal()).await;
+    let view = cluster.view(op).await;
+    assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);
+    let sandbox = cluster.sandbox("node-1", &view.jobs[0].data.id);
+    let stdout = std::fs::read_to_string(sandbox.join("stdout")).unwrap();
+    let seen: BTreeMap<&str, &str> = stdout.lines().filter_map(|line| line.split_once('=')).collect();
+    // The README's allow-list, the spec's variable, the marker, and what `sh` sets itself.
+    let allowed = ["PATH", "HOME", "LANG", "TZ", "USER", "GREETING", "LOCKSTEP_JOB", "PWD", "SHLVL", "_"];
+    for name in seen.keys() {
+        assert!(allowed.contains(name) || name.starts_with("YT_"), "the job saw {name}:\n{stdout}");
+    }
+    assert!(!stdout.contains("s3cret") && !stdout.contains(&schema), "{stdout}");
+    assert_eq!((seen["GREETING"], seen["YT_JOB_COOKIE"]), ("hi", "0"), "{stdout}");
+    let mode = |path: PathBuf| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777
+    };
+    assert_eq!(mode(sandbox.clone()), 0o700);
+    assert_eq!((mode(sandbox.join("stdout")), mode(sandbox.join("stderr"))), (0o600, 0o600));
+
+    let markers: Vec<String> = (0..6).map(|n| format!("2000.{}{n}", std::process::id())).collect();
+    let _reaper = Reaper(markers.clone());
+    let m = &markers;
+    let command = format!(
+        "sleep {} & sleep {} | sleep {} & (sleep {} &) ; setsid sleep {} & env -i /bin/sleep {} & wait",
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    );
+    let spec = serde_json::json!({"tasks": {"t": {"job_count": 1, "command": command}}}).to_string();
+    cluster.submit("tree.json", &spec);
+    let started = Instant::now();
+    while !markers.iter().all(|m| !alive_with(m).is_empty()) {
+        assert!(started.elapsed() < Duration::from_secs(30), "the job's processes never all ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    signal(cluster.child("node-1"), libc::SIGKILL);
+    exit_within(cluster.child("node-1"), Duration::from_secs(5)).await;
+    // The agent's death kills the shell alone: what it started runs on, until the next agent.
+    assert!(markers.iter().all(|m| !alive_with(m).is_empty()), "the shell's children outlive their agent");
+    cluster.start_agent("node-1", 1, AGENT_FLAGS);
+    let restarted = Instant::now();
+    while markers.iter().any(|m| !alive_with(m).is_empty()) {
+        let alive: Vec<_> = markers.iter().filter(|m| !alive_with(m).is_empty()).collect();
+        assert!(restarted.elapsed() < Duration::from_secs(10), "still alive after the agent's restart: {alive:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("agent restart: the killed agent's job processes ended {:?} after the restart", restarted.elapsed());
+    let log = cluster.log("node-1");
+    assert!(log.contains("ended the processes of jobs an earlier agent left running"), "{log}");
+
+    // One agent per work dir: a second one on the same work dir is refused (exit 2), not let loose on the first
+    // one's jobs.
+    let work_dir = cluster.dir.0.join("nodes").join("node-1");
+    let args = ["agent", "--node", "node-1-twin", "--slots", "1", "--work-dir", work_dir.to_str().unwrap()];
+    cluster.spawn("node-1-twin", &args);
+    let status = exit_within(cluster.child("node-1-twin"), Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(2), "{}", cluster.log("node-1-twin"));
+    assert!(cluster.log("node-1-twin").contains("in use by another agent"), "{}", cluster.log("node-1-twin"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -97,7 +97,8 @@ fn a_planted_failure_exits_1_writes_a_replay_file_and_the_replay_reproduces_it()
     let (explain_out, explain_err) = text(&explain);
     assert_eq!(explain.status.code(), Some(0), "{explain_err}");
     assert!(explain_out.starts_with(&format!("row {row}: ")), "{explain_out}");
-    assert!(explain_out.contains(&format!("insert {row} task")), "the timeline misses the insert:\n{explain_out}");
+    // The row's kind depends on which row the planted bug hits first (a task or a claim, as the seed's trace has it).
+    assert!(explain_out.contains(&format!("insert {row} ")), "the timeline misses the insert:\n{explain_out}");
     assert!(explain_out.lines().count() > 3, "{explain_out}");
 }
 

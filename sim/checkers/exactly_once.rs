@@ -6,10 +6,11 @@
 //! 2. every final row that the workload processes has exactly one effect of its pipeline (no final row without
 //!    its work);
 //! 3. every counter row's `count` equals the number of effects that name it (no lost or doubled increment of a
-//!    shared row, whatever interleaving of claim pipelines).
+//!    shared row, whatever interleaving of claim pipelines);
+//! 4. a row its pipeline gave up on (`failed`) took no effect: no apply of it ever succeeded.
 
 use super::{CheckInput, RowModel, listed};
-use crate::sim::workload::{self, EFFECT_EVENT};
+use crate::sim::workload::{self, EFFECT_EVENT, FAILED_STATUS};
 use crate::store::RowId;
 use std::collections::BTreeMap;
 
@@ -41,6 +42,12 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
         {
             let (id, kind, status) = (row.id, &row.kind, &row.status);
             broken.push(format!("row {id} ({kind} {status}) is final without an effect of {pipeline}"));
+        }
+        if row.status == FAILED_STATUS
+            && let Some(((_, pipeline), _)) =
+                effects.range((row.id, String::new())..).next().filter(|((id, _), _)| *id == row.id)
+        {
+            broken.push(format!("row {} ({} failed) took an effect of {pipeline}", row.id, row.kind));
         }
         if let Some(count) = row.data.get("count").and_then(|count| count.as_u64()) {
             let expected = increments.get(&row.id).copied().unwrap_or(0);
@@ -96,5 +103,14 @@ mod tests {
     fn a_final_row_without_its_effect_fires() {
         let violation = check(&input(&[], &[], &[row(5, "job", "done")])).expect_err("missed a row done for free");
         assert!(violation.contains("row 5 (job done) is final without an effect of jobs"), "{violation}");
+    }
+
+    #[test]
+    fn a_failed_row_with_an_effect_fires_and_one_without_passes() {
+        let rows = [row(6, "task", FAILED_STATUS), row(7, "task", FAILED_STATUS)];
+        let events = [effect(1, 6, "tasks", None)];
+        let violation = check(&input(&[], &events, &rows)).expect_err("missed an effect of a row given up");
+        assert!(violation.contains("row 6 (task failed) took an effect of tasks"), "{violation}");
+        assert!(!violation.contains("row 7"), "{violation}");
     }
 }

@@ -2,9 +2,9 @@
 //!
 //! Replays the commit history, tracking per row the token the store handed out last (by a fetch, or to a
 //! related row by a successful `lock_related`) and whether it is still current: an applied apply, a held
-//! reset and a release consume it, and a write API's update that takes over an expired lease voids it. A commit
+//! reset, a recorded failure and a release consume it, and a write API's update that takes over an expired lease voids it. A commit
 //! fails the check when it succeeded with any token other than the row's current one: an applied apply (main
-//! and related rows), a heartbeat that extended, a held reset, a release, a lock attempt that locked or left
+//! and related rows), a heartbeat that extended, a held reset, a recorded failure, a release, a lock attempt that locked or left
 //! intent marks. A fetch must also hand out a token larger than every earlier one of the row, or the fence is
 //! no fence.
 
@@ -89,7 +89,7 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
                     uses(&latest, lease.id, lease.token)?;
                 }
             }
-            CommitOp::Reset { lease, held: true } => {
+            CommitOp::Reset { lease, held: true } | CommitOp::Failure { lease, attempts: Some(_), .. } => {
                 uses(&latest, lease.id, lease.token)?;
                 consume(&mut latest, lease.id);
             }

@@ -8,6 +8,7 @@ pub mod gang;
 pub mod lease_exclusivity;
 pub mod liveness;
 pub mod locked_forever;
+pub mod retries;
 pub mod starvation;
 
 use super::service::Effect;
@@ -47,6 +48,8 @@ pub struct CheckInput<'a> {
     /// Every request the simulated external services handled, service by service in order (empty without
     /// services).
     pub effects: &'a [Effect],
+    /// Attempts after which the workload's pipelines give up on a row (the scenario's `attempts_max`).
+    pub attempts_max: u32,
 }
 
 /// Whose rows a run holds, and so which statuses end their life.
@@ -97,7 +100,7 @@ impl Checker for Builtin {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
     /// The checker that found it: `lease_exclusivity`, `liveness`, `locked_forever`, `starvation`,
-    /// `exactly_once`.
+    /// `exactly_once`, `retries`.
     pub checker: &'static str,
     /// What broke, naming rows, tokens, commits and times.
     pub message: String,
@@ -110,12 +113,13 @@ impl fmt::Display for Violation {
 }
 
 /// Every built-in checker, in the order they run.
-const CHECKS: [Builtin; 6] = [
+const CHECKS: [Builtin; 7] = [
     Builtin("lease_exclusivity", lease_exclusivity::check),
     Builtin("liveness", liveness::check),
     Builtin("locked_forever", locked_forever::check),
     Builtin("starvation", starvation::check),
     Builtin("exactly_once", exactly_once::check),
+    Builtin("retries", retries::check),
     Builtin("external_exactly_once", external::check),
 ];
 
@@ -198,6 +202,9 @@ pub(crate) mod fixtures {
             lock_token: None,
             lock_owner: None,
             hinted: false,
+            attempts: 0,
+            errors: Vec::new(),
+            not_before: None,
         }
     }
 
@@ -215,6 +222,7 @@ pub(crate) mod fixtures {
             starvation_bound: Duration::from_secs(60),
             rows: super::RowModel::Builtin,
             effects: &[],
+            attempts_max: 3,
         }
     }
 }

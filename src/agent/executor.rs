@@ -35,11 +35,33 @@ pub struct StartRequest {
     pub launch: JobLaunch,
 }
 
-/// Runs processes for an agent.
+/// Runs processes for an agent, in two steps: [`Executor::prepare`] does the slow work (sandbox, files) and may take
+/// as long as it needs, off the agent's loop; [`Executor::spawn`] only starts the prepared process, quickly, so the
+/// agent can check its node lease's local deadline right before it (DESIGN §4: a fenced agent starts nothing).
 pub trait Executor: Send + Sync + 'static {
-    /// Starts the process of `request` and returns its handle, or why it could not start. Must not return before
-    /// the process exists (or failed to), and must end the process when the handle's kill is requested.
-    fn start(&self, request: StartRequest) -> impl Future<Output = Result<ProcessHandle, ExecutorError>> + Send;
+    /// A start prepared and not yet spawned. Dropping it gives up the start.
+    type Prepared: Send + 'static;
+
+    /// Prepares the start of `request`, or says why the job cannot start. The future owns what it needs (the agent
+    /// runs it in a task of its own when it does not finish at its first poll) and must not block the thread it
+    /// is polled on: blocking file work goes to a blocking pool.
+    fn prepare(
+        &self,
+        request: StartRequest,
+    ) -> impl Future<Output = Result<Self::Prepared, ExecutorError>> + Send + 'static;
+
+    /// Starts the prepared process and returns its handle, or why it could not start. Must not return before the
+    /// process exists (or failed to), must not block for long (the agent calls it on its loop), and must end the
+    /// process when the handle's kill is requested.
+    fn spawn(&self, prepared: Self::Prepared) -> Result<ProcessHandle, ExecutorError>;
+
+    /// [`Executor::prepare`] then [`Executor::spawn`], for callers without a lease to check in between (tests).
+    fn start(&self, request: StartRequest) -> impl Future<Output = Result<ProcessHandle, ExecutorError>> + Send {
+        async move {
+            let prepared = self.prepare(request).await?;
+            self.spawn(prepared)
+        }
+    }
 }
 
 /// The agent's half of a running process.

@@ -15,8 +15,15 @@
 //! and fences at the deadline even while a store call hangs; [`Agent::run_until`] does the same until a stop
 //! signal and then stops gracefully ([`Agent::stop`]: interrupt and report the running jobs, give the node lease
 //! back).
+//!
+//! A pass never waits for a job's preparation (its sandbox and `file_paths`, [`Executor::prepare`]): one that does
+//! not finish at once runs in a task of its own while later passes heartbeat and watch the deadline, and the pass
+//! after it finishes spawns the job, checking the lease's local deadline right before the spawn. Otherwise a large
+//! copy would outlast the node lease with no heartbeat and no fence, and the job would start after the deadline.
 
 pub mod executor;
+#[cfg(not(madsim))]
+pub mod job_tree;
 #[cfg(not(madsim))]
 pub mod process;
 pub mod simulated;
@@ -35,10 +42,12 @@ use crate::store::{
     ApplyOutcome, ApplyParams, FetchParams, HeartbeatParams, Lease, LockToken, NewRow, RowId, RowUpdate, Store,
     StoreError, WriteOutcome,
 };
+use futures_util::FutureExt;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{Notify, mpsc};
 use tokio::time::{Duration, Instant};
 
 /// Default node lease length (store clock). Shorter than the pipelines' 30 s: it bounds how long a dead node's
@@ -156,6 +165,17 @@ struct Running {
     handle: ProcessHandle,
 }
 
+/// A job whose start is being prepared ([`Executor::prepare`]) in a task of its own.
+struct Preparing<P> {
+    job: JobId,
+    allocation: AllocationRef,
+    /// The preparation's result once its task sent it.
+    result: Option<Result<P, ExecutorError>>,
+}
+
+/// What a preparation task sends back: the allocation row, the job, the result.
+type PreparedMessage<P> = (RowId, JobId, Result<P, ExecutorError>);
+
 /// What one pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AgentPass {
@@ -176,6 +196,9 @@ pub struct AgentPass {
     /// Jobs placed in an allocation whose slot this agent does not offer (`slot ≥ slots`), reported interrupted
     /// instead of started.
     pub unserved: Vec<JobId>,
+    /// Jobs whose preparation had finished but which the pass did not spawn, because the node lease's local
+    /// deadline had passed by then (the next pass fences).
+    pub late: Vec<JobId>,
     /// The session (node lease token) the agent holds at the end of the pass.
     pub session: Option<LockToken>,
 }
@@ -213,6 +236,13 @@ pub struct Agent<S: Store, E: Executor> {
     node: Option<RowId>,
     session: Option<Session>,
     processes: BTreeMap<RowId, Running>,
+    /// Starts being prepared off the loop, by allocation row.
+    preparing: BTreeMap<RowId, Preparing<E::Prepared>>,
+    /// Where preparation tasks send their results, and the receiving end a pass drains.
+    prepared_tx: mpsc::UnboundedSender<PreparedMessage<E::Prepared>>,
+    prepared_rx: mpsc::UnboundedReceiver<PreparedMessage<E::Prepared>>,
+    /// Woken by a preparation task when it finishes, so [`Agent::run`] starts its next pass at once.
+    prepared_wake: Arc<Notify>,
     /// Jobs whose processes ran and ended here, so a pass never starts one twice while the controller has not yet
     /// consumed its report. Pruned to the jobs its allocations still name.
     finished: BTreeSet<JobId>,
@@ -233,6 +263,7 @@ pub struct Agent<S: Store, E: Executor> {
 impl<S: Store, E: Executor> Agent<S, E> {
     /// An agent for `config`'s node over `store`, running processes with `executor`, on the runtime's clock.
     pub fn new(store: Arc<S>, executor: E, config: AgentConfig) -> Agent<S, E> {
+        let (prepared_tx, prepared_rx) = mpsc::unbounded_channel();
         Agent {
             store,
             executor,
@@ -241,6 +272,10 @@ impl<S: Store, E: Executor> Agent<S, E> {
             node: None,
             session: None,
             processes: BTreeMap::new(),
+            preparing: BTreeMap::new(),
+            prepared_tx,
+            prepared_rx,
+            prepared_wake: Arc::default(),
             finished: BTreeSet::new(),
             outbox: VecDeque::new(),
             observer: None,
@@ -277,19 +312,25 @@ impl<S: Store, E: Executor> Agent<S, E> {
         self.processes.iter().map(|(row, p)| (*row, p.job)).collect()
     }
 
+    /// Jobs whose start is being prepared (not spawned yet), by allocation row.
+    pub fn preparing(&self) -> BTreeMap<RowId, JobId> {
+        self.preparing.iter().map(|(row, p)| (*row, p.job)).collect()
+    }
+
     /// The agent's loop, forever (see [`Agent::run_until`]).
     pub async fn run(self) {
         self.run_until(std::future::pending::<()>()).await;
     }
 
     /// The agent's loop until `stop` resolves: a pass, then a pause of `poll_interval` that an `allocation` fetch
-    /// hint cuts short. If a pass is still running (a store call hanging) at the lease's local deadline, it is
-    /// abandoned and the agent fences itself: self-fencing never waits for the store. `stop` is looked at between
-    /// passes only (a pass is never cut in the middle; a hung one ends at the lease's deadline), and then the agent
-    /// stops gracefully ([`Agent::stop`]) and returns what the stop did.
+    /// hint, or the end of a job's preparation, cuts short. If a pass is still running (a store call hanging) at
+    /// the lease's local deadline, it is abandoned and the agent fences itself: self-fencing never waits for the
+    /// store. `stop` is looked at between passes only (a pass is never cut in the middle; a hung one ends at the
+    /// lease's deadline), and then the agent stops gracefully ([`Agent::stop`]) and returns what the stop did.
     pub async fn run_until(mut self, stop: impl Future<Output = ()>) -> AgentStop {
         let mut hints = self.store.subscribe_hints();
         let clock = self.clock.clone();
+        let prepared = self.prepared_wake.clone();
         tokio::pin!(stop);
         loop {
             let deadline = self.session.map(|s| s.deadline);
@@ -342,6 +383,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
                     biased;
                     _ = &mut stop => return self.stop().await,
                     _ = &mut sleep => break,
+                    _ = prepared.notified() => break,
                     hint = hints.recv() => match hint {
                         Ok(kind) if kind == KIND_ALLOCATION => break,
                         Ok(_) => {}
@@ -358,9 +400,10 @@ impl<S: Store, E: Executor> Agent<S, E> {
 
     /// Graceful stop (a node taken out of service, `lockstep agent` on SIGTERM): the agent takes no new job; it
     /// collects the exits of processes that already ended, kills the ones still running and reports each of
-    /// their jobs as interrupted ([`REASON_NODE_STOPPING`]), so that the controller restarts them elsewhere at once
-    /// (a ranked job of a gang task restarts its gang, DESIGN §4); and it gives its node lease back, so the
-    /// controller sees the node gone at once instead of when the lease expires.
+    /// their jobs as interrupted ([`REASON_NODE_STOPPING`]), as well as the jobs whose start it was still
+    /// preparing (they never run), so that the controller restarts them elsewhere at once (a ranked job of a gang
+    /// task restarts its gang, DESIGN §4); and it gives its node lease back, so the controller sees the node gone
+    /// at once instead of when the lease expires.
     ///
     /// The reports and the lease's release are one guarded apply on the node lease (inserts, then unlock, in one
     /// transaction), then a fetch hint per operation. A controller pass reads the inbox before the nodes, so it
@@ -391,6 +434,12 @@ impl<S: Store, E: Executor> Agent<S, E> {
             };
             let message = Message::JobEnded { job: running.job, allocation: running.allocation, outcome };
             self.outbox.push_back((running.job.operation, message));
+        }
+        for (_, preparing) in std::mem::take(&mut self.preparing) {
+            stop.interrupted.push(preparing.job);
+            let outcome = JobOutcome::Interrupted { reason: REASON_NODE_STOPPING.into() };
+            let message = Message::JobEnded { job: preparing.job, allocation: preparing.allocation, outcome };
+            self.outbox.push_back((preparing.job.operation, message));
         }
         if let Some(session) = self.session.take() {
             match tokio::time::timeout(self.config.lease_margin, self.report_and_release(session.lease)).await {
@@ -476,7 +525,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
                     Err(error) => tracing::warn!(node = %self.config.name, %error, "allocation row skipped"),
                 }
             }
-            self.reconcile(session.lease.token, &allocations, &mut pass).await;
+            self.reconcile(session, &allocations, &mut pass).await;
         }
         pass.reported = self.send_reports().await?;
         pass.session = self.session();
@@ -604,6 +653,8 @@ impl<S: Store, E: Executor> Agent<S, E> {
         }
         let killed = std::mem::take(&mut self.processes).into_values().map(|running| running.job);
         self.fence_killed.extend(killed);
+        // Starts still being prepared are given up: the session they were placed under ends here.
+        self.preparing.clear();
         // Bounded: a fenced agent is often cut off from the store, and the lease expires on its own anyway.
         if let Some(session) = self.session.take() {
             let release = self.store.release(vec![session.lease]);
@@ -632,11 +683,13 @@ impl<S: Store, E: Executor> Agent<S, E> {
         }
     }
 
-    /// Kills the processes the controller moved on from, then starts the jobs it placed here under this session.
-    async fn reconcile(&mut self, session: LockToken, allocations: &[Allocation], pass: &mut AgentPass) {
+    /// Kills the processes the controller moved on from, then starts the jobs it placed here under this session:
+    /// each start is prepared off the loop ([`Agent::prepare`]) and spawned by the first pass that finds it
+    /// prepared, unless the lease's local deadline has passed by then.
+    async fn reconcile(&mut self, session: Session, allocations: &[Allocation], pass: &mut AgentPass) {
         let mut wanted: BTreeMap<RowId, (AllocationRef, &JobLaunch)> = BTreeMap::new();
         for allocation in allocations {
-            let ours = allocation.allocated && allocation.data.node_session == Some(session);
+            let ours = allocation.allocated && allocation.data.node_session == Some(session.lease.token);
             let Some(launch) = allocation.data.job.as_ref().filter(|_| ours) else { continue };
             if allocation.data.slot < self.config.slots {
                 wanted.insert(allocation.row, (allocation.current(), launch));
@@ -653,44 +706,110 @@ impl<S: Store, E: Executor> Agent<S, E> {
                 pass.unserved.push(launch.job);
             }
         }
-        let stale: Vec<RowId> = self
-            .processes
-            .iter()
-            .filter(|(row, p)| wanted.get(row).is_none_or(|(a, l)| *a != p.allocation || l.job != p.job))
-            .map(|(row, _)| *row)
-            .collect();
+        let is_stale = |row: &RowId, allocation: AllocationRef, job: JobId| {
+            wanted.get(row).is_none_or(|(a, l)| *a != allocation || l.job != job)
+        };
+        let stale: Vec<RowId> =
+            self.processes.iter().filter(|(row, p)| is_stale(row, p.allocation, p.job)).map(|(row, _)| *row).collect();
         for row in stale {
             let running = self.processes.remove(&row).expect("listed");
             running.handle.kill().await;
             pass.killed.push(running.job);
         }
+        self.preparing.retain(|row, p| !is_stale(row, p.allocation, p.job));
+        while let Ok((row, job, result)) = self.prepared_rx.try_recv() {
+            if let Some(preparing) = self.preparing.get_mut(&row).filter(|p| p.job == job) {
+                preparing.result = Some(result);
+            }
+        }
         for (row, (allocation, launch)) in &wanted {
             if self.processes.contains_key(row) || self.finished.contains(&launch.job) {
                 continue;
             }
-            let request =
-                StartRequest { node: self.config.name.clone(), allocation: *allocation, launch: (*launch).clone() };
-            match self.executor.start(request).await {
-                Ok(handle) => {
-                    self.processes.insert(*row, Running { job: launch.job, allocation: *allocation, handle });
-                    let message = Message::JobStarted { job: launch.job, allocation: *allocation };
-                    self.outbox.push_back((launch.job.operation, message));
-                    pass.started.push(launch.job);
+            let result = match self.preparing.get_mut(row) {
+                Some(preparing) => match preparing.result.take() {
+                    // The stale ones were dropped above.
+                    _ if preparing.job != launch.job => {
+                        panic!("allocation {row}: preparing job {} but job {} is placed", preparing.job, launch.job)
+                    }
+                    Some(result) => result,
+                    None => continue,
+                },
+                None => {
+                    let request = StartRequest {
+                        node: self.config.name.clone(),
+                        allocation: *allocation,
+                        launch: (*launch).clone(),
+                    };
+                    match self.prepare(*row, request) {
+                        Some(result) => result,
+                        None => continue,
+                    }
                 }
-                Err(error) => {
-                    self.finished.insert(launch.job);
-                    let outcome = JobOutcome::StartFailed { message: error.to_string() };
-                    let message = Message::JobEnded { job: launch.job, allocation: *allocation, outcome };
-                    self.outbox.push_back((launch.job.operation, message));
-                }
-            }
+            };
+            let preparing = Preparing { job: launch.job, allocation: *allocation, result: Some(result) };
+            self.spawn_prepared(*row, preparing, session.deadline, pass);
         }
         let named: BTreeSet<JobId> = allocations
             .iter()
-            .filter(|allocation| allocation.allocated && allocation.data.node_session == Some(session))
+            .filter(|allocation| allocation.allocated && allocation.data.node_session == Some(session.lease.token))
             .filter_map(|allocation| allocation.data.job.as_ref().map(|launch| launch.job))
             .collect();
         self.finished.retain(|job| named.contains(job));
+    }
+
+    /// Spawns the prepared job of allocation row `row` and queues its report (started, or failed to start), unless
+    /// the lease's local `deadline` has passed: the spawn is the side effect the lease guards, so it must not happen
+    /// once the lease may be lost, however long the kills before it or the preparation took. A late start stays
+    /// listed in `preparing` for the fence of the next pass to give up.
+    fn spawn_prepared(
+        &mut self,
+        row: RowId,
+        mut preparing: Preparing<E::Prepared>,
+        deadline: Instant,
+        pass: &mut AgentPass,
+    ) {
+        let (job, allocation) = (preparing.job, preparing.allocation);
+        if self.clock.now() >= deadline {
+            tracing::warn!(node = %self.config.name, %job, "not started: node lease expired locally");
+            self.preparing.insert(row, preparing);
+            pass.late.push(job);
+            return;
+        }
+        self.preparing.remove(&row);
+        let result = preparing.result.take().expect("spawned once prepared");
+        match result.and_then(|prepared| self.executor.spawn(prepared)) {
+            Ok(handle) => {
+                self.processes.insert(row, Running { job, allocation, handle });
+                self.outbox.push_back((job.operation, Message::JobStarted { job, allocation }));
+                pass.started.push(job);
+            }
+            Err(error) => {
+                self.finished.insert(job);
+                let outcome = JobOutcome::StartFailed { message: error.to_string() };
+                self.outbox.push_back((job.operation, Message::JobEnded { job, allocation, outcome }));
+            }
+        }
+    }
+
+    /// Begins preparing `request` for allocation row `row`. A preparation that finishes at its first poll (the
+    /// simulated executor's always does) is returned at once, so the job spawns in this pass; otherwise it moves
+    /// to a task of its own, listed in `preparing`, which sends its result and wakes [`Agent::run`] when done.
+    fn prepare(&mut self, row: RowId, request: StartRequest) -> Option<Result<E::Prepared, ExecutorError>> {
+        let (job, allocation) = (request.launch.job, request.allocation);
+        let mut preparation = Box::pin(self.executor.prepare(request));
+        if let Some(result) = (&mut preparation).now_or_never() {
+            return Some(result);
+        }
+        let (sender, wake) = (self.prepared_tx.clone(), self.prepared_wake.clone());
+        tokio::spawn(async move {
+            let result = preparation.await;
+            // The agent may be gone (and its receiver with it): then so is the interest in the result.
+            let _ = sender.send((row, job, result));
+            wake.notify_one();
+        });
+        self.preparing.insert(row, Preparing { job, allocation, result: None });
+        None
     }
 
     /// Inserts queued reports in order, then hints each operation reported to. A report leaves the queue only once

@@ -1,89 +1,292 @@
-//! The real executor: each job is `sh -c COMMAND` in a sandbox directory of its own, with its environment set one
-//! variable at a time, stdout and stderr captured to files, and its exit code reported (DESIGN §4, agents). Not in
-//! simulator builds.
+//! The real executor: each job is `sh -c COMMAND` in a sandbox directory of its own, stdout and stderr captured to
+//! files, its exit code reported (DESIGN §4, agents). Linux; not in simulator builds.
 //!
-//! The shell runs in a process group of its own and a kill sends SIGKILL to the whole group, so a command's
-//! children die with it: otherwise `sh -c "a | b"` would leave `a` and `b` running in an allocation the controller
-//! may already have given to another job.
+//! **What a job sees** (DESIGN §4: a job gets only what the spec gives it): a cleared environment plus the
+//! agent's values of [`ENV_ALLOWED`] (those it has), then the job's environment from its row (the spec's
+//! `environment` and the `YT_*` variables, which win over an allowed variable of the same name), then
+//! [`JOB_MARKER_VAR`] (its value names the job for the agent; see [`super::job_tree`]). Nothing else of the
+//! agent's reaches it: not `DATABASE_URL`, not `LOCKSTEP_SCHEMA`. Its sandbox is readable by its user only (0700,
+//! stdout and stderr 0600).
 //!
-//! On Linux each job's shell also gets SIGKILL when its agent dies (`PR_SET_PDEATHSIG`), so an agent killed with
-//! SIGKILL (or by the OOM killer) leaves no job running: DESIGN §4 promises that when the controller declares a node
-//! lost its processes are dead, and a dead agent cannot fence itself. The signal follows the thread that spawned
-//! the shell; the agent spawns from its runtime's worker threads, which live as long as the agent. Only the shell
-//! gets it: a command's own children outlive it, as they outlive any `sh` killed alone.
+//! **Its whole process tree ends with it** ([`super::job_tree`]: the shell leads a session of its own, every
+//! process carries the marker):
+//! - exit: when the shell exits, the tree is killed before the exit is reported, so the agent never reports an
+//!   allocation free while a job's background children run;
+//! - abort, incarnation change, fence, graceful stop: a kill ends the tree, then reaps the shell;
+//! - agent SIGKILL: the kernel kills the shell (`PR_SET_PDEATHSIG`); the rest of the tree runs on until an agent
+//!   opens the same work dir again ([`OsExecutor::open`]), which ends every tree its job records list before it
+//!   takes any job. The records are written before a job is spawned and removed once its tree is dead.
+//!
+//! A job's preparation (sandbox, output files, `file_paths` copies, its record) is blocking file work and runs on
+//! tokio's blocking pool ([`Executor::prepare`]), never on the agent's loop.
 
 use super::executor::{Executor, ExecutorError, ExitStatus, ProcessHandle, StartRequest, process_pair};
+use super::job_tree::{JOB_MARKER_VAR, JobRecords, JobTree, Leader};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs::File;
+use std::future::Future;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 
-/// Runs jobs as OS processes.
+/// The agent's environment variables a job inherits (README, Real mode); every other one is withheld.
+pub const ENV_ALLOWED: [&str; 5] = ["PATH", "HOME", "LANG", "TZ", "USER"];
+
+/// The agent's own directory inside its work dir (job ids are `{operation}-{index}`, so no sandbox clashes).
+const STATE_DIR: &str = ".lockstep";
+
+/// Runs jobs as OS processes. Clones share one work dir and its lock.
 #[derive(Clone, Debug)]
 pub struct OsExecutor {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
     work_dir: PathBuf,
     files_root: Option<PathBuf>,
+    /// The agent's values of [`ENV_ALLOWED`], read once at open.
+    allowed: Vec<(&'static str, OsString)>,
+    records: JobRecords,
+    /// Unique to this executor (this agent run): markers of two runs never meet.
+    run: u64,
+    /// Holds the work dir's lock (`flock`) for as long as the executor lives; the kernel drops it when the agent
+    /// dies.
+    _lock: File,
+}
+
+/// A job ready to spawn: its sandbox, opened output files and environment. Dropped unspawned, it removes its job
+/// record (nothing was started).
+#[derive(Debug)]
+pub struct PreparedJob {
+    job: String,
+    command: String,
+    sandbox: PathBuf,
+    stdout: File,
+    stderr: File,
+    environment: Vec<(OsString, OsString)>,
+    tree: JobTree,
+    records: JobRecords,
+    spawned: bool,
+}
+
+impl Drop for PreparedJob {
+    fn drop(&mut self) {
+        if !self.spawned
+            && let Err(error) = self.records.remove(&self.job)
+        {
+            tracing::warn!(job = %self.job, %error, "cannot remove the record of a job never spawned");
+        }
+    }
 }
 
 impl OsExecutor {
-    /// An executor whose sandboxes are `work_dir/{job id}` (created as needed). `files_root` maps the Cypress paths
-    /// of `file_paths` to local files (`//tmp/x` → `files_root/tmp/x`), copied into the sandbox under their
-    /// sandbox names; without it a job with `file_paths` cannot start.
-    pub fn new(work_dir: impl Into<PathBuf>, files_root: Option<PathBuf>) -> OsExecutor {
-        OsExecutor { work_dir: work_dir.into(), files_root }
+    /// Opens `work_dir` for one agent: creates it if missing, locks it (a second agent on the same work dir is
+    /// refused), and ends every process tree an earlier agent on it left (its job records), before any job
+    /// starts. Sandboxes are `work_dir/{job id}`. `files_root` maps the Cypress paths of `file_paths` to local
+    /// files (`//tmp/x` → `files_root/tmp/x`), copied into the sandbox under their sandbox names; without it a job
+    /// with `file_paths` cannot start.
+    ///
+    /// Errors (naming the directory): it cannot be created or locked, another process holds its lock, or a
+    /// leftover tree could not be ended.
+    pub async fn open(work_dir: impl Into<PathBuf>, files_root: Option<PathBuf>) -> Result<OsExecutor, ExecutorError> {
+        let work_dir = work_dir.into();
+        let dir = work_dir.clone();
+        let (lock, records) = tokio::task::spawn_blocking(move || lock_work_dir(&dir))
+            .await
+            .map_err(|error| ExecutorError(format!("work dir {}: {error}", work_dir.display())))??;
+        let (jobs, processes) = records
+            .end_leftovers()
+            .await
+            .map_err(|error| ExecutorError(format!("work dir {}: earlier jobs: {error}", work_dir.display())))?;
+        if jobs > 0 {
+            tracing::warn!(
+                work_dir = %work_dir.display(),
+                jobs,
+                processes,
+                "ended the processes of jobs an earlier agent left running"
+            );
+        }
+        let allowed = ENV_ALLOWED.iter().filter_map(|name| Some((*name, std::env::var_os(name)?))).collect();
+        let inner = Inner { work_dir, files_root, allowed, records, run: rand::random(), _lock: lock };
+        Ok(OsExecutor { inner: Arc::new(inner) })
     }
 
     /// The sandbox of job `job` (its id as displayed).
     pub fn sandbox(&self, job: &str) -> PathBuf {
-        self.work_dir.join(job)
+        self.inner.work_dir.join(job)
     }
 
-    fn prepare(&self, request: &StartRequest) -> Result<PathBuf, ExecutorError> {
-        let sandbox = self.sandbox(&request.launch.job.to_string());
-        let error =
-            |what: &str, path: &Path, e: std::io::Error| ExecutorError(format!("{what} {}: {e}", path.display()));
-        std::fs::create_dir_all(&sandbox).map_err(|e| error("cannot create sandbox", &sandbox, e))?;
-        for file in &request.launch.file_paths {
-            let root = self.files_root.as_ref().ok_or_else(|| {
-                ExecutorError(format!("file {} requested but the agent has no files root", file.path))
-            })?;
-            // The spec refuses such paths; the agent checks again, since rows may come from elsewhere.
-            let relative = Path::new(file.path.trim_start_matches('/'));
-            if relative.components().any(|part| !matches!(part, std::path::Component::Normal(_))) {
-                return Err(ExecutorError(format!("file path {} leaves the files root", file.path)));
-            }
-            let source = root.join(relative);
-            let name = file.sandbox_name();
-            if !crate::gang::spec::sandbox_name_allowed(name) {
-                return Err(ExecutorError(format!("bad sandbox file name {name:?} for {}", file.path)));
-            }
-            std::fs::copy(&source, sandbox.join(name)).map_err(|e| error("cannot copy", &source, e))?;
-        }
-        Ok(sandbox)
+    /// The job's environment (module docs): allowed variables, then the row's, then the marker.
+    fn environment(&self, launch: &BTreeMap<String, String>, marker: &str) -> Vec<(OsString, OsString)> {
+        let mut environment: BTreeMap<OsString, OsString> =
+            self.inner.allowed.iter().map(|(name, value)| (OsString::from(name), value.clone())).collect();
+        environment.extend(launch.iter().map(|(name, value)| (name.into(), value.into())));
+        environment.insert(JOB_MARKER_VAR.into(), marker.into());
+        environment.into_iter().collect()
     }
 }
 
-impl Executor for OsExecutor {
-    async fn start(&self, request: StartRequest) -> Result<ProcessHandle, ExecutorError> {
-        let sandbox = self.prepare(&request)?;
-        let open = |name: &str| {
-            std::fs::File::create(sandbox.join(name))
-                .map_err(|e| ExecutorError(format!("cannot create {}: {e}", sandbox.join(name).display())))
-        };
-        let mut command = tokio::process::Command::new("sh");
-        command.arg("-c").arg(&request.launch.command).current_dir(&sandbox);
-        for (name, value) in &request.launch.environment {
-            command.env(name, value);
+/// Creates the work dir and its state dir, and takes the work dir's lock. Blocking.
+fn lock_work_dir(work_dir: &Path) -> Result<(File, JobRecords), ExecutorError> {
+    let error = |what: &str, path: &Path, e: std::io::Error| {
+        ExecutorError(format!("work dir {}: {what} {}: {e}", work_dir.display(), path.display()))
+    };
+    std::fs::create_dir_all(work_dir).map_err(|e| error("cannot create", work_dir, e))?;
+    let state = work_dir.join(STATE_DIR);
+    let jobs = state.join("jobs");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&jobs)
+        .map_err(|e| error("cannot create", &jobs, e))?;
+    let path = state.join("lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| error("cannot open", &path, e))?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own; it only takes an advisory lock.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            return Err(ExecutorError(format!(
+                "work dir {}: in use by another agent (it holds {}); give each agent a work dir of its own",
+                work_dir.display(),
+                path.display()
+            )));
         }
-        command.stdin(Stdio::null()).stdout(open("stdout")?).stderr(open("stderr")?);
-        command.process_group(0).kill_on_drop(true);
-        die_with_agent(&mut command);
+        return Err(error("cannot lock", &path, e));
+    }
+    Ok((lock, JobRecords::new(jobs)))
+}
+
+/// Everything [`OsExecutor::prepare`] does, on the blocking pool.
+fn prepare_blocking(
+    files_root: Option<&Path>,
+    records: &JobRecords,
+    sandbox: &Path,
+    job: &str,
+    request: &StartRequest,
+    tree: &JobTree,
+) -> Result<(File, File), ExecutorError> {
+    let error = |what: &str, path: &Path, e: std::io::Error| ExecutorError(format!("{what} {}: {e}", path.display()));
+    // Recorded first: if the agent dies at any point after this, the next one finds the job's processes.
+    records.write(job, tree).map_err(|e| error("cannot write the job record in", records.dir(), e))?;
+    std::fs::DirBuilder::new().mode(0o700).create(sandbox).or_else(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => Ok(()),
+        _ => Err(error("cannot create sandbox", sandbox, e)),
+    })?;
+    // Also when the sandbox already existed (a start given up earlier).
+    std::fs::set_permissions(sandbox, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| error("cannot restrict sandbox", sandbox, e))?;
+    for file in &request.launch.file_paths {
+        let root = files_root
+            .ok_or_else(|| ExecutorError(format!("file {} requested but the agent has no files root", file.path)))?;
+        // The spec refuses such paths; the agent checks again, since rows may come from elsewhere.
+        let relative = Path::new(file.path.trim_start_matches('/'));
+        if relative.components().any(|part| !matches!(part, std::path::Component::Normal(_))) {
+            return Err(ExecutorError(format!("file path {} leaves the files root", file.path)));
+        }
+        let source = root.join(relative);
+        let name = file.sandbox_name();
+        if !crate::gang::spec::sandbox_name_allowed(name) {
+            return Err(ExecutorError(format!("bad sandbox file name {name:?} for {}", file.path)));
+        }
+        copy_file(&source, &sandbox.join(name)).map_err(|e| error("cannot copy", &source, e))?;
+    }
+    let open = |name: &str| {
+        let path = sandbox.join(name);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| error("cannot create", &path, e))?;
+        // `mode` applies to new files only.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(|e| error("cannot restrict", &path, e))?;
+        Ok::<_, ExecutorError>(file)
+    };
+    Ok((open("stdout")?, open("stderr")?))
+}
+
+/// Copies `source` to `target` with the source's permission bits, as `std::fs::copy` does, but by reading it:
+/// `std::fs::copy` refuses anything but a regular file, and a named pipe is a fine source (a test makes a copy that
+/// lasts as long as it likes with one). Blocking.
+fn copy_file(source: &Path, target: &Path) -> std::io::Result<u64> {
+    let mut reader = File::open(source)?;
+    let permissions = reader.metadata()?.permissions();
+    let mut writer = File::create(target)?;
+    let copied = std::io::copy(&mut reader, &mut writer)?;
+    writer.set_permissions(permissions)?;
+    Ok(copied)
+}
+
+impl Executor for OsExecutor {
+    type Prepared = PreparedJob;
+
+    fn prepare(
+        &self,
+        request: StartRequest,
+    ) -> impl Future<Output = Result<PreparedJob, ExecutorError>> + Send + 'static {
+        let executor = self.clone();
+        async move {
+            let job = request.launch.job.to_string();
+            let sandbox = executor.sandbox(&job);
+            let marker = format!("{job}:{:016x}", executor.inner.run);
+            let tree = JobTree { marker: marker.clone(), leader: None };
+            let environment = executor.environment(&request.launch.environment, &marker);
+            let inner = executor.inner.clone();
+            let (job_in, sandbox_in, tree_in) = (job.clone(), sandbox.clone(), tree.clone());
+            let command = request.launch.command.clone();
+            let (stdout, stderr) = tokio::task::spawn_blocking(move || {
+                let files_root = inner.files_root.as_deref();
+                prepare_blocking(files_root, &inner.records, &sandbox_in, &job_in, &request, &tree_in)
+            })
+            .await
+            .map_err(|error| ExecutorError(format!("preparation of job {job} failed: {error}")))?
+            .inspect_err(|_| {
+                let _ = executor.inner.records.remove(&job);
+            })?;
+            let records = executor.inner.records.clone();
+            Ok(PreparedJob { job, command, sandbox, stdout, stderr, environment, tree, records, spawned: false })
+        }
+    }
+
+    fn spawn(&self, mut prepared: PreparedJob) -> Result<ProcessHandle, ExecutorError> {
+        let mut command = tokio::process::Command::new("sh");
+        command.arg("-c").arg(&prepared.command).current_dir(&prepared.sandbox);
+        command.env_clear().envs(prepared.environment.iter().map(|(name, value)| (name, value)));
+        let stdout = prepared.stdout.try_clone().map_err(|e| ExecutorError(format!("cannot pass stdout: {e}")))?;
+        let stderr = prepared.stderr.try_clone().map_err(|e| ExecutorError(format!("cannot pass stderr: {e}")))?;
+        command.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
+        command.kill_on_drop(true);
+        lead_a_session_and_die_with_agent(&mut command);
         let mut child = command.spawn().map_err(|e| ExecutorError(format!("cannot spawn sh: {e}")))?;
         let pid = child.id().ok_or_else(|| ExecutorError("process exited before it could be tracked".into()))?;
+        // Not yet reaped (no wait has run), so the pid is still the shell's, even if it already exited.
+        let leader = i32::try_from(pid).ok().and_then(Leader::read);
+        prepared.spawned = true;
+        let tree = JobTree { leader, ..prepared.tree.clone() };
+        let (records, job) = (prepared.records.clone(), prepared.job.clone());
+        drop(prepared);
         let (handle, mut control) = process_pair();
         tokio::spawn(async move {
+            let recorded = (records.clone(), job.clone(), tree.clone());
+            let written = tokio::task::spawn_blocking(move || recorded.0.write(&recorded.1, &recorded.2)).await;
+            if let Ok(Err(error)) = written {
+                tracing::warn!(%job, %error, "cannot record the job's shell; its marker still finds its processes");
+            }
             let status = tokio::select! {
                 biased;
                 _ = control.kill_requested() => {
-                    kill_group(pid);
+                    end_tree(&job, &tree).await;
                     let _ = child.wait().await;
                     ExitStatus::Killed
                 }
@@ -92,9 +295,27 @@ impl Executor for OsExecutor {
                     Err(_) => ExitStatus::Killed,
                 },
             };
+            // After a normal exit too: background children must not outlive the job in its allocation.
+            if end_tree(&job, &tree).await {
+                let removed = tokio::task::spawn_blocking(move || records.remove(&job)).await;
+                if let Ok(Err(error)) = removed {
+                    tracing::warn!(%error, "cannot remove a job record");
+                }
+            }
             control.exited(status);
         });
         Ok(handle)
+    }
+}
+
+/// Ends `tree`; returns whether it is dead (else it is logged, and its record stays for the next agent).
+async fn end_tree(job: &str, tree: &JobTree) -> bool {
+    match tree.end().await {
+        Ok(_) => true,
+        Err(error) => {
+            tracing::error!(job, %error, "job processes survived SIGKILL");
+            false
+        }
     }
 }
 
@@ -107,34 +328,42 @@ fn exit_status(status: std::process::ExitStatus) -> ExitStatus {
     }
 }
 
-/// SIGKILL to the process group `pid` leads (the shell and everything it started).
-fn kill_group(pid: u32) {
-    let Ok(pid) = libc::pid_t::try_from(pid) else { return };
-    // SAFETY: killpg only sends a signal; a stale group id fails with ESRCH, which is harmless.
-    unsafe {
-        libc::killpg(pid, libc::SIGKILL);
-    }
-}
-
-/// Asks the kernel to SIGKILL the job's shell when the agent dies (Linux; see the module docs).
-#[cfg(target_os = "linux")]
-fn die_with_agent(command: &mut tokio::process::Command) {
+/// Makes the job's shell lead a new session (and process group), so its processes can be found by session id,
+/// and asks the kernel to SIGKILL it when the agent dies (`PR_SET_PDEATHSIG`): a dead agent cannot fence itself,
+/// and DESIGN §4 promises that when the controller declares a node lost its processes are dead. The signal
+/// follows the thread that spawned the shell; the agent spawns from its runtime's threads, which live as long as
+/// the agent. The rest of the tree is ended by the next agent on the work dir (module docs).
+fn lead_a_session_and_die_with_agent(command: &mut tokio::process::Command) {
     let agent = std::process::id();
-    // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe calls (prctl,
-    // getppid, raise).
+    // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe calls (setsid,
+    // prctl, getppid, raise).
     unsafe {
         command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // The agent died between the fork and the prctl: the signal was never armed.
-            if u32::try_from(libc::getppid()).ok() != Some(agent) {
-                libc::raise(libc::SIGKILL);
-            }
-            Ok(())
+            die_with_agent(agent)
         });
     }
 }
 
+/// In the forked child: arms `PR_SET_PDEATHSIG` (Linux), and dies at once if `agent` is already gone.
+#[cfg(target_os = "linux")]
+unsafe fn die_with_agent(agent: u32) -> std::io::Result<()> {
+    // SAFETY (caller): runs between fork and exec; prctl, getppid and raise are async-signal-safe.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // The agent died between the fork and the prctl: the signal was never armed.
+        if u32::try_from(libc::getppid()).ok() != Some(agent) {
+            libc::raise(libc::SIGKILL);
+        }
+    }
+    Ok(())
+}
+
 #[cfg(not(target_os = "linux"))]
-fn die_with_agent(_command: &mut tokio::process::Command) {}
+unsafe fn die_with_agent(_agent: u32) -> std::io::Result<()> {
+    Ok(())
+}

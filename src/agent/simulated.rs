@@ -13,6 +13,7 @@ use crate::store::RowId;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -261,7 +262,17 @@ fn job_stream(job: JobId) -> u64 {
 }
 
 impl Executor for SimulatedExecutor {
-    async fn start(&self, request: StartRequest) -> Result<ProcessHandle, ExecutorError> {
+    /// A simulated start needs no preparation: everything happens in [`Executor::spawn`].
+    type Prepared = StartRequest;
+
+    fn prepare(
+        &self,
+        request: StartRequest,
+    ) -> impl Future<Output = Result<StartRequest, ExecutorError>> + Send + 'static {
+        std::future::ready(Ok(request))
+    }
+
+    fn spawn(&self, request: StartRequest) -> Result<ProcessHandle, ExecutorError> {
         let launch = &request.launch;
         let attempt = {
             let mut attempts = lock(&self.attempts);

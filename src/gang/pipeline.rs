@@ -20,7 +20,7 @@ use super::model::{
     ALLOCATION_FREE, Allocation, INBOX_DONE, INBOX_NEW, Job, JobStatus, KIND_ALLOCATION, KIND_INBOX, KIND_JOB,
     KIND_NODE, KIND_OPERATION, Message, NodeData, OperationData, OperationStatus, node_lease_owner,
 };
-use crate::pipeline::{Changes, Handler, LoadCx, PipelineConfig, WorkError};
+use crate::pipeline::{Changes, Handler, LoadCx, PipelineConfig, RetryPolicy, WorkError};
 use crate::store::{LockToken, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowUpdate, Store, Timestamp};
 use std::collections::BTreeMap;
 
@@ -29,10 +29,25 @@ pub const OPERATION_PIPELINE: &str = "operations";
 
 /// The operation pipeline's config: rows of kind `operation` in `starting` or `running`, every other field at its
 /// default (a running operation is looked at every `min_processing_interval`, 5 s, and at once on a hint from an
-/// agent's report or a write API).
+/// agent's report or a write API) but the retry policy, [`operation_retry_policy`].
 pub fn operation_pipeline_config() -> PipelineConfig {
     let statuses = [OperationStatus::Starting.as_str(), OperationStatus::Running.as_str()];
-    PipelineConfig::new(OPERATION_PIPELINE, KIND_OPERATION, &statuses)
+    let config = PipelineConfig::new(OPERATION_PIPELINE, KIND_OPERATION, &statuses);
+    PipelineConfig { retry: operation_retry_policy(&config), ..config }
+}
+
+/// The operation pipeline's retry policy: a pass that fails never fails its operation. An operation ends only by
+/// the rules of DESIGN §4 (its jobs, `max_failed_job_count`, an abort), so the pass is retried for ever
+/// (`attempts_max: None`), backing off from 1 s to at most `min_processing_interval` (5 s): a failing operation is
+/// looked at no less often than a healthy running one, and a cured cause is picked up within one interval.
+/// `failed_status` is never used; it names the operation status the controller itself sets on failure.
+pub fn operation_retry_policy(config: &PipelineConfig) -> RetryPolicy {
+    RetryPolicy {
+        attempts_max: None,
+        backoff_max: config.min_processing_interval,
+        failed_status: OperationStatus::Failed.as_str().to_string(),
+        ..RetryPolicy::default()
+    }
 }
 
 /// The controller's [`Handler`] for operation rows.
@@ -199,4 +214,18 @@ fn changes(pass: Pass) -> Changes {
         changes.hints.push(KIND_ALLOCATION.into());
     }
     changes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_operation_pipeline_never_gives_up_and_backs_off_at_most_its_processing_interval() {
+        let config = operation_pipeline_config();
+        config.validate().unwrap();
+        assert_eq!(config.retry.attempts_max, None, "a failed pass must never fail its operation");
+        assert!(!config.retry.gives_up_at(u32::MAX));
+        assert_eq!(config.retry.backoff(u32::MAX, 1.0), config.min_processing_interval);
+    }
 }

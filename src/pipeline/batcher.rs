@@ -13,6 +13,10 @@
 //! pipeline wait at once, and that is the batch bound. Each lease reads as [`Store::refetch`] reads it: a stale one
 //! alone reads `None`, and only its item is dropped.
 //!
+//! A bad value fails alone (DESIGN §2): an apply the store would refuse ([`check_apply`]) fails at once without
+//! joining a batch, and a batch the store still refuses whole is sent again item by item (see
+//! [`super::group_commit`]).
+//!
 //! A window of zero (or a batch bound of 1) turns a batcher off: each call is its own store call, on the worker's
 //! task, and the worker waits for it.
 
@@ -20,7 +24,7 @@ use super::clock::LocalClock;
 use super::config::PipelineConfig;
 use super::group_commit::{BatchedCall, GroupCommit, Pending, Policy};
 use super::metrics::Metrics;
-use crate::store::{ApplyOutcome, ApplyParams, Lease, Row, Store, StoreError};
+use crate::store::{ApplyOutcome, ApplyParams, Lease, Row, Store, StoreError, check_apply};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -106,7 +110,13 @@ impl<S: Store> ApplyBatcher<S> {
 
     /// Hands `params` to the dispatcher (batching must be on) once one of the pipeline's `apply_batch_max` slots
     /// for unanswered applies is free, and returns where its outcome will arrive, without waiting for it.
+    ///
+    /// An apply with a value the store refuses ([`check_apply`]) fails alone at once with `Invalid`, without a slot
+    /// or a store call, rather than fail the batch it would join (DESIGN §2).
     pub async fn submit(&self, params: ApplyParams) -> PendingApply {
+        if let Err(invalid) = check_apply(&params) {
+            return PendingApply::resolved(Err(invalid), "apply");
+        }
         // The semaphore is never closed; a closed one would only mean no slot is ever needed again.
         let slot = self.slots.clone().acquire_owned().await.ok();
         self.group.submit(params, slot)

@@ -58,12 +58,86 @@ pub const REFETCH_DEFAULT: bool = true;
 /// queue is dstack's size) is reread.
 pub const REFETCH_AFTER_DEFAULT: Duration = Duration::from_secs(1);
 
+/// Default most attempts of an item before it gives up: river's and graphile-worker's default of 25 (Oban's is 20,
+/// pg-boss retries 2 times). With the default backoff the 25th attempt comes ≈ 2.8 h after the first failure.
+pub const RETRY_ATTEMPTS_MAX_DEFAULT: u32 = 25;
+/// Default delay after the first failure; each further failure in a row doubles it (graphile-worker and Oban back
+/// off exponentially too). 1 s is twice the shortest empty-fetch backoff, so a failing row costs at most one fetch
+/// pass of its pipeline per second even when its failures are instant.
+pub const RETRY_BACKOFF_BASE_DEFAULT: Duration = Duration::from_secs(1);
+/// Default longest delay between two attempts: 10 minutes, reached at the 11th failure. River caps nothing (its
+/// attempt⁴ seconds reach 4.5 days at 25), graphile-worker at e¹⁰ s ≈ 6 h; a pipeline reconciles resources that
+/// users wait on, so a cured cause (a node back, a bug fixed) should be picked up within minutes.
+pub const RETRY_BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(600);
+/// Default relative jitter of each retry delay, ×(1 ± 0.2): the fetch backoff's (DESIGN §3), so rows that failed
+/// together (a dependency down) do not come back together. River jitters ±10%.
+pub const RETRY_JITTER_DEFAULT: f64 = 0.2;
+/// Default status a row takes when its pipeline gives up on it (river's `discarded`, pg-boss's `failed`).
+pub const RETRY_FAILED_STATUS_DEFAULT: &str = "failed";
+
+const _: () = assert!(RETRY_BACKOFF_BASE_DEFAULT.as_millis() <= RETRY_BACKOFF_MAX_DEFAULT.as_millis());
 const _: () = assert!(HEARTBEAT_INTERVAL_DEFAULT.as_millis() * 2 <= LEASE_TTL_DEFAULT.as_millis());
 const _: () = assert!(APPLY_BATCH_WINDOW_DEFAULT.as_millis() < LEASE_MARGIN_DEFAULT.as_millis());
 const _: () = assert!(REFETCH_BATCH_WINDOW_DEFAULT.as_millis() < LEASE_MARGIN_DEFAULT.as_millis());
 const _: () = assert!(
     LEASE_MARGIN_DEFAULT.as_millis() + HEARTBEAT_INTERVAL_DEFAULT.as_millis() * 2 <= LEASE_TTL_DEFAULT.as_millis() / 2
 );
+
+/// How a pipeline treats an item that failed (DESIGN §3, failures; river, graphile-worker, pg-boss and Oban all count
+/// attempts, back off exponentially with jitter and stop after a maximum).
+///
+/// A failure is the handler's: `WorkError::Failed` from `load` or `process`, a panic in either, or a value the store
+/// refuses (`StoreError::Invalid`). It is written on the row at once by a guarded write
+/// ([`Store::record_failure`](crate::store::Store::record_failure)): one more attempt, the error, and either the
+/// time before which no fetch takes the row again, or, at the last attempt, [`RetryPolicy::failed_status`]. The
+/// store failing or timing out is not the item's fault: those failures leave the lease to expire as before and
+/// count no attempt. [`Handler::retry`](super::Handler::retry) can decide otherwise per error.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts after which the row gives up: the failure that makes `attempts` reach this takes `failed_status`.
+    /// `None` retries for ever. At least 1. Default `Some(`[`RETRY_ATTEMPTS_MAX_DEFAULT`]`)`.
+    pub attempts_max: Option<u32>,
+    /// Delay, store clock, after the first failure in a row; the n-th waits `backoff_base × 2ⁿ⁻¹`, at most
+    /// `backoff_max`, then jittered. Not zero. Default [`RETRY_BACKOFF_BASE_DEFAULT`].
+    pub backoff_base: Duration,
+    /// Longest delay between two attempts (before jitter, which stays under it). At least `backoff_base`. Default
+    /// [`RETRY_BACKOFF_MAX_DEFAULT`].
+    pub backoff_max: Duration,
+    /// Relative jitter of each delay, in [0, 1): the delay is multiplied by a uniform draw from 1 ± this, from the
+    /// pipeline's seeded random stream. Default [`RETRY_JITTER_DEFAULT`].
+    pub jitter: f64,
+    /// The status a row takes when the pipeline gives up on it; must not be one of the pipeline's `statuses`, or
+    /// the row would be fetched again. Default [`RETRY_FAILED_STATUS_DEFAULT`].
+    pub failed_status: String,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> RetryPolicy {
+        RetryPolicy {
+            attempts_max: Some(RETRY_ATTEMPTS_MAX_DEFAULT),
+            backoff_base: RETRY_BACKOFF_BASE_DEFAULT,
+            backoff_max: RETRY_BACKOFF_MAX_DEFAULT,
+            jitter: RETRY_JITTER_DEFAULT,
+            failed_status: RETRY_FAILED_STATUS_DEFAULT.to_string(),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Whether the failure of attempt `attempt` (from 1) is the last one.
+    pub fn gives_up_at(&self, attempt: u32) -> bool {
+        self.attempts_max.is_some_and(|max| attempt >= max)
+    }
+
+    /// The delay before the attempt after failed attempt `attempt` (from 1): `backoff_base × 2^(attempt − 1)`,
+    /// capped at `backoff_max`, times `1 + jitter × draw` where `draw` is in [-1, 1], and never past `backoff_max`.
+    pub fn backoff(&self, attempt: u32, draw: f64) -> Duration {
+        let exponential = self.backoff_base.saturating_mul(1u32 << attempt.saturating_sub(1).min(31));
+        let capped = exponential.min(self.backoff_max);
+        let factor = 1.0 + self.jitter * draw.clamp(-1.0, 1.0);
+        capped.mul_f64(factor.max(0.0)).min(self.backoff_max)
+    }
+}
 
 /// One pipeline: which rows it leases and how it paces itself. Build with [`PipelineConfig::new`] and change
 /// fields; [`PipelineConfig::validate`] names the first broken rule.
@@ -142,6 +216,9 @@ pub struct PipelineConfig {
     /// `lease_margin`, as a refetch that waits for its batch holds a lease only checked locally before. Default
     /// [`REFETCH_BATCH_WINDOW_DEFAULT`].
     pub refetch_batch_window: Duration,
+    /// What becomes of an item that failed: attempts, backoff, give-up status (see [`RetryPolicy`]). Default
+    /// [`RetryPolicy::default`].
+    pub retry: RetryPolicy,
 }
 
 /// A configuration that breaks a rule; the message names the field, the value and the rule.
@@ -187,6 +264,7 @@ impl PipelineConfig {
             refetch: REFETCH_DEFAULT,
             refetch_after: REFETCH_AFTER_DEFAULT,
             refetch_batch_window: REFETCH_BATCH_WINDOW_DEFAULT,
+            retry: RetryPolicy::default(),
         }
     }
 
@@ -270,6 +348,29 @@ impl PipelineConfig {
                 format!("{:?} must be shorter than lease_margin {:?}", self.refetch_batch_window, self.lease_margin);
             return fail("refetch_batch_window", rule);
         }
+        self.validate_retry()
+    }
+
+    fn validate_retry(&self) -> Result<(), ConfigError> {
+        let fail = |field, rule: String| Err(ConfigError::Field { pipeline: self.name.clone(), field, rule });
+        let retry = &self.retry;
+        if retry.attempts_max == Some(0) {
+            return fail("retry.attempts_max", "0 must be at least 1".into());
+        }
+        if retry.backoff_base.is_zero() {
+            return fail("retry.backoff_base", "must not be zero".into());
+        }
+        if retry.backoff_max < retry.backoff_base {
+            let rule = format!("{:?} must be at least backoff_base {:?}", retry.backoff_max, retry.backoff_base);
+            return fail("retry.backoff_max", rule);
+        }
+        if !(0.0..1.0).contains(&retry.jitter) {
+            return fail("retry.jitter", format!("{} must be in [0, 1)", retry.jitter));
+        }
+        if retry.failed_status.is_empty() || self.statuses.contains(&retry.failed_status) {
+            let rule = format!("{:?} must be a status outside statuses {:?}", retry.failed_status, self.statuses);
+            return fail("retry.failed_status", rule);
+        }
         Ok(())
     }
 }
@@ -291,6 +392,36 @@ mod tests {
     #[test]
     fn defaults_validate() {
         PipelineConfig::new("p", "k", &["ready"]).validate().unwrap();
+    }
+
+    #[test]
+    fn retry_backoff_doubles_from_the_base_up_to_the_cap_and_jitters_under_it() {
+        let policy = RetryPolicy::default();
+        assert_eq!(policy.backoff(1, 0.0), Duration::from_secs(1));
+        assert_eq!(policy.backoff(2, 0.0), Duration::from_secs(2));
+        assert_eq!(policy.backoff(10, 0.0), Duration::from_secs(512));
+        assert_eq!(policy.backoff(11, 0.0), Duration::from_secs(600));
+        assert_eq!(policy.backoff(u32::MAX, 0.0), Duration::from_secs(600));
+        assert_eq!(policy.backoff(3, 1.0), Duration::from_secs_f64(4.8));
+        assert_eq!(policy.backoff(3, -1.0), Duration::from_secs_f64(3.2));
+        assert_eq!(policy.backoff(20, 1.0), Duration::from_secs(600), "jitter stays under the cap");
+        assert!(!policy.gives_up_at(24));
+        assert!(policy.gives_up_at(25));
+        assert!(!RetryPolicy { attempts_max: None, ..policy }.gives_up_at(u32::MAX));
+    }
+
+    #[test]
+    fn a_failed_status_the_pipeline_fetches_is_refused() {
+        let mut config = PipelineConfig::new("p", "k", &["ready", "failed"]);
+        let message = config.validate().unwrap_err().to_string();
+        assert!(
+            message.starts_with("pipeline p: retry.failed_status: \"failed\" must be a status outside"),
+            "{message}"
+        );
+        config.retry.failed_status = "gave-up".into();
+        config.validate().unwrap();
+        config.retry.attempts_max = Some(0);
+        assert_eq!(config.validate().unwrap_err().to_string(), "pipeline p: retry.attempts_max: 0 must be at least 1");
     }
 
     #[test]

@@ -12,6 +12,9 @@
 //!    item arrived: a batch never delays an item by more than the window;
 //! 4. a sent batch runs as a task of its own, so a slow store call does not hold back the next batch.
 //!
+//! A batch that fails with an error that retrying cannot cure (`!is_retryable()`: a value the store refuses) is
+//! sent again one item at a time, so that only the bad item fails (DESIGN §2, "Bad values are refused before SQL").
+//!
 //! So batches grow with the load: one item alone when the pipeline is quiet, as many as arrive during one store
 //! round trip when it is busy. Each item's outcome is its own (the batched store calls report per item). A window
 //! of zero or a `batch_max` of 1 means no batching ([`Policy::is_batching`]); the batchers then call the store
@@ -33,8 +36,8 @@ use tokio::time::Duration;
 
 /// One kind of batched store call: what an item is, what its outcome is, and the store call that takes many.
 pub trait BatchedCall<S: Store>: Send + Sync + 'static {
-    /// One caller's part of a batch.
-    type Item: Send + 'static;
+    /// One caller's part of a batch (cloned when a batch of several is sent, to split it should it fail whole).
+    type Item: Clone + Send + 'static;
     /// One item's outcome.
     type Outcome: Send + 'static;
     /// What an item is, for messages ("apply", "refetch").
@@ -76,6 +79,14 @@ pub struct Pending<O> {
 }
 
 impl<O> Pending<O> {
+    /// An outcome known before any batch: `outcome` is what [`Pending::outcome`] returns.
+    pub fn resolved(outcome: Result<O, StoreError>, what: &'static str) -> Pending<O> {
+        let (reply, received) = oneshot::channel();
+        // The receiver is alive: the send cannot fail.
+        let _ = reply.send(outcome);
+        Pending { outcome: received, what }
+    }
+
     /// The item's own outcome. Errors: the store's error for the whole batch (no item's outcome is known), or
     /// `Unavailable` when the dispatcher was stopped with the item in it.
     pub async fn outcome(self) -> Result<O, StoreError> {
@@ -189,7 +200,7 @@ impl<S: Store, B: BatchedCall<S>> Dispatcher<S, B> {
             let batch = self.gather(first, &mut received).await;
             Metrics::bump(B::calls(&self.metrics));
             self.in_flight.batches.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(flush::<S, B>(self.store.clone(), batch, self.in_flight.clone()));
+            tokio::spawn(flush::<S, B>(self.store.clone(), batch, self.in_flight.clone(), self.metrics.clone()));
         }
     }
 
@@ -229,24 +240,35 @@ impl<S: Store, B: BatchedCall<S>> Dispatcher<S, B> {
     }
 }
 
-/// Sends one batch and hands each caller its outcome. Errors go to every item: the batch's outcome is unknown.
+/// Sends one batch and hands each caller its outcome. A retryable error goes to every item (the batch's outcome is
+/// unknown); a batch of several that fails with any other error is split (see [`split`]).
 async fn flush<S: Store, B: BatchedCall<S>>(
     store: Arc<S>,
     batch: Vec<Request<B::Item, B::Outcome>>,
     in_flight: Arc<InFlight>,
+    metrics: Arc<Metrics>,
 ) {
     let len = batch.len();
     let (items, replies): (Vec<B::Item>, Vec<_>) = batch.into_iter().map(|r| (r.item, (r.reply, r._slot))).unzip();
-    let outcomes = B::send(&store, items).await;
+    let copies = (len > 1).then(|| items.clone());
+    let outcomes = match (B::send(&store, items).await, copies) {
+        (Ok(outcomes), _) => {
+            assert_eq!(outcomes.len(), len, "batched {} answered {} outcomes for {len} items", B::WHAT, outcomes.len());
+            Ok(outcomes.into_iter().map(Ok).collect())
+        }
+        (Err(error), Some(copies)) if !error.is_retryable() => {
+            Ok(split::<S, B>(&store, copies, &error, &metrics).await)
+        }
+        (Err(error), _) => Err(error),
+    };
     // Answered: the next batch may go (a stored permit if the dispatcher is not waiting yet).
     in_flight.batches.fetch_sub(1, Ordering::SeqCst);
     in_flight.landed.notify_one();
     match outcomes {
         Ok(outcomes) => {
-            assert_eq!(outcomes.len(), len, "batched {} answered {} outcomes for {len} items", B::WHAT, outcomes.len());
             for ((reply, _slot), outcome) in replies.into_iter().zip(outcomes) {
                 // A caller that went away (its task aborted) needs no answer.
-                let _ = reply.send(Ok(outcome));
+                let _ = reply.send(outcome);
             }
         }
         Err(error) => {
@@ -255,4 +277,26 @@ async fn flush<S: Store, B: BatchedCall<S>>(
             }
         }
     }
+}
+
+/// The items of a batch that failed whole with the non-retryable `error`, each sent alone, one after another: the
+/// outcome of each, so that only the bad item fails (a store call that fails whole, as a PostgreSQL transaction
+/// does on one bad value, would otherwise fail every item with it, and do so again at every retry).
+async fn split<S: Store, B: BatchedCall<S>>(
+    store: &S,
+    items: Vec<B::Item>,
+    error: &StoreError,
+    metrics: &Metrics,
+) -> Vec<Result<B::Outcome, StoreError>> {
+    tracing::warn!(what = B::WHAT, items = items.len(), %error, "a batch failed whole; sending its items one by one");
+    let mut outcomes = Vec::with_capacity(items.len());
+    for item in items {
+        Metrics::bump(B::calls(metrics));
+        let outcome = B::send(store, vec![item]).await.map(|mut one| {
+            assert_eq!(one.len(), 1, "batched {} answered {} outcomes for 1 item", B::WHAT, one.len());
+            one.pop().expect("one outcome")
+        });
+        outcomes.push(outcome);
+    }
+    outcomes
 }

@@ -18,12 +18,51 @@ pub enum WorkError {
     /// The lease was lost: nothing is written.
     #[error("lease lost")]
     Stale,
-    /// The store failed; the lease is left to expire and the row is retried after it.
+    /// The store failed. A value the store refused (`StoreError::Invalid`) is the item's own failure, counted as
+    /// [`WorkError::Failed`] is; any other store error leaves the lease to expire and the row is retried after it,
+    /// counting no attempt (the store being down is not the item's fault).
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// The handler failed; the lease is left to expire and the row is retried after it.
+    /// The handler failed: the engine records the failure on the row at once (one more attempt, the error) and
+    /// retries it after a backoff, or gives up, as the pipeline's [`RetryPolicy`](super::config::RetryPolicy) and
+    /// [`Handler::retry`] say.
     #[error("{0}")]
     Failed(String),
+    /// The handler panicked in `load` or `process` (the message is the panic's): a failure of its item like
+    /// [`WorkError::Failed`]; the worker goes on with its next item (DESIGN §3).
+    #[error("handler panicked: {0}")]
+    Panicked(String),
+}
+
+impl WorkError {
+    /// Whether the error is the item's own (its handler failed, panicked, or wrote a value the store refuses), so
+    /// that it counts an attempt and is recorded on the row; other errors leave the lease to expire.
+    pub fn is_item_failure(&self) -> bool {
+        matches!(self, WorkError::Failed(_) | WorkError::Panicked(_) | WorkError::Store(StoreError::Invalid(_)))
+    }
+}
+
+/// An item's failure as [`Handler::retry`] sees it.
+#[derive(Debug)]
+pub struct Failure<'a> {
+    /// The failed row.
+    pub row: RowId,
+    /// The attempt that failed, from 1: the row's failures in a row, this one included.
+    pub attempt: u32,
+    /// What went wrong.
+    pub error: &'a WorkError,
+}
+
+/// What [`Handler::retry`] decides for a failed item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryDecision {
+    /// As the pipeline's [`RetryPolicy`](super::config::RetryPolicy) says: back off, or give up at
+    /// `attempts_max`.
+    Policy,
+    /// Try again after this span (store clock), whatever the attempt.
+    After(Duration),
+    /// Give up now: the row takes the policy's `failed_status`.
+    GiveUp,
 }
 
 /// Everything one processing pass writes, applied in one guarded transaction.
@@ -109,4 +148,12 @@ pub trait Handler<S: Store>: Send + Sync + 'static {
 
     /// The heavy work, outside any store call; returns what to write.
     fn process(&self, row: Row, context: Self::Context) -> impl Future<Output = Result<Changes, WorkError>> + Send;
+
+    /// What to do with an item that failed ([`WorkError::is_item_failure`]): the pipeline's policy by default.
+    /// A handler overrides it to give up at once on an error that no retry can cure (a malformed spec), or to
+    /// retry sooner or later than the policy would (river's `NextRetry`, pg-boss's per-job options).
+    fn retry(&self, failure: &Failure<'_>) -> RetryDecision {
+        let _ = failure;
+        RetryDecision::Policy
+    }
 }

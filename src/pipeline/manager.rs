@@ -96,6 +96,7 @@ impl<S: Store> PipelineManager<S> {
         for registered in &mut self.pipelines {
             let spawn = registered.spawn_workers.take().expect("PipelineManager::start called twice");
             let pipeline = &registered.pipeline;
+            pipeline.seed_retry_jitter(self.options.seed);
             registered.workers = spawn(pipeline.clone());
             registered.fetcher = Some(tokio::spawn(pipeline.fetcher(self.options.seed).run()));
             registered.heartbeater = Some(tokio::spawn(pipeline.heartbeater().run()));

@@ -69,8 +69,15 @@ pub struct Metrics {
     pub stale: AtomicU64,
     /// Reset-and-retry after related-lock contention.
     pub retries: AtomicU64,
-    /// Handler or store errors that left a lease to expire.
+    /// Store errors (unavailable, timed out) that left a lease to expire, counting no attempt.
     pub errors: AtomicU64,
+    /// Item failures recorded on their rows (handler failures, panics, values the store refused): each one attempt,
+    /// retried after a backoff or given up (DESIGN §3, failures).
+    pub failures: AtomicU64,
+    /// Recorded failures that gave up: the row took its pipeline's failed status.
+    pub gave_up: AtomicU64,
+    /// Handler panics caught (each also counted as a failure or an error).
+    pub panics: AtomicU64,
     /// Leases given back unprocessed on shutdown.
     pub released: AtomicU64,
     /// Leases the heartbeater extended.
@@ -104,6 +111,12 @@ pub struct MetricsSnapshot {
     pub retries: u64,
     /// See [`Metrics::errors`].
     pub errors: u64,
+    /// See [`Metrics::failures`].
+    pub failures: u64,
+    /// See [`Metrics::gave_up`].
+    pub gave_up: u64,
+    /// See [`Metrics::panics`].
+    pub panics: u64,
     /// See [`Metrics::released`].
     pub released: u64,
     /// See [`Metrics::heartbeats`].
@@ -141,6 +154,9 @@ impl Metrics {
             stale: read(&self.stale),
             retries: read(&self.retries),
             errors: read(&self.errors),
+            failures: read(&self.failures),
+            gave_up: read(&self.gave_up),
+            panics: read(&self.panics),
             released: read(&self.released),
             heartbeats: read(&self.heartbeats),
             fetch_latency: self.fetch_latency.snapshot(),

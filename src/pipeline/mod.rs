@@ -28,9 +28,9 @@ pub mod worker;
 
 pub use batcher::{ApplyBatcher, PendingApply, RefetchBatcher};
 pub use clock::LocalClock;
-pub use config::{ConfigError, PipelineConfig};
+pub use config::{ConfigError, PipelineConfig, RetryPolicy};
 pub use fetcher::{FetchPass, Fetcher};
-pub use handler::{Changes, Handler, LoadCx, WorkError};
+pub use handler::{Changes, Failure, Handler, LoadCx, RetryDecision, WorkError};
 pub use heartbeater::{HeartbeatPass, Heartbeater};
 pub use hinter::Hinter;
 pub use manager::{ManagerOptions, PipelineManager, ShutdownReport};
@@ -41,7 +41,7 @@ use crate::store::Store;
 use queue::Shared;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::time::Duration;
 
 /// One pipeline's parts: its store, config, queue and ledger, and metrics. Clones share them. The manager builds
@@ -61,6 +61,9 @@ pub struct Pipeline<S: Store> {
     pub batcher: Arc<ApplyBatcher<S>>,
     /// Groups its workers' refetches into batches (DESIGN §3, Batching).
     pub refetcher: Arc<RefetchBatcher<S>>,
+    /// The jitter of its workers' retry delays: a ChaCha stream of the pipeline's name, seeded by
+    /// [`Pipeline::seed_retry_jitter`] (DESIGN §5: one stream per purpose, no OS randomness).
+    pub(crate) retry_rng: Arc<Mutex<ChaCha8Rng>>,
 }
 
 pub(crate) type Core<S> = Pipeline<S>;
@@ -75,6 +78,7 @@ impl<S: Store> Clone for Pipeline<S> {
             clock: self.clock.clone(),
             batcher: self.batcher.clone(),
             refetcher: self.refetcher.clone(),
+            retry_rng: self.retry_rng.clone(),
         }
     }
 }
@@ -88,7 +92,8 @@ impl<S: Store> Pipeline<S> {
         let metrics = Arc::new(Metrics::default());
         let batcher = Arc::new(ApplyBatcher::new(store.clone(), &config, clock.clone(), metrics.clone()));
         let refetcher = Arc::new(RefetchBatcher::new(store.clone(), &config, clock.clone(), metrics.clone()));
-        Ok(Pipeline { store, config: Arc::new(config), shared, metrics, clock, batcher, refetcher })
+        let retry_rng = Arc::new(Mutex::new(retry_stream(0, &config.name)));
+        Ok(Pipeline { store, config: Arc::new(config), shared, metrics, clock, batcher, refetcher, retry_rng })
     }
 
     /// The same pipeline on the local clock `clock` (DESIGN §2: deadlines are local, timestamps the store's).
@@ -106,6 +111,18 @@ impl<S: Store> Pipeline<S> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         rng.set_stream(name_stream(&self.config.name));
         Fetcher::new(self.clone(), rng)
+    }
+
+    /// Seeds the jitter of its retry delays from `seed` and the pipeline's name (the manager passes its seed, as
+    /// to the fetcher). Until then the stream is seeded with 0.
+    pub fn seed_retry_jitter(&self, seed: u64) {
+        *self.retry_rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = retry_stream(seed, &self.config.name);
+    }
+
+    /// A draw in [-1, 1] for the jitter of a retry delay.
+    pub(crate) fn retry_draw(&self) -> f64 {
+        use rand::Rng;
+        self.retry_rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).random_range(-1.0..=1.0)
     }
 
     /// Its heartbeater.
@@ -134,6 +151,13 @@ impl<S: Store> Pipeline<S> {
             ..self.metrics.snapshot()
         }
     }
+}
+
+/// The retry-jitter stream of pipeline `name`: its own ChaCha stream, apart from the fetcher's.
+fn retry_stream(seed: u64, name: &str) -> ChaCha8Rng {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(name_stream(name).wrapping_add(1));
+    rng
 }
 
 /// A stable stream number for a pipeline name (FNV-1a), so adding a pipeline does not reshuffle another's jitter.

@@ -6,14 +6,23 @@
 //! apply batcher and takes its next item while the apply waits for its batch and the store; a small task of its own
 //! finishes the item (hints, counters, and the lease leaves the ledger) once the outcome arrives. The worker's loop
 //! ends only after every such task has: a drain waits for the applies of the items the worker started.
+//!
+//! An item that fails (its handler returns `WorkError::Failed`, panics, or writes a value the store refuses) fails
+//! alone: the worker records the failure on the row at once by a guarded write ([`Store::record_failure`]: one more
+//! attempt, the error, a backoff or the pipeline's failed status, as its [`RetryPolicy`](super::RetryPolicy) and the
+//! handler's [`Handler::retry`] decide), logs it with the row id, and goes on with its next item (DESIGN §3).
 
 use super::Core;
 use super::batcher::PendingApply;
-use super::handler::{Handler, LoadCx, WorkError};
+use super::handler::{Failure, Handler, LoadCx, RetryDecision, WorkError};
 use super::metrics::Metrics;
 use super::queue::Item;
 use crate::buggify::{self, Point};
-use crate::store::{ApplyOutcome, ApplyParams, Lease, Store};
+use crate::store::{ApplyOutcome, ApplyParams, FailureOutcome, FailureParams, Lease, Retry, Store, StoreError};
+use futures_util::FutureExt;
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -27,17 +36,22 @@ pub enum ItemOutcome {
     Stale,
     /// A related lock was contended: the lease was reset for retry.
     Retried,
-    /// The handler or the store failed: the lease is left to expire.
+    /// The store failed (unavailable, timed out): the lease is left to expire and no attempt is counted.
     Failed,
+    /// The item failed (handler error, panic, refused value): the failure was recorded on the row, which is
+    /// retried after its backoff.
+    BackedOff,
+    /// The item failed for the last time: the row took its pipeline's failed status.
+    GaveUp,
 }
 
-/// Runs one item through its handler. Never panics on a handler or store error: it logs, counts, and leaves the
-/// lease to expire, so another pass (on any replica) retries the row.
+/// Runs one item through its handler. Never panics, whatever the handler does: a failure of the item is recorded
+/// on its row (see the module doc), a store error leaves the lease to expire; either is logged and counted.
 pub async fn work<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item: Item) -> ItemOutcome {
     let lease = item.lease;
     let outcome = match work_leased(core, handler, item).await {
         Step::Done(outcome) => outcome,
-        Step::Applying(applying) => applying.finish(core).await,
+        Step::Applying(applying) => applying.finish(core, handler).await,
     };
     record(core, lease, outcome);
     outcome
@@ -50,6 +64,11 @@ fn record<S: Store>(core: &Core<S>, lease: Lease, outcome: ItemOutcome) {
         ItemOutcome::Stale => Metrics::bump(&core.metrics.stale),
         ItemOutcome::Retried => Metrics::bump(&core.metrics.retries),
         ItemOutcome::Failed => Metrics::bump(&core.metrics.errors),
+        ItemOutcome::BackedOff => Metrics::bump(&core.metrics.failures),
+        ItemOutcome::GaveUp => {
+            Metrics::bump(&core.metrics.failures);
+            Metrics::bump(&core.metrics.gave_up);
+        }
     }
     core.shared.forget(lease);
 }
@@ -63,6 +82,8 @@ enum Step {
 /// An item whose guarded apply was handed over (or is to be made, with batching off), and what follows it.
 struct Applying {
     lease: Lease,
+    /// The row's failures in a row when it was loaded (for the attempt number should the apply be refused).
+    attempts: u32,
     hints: Vec<String>,
     /// A copy of the apply to send again after it succeeds (buggify).
     repeat: Option<ApplyParams>,
@@ -78,8 +99,9 @@ enum Apply {
 }
 
 impl Applying {
-    /// Waits for the apply's outcome and sends the fetch hints of an applied item.
-    async fn finish<S: Store>(self, core: &Core<S>) -> ItemOutcome {
+    /// Waits for the apply's outcome and sends the fetch hints of an applied item; an apply the store refused
+    /// (a bad value) is the item's failure.
+    async fn finish<S: Store, H: Handler<S>>(self, core: &Core<S>, handler: &H) -> ItemOutcome {
         let name = &core.config.name;
         let applied = match self.apply {
             Apply::Direct(params) => core.batcher.apply(params).await,
@@ -101,7 +123,7 @@ impl Applying {
                 ItemOutcome::Applied
             }
             Ok(ApplyOutcome::Stale) => ItemOutcome::Stale,
-            Err(error) => failed(name, self.lease, WorkError::Store(error)),
+            Err(error) => fail(core, handler, self.lease, self.attempts, WorkError::Store(error)).await,
         }
     }
 }
@@ -127,18 +149,19 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
     } else {
         item.row
     };
+    let attempts = row.attempts;
     let cx = LoadCx::new(core.store.as_ref(), lease, name, core.config.lease_ttl);
-    let context = match handler.load(&row, &cx).await {
+    let context = match unwound(core, lease, handler.load(&row, &cx)).await {
         Ok(context) => context,
-        Err(error) => return Step::Done(stopped(core, lease, error).await),
+        Err(error) => return Step::Done(stopped(core, handler, lease, attempts, error).await),
     };
     // 3. Process, holding no store call.
     let started = clock.now();
-    let changes = handler.process(row, context).await;
+    let changes = unwound(core, lease, handler.process(row, context)).await;
     core.metrics.process_latency.record(clock.now().duration_since(started));
     let changes = match changes {
         Ok(changes) => changes,
-        Err(error) => return Step::Done(stopped(core, lease, error).await),
+        Err(error) => return Step::Done(stopped(core, handler, lease, attempts, error).await),
     };
     // 4. Guarded apply, batched with other workers' applies (each still guarded by its own token).
     let hints = changes.hints;
@@ -160,11 +183,45 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
     } else {
         Apply::Direct(params)
     };
-    Step::Applying(Box::new(Applying { lease, hints, repeat, started, apply }))
+    Step::Applying(Box::new(Applying { lease, attempts, hints, repeat, started, apply }))
+}
+
+/// `call` (a handler's `load` or `process`), with a panic in it turned into [`WorkError::Panicked`]: the panic
+/// fails its item, not its worker (DESIGN §3). Counted in `panics` and logged with the row id.
+async fn unwound<S: Store, T>(
+    core: &Core<S>,
+    lease: Lease,
+    call: impl Future<Output = Result<T, WorkError>>,
+) -> Result<T, WorkError> {
+    match AssertUnwindSafe(call).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => {
+            Metrics::bump(&core.metrics.panics);
+            let message = panic_message(panic.as_ref());
+            let pipeline = &core.config.name;
+            tracing::error!(%pipeline, row = %lease.id, token = %lease.token, panic = %message, "handler panicked");
+            Err(WorkError::Panicked(message))
+        }
+    }
+}
+
+/// The text of a panic's payload (`panic!` with a literal or a format string), or a placeholder.
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+        (Some(text), _) => text.to_string(),
+        (None, Some(text)) => text.clone(),
+        (None, None) => "a panic with a payload that is not text".to_string(),
+    }
 }
 
 /// The load or process phase stopped with `error`.
-async fn stopped<S: Store>(core: &Core<S>, lease: crate::store::Lease, error: WorkError) -> ItemOutcome {
+async fn stopped<S: Store, H: Handler<S>>(
+    core: &Core<S>,
+    handler: &H,
+    lease: Lease,
+    attempts: u32,
+    error: WorkError,
+) -> ItemOutcome {
     match error {
         WorkError::Contended => match core.store.reset_for_retry(lease).await {
             Ok(true) => ItemOutcome::Retried,
@@ -172,11 +229,55 @@ async fn stopped<S: Store>(core: &Core<S>, lease: crate::store::Lease, error: Wo
             Err(error) => failed(&core.config.name, lease, WorkError::Store(error)),
         },
         WorkError::Stale => ItemOutcome::Stale,
-        error => failed(&core.config.name, lease, error),
+        error => fail(core, handler, lease, attempts, error).await,
     }
 }
 
-fn failed(pipeline: &str, lease: crate::store::Lease, error: WorkError) -> ItemOutcome {
+/// The item of `lease`, whose row had failed `attempts` times in a row, failed with `error`. An item failure is
+/// recorded on the row by a guarded write, with the delay or give-up that the handler's [`Handler::retry`] and the
+/// pipeline's policy decide; any other error leaves the lease to expire.
+async fn fail<S: Store, H: Handler<S>>(
+    core: &Core<S>,
+    handler: &H,
+    lease: Lease,
+    attempts: u32,
+    error: WorkError,
+) -> ItemOutcome {
+    let pipeline = &core.config.name;
+    if !error.is_item_failure() {
+        return failed(pipeline, lease, error);
+    }
+    let attempt = attempts.saturating_add(1);
+    let policy = &core.config.retry;
+    let give_up = Retry::GiveUp { status: policy.failed_status.clone() };
+    let retry = match handler.retry(&Failure { row: lease.id, attempt, error: &error }) {
+        RetryDecision::Policy if policy.gives_up_at(attempt) => give_up,
+        RetryDecision::Policy => Retry::After(policy.backoff(attempt, core.retry_draw())),
+        RetryDecision::After(delay) => Retry::After(delay),
+        RetryDecision::GiveUp => give_up,
+    };
+    let gives_up = matches!(retry, Retry::GiveUp { .. });
+    let (row, token) = (lease.id, lease.token);
+    match &retry {
+        Retry::After(delay) => {
+            tracing::warn!(%pipeline, %row, %token, attempt, %error, retry_in = ?delay, "item failed; retried later")
+        }
+        Retry::GiveUp { status } => {
+            tracing::error!(%pipeline, %row, %token, attempt, %error, %status, "item failed; given up")
+        }
+    }
+    let params = FailureParams { lease, error: error.to_string(), retry };
+    match core.store.record_failure(params).await {
+        Ok(FailureOutcome::Recorded { .. }) if gives_up => ItemOutcome::GaveUp,
+        Ok(FailureOutcome::Recorded { .. }) => ItemOutcome::BackedOff,
+        Ok(FailureOutcome::Stale) => ItemOutcome::Stale,
+        Err(store) => failed(pipeline, lease, WorkError::Store(store)),
+    }
+}
+
+/// A failure that is not the item's (the store failed): logged, and the lease left to expire.
+fn failed(pipeline: &str, lease: Lease, error: WorkError) -> ItemOutcome {
+    debug_assert!(!matches!(error, WorkError::Store(StoreError::Invalid(_))), "an Invalid store error is the item's");
     tracing::warn!(%pipeline, row = %lease.id, token = %lease.token, %error, "item failed; lease left to expire");
     ItemOutcome::Failed
 }
@@ -189,14 +290,14 @@ pub async fn run<S: Store, H: Handler<S>>(core: Core<S>, handler: Arc<H>) {
         match work_leased(&core, handler.as_ref(), item).await {
             Step::Done(outcome) => record(&core, lease, outcome),
             Step::Applying(applying) if matches!(applying.apply, Apply::Direct(_)) => {
-                let outcome = applying.finish(&core).await;
+                let outcome = applying.finish(&core, handler.as_ref()).await;
                 record(&core, lease, outcome);
             }
             Step::Applying(applying) => {
                 finishing.retain(|task| !task.0.is_finished());
-                let core = core.clone();
+                let (core, handler) = (core.clone(), handler.clone());
                 finishing.push(Finishing(tokio::spawn(async move {
-                    let outcome = applying.finish(&core).await;
+                    let outcome = applying.finish(&core, handler.as_ref()).await;
                     record(&core, lease, outcome);
                 })));
             }

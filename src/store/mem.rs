@@ -72,6 +72,9 @@ pub enum CommitOp {
     LockRelated { holder: Lease, related: Vec<RowId>, owner: String, outcome: LockOutcome },
     /// A guarded apply: `applied` is false when it was stale and wrote nothing.
     Apply { lease: Lease, applied: bool, related: Vec<RowId>, inserted: Vec<RowId> },
+    /// A recorded failure ([`Store::record_failure`]): `attempts` is the row's count after it, `None` when the
+    /// lease was already gone and nothing was written; `gave_up` when the row took its terminal status.
+    Failure { lease: Lease, attempts: Option<u32>, gave_up: bool },
     /// A reset-and-retry; `held` is false when the lease was already gone.
     Reset { lease: Lease, held: bool },
     /// Leases given back.
@@ -113,6 +116,13 @@ impl fmt::Display for CommitOp {
                 ids(related),
                 ids(inserted)
             ),
+            CommitOp::Failure { lease, attempts, gave_up } => match attempts {
+                None => write!(f, "failure {}#{} stale", lease.id, lease.token),
+                Some(n) => {
+                    let next = if *gave_up { "gave-up" } else { "retry" };
+                    write!(f, "failure {}#{} attempt={n} {next}", lease.id, lease.token)
+                }
+            },
             CommitOp::Reset { lease, held } => {
                 write!(f, "reset {}#{} held={held}", lease.id, lease.token)
             }
@@ -224,6 +234,9 @@ pub(crate) fn fetch_eligible(row: &Row, p: &FetchParams, now: Timestamp) -> bool
     if !lease_expired && !own_or_free {
         return false;
     }
+    if row.not_before.is_some_and(|not_before| not_before > now) {
+        return false;
+    }
     let reset_by_me = !lease_expired && row.lock_owner.as_deref() == Some(p.pipeline.as_str());
     match row.last_processed_at {
         None => true,
@@ -305,6 +318,9 @@ impl State {
             lock_token: None,
             lock_owner: None,
             hinted: false,
+            attempts: 0,
+            errors: Vec::new(),
+            not_before: None,
         };
         self.rows.insert(id, row);
         id
@@ -368,6 +384,7 @@ impl State {
         self.unlock(lease.id);
         // `hinted` stays: a hint that arrived during the lease is for the next fetch (see `Store::apply`).
         self.set_processed_at(lease.id, now);
+        self.rows.get_mut(&lease.id).expect("applied row").attempts = 0;
         let inserted: Vec<RowId> = p.inserts.into_iter().map(|new| self.insert(new, now)).collect();
         for event in p.events {
             let seq = self.events.len() as i64 + 1;
@@ -379,19 +396,35 @@ impl State {
     }
 }
 
-fn check_params(p: &FetchParams) -> Result<(), StoreError> {
-    if p.statuses.is_empty() {
-        return Err(StoreError::Invalid("fetch: statuses must not be empty".into()));
+impl State {
+    /// The write of [`Store::record_failure`] at `now` for a lease still held; returns the row's new attempt count.
+    fn record_failure(&mut self, p: FailureParams, now: Timestamp) -> u32 {
+        let lease = p.lease;
+        for id in self.related_of(lease) {
+            self.unlock(id);
+        }
+        self.unlock(lease.id);
+        let gave_up = match p.retry {
+            Retry::After(delay) => Some(now.plus(delay)),
+            Retry::GiveUp { status } => {
+                self.write(lease.id, RowUpdate::status(status), now);
+                None
+            }
+        };
+        let row = self.rows.get_mut(&lease.id).expect("failed row");
+        row.attempts = row.attempts.saturating_add(1);
+        row.errors.push(AttemptError { attempt: row.attempts, at: now, error: bounded_error(&p.error) });
+        let excess = row.errors.len().saturating_sub(FAILURE_ERRORS_KEPT);
+        row.errors.drain(..excess);
+        row.not_before = gave_up;
+        row.updated_at = now;
+        row.attempts
     }
-    if p.pipeline.is_empty() {
-        return Err(StoreError::Invalid("fetch: pipeline name must not be empty".into()));
-    }
-    Ok(())
 }
 
 impl Store for MemStore {
     async fn fetch(&self, p: FetchParams) -> Result<Vec<Row>, StoreError> {
-        check_params(&p)?;
+        check_fetch(&p)?;
         let now = self.now();
         let mut state = self.lock();
         let statuses: BTreeSet<&String> = p.statuses.iter().collect();
@@ -453,6 +486,7 @@ impl Store for MemStore {
     }
 
     async fn lock_related(&self, p: LockRelatedParams) -> Result<LockOutcome, StoreError> {
+        check_text(&format!("lock_related {}#{}", p.holder.id, p.holder.token), "owner", &p.owner)?;
         let now = self.now();
         let mut state = self.lock();
         if let Some(missing) = p.related.iter().find(|id| !state.rows.contains_key(id)) {
@@ -479,6 +513,7 @@ impl Store for MemStore {
     }
 
     async fn apply(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
+        check_apply(&p)?;
         let now = self.now();
         let guard_disabled = self.inner.apply_guard_disabled.load(Ordering::SeqCst);
         Ok(self.lock().apply(&self.caller, p, now, guard_disabled))
@@ -488,11 +523,27 @@ impl Store for MemStore {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
+        // A bad value fails the whole transaction, as in PostgreSQL: nothing of the batch is written.
+        batch.iter().try_for_each(check_apply)?;
         // One lock and one `now` for every item: the batch is one transaction, its items applied in order.
         let now = self.now();
         let guard_disabled = self.inner.apply_guard_disabled.load(Ordering::SeqCst);
         let mut state = self.lock();
         Ok(batch.into_iter().map(|p| state.apply(&self.caller, p, now, guard_disabled)).collect())
+    }
+
+    async fn record_failure(&self, p: FailureParams) -> Result<FailureOutcome, StoreError> {
+        check_failure(&p)?;
+        let now = self.now();
+        let mut state = self.lock();
+        let lease = p.lease;
+        let gave_up = matches!(p.retry, Retry::GiveUp { .. });
+        let attempts = state.holds(lease).then(|| state.record_failure(p, now));
+        state.record(&self.caller, now, CommitOp::Failure { lease, attempts, gave_up });
+        Ok(match attempts {
+            Some(attempts) => FailureOutcome::Recorded { attempts },
+            None => FailureOutcome::Stale,
+        })
     }
 
     async fn reset_for_retry(&self, lease: Lease) -> Result<bool, StoreError> {
@@ -527,6 +578,7 @@ impl Store for MemStore {
     }
 
     async fn insert(&self, new: NewRow) -> Result<Row, StoreError> {
+        check_new_row("insert", &new)?;
         let now = self.now();
         let mut state = self.lock();
         let kind = new.kind.clone();
@@ -551,6 +603,7 @@ impl Store for MemStore {
     }
 
     async fn update_unleased(&self, id: RowId, update: RowUpdate) -> Result<WriteOutcome, StoreError> {
+        check_update(&format!("update_unleased {id}"), &update)?;
         let now = self.now();
         let mut state = self.lock();
         let outcome = match state.rows.get(&id) {

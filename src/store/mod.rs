@@ -11,6 +11,7 @@ mod mem;
 #[cfg(not(madsim))]
 mod pg;
 mod types;
+mod values;
 
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use error::StoreError;
@@ -18,6 +19,10 @@ pub use mem::{Commit, CommitOp, MemStore};
 #[cfg(not(madsim))]
 pub use pg::{PgOptions, PgStore};
 pub use types::*;
+pub use values::{
+    FAILURE_ERROR_BYTES_MAX, FAILURE_ERRORS_KEPT, KEY_TEXT_BYTES_MAX, bounded_error, check_apply, check_event,
+    check_failure, check_fetch, check_json, check_key, check_new_row, check_text, check_update,
+};
 
 use std::future::Future;
 use tokio::sync::broadcast;
@@ -34,6 +39,12 @@ pub const HINT_BUFFER_LEN_MAX: usize = 1024;
 /// Every call is atomic, and every timestamp it writes comes from the store's own clock. The protocol's expected
 /// outcomes (stale, contended, busy) are values; `Err(StoreError)` means the store itself failed and the outcome
 /// of a write may be unknown.
+///
+/// Values PostgreSQL cannot store (a NUL in text or jsonb, an index key past [`KEY_TEXT_BYTES_MAX`]) are refused by
+/// every backend alike, before anything is written (DESIGN §2): `insert`, `apply`, `apply_batch`,
+/// `update_unleased`, `fetch`, `lock_related` and `record_failure` return [`StoreError::Invalid`] naming the call,
+/// the field and the rule. An `apply_batch` with one bad item writes nothing and fails whole; the engine's batcher
+/// checks items before batching and sends the items of a batch that still fails one by one.
 pub trait Store: Send + Sync + 'static {
     /// Leases up to `limit` eligible rows of `kind`, oldest `last_processed_at` first (never-processed rows
     /// first, then by id), setting `lock_expires_at = now + lease_ttl`, a fresh `lock_token` per row, `lock_owner
@@ -90,7 +101,8 @@ pub trait Store: Send + Sync + 'static {
     /// The guarded apply: if the main row and every row of `params.related` still carry `params.lease.token`,
     /// writes the update, the related updates, the inserts and the events; clears the lease columns of the main
     /// row and of every related row locked with the token; sets the main row's `last_processed_at` and every
-    /// written row's `updated_at` to one `now`. It leaves `hinted` as it is: only a fetch consumes a hint, and one
+    /// written row's `updated_at` to one `now`, and the main row's `attempts` to 0 (a success ends a streak of
+    /// failures; `errors` stay). It leaves `hinted` as it is: only a fetch consumes a hint, and one
     /// that arrived during the lease may announce a change the worker never read. Otherwise writes nothing and
     /// returns `Stale` (dstack PIPELINES, checklist 5 and 6, "Bulk apply with one consistent current time").
     fn apply(&self, params: ApplyParams) -> impl Future<Output = Result<ApplyOutcome, StoreError>> + Send;
@@ -119,6 +131,18 @@ pub trait Store: Send + Sync + 'static {
             Ok(outcomes)
         }
     }
+
+    /// Records that the holder of `params.lease` failed its item (DESIGN §3, failures; river, graphile-worker,
+    /// Oban): if the row still carries the token, adds one to `attempts`, appends the error (bounded by
+    /// [`bounded_error`], with the store's `now` and the new attempt number) to `errors`, keeping the last
+    /// [`FAILURE_ERRORS_KEPT`], clears the lease columns (owner too, so any replica's pipeline may retry it) and
+    /// unlocks related rows locked with the token, and sets `updated_at = now`. Then, for [`Retry::After`],
+    /// `not_before = now + delay` (no fetch takes the row before, hinted or not); for [`Retry::GiveUp`], the row
+    /// takes the given status and `not_before` is cleared. `last_processed_at` stays as it is, so the row keeps
+    /// its place in fetch order. Otherwise writes nothing and returns `Stale`.
+    ///
+    /// Errors: `Invalid` when the give-up status is not a valid status ([`check_failure`]), before any write.
+    fn record_failure(&self, params: FailureParams) -> impl Future<Output = Result<FailureOutcome, StoreError>> + Send;
 
     /// Reset-and-retry: if the row still carries `lease.token`, keeps `lock_owner`, clears `lock_token` and
     /// `lock_expires_at`, sets `last_processed_at = now`, and releases related rows locked with the token.

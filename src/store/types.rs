@@ -97,6 +97,28 @@ pub struct Row {
     pub lock_owner: Option<String>,
     /// Set by a fetch hint naming this row: the next fetch takes it without waiting `min_processing_interval`.
     pub hinted: bool,
+    /// Failures recorded since the row's last successful apply ([`Store::record_failure`] adds one, an apply
+    /// resets it to 0): the attempt number of the last failure in a row (river's `attempt`).
+    ///
+    /// [`Store::record_failure`]: super::Store::record_failure
+    pub attempts: u32,
+    /// The last [`FAILURE_ERRORS_KEPT`](super::FAILURE_ERRORS_KEPT) failures recorded on the row, oldest first;
+    /// kept across applies, so a row that failed and then gave up or succeeded still says why it failed.
+    pub errors: Vec<AttemptError>,
+    /// Store time before which no fetch takes the row, set by a failure's backoff; a fetch hint does not bypass
+    /// it. `None` (or a past time) puts no bound.
+    pub not_before: Option<Timestamp>,
+}
+
+/// One failure a row records (river's `errors`, graphile-worker's `last_error`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptError {
+    /// The attempt that failed: [`Row::attempts`] after it was recorded, from 1.
+    pub attempt: u32,
+    /// Store time of the record.
+    pub at: Timestamp,
+    /// What went wrong, bounded to [`FAILURE_ERROR_BYTES_MAX`](super::FAILURE_ERROR_BYTES_MAX) bytes, NUL removed.
+    pub error: String,
 }
 
 /// A row to insert. The store assigns `id`, `created_at` and `updated_at`; the row starts unleased and unprocessed.
@@ -269,6 +291,41 @@ pub enum LockOutcome {
     /// owner (no token, expiring after the lease ttl) so that their own pipelines leave them to this owner.
     Contended,
     /// The holder's lease is no longer current: nothing was written.
+    Stale,
+}
+
+/// Parameters of [`Store::record_failure`](super::Store::record_failure): a leased item failed, and how it goes on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailureParams {
+    /// The guard: the failed row and the token its worker holds.
+    pub lease: Lease,
+    /// Why it failed; the store keeps it bounded (see [`bounded_error`](super::bounded_error)).
+    pub error: String,
+    /// Whether the row is tried again, and when.
+    pub retry: Retry,
+}
+
+/// What becomes of a failed row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// Tried again: no fetch takes the row before the store's `now` plus this span.
+    After(Duration),
+    /// Not tried again: the row takes this terminal status (the pipeline's failed status, e.g. `failed`).
+    GiveUp {
+        /// The status to set.
+        status: String,
+    },
+}
+
+/// What [`Store::record_failure`](super::Store::record_failure) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureOutcome {
+    /// The failure was written; the row now counts `attempts` failures in a row.
+    Recorded {
+        /// The row's [`Row::attempts`] after the write.
+        attempts: u32,
+    },
+    /// The row no longer carries the token: nothing was written.
     Stale,
 }
 

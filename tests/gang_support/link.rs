@@ -80,6 +80,12 @@ impl Store for Link {
     fn apply(&self, p: ApplyParams) -> impl Future<Output = Result<ApplyOutcome, StoreError>> + Send {
         self.via(self.inner.apply(p))
     }
+    fn record_failure(
+        &self,
+        p: lockstep::store::FailureParams,
+    ) -> impl Future<Output = Result<lockstep::store::FailureOutcome, StoreError>> + Send {
+        self.via(self.inner.record_failure(p))
+    }
     fn reset_for_retry(&self, lease: Lease) -> impl Future<Output = Result<bool, StoreError>> + Send {
         self.via(self.inner.reset_for_retry(lease))
     }

@@ -5,7 +5,7 @@
 //! [`conformance_tests!`](crate::conformance_tests), which expands to one `#[tokio::test]` per case, so a failing
 //! case names itself (`fetch::skips_rows_whose_status_is_not_listed`). The cases live one file per area: [`fetch`],
 //! [`apply`], [`apply_batch`], [`refetch`], [`related`], [`heartbeat`], [`release`], [`rows`], [`update_unleased`],
-//! [`hint`]. Each case is a `pub async fn case<H: Harness>(h: H)` that panics, naming the rows involved, when the
+//! [`hint`], [`failure`], [`values`]. Each case is a `pub async fn case<H: Harness>(h: H)` that panics, naming the rows involved, when the
 //! store breaks the rule it is named after; change semantics here first, then in the backends.
 //!
 //! The cases fit a store on a manual clock (MemStore on [`ManualClock`](crate::store::ManualClock)) and one on
@@ -22,6 +22,7 @@
 
 pub mod apply;
 pub mod apply_batch;
+pub mod failure;
 pub mod fetch;
 pub mod heartbeat;
 pub mod hint;
@@ -30,6 +31,7 @@ pub mod related;
 pub mod release;
 pub mod rows;
 pub mod update_unleased;
+pub mod values;
 
 use crate::store::{
     ApplyOutcome, ApplyParams, FetchParams, Lease, LockOutcome, LockRelatedParams, NewRow, Row, RowId, Store, Timestamp,
@@ -190,6 +192,22 @@ macro_rules! __conformance_cases {
                 hint_with_a_row_marks_only_that_row_hinted,
                 hint_reaches_every_subscriber_after_commit,
                 hint_during_a_lease_survives_the_apply,
+            }
+            failure {
+                record_failure_counts_the_attempt_records_the_error_and_clears_the_lease,
+                a_failed_row_is_not_fetched_before_its_delay_even_when_hinted,
+                record_failure_keeps_the_last_errors_bounded,
+                give_up_sets_the_failed_status_and_clears_the_lease,
+                record_failure_with_a_stale_token_writes_nothing,
+                an_apply_resets_the_attempts_and_keeps_the_errors,
+                record_failure_unlocks_related_rows,
+                record_failure_refuses_a_bad_give_up_status,
+            }
+            values {
+                insert_refuses_nul_and_oversized_keys,
+                apply_refuses_a_bad_value_and_keeps_the_lease,
+                apply_batch_with_one_bad_item_writes_nothing,
+                update_unleased_refuses_a_bad_value,
             }
         }
     };
@@ -401,6 +419,7 @@ mod tests {
         let files = [
             ("apply", include_str!("apply.rs")),
             ("apply_batch", include_str!("apply_batch.rs")),
+            ("failure", include_str!("failure.rs")),
             ("fetch", include_str!("fetch.rs")),
             ("heartbeat", include_str!("heartbeat.rs")),
             ("hint", include_str!("hint.rs")),
@@ -409,6 +428,7 @@ mod tests {
             ("release", include_str!("release.rs")),
             ("rows", include_str!("rows.rs")),
             ("update_unleased", include_str!("update_unleased.rs")),
+            ("values", include_str!("values.rs")),
         ];
         let mut defined = BTreeSet::new();
         for (area, text) in files {

@@ -1,7 +1,7 @@
 //! Conversions between the store's types and PostgreSQL's: the one place that knows how `Timestamp` maps to
 //! `timestamptz` and `Duration` to `interval`, and how a result row becomes a [`Row`] or an [`Event`].
 
-use crate::store::{Event, LockToken, Row, RowId, Timestamp, duration_micros};
+use crate::store::{AttemptError, Event, LockToken, Row, RowId, Timestamp, duration_micros};
 use sqlx::postgres::types::{Oid, PgInterval};
 use sqlx::postgres::{PgRow, PgTypeInfo, PgValueFormat, PgValueRef, Postgres};
 use sqlx::types::Json;
@@ -67,7 +67,15 @@ pub(super) fn row(r: &PgRow) -> Result<Row, sqlx::Error> {
         lock_token: r.try_get::<Option<i64>, _>("lock_token")?.map(LockToken),
         lock_owner: r.try_get("lock_owner")?,
         hinted: r.try_get("hinted")?,
+        attempts: attempts(r.try_get("attempts")?)?,
+        errors: r.try_get::<Json<Vec<AttemptError>>, _>("errors")?.0,
+        not_before: r.try_get::<Option<PgTime>, _>("not_before")?.map(|t| t.0),
     })
+}
+
+/// The `attempts` column (an `integer` that only ever grows from 0) as a count.
+pub(super) fn attempts(value: i32) -> Result<u32, sqlx::Error> {
+    u32::try_from(value).map_err(|_| sqlx::Error::Protocol(format!("attempts {value} is below 0")))
 }
 
 /// A result row of `sql::REFETCH_BATCH`: the lease's index in the input (from 0) and its row.

@@ -27,13 +27,17 @@ const REFUSED_URL_CODES: [&str; 2] = ["28", "3D000"];
 /// or `\u0000` in `jsonb` (22P05). The call's arguments broke a rule of the store.
 const INVALID_DATA_CLASS: &str = "22";
 
+/// SQLSTATE 54000 (program limit exceeded): e.g. an index row larger than a btree page allows. The store refuses
+/// such keys before SQL (`KEY_TEXT_BYTES_MAX`); this keeps one that slips past `Invalid` all the same.
+const LIMIT_EXCEEDED: &str = "54000";
+
 /// Maps a sqlx error to the store's error. `waits` are the store's bounds, reported by the `Timeout` of the one
 /// that ran out: the pool's wait for a connection, a lock wait (`lock_timeout`) or a statement
 /// (`statement_timeout`). Lost or refused connections are `Unavailable`, serialization failures and deadlocks
 /// `Conflict`, a malformed URL, a role, password or database the server refuses, or a value PostgreSQL cannot
-/// store `Invalid`, anything else `Other`. A database
-/// error's message is PostgreSQL's own with its SQLSTATE (not sqlx's wrapping, which adds the line of the server's
-/// source that raised it). Every message is [`scrub`]bed.
+/// store (or an index key past its limit) `Invalid`, anything else `Other`. A database error's message is
+/// PostgreSQL's own with its SQLSTATE (not sqlx's wrapping, which adds the line of the server's source that raised
+/// it). Every message is [`scrub`]bed.
 pub(super) fn store_error(err: sqlx::Error, waits: Waits) -> StoreError {
     match err {
         sqlx::Error::PoolTimedOut => StoreError::Timeout(waits.acquire),
@@ -52,7 +56,10 @@ pub(super) fn store_error(err: sqlx::Error, waits: Waits) -> StoreError {
                 StoreError::Timeout(waits.statement)
             } else if UNAVAILABLE_CODES.iter().any(|c| code.starts_with(c)) {
                 StoreError::Unavailable(message)
-            } else if code.starts_with(INVALID_DATA_CLASS) || REFUSED_URL_CODES.iter().any(|c| code.starts_with(c)) {
+            } else if code.starts_with(INVALID_DATA_CLASS)
+                || code == LIMIT_EXCEEDED
+                || REFUSED_URL_CODES.iter().any(|c| code.starts_with(c))
+            {
                 StoreError::Invalid(message)
             } else {
                 StoreError::Other(message)

@@ -21,8 +21,10 @@ mod write;
 pub use options::PgOptions;
 
 use crate::store::{
-    ApplyOutcome, ApplyParams, Event, FetchParams, HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, Lease, LockOutcome,
-    LockRelatedParams, NewRow, Row, RowId, RowUpdate, Store, StoreError, Timestamp, WriteOutcome, duration_micros,
+    ApplyOutcome, ApplyParams, Event, FAILURE_ERRORS_KEPT, FailureOutcome, FailureParams, FetchParams,
+    HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, Lease, LockOutcome, LockRelatedParams, NewRow, Retry, Row, RowId,
+    RowUpdate, Store, StoreError, Timestamp, WriteOutcome, bounded_error, check_apply, check_failure, check_fetch,
+    check_new_row, check_text, check_update, duration_micros,
 };
 use codec::{PgTime, interval};
 use sqlx::postgres::types::PgInterval;
@@ -186,6 +188,7 @@ impl PgStore {
     ///
     /// Errors: `Unavailable`/`Timeout`/`Other` as for any call; nothing is inserted then.
     pub async fn insert_many(&self, rows: Vec<NewRow>) -> Result<Vec<RowId>, StoreError> {
+        rows.iter().enumerate().try_for_each(|(i, row)| check_new_row(&format!("insert_many: rows[{i}]"), row))?;
         let mut conn = self.inner.pool.acquire().await.map_err(|e| self.fail(e))?;
         write::insert_rows(&mut conn, self.offset(), rows).await.map_err(|e| self.fail(e))
     }
@@ -397,17 +400,6 @@ fn fetch_query<'q>(query: PgQuery<'q>, offset: PgInterval, p: &FetchParams) -> P
         .bind(interval(p.min_processing_interval))
 }
 
-/// MemStore's parameter checks of a fetch (same rules, same messages).
-fn check_fetch_params(p: &FetchParams) -> Result<(), StoreError> {
-    if p.statuses.is_empty() {
-        return Err(StoreError::Invalid("fetch: statuses must not be empty".into()));
-    }
-    if p.pipeline.is_empty() {
-        return Err(StoreError::Invalid("fetch: pipeline name must not be empty".into()));
-    }
-    Ok(())
-}
-
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 /// The leases of `leases` (in order, duplicates kept, as MemStore filters them) whose `(id, token)` is in
@@ -423,7 +415,7 @@ fn split_leases(leases: &[Lease]) -> (Vec<i64>, Vec<i64>) {
 
 impl Store for PgStore {
     async fn fetch(&self, p: FetchParams) -> Result<Vec<Row>, StoreError> {
-        check_fetch_params(&p)?;
+        check_fetch(&p)?;
         let rows = fetch_query(sqlx::query(AssertSqlSafe(PgStore::fetch_sql(&p))), self.offset(), &p)
             .fetch_all(&self.inner.pool)
             .await
@@ -486,6 +478,7 @@ impl Store for PgStore {
     }
 
     async fn lock_related(&self, p: LockRelatedParams) -> Result<LockOutcome, StoreError> {
+        check_text(&format!("lock_related {}#{}", p.holder.id, p.holder.token), "owner", &p.owner)?;
         self.run_again_on_conflict("lock_related", || {
             write::lock_related_in_transaction(&self.inner.pool, self.offset(), p.clone())
         })
@@ -493,6 +486,7 @@ impl Store for PgStore {
     }
 
     async fn apply(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
+        check_apply(&p)?;
         let simple = p.related.is_empty() && p.inserts.is_empty() && p.events.is_empty();
         if !simple {
             return self
@@ -518,6 +512,8 @@ impl Store for PgStore {
     }
 
     async fn apply_batch(&self, mut batch: Vec<ApplyParams>) -> Result<Vec<ApplyOutcome>, StoreError> {
+        // A bad value would fail the whole transaction in PostgreSQL; refuse it before SQL, as MemStore does.
+        batch.iter().try_for_each(check_apply)?;
         match batch.len() {
             0 => Ok(Vec::new()),
             // One item: the single apply's statement is the same work without the batch's bookkeeping.
@@ -529,6 +525,34 @@ impl Store for PgStore {
                 .await
             }
         }
+    }
+
+    async fn record_failure(&self, p: FailureParams) -> Result<FailureOutcome, StoreError> {
+        check_failure(&p)?;
+        let (delay, status) = match p.retry {
+            Retry::After(delay) => (delay, None),
+            Retry::GiveUp { status } => (Duration::ZERO, Some(status)),
+        };
+        let error = bounded_error(&p.error);
+        let attempts: Option<i32> = self
+            .run_again_on_conflict("record_failure", || {
+                sqlx::query_scalar(sql::RECORD_FAILURE)
+                    .bind(self.offset())
+                    .bind(p.lease.id.0)
+                    .bind(p.lease.token.0)
+                    .bind(error.clone())
+                    .bind(interval(delay))
+                    .bind(status.clone())
+                    .bind(FAILURE_ERRORS_KEPT as i32)
+                    .fetch_optional(&self.inner.pool)
+            })
+            .await?;
+        Ok(match attempts {
+            Some(attempts) => {
+                FailureOutcome::Recorded { attempts: codec::attempts(attempts).map_err(|e| self.fail(e))? }
+            }
+            None => FailureOutcome::Stale,
+        })
     }
 
     async fn reset_for_retry(&self, lease: Lease) -> Result<bool, StoreError> {
@@ -558,6 +582,7 @@ impl Store for PgStore {
     }
 
     async fn insert(&self, new: NewRow) -> Result<Row, StoreError> {
+        check_new_row("insert", &new)?;
         let row = sqlx::query(sql::INSERT)
             .bind(self.offset())
             .bind(new.kind)
@@ -591,6 +616,7 @@ impl Store for PgStore {
     }
 
     async fn update_unleased(&self, id: RowId, update: RowUpdate) -> Result<WriteOutcome, StoreError> {
+        check_update(&format!("update_unleased {id}"), &update)?;
         let busy: Option<bool> = self
             .run_again_on_conflict("update_unleased", || {
                 sqlx::query_scalar(sql::UPDATE_UNLEASED)

@@ -19,7 +19,7 @@ use crate::store::{FetchParams, duration_micros};
 macro_rules! row_columns {
     () => {
         "r.id, r.kind, r.parent_id, r.status, r.data, r.created_at, r.updated_at, r.last_processed_at, \
-         r.lock_expires_at, r.lock_token, r.lock_owner, r.hinted"
+         r.lock_expires_at, r.lock_token, r.lock_owner, r.hinted, r.attempts, r.errors, r.not_before"
     };
 }
 
@@ -58,6 +58,7 @@ macro_rules! fetch_sql {
             "
       AND (lock_expires_at IS NULL OR lock_expires_at <= lockstep_now($1))
       AND (lock_expires_at IS NOT NULL OR lock_owner IS NULL OR lock_owner = $4)
+      AND (not_before IS NULL OR not_before <= lockstep_now($1))
       AND (last_processed_at IS NULL
            OR hinted
            OR CASE WHEN lock_expires_at IS NULL AND lock_owner = $4
@@ -258,6 +259,7 @@ pub(super) const APPLY_MAIN: &str = "WITH locked AS (
         data = COALESCE($5, data),
         updated_at = lockstep_now($1),
         last_processed_at = lockstep_now($1),
+        attempts = 0,
         lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
     WHERE id = $2 AND lock_token = $3 AND id IN (SELECT id FROM locked)
     RETURNING id
@@ -284,6 +286,7 @@ pub(super) const APPLY_BATCH_MAIN: &str = "WITH locked AS (
         data = COALESCE(u.data, r.data),
         updated_at = lockstep_now($1),
         last_processed_at = lockstep_now($1),
+        attempts = 0,
         lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
     FROM unnest($2::int8[], $3::int8[], $4::text[], $5::jsonb[]) AS u(id, token, status, data)
     WHERE r.id = u.id AND r.lock_token = u.token AND r.id IN (SELECT id FROM locked)
@@ -316,6 +319,40 @@ SET status = COALESCE(u.status, r.status),
 FROM unnest($2::int8[], $3::int8[], $4::text[], $5::jsonb[]) AS u(id, token, status, data)
 WHERE r.id = u.id AND r.lock_token = u.token
 RETURNING r.id";
+
+/// A failure (mem.rs `record_failure`, `State::record_failure`): lock every row carrying the token in id order;
+/// if the row still carries the token, count the attempt, append the error (with the attempt and the store time as
+/// Unix microseconds) and keep the last `$7`, clear the lease and unlock related rows locked with the token, then
+/// either set `not_before = now + $5` (retry) or, with a give-up status `$6`, set the status and clear
+/// `not_before`. Returns the new attempt count, or no row when stale (then nothing was written).
+///
+/// `$2` id, `$3` token, `$4` error text (bounded by the caller), `$5` delay, `$6` give-up status or NULL, `$7` errors
+/// kept.
+pub(super) const RECORD_FAILURE: &str = "WITH locked AS (
+    SELECT id FROM resources WHERE lock_token = $3 ORDER BY id FOR NO KEY UPDATE
+), main AS (
+    UPDATE resources
+    SET attempts = attempts + 1,
+        errors = (
+            SELECT COALESCE(jsonb_agg(kept.e ORDER BY kept.n), '[]'::jsonb)
+            FROM jsonb_array_elements(errors || jsonb_build_array(jsonb_build_object(
+                    'attempt', attempts + 1,
+                    'at', (extract(epoch FROM lockstep_now($1)) * 1000000)::bigint,
+                    'error', $4::text))) WITH ORDINALITY AS kept(e, n)
+            WHERE kept.n > jsonb_array_length(errors) + 1 - $7::int
+        ),
+        status = COALESCE($6::text, status),
+        not_before = CASE WHEN $6::text IS NULL THEN lockstep_ts_plus(lockstep_now($1), $5) END,
+        updated_at = lockstep_now($1),
+        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    WHERE id = $2 AND lock_token = $3 AND id IN (SELECT id FROM locked)
+    RETURNING attempts
+), unlocked AS (
+    UPDATE resources
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    WHERE id IN (SELECT id FROM locked) AND id <> $2 AND EXISTS (SELECT 1 FROM main)
+)
+SELECT attempts FROM main";
 
 /// Reset-and-retry (mem.rs `reset_for_retry`): lock every row carrying the token in id order; keep the owner,
 /// clear token and expiry, set `last_processed_at = now`, and unlock related rows. Returns one row when the lease

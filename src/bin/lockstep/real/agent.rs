@@ -1,7 +1,9 @@
 //! `lockstep agent`: one node agent running jobs as OS processes (`sh -c COMMAND` in `WORK_DIR/{job id}`, with the
-//! job environment). Runs until SIGTERM or SIGINT, then stops gracefully (`Agent::stop`): it takes no new job,
-//! kills the running ones and reports them interrupted ("node stopping") so the controller restarts them
-//! elsewhere, and gives its node lease back so the node counts as gone at once.
+//! job environment and nothing else of the agent's; `lockstep::agent::process`). At start it locks its work dir
+//! and ends whatever process trees an earlier agent on it left (one killed with SIGKILL). Runs until SIGTERM or
+//! SIGINT, then stops gracefully (`Agent::stop`): it takes no new job, kills the running ones (their whole process
+//! trees) and reports them interrupted ("node stopping") so the controller restarts them elsewhere, and gives its
+//! node lease back so the node counts as gone at once.
 
 use super::{Database, Failure, duration, lease_ttl, termination};
 use lockstep::agent::process::OsExecutor;
@@ -26,7 +28,8 @@ pub struct AgentArgs {
     #[arg(long)]
     pub slots: u32,
     /// Directory of the job sandboxes (`WORK_DIR/{job id}`, holding the job's stdout and stderr); created if
-    /// missing.
+    /// missing. One agent per work dir (it is locked): a restarted agent given the same one ends the processes its
+    /// predecessor's jobs left.
     #[arg(long)]
     pub work_dir: PathBuf,
     /// Local directory standing for Cypress: `file_paths` entry `//tmp/x` is copied from `FILES_ROOT/tmp/x`. Without
@@ -68,19 +71,20 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
             "{error} (set by --node, --slots, --lease-ttl, --lease-margin, --heartbeat-trigger, --poll-interval)"
         ))
     })?;
-    std::fs::create_dir_all(&args.work_dir)
-        .map_err(|error| Failure::usage(format!("--work-dir {}: {error}", args.work_dir.display())))?;
     if let Some(root) = &args.files_root
         && !root.is_dir()
     {
         return Err(Failure::usage(format!("--files-root {}: not a directory", root.display())));
     }
+    // Before the database: what an earlier agent on this work dir left running ends now, reachable store or not.
+    let executor = OsExecutor::open(&args.work_dir, args.files_root.clone())
+        .await
+        .map_err(|error| Failure::usage(format!("--work-dir: {error}")))?;
     let store = Arc::new(
         args.database
             .connect(&format!("lockstep agent {}", args.node), AGENT_CONNECTIONS, Some(args.lease_ttl))
             .await?,
     );
-    let executor = OsExecutor::new(&args.work_dir, args.files_root.clone());
     tracing::info!(
         node = %config.name,
         slots = config.slots,

@@ -1,0 +1,193 @@
+//! Values the store refuses, checked before any write (DESIGN §2, "Bad values are refused before SQL").
+//!
+//! PostgreSQL cannot store a NUL character in `text` (SQLSTATE 22021) nor `\u0000` in `jsonb` (22P05), and a
+//! btree index entry larger than about a third of a page (≈ 2700 bytes; SQLSTATE 54000) fails its insert. MemStore
+//! would store all of them, so a handler that writes one would pass every simulation and fail in production, where
+//! the failure also took down every other item of its apply batch. Both stores run these checks first: MemStore
+//! returns [`StoreError::Invalid`] naming the rule, and PgStore returns the same error without sending SQL. A
+//! `serde_json::Value` cannot hold NaN or an infinity, and `jsonb`'s `numeric` holds every number it can, so
+//! numbers need no check here.
+
+use super::{ApplyParams, FailureParams, FetchParams, NewEvent, NewRow, Retry, RowUpdate, StoreError};
+use serde_json::Value;
+
+/// Most bytes of a `kind` or `status`: both are keys of the fetch index (`resources_fetch_idx`), whose entries
+/// PostgreSQL refuses past ≈ 2700 bytes (a third of an 8 KiB page). Two keys of 1024 bytes, the timestamp and the
+/// id leave room to spare; real kinds and statuses are a few words.
+pub const KEY_TEXT_BYTES_MAX: usize = 1024;
+
+/// Most bytes of one error text a failure records on its row ([`Store::record_failure`]); a longer one is cut at
+/// a character boundary. 2 KiB holds a message and a short chain of causes; a stack trace belongs in logs.
+///
+/// [`Store::record_failure`]: super::Store::record_failure
+pub const FAILURE_ERROR_BYTES_MAX: usize = 2048;
+
+/// Most errors a row keeps ([`Row::errors`](super::Row::errors)): the last ones, oldest dropped first, so a row that
+/// fails forever does not grow forever (graphile-worker keeps the last error, river and Oban all of them).
+pub const FAILURE_ERRORS_KEPT: usize = 5;
+
+/// Checks a text column: no NUL character. `what` names the call, `field` the column.
+pub fn check_text(what: &str, field: &str, value: &str) -> Result<(), StoreError> {
+    if value.contains('\0') {
+        return Err(invalid(what, field, "contains a NUL character, which PostgreSQL text cannot hold"));
+    }
+    Ok(())
+}
+
+/// Checks a key of the fetch index (`kind`, `status`): a text column of at most [`KEY_TEXT_BYTES_MAX`] bytes.
+pub fn check_key(what: &str, field: &str, value: &str) -> Result<(), StoreError> {
+    check_text(what, field, value)?;
+    if value.len() > KEY_TEXT_BYTES_MAX {
+        let rule = format!("is {} bytes, more than the {KEY_TEXT_BYTES_MAX} an index key may hold", value.len());
+        return Err(invalid(what, field, &rule));
+    }
+    Ok(())
+}
+
+/// Checks a `jsonb` value: no NUL character in any string or object key, at any depth. The error names the path
+/// of the first one (`data.a[2].b`).
+pub fn check_json(what: &str, field: &str, value: &Value) -> Result<(), StoreError> {
+    match value {
+        Value::String(text) => check_json_text(what, field, text),
+        Value::Array(items) => {
+            items.iter().enumerate().try_for_each(|(i, item)| check_json(what, &format!("{field}[{i}]"), item))
+        }
+        Value::Object(fields) => fields.iter().try_for_each(|(key, item)| {
+            let path = format!("{field}.{}", key.replace('\0', "\\u0000"));
+            check_json_text(what, &format!("{path} (key)"), key)?;
+            check_json(what, &path, item)
+        }),
+        Value::Null | Value::Bool(_) | Value::Number(_) => Ok(()),
+    }
+}
+
+fn check_json_text(what: &str, field: &str, text: &str) -> Result<(), StoreError> {
+    if text.contains('\0') {
+        return Err(invalid(what, field, "contains \\u0000, which PostgreSQL jsonb cannot hold"));
+    }
+    Ok(())
+}
+
+/// Checks a row to insert: kind and status as index keys, data as `jsonb`.
+pub fn check_new_row(what: &str, row: &NewRow) -> Result<(), StoreError> {
+    check_key(what, "kind", &row.kind)?;
+    check_key(what, "status", &row.status)?;
+    check_json(what, "data", &row.data)
+}
+
+/// Checks an update of a row's own columns.
+pub fn check_update(what: &str, update: &RowUpdate) -> Result<(), StoreError> {
+    if let Some(status) = &update.status {
+        check_key(what, "status", status)?;
+    }
+    match &update.data {
+        Some(data) => check_json(what, "data", data),
+        None => Ok(()),
+    }
+}
+
+/// Checks an event to append.
+pub fn check_event(what: &str, event: &NewEvent) -> Result<(), StoreError> {
+    check_text(what, "event kind", &event.kind)?;
+    check_json(what, "event data", &event.data)
+}
+
+/// Checks every value a guarded apply would write: the update, the related updates, the inserts and the events.
+/// The error names the lease (`apply 5#7`) and the first bad value.
+pub fn check_apply(p: &ApplyParams) -> Result<(), StoreError> {
+    let what = format!("apply {}#{}", p.lease.id, p.lease.token);
+    check_update(&format!("{what}: update"), &p.update)?;
+    for related in &p.related {
+        check_update(&format!("{what}: related row {}", related.id), &related.update)?;
+    }
+    for (i, row) in p.inserts.iter().enumerate() {
+        check_new_row(&format!("{what}: inserts[{i}]"), row)?;
+    }
+    for (i, event) in p.events.iter().enumerate() {
+        check_event(&format!("{what}: events[{i}]"), event)?;
+    }
+    Ok(())
+}
+
+/// Checks a fetch's parameters: a pipeline name and at least one status, none with a NUL, statuses as index keys.
+/// (The messages of the first two rules are MemStore's and PgStore's of old.)
+pub fn check_fetch(p: &FetchParams) -> Result<(), StoreError> {
+    if p.statuses.is_empty() {
+        return Err(StoreError::Invalid("fetch: statuses must not be empty".into()));
+    }
+    if p.pipeline.is_empty() {
+        return Err(StoreError::Invalid("fetch: pipeline name must not be empty".into()));
+    }
+    check_text("fetch", "pipeline", &p.pipeline)?;
+    check_key("fetch", "kind", &p.kind)?;
+    p.statuses.iter().try_for_each(|status| check_key("fetch", "statuses", status))
+}
+
+/// Checks a failure to record: a give-up status must be a valid status. The error text needs no check: the store
+/// bounds it with [`bounded_error`].
+pub fn check_failure(p: &FailureParams) -> Result<(), StoreError> {
+    match &p.retry {
+        Retry::GiveUp { status } => {
+            check_key(&format!("record_failure {}#{}", p.lease.id, p.lease.token), "retry.status", status)
+        }
+        Retry::After(_) => Ok(()),
+    }
+}
+
+/// `error` as a row records it: NUL characters removed, cut at a character boundary to at most
+/// [`FAILURE_ERROR_BYTES_MAX`] bytes (the cut ends in "…", counted in the bound).
+pub fn bounded_error(error: &str) -> String {
+    let clean: String = error.chars().filter(|c| *c != '\0').collect();
+    if clean.len() <= FAILURE_ERROR_BYTES_MAX {
+        return clean;
+    }
+    let ellipsis = '…';
+    let mut end = FAILURE_ERROR_BYTES_MAX - ellipsis.len_utf8();
+    while !clean.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut cut = clean[..end].to_string();
+    cut.push(ellipsis);
+    cut
+}
+
+fn invalid(what: &str, field: &str, rule: &str) -> StoreError {
+    StoreError::Invalid(format!("{what}: {field} {rule}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn nul_anywhere_in_json_is_named_by_its_path() {
+        let value = json!({"a": [1, {"b": "x\u{0}y"}]});
+        let message = check_json("insert", "data", &value).unwrap_err().to_string();
+        assert_eq!(
+            message,
+            "invalid store call: insert: data.a[1].b contains \\u0000, which PostgreSQL jsonb cannot hold"
+        );
+        let key = json!({"k\u{0}": 1});
+        assert!(check_json("insert", "data", &key).unwrap_err().to_string().contains("(key)"));
+        check_json("insert", "data", &json!({"a": ["fine", 1.5, null, true]})).unwrap();
+    }
+
+    #[test]
+    fn keys_past_the_index_bound_are_refused() {
+        check_key("insert", "kind", &"k".repeat(KEY_TEXT_BYTES_MAX)).unwrap();
+        let message = check_key("insert", "kind", &"k".repeat(KEY_TEXT_BYTES_MAX + 1)).unwrap_err().to_string();
+        assert!(message.contains("1025 bytes"), "{message}");
+        assert!(check_key("insert", "status", "re\0ady").is_err());
+    }
+
+    #[test]
+    fn bounded_error_strips_nul_and_cuts_at_a_char_boundary() {
+        assert_eq!(bounded_error("a\0b"), "ab");
+        let long = "é".repeat(FAILURE_ERROR_BYTES_MAX);
+        let cut = bounded_error(&long);
+        assert!(cut.len() <= FAILURE_ERROR_BYTES_MAX, "{} bytes", cut.len());
+        assert!(cut.ends_with('…'));
+        assert!(cut.len() > FAILURE_ERROR_BYTES_MAX - 8, "{} bytes", cut.len());
+    }
+}

@@ -1,0 +1,272 @@
+//! Items that fail (DESIGN §2 and §3, failures; issue 13): a failure is recorded on its row at once and the row
+//! backs off, gives up after its pipeline's last attempt, or as its handler decides; a panicking handler fails its
+//! item, not its worker; a row whose apply the store refuses fails alone while the rows batched with it go on.
+//! Single passes on MemStore with a manual store clock and tokio's paused clock; the poison-row run on MemStore
+//! and on PostgreSQL.
+#![cfg(not(madsim))]
+
+mod support;
+
+use lockstep::pipeline::{
+    Changes, Failure, Handler, ItemOutcome, LoadCx, ManagerOptions, Pipeline, PipelineConfig, PipelineManager,
+    RetryDecision, RetryPolicy, WorkError,
+};
+use lockstep::store::{CommitOp, ManualClock, MemStore, NewRow, Row, RowId, RowUpdate, Store, Timestamp, TokioClock};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use support::pg::PgHarness;
+
+const START: Timestamp = Timestamp(1_700_000_000_000_000);
+
+fn config(workers: usize) -> PipelineConfig {
+    PipelineConfig { workers, ..PipelineConfig::new("tasks", "task", &["ready"]) }
+}
+
+async fn insert_ready<S: Store>(store: &S, count: usize) -> Vec<RowId> {
+    let mut ids = Vec::new();
+    for i in 0..count {
+        ids.push(store.insert(NewRow::new("task", "ready", json!({ "n": i }))).await.unwrap().id);
+    }
+    ids
+}
+
+async fn get<S: Store>(store: &S, id: RowId) -> Row {
+    store.get(id).await.unwrap().unwrap_or_else(|| panic!("row {id} vanished"))
+}
+
+/// What a row's pass does, by the row's `data.do`: `"fail"`, `"panic"`, `"nul"` (writes a value PostgreSQL cannot
+/// store) or `"hopeless"` (fails with an error its [`Handler::retry`] gives up on at once); anything else marks the
+/// row done. Counts its passes.
+#[derive(Default)]
+struct Scripted {
+    passes: AtomicUsize,
+}
+
+impl<S: Store> Handler<S> for Scripted {
+    type Context = ();
+
+    async fn load(&self, _row: &Row, _cx: &LoadCx<'_, S>) -> Result<(), WorkError> {
+        Ok(())
+    }
+
+    async fn process(&self, row: Row, _: ()) -> Result<Changes, WorkError> {
+        self.passes.fetch_add(1, Ordering::SeqCst);
+        match row.data["do"].as_str() {
+            Some("fail") => Err(WorkError::Failed(format!("row {} failed on purpose", row.id))),
+            Some("hopeless") => Err(WorkError::Failed("hopeless: the spec names no command".into())),
+            Some("panic") => panic!("row {} panicked on purpose", row.id),
+            Some("nul") => Ok(Changes {
+                update: RowUpdate { status: Some("done".into()), data: Some(json!({ "log": "a\u{0}b" })) },
+                ..Changes::default()
+            }),
+            _ => Ok(Changes::status("done")),
+        }
+    }
+
+    fn retry(&self, failure: &Failure<'_>) -> RetryDecision {
+        match failure.error {
+            WorkError::Failed(message) if message.starts_with("hopeless") => RetryDecision::GiveUp,
+            _ => RetryDecision::Policy,
+        }
+    }
+}
+
+/// A MemStore on a manual clock, one row doing `what`, and a pipeline of one worker over it.
+async fn one_row(what: &str) -> (ManualClock, MemStore, RowId, Pipeline<MemStore>) {
+    let clock = ManualClock::new(START);
+    let store = MemStore::with_history(clock.clone());
+    let id = store.insert(NewRow::new("task", "ready", json!({ "do": what }))).await.unwrap().id;
+    let pipeline = Pipeline::new(Arc::new(store.clone()), config(1)).unwrap();
+    (clock, store, id, pipeline)
+}
+
+async fn fetch_and_work(p: &Pipeline<MemStore>, handler: &Scripted) -> Option<ItemOutcome> {
+    p.fetcher(1).run_once().await.unwrap();
+    p.work_one(handler).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_failure_is_recorded_at_once_and_the_row_backs_off() {
+    let (clock, store, id, p) = one_row("fail").await;
+    let handler = Scripted::default();
+    assert_eq!(fetch_and_work(&p, &handler).await, Some(ItemOutcome::BackedOff));
+    let row = get(&store, id).await;
+    assert_eq!((row.lock_token, row.lock_owner.as_deref()), (None, None), "the lease was not given back");
+    assert_eq!(row.attempts, 1);
+    assert_eq!(row.errors.len(), 1);
+    assert_eq!(row.errors[0].error, format!("row {id} failed on purpose"));
+    let not_before = row.not_before.expect("a backoff");
+    let delay = Duration::from_micros((not_before.as_micros() - START.as_micros()) as u64);
+    let base = p.config.retry.backoff_base;
+    assert!(delay >= base.mul_f64(0.8) && delay <= base.mul_f64(1.2), "first backoff {delay:?} from base {base:?}");
+    assert_eq!((p.metrics().failures, p.metrics().errors, p.metrics().gave_up), (1, 0, 0));
+    // Not before its time, even hinted; then retried, and a success resets the count.
+    store.hint("task", Some(id)).await.unwrap();
+    clock.advance(delay - Duration::from_millis(1));
+    assert_eq!(fetch_and_work(&p, &handler).await, None, "row {id} fetched inside its backoff");
+    clock.advance(Duration::from_millis(1));
+    store.update_unleased(id, RowUpdate { status: None, data: Some(json!({ "do": "succeed" })) }).await.unwrap();
+    assert_eq!(fetch_and_work(&p, &handler).await, Some(ItemOutcome::Applied));
+    assert_eq!(get(&store, id).await.attempts, 0, "an apply resets the attempts");
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_attempts_max_the_row_takes_the_failed_status() {
+    let (clock, store, id, mut p) = one_row("fail").await;
+    let mut config = (*p.config).clone();
+    config.retry = RetryPolicy { attempts_max: Some(3), jitter: 0.0, ..RetryPolicy::default() };
+    p = Pipeline::new(Arc::new(store.clone()), config).unwrap();
+    let handler = Scripted::default();
+    for attempt in 1..=2u32 {
+        assert_eq!(fetch_and_work(&p, &handler).await, Some(ItemOutcome::BackedOff), "attempt {attempt}");
+        clock.advance(p.config.retry.backoff(attempt, 0.0));
+    }
+    assert_eq!(fetch_and_work(&p, &handler).await, Some(ItemOutcome::GaveUp), "attempt 3");
+    let row = get(&store, id).await;
+    assert_eq!((row.status.as_str(), row.attempts, row.errors.len()), ("failed", 3, 3));
+    assert_eq!((row.lock_owner, row.not_before), (None, None));
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(fetch_and_work(&p, &handler).await, None, "a row that gave up is fetched again");
+    assert_eq!((p.metrics().failures, p.metrics().gave_up), (3, 1));
+    let delays: Vec<Timestamp> =
+        store.history().iter().filter_map(|c| matches!(c.op, CommitOp::Failure { .. }).then_some(c.at)).collect();
+    assert_eq!(delays, vec![START, START.plus(Duration::from_secs(1)), START.plus(Duration::from_secs(3))]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_retry_hook_gives_up_at_once_on_an_error_it_names() {
+    let (_clock, store, id, p) = one_row("hopeless").await;
+    assert_eq!(fetch_and_work(&p, &Scripted::default()).await, Some(ItemOutcome::GaveUp));
+    let row = get(&store, id).await;
+    assert_eq!((row.status.as_str(), row.attempts), ("failed", 1));
+    assert!(row.errors[0].error.starts_with("hopeless"), "{:?}", row.errors);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_fails_its_item_with_the_panic_recorded() {
+    let (_clock, store, id, p) = one_row("panic").await;
+    assert_eq!(fetch_and_work(&p, &Scripted::default()).await, Some(ItemOutcome::BackedOff));
+    let row = get(&store, id).await;
+    assert_eq!(row.attempts, 1);
+    assert_eq!(row.errors[0].error, format!("handler panicked: row {id} panicked on purpose"));
+    assert_eq!((p.metrics().panics, p.metrics().failures), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_apply_the_store_refuses_fails_its_item_and_keeps_no_lease() {
+    let (_clock, store, id, p) = one_row("nul").await;
+    assert_eq!(fetch_and_work(&p, &Scripted::default()).await, Some(ItemOutcome::BackedOff));
+    let row = get(&store, id).await;
+    assert_eq!((row.status.as_str(), row.attempts, row.lock_token), ("ready", 1, None));
+    assert!(row.errors[0].error.contains("\\u0000"), "{:?}", row.errors);
+}
+
+/// A manager of `workers` workers (apply batching on, as by default) over `store`, running `handler`.
+fn manager<S: Store + Clone>(store: &S, workers: usize, handler: Arc<Scripted>) -> PipelineManager<S> {
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 7 });
+    manager.register(config(workers), Shared(handler)).unwrap();
+    manager.start();
+    manager
+}
+
+struct Shared(Arc<Scripted>);
+
+impl<S: Store> Handler<S> for Shared {
+    type Context = ();
+
+    async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<(), WorkError> {
+        Handler::<S>::load(self.0.as_ref(), row, cx).await
+    }
+
+    async fn process(&self, row: Row, context: ()) -> Result<Changes, WorkError> {
+        Handler::<S>::process(self.0.as_ref(), row, context).await
+    }
+
+    fn retry(&self, failure: &Failure<'_>) -> RetryDecision {
+        Handler::<S>::retry(self.0.as_ref(), failure)
+    }
+}
+
+/// Polls, every 10 ms of the local clock for at most `polls` times, until `done` holds; panics naming `what`.
+async fn wait_until<F: std::future::Future<Output = bool>>(what: &str, polls: usize, mut done: impl FnMut() -> F) {
+    for _ in 0..polls {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what} did not happen within {polls} polls");
+}
+
+async fn statuses<S: Store>(store: &S) -> BTreeMap<RowId, Row> {
+    store.list("task", None).await.unwrap().into_iter().map(|row| (row.id, row)).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_handler_fails_its_item_and_its_worker_goes_on() {
+    let store = MemStore::new(TokioClock::new(START));
+    let mut ids = Vec::new();
+    for what in ["panic", "panic", "done", "panic", "done", "done", "done", "done"] {
+        ids.push(store.insert(NewRow::new("task", "ready", json!({ "do": what }))).await.unwrap().id);
+    }
+    let handler = Arc::new(Scripted::default());
+    let mut manager = manager(&store, 1, handler.clone());
+    manager.hint_fetch("task", None).await.unwrap();
+    let done = || async { statuses(&store).await.values().filter(|row| row.status == "done").count() == 5 };
+    wait_until("five good rows done by the one worker", 500, done).await;
+    let rows = statuses(&store).await;
+    for id in [ids[0], ids[1], ids[3]] {
+        assert_eq!((rows[&id].status.as_str(), rows[&id].attempts), ("ready", 1), "panicking row {id}");
+    }
+    assert_eq!(manager.metrics("tasks").unwrap().panics, 3);
+    manager.shutdown().await;
+}
+
+/// One poison row (its apply writes a NUL) among 100 good ones, on `store`: the 100 finish in their first pass,
+/// none waits out a lease (no store error, each fetched once), and the poison row fails alone, recorded with the
+/// reason, backing off rather than looping. Returns the store time the run took.
+async fn one_poison_row_among_a_hundred_fails_alone<S: Store + Clone>(store: S) -> Duration {
+    let good = insert_ready(&store, 50).await;
+    let poison = store.insert(NewRow::new("task", "ready", json!({ "do": "nul" }))).await.unwrap().id;
+    let more = insert_ready(&store, 50).await;
+    let started = store.now().await.unwrap();
+    let handler = Arc::new(Scripted::default());
+    let mut manager = manager(&store, 8, handler.clone());
+    manager.hint_fetch("task", None).await.unwrap();
+    let done = || async { statuses(&store).await.values().filter(|row| row.status == "done").count() == 100 };
+    wait_until("the 100 good rows done", 3000, done).await;
+    let took = store.now().await.unwrap();
+    let metrics = manager.metrics("tasks").unwrap();
+    manager.shutdown().await;
+    let rows = statuses(&store).await;
+    for id in good.iter().chain(&more) {
+        assert_eq!((rows[id].status.as_str(), rows[id].attempts), ("done", 0), "good row {id}");
+    }
+    let row = &rows[&poison];
+    assert_eq!(row.status, "ready", "the poison row {poison} was written");
+    assert!(row.attempts >= 1, "the poison row's failure was not recorded");
+    assert!(row.errors[0].error.contains("data.log contains \\u0000"), "reason recorded: {:?}", row.errors);
+    assert_eq!(metrics.errors, 0, "a lease was left to expire");
+    assert_eq!(metrics.applied, 100, "good rows applied");
+    assert_eq!(metrics.fetched, 100 + row.attempts as u64, "each good row leased once, the poison one per attempt");
+    assert!(row.attempts <= 4, "the poison row looped: {} attempts", row.attempts);
+    Duration::from_micros((took.as_micros() - started.as_micros()) as u64)
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_poison_row_among_a_hundred_fails_alone_on_memstore() {
+    let store = MemStore::new(TokioClock::new(START));
+    let took = one_poison_row_among_a_hundred_fails_alone(store).await;
+    assert!(took < config(8).lease_ttl / 10, "the good rows took {took:?} of store time");
+}
+
+#[tokio::test]
+async fn one_poison_row_among_a_hundred_fails_alone_on_postgres() {
+    let harness = PgHarness::new().await;
+    let store = lockstep::store::conformance::Harness::store(&harness).clone();
+    let took = one_poison_row_among_a_hundred_fails_alone(store).await;
+    assert!(took < config(8).lease_ttl / 2, "the good rows took {took:?} of store time");
+}
