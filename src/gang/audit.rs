@@ -10,16 +10,31 @@ use super::controller::EVENT_INCARNATION_STARTED;
 use super::model::{AllocationRef, JobStatus, OperationStatus};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Rank uniqueness: within one task and incarnation, each gang rank is given to at most one job, and only ranks
-/// below the task's gang size.
+/// Rank uniqueness: within one task with `gang_options` and one incarnation, each gang rank is given to at most
+/// one job, and only ranks below the task's gang size. A task without `gang_options` of a gang operation ranks its
+/// jobs by cookie ([`OperationSpec::task_gang_size`]: rank = job cookie), so its job that restarts alone in one
+/// incarnation keeps its rank; a job of a plain operation has none.
+///
+/// [`OperationSpec::task_gang_size`]: crate::gang::OperationSpec::task_gang_size
 pub fn rank_uniqueness(view: &OperationView) -> Vec<String> {
     let mut seen: BTreeMap<(&str, u32, u32), String> = BTreeMap::new();
     let mut violations = Vec::new();
+    let spec = &view.data.spec;
     for job in &view.jobs {
         let Some(rank) = job.data.gang_rank else { continue };
-        let size = view.data.spec.tasks.get(&job.data.task).map_or(0, |t| t.gang_size());
+        let Some(task) = spec.tasks.get(&job.data.task) else { continue };
+        let size = spec.task_gang_size(task);
         if rank >= size {
             violations.push(format!("job {} has rank {rank} of a gang of size {size}", job.data.id));
+        }
+        if !task.is_gang() {
+            if rank != job.data.job_cookie {
+                violations.push(format!(
+                    "job {} of task {} (no gang_options) has rank {rank} but job cookie {}",
+                    job.data.id, job.data.task, job.data.job_cookie
+                ));
+            }
+            continue;
         }
         let key = (job.data.task.as_str(), job.data.incarnation, rank);
         if let Some(other) = seen.insert(key, job.data.id.to_string()) {

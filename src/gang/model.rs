@@ -12,7 +12,8 @@
 //!   write API (abort); status `new` until a controller pass consumes it (`done`). Writers only insert, so they
 //!   never contend with the operation's lease.
 
-use super::spec::{FilePath, OperationSpec};
+use super::placement::GangWait;
+use super::spec::{FilePath, GangPlacement, OperationSpec};
 use crate::store::{LockToken, Row, RowId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -225,12 +226,29 @@ pub struct OperationData {
     pub next_descriptor: u64,
     /// Why the operation failed or was aborted.
     pub result: Option<String>,
+    /// The placement of a gang operation's ranked jobs, fixed at its first pass (the spec's `gang_placement`, else
+    /// the replica's default), so replicas with other defaults never disagree later. `None` for a plain operation,
+    /// and for a gang operation started before lockstep had the key (placed incrementally).
+    #[serde(default)]
+    pub placement: Option<GangPlacement>,
+    /// While an all-or-nothing incarnation waits for allocations: since when, and for how many.
+    #[serde(default)]
+    pub waiting: Option<GangWait>,
 }
 
 impl OperationData {
     /// The data of a new operation running `spec`.
     pub fn new(spec: OperationSpec) -> OperationData {
-        OperationData { spec, incarnation: 0, failed_job_count: 0, next_job_index: 0, next_descriptor: 0, result: None }
+        OperationData {
+            spec,
+            incarnation: 0,
+            failed_job_count: 0,
+            next_job_index: 0,
+            next_descriptor: 0,
+            result: None,
+            placement: None,
+            waiting: None,
+        }
     }
 
     /// Decodes an operation row's data.
@@ -265,7 +283,9 @@ pub struct JobData {
     pub task: String,
     /// Its index in the task, stable across restarts: 0..job_count.
     pub job_cookie: u32,
-    /// Its rank in the gang (ranked jobs of gang tasks only): 0..size, unique per task and incarnation.
+    /// Its rank in the gang: 0..size, unique per task and incarnation. Every job of a gang operation but the
+    /// reserved ones has one (a task without `gang_options` ranks all its jobs, rank = cookie); no job of a plain
+    /// operation has one.
     pub gang_rank: Option<u32>,
     /// A reserved job of a gang task: runs, has no rank, its end restarts only itself.
     pub reserved: bool,

@@ -10,6 +10,7 @@ use lockstep::gang::model::{
     Allocation, AllocationData, AllocationRef, Job, JobId, JobOutcome, JobStatus, Message, OperationData,
     OperationStatus,
 };
+use lockstep::gang::placement::{PlacementSettings, QueueEntry};
 use lockstep::gang::{OperationSpec, SpecFormat};
 use lockstep::store::{Event, LockToken, RowId, Timestamp};
 use serde_json::Value;
@@ -31,6 +32,12 @@ pub struct World {
     next_row: i64,
     next_token: i64,
     pub revival_next: bool,
+    /// The store's clock.
+    pub now: Timestamp,
+    /// The gang queue (this world's one operation is all that may wait in it).
+    pub queue: Vec<QueueEntry>,
+    /// The replica's placement settings.
+    pub settings: PlacementSettings,
 }
 
 impl World {
@@ -49,6 +56,9 @@ impl World {
             next_row: 100,
             next_token: 1000,
             revival_next: false,
+            now: Timestamp(1_700_000_000_000_000),
+            queue: Vec::new(),
+            settings: PlacementSettings::default(),
         };
         for n in 0..nodes {
             let node = world.row();
@@ -62,6 +72,16 @@ impl World {
             }
         }
         world
+    }
+
+    /// Allocations of the nodes with a live session.
+    pub fn cluster_slots(&self) -> u32 {
+        self.allocations.values().filter(|a| self.sessions.contains_key(&a.data.node)).count() as u32
+    }
+
+    /// Moves the store's clock on by `span`.
+    pub fn advance(&mut self, span: std::time::Duration) {
+        self.now = self.now.plus(span);
     }
 
     fn row(&mut self) -> RowId {
@@ -92,8 +112,15 @@ impl World {
             free,
             node_sessions: self.sessions.clone(),
             revival: std::mem::take(&mut self.revival_next),
+            now: self.now,
+            queue: self.queue.clone(),
+            cluster_slots: self.cluster_slots(),
+            settings: self.settings.clone(),
         };
         let output = run_pass(input);
+        if let Some(queue) = &output.queue {
+            self.queue = queue.clone();
+        }
         self.status = output.status;
         self.data = output.data.clone();
         for job in &output.updated_jobs {
