@@ -10,6 +10,7 @@ use super::net_store::{NetStore, NetStoreOptions};
 use super::trace::Trace;
 use super::workload::{self, WorkloadSpec};
 use crate::gang::pipeline::OperationHandler;
+use crate::gang::placement::PlacementSettings;
 use crate::pipeline::{LocalClock, ManagerOptions, PipelineConfig, PipelineManager, ShutdownReport};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,6 +64,8 @@ pub struct ReplicaContext {
     pub spec: Arc<WorkloadSpec>,
     /// The operation pipeline's config, in a gang scenario.
     pub operations: Option<PipelineConfig>,
+    /// The controller's placement settings (default placement, unfit timeout, the gate mutation).
+    pub placement: PlacementSettings,
     /// Time-out of each store call.
     pub call_timeout: Duration,
     /// The machine's monotonic clock (drifting under a clock fault).
@@ -102,7 +105,7 @@ pub async fn run(ctx: Arc<ReplicaContext>) {
         workload::register(&mut manager, &ctx.spec, ctx.seed, &ctx.faults_on);
     }
     if let Some(config) = &ctx.operations {
-        let handler = OperationHandler::new(config.name.clone());
+        let handler = OperationHandler::new(config.name.clone()).with_settings(ctx.placement.clone());
         manager.register(config.clone(), handler).expect("the operation pipeline's config was checked");
     }
     manager.start();

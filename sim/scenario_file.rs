@@ -448,6 +448,8 @@ struct ExpectDoc {
 #[serde(deny_unknown_fields)]
 struct MutationDoc {
     apply_guard_disabled: Option<bool>,
+    gang_gate_disabled: Option<bool>,
+    agent_drift_beyond_margin: Option<bool>,
 }
 
 // ---- values ----
@@ -566,7 +568,11 @@ impl FileDoc {
         let (operations, trace) = (std::mem::take(&mut self.expect.operation), std::mem::take(&mut self.expect.trace));
         self.expect.apply(&mut scenario)?;
         scenario.expect = gang::expectations(&operations, &trace, scenario.gang.as_ref(), scenario.replicas)?;
-        scenario.mutation = Mutation { apply_guard_disabled: self.mutation.apply_guard_disabled.unwrap_or(false) };
+        scenario.mutation = Mutation {
+            apply_guard_disabled: self.mutation.apply_guard_disabled.unwrap_or(false),
+            gang_gate_disabled: self.mutation.gang_gate_disabled.unwrap_or(false),
+            agent_drift_beyond_margin: self.mutation.agent_drift_beyond_margin.unwrap_or(false),
+        };
         self.faults.apply(&mut scenario)?;
         // Every rule above is checked at its key; the scenario's own check is the last word (a rule only it knows
         // is reported at the key its message names).
@@ -894,6 +900,7 @@ fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::Buggify => &["span"],
         FaultKind::AgentKill => &["agent", "down"],
         FaultKind::AgentPause => &["agent", "span"],
+        FaultKind::AgentClockDrift => &["agent", "rate_ppm", "span"],
         // Random-only kinds: at a fixed time, a partition or an isolate names the agent as its node.
         FaultKind::AgentPartition | FaultKind::AgentIsolate => &[],
     }
@@ -989,10 +996,7 @@ impl FixedDoc {
             },
             FaultKind::DbRestart => Fault::DbRestart { down: down()? },
             FaultKind::ClockDrift => {
-                let rate_ppm = self.rate_ppm.ok_or_else(|| need("rate_ppm"))?;
-                if rate_ppm == 0 {
-                    return Err((at("rate_ppm"), "0 must be above 0 (1 000 000 is an exact clock)".into()));
-                }
+                let rate_ppm = clock_rate(at("rate_ppm"), self.rate_ppm.ok_or_else(|| need("rate_ppm"))?)?;
                 Fault::ClockDrift { replica: replica()?, rate_ppm, span: span()? }
             }
             FaultKind::Contention => {
@@ -1001,6 +1005,10 @@ impl FixedDoc {
             FaultKind::Buggify => Fault::Buggify { span: span()? },
             FaultKind::AgentKill => Fault::AgentKill { agent: agent()?, down: down()? },
             FaultKind::AgentPause => Fault::AgentPause { agent: agent()?, span: span()? },
+            FaultKind::AgentClockDrift => {
+                let rate_ppm = clock_rate(at("rate_ppm"), self.rate_ppm.ok_or_else(|| need("rate_ppm"))?)?;
+                Fault::AgentClockDrift { agent: agent()?, rate_ppm, span: span()? }
+            }
             FaultKind::AgentPartition | FaultKind::AgentIsolate => unreachable!("refused above"),
         })
     }
@@ -1033,6 +1041,15 @@ impl RandomDoc {
         };
         Ok(RandomFault { kind, per_minute, span })
     }
+}
+
+/// A clock rate in parts per million the simulated clocks accept: 500 000 (half speed) to 2 000 000.
+fn clock_rate(key: KeyPath, rate_ppm: u64) -> Result<u64, Broken> {
+    use crate::pipeline::clock::{RATE_PPM_MAX, RATE_PPM_MIN};
+    if !(RATE_PPM_MIN..=RATE_PPM_MAX).contains(&rate_ppm) {
+        return Err((key, format!("{rate_ppm} is not in {RATE_PPM_MIN}..={RATE_PPM_MAX} (1000000 is an exact clock)")));
+    }
+    Ok(rate_ppm)
 }
 
 /// Why agent `agent` is not in a world of `agents`.

@@ -7,6 +7,7 @@ pub mod gang;
 pub mod lease_exclusivity;
 pub mod liveness;
 pub mod locked_forever;
+pub mod ranks;
 pub mod starvation;
 
 use crate::store::{Commit, Event, Row, Timestamp};

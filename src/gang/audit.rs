@@ -8,6 +8,7 @@
 use super::api::OperationView;
 use super::controller::EVENT_INCARNATION_STARTED;
 use super::model::{AllocationRef, JobStatus, OperationStatus};
+use super::placement::{GangPlacement, UNFIT_REASON_PREFIX};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Rank uniqueness: within one task with `gang_options` and one incarnation, each gang rank is given to at most
@@ -89,7 +90,8 @@ pub fn reuse_keeps_identity(view: &OperationView) -> Vec<String> {
 /// The completion and failure rules of an ended operation, and the trigger rules of its gang restarts:
 /// - completed: every gang task has a completed job for each rank, every plain task `job_count` completed
 ///   cookies, all in the last incarnation;
-/// - failed: failed jobs reached `max_failed_job_count`, or `fail_on_job_restart` fired;
+/// - failed: failed jobs reached `max_failed_job_count`, or `fail_on_job_restart` fired, or an all-or-nothing
+///   incarnation needing more allocations than the live nodes offer was never placed (`gang_unfit_timeout`);
 /// - `failed_job_count` equals the number of failed jobs;
 /// - every restart after the start was triggered by a ranked job of a gang task that did not complete;
 /// - no job is left alive once the operation ended.
@@ -135,7 +137,15 @@ pub fn completion_and_failure(view: &OperationView) -> Vec<String> {
         OperationStatus::Failed => {
             let limit = view.data.failed_job_count >= spec.max_failed_job_count;
             let restart = view.data.result.as_deref().is_some_and(|r| r.contains("fail_on_job_restart"));
-            if !limit && !restart {
+            let unfit = view.data.placement == Some(GangPlacement::AllOrNothing)
+                && view.data.result.as_deref().is_some_and(|r| r.starts_with(UNFIT_REASON_PREFIX));
+            if unfit && view.current_jobs().any(|j| j.data.gang_rank.is_some() && j.data.allocation.is_some()) {
+                violations.push(format!(
+                    "failed as a gang that can never be placed, but incarnation {} had ranks placed",
+                    view.data.incarnation
+                ));
+            }
+            if !limit && !restart && !unfit {
                 violations.push(format!(
                     "failed with {} failed jobs of {} allowed: {:?}",
                     view.data.failed_job_count, spec.max_failed_job_count, view.data.result

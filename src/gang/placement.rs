@@ -140,12 +140,15 @@ pub fn reserved_ahead(entries: &[QueueEntry], operation: RowId, cluster_slots: u
         .sum()
 }
 
+/// How the result of an operation failed by [`unfit_reason`] begins.
+pub const UNFIT_REASON_PREFIX: &str = "gang_placement all_or_nothing: ";
+
 /// The reason an all-or-nothing operation fails when its incarnation `index` needs `need` allocations at once and
 /// the live nodes have offered only `slots` for `waited` (at least `timeout`).
 pub fn unfit_reason(index: u32, need: u32, slots: u32, waited: Duration, timeout: Duration) -> String {
     format!(
-        "gang_placement all_or_nothing: incarnation {index} needs {need} allocations at once, but the live nodes \
-         offered only {slots} for {waited:?} (gang_unfit_timeout {timeout:?}): it can never be placed"
+        "{UNFIT_REASON_PREFIX}incarnation {index} needs {need} allocations at once, but the live nodes offered only \
+         {slots} for {waited:?} (gang_unfit_timeout {timeout:?}): it can never be placed"
     )
 }
 
