@@ -106,6 +106,7 @@ impl Cluster {
             messages: std::mem::take(&mut op.inbox),
             free,
             node_sessions: self.sessions.clone(),
+            node_expiries: self.sessions.keys().map(|node| (*node, self.now.plus(Duration::from_secs(10)))).collect(),
             revival: false,
             now: self.now,
             queue: self.queue.clone(),
@@ -212,6 +213,17 @@ impl Cluster {
     fn complete(&mut self, id: RowId) {
         for job in self.live(id).into_iter().filter(|j| j.data.allocation.is_some()) {
             self.end(id, job.data.job_cookie, JobOutcome::Exited { code: 0 });
+        }
+    }
+
+    /// The agents report the processes of `id` they killed because the controller moved on (messages only).
+    fn report_stale_kills(&mut self, id: RowId) {
+        let op = self.ops.get_mut(&id).unwrap();
+        for l in op.data.lingering.clone() {
+            let job = op.jobs.iter().find(|j| j.data.id == l.job).unwrap();
+            let outcome = JobOutcome::Aborted { reason: "process killed".into() };
+            let message = Message::JobEnded { job: l.job, allocation: job.data.allocation.unwrap(), outcome };
+            op.inbox.push((RowId(0), message));
         }
     }
 
@@ -379,7 +391,14 @@ fn a_restart_that_fits_reuses_allocations_and_one_that_does_not_releases_them_al
     cluster.complete(other);
     cluster.round();
     cluster.round();
+    // Four free slots, but ranks 1 and 2 may still run where their allocations were released (their agents have
+    // not reported the kills): placing them elsewhere now could run two processes of one rank at once.
+    assert_eq!(cluster.op(gang).data.lingering.len(), 2);
+    assert_eq!(cluster.placed_ranks(gang), 0);
+    cluster.report_stale_kills(gang);
+    cluster.round();
     assert_eq!(cluster.placed_ranks(gang), 3);
+    assert!(cluster.op(gang).data.lingering.is_empty());
 }
 
 #[test]

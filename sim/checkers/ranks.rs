@@ -35,7 +35,7 @@ pub const RESUME_FENCE_GRACE: Duration = Duration::from_millis(50);
 /// Every point of `events` (the process log, in order) where a process starts, or resumes, while another process
 /// of the same (operation, task, gang rank) runs, as a sentence naming both jobs, incarnations, nodes and
 /// allocations. A process frozen with its paused node does not run (it talks to no peer); one that resumes and is
-/// killed within [`RESUME_FENCE_GRACE`], as a resumed agent fences at once when its lease's deadline passed
+/// killed (or exits, its time having run out while it was frozen) within [`RESUME_FENCE_GRACE`], as a resumed agent fences at once when its lease's deadline passed
 /// meanwhile, is not counted either: a paused machine's processes always run for the moment its agent takes to
 /// wake (fencing tokens at the peers, such as `YT_OPERATION_INCARNATION`, cover that; self-fencing cannot). Processes of jobs without a rank are not followed. Times are offsets from the log's first
 /// event.
@@ -68,7 +68,9 @@ pub fn rank_exclusivity(events: &[ProcessEvent]) -> Vec<String> {
     for event in events {
         let Some(rank) = event.gang_rank else { continue };
         if let Some((at, found)) = resumed.remove(&event.job) {
-            let killed_at_once = event.at <= at + grace && matches!(event.kind, ProcessEventKind::Killed);
+            // Killed by its fencing agent, or ended by itself (its time ran out while it was frozen).
+            let ended = matches!(event.kind, ProcessEventKind::Killed | ProcessEventKind::Exited(_));
+            let killed_at_once = event.at <= at + grace && ended;
             if !killed_at_once {
                 violations.extend(found);
             }
@@ -213,6 +215,8 @@ mod tests {
         let mut soon = fenced_at_once.clone();
         soon[4].at = t + s(9) + Duration::from_millis(1);
         assert!(rank_exclusivity(&soon).is_empty(), "a kill 1 ms after the resume is the agent fencing at once");
+        soon[4].kind = ProcessEventKind::Exited(0);
+        assert!(rank_exclusivity(&soon).is_empty(), "its time ran out while it was frozen: it ends on waking");
         let found = rank_exclusivity(&late);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].contains("job 7-0 (incarnation 7-i0) resumes on agent-40"), "{found:?}");

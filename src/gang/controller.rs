@@ -17,8 +17,8 @@
 
 use super::env::job_environment;
 use super::model::{
-    Allocation, AllocationRef, Job, JobData, JobId, JobLaunch, JobOutcome, JobStatus, LastJob, Message, OperationData,
-    OperationStatus, incarnation_id,
+    Allocation, AllocationRef, Job, JobData, JobId, JobLaunch, JobOutcome, JobStatus, LastJob, Lingering, Message,
+    OperationData, OperationStatus, incarnation_id,
 };
 use super::placement::{self, GangPlacement, GangWait, PlacementSettings, QueueEntry};
 use super::rules::{self, Ending, HeldAllocation, PlannedJob, SwitchReason};
@@ -75,6 +75,9 @@ pub struct PassInput {
     pub free: Vec<(Allocation, LockToken)>,
     /// The live session of each node; a node missing here is dead.
     pub node_sessions: BTreeMap<RowId, LockToken>,
+    /// The lease expiry (store clock) of each node with a live session: a later one than recorded means its agent
+    /// renewed its lease since ([`Lingering`]).
+    pub node_expiries: BTreeMap<RowId, Timestamp>,
     /// The previous pass's lease expired before it applied: this pass is a revival.
     pub revival: bool,
     /// The store's time at the pass's read: waits and the unfit timeout are measured on it.
@@ -151,6 +154,7 @@ struct Pass {
     /// to pending jobs (as new grants), so a plain operation with more jobs than slots does not wait a pass.
     recycled: Vec<RowId>,
     node_sessions: BTreeMap<RowId, LockToken>,
+    node_expiries: BTreeMap<RowId, Timestamp>,
     revival: bool,
     consumed: Vec<RowId>,
     events: Vec<(String, Value)>,
@@ -186,6 +190,7 @@ impl Pass {
             free,
             recycled: Vec::new(),
             node_sessions: input.node_sessions,
+            node_expiries: input.node_expiries,
             revival: input.revival,
             consumed: Vec::new(),
             events: Vec::new(),
@@ -268,6 +273,7 @@ impl Pass {
         }
         self.leave_queue();
         self.data.waiting = None;
+        self.data.lingering.clear();
         self.set_status(to, Some(reason));
     }
 
@@ -277,6 +283,7 @@ impl Pass {
         if reason != SwitchReason::OperationStarted {
             self.data.incarnation += 1;
             for i in self.live_jobs() {
+                self.linger(i);
                 self.end_job(i, JobStatus::Aborted, None, Some(REASON_INCARNATION_CHANGED.into()));
             }
         }
@@ -332,7 +339,66 @@ impl Pass {
 
     // ---- messages --------------------------------------------------------------------------------------------
 
+    /// Records live ranked job `i`, about to be aborted, as [`Lingering`] if its process may still run: it was
+    /// placed (its agent may have started it) in an allocation this operation holds, granted under the node's
+    /// session that is still live.
+    fn linger(&mut self, i: usize) {
+        let job = &self.jobs[i];
+        let (Some(rank), Some(allocation)) = (job.data.gang_rank, job.data.allocation) else { return };
+        if !matches!(job.status, JobStatus::Assigned | JobStatus::Running) || !self.holds(allocation) {
+            return;
+        }
+        // Under the session it was granted in: a node whose agent fenced (a new session, or none) killed it.
+        let held = &self.allocations[&allocation.row];
+        if !self.alive(held) {
+            return;
+        }
+        let node = held.data.node;
+        let (Some(session), Some(expiry)) = (held.data.node_session, self.node_expiries.get(&node)) else {
+            return;
+        };
+        let lingering = Lingering {
+            job: job.data.id,
+            task: job.data.task.clone(),
+            gang_rank: rank,
+            allocation: allocation.row,
+            node,
+            session,
+            lease_expiry: *expiry,
+            started: job.status == JobStatus::Running,
+        };
+        self.data.lingering.retain(|l| (l.task.as_str(), l.gang_rank) != (lingering.task.as_str(), rank));
+        self.data.lingering.push(lingering);
+    }
+
+    /// Drops the [`Lingering`] entries whose processes are known dead: their node's session ended (the agent
+    /// fenced), or, for a job whose start was never reported, the node's lease was renewed since the abort.
+    fn settle_lingering(&mut self) {
+        let (sessions, expiries) = (&self.node_sessions, &self.node_expiries);
+        self.data.lingering.retain(|l| {
+            let same_session = sessions.get(&l.node) == Some(&l.session);
+            let renewed = expiries.get(&l.node).is_some_and(|expiry| *expiry > l.lease_expiry);
+            same_session && (l.started || !renewed)
+        });
+    }
+
+    /// The allocation row `job`'s (task, rank) must be placed in, if an aborted process of that rank may still
+    /// run there (`None`: anywhere).
+    fn lingering_row(&self, job: &JobData) -> Option<RowId> {
+        let rank = job.gang_rank?;
+        self.data.lingering.iter().find(|l| l.task == job.task && l.gang_rank == rank).map(|l| l.allocation)
+    }
+
     fn handle(&mut self, message: Message) {
+        match &message {
+            Message::JobStarted { job, .. } => {
+                for lingering in self.data.lingering.iter_mut().filter(|l| l.job == *job) {
+                    lingering.started = true;
+                }
+            }
+            Message::JobEnded { job, .. } => self.data.lingering.retain(|l| l.job != *job),
+            _ => {}
+        }
         match message {
             Message::JobStarted { job, allocation } => {
                 if let Some(i) = self.current_job(job, allocation)
@@ -544,6 +610,7 @@ impl Pass {
     /// ranked jobs was placed yet is first placed whole or not at all ([`Pass::gather`]); until it is, no job of the
     /// operation is placed.
     fn schedule(&mut self) {
+        self.settle_lingering();
         let gate = self.all_or_nothing();
         if gate && !self.gathered() && !self.gather() {
             return;
@@ -561,6 +628,9 @@ impl Pass {
             (0..self.jobs.len()).filter(|&i| self.jobs[i].status == JobStatus::Pending).collect();
         pending.sort_by_key(|&i| rules::schedule_key(&self.jobs[i].data));
         for i in pending {
+            if self.lingering_row(&self.jobs[i].data).is_some() {
+                continue; // its rank's previous process may still run elsewhere
+            }
             // A ranked job of an incarnation placed whole restores its gang: see the module docs of `placement`.
             let exempt = gate && self.jobs[i].data.gang_rank.is_some();
             let Some((allocation, session)) = self.next_free(exempt) else { break };
@@ -596,7 +666,13 @@ impl Pass {
         let need = ranked.len() as u32;
         let from_pool = ranked.iter().filter(|i| !self.deferred.contains_key(i)).count() as u32;
         let reserved = self.reservation();
-        if self.pool_left() >= reserved + from_pool {
+        // A rank whose previous process may still run must go back to that process's allocation (its agent kills
+        // before it starts), which only the reuse a restart planned does.
+        let lingers = ranked.iter().any(|i| {
+            self.lingering_row(&self.jobs[*i].data)
+                .is_some_and(|row| self.deferred.get(i).is_none_or(|(reuse, _)| reuse.row != row))
+        });
+        if !lingers && self.pool_left() >= reserved + from_pool {
             let mut reused = 0;
             for &i in &ranked {
                 if let Some((allocation, descriptor)) = self.deferred.remove(&i) {
@@ -809,8 +885,21 @@ impl Pass {
         }
     }
 
-    /// Puts job `i` in `allocation`, held by this operation: the allocation's agent runs it next.
+    /// Puts job `i` in `allocation`, held by this operation: the allocation's agent runs it next. Placing a rank
+    /// in the allocation where its previous process may still run settles that [`Lingering`] entry: the agent kills
+    /// the old process before it starts the new one.
+    ///
+    /// Panics if an aborted process of the job's rank may still run in another allocation (a controller bug).
     fn place(&mut self, i: usize, allocation: AllocationRef) {
+        if let Some(row) = self.lingering_row(&self.jobs[i].data) {
+            assert_eq!(
+                row, allocation.row,
+                "job {} placed in allocation {allocation} while its rank's previous process may still run in {row}",
+                self.jobs[i].data.id
+            );
+            let (task, rank) = (self.jobs[i].data.task.clone(), self.jobs[i].data.gang_rank);
+            self.data.lingering.retain(|l| !(l.task == task && Some(l.gang_rank) == rank));
+        }
         let held = self.allocations.get_mut(&allocation.row).expect("placing a job in an allocation not held");
         assert_eq!(held.current(), allocation, "placing job {} in a stale grant", self.jobs[i].data.id);
         let data = &self.jobs[i].data;

@@ -14,7 +14,7 @@
 
 use super::placement::GangWait;
 use super::spec::{FilePath, GangPlacement, OperationSpec};
-use crate::store::{LockToken, Row, RowId};
+use crate::store::{LockToken, Row, RowId, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -234,6 +234,40 @@ pub struct OperationData {
     /// While an all-or-nothing incarnation waits for allocations: since when, and for how many.
     #[serde(default)]
     pub waiting: Option<GangWait>,
+    /// Ranked jobs a gang restart aborted whose processes may still run on their live nodes: their rank is placed
+    /// nowhere else until each is known dead ([`Lingering`]).
+    #[serde(default)]
+    pub lingering: Vec<Lingering>,
+}
+
+/// A ranked job aborted by a gang restart (or ended by the controller otherwise) while its process may still run:
+/// its agent kills the process when it sees its allocation moved on, or fences when it cannot renew its node lease.
+/// Until one of those is known, the job's (task, rank) is placed in no other allocation than the one it ran in
+/// (where the agent kills before it starts), so no two processes of one rank ever run at once (the simulator's
+/// `rank_exclusivity`).
+///
+/// Known dead when: the agent reports the job's end (an exit, or the kill of a process the controller moved on
+/// from); the node's session is no longer the one it ran under (the agent fenced, DESIGN §2's margin rule); or,
+/// for a job no start was reported for, the node's lease was renewed after the abort (the agent's pass that renewed
+/// it lists its allocations next, so it never starts the job and kills it if it had).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lingering {
+    /// The aborted job.
+    pub job: JobId,
+    /// Its task.
+    pub task: String,
+    /// Its gang rank.
+    pub gang_rank: u32,
+    /// The allocation row it ran in.
+    pub allocation: RowId,
+    /// Its node.
+    pub node: RowId,
+    /// The node session it ran under.
+    pub session: LockToken,
+    /// The node's lease expiry when it was aborted (store clock); a later expiry means a renewal since.
+    pub lease_expiry: Timestamp,
+    /// Whether its start was reported (then only its end or the session's end clears it).
+    pub started: bool,
 }
 
 impl OperationData {
@@ -248,6 +282,7 @@ impl OperationData {
             result: None,
             placement: None,
             waiting: None,
+            lingering: Vec::new(),
         }
     }
 

@@ -38,6 +38,8 @@ pub struct World {
     pub queue: Vec<QueueEntry>,
     /// The replica's placement settings.
     pub settings: PlacementSettings,
+    /// Each live node's lease expiry (store clock); [`World::renew_leases`] moves them on.
+    pub expiries: BTreeMap<RowId, Timestamp>,
 }
 
 impl World {
@@ -59,6 +61,7 @@ impl World {
             now: Timestamp(1_700_000_000_000_000),
             queue: Vec::new(),
             settings: PlacementSettings::default(),
+            expiries: BTreeMap::new(),
         };
         for n in 0..nodes {
             let node = world.row();
@@ -77,6 +80,31 @@ impl World {
     /// Allocations of the nodes with a live session.
     pub fn cluster_slots(&self) -> u32 {
         self.allocations.values().filter(|a| self.sessions.contains_key(&a.data.node)).count() as u32
+    }
+
+    fn expiry(&self, node: RowId) -> Timestamp {
+        self.expiries.get(&node).copied().unwrap_or(self.now.plus(std::time::Duration::from_secs(10)))
+    }
+
+    /// Every live node's agent renews its lease (its expiry moves on by a second).
+    pub fn renew_leases(&mut self) {
+        let nodes: Vec<RowId> = self.sessions.keys().copied().collect();
+        for node in nodes {
+            let renewed = self.expiry(node).plus(std::time::Duration::from_secs(1));
+            self.expiries.insert(node, renewed);
+        }
+    }
+
+    /// The agents kill the processes the controller moved on from and report them (messages only): one
+    /// `JobEnded` (aborted, "process killed") for each job the operation's data says may still run.
+    pub fn report_stale_kills(&mut self) {
+        let lingering = self.data.lingering.clone();
+        for l in lingering {
+            let job = self.job(l.job).clone();
+            let allocation = job.data.allocation.expect("a lingering job was placed");
+            let outcome = JobOutcome::Aborted { reason: "process killed".into() };
+            self.send(Message::JobEnded { job: l.job, allocation, outcome });
+        }
     }
 
     /// Moves the store's clock on by `span`.
@@ -111,6 +139,7 @@ impl World {
             messages: std::mem::take(&mut self.inbox),
             free,
             node_sessions: self.sessions.clone(),
+            node_expiries: self.sessions.keys().map(|node| (*node, self.expiry(*node))).collect(),
             revival: std::mem::take(&mut self.revival_next),
             now: self.now,
             queue: self.queue.clone(),
