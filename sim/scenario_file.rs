@@ -1618,6 +1618,42 @@ span = ["5s", "10s"]
     }
 
     #[test]
+    fn gang_placement_agent_clock_drift_and_their_mutations_are_read_and_checked_at_their_keys() {
+        let file = parse(&format!(
+            "{GANG}[controller]\ngang_placement = \"all_or_nothing\"\ngang_unfit_timeout = \"20s\"\n\
+             [mutation]\ngang_gate_disabled = true\n"
+        ))
+        .unwrap();
+        let gang = file.scenario.gang.as_ref().unwrap();
+        assert_eq!(gang.controller.gang_placement, crate::gang::GangPlacement::AllOrNothing);
+        assert_eq!(gang.controller.gang_unfit_timeout, Duration::from_secs(20));
+        assert!(file.scenario.mutation.gang_gate_disabled);
+        let (_, key, rule) = error(&format!("{GANG}[controller]\ngang_placement = \"gang\"\n"));
+        assert_eq!(key, "controller.gang_placement");
+        assert!(rule.contains("expected incremental or all_or_nothing"), "{rule}");
+        let drift = |rate: u64, mutation: &str| {
+            format!(
+                "{GANG}[faults]\nuntil = \"30s\"\n[[faults.at]]\nat = \"5s\"\nkind = \"agent-clock-drift\"\n\
+                 agent = 1\nrate_ppm = {rate}\nspan = \"10s\"\n{mutation}"
+            )
+        };
+        let file = parse(&drift(850_000, "")).unwrap();
+        assert_eq!(
+            file.scenario.faults.fixed[0].fault,
+            Fault::AgentClockDrift { agent: 1, rate_ppm: 850_000, span: Duration::from_secs(10) }
+        );
+        // The agents' defaults: 1 - 2 s / 10 s = 0.8.
+        let (_, key, rule) = error(&drift(700_000, ""));
+        assert_eq!(key, "faults.at[0].rate_ppm");
+        assert!(rule.contains("700000 breaks the margin rule of DESIGN §2") && rule.contains("800000"), "{rule}");
+        let file = parse(&drift(700_000, "[mutation]\nagent_drift_beyond_margin = true\n")).unwrap();
+        assert!(file.scenario.mutation.agent_drift_beyond_margin);
+        let (_, key, rule) = error(&drift(400_000, "[mutation]\nagent_drift_beyond_margin = true\n"));
+        assert_eq!(key, "faults.at[0].rate_ppm");
+        assert!(rule.contains("is not in 500000..=2000000"), "{rule}");
+    }
+
+    #[test]
     fn the_scenarios_own_check_is_reported_at_the_files_key() {
         let (key, rule) = check_error("invalid scenario: gang.operations[2].spec (train): tasks: empty");
         assert_eq!(render_path(&key), "operations[2].spec");
