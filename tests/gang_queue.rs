@@ -9,6 +9,7 @@ use lockstep::gang::api;
 use lockstep::gang::model::{JobStatus, OperationStatus};
 use lockstep::gang::pipeline::{OperationHandler, operation_pipeline_config};
 use lockstep::gang::placement::{GANG_QUEUE_STATUS, GangQueue, KIND_GANG_QUEUE, QueueEntry, canonical_queue};
+use lockstep::gang::status::StatusReport;
 use lockstep::pipeline::{ItemOutcome, Pipeline};
 use lockstep::store::*;
 use std::future::Future;
@@ -55,6 +56,14 @@ async fn a_waiting_gang_is_written_to_the_queue_row_and_placed_whole_when_the_fi
     assert_eq!(written.version, 1);
     let b_view = api::status(store.as_ref(), b).await.unwrap();
     assert!(b_view.jobs.iter().all(|j| j.status == JobStatus::Pending && j.data.allocation.is_none()));
+    // `lockstep status` shows the wait and the place in the queue.
+    let report = StatusReport::read(store.as_ref(), b, false).await.unwrap();
+    let waiting = report.waiting.clone().expect("b waits");
+    assert_eq!((waiting.need, waiting.position), (2, Some((0, 1))));
+    let text = report.render();
+    assert!(text.contains("placement   all_or_nothing"), "{text}");
+    assert!(text.contains("waiting     for 2 allocations at once since "), "{text}");
+    assert!(text.contains(", position 1 of 1 in the gang queue"), "{text}");
 
     for _ in 0..60 {
         for agent in &mut agents {
