@@ -47,6 +47,11 @@ pub enum Fault {
     /// Pause an agent node for `span` (its processes pause with it): its node lease expires while it sleeps, and
     /// on waking it finds its local deadline passed and fences itself.
     AgentPause { agent: usize, span: Duration },
+    /// An agent's monotonic clock runs at `rate_ppm` parts per million of real time for `span`: its node lease's
+    /// local deadline, heartbeat trigger and polls stretch or shrink. Within the margin rule of DESIGN §2
+    /// (rate ≥ 1 − lease_margin / lease_ttl) it still fences before the store lets the node be declared lost; a
+    /// scenario refuses a slower fixed rate unless `[mutation] agent_drift_beyond_margin` plants that bug.
+    AgentClockDrift { agent: usize, rate_ppm: u64, span: Duration },
 }
 
 /// A fault at a fixed time after the world starts.
@@ -79,11 +84,13 @@ pub enum FaultKind {
     AgentPartition,
     /// [`Fault::Isolate`] of a random agent.
     AgentIsolate,
+    /// [`Fault::AgentClockDrift`] of a random agent, at a rate within the margin rule.
+    AgentClockDrift,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 14] = [
+    pub const ALL: [FaultKind; 15] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
@@ -98,13 +105,18 @@ impl FaultKind {
         FaultKind::AgentPause,
         FaultKind::AgentPartition,
         FaultKind::AgentIsolate,
+        FaultKind::AgentClockDrift,
     ];
 
     /// Whether the kind's faults target agent nodes (a world without agents runs no such process).
     pub fn targets_agents(self) -> bool {
         matches!(
             self,
-            FaultKind::AgentKill | FaultKind::AgentPause | FaultKind::AgentPartition | FaultKind::AgentIsolate
+            FaultKind::AgentKill
+                | FaultKind::AgentPause
+                | FaultKind::AgentPartition
+                | FaultKind::AgentIsolate
+                | FaultKind::AgentClockDrift
         )
     }
 
@@ -125,6 +137,7 @@ impl FaultKind {
             FaultKind::AgentPause => "agent-pause",
             FaultKind::AgentPartition => "agent-partition",
             FaultKind::AgentIsolate => "agent-isolate",
+            FaultKind::AgentClockDrift => "agent-clock-drift",
         }
     }
 }
@@ -151,9 +164,19 @@ pub struct FaultPlan {
     pub until: Duration,
 }
 
+/// What [`draw`] needs of the world besides the stream.
+#[derive(Clone, Copy, Debug)]
+struct Targets {
+    replicas: usize,
+    agents: usize,
+    /// The slowest agent clock rate the margin rule allows ([`crate::sim::gang::GangWorkload::agent_rate_min_ppm`]).
+    agent_rate_min_ppm: u64,
+}
+
 /// Draws the parameters of one fault of `kind` (targets, rates, spans) from the process's stream. Agent kinds
 /// draw their agent after the replica every kind draws, so the draws of the older kinds stay as they were.
-fn draw(kind: FaultKind, span: &Range<Duration>, replicas: usize, agents: usize, rng: &mut ChaCha8Rng) -> Fault {
+fn draw(kind: FaultKind, span: &Range<Duration>, targets: Targets, rng: &mut ChaCha8Rng) -> Fault {
+    let Targets { replicas, agents, agent_rate_min_ppm } = targets;
     let span = if span.is_empty() {
         span.start
     } else {
@@ -186,6 +209,15 @@ fn draw(kind: FaultKind, span: &Range<Duration>, replicas: usize, agents: usize,
             Fault::Partition { a: Target::Agent(rng.random_range(0..agents)), b: Target::Db, span }
         }
         FaultKind::AgentIsolate => Fault::Isolate { node: Target::Agent(rng.random_range(0..agents)), span },
+        FaultKind::AgentClockDrift => {
+            let agent = rng.random_range(0..agents);
+            // A slow clock at least 1% inside the margin rule (never below 0.5, the clock's floor), else fast.
+            let slow_from = (agent_rate_min_ppm + 10_000).max(500_000);
+            let slow = slow_from < 950_000 && rng.random_bool(0.5);
+            let rate_ppm =
+                if slow { rng.random_range(slow_from..950_000) } else { rng.random_range(1_050_000..1_300_000) };
+            Fault::AgentClockDrift { agent, rate_ppm, span }
+        }
     }
 }
 
@@ -204,6 +236,7 @@ pub async fn inject(world: World, fault: Fault) {
         Fault::Buggify { span } => world.buggify(span).await,
         Fault::AgentKill { agent, down } => world.agent(agent).kill_for(down).await,
         Fault::AgentPause { agent, span } => world.agent(agent).pause(span).await,
+        Fault::AgentClockDrift { agent, rate_ppm, span } => world.agent(agent).drift(rate_ppm, span).await,
     }
 }
 
@@ -269,7 +302,12 @@ async fn random_process(
         if at >= until {
             return;
         }
-        let fault = draw(process.kind, &process.span, world.replicas(), world.agents(), &mut rng);
+        let targets = Targets {
+            replicas: world.replicas(),
+            agents: world.agents(),
+            agent_rate_min_ppm: world.scenario().gang.as_ref().map_or(0, |gang| gang.agent_rate_min_ppm()),
+        };
+        let fault = draw(process.kind, &process.span, targets, &mut rng);
         tokio::time::sleep_until(start + at).await;
         spawn_fault(&tasks, world.clone(), fault);
     }

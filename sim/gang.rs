@@ -18,7 +18,9 @@
 //! | replica   | `node-lost`     | the same, for a job the controller ended because its node was lost      |
 //! | replica   | `op-state`      | the operation changed state (`op from to reason`)                       |
 //! | replica   | `spec-update`   | a spec update was applied or refused                                    |
-//! | agent     | `proc-start`, `proc-exit`, `proc-kill`, `proc-start-failed` | a process event (`op job alloc inc`) |
+//! | replica   | `gang-wait`     | an all-or-nothing incarnation began to wait (`op inc need position reserved_ahead free cluster_slots`) |
+//! | replica   | `gang-placed`   | an all-or-nothing incarnation was placed whole (`op inc need reused waited_ms`) |
+//! | agent     | `proc-start`, `proc-exit`, `proc-kill`, `proc-start-failed`, `proc-pause`, `proc-resume` | a process event (`op job alloc inc`) |
 //! | agent     | `fence`, `fence-kill` | the agent fenced itself (`reason killed`; then `op jobs` per operation) |
 //! | agent     | `job-kill`      | the agent killed jobs the controller moved on from (`op jobs`)          |
 //! | agent     | `session`       | the agent took a new node lease (`token`)                               |
@@ -28,15 +30,17 @@ use super::trace::Trace;
 use crate::agent::{AgentConfig, AgentPass, JobScript, ProcessEvent, ProcessEventKind};
 use crate::gang::api::{self, GangError, OperationView};
 use crate::gang::controller::{
-    EVENT_INCARNATION_STARTED, EVENT_JOB_STATE, EVENT_OPERATION_STATE, EVENT_SPEC_UPDATE_REFUSED, EVENT_SPEC_UPDATED,
-    REASON_NODE_LOST,
+    EVENT_GANG_PLACED, EVENT_GANG_WAITING, EVENT_INCARNATION_STARTED, EVENT_JOB_STATE, EVENT_OPERATION_STATE,
+    EVENT_SPEC_UPDATE_REFUSED, EVENT_SPEC_UPDATED, REASON_NODE_LOST,
 };
 use crate::gang::model::{
     JobId, JobStatus, KIND_ALLOCATION, KIND_INBOX, KIND_JOB, KIND_NODE, KIND_OPERATION, OperationStatus,
 };
 use crate::gang::pipeline::operation_pipeline_config;
+use crate::gang::placement::{GangPlacement, KIND_GANG_QUEUE, PlacementSettings, UNFIT_TIMEOUT_DEFAULT};
 use crate::gang::{OperationSpec, SpecFormat};
 use crate::pipeline::PipelineConfig;
+use crate::pipeline::clock::RATE_PPM_EXACT;
 use crate::store::{
     ApplyOutcome, ApplyParams, Event, FetchParams, HeartbeatParams, Hint, Lease, LockOutcome, LockRelatedParams,
     NewRow, Row, RowId, RowUpdate, Store, StoreError, Timestamp, WriteOutcome,
@@ -83,6 +87,31 @@ impl GangWorkload {
         config.lease_margin = self.controller.lease_margin;
         config.min_processing_interval = self.controller.min_processing_interval;
         config
+    }
+
+    /// The controller's placement settings on every replica; `gate_disabled` plants the bug of
+    /// `[mutation] gang_gate_disabled`.
+    pub fn placement_settings(&self, gate_disabled: bool) -> PlacementSettings {
+        PlacementSettings {
+            default: self.controller.gang_placement,
+            unfit_timeout: self.controller.gang_unfit_timeout,
+            gate_disabled_for_mutation_test: gate_disabled,
+        }
+    }
+
+    /// The longest apart the ranks of an all-or-nothing incarnation may start (checker `gang_ranks_together`):
+    /// they are placed in one pass, and a live agent starts a job placed on its node within its node lease ttl
+    /// (past its local deadline it fences, and its next session never starts the job) plus two polls.
+    pub fn start_skew_max(&self) -> Duration {
+        self.agent.lease_ttl + self.agent.poll_interval * 2
+    }
+
+    /// The slowest clock rate (ppm) an agent may run at under the margin rule of DESIGN §2: at
+    /// r < 1 − lease_margin / lease_ttl it believes in its node lease past the store's expiry. Rounded up.
+    pub fn agent_rate_min_ppm(&self) -> u64 {
+        let (ttl, margin) = (self.agent.lease_ttl.as_micros(), self.agent.lease_margin.as_micros());
+        let exact = RATE_PPM_EXACT as u128;
+        (exact * (ttl - margin)).div_ceil(ttl) as u64
     }
 
     /// Agent `index`'s configuration.
@@ -188,6 +217,11 @@ pub struct ControllerTunables {
     pub lease_margin: Duration,
     /// A running operation is looked at again at least this often (and at once on a hint). Default 5 s.
     pub min_processing_interval: Duration,
+    /// Placement of gang operations whose spec leaves `gang_placement` out. Default incremental.
+    pub gang_placement: GangPlacement,
+    /// An all-or-nothing incarnation needing more allocations than the live nodes offer fails after this long.
+    /// Default 60 s ([`UNFIT_TIMEOUT_DEFAULT`]).
+    pub gang_unfit_timeout: Duration,
 }
 
 impl Default for ControllerTunables {
@@ -198,6 +232,8 @@ impl Default for ControllerTunables {
             lease_ttl: config.lease_ttl,
             lease_margin: config.lease_margin,
             min_processing_interval: config.min_processing_interval,
+            gang_placement: GangPlacement::Incremental,
+            gang_unfit_timeout: UNFIT_TIMEOUT_DEFAULT,
         }
     }
 }
@@ -370,12 +406,13 @@ impl Expectations {
     }
 }
 
-/// Whether `row` belongs to the gang controller (operations, their jobs and inbox, allocations, nodes) rather
+/// Whether `row` belongs to the gang controller (operations, their jobs and inbox, allocations, nodes, the gang
+/// queue) rather
 /// than to the row workload. The workload's `job` rows have no parent; the controller's are children of their
 /// operation.
 pub fn is_gang_row(row: &Row) -> bool {
     match row.kind.as_str() {
-        KIND_OPERATION | KIND_ALLOCATION | KIND_NODE | KIND_INBOX => true,
+        KIND_OPERATION | KIND_ALLOCATION | KIND_NODE | KIND_INBOX | KIND_GANG_QUEUE => true,
         KIND_JOB => row.parent_id.is_some(),
         _ => false,
     }
@@ -468,6 +505,28 @@ pub fn event_line(event: &Event, node_of: impl Fn(RowId) -> Option<String>) -> (
             ),
         ),
         EVENT_SPEC_UPDATED => ("spec-update", format!("op={op} outcome=updated job_count={}", json_value(data))),
+        EVENT_GANG_WAITING => (
+            "gang-wait",
+            format!(
+                "op={op} inc={} need={} position={} reserved_ahead={} free={} cluster_slots={}",
+                json_value(&data["incarnation"]),
+                json_value(&data["need"]),
+                json_value(&data["position"]),
+                json_value(&data["reserved_ahead"]),
+                json_value(&data["free"]),
+                json_value(&data["cluster_slots"])
+            ),
+        ),
+        EVENT_GANG_PLACED => (
+            "gang-placed",
+            format!(
+                "op={op} inc={} need={} reused={} waited_ms={}",
+                json_value(&data["incarnation"]),
+                json_value(&data["need"]),
+                json_value(&data["reused"]),
+                json_value(&data["waited_ms"])
+            ),
+        ),
         EVENT_SPEC_UPDATE_REFUSED => {
             ("spec-update", format!("op={op} outcome=refused violations={}", json_value(&data["violations"])))
         }
@@ -489,6 +548,8 @@ pub fn process_line(event: &ProcessEvent) -> (&'static str, String) {
         ProcessEventKind::StartFailed => ("proc-start-failed", base),
         ProcessEventKind::Exited(code) => ("proc-exit", format!("{base} code={code}")),
         ProcessEventKind::Killed => ("proc-kill", base),
+        ProcessEventKind::Paused => ("proc-pause", base),
+        ProcessEventKind::Resumed => ("proc-resume", base),
     }
 }
 

@@ -12,6 +12,7 @@ use super::trace::Trace;
 use super::user::{PipelineSet, ReplicaCx};
 use super::workload::{self, WorkloadSpec};
 use crate::gang::pipeline::OperationHandler;
+use crate::gang::placement::PlacementSettings;
 use crate::pipeline::{LocalClock, ManagerOptions, PipelineConfig, PipelineManager, ShutdownReport};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -71,6 +72,8 @@ pub struct ReplicaContext {
     pub services: Arc<Vec<Arc<Service>>>,
     /// The longest lease ttl a user's pipeline registered, in microseconds (the run waits it out at the end).
     pub lease_ttl_max: Arc<AtomicU64>,
+    /// The controller's placement settings (default placement, unfit timeout, the gate mutation).
+    pub placement: PlacementSettings,
     /// Time-out of each store call.
     pub call_timeout: Duration,
     /// The machine's monotonic clock (drifting under a clock fault).
@@ -127,7 +130,7 @@ pub async fn run(ctx: Arc<ReplicaContext>) {
         }
     }
     if let Some(config) = &ctx.operations {
-        let handler = OperationHandler::new(config.name.clone());
+        let handler = OperationHandler::new(config.name.clone()).with_settings(ctx.placement.clone());
         manager.register(config.clone(), handler).expect("the operation pipeline's config was checked");
     }
     manager.start();

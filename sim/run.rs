@@ -25,7 +25,7 @@ use super::service::Effect;
 use super::trace::{self, Trace, TraceEvent};
 use super::workload::{self, ClientReport};
 use super::world::World;
-use crate::agent::ProcessLog;
+use crate::agent::{ProcessEvent, ProcessLog};
 use crate::gang::api::{self, OperationView};
 use crate::gang::model::{JobId, KIND_NODE, KIND_OPERATION, OperationStatus};
 use crate::store::{Commit, Event, Row, RowId, Timestamp};
@@ -180,6 +180,7 @@ struct GangOutcome {
     views: Vec<OperationView>,
     unfinished: Vec<String>,
     exclusivity: Vec<String>,
+    processes: Vec<ProcessEvent>,
     live_at_end: BTreeMap<RowId, Vec<JobId>>,
 }
 
@@ -318,6 +319,8 @@ fn check(scenario: &Scenario, outcome: &Outcome, trace: &[TraceEvent]) -> Vec<Vi
             reports: &gang.reports,
             views: &gang.views,
             exclusivity: &gang.exclusivity,
+            processes: &gang.processes,
+            start_skew_max: scenario.gang.as_ref().map_or(Duration::ZERO, |g| g.start_skew_max()),
             live_at_end: &gang.live_at_end,
             unfinished: &gang.unfinished,
             expectations: &scenario.expect,
@@ -436,7 +439,14 @@ async fn gang_outcome(world: &World, unfinished: Vec<String>) -> GangOutcome {
         }
     }
     let log: &ProcessLog = world.process_log();
-    GangOutcome { reports, views, unfinished, exclusivity: log.exclusivity_violations(), live_at_end: log.live() }
+    GangOutcome {
+        reports,
+        views,
+        unfinished,
+        exclusivity: log.exclusivity_violations(),
+        processes: log.events(),
+        live_at_end: log.live(),
+    }
 }
 
 fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {

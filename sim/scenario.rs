@@ -34,6 +34,14 @@ pub struct Mutation {
     ///
     /// [`MemStore::disable_apply_guard_for_mutation_test`]: crate::store::MemStore::disable_apply_guard_for_mutation_test
     pub apply_guard_disabled: bool,
+    /// The controller places all-or-nothing gangs incrementally while their data says all-or-nothing
+    /// ([`PlacementSettings::gate_disabled_for_mutation_test`]): checker `gang_ranks_together` must fire.
+    ///
+    /// [`PlacementSettings::gate_disabled_for_mutation_test`]: crate::gang::placement::PlacementSettings::gate_disabled_for_mutation_test
+    pub gang_gate_disabled: bool,
+    /// Fixed `agent-clock-drift` faults may run an agent's clock slower than the margin rule of DESIGN §2 allows,
+    /// so it keeps its processes past its node lease's expiry: checker `rank_exclusivity` must fire.
+    pub agent_drift_beyond_margin: bool,
 }
 
 /// Everything a run needs besides its seed.
@@ -119,7 +127,9 @@ impl Scenario {
                 Fault::Kill { replica, .. } | Fault::Pause { replica, .. } | Fault::ClockDrift { replica, .. } => {
                     *replica < replicas
                 }
-                Fault::AgentKill { agent, .. } | Fault::AgentPause { agent, .. } => *agent < agents,
+                Fault::AgentKill { agent, .. }
+                | Fault::AgentPause { agent, .. }
+                | Fault::AgentClockDrift { agent, .. } => *agent < agents,
                 Fault::Partition { a, b, .. } => target_ok(*a) && target_ok(*b),
                 Fault::Isolate { node, .. } => target_ok(*node),
                 Fault::Contention { .. } => rows,
@@ -130,6 +140,18 @@ impl Scenario {
                     "faults.fixed[{index}]: {:?} targets a node the world lacks ({replicas} replicas, {agents} agents{})",
                     event.fault,
                     if rows { "" } else { ", no row workload" }
+                ));
+            }
+        }
+        for (index, event) in self.faults.fixed.iter().enumerate() {
+            let (Fault::AgentClockDrift { rate_ppm, .. }, Some(gang)) = (&event.fault, &self.gang) else { continue };
+            let floor = gang.agent_rate_min_ppm();
+            if *rate_ppm < floor && !self.mutation.agent_drift_beyond_margin {
+                return invalid(format!(
+                    "faults.fixed[{index}].rate_ppm: {rate_ppm} breaks the margin rule of DESIGN §2: an agent clock \
+                     slower than {floor} (1 - lease_margin / lease_ttl = 1 - {:?} / {:?}) holds its node lease past \
+                     the store's expiry (plant that bug with [mutation] agent_drift_beyond_margin)",
+                    gang.agent.lease_margin, gang.agent.lease_ttl
                 ));
             }
         }
@@ -364,6 +386,7 @@ pub fn agent_faults(scale: f64) -> Vec<RandomFault> {
                 FaultKind::AgentKill => secs(1, 20),
                 FaultKind::AgentPause => secs(5, 25),
                 FaultKind::AgentPartition => secs(5, 30),
+                FaultKind::AgentClockDrift => secs(10, 40),
                 _ => secs(3, 20),
             };
             RandomFault { kind, per_minute: scale, span }

@@ -492,6 +492,8 @@ struct ExpectDoc {
 #[serde(deny_unknown_fields)]
 struct MutationDoc {
     apply_guard_disabled: Option<bool>,
+    gang_gate_disabled: Option<bool>,
+    agent_drift_beyond_margin: Option<bool>,
 }
 
 // ---- values ----
@@ -629,7 +631,11 @@ impl FileDoc {
         let (operations, trace) = (std::mem::take(&mut self.expect.operation), std::mem::take(&mut self.expect.trace));
         self.expect.apply(&mut scenario)?;
         scenario.expect = gang::expectations(&operations, &trace, scenario.gang.as_ref(), scenario.replicas)?;
-        scenario.mutation = Mutation { apply_guard_disabled: self.mutation.apply_guard_disabled.unwrap_or(false) };
+        scenario.mutation = Mutation {
+            apply_guard_disabled: self.mutation.apply_guard_disabled.unwrap_or(false),
+            gang_gate_disabled: self.mutation.gang_gate_disabled.unwrap_or(false),
+            agent_drift_beyond_margin: self.mutation.agent_drift_beyond_margin.unwrap_or(false),
+        };
         self.faults.apply(&mut scenario)?;
         // Every rule above is checked at its key; the scenario's own check is the last word (a rule only it knows
         // is reported at the key its message names).
@@ -974,6 +980,7 @@ fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::Buggify => &["span"],
         FaultKind::AgentKill => &["agent", "down"],
         FaultKind::AgentPause => &["agent", "span"],
+        FaultKind::AgentClockDrift => &["agent", "rate_ppm", "span"],
         // Random-only kinds: at a fixed time, a partition or an isolate names the agent as its node.
         FaultKind::AgentPartition | FaultKind::AgentIsolate => &[],
     }
@@ -1069,10 +1076,7 @@ impl FixedDoc {
             },
             FaultKind::DbRestart => Fault::DbRestart { down: down()? },
             FaultKind::ClockDrift => {
-                let rate_ppm = self.rate_ppm.ok_or_else(|| need("rate_ppm"))?;
-                if rate_ppm == 0 {
-                    return Err((at("rate_ppm"), "0 must be above 0 (1 000 000 is an exact clock)".into()));
-                }
+                let rate_ppm = clock_rate(at("rate_ppm"), self.rate_ppm.ok_or_else(|| need("rate_ppm"))?)?;
                 Fault::ClockDrift { replica: replica()?, rate_ppm, span: span()? }
             }
             FaultKind::Contention => {
@@ -1081,6 +1085,10 @@ impl FixedDoc {
             FaultKind::Buggify => Fault::Buggify { span: span()? },
             FaultKind::AgentKill => Fault::AgentKill { agent: agent()?, down: down()? },
             FaultKind::AgentPause => Fault::AgentPause { agent: agent()?, span: span()? },
+            FaultKind::AgentClockDrift => {
+                let rate_ppm = clock_rate(at("rate_ppm"), self.rate_ppm.ok_or_else(|| need("rate_ppm"))?)?;
+                Fault::AgentClockDrift { agent: agent()?, rate_ppm, span: span()? }
+            }
             FaultKind::AgentPartition | FaultKind::AgentIsolate => unreachable!("refused above"),
         })
     }
@@ -1113,6 +1121,15 @@ impl RandomDoc {
         };
         Ok(RandomFault { kind, per_minute, span })
     }
+}
+
+/// A clock rate in parts per million the simulated clocks accept: 500 000 (half speed) to 2 000 000.
+fn clock_rate(key: KeyPath, rate_ppm: u64) -> Result<u64, Broken> {
+    use crate::pipeline::clock::{RATE_PPM_MAX, RATE_PPM_MIN};
+    if !(RATE_PPM_MIN..=RATE_PPM_MAX).contains(&rate_ppm) {
+        return Err((key, format!("{rate_ppm} is not in {RATE_PPM_MIN}..={RATE_PPM_MAX} (1000000 is an exact clock)")));
+    }
+    Ok(rate_ppm)
 }
 
 /// Why agent `agent` is not in a world of `agents`.
@@ -1721,6 +1738,42 @@ span = ["5s", "10s"]
         assert_eq!(error(&format!("{GANG}[controller]\nlease_ttl = \"1s\"\n")).1, "controller.lease_ttl");
         assert_eq!(error(&GANG.replace("slots = 2", "slots = 0")).1, "topology.slots");
         assert_eq!(error(&GANG.replace("agents = 3", "agents = 201")).1, "topology.agents");
+    }
+
+    #[test]
+    fn gang_placement_agent_clock_drift_and_their_mutations_are_read_and_checked_at_their_keys() {
+        let file = parse(&format!(
+            "{GANG}[controller]\ngang_placement = \"all_or_nothing\"\ngang_unfit_timeout = \"20s\"\n\
+             [mutation]\ngang_gate_disabled = true\n"
+        ))
+        .unwrap();
+        let gang = file.scenario.gang.as_ref().unwrap();
+        assert_eq!(gang.controller.gang_placement, crate::gang::GangPlacement::AllOrNothing);
+        assert_eq!(gang.controller.gang_unfit_timeout, Duration::from_secs(20));
+        assert!(file.scenario.mutation.gang_gate_disabled);
+        let (_, key, rule) = error(&format!("{GANG}[controller]\ngang_placement = \"gang\"\n"));
+        assert_eq!(key, "controller.gang_placement");
+        assert!(rule.contains("expected incremental or all_or_nothing"), "{rule}");
+        let drift = |rate: u64, mutation: &str| {
+            format!(
+                "{GANG}[faults]\nuntil = \"30s\"\n[[faults.at]]\nat = \"5s\"\nkind = \"agent-clock-drift\"\n\
+                 agent = 1\nrate_ppm = {rate}\nspan = \"10s\"\n{mutation}"
+            )
+        };
+        let file = parse(&drift(850_000, "")).unwrap();
+        assert_eq!(
+            file.scenario.faults.fixed[0].fault,
+            Fault::AgentClockDrift { agent: 1, rate_ppm: 850_000, span: Duration::from_secs(10) }
+        );
+        // The agents' defaults: 1 - 2 s / 10 s = 0.8.
+        let (_, key, rule) = error(&drift(700_000, ""));
+        assert_eq!(key, "faults.at[0].rate_ppm");
+        assert!(rule.contains("700000 breaks the margin rule of DESIGN §2") && rule.contains("800000"), "{rule}");
+        let file = parse(&drift(700_000, "[mutation]\nagent_drift_beyond_margin = true\n")).unwrap();
+        assert!(file.scenario.mutation.agent_drift_beyond_margin);
+        let (_, key, rule) = error(&drift(400_000, "[mutation]\nagent_drift_beyond_margin = true\n"));
+        assert_eq!(key, "faults.at[0].rate_ppm");
+        assert!(rule.contains("is not in 500000..=2000000"), "{rule}");
     }
 
     #[test]

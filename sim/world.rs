@@ -14,7 +14,7 @@
 //! ```
 //!
 //! Every handle traces what it does, holds the fault for its span and undoes it. Faults that would fight over
-//! one thing do not overlap (a replica or an agent has one node slot for kill and pause, a replica one clock
+//! one thing do not overlap (a replica or an agent has one node slot for kill and pause, and one clock
 //! slot; the network, the database, lost replies and buggify have one slot each): a fault whose slot is taken is
 //! traced as `skipped`. [`World::heal`] undoes every fault still in force.
 //!
@@ -64,6 +64,7 @@ enum Slot {
     Replica(usize),
     Clock(usize),
     Agent(usize),
+    AgentClock(usize),
     Db,
     Network,
     Replies,
@@ -172,6 +173,17 @@ impl World {
         let operations = scenario.gang.as_ref().map(|gang| gang.pipeline_config());
         let services = Arc::new(Self::start_services(&handle, &scenario, seed, &trace, &faults_on));
         let lease_ttl_max = Arc::new(AtomicU64::new(0));
+        let placement = scenario
+            .gang
+            .as_ref()
+            .map(|gang| gang.placement_settings(scenario.mutation.gang_gate_disabled))
+            .unwrap_or_default();
+        if scenario.mutation.gang_gate_disabled {
+            trace.record(&name, "mutation", "gang_gate_disabled");
+        }
+        if scenario.mutation.agent_drift_beyond_margin {
+            trace.record(&name, "mutation", "agent_drift_beyond_margin");
+        }
         let replicas = (0..scenario.replicas)
             .map(|index| {
                 let ip = IpAddr::V4(Ipv4Addr::new(10, 0, 1, index as u8 + 1));
@@ -186,6 +198,7 @@ impl World {
                     pipelines: scenario.pipelines.clone(),
                     services: services.clone(),
                     lease_ttl_max: lease_ttl_max.clone(),
+                    placement: placement.clone(),
                     call_timeout: scenario.call_timeout,
                     clock: LocalClock::drifting(),
                     faults_on: faults_on.clone(),
@@ -458,10 +471,16 @@ impl World {
         }
         for index in std::mem::take(&mut state.paused_agents) {
             inner.handle.resume(inner.agents[index].node.id());
+            inner.log.node_resumed(&inner.agents[index].ctx.name);
         }
         for replica in &inner.replicas {
             if replica.ctx.clock.rate_ppm() != RATE_PPM_EXACT {
                 replica.ctx.clock.set_rate_ppm(RATE_PPM_EXACT);
+            }
+        }
+        for agent in &inner.agents {
+            if agent.ctx.clock.rate_ppm() != RATE_PPM_EXACT {
+                agent.ctx.clock.set_rate_ppm(RATE_PPM_EXACT);
             }
         }
         if std::mem::take(&mut state.db_down) {
@@ -594,12 +613,29 @@ impl AgentHandle<'_> {
         }
         self.record("pause", format!("span={span:?}"));
         self.world.inner.handle.pause(self.slot().node.id());
+        // Its processes freeze with it: the process log says so (rank_exclusivity does not count a frozen one).
+        self.world.inner.log.node_paused(&self.slot().ctx.name);
         self.world.state().paused_agents.insert(self.index);
         tokio::time::sleep(span).await;
         self.world.inner.handle.resume(self.slot().node.id());
+        self.world.inner.log.node_resumed(&self.slot().ctx.name);
         self.world.state().paused_agents.remove(&self.index);
         self.record("resume", "");
         self.world.release(Slot::Agent(self.index));
+    }
+
+    /// Runs the agent's monotonic clock at `rate_ppm` parts per million of real time for `span` (it survives a
+    /// restart of the agent: the clock is the machine's).
+    pub async fn drift(&self, rate_ppm: u64, span: Duration) {
+        if !self.world.acquire(Slot::AgentClock(self.index), "agent-clock-drift") {
+            return;
+        }
+        self.record("clock-drift", format!("rate_ppm={rate_ppm} span={span:?}"));
+        self.slot().ctx.clock.set_rate_ppm(rate_ppm);
+        tokio::time::sleep(span).await;
+        self.slot().ctx.clock.set_rate_ppm(RATE_PPM_EXACT);
+        self.record("clock-exact", "");
+        self.world.release(Slot::AgentClock(self.index));
     }
 
     /// Cuts the agent off from the database for `span`: it must fence itself before its node is declared lost.

@@ -3,10 +3,10 @@
 #![cfg(not(madsim))]
 
 use lockstep::agent::simulated::ProcessEventKind;
-use lockstep::agent::{Agent, AgentConfig, Behaviour, JobScript, ProcessLog, SimulatedExecutor};
+use lockstep::agent::{Agent, AgentConfig, Behaviour, JobScript, ProcessLog, REASON_MOVED_ON, SimulatedExecutor};
 use lockstep::gang::SpecFormat;
 use lockstep::gang::api;
-use lockstep::gang::model::{JobStatus, KIND_NODE, OperationStatus};
+use lockstep::gang::model::{JobOutcome, JobStatus, KIND_INBOX, KIND_NODE, Message, OperationStatus};
 use lockstep::gang::pipeline::{OperationHandler, operation_pipeline_config};
 use lockstep::pipeline::Pipeline;
 use lockstep::store::{MemStore, Store, Timestamp, TokioClock};
@@ -249,6 +249,36 @@ async fn a_reused_allocation_kills_the_old_incarnations_job_before_starting_the_
             .fold(0i32, |live, e| live + if e.kind == ProcessEventKind::Started { 1 } else { -1 });
         assert_eq!(earlier_live, 0, "allocation {allocation} was empty when job {} started", job.data.id);
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_reports_each_process_it_kills_because_the_controller_moved_on() {
+    // The controller learns from the report that the old process is gone (gang::model::Lingering).
+    let setup = Setup::new();
+    let mut agent = setup.agent("node-0", hanging());
+    agent.run_once().await.unwrap();
+    let op = api::submit_text(&setup.store, "{tasks={w={job_count=1;command=c}}}", SpecFormat::Yson).await.unwrap();
+    setup.controller_pass().await;
+    agent.run_once().await.unwrap();
+    setup.controller_pass().await;
+    api::abort(&setup.store, op, "enough").await.unwrap();
+    setup.controller_pass().await;
+    let pass = agent.run_once().await.unwrap();
+    assert_eq!(pass.killed.len(), 1);
+    let reports: Vec<Message> = setup
+        .store
+        .list(KIND_INBOX, Some(op))
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| Message::from_row(row).unwrap())
+        .collect();
+    let killed = Message::JobEnded {
+        job: pass.killed[0],
+        allocation: api::status(&setup.store, op).await.unwrap().jobs[0].data.allocation.unwrap(),
+        outcome: JobOutcome::Aborted { reason: REASON_MOVED_ON.into() },
+    };
+    assert!(reports.contains(&killed), "{reports:#?}");
 }
 
 /// A session the controller declared lost stays lost (issue 13): an agent whose local clock runs slow sends its

@@ -200,12 +200,52 @@ fn revival_with_a_missing_ranked_job_restarts_without_reusing_allocations() {
     assert_eq!(switches[1]["reason"], "lack_after_revival");
     assert_eq!(switches[1]["trigger"]["gang_rank"], 1);
     assert_eq!(world.data.incarnation, 1);
+    // Ranks 0 and 2 ran on live nodes, whose allocations are not reused: until their agents report the old
+    // processes killed, those ranks are placed nowhere else (two processes of one rank would run at once).
+    assert_eq!(world.live("worker", 1).status, JobStatus::Assigned, "rank 1's old process died with its node");
+    for cookie in [0, 2] {
+        assert_eq!(world.live("worker", cookie).status, JobStatus::Pending, "cookie {cookie} waits for the kill");
+    }
+    assert_eq!(world.data.lingering.len(), 2);
+    world.report_stale_kills();
+    world.pass();
+    assert!(world.data.lingering.is_empty());
     for cookie in 0..3 {
         let job = world.live("worker", cookie);
         assert!(!old.contains(&job.data.allocation.unwrap()), "cookie {cookie} got a fresh allocation");
     }
     world.run_to_end();
     assert_eq!(world.status, OperationStatus::Completed);
+}
+
+#[test]
+fn an_aborted_rank_whose_start_was_never_reported_is_placed_elsewhere_once_its_node_renewed_its_lease() {
+    // Revival again, but the jobs were only assigned: no start was reported, so there may be no process at all.
+    // The agent's pass that renews its lease lists its allocations next: it never starts the job, and kills it if
+    // it had started it.
+    let mut world = World::new(GANG3, 6, 1);
+    world.pass();
+    world.lose_node_of("worker", 1);
+    world.revival_next = true;
+    world.pass();
+    assert_eq!(world.live("worker", 0).status, JobStatus::Pending);
+    world.pass();
+    assert_eq!(world.live("worker", 0).status, JobStatus::Pending, "no renewal yet");
+    world.renew_leases();
+    world.pass();
+    assert!(world.data.lingering.is_empty());
+    assert_eq!(world.live("worker", 0).status, JobStatus::Assigned);
+}
+
+#[test]
+fn a_restart_reusing_a_ranks_allocation_needs_no_kill_report() {
+    // The agent kills the old process before it starts the new one in the same allocation.
+    let mut world = running(GANG3, 4, 1);
+    world.end("worker", 1, aborted("preempted"));
+    assert!(world.data.lingering.is_empty(), "{:?}", world.data.lingering);
+    for cookie in 0..3 {
+        assert_eq!(world.live("worker", cookie).status, JobStatus::Assigned);
+    }
 }
 
 #[test]
@@ -376,12 +416,17 @@ fn a_job_count_change_of_a_running_gang_is_refused_when_consumed() {
 #[test]
 fn a_completed_gang_task_retires_its_reserved_jobs_so_other_tasks_get_their_allocations() {
     let spec = "{tasks={g={job_count=4;command=g;gang_options={size=2}};p={job_count=2;command=p}}}";
-    let mut world = running(spec, 4, 1);
-    assert!(world.jobs.iter().filter(|j| j.data.task == "p").all(|j| j.status == JobStatus::Pending));
+    let mut world = running(spec, 6, 1);
+    // p's jobs are ranked too (a task without gang_options in a gang operation): they were placed before g's
+    // reserved jobs. p's cookie 0 loses its node and restarts alone, with no free allocation left.
+    world.lose_node_of("p", 0);
+    world.pass();
+    assert_eq!(world.live("p", 0).status, JobStatus::Pending);
+    assert_eq!(world.live("p", 0).data.gang_rank, Some(0), "it keeps its rank");
     world.exit("g", 0, 0);
     world.exit("g", 1, 0);
     assert_eq!(world.job_events("aborted", Some("gang task completed")).len(), 2, "both reserved jobs retire");
-    assert_eq!(world.live("p", 0).status, JobStatus::Assigned, "their allocations go to the plain task");
+    assert_eq!(world.live("p", 0).status, JobStatus::Assigned, "an allocation of the gang task goes to p");
     world.run_to_end();
     assert_eq!(world.status, OperationStatus::Completed);
 }
@@ -402,4 +447,15 @@ fn an_idle_allocation_kept_for_reuse_goes_to_a_pending_job_when_nothing_else_is_
     assert_ne!(rank1.data.allocation.unwrap(), p_allocation, "a new grant of the row, not a reuse");
     world.run_to_end();
     assert_eq!(world.status, OperationStatus::Completed);
+}
+
+#[test]
+fn a_rank_whose_node_fenced_and_came_back_under_a_new_session_does_not_linger() {
+    // The agent fenced (killing the process) and took a new session before the controller noticed: the job is
+    // still running as far as the rows say, but its allocation's session is over, so its process is dead.
+    let mut world = running(GANG3, 4, 1);
+    let node = world.lose_node_of("worker", 0);
+    world.revive_node(node);
+    world.end("worker", 2, aborted("preempted"));
+    assert!(world.data.lingering.is_empty(), "{:?}", world.data.lingering);
 }

@@ -103,3 +103,34 @@ async fn the_seed_master_slave_example_completes_on_postgres() {
     assert_eq!(audit::operation(&view), Vec::<String>::new());
     cluster.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_all_or_nothing_gangs_on_three_slots_take_turns_through_the_gang_queue_on_postgres() {
+    // Issue 14: the second gang waits in the gang queue row (inserted, locked and written through PgStore) holding
+    // nothing, and runs whole once the first gang is done.
+    let cluster = Cluster::start(3, 1, Duration::from_secs(2)).await;
+    let gang = "{tasks={w={job_count=2;command=w;gang_options={}}};gang_placement=all_or_nothing}";
+    let a = api::submit_text(cluster.store.as_ref(), gang, SpecFormat::Yson).await.unwrap();
+    let b = api::submit_text(cluster.store.as_ref(), gang, SpecFormat::Yson).await.unwrap();
+    for op in [a, b] {
+        let view = cluster.wait_for(op, Duration::from_secs(60), |v| v.status.is_terminal()).await;
+        assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);
+        assert_eq!(audit::operation(&view), Vec::<String>::new());
+    }
+    let rows = cluster.store.list(lockstep::gang::placement::KIND_GANG_QUEUE, None).await.unwrap();
+    let (_, queue) = lockstep::gang::placement::canonical_queue(&rows).unwrap().expect("a gang waited");
+    assert!(queue.entries.is_empty());
+    assert!(queue.version >= 2, "joined and left: version {}", queue.version);
+    // Each gang's two processes started together.
+    let events = cluster.log.events();
+    for op in [a, b] {
+        let starts: Vec<_> = events
+            .iter()
+            .filter(|e| e.job.operation == op && e.kind == lockstep::agent::ProcessEventKind::Started)
+            .map(|e| e.at)
+            .collect();
+        assert_eq!(starts.len(), 2);
+        assert!(starts[1] - starts[0] < Duration::from_secs(1), "operation {op}: {starts:?}");
+    }
+    cluster.finish().await;
+}

@@ -77,10 +77,20 @@ async fn a_replica_taking_over_after_a_lost_pass_restarts_a_gang_missing_a_ranke
     assert_eq!(switches[1].data["reason"], "lack_after_revival");
     assert_eq!(switches[1].data["trigger"]["gang_rank"], 1);
     let old: BTreeSet<_> = before.jobs.iter().map(|j| j.data.allocation.unwrap()).collect();
+    // The two ranks whose processes still run on live nodes wait until their agents report them killed.
+    let waiting = view.current_jobs().filter(|j| j.status == JobStatus::Pending).count();
+    assert_eq!(waiting, 2, "{:?}", view.jobs);
+    for agent in agents.iter_mut().filter(|a| a.node() != Some(victim_node)) {
+        let pass = agent.run_once().await.unwrap();
+        assert!(pass.reported >= pass.killed.len());
+    }
+    pass(&replica_b, &handler, 2).await;
+    let view = api::status(store.as_ref(), op).await.unwrap();
     for job in view.current_jobs() {
-        let allocation = job.data.allocation.expect("placed at once: free allocations exist");
+        let allocation = job.data.allocation.expect("placed once the old processes are known dead");
         assert!(!old.contains(&allocation), "job {} reused {allocation}", job.data.id);
     }
+    assert!(view.data.lingering.is_empty());
 }
 
 #[tokio::test(start_paused = true)]

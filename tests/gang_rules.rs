@@ -96,7 +96,7 @@ fn the_operation_fails_once_failed_jobs_reach_the_limit() {
 
 #[test]
 fn at_the_start_cookies_below_the_gang_size_are_ranked_and_the_rest_reserved() {
-    let plan = plan_task(&task(4, Some(Some(2))), Vec::new());
+    let plan = plan_task(&task(4, Some(Some(2))), 2, Vec::new());
     assert_eq!(
         plan.jobs,
         vec![
@@ -111,7 +111,7 @@ fn at_the_start_cookies_below_the_gang_size_are_ranked_and_the_rest_reserved() {
 #[test]
 fn ranked_allocations_are_reused_with_their_cookie_rank_and_descriptor() {
     // Cookie 1 (rank 1) was the trigger: its allocation is not offered.
-    let plan = plan_task(&task(3, Some(None)), vec![held(12, 2, Some(2)), held(10, 0, Some(0))]);
+    let plan = plan_task(&task(3, Some(None)), 3, vec![held(12, 2, Some(2)), held(10, 0, Some(0))]);
     assert_eq!(
         plan.jobs,
         vec![
@@ -126,7 +126,7 @@ fn ranked_allocations_are_reused_with_their_cookie_rank_and_descriptor() {
 #[test]
 fn a_reserved_allocation_takes_the_freed_rank() {
     // Size 2 of 4: rank 0 (cookie 0) was the trigger; reserved cookies 2 and 3 hold allocations.
-    let plan = plan_task(&task(4, Some(Some(2))), vec![held(11, 1, Some(1)), held(13, 3, None), held(12, 2, None)]);
+    let plan = plan_task(&task(4, Some(Some(2))), 2, vec![held(11, 1, Some(1)), held(13, 3, None), held(12, 2, None)]);
     assert_eq!(
         plan.jobs,
         vec![
@@ -140,7 +140,7 @@ fn a_reserved_allocation_takes_the_freed_rank() {
 
 #[test]
 fn plain_task_allocations_are_reused_by_cookie() {
-    let plan = plan_task(&task(3, None), vec![held(20, 2, None)]);
+    let plan = plan_task(&task(3, None), 0, vec![held(20, 2, None)]);
     assert_eq!(
         plan.jobs,
         vec![planned(0, None, false, None), planned(1, None, false, None), planned(2, None, false, reuse(20))]
@@ -148,8 +148,42 @@ fn plain_task_allocations_are_reused_by_cookie() {
 }
 
 #[test]
+fn a_task_without_gang_options_in_a_gang_operation_ranks_every_cookie_and_keeps_ranks_on_reuse() {
+    // DESIGN §4: its rank pool is its job_count, so no job is reserved and rank = cookie.
+    let plan = plan_task(&task(3, None), 3, Vec::new());
+    assert_eq!(
+        plan.jobs,
+        vec![planned(0, Some(0), false, None), planned(1, Some(1), false, None), planned(2, Some(2), false, None)]
+    );
+    let plan = plan_task(&task(3, None), 3, vec![held(21, 1, Some(1))]);
+    assert_eq!(
+        plan.jobs,
+        vec![planned(0, Some(0), false, None), planned(1, Some(1), false, reuse(21)), planned(2, Some(2), false, None)]
+    );
+}
+
+#[test]
+fn task_gang_sizes_count_job_count_for_tasks_without_gang_options_only_in_gang_operations() {
+    let spec = |tasks: Vec<(&str, TaskSpec)>| OperationSpec {
+        tasks: tasks.into_iter().map(|(name, t)| (name.to_string(), t)).collect(),
+        max_failed_job_count: 10,
+        fail_on_job_restart: false,
+        restart_completed_jobs: false,
+        gang_placement: None,
+        unrecognized: Vec::new(),
+    };
+    let gang = spec(vec![("a", task(3, Some(Some(2)))), ("b", task(2, None))]);
+    assert_eq!(gang.task_gang_size(&gang.tasks["a"]), 2);
+    assert_eq!(gang.task_gang_size(&gang.tasks["b"]), 2, "b's rank pool is its job_count");
+    assert_eq!(gang.gang_size(), 4, "YT_GANG_SIZE sums both");
+    let plain = spec(vec![("b", task(2, None))]);
+    assert_eq!(plain.task_gang_size(&plain.tasks["b"]), 0);
+    assert_eq!(plain.gang_size(), 0);
+}
+
+#[test]
 fn allocations_whose_cookie_no_longer_fits_are_released() {
-    let plan = plan_task(&task(2, None), vec![held(20, 5, None)]);
+    let plan = plan_task(&task(2, None), 0, vec![held(20, 5, None)]);
     assert_eq!(plan.released, vec![AllocationRef { row: RowId(20), generation: 1 }]);
     assert!(plan.jobs.iter().all(|j| j.reuse.is_none()));
 }
@@ -157,7 +191,7 @@ fn allocations_whose_cookie_no_longer_fits_are_released() {
 #[test]
 #[should_panic(expected = "two held allocations with gang rank 0")]
 fn two_allocations_claiming_one_rank_is_a_bug() {
-    plan_task(&task(3, Some(None)), vec![held(10, 0, Some(0)), held(11, 1, Some(0))]);
+    plan_task(&task(3, Some(None)), 3, vec![held(10, 0, Some(0)), held(11, 1, Some(0))]);
 }
 
 fn with_status(data: JobData, status: JobStatus) -> Job {
@@ -185,6 +219,7 @@ fn a_plain_task_completes_when_job_count_cookies_completed() {
         max_failed_job_count: 10,
         fail_on_job_restart: false,
         restart_completed_jobs: false,
+        gang_placement: None,
         unrecognized: Vec::new(),
     };
     let jobs = [

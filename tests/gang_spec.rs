@@ -4,7 +4,7 @@
 use lockstep::gang::model::{JobData, JobId};
 use lockstep::gang::spec::MAX_FAILED_JOB_COUNT_DEFAULT;
 use lockstep::gang::validate::update_violations;
-use lockstep::gang::{FilePath, OperationSpec, SpecError, SpecFormat, job_environment};
+use lockstep::gang::{FilePath, GangPlacement, OperationSpec, SpecError, SpecFormat, job_environment};
 use lockstep::store::RowId;
 
 /// The seed's first example ("Пример спецификации"), verbatim.
@@ -286,7 +286,7 @@ fn the_job_environment_carries_the_yt_variables() {
         ("YT_OPERATION_INCARNATION", "7-i2"),
         ("YT_GANG_RANK", "1"),
         ("YT_TASK_GANG_SIZE", "2"),
-        ("YT_GANG_SIZE", "2"),
+        ("YT_GANG_SIZE", "3"),
         ("YT_TASK_JOB_COUNT", "3"),
         ("YT_JOB_COUNT", "4"),
     ];
@@ -296,10 +296,34 @@ fn the_job_environment_carries_the_yt_variables() {
 
     let reserved = job_environment(&spec, &job("trainer", 2, None));
     assert!(!reserved.contains_key("YT_GANG_RANK"), "a reserved job has no rank");
-    let plain = job_environment(&spec, &job("eval", 0, None));
-    assert!(!plain.contains_key("YT_TASK_GANG_SIZE"));
-    assert_eq!(plain["YT_GANG_SIZE"], "2");
-    assert_eq!(plain["YT_TASK_JOB_COUNT"], "1");
+    // A task without gang_options of a gang operation is a gang task for ranks and sizes (DESIGN §4): its rank
+    // pool is its job_count, and YT_GANG_SIZE counts it.
+    let eval = job_environment(&spec, &job("eval", 0, Some(0)));
+    assert_eq!(eval["YT_TASK_GANG_SIZE"], "1");
+    assert_eq!(eval["YT_GANG_RANK"], "0");
+    assert_eq!(eval["YT_GANG_SIZE"], "3");
+    assert_eq!(eval["YT_TASK_JOB_COUNT"], "1");
+    assert_eq!(env_of(&spec, "trainer")["YT_GANG_SIZE"], "3");
+}
+
+fn env_of(spec: &lockstep::gang::OperationSpec, task: &str) -> std::collections::BTreeMap<String, String> {
+    job_environment(spec, &job(task, 0, Some(0)))
+}
+
+#[test]
+fn the_issue_example_a_size_two_task_and_a_task_without_gang_options_sum_to_gang_size_four() {
+    // Issue 14: a (job_count 3, size 2) and b (job_count 2, no gang_options).
+    let spec = yson("{tasks={a={job_count=3;command=c;gang_options={size=2}};b={job_count=2;command=c}}}").unwrap();
+    for (task, rank) in [("a", Some(0)), ("a", Some(1)), ("a", None), ("b", Some(0)), ("b", Some(1))] {
+        let env = job_environment(&spec, &job(task, rank.unwrap_or(2), rank));
+        assert_eq!(env["YT_GANG_SIZE"], "4", "{task} {rank:?}");
+        assert_eq!(env.get("YT_GANG_RANK"), rank.map(|r| r.to_string()).as_ref(), "{task} {rank:?}");
+    }
+    assert_eq!(env_of(&spec, "a")["YT_TASK_GANG_SIZE"], "2");
+    assert_eq!(env_of(&spec, "b")["YT_TASK_GANG_SIZE"], "2");
+    let plain = yson("{tasks={b={job_count=2;command=c}}}").unwrap();
+    let env = job_environment(&plain, &job("b", 0, None));
+    assert!(["YT_GANG_SIZE", "YT_TASK_GANG_SIZE", "YT_GANG_RANK"].iter().all(|k| !env.contains_key(*k)), "{env:?}");
 }
 
 #[test]
@@ -323,4 +347,48 @@ fn file_paths_that_leave_the_files_root_or_shadow_the_output_are_refused() {
 fn a_misspelt_gang_option_is_an_error_naming_it() {
     let text = r#"{tasks={t={job_count=3;command=c;gang_options={sise=2}}}}"#;
     assert_eq!(violations(text), vec!["tasks.t.gang_options.sise: is not a gang option (the only one is size)"]);
+}
+
+#[test]
+fn gang_placement_is_lockstep_s_own_key_for_gang_operations_only() {
+    let gang = |placement: &str| {
+        format!("{{tasks={{t={{job_count=2;command=c;gang_options={{}}}}}};gang_placement={placement}}}")
+    };
+    assert_eq!(yson(&gang("all_or_nothing")).unwrap().gang_placement, Some(GangPlacement::AllOrNothing));
+    assert_eq!(yson(&gang("incremental")).unwrap().gang_placement, Some(GangPlacement::Incremental));
+    let spec = yson("{tasks={t={job_count=2;command=c;gang_options={}}}}").unwrap();
+    assert_eq!(spec.gang_placement, None, "left out: the replica's default");
+    assert!(spec.unknown_keys().is_empty());
+    assert_eq!(
+        violations(&gang("all-at-once")),
+        vec![r#"gang_placement: "all-at-once" is not a gang placement: expected incremental or all_or_nothing"#]
+    );
+    assert_eq!(
+        violations(&gang("%true")),
+        vec!["gang_placement: expected a string (incremental or all_or_nothing), found boolean true"]
+    );
+    assert_eq!(
+        violations("{tasks={t={job_count=2;command=c}};gang_placement=all_or_nothing}"),
+        vec![
+            "gang_placement: all_or_nothing needs a gang operation: no task has gang_options, so no job has a gang rank"
+        ]
+    );
+    let json =
+        r#"{"tasks": {"t": {"job_count": 2, "command": "c", "gang_options": {}}}, "gang_placement": "all_or_nothing"}"#;
+    let spec = OperationSpec::parse(json, SpecFormat::Json).unwrap();
+    assert_eq!(spec.gang_placement, Some(GangPlacement::AllOrNothing));
+}
+
+#[test]
+fn a_spec_update_may_not_change_gang_placement() {
+    let running = yson("{tasks={t={job_count=2;command=c;gang_options={}}}}").unwrap();
+    let updated = yson("{tasks={t={job_count=2;command=c;gang_options={}}};gang_placement=all_or_nothing}").unwrap();
+    let found: Vec<String> = update_violations(&running, &updated).iter().map(|v| v.to_string()).collect();
+    assert_eq!(
+        found,
+        vec![
+            "gang_placement: cannot change from (the replica's default) to all_or_nothing in a running operation: \
+             its placement was fixed when it started"
+        ]
+    );
 }

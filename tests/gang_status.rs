@@ -26,7 +26,7 @@ async fn the_status_report_shows_ranks_cookies_states_and_nodes_of_the_current_i
     let replica = Pipeline::new(Arc::new(store.clone()), operation_pipeline_config()).unwrap();
     let script = JobScript { seed: 0, default: Behaviour::hang(), rules: Vec::new() };
     let executor = SimulatedExecutor::new(script, ProcessLog::default());
-    let mut agents: Vec<_> = ["node-a", "node-b"]
+    let mut agents: Vec<_> = ["node-a", "node-b", "node-c"]
         .into_iter()
         .map(|name| Agent::new(Arc::new(store.clone()), executor.clone(), AgentConfig::new(name, 1)))
         .collect();
@@ -47,6 +47,9 @@ async fn the_status_report_shows_ranks_cookies_states_and_nodes_of_the_current_i
     let running: Vec<_> = trainer.jobs.iter().filter(|j| j.state == JobStatus::Running).collect();
     assert_eq!(running.len(), 2, "the two ranked jobs run first, one per node");
     assert!(running.iter().all(|j| j.gang_rank.is_some() && j.node.is_some()));
+    let loader = report.tasks.iter().find(|t| t.name == "loader").unwrap();
+    assert_eq!(loader.jobs[0].gang_rank, Some(0), "a task without gang_options of a gang operation is ranked too");
+    assert_eq!(loader.jobs[0].state, JobStatus::Running, "and placed with the ranked jobs, before the reserved one");
     insta::assert_snapshot!(report.render());
 
     let json = serde_json::to_string(&report).unwrap();

@@ -12,6 +12,8 @@
 //! - SIGTERM stops an agent gracefully (its jobs restart elsewhere at once, long before its lease would expire) and
 //!   drains a replica caught mid-pass (the lease is gone when it exits 0);
 //! - `submit --wait` exits with the operation's outcome; bad input exits 2 naming the field;
+//! - a task without gang_options of a gang operation has ranks and sizes (`YT_GANG_RANK`, `YT_TASK_GANG_SIZE`,
+//!   counted in `YT_GANG_SIZE`) in real jobs, under `serve --gang-placement all_or_nothing`;
 //! - the README's real-mode walk-through names commands and flags that exist and a spec that parses.
 //!
 //! Each job of the gang tests appends `incarnation cookie rank pid` to `OUT/rank-$YT_GANG_RANK` when it starts and
@@ -180,8 +182,13 @@ impl Cluster {
     }
 
     fn start_replica(&mut self, name: &str) {
+        self.start_replica_with(name, &[]);
+    }
+
+    fn start_replica_with(&mut self, name: &str, extra: &[&str]) {
         let mut args = vec!["serve", "--replica", name];
         args.extend(REPLICA_FLAGS);
+        args.extend(extra);
         self.spawn(name, &args);
     }
 
@@ -641,6 +648,50 @@ async fn the_seed_master_slave_example_completes_on_three_agents() {
     let sandbox = cluster.dir.0.join("nodes").join(&nodes[&master.data.allocation.unwrap().row]);
     let stdout = std::fs::read_to_string(sandbox.join(master.data.id.to_string()).join("stdout")).unwrap();
     assert_eq!(stdout, "x\n", "the master read duties.dat, copied under its file_name");
+}
+
+/// Issue 14: in a gang operation every task is a gang task for ranks and sizes. Task `a` (job_count 3, size 2) and
+/// task `b` (job_count 2, no gang_options): every job sees `YT_GANG_SIZE=4`, `b`'s jobs have ranks 0 and 1 and
+/// `YT_TASK_GANG_SIZE=2`. Each job appends what it saw to a file and exits 42 when a variable is wrong (the
+/// YTsaurus tests' way); `max_failed_job_count = 1` fails the operation at the first such job. The replica places
+/// gang operations all-or-nothing by default (`serve --gang-placement`), which `status` shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_without_gang_options_of_a_gang_operation_has_ranks_and_sizes_in_real_jobs() {
+    let mut cluster = Cluster::new("gang-env").await;
+    cluster.start_replica_with("replica-a", &["--gang-placement", "all_or_nothing"]);
+    cluster.start_agent("node-1", 5, AGENT_FLAGS);
+    let out = cluster.dir.0.join("env");
+    std::fs::create_dir_all(&out).unwrap();
+    let line = format!(
+        "echo $YT_TASK_NAME $YT_JOB_COOKIE ${{YT_GANG_RANK-none}} $YT_GANG_SIZE ${{YT_TASK_GANG_SIZE-none}} >> {}/seen",
+        out.display()
+    );
+    let a = format!("{line}; [ \"$YT_GANG_SIZE\" = 4 ] || exit 42");
+    let b = format!(
+        "{line}; [ \"$YT_GANG_SIZE\" = 4 ] && [ \"$YT_TASK_GANG_SIZE\" = 2 ] && [ -n \"$YT_GANG_RANK\" ] || exit 42"
+    );
+    let spec = serde_json::json!({
+        "tasks": {
+            "a": {"job_count": 3, "command": a, "gang_options": {"size": 2}},
+            "b": {"job_count": 2, "command": b},
+        },
+        "max_failed_job_count": 1,
+    });
+    let op = cluster.submit("gang-env.json", &spec.to_string());
+    cluster.wait_for(op, Duration::from_secs(60), "ended", |v| v.status.is_terminal()).await;
+    let view = cluster.view(op).await;
+    assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);
+    let seen = std::fs::read_to_string(out.join("seen")).unwrap();
+    let mut lines: Vec<&str> = seen.lines().collect();
+    lines.sort();
+    lines.dedup();
+    for expected in ["a 0 0 4 2", "a 1 1 4 2", "b 0 0 4 2", "b 1 1 4 2"] {
+        assert!(lines.contains(&expected), "no job saw {expected:?}: {lines:?}");
+    }
+    assert!(lines.iter().all(|l| !l.starts_with("b ") || !l.contains("none")), "{lines:?}");
+    assert_eq!(audit::operation(&view), Vec::<String>::new());
+    let status = cluster.status_json(op);
+    assert_eq!(status.placement, Some(lockstep::gang::GangPlacement::AllOrNothing));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

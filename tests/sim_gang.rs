@@ -322,3 +322,87 @@ fn a_scenario_that_breaks_a_rule_is_refused_with_the_field_named() {
     let error = unknown.check().expect_err("no such operation").to_string();
     assert!(error.contains("expect.operations[0].operation") && error.contains("\"nope\""), "{error}");
 }
+
+/// The checker names a report's violations come from.
+fn violated(report: &RunReport) -> BTreeSet<&'static str> {
+    report.violations.iter().map(|v| v.checker).collect()
+}
+
+#[test]
+fn with_the_all_or_nothing_gate_disabled_gang_ranks_together_fires() {
+    // Checkers bite (STYLE): the scenario of issue 14's example with the incremental bug planted.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/gang-all-or-nothing-two-gangs.toml");
+    let file = sim::ScenarioFile::load(&path).unwrap();
+    let clean = sim::run(&file.scenario, 1);
+    assert_passed(&clean, "with_the_all_or_nothing_gate_disabled_gang_ranks_together_fires");
+    let mut planted = file.scenario.clone();
+    planted.mutation.gang_gate_disabled = true;
+    let report = sim::run(&planted, 1);
+    assert!(report.panic.is_none(), "{report:?}");
+    assert!(violated(&report).contains("gang_ranks_together"), "{:?}", report.violations);
+    let message = &report.violations.iter().find(|v| v.checker == "gang_ranks_together").unwrap().message;
+    assert!(message.contains("its ranks were not placed together"), "{message}");
+    assert!(!violated(&report).contains("rank_exclusivity"), "{:?}", report.violations);
+}
+
+/// A gang of three 60 s jobs on four agents, every agent's clock at `rate_ppm` from 5 s on, and the agent running
+/// rank 0 cut off from the database at 20 s for 25 s: it must fence itself before the controller restarts its
+/// rank on the spare agent.
+fn drifting_gang(rate_ppm: u64) -> Scenario {
+    let mut scenario = one_gang("agent-drift");
+    for agent in 0..4 {
+        scenario.faults.fixed.push(sim::FaultEvent {
+            at: Duration::from_secs(5),
+            fault: sim::Fault::AgentClockDrift { agent, rate_ppm, span: Duration::from_secs(60) },
+        });
+    }
+    scenario.faults.until = Duration::from_secs(70);
+    scenario
+}
+
+fn partition_busy_agent() -> sim::Script {
+    sim::script(|world| async move {
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let agent = busy_agent(&world);
+        world.agent(agent).partition_from_db(Duration::from_secs(25)).await;
+    })
+}
+
+#[test]
+fn an_agent_clock_within_the_margin_rule_still_fences_before_its_rank_runs_elsewhere() {
+    let name = "an_agent_clock_within_the_margin_rule_still_fences_before_its_rank_runs_elsewhere";
+    // The agents' margin rule: 1 - 2 s / 10 s = 0.8; 0.82 is inside it.
+    let scenario = drifting_gang(820_000);
+    for seed in sim::seeds(&[1, 2]) {
+        let report = sim::run_with(&scenario, seed, Some(partition_busy_agent()));
+        assert_passed(&report, name);
+        assert_eq!(events(&report, "clock-drift").count(), 4, "seed {seed}");
+        assert!(events(&report, "fence").any(|e| e.fields.contains("killed=1")), "seed {seed}: no fence killed");
+        let train = report.operation("train").unwrap();
+        assert_eq!(train.incarnations.len(), 2, "seed {seed}: one gang restart: {train:?}");
+    }
+}
+
+#[test]
+fn an_agent_clock_beyond_the_margin_rule_is_refused_unless_planted_and_then_rank_exclusivity_fires() {
+    let slow = drifting_gang(500_000);
+    let error = slow.check().expect_err("beyond the margin rule").to_string();
+    assert!(
+        error.contains(
+            "faults.fixed[0].rate_ppm: 500000 breaks the margin rule of DESIGN §2: an agent clock slower than 800000"
+        ),
+        "{error}"
+    );
+    assert!(error.contains("[mutation] agent_drift_beyond_margin"), "{error}");
+    let mut planted = slow;
+    planted.mutation.agent_drift_beyond_margin = true;
+    // At rate 0.5 the partitioned agent believes in its node lease for 16 s of real time after its last renewal,
+    // 6 s past the store's expiry: the controller declares the node lost and starts the rank on the spare agent
+    // while the old process still runs. One node at a time, allocation_exclusivity sees nothing wrong.
+    let report = sim::run_with(&planted, 1, Some(partition_busy_agent()));
+    assert!(report.panic.is_none(), "{report:?}");
+    assert!(violated(&report).contains("rank_exclusivity"), "{:?}", report.violations);
+    assert!(!violated(&report).contains("allocation_exclusivity"), "{:?}", report.violations);
+    let message = &report.violations.iter().find(|v| v.checker == "rank_exclusivity").unwrap().message;
+    assert!(message.contains("(incarnation ") && message.contains(" runs on agent-"), "{message}");
+}

@@ -1,6 +1,10 @@
 //! The gang checkers (DESIGN §4, §5), run on every simulation with a gang part, from the executors' process log
 //! and the operations' rows and events as the database holds them at the end:
 //! - `allocation_exclusivity`: no allocation ever has two live processes ([`ProcessLog::exclusivity_violations`]);
+//! - `rank_exclusivity`: no two processes of one (operation, task, gang rank) run at once, in any allocations
+//!   ([`super::ranks::rank_exclusivity`]);
+//! - `gang_ranks_together`: the ranks of an all-or-nothing incarnation start together
+//!   ([`super::ranks::ranks_together`]);
 //! - `process_outlived_operation`: at the end (every operation ended, the replicas drained, a lease ttl passed) no
 //!   process is alive: agents killed what their operations left, and fenced agents killed theirs;
 //! - `gang_audit`: rank uniqueness per incarnation, reuse keeping cookie/rank/descriptor, the completion and
@@ -12,7 +16,8 @@
 //! [`ProcessLog::exclusivity_violations`]: crate::agent::ProcessLog::exclusivity_violations
 //! [`audit::operation`]: crate::gang::audit::operation
 
-use super::{Violation, listed};
+use super::{Violation, listed, ranks};
+use crate::agent::ProcessEvent;
 use crate::gang::api::OperationView;
 use crate::gang::audit;
 use crate::gang::model::JobId;
@@ -20,6 +25,7 @@ use crate::sim::gang::{Expectations, OperationExpectation, OperationReport, Trac
 use crate::sim::trace::TraceEvent;
 use crate::store::RowId;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// What the gang checkers read.
 #[derive(Clone, Copy, Debug)]
@@ -30,6 +36,10 @@ pub struct GangCheckInput<'a> {
     pub views: &'a [OperationView],
     /// The process log's allocation-exclusivity violations.
     pub exclusivity: &'a [String],
+    /// The process log, in order.
+    pub processes: &'a [ProcessEvent],
+    /// The longest apart the ranks of an all-or-nothing incarnation may start (`gang_ranks_together`).
+    pub start_skew_max: Duration,
     /// Processes alive at the end, by allocation row.
     pub live_at_end: &'a BTreeMap<RowId, Vec<JobId>>,
     /// Operations (name, status) not ended when the liveness wait stopped.
@@ -42,8 +52,15 @@ pub struct GangCheckInput<'a> {
 
 /// The gang checkers' names, in the order they run (`liveness` is also a row checker's name: the summary lists it
 /// once).
-pub const NAMES: [&str; 5] =
-    ["allocation_exclusivity", "process_outlived_operation", "gang_audit", "liveness", "expect"];
+pub const NAMES: [&str; 7] = [
+    "allocation_exclusivity",
+    "rank_exclusivity",
+    "gang_ranks_together",
+    "process_outlived_operation",
+    "gang_audit",
+    "liveness",
+    "expect",
+];
 
 /// Runs every gang checker; returns what they found, in checker order.
 pub fn check_all(input: &GangCheckInput<'_>) -> Vec<Violation> {
@@ -54,6 +71,10 @@ pub fn check_all(input: &GangCheckInput<'_>) -> Vec<Violation> {
         }
     };
     push("allocation_exclusivity", input.exclusivity.to_vec(), "second live processes in one allocation");
+    let overlaps = ranks::rank_exclusivity(input.processes);
+    push("rank_exclusivity", overlaps, "second live processes of one gang rank");
+    let apart = ranks::ranks_together(input.views, input.processes, input.start_skew_max);
+    push("gang_ranks_together", apart, "all-or-nothing incarnations whose ranks did not start together");
     let live: Vec<String> =
         input.live_at_end.iter().map(|(row, jobs)| format!("allocation {row} still runs jobs {jobs:?}")).collect();
     push("process_outlived_operation", live, "processes alive at the end, after every operation ended");
@@ -271,6 +292,8 @@ mod tests {
             reports: &[],
             views: &[],
             exclusivity: &exclusivity,
+            processes: &[],
+            start_skew_max: Duration::from_secs(12),
             live_at_end: &live,
             unfinished: &[],
             expectations: &Expectations::default(),

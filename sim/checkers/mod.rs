@@ -8,6 +8,7 @@ pub mod gang;
 pub mod lease_exclusivity;
 pub mod liveness;
 pub mod locked_forever;
+pub mod ranks;
 pub mod retries;
 pub mod starvation;
 

@@ -10,7 +10,7 @@
 use super::{Broken, Dur, DurationRange, KeyPath, Seg, item, key, ordered, positive, within_max};
 use crate::agent::{Behaviour, End, JobScript, Rule};
 use crate::gang::model::OperationStatus;
-use crate::gang::{OperationSpec, SpecFormat};
+use crate::gang::{GangPlacement, OperationSpec, SpecFormat};
 use crate::sim::gang::{
     AgentTunables, Control, ControlAction, ControllerTunables, Expectations, GangWorkload, OperationExpectation,
     Submission, TraceExpectation, agent_name,
@@ -62,6 +62,8 @@ pub(super) struct ControllerDoc {
     lease_ttl: Option<Dur>,
     lease_margin: Option<Dur>,
     min_processing_interval: Option<Dur>,
+    gang_placement: Option<String>,
+    gang_unfit_timeout: Option<Dur>,
 }
 
 /// One `[[operations]]`.
@@ -425,6 +427,12 @@ fn controller_tunables(doc: ControllerDoc) -> Result<ControllerTunables, Broken>
     }
     if let Some(interval) = doc.min_processing_interval {
         tunables.min_processing_interval = interval.0;
+    }
+    if let Some(placement) = &doc.gang_placement {
+        tunables.gang_placement = GangPlacement::parse(placement).map_err(|rule| (at("gang_placement"), rule))?;
+    }
+    if let Some(timeout) = doc.gang_unfit_timeout {
+        tunables.gang_unfit_timeout = within_max(at("gang_unfit_timeout"), timeout.0)?;
     }
     // The engine's own check of the operation pipeline's config, at the key it most likely comes from.
     let probe = GangWorkload {

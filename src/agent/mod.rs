@@ -1,6 +1,7 @@
 //! Node agents (DESIGN §4): an agent leases its node's row, runs the jobs the controller puts in its node's
 //! allocations through an [`Executor`], reports their starts and ends to their operations' inboxes, kills the
-//! processes the controller moved on from (older incarnations, ended jobs), and kills every process when it cannot
+//! processes the controller moved on from (older incarnations, ended jobs; each kill is reported too, so the
+//! controller knows the process is gone), and kills every process when it cannot
 //! renew its node lease (self-fencing), so that when the controller declares the node lost its processes are dead.
 //!
 //! The node lease is the engine's lease (DESIGN §2): the agent fetches its node row (kind `node`, status = the
@@ -207,6 +208,10 @@ pub struct AgentPass {
 /// call hung, reported as a pass with only `fenced` and `fence_killed` set); not called for a pass that failed
 /// with a store error. The simulator traces fences, sessions and kills through it.
 pub type PassObserver = Arc<dyn Fn(&AgentPass) + Send + Sync>;
+
+/// The reason an agent reports for a process it killed because the controller moved on from its job (the job
+/// ended, or its allocation now names another job or none).
+pub const REASON_MOVED_ON: &str = "process killed: the controller moved on";
 
 /// The reason of the jobs a stopping agent interrupts ([`Agent::stop`]).
 pub const REASON_NODE_STOPPING: &str = "node stopping";
@@ -714,6 +719,11 @@ impl<S: Store, E: Executor> Agent<S, E> {
         for row in stale {
             let running = self.processes.remove(&row).expect("listed");
             running.handle.kill().await;
+            // The controller ignores a report on a job it ended, but learns from it that the process is gone: a
+            // gang restart places the job's rank elsewhere only then (gang::model::Lingering).
+            let outcome = JobOutcome::Aborted { reason: REASON_MOVED_ON.into() };
+            let message = Message::JobEnded { job: running.job, allocation: running.allocation, outcome };
+            self.outbox.push_back((running.job.operation, message));
             pass.killed.push(running.job);
         }
         self.preparing.retain(|row, p| !is_stale(row, p.allocation, p.job));

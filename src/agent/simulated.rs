@@ -109,6 +109,10 @@ pub enum ProcessEventKind {
     Exited(i32),
     /// Its agent killed it.
     Killed,
+    /// Its node was paused (simulator fault): it is frozen, holding its allocation, until resumed.
+    Paused,
+    /// Its node resumed: it runs again.
+    Resumed,
 }
 
 /// One entry of the process log.
@@ -124,6 +128,10 @@ pub struct ProcessEvent {
     pub job: JobId,
     /// Incarnation id of the job.
     pub incarnation: String,
+    /// The job's task.
+    pub task: String,
+    /// The job's gang rank, if ranked (the simulator's gang checkers follow ranks across incarnations).
+    pub gang_rank: Option<u32>,
     /// What happened.
     pub kind: ProcessEventKind,
 }
@@ -173,24 +181,50 @@ impl ProcessLog {
     /// without a word, so the harness that kills the node says so here, before the node could start anything
     /// again).
     pub fn node_died(&self, node: &str) {
-        let mut live: BTreeMap<JobId, ProcessEvent> = BTreeMap::new();
+        for started in self.live_on(node, |_| true) {
+            self.push(ProcessEvent { at: Instant::now(), kind: ProcessEventKind::Killed, ..started });
+        }
+    }
+
+    /// Records that `node` was paused with its agent (a simulator fault): its live processes are frozen until
+    /// [`ProcessLog::node_resumed`]. They still hold their allocations.
+    pub fn node_paused(&self, node: &str) {
+        for started in self.live_on(node, |paused| !paused) {
+            self.push(ProcessEvent { at: Instant::now(), kind: ProcessEventKind::Paused, ..started });
+        }
+    }
+
+    /// Records that `node` resumed: its frozen processes run again.
+    pub fn node_resumed(&self, node: &str) {
+        for started in self.live_on(node, |paused| paused) {
+            self.push(ProcessEvent { at: Instant::now(), kind: ProcessEventKind::Resumed, ..started });
+        }
+    }
+
+    /// The processes on `node` started and not ended, whose paused state `keep` accepts, by job.
+    fn live_on(&self, node: &str, keep: impl Fn(bool) -> bool) -> Vec<ProcessEvent> {
+        let mut live: BTreeMap<JobId, (ProcessEvent, bool)> = BTreeMap::new();
         for event in lock(&self.events).iter().filter(|e| e.node == node) {
             match event.kind {
                 ProcessEventKind::Started => {
-                    live.insert(event.job, event.clone());
+                    live.insert(event.job, (event.clone(), false));
+                }
+                ProcessEventKind::Paused | ProcessEventKind::Resumed => {
+                    if let Some((_, paused)) = live.get_mut(&event.job) {
+                        *paused = event.kind == ProcessEventKind::Paused;
+                    }
                 }
                 _ => {
                     live.remove(&event.job);
                 }
             }
         }
-        for (_, started) in live {
-            self.push(ProcessEvent { at: Instant::now(), kind: ProcessEventKind::Killed, ..started });
-        }
+        live.into_values().filter(|(_, paused)| keep(*paused)).map(|(started, _)| started).collect()
     }
 
     /// Allocation exclusivity (DESIGN §5): every point of the log where an allocation row gets a second live
-    /// process, as a sentence naming both jobs. A process is live from its `Started` to its `Exited` or `Killed`.
+    /// process, as a sentence naming both jobs. A process is live from its `Started` to its `Exited` or `Killed`
+    /// (a paused one too: it still holds its allocation).
     pub fn exclusivity_violations(&self) -> Vec<String> {
         let mut live: BTreeMap<RowId, Vec<ProcessEvent>> = BTreeMap::new();
         let mut violations = Vec::new();
@@ -206,6 +240,7 @@ impl ProcessLog {
                     }
                     processes.push(event.clone());
                 }
+                ProcessEventKind::Paused | ProcessEventKind::Resumed => {}
                 _ => processes.retain(|p| p.job != event.job),
             }
         }
@@ -219,6 +254,7 @@ impl ProcessLog {
             let jobs = live.entry(event.allocation.row).or_default();
             match event.kind {
                 ProcessEventKind::Started => jobs.push(event.job),
+                ProcessEventKind::Paused | ProcessEventKind::Resumed => {}
                 _ => jobs.retain(|job| *job != event.job),
             }
         }
@@ -287,6 +323,8 @@ impl Executor for SimulatedExecutor {
             allocation: request.allocation,
             job: launch.job,
             incarnation: launch.incarnation.clone(),
+            task: launch.task.clone(),
+            gang_rank: launch.gang_rank,
             kind,
         };
         if let End::StartFailure(message) = &behaviour.end {

@@ -8,18 +8,34 @@
 use super::api::OperationView;
 use super::controller::EVENT_INCARNATION_STARTED;
 use super::model::{AllocationRef, JobStatus, OperationStatus};
+use super::placement::{GangPlacement, UNFIT_REASON_PREFIX};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Rank uniqueness: within one task and incarnation, each gang rank is given to at most one job, and only ranks
-/// below the task's gang size.
+/// Rank uniqueness: within one task with `gang_options` and one incarnation, each gang rank is given to at most
+/// one job, and only ranks below the task's gang size. A task without `gang_options` of a gang operation ranks its
+/// jobs by cookie ([`OperationSpec::task_gang_size`]: rank = job cookie), so its job that restarts alone in one
+/// incarnation keeps its rank; a job of a plain operation has none.
+///
+/// [`OperationSpec::task_gang_size`]: crate::gang::OperationSpec::task_gang_size
 pub fn rank_uniqueness(view: &OperationView) -> Vec<String> {
     let mut seen: BTreeMap<(&str, u32, u32), String> = BTreeMap::new();
     let mut violations = Vec::new();
+    let spec = &view.data.spec;
     for job in &view.jobs {
         let Some(rank) = job.data.gang_rank else { continue };
-        let size = view.data.spec.tasks.get(&job.data.task).map_or(0, |t| t.gang_size());
+        let Some(task) = spec.tasks.get(&job.data.task) else { continue };
+        let size = spec.task_gang_size(task);
         if rank >= size {
             violations.push(format!("job {} has rank {rank} of a gang of size {size}", job.data.id));
+        }
+        if !task.is_gang() {
+            if rank != job.data.job_cookie {
+                violations.push(format!(
+                    "job {} of task {} (no gang_options) has rank {rank} but job cookie {}",
+                    job.data.id, job.data.task, job.data.job_cookie
+                ));
+            }
+            continue;
         }
         let key = (job.data.task.as_str(), job.data.incarnation, rank);
         if let Some(other) = seen.insert(key, job.data.id.to_string()) {
@@ -74,7 +90,8 @@ pub fn reuse_keeps_identity(view: &OperationView) -> Vec<String> {
 /// The completion and failure rules of an ended operation, and the trigger rules of its gang restarts:
 /// - completed: every gang task has a completed job for each rank, every plain task `job_count` completed
 ///   cookies, all in the last incarnation;
-/// - failed: failed jobs reached `max_failed_job_count`, or `fail_on_job_restart` fired;
+/// - failed: failed jobs reached `max_failed_job_count`, or `fail_on_job_restart` fired, or an all-or-nothing
+///   incarnation needing more allocations than the live nodes offer was never placed (`gang_unfit_timeout`);
 /// - `failed_job_count` equals the number of failed jobs;
 /// - every restart after the start was triggered by a ranked job of a gang task that did not complete;
 /// - no job is left alive once the operation ended.
@@ -120,7 +137,15 @@ pub fn completion_and_failure(view: &OperationView) -> Vec<String> {
         OperationStatus::Failed => {
             let limit = view.data.failed_job_count >= spec.max_failed_job_count;
             let restart = view.data.result.as_deref().is_some_and(|r| r.contains("fail_on_job_restart"));
-            if !limit && !restart {
+            let unfit = view.data.placement == Some(GangPlacement::AllOrNothing)
+                && view.data.result.as_deref().is_some_and(|r| r.starts_with(UNFIT_REASON_PREFIX));
+            if unfit && view.current_jobs().any(|j| j.data.gang_rank.is_some() && j.data.allocation.is_some()) {
+                violations.push(format!(
+                    "failed as a gang that can never be placed, but incarnation {} had ranks placed",
+                    view.data.incarnation
+                ));
+            }
+            if !limit && !restart && !unfit {
                 violations.push(format!(
                     "failed with {} failed jobs of {} allowed: {:?}",
                     view.data.failed_job_count, spec.max_failed_job_count, view.data.result

@@ -11,19 +11,23 @@
 //!    ignored;
 //! 4. jobs on lost nodes are aborted ("node lost"), with the same consequences as any abort;
 //! 5. the operation completes when every task did;
-//! 6. pending jobs get free allocations, ranked jobs first.
+//! 6. pending jobs get free allocations, ranked jobs first, leaving those the gang queue reserves for waiting
+//!    gangs ahead; an all-or-nothing incarnation not yet placed is placed whole or waits in the queue holding
+//!    nothing ([`super::placement`]).
 
 use super::env::job_environment;
 use super::model::{
-    Allocation, AllocationRef, Job, JobData, JobId, JobLaunch, JobOutcome, JobStatus, LastJob, Message, OperationData,
-    OperationStatus, incarnation_id,
+    Allocation, AllocationRef, Job, JobData, JobId, JobLaunch, JobOutcome, JobStatus, LastJob, Lingering, Message,
+    OperationData, OperationStatus, incarnation_id,
 };
+use super::placement::{self, GangPlacement, GangWait, PlacementSettings, QueueEntry};
 use super::rules::{self, Ending, HeldAllocation, PlannedJob, SwitchReason};
 use super::spec::OperationSpec;
 use super::validate;
-use crate::store::{LockToken, RowId};
+use crate::store::{LockToken, RowId, Timestamp};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 /// Event kind: an incarnation started (data: incarnation, index, reason, trigger).
 pub const EVENT_INCARNATION_STARTED: &str = "incarnation_started";
@@ -35,8 +39,14 @@ pub const EVENT_SPEC_UPDATED: &str = "spec_updated";
 pub const EVENT_SPEC_UPDATE_REFUSED: &str = "spec_update_refused";
 /// Abort reason of the jobs a smaller `job_count` removes.
 pub const REASON_JOB_COUNT_DECREASED: &str = "job_count decreased";
-/// Event kind: the operation's status changed (data: from, to, reason).
+/// Event kind: the operation's status changed (data: from, to, reason, and the placement fixed at the start).
 pub const EVENT_OPERATION_STATE: &str = "operation_state_changed";
+/// Event kind: an all-or-nothing incarnation could not be placed whole and began to wait in the gang queue (data:
+/// incarnation, need, position, reserved ahead, free allocations, allocations of the live nodes).
+pub const EVENT_GANG_WAITING: &str = "gang_waiting";
+/// Event kind: an all-or-nothing incarnation was placed whole (data: incarnation, need, reused allocations, how
+/// long it waited in ms).
+pub const EVENT_GANG_PLACED: &str = "gang_placed";
 
 /// Abort reason of the jobs a gang restart ends (DESIGN §4).
 pub const REASON_INCARNATION_CHANGED: &str = "incarnation changed";
@@ -65,8 +75,19 @@ pub struct PassInput {
     pub free: Vec<(Allocation, LockToken)>,
     /// The live session of each node; a node missing here is dead.
     pub node_sessions: BTreeMap<RowId, LockToken>,
+    /// The lease expiry (store clock) of each node with a live session: a later one than recorded means its agent
+    /// renewed its lease since ([`Lingering`]).
+    pub node_expiries: BTreeMap<RowId, Timestamp>,
     /// The previous pass's lease expired before it applied: this pass is a revival.
     pub revival: bool,
+    /// The store's time at the pass's read: waits and the unfit timeout are measured on it.
+    pub now: Timestamp,
+    /// The gang queue's entries, read before the allocations (empty when there is no queue row yet).
+    pub queue: Vec<QueueEntry>,
+    /// Allocations the live nodes offer, free or granted: the most an incarnation could ever get.
+    pub cluster_slots: u32,
+    /// The replica's placement settings.
+    pub settings: PlacementSettings,
 }
 
 /// What a pass writes.
@@ -86,6 +107,10 @@ pub struct PassOutput {
     pub consumed: Vec<RowId>,
     /// Events about the operation, in order: (kind, data).
     pub events: Vec<(String, Value)>,
+    /// The gang queue's entries to write, when the pass joined or left the queue or took free allocations while
+    /// gangs waited: written under the queue row's lock, version raised, only if the version is still the one
+    /// read ([`super::placement`]). `None`: the pass neither changed nor relied on the queue.
+    pub queue: Option<Vec<QueueEntry>>,
 }
 
 /// Runs one pass (see the module docs for its order).
@@ -129,9 +154,22 @@ struct Pass {
     /// to pending jobs (as new grants), so a plain operation with more jobs than slots does not wait a pass.
     recycled: Vec<RowId>,
     node_sessions: BTreeMap<RowId, LockToken>,
+    node_expiries: BTreeMap<RowId, Timestamp>,
     revival: bool,
     consumed: Vec<RowId>,
     events: Vec<(String, Value)>,
+    now: Timestamp,
+    queue: Vec<QueueEntry>,
+    /// The pass joined or left the queue.
+    queue_changed: bool,
+    /// The pass took free allocations the queue's reservation governs, while gangs waited.
+    queue_relied_on: bool,
+    cluster_slots: u32,
+    settings: PlacementSettings,
+    /// While an all-or-nothing incarnation is planned: its jobs' planned reuse is deferred, not placed.
+    defer_reuse: bool,
+    /// Reuse planned for jobs (by index) of an all-or-nothing incarnation, applied only when it is placed whole.
+    deferred: BTreeMap<usize, (AllocationRef, Option<String>)>,
 }
 
 impl Pass {
@@ -152,9 +190,18 @@ impl Pass {
             free,
             recycled: Vec::new(),
             node_sessions: input.node_sessions,
+            node_expiries: input.node_expiries,
             revival: input.revival,
             consumed: Vec::new(),
             events: Vec::new(),
+            now: input.now,
+            queue: input.queue,
+            queue_changed: false,
+            queue_relied_on: false,
+            cluster_slots: input.cluster_slots,
+            settings: input.settings,
+            defer_reuse: false,
+            deferred: BTreeMap::new(),
         }
     }
 
@@ -170,6 +217,7 @@ impl Pass {
         }
         let mut allocations = self.allocations;
         let allocations = self.dirty_allocations.iter().filter_map(|row| allocations.remove(row)).collect();
+        let queue = (self.queue_changed || self.queue_relied_on).then_some(self.queue);
         PassOutput {
             status: self.status,
             data: self.data,
@@ -178,14 +226,26 @@ impl Pass {
             allocations,
             consumed: self.consumed,
             events: self.events,
+            queue,
         }
     }
 
     // ---- lifecycle -------------------------------------------------------------------------------------------
 
+    /// The first pass: a gang operation's placement is fixed now (its spec's, else this replica's default), so
+    /// replicas with other defaults never disagree about it later.
     fn start(&mut self) {
+        if self.data.spec.is_gang() {
+            self.data.placement = Some(self.data.spec.gang_placement.unwrap_or(self.settings.default));
+        }
         self.set_status(OperationStatus::Running, None);
         self.begin_incarnation(SwitchReason::OperationStarted, None);
+    }
+
+    /// Whether the all-or-nothing gate applies (the placement is all-or-nothing, and no mutation test turned
+    /// the gate off).
+    fn all_or_nothing(&self) -> bool {
+        self.data.placement == Some(GangPlacement::AllOrNothing) && !self.settings.gate_disabled_for_mutation_test
     }
 
     fn set_status(&mut self, to: OperationStatus, reason: Option<String>) {
@@ -195,7 +255,11 @@ impl Pass {
         if to.is_terminal() {
             self.data.result = reason.clone();
         }
-        self.events.push((EVENT_OPERATION_STATE.into(), json!({ "from": from, "to": to, "reason": reason })));
+        let placement = self.data.placement;
+        self.events.push((
+            EVENT_OPERATION_STATE.into(),
+            json!({ "from": from, "to": to, "reason": reason, "placement": placement }),
+        ));
     }
 
     /// Ends the operation: every job still alive is aborted and every allocation released.
@@ -207,6 +271,9 @@ impl Pass {
         for row in self.held_allocations() {
             self.release(row);
         }
+        self.leave_queue();
+        self.data.waiting = None;
+        self.data.lingering.clear();
         self.set_status(to, Some(reason));
     }
 
@@ -216,6 +283,7 @@ impl Pass {
         if reason != SwitchReason::OperationStarted {
             self.data.incarnation += 1;
             for i in self.live_jobs() {
+                self.linger(i);
                 self.end_job(i, JobStatus::Aborted, None, Some(REASON_INCARNATION_CHANGED.into()));
             }
         }
@@ -247,8 +315,13 @@ impl Pass {
                     "index": self.data.incarnation, "reason": reason, "trigger": trigger_data }),
         ));
         let tasks: Vec<String> = self.data.spec.tasks.keys().cloned().collect();
+        // An all-or-nothing incarnation keeps the reuse it plans aside: it applies only if the whole incarnation
+        // is placed in this pass (see `gather`).
+        self.defer_reuse = self.all_or_nothing();
         for name in tasks {
-            let plan = rules::plan_task(&self.data.spec.tasks[&name], held.remove(&name).unwrap_or_default());
+            let task = &self.data.spec.tasks[&name];
+            let pool = self.data.spec.task_gang_size(task);
+            let plan = rules::plan_task(task, pool, held.remove(&name).unwrap_or_default());
             for allocation in plan.released {
                 self.release(allocation.row);
             }
@@ -256,6 +329,7 @@ impl Pass {
                 self.create_job(&name, planned);
             }
         }
+        self.defer_reuse = false;
         for (_, orphans) in held {
             for h in orphans {
                 self.release(h.allocation.row);
@@ -265,7 +339,66 @@ impl Pass {
 
     // ---- messages --------------------------------------------------------------------------------------------
 
+    /// Records live ranked job `i`, about to be aborted, as [`Lingering`] if its process may still run: it was
+    /// placed (its agent may have started it) in an allocation this operation holds, granted under the node's
+    /// session that is still live.
+    fn linger(&mut self, i: usize) {
+        let job = &self.jobs[i];
+        let (Some(rank), Some(allocation)) = (job.data.gang_rank, job.data.allocation) else { return };
+        if !matches!(job.status, JobStatus::Assigned | JobStatus::Running) || !self.holds(allocation) {
+            return;
+        }
+        // Under the session it was granted in: a node whose agent fenced (a new session, or none) killed it.
+        let held = &self.allocations[&allocation.row];
+        if !self.alive(held) {
+            return;
+        }
+        let node = held.data.node;
+        let (Some(session), Some(expiry)) = (held.data.node_session, self.node_expiries.get(&node)) else {
+            return;
+        };
+        let lingering = Lingering {
+            job: job.data.id,
+            task: job.data.task.clone(),
+            gang_rank: rank,
+            allocation: allocation.row,
+            node,
+            session,
+            lease_expiry: *expiry,
+            started: job.status == JobStatus::Running,
+        };
+        self.data.lingering.retain(|l| (l.task.as_str(), l.gang_rank) != (lingering.task.as_str(), rank));
+        self.data.lingering.push(lingering);
+    }
+
+    /// Drops the [`Lingering`] entries whose processes are known dead: their node's session ended (the agent
+    /// fenced), or, for a job whose start was never reported, the node's lease was renewed since the abort.
+    fn settle_lingering(&mut self) {
+        let (sessions, expiries) = (&self.node_sessions, &self.node_expiries);
+        self.data.lingering.retain(|l| {
+            let same_session = sessions.get(&l.node) == Some(&l.session);
+            let renewed = expiries.get(&l.node).is_some_and(|expiry| *expiry > l.lease_expiry);
+            same_session && (l.started || !renewed)
+        });
+    }
+
+    /// The allocation row `job`'s (task, rank) must be placed in, if an aborted process of that rank may still
+    /// run there (`None`: anywhere).
+    fn lingering_row(&self, job: &JobData) -> Option<RowId> {
+        let rank = job.gang_rank?;
+        self.data.lingering.iter().find(|l| l.task == job.task && l.gang_rank == rank).map(|l| l.allocation)
+    }
+
     fn handle(&mut self, message: Message) {
+        match &message {
+            Message::JobStarted { job, .. } => {
+                for lingering in self.data.lingering.iter_mut().filter(|l| l.job == *job) {
+                    lingering.started = true;
+                }
+            }
+            Message::JobEnded { job, .. } => self.data.lingering.retain(|l| l.job != *job),
+            _ => {}
+        }
         match message {
             Message::JobStarted { job, allocation } => {
                 if let Some(i) = self.current_job(job, allocation)
@@ -387,19 +520,25 @@ impl Pass {
         }
         if reruns {
             let reuse = allocation.filter(|_| keeps_allocation).map(|a| (a, job.monitoring_descriptor.clone()));
-            let planned = PlannedJob { job_cookie: job.job_cookie, gang_rank: None, reserved: job.reserved, reuse };
+            // A ranked job restarts alone only in a task without gang_options of a gang operation (a gang task's
+            // ranked job restarts the gang instead): it keeps its rank, which is its cookie.
+            let planned =
+                PlannedJob { job_cookie: job.job_cookie, gang_rank: job.gang_rank, reserved: job.reserved, reuse };
             self.create_job(&job.task, planned);
         }
     }
 
     // ---- revival, nodes, completion, scheduling --------------------------------------------------------------
 
-    /// Revival (DESIGN §4): every ranked job of the current incarnation placed in an allocation must still be
-    /// alive; if one is not, the gang restarts with no allocation reuse.
+    /// Revival (DESIGN §4): every ranked job of a gang task of the current incarnation placed in an allocation
+    /// must still be alive; if one is not, the gang restarts with no allocation reuse. A task without
+    /// `gang_options` has ranked jobs too in a gang operation, but their loss never restarts the gang: one is
+    /// aborted "node lost" and restarts alone like any other end of theirs.
     fn check_revival(&mut self) {
         let lacking = (0..self.jobs.len()).find(|&i| {
             let job = &self.jobs[i];
             job.data.gang_rank.is_some()
+                && self.data.spec.tasks.get(&job.data.task).is_some_and(|t| t.is_gang())
                 && job.data.incarnation == self.data.incarnation
                 && matches!(job.status, JobStatus::Assigned | JobStatus::Running)
                 && !self.job_alive(job)
@@ -467,43 +606,202 @@ impl Pass {
         }
     }
 
-    /// Pending jobs get free allocations, ranked jobs first (DESIGN §4).
+    /// Pending jobs get allocations, ranked jobs first (DESIGN §4). An all-or-nothing incarnation none of whose
+    /// ranked jobs was placed yet is first placed whole or not at all ([`Pass::gather`]); until it is, no job of the
+    /// operation is placed.
     fn schedule(&mut self) {
+        self.settle_lingering();
+        let gate = self.all_or_nothing();
+        if gate && !self.gathered() && !self.gather() {
+            return;
+        }
+        // A gang placed whole (or an operation placed incrementally) never waits in the queue.
+        self.leave_queue();
+        self.data.waiting = None;
+        let deferred: Vec<(usize, (AllocationRef, Option<String>))> =
+            std::mem::take(&mut self.deferred).into_iter().collect();
+        for (i, (allocation, descriptor)) in deferred {
+            self.jobs[i].data.monitoring_descriptor = descriptor;
+            self.place(i, allocation);
+        }
         let mut pending: Vec<usize> =
             (0..self.jobs.len()).filter(|&i| self.jobs[i].status == JobStatus::Pending).collect();
         pending.sort_by_key(|&i| rules::schedule_key(&self.jobs[i].data));
         for i in pending {
-            let Some((mut allocation, session)) = self.next_free() else { break };
-            assert!(!allocation.allocated, "allocation {} offered as free while allocated", allocation.row);
-            allocation.allocated = true;
-            allocation.data.generation += 1;
-            allocation.data.operation = Some(self.operation);
-            allocation.data.node_session = Some(session);
-            let row = allocation.row;
-            let reference = allocation.current();
-            self.allocations.insert(row, allocation);
-            let descriptor = format!("{}/{}", self.operation, self.data.next_descriptor);
-            self.data.next_descriptor += 1;
-            self.jobs[i].data.monitoring_descriptor = Some(descriptor);
-            self.place(i, reference);
+            if self.lingering_row(&self.jobs[i].data).is_some() {
+                continue; // its rank's previous process may still run elsewhere
+            }
+            // A ranked job of an incarnation placed whole restores its gang: see the module docs of `placement`.
+            let exempt = gate && self.jobs[i].data.gang_rank.is_some();
+            let Some((allocation, session)) = self.next_free(exempt) else { break };
+            self.grant(i, allocation, session);
         }
     }
 
-    /// The next allocation to grant: a recycled one on a live node, else the next free one read, else one this
-    /// operation holds idle (kept only for reuse at a gang restart; a pending job needs it more, and holding it
-    /// could leave the operation waiting on itself).
-    fn next_free(&mut self) -> Option<(Allocation, LockToken)> {
-        while let Some(row) = self.recycled.pop() {
-            let allocation = self.allocations.remove(&row).expect("recycled allocations stay in the map");
-            match self.node_sessions.get(&allocation.data.node) {
-                Some(session) if !allocation.allocated => return Some((allocation, *session)),
-                _ => {
-                    self.allocations.insert(row, allocation);
+    /// Whether a ranked job of the current incarnation was ever placed: an all-or-nothing incarnation places all of
+    /// them in one pass, so then it was placed whole.
+    fn gathered(&self) -> bool {
+        self.jobs.iter().any(|job| {
+            job.data.incarnation == self.data.incarnation
+                && job.data.gang_rank.is_some()
+                && job.data.allocation.is_some()
+        })
+    }
+
+    /// The all-or-nothing gate: places every ranked job of the current incarnation now (in the allocations its
+    /// restart planned to reuse, then in free ones), if the free allocations cover them beyond the reservation of
+    /// the gangs ahead in the queue; else releases every allocation it holds and waits in the queue (joining it at
+    /// the tail the first time). An incarnation that needs more allocations than the live nodes offer fails once
+    /// that has lasted `unfit_timeout`. Returns whether the incarnation is placed.
+    fn gather(&mut self) -> bool {
+        let mut ranked: Vec<usize> = (0..self.jobs.len())
+            .filter(|&i| {
+                let job = &self.jobs[i];
+                job.status == JobStatus::Pending
+                    && job.data.incarnation == self.data.incarnation
+                    && job.data.gang_rank.is_some()
+            })
+            .collect();
+        ranked.sort_by_key(|&i| rules::schedule_key(&self.jobs[i].data));
+        let need = ranked.len() as u32;
+        let from_pool = ranked.iter().filter(|i| !self.deferred.contains_key(i)).count() as u32;
+        let reserved = self.reservation();
+        // A rank whose previous process may still run must go back to that process's allocation (its agent kills
+        // before it starts), which only the reuse a restart planned does.
+        let lingers = ranked.iter().any(|i| {
+            self.lingering_row(&self.jobs[*i].data)
+                .is_some_and(|row| self.deferred.get(i).is_none_or(|(reuse, _)| reuse.row != row))
+        });
+        if !lingers && self.pool_left() >= reserved + from_pool {
+            let mut reused = 0;
+            for &i in &ranked {
+                if let Some((allocation, descriptor)) = self.deferred.remove(&i) {
+                    self.jobs[i].data.monitoring_descriptor = descriptor;
+                    self.place(i, allocation);
+                    reused += 1;
                 }
             }
+            for i in ranked {
+                if self.jobs[i].status == JobStatus::Pending {
+                    let (allocation, session) = self.take_from_pool().expect("the free allocations were counted");
+                    self.grant(i, allocation, session);
+                }
+            }
+            if !self.queue.is_empty() && from_pool > 0 {
+                self.queue_relied_on = true;
+            }
+            let waited = self.data.waiting.as_ref().map_or(Duration::ZERO, |w| elapsed(w.since, self.now));
+            self.events.push((
+                EVENT_GANG_PLACED.into(),
+                json!({ "incarnation": incarnation_id(self.operation, self.data.incarnation), "need": need,
+                        "reused": reused, "waited_ms": waited.as_millis() as u64 }),
+            ));
+            return true;
         }
-        if let Some(free) = self.free.pop() {
-            return Some(free);
+        for (_, (allocation, _)) in std::mem::take(&mut self.deferred) {
+            self.release(allocation.row);
+        }
+        assert!(
+            self.held_allocations().is_empty(),
+            "operation {} waits for allocations while it holds some: {:?}",
+            self.operation,
+            self.held_allocations()
+        );
+        let unfit_since = (need > self.cluster_slots)
+            .then(|| self.data.waiting.as_ref().and_then(|w| w.unfit_since).unwrap_or(self.now));
+        if let Some(from) = unfit_since {
+            let waited = elapsed(from, self.now);
+            if waited >= self.settings.unfit_timeout {
+                let index = self.data.incarnation;
+                let reason =
+                    placement::unfit_reason(index, need, self.cluster_slots, waited, self.settings.unfit_timeout);
+                self.end(OperationStatus::Failed, reason);
+                return false;
+            }
+        }
+        let since = self.join_queue(need, reserved);
+        self.data.waiting = Some(GangWait { since, need, unfit_since });
+        false
+    }
+
+    /// Puts the current incarnation at the tail of the gang queue, unless it is there already; returns when it
+    /// began to wait.
+    fn join_queue(&mut self, need: u32, reserved: u32) -> Timestamp {
+        let index = self.data.incarnation;
+        if let Some(entry) = self.queue.iter_mut().find(|e| e.operation == self.operation) {
+            if (entry.incarnation, entry.need) != (index, need) {
+                (entry.incarnation, entry.need) = (index, need);
+                self.queue_changed = true;
+            }
+            return entry.since;
+        }
+        let entry = QueueEntry { operation: self.operation, incarnation: index, need, since: self.now };
+        self.queue.push(entry);
+        self.queue_changed = true;
+        self.events.push((
+            EVENT_GANG_WAITING.into(),
+            json!({ "incarnation": incarnation_id(self.operation, index), "need": need,
+                    "position": self.queue.len() - 1, "reserved_ahead": reserved, "free": self.pool_left(),
+                    "cluster_slots": self.cluster_slots }),
+        ));
+        self.now
+    }
+
+    /// Takes this operation out of the gang queue, if it is in it.
+    fn leave_queue(&mut self) {
+        if let Some(at) = self.queue.iter().position(|e| e.operation == self.operation) {
+            self.queue.remove(at);
+            self.queue_changed = true;
+        }
+    }
+
+    /// Free allocations held back for the waiting gangs ahead of this operation ([`placement::reserved_ahead`]).
+    fn reservation(&self) -> u32 {
+        placement::reserved_ahead(&self.queue, self.operation, self.cluster_slots)
+    }
+
+    /// Allocations this pass may still grant from the free pool: the free ones read, and those released this pass
+    /// by a completed job on a live node.
+    fn pool_left(&self) -> u32 {
+        let recycled = self
+            .recycled
+            .iter()
+            .filter(|row| {
+                self.allocations.get(row).is_some_and(|a| !a.allocated && self.node_sessions.contains_key(&a.data.node))
+            })
+            .count();
+        (self.free.len() + recycled) as u32
+    }
+
+    /// Grants `allocation` (free, on a node whose live session is `session`) to this operation and places job `i`
+    /// in it, with a fresh monitoring descriptor.
+    fn grant(&mut self, i: usize, mut allocation: Allocation, session: LockToken) {
+        assert!(!allocation.allocated, "allocation {} offered as free while allocated", allocation.row);
+        allocation.allocated = true;
+        allocation.data.generation += 1;
+        allocation.data.operation = Some(self.operation);
+        allocation.data.node_session = Some(session);
+        let row = allocation.row;
+        let reference = allocation.current();
+        self.allocations.insert(row, allocation);
+        let descriptor = format!("{}/{}", self.operation, self.data.next_descriptor);
+        self.data.next_descriptor += 1;
+        self.jobs[i].data.monitoring_descriptor = Some(descriptor);
+        self.place(i, reference);
+    }
+
+    /// The next allocation for a pending job: from the free pool (a recycled one on a live node, else the next
+    /// free one read) if the pool has more than the gang queue reserves ahead of this operation, or whatever the
+    /// queue says when `exempt`; else one this operation holds idle (kept only for reuse at a gang restart; a
+    /// pending job needs it more, and holding it could leave the operation waiting on itself).
+    fn next_free(&mut self, exempt: bool) -> Option<(Allocation, LockToken)> {
+        if (exempt || self.pool_left() > self.reservation())
+            && let Some(found) = self.take_from_pool()
+        {
+            if !exempt && !self.queue.is_empty() {
+                self.queue_relied_on = true;
+            }
+            return Some(found);
         }
         let idle = self.held_allocations().into_iter().find(|row| {
             let allocation = &self.allocations[row];
@@ -513,6 +811,20 @@ impl Pass {
         let allocation = self.allocations.remove(&idle).expect("held");
         let session = self.node_sessions[&allocation.data.node];
         Some((allocation, session))
+    }
+
+    /// The next allocation of the free pool: a recycled one on a live node, else the next free one read.
+    fn take_from_pool(&mut self) -> Option<(Allocation, LockToken)> {
+        while let Some(row) = self.recycled.pop() {
+            let allocation = self.allocations.remove(&row).expect("recycled allocations stay in the map");
+            match self.node_sessions.get(&allocation.data.node) {
+                Some(session) if !allocation.allocated => return Some((allocation, *session)),
+                _ => {
+                    self.allocations.insert(row, allocation);
+                }
+            }
+        }
+        self.free.pop()
     }
 
     // ---- jobs and allocations --------------------------------------------------------------------------------
@@ -561,14 +873,33 @@ impl Pass {
         self.jobs.push(Job { row: None, status: JobStatus::Pending, data });
         let i = self.jobs.len() - 1;
         self.job_event(i, None, None);
-        if let Some((allocation, descriptor)) = planned.reuse {
-            self.jobs[i].data.monitoring_descriptor = descriptor;
-            self.place(i, allocation);
+        match planned.reuse {
+            Some(reuse) if self.defer_reuse => {
+                self.deferred.insert(i, reuse);
+            }
+            Some((allocation, descriptor)) => {
+                self.jobs[i].data.monitoring_descriptor = descriptor;
+                self.place(i, allocation);
+            }
+            None => {}
         }
     }
 
-    /// Puts job `i` in `allocation`, held by this operation: the allocation's agent runs it next.
+    /// Puts job `i` in `allocation`, held by this operation: the allocation's agent runs it next. Placing a rank
+    /// in the allocation where its previous process may still run settles that [`Lingering`] entry: the agent kills
+    /// the old process before it starts the new one.
+    ///
+    /// Panics if an aborted process of the job's rank may still run in another allocation (a controller bug).
     fn place(&mut self, i: usize, allocation: AllocationRef) {
+        if let Some(row) = self.lingering_row(&self.jobs[i].data) {
+            assert_eq!(
+                row, allocation.row,
+                "job {} placed in allocation {allocation} while its rank's previous process may still run in {row}",
+                self.jobs[i].data.id
+            );
+            let (task, rank) = (self.jobs[i].data.task.clone(), self.jobs[i].data.gang_rank);
+            self.data.lingering.retain(|l| !(l.task == task && Some(l.gang_rank) == rank));
+        }
         let held = self.allocations.get_mut(&allocation.row).expect("placing a job in an allocation not held");
         assert_eq!(held.current(), allocation, "placing job {} in a stale grant", self.jobs[i].data.id);
         let data = &self.jobs[i].data;
@@ -662,4 +993,9 @@ fn ending(outcome: JobOutcome) -> Ending {
         JobOutcome::Aborted { reason } => Ending::Aborted { reason },
         JobOutcome::Interrupted { reason } => Ending::Interrupted { reason },
     }
+}
+
+/// Time from `from` to `to` on the store's clock (zero if `to` is earlier).
+fn elapsed(from: Timestamp, to: Timestamp) -> Duration {
+    Duration::from_micros((to.as_micros() - from.as_micros()).max(0) as u64)
 }

@@ -9,8 +9,10 @@ use std::collections::BTreeMap;
 ///
 /// - every job: `YT_OPERATION_ID`, `YT_JOB_ID`, `YT_TASK_NAME`, `YT_JOB_COOKIE`, `YT_OPERATION_INCARNATION`,
 ///   `YT_TASK_JOB_COUNT` (this task's job_count), `YT_JOB_COUNT` (all tasks);
-/// - jobs of a gang operation: `YT_GANG_SIZE` (gang sizes of all tasks);
-/// - jobs of a gang task: `YT_TASK_GANG_SIZE` (this task's gang size);
+/// - jobs of a gang operation: `YT_GANG_SIZE` (gang sizes of all tasks) and `YT_TASK_GANG_SIZE` (this task's
+///   gang size). In a gang operation every task is a gang task for ranks and sizes (DESIGN §4; YTsaurus
+///   `TGangTask`, tests `test_gang_size_is_set*`): a task without `gang_options` has its `job_count` as gang size
+///   ([`OperationSpec::task_gang_size`]);
 /// - ranked jobs: `YT_GANG_RANK`. A reserved job has none, which is how its code knows it is reserved.
 ///
 /// Panics if `job.task` is not a task of `spec` (a controller bug).
@@ -29,9 +31,7 @@ pub fn job_environment(spec: &OperationSpec, job: &JobData) -> BTreeMap<String, 
     set("YT_JOB_COUNT", spec.job_count().to_string());
     if spec.is_gang() {
         set("YT_GANG_SIZE", spec.gang_size().to_string());
-    }
-    if task.is_gang() {
-        set("YT_TASK_GANG_SIZE", task.gang_size().to_string());
+        set("YT_TASK_GANG_SIZE", spec.task_gang_size(task).to_string());
     }
     if let Some(rank) = job.gang_rank {
         set("YT_GANG_RANK", rank.to_string());

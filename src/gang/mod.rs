@@ -2,7 +2,8 @@
 //!
 //! - [`spec`]: the operation spec, read from YSON text ([`yson`]), JSON or YAML; [`validate`]: its rules.
 //! - [`model`]: operations, jobs, allocations, nodes and inbox messages as rows of the store.
-//! - [`rules`]: the rules of DESIGN §4 as pure functions; [`controller`]: one pass over one operation, pure.
+//! - [`rules`]: the rules of DESIGN §4 as pure functions; [`controller`]: one pass over one operation, pure;
+//!   [`placement`]: all-or-nothing placement of a gang's ranks and the gang queue that keeps waiting gangs fair.
 //! - [`pipeline`]: the operation pipeline that runs passes over the store; [`api`]: submit, abort, spec update,
 //!   status; [`replica`]: a controller replica (the operation pipeline on a manager); [`status`]: the status
 //!   report `lockstep status` prints.
@@ -14,6 +15,7 @@ pub mod controller;
 pub mod env;
 pub mod model;
 pub mod pipeline;
+pub mod placement;
 pub mod replica;
 pub mod rules;
 pub mod spec;
@@ -22,4 +24,4 @@ pub mod validate;
 pub mod yson;
 
 pub use env::job_environment;
-pub use spec::{FilePath, GangOptions, OperationSpec, SpecError, SpecFormat, TaskSpec, Violation};
+pub use spec::{FilePath, GangOptions, GangPlacement, OperationSpec, SpecError, SpecFormat, TaskSpec, Violation};

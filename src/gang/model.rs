@@ -12,8 +12,9 @@
 //!   write API (abort); status `new` until a controller pass consumes it (`done`). Writers only insert, so they
 //!   never contend with the operation's lease.
 
-use super::spec::{FilePath, OperationSpec};
-use crate::store::{LockToken, Row, RowId};
+use super::placement::GangWait;
+use super::spec::{FilePath, GangPlacement, OperationSpec};
+use crate::store::{LockToken, Row, RowId, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -225,12 +226,64 @@ pub struct OperationData {
     pub next_descriptor: u64,
     /// Why the operation failed or was aborted.
     pub result: Option<String>,
+    /// The placement of a gang operation's ranked jobs, fixed at its first pass (the spec's `gang_placement`, else
+    /// the replica's default), so replicas with other defaults never disagree later. `None` for a plain operation,
+    /// and for a gang operation started before lockstep had the key (placed incrementally).
+    #[serde(default)]
+    pub placement: Option<GangPlacement>,
+    /// While an all-or-nothing incarnation waits for allocations: since when, and for how many.
+    #[serde(default)]
+    pub waiting: Option<GangWait>,
+    /// Ranked jobs a gang restart aborted whose processes may still run on their live nodes: their rank is placed
+    /// nowhere else until each is known dead ([`Lingering`]).
+    #[serde(default)]
+    pub lingering: Vec<Lingering>,
+}
+
+/// A ranked job aborted by a gang restart (or ended by the controller otherwise) while its process may still run:
+/// its agent kills the process when it sees its allocation moved on, or fences when it cannot renew its node lease.
+/// Until one of those is known, the job's (task, rank) is placed in no other allocation than the one it ran in
+/// (where the agent kills before it starts), so no two processes of one rank ever run at once (the simulator's
+/// `rank_exclusivity`).
+///
+/// Known dead when: the agent reports the job's end (an exit, or the kill of a process the controller moved on
+/// from); the node's session is no longer the one it ran under (the agent fenced, DESIGN §2's margin rule); or,
+/// for a job no start was reported for, the node's lease was renewed after the abort (the agent's pass that renewed
+/// it lists its allocations next, so it never starts the job and kills it if it had).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lingering {
+    /// The aborted job.
+    pub job: JobId,
+    /// Its task.
+    pub task: String,
+    /// Its gang rank.
+    pub gang_rank: u32,
+    /// The allocation row it ran in.
+    pub allocation: RowId,
+    /// Its node.
+    pub node: RowId,
+    /// The node session it ran under.
+    pub session: LockToken,
+    /// The node's lease expiry when it was aborted (store clock); a later expiry means a renewal since.
+    pub lease_expiry: Timestamp,
+    /// Whether its start was reported (then only its end or the session's end clears it).
+    pub started: bool,
 }
 
 impl OperationData {
     /// The data of a new operation running `spec`.
     pub fn new(spec: OperationSpec) -> OperationData {
-        OperationData { spec, incarnation: 0, failed_job_count: 0, next_job_index: 0, next_descriptor: 0, result: None }
+        OperationData {
+            spec,
+            incarnation: 0,
+            failed_job_count: 0,
+            next_job_index: 0,
+            next_descriptor: 0,
+            result: None,
+            placement: None,
+            waiting: None,
+            lingering: Vec::new(),
+        }
     }
 
     /// Decodes an operation row's data.
@@ -265,7 +318,9 @@ pub struct JobData {
     pub task: String,
     /// Its index in the task, stable across restarts: 0..job_count.
     pub job_cookie: u32,
-    /// Its rank in the gang (ranked jobs of gang tasks only): 0..size, unique per task and incarnation.
+    /// Its rank in the gang: 0..size, unique per task and incarnation. Every job of a gang operation but the
+    /// reserved ones has one (a task without `gang_options` ranks all its jobs, rank = cookie); no job of a plain
+    /// operation has one.
     pub gang_rank: Option<u32>,
     /// A reserved job of a gang task: runs, has no rank, its end restarts only itself.
     pub reserved: bool,

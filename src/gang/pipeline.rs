@@ -1,14 +1,17 @@
 //! The operation pipeline: the gang controller as a pipeline over `operation` rows (DESIGN §3, §4).
 //!
 //! One pass over one operation:
-//! 1. load: read the operation's jobs, unconsumed inbox, allocations and nodes, and the store's `now`; decide
-//!    whether this pass is a *revival* (a job of the operation still carries the related lock of a pass whose lease
-//!    expired before it applied: that holder died or stalled mid-pass);
+//! 1. load: read the operation's jobs, unconsumed inbox, the gang queue, then the store's `now`, the nodes and the
+//!    allocations (the queue before the allocations: see step 3); decide whether this pass is a *revival* (a job of
+//!    the operation still carries the related lock of a pass whose lease expired before it applied: that holder
+//!    died or stalled mid-pass);
 //! 2. run [`run_pass`] (pure) on what was read;
 //! 3. lock what the pass writes: the live jobs and consumed messages as children (`lock_related`, owner = the
-//!    pipeline) and the allocations it grants, reassigns or releases as shared resources (`lock_shared`, owner
-//!    `operations:{id}`); then re-read the allocations it took from the free list: if another operation took one
-//!    between the read and the lock, the pass is contended and retried;
+//!    pipeline); the gang queue row alone, if the pass writes it, and re-read it: if its version is not the one
+//!    read, another pass changed the queue or spent free allocations since, and this pass is contended and
+//!    retried ([`super::placement`]); then the allocations it grants, reassigns or releases as shared resources
+//!    (`lock_shared`, owner `operations:{id}`), and re-read those it took from the free list: if another operation
+//!    took one between the read and the lock, the pass is contended and retried;
 //! 4. process returns the pass's writes as [`Changes`], applied guarded by the lease, with a fetch hint for
 //!    `allocation` so agents see their new jobs at once.
 //!
@@ -20,6 +23,7 @@ use super::model::{
     ALLOCATION_FREE, Allocation, INBOX_DONE, INBOX_NEW, Job, JobStatus, KIND_ALLOCATION, KIND_INBOX, KIND_JOB,
     KIND_NODE, KIND_OPERATION, Message, NodeData, OperationData, OperationStatus, node_lease_owner,
 };
+use super::placement::{GANG_QUEUE_STATUS, GangQueue, KIND_GANG_QUEUE, PlacementSettings, canonical_queue};
 use crate::pipeline::{Changes, Handler, LoadCx, PipelineConfig, RetryPolicy, WorkError};
 use crate::store::{LockToken, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowUpdate, Store, Timestamp};
 use std::collections::BTreeMap;
@@ -54,13 +58,21 @@ pub fn operation_retry_policy(config: &PipelineConfig) -> RetryPolicy {
 #[derive(Clone, Debug)]
 pub struct OperationHandler {
     pipeline: String,
+    settings: PlacementSettings,
 }
 
 impl OperationHandler {
     /// A handler for the pipeline named `pipeline` (the name its config gives, which is the lock owner of the
-    /// related rows it locks). Use [`OPERATION_PIPELINE`] with [`operation_pipeline_config`].
+    /// related rows it locks), with the default [`PlacementSettings`]. Use [`OPERATION_PIPELINE`] with
+    /// [`operation_pipeline_config`].
     pub fn new(pipeline: impl Into<String>) -> OperationHandler {
-        OperationHandler { pipeline: pipeline.into() }
+        OperationHandler { pipeline: pipeline.into(), settings: PlacementSettings::default() }
+    }
+
+    /// The same handler with `settings` (the placement default of gang operations, the unfit timeout).
+    pub fn with_settings(mut self, settings: PlacementSettings) -> OperationHandler {
+        self.settings = settings;
+        self
     }
 }
 
@@ -75,6 +87,8 @@ impl Default for OperationHandler {
 pub struct Pass {
     operation: RowId,
     output: PassOutput,
+    /// The gang queue row and its data as the pass writes it, if it does (locked, version raised).
+    queue: Option<(RowId, GangQueue)>,
 }
 
 fn failed(error: impl std::fmt::Display) -> WorkError {
@@ -96,15 +110,28 @@ impl<S: Store> Handler<S> for OperationHandler {
         for r in store.list(KIND_INBOX, Some(operation)).await?.iter().filter(|r| r.status == INBOX_NEW) {
             messages.push((r.id, Message::from_row(r).map_err(failed)?));
         }
+        // Before the allocations: a pass that spends free allocations after this read raises the queue's version,
+        // so this pass's own lock of the queue finds out (module docs, step 3).
+        let queue_read = canonical_queue(&store.list(KIND_GANG_QUEUE, None).await?).map_err(failed)?;
         let now = store.now().await?;
         let nodes = store.list(KIND_NODE, None).await?;
         let node_sessions = live_sessions(&nodes, now);
+        let node_expiries = nodes
+            .iter()
+            .filter(|node| node_sessions.contains_key(&node.id))
+            .filter_map(|node| node.lock_expires_at.map(|expiry| (node.id, expiry)))
+            .collect();
         let slots = node_slots(&nodes);
         let mut allocations = Vec::new();
         let mut free = Vec::new();
+        let mut cluster_slots = 0;
         for r in store.list(KIND_ALLOCATION, None).await? {
             let allocation = Allocation::from_row(&r).map_err(failed)?;
             let node = allocation.data.node;
+            let served = slots.get(&node).is_some_and(|n| allocation.data.slot < *n);
+            if served && node_sessions.contains_key(&node) {
+                cluster_slots += 1;
+            }
             if allocation.allocated && allocation.data.operation == Some(operation) {
                 allocations.push(allocation);
             } else if r.status == ALLOCATION_FREE
@@ -121,7 +148,22 @@ impl<S: Store> Handler<S> for OperationHandler {
             free.rotate_left(start);
         }
         let offered: BTreeMap<RowId, u64> = free.iter().map(|(a, _)| (a.row, a.data.generation)).collect();
-        let input = PassInput { operation, status, data, jobs, allocations, messages, free, node_sessions, revival };
+        let input = PassInput {
+            operation,
+            status,
+            data,
+            jobs,
+            allocations,
+            messages,
+            free,
+            node_sessions,
+            node_expiries,
+            revival,
+            now,
+            queue: queue_read.as_ref().map(|(_, q)| q.entries.clone()).unwrap_or_default(),
+            cluster_slots,
+            settings: self.settings.clone(),
+        };
         let output = run_pass(input);
 
         let live = |r: &&Row| JobStatus::parse(&r.status).is_some_and(|s| !s.is_terminal());
@@ -130,6 +172,10 @@ impl<S: Store> Handler<S> for OperationHandler {
         if !children.is_empty() {
             cx.lock_related(children).await?;
         }
+        let queue = match &output.queue {
+            None => None,
+            Some(entries) => Some(lock_queue(cx, queue_read.as_ref(), entries.clone()).await?),
+        };
         let written: Vec<RowId> = output.allocations.iter().map(|a| a.row).collect();
         if !written.is_empty() {
             cx.lock_shared(written.clone()).await?;
@@ -145,7 +191,7 @@ impl<S: Store> Handler<S> for OperationHandler {
                 return Err(WorkError::Contended);
             }
         }
-        Ok(Pass { operation, output })
+        Ok(Pass { operation, output, queue })
     }
 
     async fn process(&self, _row: Row, pass: Pass) -> Result<Changes, WorkError> {
@@ -169,6 +215,38 @@ impl OperationHandler {
     }
 }
 
+/// Locks the gang queue row alone (so a contended lock leaves no intent mark on it) and checks that it is still
+/// as the pass read it (`read`: its row and data; `None`: there was none, and then one is created now, empty).
+/// Returns the row and the data to write: `entries`, version raised. Errors: [`WorkError::Contended`] if another
+/// pass holds the queue or wrote it since the read; the store's.
+async fn lock_queue<S: Store>(
+    cx: &LoadCx<'_, S>,
+    read: Option<&(RowId, GangQueue)>,
+    entries: Vec<super::placement::QueueEntry>,
+) -> Result<(RowId, GangQueue), WorkError> {
+    let store = cx.store();
+    let (row, version) = match read {
+        Some((row, queue)) => (*row, queue.version),
+        None => {
+            let data = GangQueue::default().to_json();
+            store.insert(NewRow::new(KIND_GANG_QUEUE, GANG_QUEUE_STATUS, data)).await?;
+            // Two passes may both have created one: every pass uses the lowest.
+            let rows = store.list(KIND_GANG_QUEUE, None).await?;
+            let (row, queue) = canonical_queue(&rows).map_err(failed)?.expect("a gang queue row was just inserted");
+            if queue != GangQueue::default() {
+                return Err(WorkError::Contended);
+            }
+            (row, 0)
+        }
+    };
+    cx.lock_shared(vec![row]).await?;
+    let now = store.get(row).await?.ok_or_else(|| failed(format!("the gang queue row {row} is gone")))?;
+    if GangQueue::from_row(&now).map_err(failed)?.version != version {
+        return Err(WorkError::Contended);
+    }
+    Ok((row, GangQueue { version: version + 1, entries }))
+}
+
 /// The live session (lease token) of each node whose agent holds its lease at `now`.
 fn live_sessions(nodes: &[Row], now: Timestamp) -> BTreeMap<RowId, LockToken> {
     let mut sessions = BTreeMap::new();
@@ -189,7 +267,7 @@ fn node_slots(nodes: &[Row]) -> BTreeMap<RowId, u32> {
 
 /// The pass's writes as the engine's [`Changes`].
 fn changes(pass: Pass) -> Changes {
-    let Pass { operation, output } = pass;
+    let Pass { operation, output, queue } = pass;
     let update = RowUpdate { status: Some(output.status.as_str().into()), data: Some(output.data.to_json()) };
     let mut changes = Changes { update, ..Changes::default() };
     for job in &output.updated_jobs {
@@ -203,6 +281,10 @@ fn changes(pass: Pass) -> Changes {
     }
     for id in &output.consumed {
         changes.related.push(RelatedUpdate { id: *id, update: RowUpdate::status(INBOX_DONE) });
+    }
+    if let Some((row, queue)) = queue {
+        let update = RowUpdate { status: None, data: Some(queue.to_json()) };
+        changes.related.push(RelatedUpdate { id: row, update });
     }
     for job in &output.new_jobs {
         changes.inserts.push(NewRow::new(KIND_JOB, job.status.as_str(), job.data_json()).with_parent(operation));

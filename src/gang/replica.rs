@@ -3,14 +3,15 @@
 //! store and any of them may die (`lockstep serve` is one replica on PostgreSQL).
 
 use super::pipeline::{OperationHandler, operation_pipeline_config};
+use super::placement::{GangPlacement, PlacementSettings, UNFIT_TIMEOUT_DEFAULT};
 use crate::pipeline::{ConfigError, ManagerOptions, PipelineConfig, PipelineManager};
 use crate::store::Store;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// What a replica may tune: the operation pipeline's workers and lease timing. Every default is the engine's
-/// (`crate::pipeline` config defaults: 20 workers, 30 s lease, 2 s margin, 1 s heartbeat, 5 s between passes over
-/// a running operation).
+/// What a replica may tune: the operation pipeline's workers and lease timing, and the placement of gang
+/// operations. Every pipeline default is the engine's (`crate::pipeline` config defaults: 20 workers, 30 s lease,
+/// 2 s margin, 1 s heartbeat, 5 s between passes over a running operation).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReplicaConfig {
     /// Workers of the operation pipeline: passes over different operations run at once. Default 20.
@@ -27,6 +28,12 @@ pub struct ReplicaConfig {
     pub min_processing_interval: Duration,
     /// Seed of the engine's fetch jitter. Default 0 (any value will do in production).
     pub seed: u64,
+    /// Placement of gang operations whose spec leaves `gang_placement` out, fixed at each one's first pass.
+    /// Default [`GangPlacement::Incremental`] (YTsaurus's behaviour).
+    pub gang_placement: GangPlacement,
+    /// An all-or-nothing incarnation needing more allocations than the live nodes offer fails after this long
+    /// (store clock). Default [`UNFIT_TIMEOUT_DEFAULT`] (60 s).
+    pub gang_unfit_timeout: Duration,
 }
 
 impl Default for ReplicaConfig {
@@ -39,6 +46,8 @@ impl Default for ReplicaConfig {
             heartbeat_interval: defaults.heartbeat_interval,
             min_processing_interval: defaults.min_processing_interval,
             seed: 0,
+            gang_placement: GangPlacement::Incremental,
+            gang_unfit_timeout: UNFIT_TIMEOUT_DEFAULT,
         }
     }
 }
@@ -55,6 +64,15 @@ impl ReplicaConfig {
         }
     }
 
+    /// The placement settings of the replica's controller passes.
+    pub fn placement_settings(&self) -> PlacementSettings {
+        PlacementSettings {
+            default: self.gang_placement,
+            unfit_timeout: self.gang_unfit_timeout,
+            ..PlacementSettings::default()
+        }
+    }
+
     /// Store connections the replica uses at most: the pipeline's workers, fetcher and heartbeater.
     pub fn connections_needed(&self) -> usize {
         self.pipeline_config().connections_needed()
@@ -64,7 +82,8 @@ impl ReplicaConfig {
     /// settings break (named by field), or a store pool too small for the workers.
     pub fn start<S: Store>(&self, store: Arc<S>) -> Result<PipelineManager<S>, ConfigError> {
         let mut manager = PipelineManager::new(store, ManagerOptions { seed: self.seed });
-        manager.register(self.pipeline_config(), OperationHandler::default())?;
+        let handler = OperationHandler::default().with_settings(self.placement_settings());
+        manager.register(self.pipeline_config(), handler)?;
         manager.start();
         Ok(manager)
     }

@@ -120,9 +120,11 @@ pub struct TaskPlan {
 }
 
 /// Plans a task's jobs for a new incarnation (DESIGN §4, gang restart; YTsaurus "Рестарт gang-операции",
-/// "Резервные джобы"). `held` are the reusable allocations whose last job belonged to this task.
+/// "Резервные джобы"). `rank_pool` is the task's gang size in its operation
+/// ([`OperationSpec::task_gang_size`]: its `gang_options` size, its `job_count` for a task without them in a gang
+/// operation, 0 in a plain operation); `held` are the reusable allocations whose last job belonged to this task.
 ///
-/// Gang task of size s and job_count n:
+/// Ranked task (rank pool s > 0) with job_count n:
 /// 1. an allocation whose last job had rank r is reused for rank r, keeping job_cookie, gang_rank and
 ///    monitoring_descriptor;
 /// 2. each rank left free (the trigger's, or one whose node was lost) is taken by a reserved allocation, in
@@ -130,14 +132,17 @@ pub struct TaskPlan {
 /// 3. the other reserved allocations are reused for reserved jobs, keeping their cookies;
 /// 4. cookies without an allocation get the ranks still free, smallest cookie first, then stay reserved.
 ///
-/// Plain task: an allocation is reused by the cookie of its last job. At the start (nothing held) cookie c of a
-/// gang task gets rank c for c < s. An allocation whose cookie or rank no longer fits the task is released.
+/// Task without ranks (pool 0): an allocation is reused by the cookie of its last job. At the start (nothing
+/// held) cookie c of a ranked task gets rank c for c < s (so a task without `gang_options` in a gang operation,
+/// whose pool is its `job_count`, has rank = cookie always). An allocation whose cookie or rank no longer fits the
+/// task is released.
 ///
 /// Panics if two held allocations claim one cookie or one rank (the controller would have run two jobs of one
 /// cookie or rank in one incarnation).
-pub fn plan_task(task: &TaskSpec, mut held: Vec<HeldAllocation>) -> TaskPlan {
+pub fn plan_task(task: &TaskSpec, rank_pool: u32, mut held: Vec<HeldAllocation>) -> TaskPlan {
     let n = task.job_count;
-    let size = task.gang_size();
+    let size = rank_pool;
+    let ranked = rank_pool > 0;
     let mut plan = TaskPlan::default();
     held.sort_by_key(|h| (h.last.gang_rank.is_none(), h.last.gang_rank, h.last.job_cookie));
     let mut cookies_used = BTreeSet::new();
@@ -151,11 +156,11 @@ pub fn plan_task(task: &TaskSpec, mut held: Vec<HeldAllocation>) -> TaskPlan {
         }
         assert!(cookies_used.insert(h.last.job_cookie), "two held allocations with job cookie {}", h.last.job_cookie);
         match h.last.gang_rank {
-            Some(rank) if task.is_gang() => {
+            Some(rank) if ranked => {
                 assert!(ranks_used.insert(rank), "two held allocations with gang rank {rank}");
                 plan.jobs.push(planned(h.last.job_cookie, Some(rank), true, &h));
             }
-            _ if task.is_gang() => reserved_held.push(h),
+            _ if ranked => reserved_held.push(h),
             _ => plan.jobs.push(planned(h.last.job_cookie, None, false, &h)),
         }
     }
@@ -166,7 +171,7 @@ pub fn plan_task(task: &TaskSpec, mut held: Vec<HeldAllocation>) -> TaskPlan {
     }
     for cookie in (0..n).filter(|c| !cookies_used.contains(c)) {
         let rank = free_ranks.next();
-        let reserved = task.is_gang() && rank.is_none();
+        let reserved = ranked && rank.is_none();
         plan.jobs.push(PlannedJob { job_cookie: cookie, gang_rank: rank, reserved, reuse: None });
     }
     assert!(free_ranks.next().is_none(), "ranks left over after planning {n} jobs of gang size {size}");

@@ -27,6 +27,11 @@ pub struct OperationSpec {
     pub fail_on_job_restart: bool,
     /// Rerun a job whose job completed, in every task (plain Vanilla only). Default false.
     pub restart_completed_jobs: bool,
+    /// lockstep's own key, not YTsaurus's: how the controller places the ranked jobs of each incarnation of a gang
+    /// operation ([`GangPlacement`]). `None` (left out): the replica's default (`lockstep serve --gang-placement`,
+    /// itself [`GangPlacement::Incremental`], YTsaurus's behaviour, unless set). Only a gang operation may set it.
+    #[serde(default)]
+    pub gang_placement: Option<GangPlacement>,
     /// Paths of keys the controller does not interpret, e.g. `stderr_table_path` (YTsaurus reports them in an
     /// `unrecognized_spec` alert rather than failing).
     #[serde(default)]
@@ -53,6 +58,46 @@ pub struct TaskSpec {
     /// Task-level `restart_completed_jobs` (YTsaurus keeps it on the task); effective value: this or the
     /// operation's.
     pub restart_completed_jobs: bool,
+}
+
+/// How a gang operation's ranked jobs get allocations (`gang_placement`, lockstep's own spec key; README "Gang
+/// controller").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GangPlacement {
+    /// YTsaurus's behaviour: each pending job takes a free allocation as one appears, so a gang larger than the
+    /// free slots starts in waves (its jobs must wait for their peers themselves).
+    Incremental,
+    /// Every ranked job of an incarnation is placed in one pass, or none is and the operation holds no allocation
+    /// while it waits its turn in the gang queue (first come, first placed; [`crate::gang::placement`]).
+    AllOrNothing,
+}
+
+impl GangPlacement {
+    /// Both placements, in the order the docs list them.
+    pub const ALL: [GangPlacement; 2] = [GangPlacement::Incremental, GangPlacement::AllOrNothing];
+
+    /// The spec's (and `serve --gang-placement`'s) spelling: `incremental`, `all_or_nothing`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GangPlacement::Incremental => "incremental",
+            GangPlacement::AllOrNothing => "all_or_nothing",
+        }
+    }
+
+    /// Parses the spec's spelling. Errors: the rule, naming the value and the accepted ones.
+    pub fn parse(text: &str) -> Result<GangPlacement, String> {
+        GangPlacement::ALL
+            .into_iter()
+            .find(|p| p.as_str() == text)
+            .ok_or_else(|| format!("{text:?} is not a gang placement: expected incremental or all_or_nothing"))
+    }
+}
+
+impl fmt::Display for GangPlacement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// `gang_options` of a gang task.
@@ -112,9 +157,22 @@ impl OperationSpec {
         self.tasks.values().map(|t| t.job_count as u64).sum()
     }
 
-    /// Gang sizes over all tasks.
+    /// The rank pool of `task` in this operation (DESIGN §4, job environment; YTsaurus `TGangTask`): in a gang
+    /// operation every task is a gang task for ranks and sizes, so a task with `gang_options` has its gang size
+    /// and a task without them has its `job_count` (all its jobs ranked, none reserved); in a plain operation no
+    /// task has ranks (0).
+    pub fn task_gang_size(&self, task: &TaskSpec) -> u32 {
+        match (self.is_gang(), task.is_gang()) {
+            (false, _) => 0,
+            (true, true) => task.gang_size(),
+            (true, false) => task.job_count,
+        }
+    }
+
+    /// Gang sizes over all tasks ([`OperationSpec::task_gang_size`]: a task without `gang_options` of a gang
+    /// operation counts its `job_count`); 0 for a plain operation. The `YT_GANG_SIZE` of every job.
     pub fn gang_size(&self) -> u64 {
-        self.tasks.values().map(|t| t.gang_size() as u64).sum()
+        self.tasks.values().map(|t| self.task_gang_size(t) as u64).sum()
     }
 
     /// Effective `restart_completed_jobs` of `task`.
@@ -321,7 +379,8 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-const OPERATION_KEYS: [&str; 4] = ["tasks", "max_failed_job_count", "fail_on_job_restart", "restart_completed_jobs"];
+const OPERATION_KEYS: [&str; 5] =
+    ["tasks", "max_failed_job_count", "fail_on_job_restart", "restart_completed_jobs", "gang_placement"];
 const TASK_KEYS: [&str; 8] = [
     "job_count",
     "command",
@@ -355,6 +414,7 @@ impl Decoder {
             max_failed_job_count: max_failed.unwrap_or(MAX_FAILED_JOB_COUNT_DEFAULT),
             fail_on_job_restart: self.flag(root.get("fail_on_job_restart"), "fail_on_job_restart"),
             restart_completed_jobs: self.flag(root.get("restart_completed_jobs"), "restart_completed_jobs"),
+            gang_placement: self.placement(root.get("gang_placement"), "gang_placement"),
             unrecognized,
         })
     }
@@ -559,6 +619,26 @@ impl Decoder {
             return None;
         }
         Some(u32::try_from(n).unwrap_or(u32::MAX))
+    }
+
+    fn placement(&mut self, value: Option<&Value>, path: &str) -> Option<GangPlacement> {
+        match value? {
+            Value::Null => None,
+            Value::String(text) => match GangPlacement::parse(text) {
+                Ok(placement) => Some(placement),
+                Err(rule) => {
+                    self.fail(path, rule);
+                    None
+                }
+            },
+            other => {
+                self.fail(
+                    path,
+                    format!("expected a string (incremental or all_or_nothing), found {}", describe(other)),
+                );
+                None
+            }
+        }
     }
 
     fn flag(&mut self, value: Option<&Value>, path: &str) -> bool {

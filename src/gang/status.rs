@@ -1,11 +1,13 @@
-//! What `lockstep status OP` shows: an operation's state and incarnation, and its jobs by task with gang rank, job
+//! What `lockstep status OP` shows: an operation's state and incarnation, a gang's placement and, while an
+//! all-or-nothing gang waits, its need and place in the gang queue, and its jobs by task with gang rank, job
 //! cookie, state and node (the real-mode issue). [`StatusReport`] is plain data built from an [`OperationView`]
 //! and the names of the nodes its allocations live on; [`StatusReport::render`] is the human table and the report
 //! serializes to the `--json` form.
 
 use super::api::{self, GangError, OperationView};
 use super::model::{Allocation, JobStatus, KIND_ALLOCATION, OperationStatus, incarnation_id};
-use crate::store::{RowId, Store};
+use super::placement::{GangPlacement, KIND_GANG_QUEUE, canonical_queue};
+use crate::store::{RowId, Store, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -29,8 +31,29 @@ pub struct StatusReport {
     pub max_failed_job_count: u32,
     /// Why the operation failed or was aborted; `every task completed` when it completed.
     pub result: Option<String>,
+    /// A gang operation's placement, fixed at its first pass (`None` for a plain operation, or before that pass).
+    #[serde(default)]
+    pub placement: Option<GangPlacement>,
+    /// While an all-or-nothing incarnation waits for allocations: for how many, since when, and where in the gang
+    /// queue.
+    #[serde(default)]
+    pub waiting: Option<WaitingStatus>,
     /// Tasks by name, in name order.
     pub tasks: Vec<TaskStatus>,
+}
+
+/// An all-or-nothing incarnation waiting in the gang queue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitingStatus {
+    /// Allocations it needs at once.
+    pub need: u32,
+    /// When it began to wait (store clock).
+    pub since: Timestamp,
+    /// Since when its need has exceeded the live nodes' allocations, if it does.
+    pub unfit_since: Option<Timestamp>,
+    /// Its place in the gang queue, from 0 (the head), and the queue's length; `None` if the queue read did not
+    /// list it (a pass moved on since the operation row was read).
+    pub position: Option<(usize, usize)>,
 }
 
 /// One task's jobs.
@@ -78,7 +101,14 @@ impl StatusReport {
             let allocation = Allocation::from_row(&row)?;
             nodes.insert(allocation.row, allocation.data.node_name);
         }
-        Ok(StatusReport::from_view(&view, &nodes, all_jobs))
+        let mut report = StatusReport::from_view(&view, &nodes, all_jobs);
+        if let Some(waiting) = &mut report.waiting {
+            let queue = canonical_queue(&store.list(KIND_GANG_QUEUE, None).await?)?;
+            let entries = queue.map(|(_, queue)| queue.entries).unwrap_or_default();
+            waiting.position =
+                entries.iter().position(|entry| entry.operation == operation).map(|at| (at, entries.len()));
+        }
+        Ok(report)
     }
 
     /// The report of `view`; `nodes` names the node of each allocation row (an allocation row stays on its node
@@ -119,6 +149,13 @@ impl StatusReport {
             failed_job_count: view.data.failed_job_count,
             max_failed_job_count: spec.max_failed_job_count,
             result: view.data.result.clone(),
+            placement: view.data.placement,
+            waiting: view.data.waiting.as_ref().map(|wait| WaitingStatus {
+                need: wait.need,
+                since: wait.since,
+                unfit_since: wait.unfit_since,
+                position: None,
+            }),
             tasks,
         }
     }
@@ -141,6 +178,19 @@ impl StatusReport {
         );
         if let Some(result) = &self.result {
             let _ = writeln!(out, "result      {result}");
+        }
+        if let Some(placement) = self.placement {
+            let _ = writeln!(out, "placement   {placement}");
+        }
+        if let Some(waiting) = &self.waiting {
+            let mut line = format!("waiting     for {} allocations at once since {}", waiting.need, waiting.since);
+            if let Some((at, len)) = waiting.position {
+                line.push_str(&format!(", position {} of {len} in the gang queue", at + 1));
+            }
+            if let Some(since) = waiting.unfit_since {
+                line.push_str(&format!("; more than the live nodes offer since {since}"));
+            }
+            let _ = writeln!(out, "{line}");
         }
         for task in &self.tasks {
             let kind = task.gang_size.map_or("plain".to_string(), |size| format!("gang, size {size}"));

@@ -33,6 +33,12 @@ pub fn violations(spec: &OperationSpec) -> Vec<Violation> {
     if gang_task.is_some() && spec.restart_completed_jobs {
         fail("restart_completed_jobs".into(), in_gang("%true is not allowed"));
     }
+    if let (None, Some(placement)) = (&gang_task, spec.gang_placement) {
+        fail(
+            "gang_placement".into(),
+            format!("{placement} needs a gang operation: no task has gang_options, so no job has a gang rank"),
+        );
+    }
     for (name, task) in &spec.tasks {
         let path = field("tasks", name);
         let at = |key: &str| field(&path, key);
@@ -71,7 +77,8 @@ pub fn violations(spec: &OperationSpec) -> Vec<Violation> {
 
 /// The rules a spec update of a running operation must keep: every rule of a new spec, plus no change of
 /// `job_count` in a gang operation (YTsaurus: "Изменение `job_count` во время выполнения Gang-операции
-/// запрещено"). Tasks may not be added or removed while running either.
+/// запрещено"). Tasks may not be added or removed while running either, and `gang_placement` may not change (the
+/// operation's placement is fixed at its first pass).
 pub fn update_violations(running: &OperationSpec, updated: &OperationSpec) -> Vec<Violation> {
     let mut out = violations(updated);
     for name in running.tasks.keys().filter(|name| !updated.tasks.contains_key(*name)) {
@@ -79,6 +86,18 @@ pub fn update_violations(running: &OperationSpec, updated: &OperationSpec) -> Ve
     }
     for name in updated.tasks.keys().filter(|name| !running.tasks.contains_key(*name)) {
         out.push(Violation { field: field("tasks", name), rule: "cannot add a task to a running operation".into() });
+    }
+    if running.gang_placement != updated.gang_placement {
+        let show =
+            |p: Option<super::spec::GangPlacement>| p.map_or("(the replica's default)".to_string(), |p| p.to_string());
+        out.push(Violation {
+            field: "gang_placement".into(),
+            rule: format!(
+                "cannot change from {} to {} in a running operation: its placement was fixed when it started",
+                show(running.gang_placement),
+                show(updated.gang_placement)
+            ),
+        });
     }
     if running.is_gang() || updated.is_gang() {
         for (name, old) in &running.tasks {

@@ -10,6 +10,7 @@ use lockstep::gang::model::{
     Allocation, AllocationData, AllocationRef, Job, JobId, JobOutcome, JobStatus, Message, OperationData,
     OperationStatus,
 };
+use lockstep::gang::placement::{PlacementSettings, QueueEntry};
 use lockstep::gang::{OperationSpec, SpecFormat};
 use lockstep::store::{Event, LockToken, RowId, Timestamp};
 use serde_json::Value;
@@ -31,6 +32,14 @@ pub struct World {
     next_row: i64,
     next_token: i64,
     pub revival_next: bool,
+    /// The store's clock.
+    pub now: Timestamp,
+    /// The gang queue (this world's one operation is all that may wait in it).
+    pub queue: Vec<QueueEntry>,
+    /// The replica's placement settings.
+    pub settings: PlacementSettings,
+    /// Each live node's lease expiry (store clock); [`World::renew_leases`] moves them on.
+    pub expiries: BTreeMap<RowId, Timestamp>,
 }
 
 impl World {
@@ -49,6 +58,10 @@ impl World {
             next_row: 100,
             next_token: 1000,
             revival_next: false,
+            now: Timestamp(1_700_000_000_000_000),
+            queue: Vec::new(),
+            settings: PlacementSettings::default(),
+            expiries: BTreeMap::new(),
         };
         for n in 0..nodes {
             let node = world.row();
@@ -62,6 +75,41 @@ impl World {
             }
         }
         world
+    }
+
+    /// Allocations of the nodes with a live session.
+    pub fn cluster_slots(&self) -> u32 {
+        self.allocations.values().filter(|a| self.sessions.contains_key(&a.data.node)).count() as u32
+    }
+
+    fn expiry(&self, node: RowId) -> Timestamp {
+        self.expiries.get(&node).copied().unwrap_or(self.now.plus(std::time::Duration::from_secs(10)))
+    }
+
+    /// Every live node's agent renews its lease (its expiry moves on by a second).
+    pub fn renew_leases(&mut self) {
+        let nodes: Vec<RowId> = self.sessions.keys().copied().collect();
+        for node in nodes {
+            let renewed = self.expiry(node).plus(std::time::Duration::from_secs(1));
+            self.expiries.insert(node, renewed);
+        }
+    }
+
+    /// The agents kill the processes the controller moved on from and report them (messages only): one
+    /// `JobEnded` (aborted, "process killed") for each job the operation's data says may still run.
+    pub fn report_stale_kills(&mut self) {
+        let lingering = self.data.lingering.clone();
+        for l in lingering {
+            let job = self.job(l.job).clone();
+            let allocation = job.data.allocation.expect("a lingering job was placed");
+            let outcome = JobOutcome::Aborted { reason: "process killed".into() };
+            self.send(Message::JobEnded { job: l.job, allocation, outcome });
+        }
+    }
+
+    /// Moves the store's clock on by `span`.
+    pub fn advance(&mut self, span: std::time::Duration) {
+        self.now = self.now.plus(span);
     }
 
     fn row(&mut self) -> RowId {
@@ -91,9 +139,17 @@ impl World {
             messages: std::mem::take(&mut self.inbox),
             free,
             node_sessions: self.sessions.clone(),
+            node_expiries: self.sessions.keys().map(|node| (*node, self.expiry(*node))).collect(),
             revival: std::mem::take(&mut self.revival_next),
+            now: self.now,
+            queue: self.queue.clone(),
+            cluster_slots: self.cluster_slots(),
+            settings: self.settings.clone(),
         };
         let output = run_pass(input);
+        if let Some(queue) = &output.queue {
+            self.queue = queue.clone();
+        }
         self.status = output.status;
         self.data = output.data.clone();
         for job in &output.updated_jobs {

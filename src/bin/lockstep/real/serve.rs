@@ -4,6 +4,7 @@
 //! during the drain stops at once (exit 1); the leases then expire on their own.
 
 use super::{Database, Failure, duration, lease_ttl, termination};
+use lockstep::gang::GangPlacement;
 use lockstep::gang::replica::ReplicaConfig;
 use lockstep::pipeline::ConfigError;
 use std::sync::Arc;
@@ -37,6 +38,15 @@ pub struct ServeArgs {
     /// Pooled PostgreSQL sessions. Default: workers + 2 (the workers, the fetcher, the heartbeater).
     #[arg(long)]
     pub max_connections: Option<u32>,
+    /// Placement of gang operations whose spec has no `gang_placement` (lockstep's own spec key), fixed at each
+    /// one's first pass: `incremental` (YTsaurus's: jobs take free slots as they appear) or `all_or_nothing`
+    /// (every ranked job of an incarnation at once, or none while it waits its turn).
+    #[arg(long, value_parser = GangPlacement::parse, default_value = "incremental")]
+    pub gang_placement: GangPlacement,
+    /// An all-or-nothing gang needing more slots than the live nodes offer fails once that has lasted this long
+    /// (database clock).
+    #[arg(long, value_parser = duration::parse, default_value = "60s")]
+    pub gang_unfit_timeout: Duration,
 }
 
 impl ServeArgs {
@@ -49,6 +59,8 @@ impl ServeArgs {
             heartbeat_interval: self.heartbeat_interval,
             min_processing_interval: self.min_processing_interval,
             seed: u64::from(std::process::id()),
+            gang_placement: self.gang_placement,
+            gang_unfit_timeout: self.gang_unfit_timeout,
         }
     }
 }
@@ -178,5 +190,25 @@ mod tests {
         assert_eq!(config.heartbeat_interval, Duration::from_millis(250));
         assert_eq!(config.min_processing_interval, Duration::from_secs(1));
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn gang_placement_flags_reach_the_placement_settings_and_bad_values_name_the_rule() {
+        let base = ["serve", "--database-url", "postgres://h/db"];
+        let settings = |extra: &[&str]| {
+            let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+            Cli::try_parse_from(args).map(|cli| cli.serve.replica_config().placement_settings())
+        };
+        let defaults = settings(&[]).unwrap();
+        assert_eq!(defaults.default, GangPlacement::Incremental);
+        assert_eq!(defaults.unfit_timeout, Duration::from_secs(60));
+        let set = settings(&["--gang-placement", "all_or_nothing", "--gang-unfit-timeout", "2m"]).unwrap();
+        assert_eq!(set.default, GangPlacement::AllOrNothing);
+        assert_eq!(set.unfit_timeout, Duration::from_secs(120));
+        let error = settings(&["--gang-placement", "all-at-once"]).unwrap_err().to_string();
+        assert!(
+            error.contains("\"all-at-once\" is not a gang placement: expected incremental or all_or_nothing"),
+            "{error}"
+        );
     }
 }
