@@ -95,7 +95,12 @@ pub trait Store: Send + Sync + 'static {
     /// A related row is available unless it holds a live lease with another token, or carries another owner's
     /// mark with no token (a reset main row, or another locker's intent mark that has not expired). On
     /// contention no lock is taken, and the available rows get `owner` as an intent mark that expires after
-    /// `lease_ttl` (dstack PIPELINES, "Locking many related resources").
+    /// `lease_ttl` (dstack PIPELINES, "Locking many related resources"), except rows that already carry `owner`
+    /// with no token (its own intent mark, fresh or expired, or its reset mark), which are left as they are: a
+    /// parent's contended retries never push back the expiry of the marks it left, so a mark holds its row for
+    /// the parent at most one lease ttl, and once it expired the row's own pipeline takes it (issue 14: a parent
+    /// that re-marked its children at every retry kept their pipeline off them for minutes). A row is marked again
+    /// only after someone took it (its own pipeline's apply or release clears the mark).
     fn lock_related(&self, params: LockRelatedParams) -> impl Future<Output = Result<LockOutcome, StoreError>> + Send;
 
     /// The guarded apply: if the main row and every row of `params.related` still carry `params.lease.token`,

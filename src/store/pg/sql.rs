@@ -221,11 +221,13 @@ WHERE id = ANY($2)
 ORDER BY id
 FOR NO KEY UPDATE";
 
-/// Related locks, step 2: lock (token set) or mark (token NULL) rows. `$2` ids, `$3` token or NULL, `$4` owner,
-/// `$5` lease ttl.
+/// Related locks, step 2: lock (token set) or mark (token NULL) rows. A mark leaves a row that already carries
+/// the owner with no token as it is (mem.rs `own_mark`): a retry never pushes a mark's expiry back. `$2` ids, `$3`
+/// token or NULL, `$4` owner, `$5` lease ttl.
 pub(super) const LOCK_RELATED_WRITE: &str = "UPDATE resources
 SET lock_token = $3, lock_owner = $4, lock_expires_at = lockstep_ts_plus(lockstep_now($1), $5)
-WHERE id = ANY($2)";
+WHERE id = ANY($2)
+  AND ($3::int8 IS NOT NULL OR lock_token IS NOT NULL OR lock_owner IS DISTINCT FROM $4)";
 
 /// Apply, step 1 when there are related updates (mem.rs `apply`): lock every row carrying the token (the main row
 /// if still held, and the related rows) in id order, then write the related rows still locked with it. The
