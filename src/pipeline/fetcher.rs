@@ -130,10 +130,10 @@ impl<S: Store> Fetcher<S> {
 /// queue's size. Errors: the store's, with nothing queued and the room given back.
 async fn fetch<S: Store>(core: &Core<S>, fetcher: usize) -> Result<FetchPass, StoreError> {
     let shared = &core.shared;
-    let Some(reservation) = shared.reserve(fetcher) else {
+    let Some(reservation) = shared.reserve(fetcher, core.clock.now()) else {
         return Ok(FetchPass::Full);
     };
-    let limit = reservation.limit();
+    let (limit, capped) = (reservation.limit(), reservation.capped());
     let config = &core.config;
     let params = FetchParams {
         pipeline: config.name.clone(),
@@ -164,7 +164,9 @@ async fn fetch<S: Store>(core: &Core<S>, fetcher: usize) -> Result<FetchPass, St
         .collect();
     let queued = reservation.fill(items, sent, config.lease_ttl, config.lease_margin);
     core.metrics.stale.fetch_add((fetched - queued) as u64, Ordering::Relaxed);
-    shared.adapt(fetched, limit);
+    if !capped {
+        shared.adapt(fetched, limit);
+    }
     Ok(FetchPass::Fetched { fetched, limit })
 }
 
