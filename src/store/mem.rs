@@ -457,6 +457,19 @@ impl Store for MemStore {
         Ok(leased)
     }
 
+    async fn next_expiry(&self, p: FetchParams) -> Result<Option<Duration>, StoreError> {
+        let now = self.now();
+        let state = self.lock();
+        let statuses: BTreeSet<&String> = p.statuses.iter().collect();
+        let first = statuses
+            .into_iter()
+            .filter_map(|status| state.by_status.get(&(p.kind.clone(), status.clone())))
+            .flatten()
+            .filter_map(|(_, id)| state.rows[id].lock_expires_at.filter(|expires| *expires > now))
+            .min();
+        Ok(first.map(|expires| Duration::from_micros((expires.as_micros() - now.as_micros()) as u64)))
+    }
+
     async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
         let state = self.lock();
         Ok(state.rows.get(&lease.id).filter(|row| row.lock_token == Some(lease.token)).cloned())

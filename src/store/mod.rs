@@ -25,6 +25,7 @@ pub use values::{
 };
 
 use std::future::Future;
+use std::time::Duration;
 use tokio::sync::broadcast;
 
 /// A fetch hint as it travels between services and fetchers: the kind of rows that became ready.
@@ -56,6 +57,22 @@ pub trait Store: Send + Sync + 'static {
     /// processed at least `min_processing_interval` ago, where for a row this pipeline reset for retry
     /// `retry_delay` replaces `min_processing_interval`.
     fn fetch(&self, params: FetchParams) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
+
+    /// How long, on the store's clock from its `now`, until the first lease or mark on the rows `params` looks at
+    /// ends: the least `lock_expires_at − now` over rows of `params.kind` in one of `params.statuses` whose
+    /// `lock_expires_at` is in the future (a live lease of any owner, a related lock, or an intent mark), or
+    /// `None` when there is none. Writes nothing; the other fields of `params` are ignored.
+    ///
+    /// A fetcher that found nothing to lease asks it so that it can fetch again when a lease it had to skip
+    /// expires, rather than at the end of its backoff (issue 14: a dead replica's rows are taken over within
+    /// the lease ttl plus a small slack). It reads the rows an empty fetch has just scanned, so it costs about
+    /// that fetch again.
+    ///
+    /// The default answers `None` (no expiry known: the fetcher keeps its backoff); backends override it.
+    fn next_expiry(&self, params: FetchParams) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
+        let _ = params;
+        async { Ok(None) }
+    }
 
     /// Reads the row if it still carries `lease.token`; `None` means the lease is stale.
     fn refetch(&self, lease: Lease) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send;

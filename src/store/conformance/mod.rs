@@ -121,6 +121,7 @@ macro_rules! __conformance_cases {
                 leases_at_most_limit_rows,
                 concurrent_fetches_never_lease_one_row_twice,
                 tokens_strictly_increase_from_fetch_to_fetch,
+                next_expiry_is_the_span_to_the_first_lease_or_mark_on_the_rows_a_fetch_looks_at,
             }
             apply {
                 apply_writes_the_update_and_unlocks_the_row,

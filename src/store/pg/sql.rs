@@ -149,6 +149,15 @@ fn quote(text: &str) -> String {
 /// Step 4: forget it (a prepared statement outlives the transaction).
 pub(super) const DEALLOCATE_FETCH: &str = "DEALLOCATE lockstep_explain_fetch";
 
+/// The next expiry (mem.rs `next_expiry`): microseconds from the store's now to the least future
+/// `lock_expires_at` of the rows of a kind in some statuses, NULL when none (an infinite expiry never ends and is
+/// left out). The index on `(kind, status)` finds the rows, as for the fetch. `$1` clock offset, `$2` kind, `$3`
+/// statuses (`text[]`).
+pub(super) const NEXT_EXPIRY: &str =
+    "SELECT (extract(epoch FROM min(lock_expires_at) - lockstep_now($1)) * 1000000)::int8
+FROM resources
+WHERE kind = $2 AND status = ANY($3) AND lock_expires_at > lockstep_now($1) AND isfinite(lock_expires_at)";
+
 /// The refetch: the row if it still carries the token. `$1` id, `$2` token.
 pub(super) const REFETCH: &str =
     concat!("SELECT ", row_columns!(), " FROM resources AS r WHERE r.id = $1 AND r.lock_token = $2");
