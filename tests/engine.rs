@@ -811,3 +811,71 @@ async fn an_idle_replica_takes_over_a_dead_replicas_lease_when_it_expires() {
     assert!(at.duration_since(killed) <= ttl + Duration::from_millis(500), "taken {:?} after the death", at - killed);
     survivor.shutdown().await;
 }
+
+/// Locks the `child` rows under its row; done once it holds them all.
+struct LockAllChildren;
+
+impl<S: Store> Handler<S> for LockAllChildren {
+    type Context = ();
+
+    async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<(), WorkError> {
+        let children: Vec<RowId> = cx.store().list("child", Some(row.id)).await?.iter().map(|c| c.id).collect();
+        cx.lock_related(children).await
+    }
+
+    async fn process(&self, _row: Row, _context: ()) -> Result<Changes, WorkError> {
+        Ok(Changes::status("done"))
+    }
+}
+
+/// A parent that keeps retrying while one child is busy does not keep its other children from their idle
+/// pipeline: its intent marks are not renewed by its retries, so the children's pipeline takes them as the marks
+/// expire, a lease ttl after the first contended attempt (issue 14: a parent re-marked its children every 0.6 s
+/// for minutes while their workers idled).
+#[tokio::test(start_paused = true)]
+async fn a_retrying_parents_intent_marks_hold_its_children_for_one_lease_ttl_only() {
+    let store = MemStore::new(TokioClock::new(START));
+    let parent = store.insert(NewRow::new("parent", "ready", json!({}))).await.unwrap().id;
+    let child = || NewRow::new("child", "ready", json!({})).with_parent(parent);
+    let busy = store.insert(child()).await.unwrap().id;
+    let free = [store.insert(child()).await.unwrap().id, store.insert(child()).await.unwrap().id];
+    // The busy child is leased for good by a holder outside the test's pipelines.
+    let held = FetchParams {
+        pipeline: "children".into(),
+        kind: "child".into(),
+        statuses: vec!["ready".into()],
+        limit: 1,
+        lease_ttl: Duration::from_secs(3_600),
+        min_processing_interval: Duration::from_secs(5),
+        retry_delay: Duration::from_millis(500),
+    };
+    assert_eq!(store.fetch(held).await.unwrap()[0].id, busy);
+    let parents_config = PipelineConfig { name: "parents".into(), kind: "parent".into(), ..start_window_config(1) };
+    let ttl = parents_config.lease_ttl;
+    let mut parents = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 6 });
+    parents.register(parents_config, LockAllChildren).unwrap();
+    parents.start();
+    while store.get(free[0]).await.unwrap().unwrap().lock_owner.as_deref() != Some("parents") {
+        tokio::task::yield_now().await;
+    }
+    let marked = tokio::time::Instant::now();
+    let children_config = PipelineConfig { name: "children".into(), kind: "child".into(), ..start_window_config(1) };
+    let done = Arc::new(MarkDone::default());
+    let mut children = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 7 });
+    children.register(children_config, SharedHandler(done.clone())).unwrap();
+    children.start();
+    while done.processed.load(Ordering::SeqCst) < free.len() {
+        assert!(marked.elapsed() <= ttl * 3, "the free children were never processed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waited = marked.elapsed();
+    assert!(waited >= ttl, "a child was taken under a fresh mark after {waited:?}");
+    assert!(waited <= ttl + Duration::from_millis(500), "the free children waited {waited:?}");
+    let retries = parents.metrics("parents").unwrap().retries;
+    assert!(retries >= 5, "the parent retried only {retries} times while its marks held");
+    for id in free {
+        assert_eq!(store.get(id).await.unwrap().unwrap().status, "done", "child {id}");
+    }
+    children.shutdown().await;
+    parents.shutdown().await;
+}
