@@ -164,7 +164,9 @@ pub struct PipelineConfig {
     pub lease_margin: Duration,
     /// Heartbeat period, local clock. Default [`HEARTBEAT_INTERVAL_DEFAULT`].
     pub heartbeat_interval: Duration,
-    /// A lease is extended when its local deadline is this close. Default: `lease_ttl / 2` (DESIGN §3).
+    /// A lease is extended when its local deadline is this close (the lease of an item still queued then is given
+    /// back instead, see [`super::queue`]). Shorter than `lease_ttl − lease_margin`. Default: `lease_ttl / 2`
+    /// (DESIGN §3).
     pub heartbeat_trigger: Duration,
     /// Minimum time between two processings of one row, store clock. Default [`MIN_PROCESSING_INTERVAL_DEFAULT`].
     pub min_processing_interval: Duration,
@@ -331,8 +333,13 @@ impl PipelineConfig {
             );
             return fail("heartbeat_trigger", rule);
         }
-        if self.heartbeat_trigger >= self.lease_ttl {
-            let rule = format!("{:?} must be shorter than lease_ttl {:?}", self.heartbeat_trigger, self.lease_ttl);
+        if self.heartbeat_trigger + self.lease_margin >= self.lease_ttl {
+            // What is left is the start window: how long a queued item's lease lasts before the heartbeater must
+            // extend it, or give it back if no worker started the item (see `super::queue`).
+            let rule = format!(
+                "{:?} plus lease_margin {:?} must be shorter than lease_ttl {:?}",
+                self.heartbeat_trigger, self.lease_margin, self.lease_ttl
+            );
             return fail("heartbeat_trigger", rule);
         }
         if self.fetch_backoff.is_empty() || self.fetch_backoff.iter().any(|d| d.is_zero()) {
@@ -446,6 +453,14 @@ mod tests {
         let config = PipelineConfig::new("p", "k", &["ready"]).with_lease_ttl(std::time::Duration::from_secs(4));
         let message = config.validate().unwrap_err().to_string();
         assert!(message.starts_with("pipeline p: heartbeat_trigger:"), "{message}");
+        let config = PipelineConfig {
+            heartbeat_trigger: std::time::Duration::from_secs(28),
+            ..PipelineConfig::new("p", "k", &["ready"])
+        };
+        assert_eq!(
+            config.validate().unwrap_err().to_string(),
+            "pipeline p: heartbeat_trigger: 28s plus lease_margin 2s must be shorter than lease_ttl 30s"
+        );
         let config = PipelineConfig::new("p", "k", &[]);
         assert!(config.validate().unwrap_err().to_string().contains("statuses"));
         let config = PipelineConfig {
