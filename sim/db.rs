@@ -275,6 +275,7 @@ async fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
 async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
     Ok(match call {
         Call::Fetch(params) => Reply::Rows(store.fetch(params).await?),
+        Call::NextExpiry(params) => Reply::Expiry(store.next_expiry(params).await?),
         Call::Refetch(lease) => Reply::MaybeRow(store.refetch(lease).await?),
         Call::RefetchBatch(leases) => Reply::MaybeRows(store.refetch_batch(leases).await?),
         Call::Heartbeat(params) => Reply::Leases(store.heartbeat(params).await?),

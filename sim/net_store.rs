@@ -186,6 +186,13 @@ impl Store for NetStore {
         }
     }
 
+    async fn next_expiry(&self, params: FetchParams) -> Result<Option<Duration>, StoreError> {
+        match self.call(Call::NextExpiry(params)).await? {
+            Reply::Expiry(span) => Ok(span),
+            other => unexpected("next_expiry", other),
+        }
+    }
+
     async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
         match self.call(Call::Refetch(lease)).await? {
             Reply::MaybeRow(row) => Ok(row),

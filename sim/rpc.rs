@@ -8,6 +8,7 @@ use crate::store::{
     LockRelatedParams, NewRow, Row, RowId, RowUpdate, StoreError, Timestamp, WriteOutcome,
 };
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The database node's port for store calls (PostgreSQL's, for familiarity).
 pub const CALL_PORT: u16 = 5432;
@@ -38,6 +39,7 @@ pub struct Request {
 #[derive(Debug)]
 pub enum Call {
     Fetch(FetchParams),
+    NextExpiry(FetchParams),
     Refetch(Lease),
     RefetchBatch(Vec<Lease>),
     Heartbeat(HeartbeatParams),
@@ -76,6 +78,7 @@ impl Call {
     pub fn name(&self) -> &'static str {
         match self {
             Call::Fetch(_) => "fetch",
+            Call::NextExpiry(_) => "next_expiry",
             Call::Refetch(_) => "refetch",
             Call::RefetchBatch(_) => "refetch_batch",
             Call::Heartbeat(_) => "heartbeat",
@@ -115,6 +118,7 @@ pub enum Reply {
     Write(WriteOutcome),
     Done,
     Now(Timestamp),
+    Expiry(Option<Duration>),
 }
 
 /// A reply datagram's payload.

@@ -385,22 +385,22 @@ async fn fetches_in_flight_never_overfill_the_queue() {
     // Grown to the cap: the workers outran three full fetches.
     grow(&p).await;
     assert_eq!(p.shared.marks(), Marks { max: 32, low: 8 });
-    let first = p.shared.reserve(0).expect("an empty grown queue takes a fetch");
+    let first = p.shared.reserve(0, Instant::now()).expect("an empty grown queue takes a fetch");
     assert_eq!(first.limit(), 32, "at most the queue's max per fetch");
-    let second = p.shared.reserve(1).expect("the second fetcher fetches while the queue is grown");
-    let third = p.shared.reserve(2).expect("and the third");
+    let second = p.shared.reserve(1, Instant::now()).expect("the second fetcher fetches while the queue is grown");
+    let third = p.shared.reserve(2, Instant::now()).expect("and the third");
     assert_eq!((second.limit(), third.limit()), (32, 32));
-    assert!(p.shared.reserve(0).is_none(), "3 × 32 rows reserved: no room left");
+    assert!(p.shared.reserve(0, Instant::now()).is_none(), "3 × 32 rows reserved: no room left");
     drop(third);
     assert_eq!(p.shared.reserved(), 64, "a dropped reservation gives its room back");
-    assert_eq!(p.shared.reserve(2).map(|r| r.limit()), Some(32));
+    assert_eq!(p.shared.reserve(2, Instant::now()).map(|r| r.limit()), Some(32));
 }
 
 /// A worker finds `p`'s queue empty and waits on it (then goes away): the workers outran the fetch.
 async fn starve(p: &Pipeline<Slow>) {
     let waiting = tokio::spawn({
-        let shared = p.shared.clone();
-        async move { shared.pop().await }
+        let (shared, clock) = (p.shared.clone(), p.clock.clone());
+        async move { shared.pop(&clock).await }
     });
     tokio::task::yield_now().await;
     waiting.abort();
@@ -425,17 +425,17 @@ async fn a_fetch_giving_its_room_back_below_the_low_mark_wakes_the_fetchers() {
     let p = Pipeline::new(Arc::new(store.clone()), PipelineConfig { fetchers: 2, fetch_limit_max: 32, ..config(4) })
         .unwrap();
     grow(&p).await;
-    let held = p.shared.reserve(1).expect("the second fetcher fetches while the queue is grown");
+    let held = p.shared.reserve(1, Instant::now()).expect("the second fetcher fetches while the queue is grown");
     // The first fetcher's fetch came back partial meanwhile: the queue is back at dstack's size (max 8).
     p.shared.adapt(0, 32);
     assert_eq!(p.shared.marks(), Marks { max: 8, low: 2 });
-    assert!(p.shared.reserve(0).is_none(), "the room is held by the fetch in flight");
+    assert!(p.shared.reserve(0, Instant::now()).is_none(), "the room is held by the fetch in flight");
     // Any wake-up stored by the workers' pops is used up: the first fetcher now waits.
     let _ = tokio::time::timeout(Duration::from_millis(1), p.shared.refill.notified()).await;
     held.fill(Vec::new(), Instant::now(), Duration::from_secs(30), Duration::from_secs(2));
     let woken = tokio::time::timeout(Duration::from_millis(1), p.shared.refill.notified()).await;
     assert!(woken.is_ok(), "the returned room must wake the first fetcher");
-    assert_eq!(p.shared.reserve(0).map(|r| r.limit()), Some(8));
+    assert_eq!(p.shared.reserve(0, Instant::now()).map(|r| r.limit()), Some(8));
 }
 
 /// With several fetchers, a fetch that answers after its leases expired may bring a row that another fetch has
@@ -466,9 +466,9 @@ async fn a_row_fetched_again_by_another_fetcher_keeps_only_its_newer_lease() {
     // fetches were in flight, and the newer one answers first.
     starve(&p).await;
     p.shared.adapt(8, 8);
-    let stalled = p.shared.reserve(0).unwrap();
+    let stalled = p.shared.reserve(0, Instant::now()).unwrap();
     let (ttl, margin) = (p.config.lease_ttl, p.config.lease_margin);
-    assert_eq!(p.shared.reserve(1).unwrap().fill(vec![newer.clone()], Instant::now(), ttl, margin), 1);
+    assert_eq!(p.shared.reserve(1, Instant::now()).unwrap().fill(vec![newer.clone()], Instant::now(), ttl, margin), 1);
     assert_eq!(stalled.fill(vec![older], Instant::now(), ttl, margin), 0, "the older lease is dropped");
     assert_eq!(p.shared.queue_len(), 1);
     assert_eq!(p.shared.leases().get(&newer.lease.id).map(|held| held.token), Some(newer.lease.token));

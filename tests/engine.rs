@@ -3,7 +3,8 @@
 #![cfg(not(madsim))]
 
 use lockstep::pipeline::{
-    Changes, Handler, ItemOutcome, LoadCx, ManagerOptions, Pipeline, PipelineConfig, PipelineManager, WorkError,
+    Changes, FetchPass, Handler, ItemOutcome, LoadCx, ManagerOptions, Pipeline, PipelineConfig, PipelineManager,
+    WorkError,
 };
 use lockstep::store::{
     Clock, CommitOp, FetchParams, ManualClock, MemStore, NewRow, Row, RowId, RowUpdate, Store, Timestamp, TokioClock,
@@ -316,11 +317,14 @@ async fn the_heartbeater_extends_only_leases_close_to_expiry() {
     let p = pipeline(&store, heartbeat_config()); // queue max 8, low 2
     let mut fetcher = p.fetcher(1);
     // Row a is leased now (local deadline +9 s), row b 5 s later (deadline +14 s).
+    // Workers take each at once (a queued item would be released instead, see the start window's tests).
     let a = insert_ready(&store, 1).await[0];
     fetcher.run_once().await.unwrap();
+    p.shared.pop(&p.clock).await.unwrap();
     tokio::time::advance(Duration::from_secs(5)).await;
     let b = insert_ready(&store, 1).await[0];
     fetcher.run_once().await.unwrap();
+    p.shared.pop(&p.clock).await.unwrap();
     assert_eq!(p.shared.leases_len(), 2);
     let b_expiry = store.get(b).await.unwrap().unwrap().lock_expires_at;
 
@@ -343,6 +347,10 @@ async fn the_heartbeater_drops_lost_and_retokened_leases_without_writing() {
     let [a, b] = insert_ready(&store, 2).await[..] else { unreachable!() };
     let p = pipeline(&store, PipelineConfig { workers: 1, ..heartbeat_config() });
     p.fetcher(1).run_once().await.unwrap();
+    // Workers took both (queued items would be released, not heartbeated).
+    while p.shared.queue_len() > 0 {
+        p.shared.pop(&p.clock).await.unwrap();
+    }
     // Row b is re-leased by another replica after the store-side expiry (store clock ahead of ours).
     clock.advance(Duration::from_secs(11));
     let thief = pipeline(&store, PipelineConfig { workers: 1, ..heartbeat_config() });
@@ -613,4 +621,261 @@ async fn starting_and_stopping_a_manager_many_times_loses_no_row_and_leaks_no_le
     for row in futures_rows(&store, &ids).await {
         assert_eq!(row.status, "done", "row {}", row.id);
     }
+}
+
+/// A lease ttl of 10 s with a 1 s margin and a 5 s trigger: an item queued at its fetch reaches the end of its
+/// start window (ttl − margin − trigger) 4 s later.
+fn start_window_config(workers: usize) -> PipelineConfig {
+    PipelineConfig { workers, ..heartbeat_config() }
+}
+
+/// An item no worker started within its start window is given back to the store, not extended; the one a worker
+/// started is extended; and the pipeline, now saturated, leases nothing more while no worker is idle and none
+/// started an item within the window (issue 14: a replica kept leases alive for rows its busy workers could not
+/// start).
+#[tokio::test(start_paused = true)]
+async fn a_queued_item_at_the_end_of_its_start_window_is_released_and_the_pipeline_stops_leasing() {
+    let store = MemStore::with_history(TokioClock::new(START));
+    let [started, queued] = insert_ready(&store, 2).await[..] else { unreachable!() };
+    let p = pipeline(&store, start_window_config(1)); // queue max 2, low 1
+    let mut fetcher = p.fetcher(1);
+    assert_eq!(fetcher.run_once().await.unwrap(), FetchPass::Fetched { fetched: 2, limit: 2 });
+    let item = p.shared.pop(&p.clock).await.expect("a worker takes the first item");
+    assert_eq!(item.lease.id, started);
+    let held = p.shared.leases();
+    let lease = |id: RowId| lockstep::store::Lease { id, token: held[&id].token };
+
+    tokio::time::advance(Duration::from_secs(3)).await;
+    let pass = p.heartbeater().run_once().await.unwrap();
+    assert!(pass.sent.is_empty() && pass.released.is_empty(), "nothing is due 1 s before the window ends: {pass:?}");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let pass = p.heartbeater().run_once().await.unwrap();
+    assert_eq!(pass.released, vec![lease(queued)], "the unstarted item is given back");
+    assert_eq!(pass.extended, vec![lease(started)], "the started one is extended");
+    assert_eq!(p.shared.queue_len(), 0);
+    assert_eq!(p.shared.leases().keys().copied().collect::<Vec<_>>(), vec![started], "the released lease is forgotten");
+    let row = store.get(queued).await.unwrap().unwrap();
+    assert_eq!((row.lock_token, row.lock_owner, row.lock_expires_at), (None, None, None), "row {queued} released");
+    assert_eq!(row.last_processed_at, None, "a release keeps the row's place in fetch order");
+    assert!(p.shared.is_saturated());
+    assert!(store.history().iter().any(|c| matches!(&c.op, CommitOp::Hint { kind, .. } if kind == "task")));
+
+    // Below its lower mark with a row ready, but its one worker is busy and started nothing within the window.
+    assert_eq!(fetcher.run_once().await.unwrap(), FetchPass::Full, "a saturated pipeline with no idle worker");
+    let other = pipeline(&store, start_window_config(1));
+    assert_eq!(other.fetcher(2).run_once().await.unwrap(), FetchPass::Fetched { fetched: 1, limit: 2 });
+    assert_eq!(other.shared.leases().keys().copied().collect::<Vec<_>>(), vec![queued], "another replica takes it");
+}
+
+/// A saturated pipeline leases for its idle workers only, and a worker that finds the queue empty wakes the
+/// fetcher for it; once its workers start items as fast as its queue's max per start window, it fetches as
+/// dstack's does again.
+#[tokio::test(start_paused = true)]
+async fn a_saturated_pipeline_leases_for_its_idle_workers_until_they_start_items_fast_again() {
+    let store = MemStore::new(TokioClock::new(START));
+    insert_ready(&store, 40).await;
+    let p = pipeline(&store, start_window_config(2)); // queue max 4, low 1
+    p.shared.saturate();
+    let mut fetcher = p.fetcher(1);
+    assert_eq!(fetcher.run_once().await.unwrap(), FetchPass::Full, "no worker is idle");
+    let _ = tokio::time::timeout(Duration::from_millis(1), p.shared.refill.notified()).await;
+    let waiting = tokio::spawn({
+        let (shared, clock) = (p.shared.clone(), p.clock.clone());
+        async move { shared.pop(&clock).await }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(p.shared.idle_workers(), 1);
+    let woken = tokio::time::timeout(Duration::from_millis(1), p.shared.refill.notified()).await;
+    assert!(woken.is_ok(), "a worker finding the queue empty wakes the fetcher");
+    assert_eq!(fetcher.run_once().await.unwrap(), FetchPass::Fetched { fetched: 1, limit: 1 }, "one idle worker");
+    assert!(waiting.await.unwrap().is_some(), "the idle worker got the row");
+    // Items started quickly: each start within the window raises the allowance, until it reaches the queue's max.
+    let handler = MarkDone::default();
+    assert_eq!(fetcher.run_once().await.unwrap(), FetchPass::Fetched { fetched: 1, limit: 1 }, "one start");
+    assert_eq!(p.work_one(&handler).await, Some(ItemOutcome::Applied));
+    assert_eq!(fetcher.run_once().await.unwrap(), FetchPass::Fetched { fetched: 2, limit: 2 }, "two starts");
+    while p.work_one(&handler).await.is_some() {}
+    assert!(p.shared.is_saturated());
+    assert_eq!(fetcher.run_once().await.unwrap(), FetchPass::Fetched { fetched: 4, limit: 4 }, "dstack's limit");
+    assert!(!p.shared.is_saturated(), "four starts within the window, the queue's max, end the saturation");
+}
+
+/// Records which replica processed which row; rows whose data says `slow` take 100 s.
+struct Replica {
+    name: &'static str,
+    log: Arc<std::sync::Mutex<Vec<(RowId, &'static str)>>>,
+}
+
+impl<S: Store> Handler<S> for Replica {
+    type Context = ();
+
+    async fn load(&self, _row: &Row, _cx: &LoadCx<'_, S>) -> Result<(), WorkError> {
+        Ok(())
+    }
+
+    async fn process(&self, row: Row, _context: ()) -> Result<Changes, WorkError> {
+        self.log.lock().unwrap().push((row.id, self.name));
+        if row.data["slow"] == json!(true) {
+            tokio::time::sleep(Duration::from_secs(100)).await;
+        }
+        Ok(Changes::status("done"))
+    }
+}
+
+/// Two replicas of one pipeline: the first leases a slow row and a fast one with its one worker; the second,
+/// idle, gets the fast row within a lease ttl instead of after the slow row's 100 s (issue 14).
+#[tokio::test(start_paused = true)]
+async fn a_row_queued_behind_a_slow_item_goes_to_an_idle_replica_within_a_lease_ttl() {
+    let store = MemStore::new(TokioClock::new(START));
+    let slow = store.insert(NewRow::new("task", "ready", json!({ "slow": true }))).await.unwrap().id;
+    let fast = insert_ready(&store, 1).await[0];
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut busy = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 1 });
+    busy.register(start_window_config(1), Replica { name: "busy", log: log.clone() }).unwrap();
+    busy.start();
+    while log.lock().unwrap().is_empty() {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(log.lock().unwrap()[0], (slow, "busy"));
+    assert_eq!(busy.metrics("tasks").unwrap().queue_depth, 1, "the fast row waits behind the slow one");
+    let mut idle = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 2 });
+    idle.register(start_window_config(1), Replica { name: "idle", log: log.clone() }).unwrap();
+    idle.start();
+    let started = tokio::time::Instant::now();
+    while store.get(fast).await.unwrap().unwrap().status != "done" {
+        assert!(started.elapsed() < Duration::from_secs(10), "the fast row waited a lease ttl");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(log.lock().unwrap()[1], (fast, "idle"));
+    idle.shutdown().await;
+    busy.shutdown().await;
+}
+
+/// Records when it starts each row; with `hang`, never finishes one (a replica that dies mid-item).
+struct Recorder {
+    started: Arc<std::sync::Mutex<Vec<(RowId, tokio::time::Instant)>>>,
+    hang: bool,
+}
+
+impl<S: Store> Handler<S> for Recorder {
+    type Context = ();
+
+    async fn load(&self, _row: &Row, _cx: &LoadCx<'_, S>) -> Result<(), WorkError> {
+        Ok(())
+    }
+
+    async fn process(&self, row: Row, _context: ()) -> Result<Changes, WorkError> {
+        self.started.lock().unwrap().push((row.id, tokio::time::Instant::now()));
+        if self.hang {
+            std::future::pending::<()>().await;
+        }
+        Ok(Changes::status("done"))
+    }
+}
+
+/// A replica dies holding a lease; another, idle and deep in its empty-fetch backoff, takes the row over within
+/// the fetch expiry slack of the lease's expiry in the store, so within a lease ttl and 0.5 s of the death, not a
+/// backoff later (issue 14: takeover without waiting out a backoff).
+#[tokio::test(start_paused = true)]
+async fn an_idle_replica_takes_over_a_dead_replicas_lease_when_it_expires() {
+    let store = MemStore::new(TokioClock::new(START));
+    let config = start_window_config(1);
+    let (ttl, slack) = (config.lease_ttl, config.fetch_expiry_slack);
+    let started = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut survivor = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 4 });
+    survivor.register(config.clone(), Recorder { started: started.clone(), hang: false }).unwrap();
+    survivor.start();
+    // Idle long enough that its backoff is at its longest step (5 s ± 20%).
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let row = insert_ready(&store, 1).await[0];
+    let mut doomed = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 5 });
+    doomed.register(config, Recorder { started: started.clone(), hang: true }).unwrap();
+    doomed.start();
+    while started.lock().unwrap().is_empty() {
+        tokio::task::yield_now().await;
+    }
+    // Let its heartbeater extend the lease once, then kill it.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    doomed.abort();
+    let killed = tokio::time::Instant::now();
+    let expires = store.get(row).await.unwrap().unwrap().lock_expires_at.expect("the dead replica's lease");
+    let expires_in = Duration::from_micros((expires.as_micros() - store.now().await.unwrap().as_micros()) as u64);
+    while started.lock().unwrap().len() < 2 {
+        assert!(killed.elapsed() <= ttl + Duration::from_secs(8), "the row was never taken over");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (taken, at) = started.lock().unwrap()[1];
+    assert_eq!(taken, row);
+    let after_expiry = at.duration_since(killed).saturating_sub(expires_in);
+    assert!(after_expiry <= slack + Duration::from_millis(20), "taken {after_expiry:?} after the lease expired");
+    assert!(at.duration_since(killed) <= ttl + Duration::from_millis(500), "taken {:?} after the death", at - killed);
+    survivor.shutdown().await;
+}
+
+/// Locks the `child` rows under its row; done once it holds them all.
+struct LockAllChildren;
+
+impl<S: Store> Handler<S> for LockAllChildren {
+    type Context = ();
+
+    async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<(), WorkError> {
+        let children: Vec<RowId> = cx.store().list("child", Some(row.id)).await?.iter().map(|c| c.id).collect();
+        cx.lock_related(children).await
+    }
+
+    async fn process(&self, _row: Row, _context: ()) -> Result<Changes, WorkError> {
+        Ok(Changes::status("done"))
+    }
+}
+
+/// A parent that keeps retrying while one child is busy does not keep its other children from their idle
+/// pipeline: its intent marks are not renewed by its retries, so the children's pipeline takes them as the marks
+/// expire, a lease ttl after the first contended attempt (issue 14: a parent re-marked its children every 0.6 s
+/// for minutes while their workers idled).
+#[tokio::test(start_paused = true)]
+async fn a_retrying_parents_intent_marks_hold_its_children_for_one_lease_ttl_only() {
+    let store = MemStore::new(TokioClock::new(START));
+    let parent = store.insert(NewRow::new("parent", "ready", json!({}))).await.unwrap().id;
+    let child = || NewRow::new("child", "ready", json!({})).with_parent(parent);
+    let busy = store.insert(child()).await.unwrap().id;
+    let free = [store.insert(child()).await.unwrap().id, store.insert(child()).await.unwrap().id];
+    // The busy child is leased for good by a holder outside the test's pipelines.
+    let held = FetchParams {
+        pipeline: "children".into(),
+        kind: "child".into(),
+        statuses: vec!["ready".into()],
+        limit: 1,
+        lease_ttl: Duration::from_secs(3_600),
+        min_processing_interval: Duration::from_secs(5),
+        retry_delay: Duration::from_millis(500),
+    };
+    assert_eq!(store.fetch(held).await.unwrap()[0].id, busy);
+    let parents_config = PipelineConfig { name: "parents".into(), kind: "parent".into(), ..start_window_config(1) };
+    let ttl = parents_config.lease_ttl;
+    let mut parents = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 6 });
+    parents.register(parents_config, LockAllChildren).unwrap();
+    parents.start();
+    while store.get(free[0]).await.unwrap().unwrap().lock_owner.as_deref() != Some("parents") {
+        tokio::task::yield_now().await;
+    }
+    let marked = tokio::time::Instant::now();
+    let children_config = PipelineConfig { name: "children".into(), kind: "child".into(), ..start_window_config(1) };
+    let done = Arc::new(MarkDone::default());
+    let mut children = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 7 });
+    children.register(children_config, SharedHandler(done.clone())).unwrap();
+    children.start();
+    while done.processed.load(Ordering::SeqCst) < free.len() {
+        assert!(marked.elapsed() <= ttl * 3, "the free children were never processed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waited = marked.elapsed();
+    assert!(waited >= ttl, "a child was taken under a fresh mark after {waited:?}");
+    assert!(waited <= ttl + Duration::from_millis(500), "the free children waited {waited:?}");
+    let retries = parents.metrics("parents").unwrap().retries;
+    assert!(retries >= 5, "the parent retried only {retries} times while its marks held");
+    for id in free {
+        assert_eq!(store.get(id).await.unwrap().unwrap().status, "done", "child {id}");
+    }
+    children.shutdown().await;
+    parents.shutdown().await;
 }

@@ -28,6 +28,13 @@ pub const FETCH_JITTER_DEFAULT: f64 = 0.2;
 /// Chance that a backoff uses the shortest delay whatever the streak (DESIGN §3, dstack: 10%).
 pub const FETCH_SHORTEST_CHANCE_DEFAULT: f64 = 0.1;
 
+/// Default slack a fetcher waits past the first expiry of the leases an empty fetch had to skip before it fetches
+/// again (issue 14: takeover without waiting out a backoff). The wait starts when the store's answer arrived, so
+/// on an exact local clock it never ends before the store-side expiry; the slack covers a local clock running
+/// fast (30 ms over a 30 s lease at 0.1 % drift) with room to spare, and bounds how often a fetcher looks again at
+/// a lease its holder extended meanwhile (at most once per slack).
+pub const FETCH_EXPIRY_SLACK_DEFAULT: Duration = Duration::from_millis(100);
+
 /// Default longest wait of an apply for others to join its batch (DESIGN §3, Batching: "a small, configured
 /// window"). A batch waits only while an earlier batch of the pipeline is in the store, so an unsaturated
 /// pipeline adds no delay; 2 ms is about two batched applies' round trips on PostgreSQL on these machines
@@ -157,7 +164,9 @@ pub struct PipelineConfig {
     pub lease_margin: Duration,
     /// Heartbeat period, local clock. Default [`HEARTBEAT_INTERVAL_DEFAULT`].
     pub heartbeat_interval: Duration,
-    /// A lease is extended when its local deadline is this close. Default: `lease_ttl / 2` (DESIGN §3).
+    /// A lease is extended when its local deadline is this close (the lease of an item still queued then is given
+    /// back instead, see [`super::queue`]). Shorter than `lease_ttl − lease_margin`. Default: `lease_ttl / 2`
+    /// (DESIGN §3).
     pub heartbeat_trigger: Duration,
     /// Minimum time between two processings of one row, store clock. Default [`MIN_PROCESSING_INTERVAL_DEFAULT`].
     pub min_processing_interval: Duration,
@@ -173,6 +182,10 @@ pub struct PipelineConfig {
     pub fetch_jitter: f64,
     /// Chance in [0, 1] of using the shortest backoff. Default [`FETCH_SHORTEST_CHANCE_DEFAULT`].
     pub fetch_shortest_chance: f64,
+    /// After an empty fetch, the fetcher asks the store when the first lease or intent mark it had to skip
+    /// expires ([`Store::next_expiry`](crate::store::Store::next_expiry)) and fetches again this long after that,
+    /// local clock, if that comes before the end of its backoff. Not zero. Default [`FETCH_EXPIRY_SLACK_DEFAULT`].
+    pub fetch_expiry_slack: Duration,
     /// Longest a worker's guarded apply waits, local clock, for other workers' applies to join it in one store
     /// call ([`Store::apply_batch`](crate::store::Store::apply_batch); see [`super::batcher`]). Zero turns
     /// batching off: every apply is a store call of its own. Must be shorter than `lease_margin`. Default
@@ -257,6 +270,7 @@ impl PipelineConfig {
             fetch_backoff: FETCH_BACKOFF_DEFAULT.to_vec(),
             fetch_jitter: FETCH_JITTER_DEFAULT,
             fetch_shortest_chance: FETCH_SHORTEST_CHANCE_DEFAULT,
+            fetch_expiry_slack: FETCH_EXPIRY_SLACK_DEFAULT,
             apply_batch_window: APPLY_BATCH_WINDOW_DEFAULT,
             apply_batch_max: APPLY_BATCH_MAX_DEFAULT,
             fetch_limit_max: FETCH_LIMIT_MAX_DEFAULT,
@@ -319,8 +333,13 @@ impl PipelineConfig {
             );
             return fail("heartbeat_trigger", rule);
         }
-        if self.heartbeat_trigger >= self.lease_ttl {
-            let rule = format!("{:?} must be shorter than lease_ttl {:?}", self.heartbeat_trigger, self.lease_ttl);
+        if self.heartbeat_trigger + self.lease_margin >= self.lease_ttl {
+            // What is left is the start window: how long a queued item's lease lasts before the heartbeater must
+            // extend it, or give it back if no worker started the item (see `super::queue`).
+            let rule = format!(
+                "{:?} plus lease_margin {:?} must be shorter than lease_ttl {:?}",
+                self.heartbeat_trigger, self.lease_margin, self.lease_ttl
+            );
             return fail("heartbeat_trigger", rule);
         }
         if self.fetch_backoff.is_empty() || self.fetch_backoff.iter().any(|d| d.is_zero()) {
@@ -331,6 +350,9 @@ impl PipelineConfig {
         }
         if !(0.0..=1.0).contains(&self.fetch_shortest_chance) {
             return fail("fetch_shortest_chance", format!("{} must be in [0, 1]", self.fetch_shortest_chance));
+        }
+        if self.fetch_expiry_slack.is_zero() {
+            return fail("fetch_expiry_slack", "must not be zero".into());
         }
         if self.fetchers == 0 {
             return fail("fetchers", "0 must be at least 1".into());
@@ -431,6 +453,14 @@ mod tests {
         let config = PipelineConfig::new("p", "k", &["ready"]).with_lease_ttl(std::time::Duration::from_secs(4));
         let message = config.validate().unwrap_err().to_string();
         assert!(message.starts_with("pipeline p: heartbeat_trigger:"), "{message}");
+        let config = PipelineConfig {
+            heartbeat_trigger: std::time::Duration::from_secs(28),
+            ..PipelineConfig::new("p", "k", &["ready"])
+        };
+        assert_eq!(
+            config.validate().unwrap_err().to_string(),
+            "pipeline p: heartbeat_trigger: 28s plus lease_margin 2s must be shorter than lease_ttl 30s"
+        );
         let config = PipelineConfig::new("p", "k", &[]);
         assert!(config.validate().unwrap_err().to_string().contains("statuses"));
         let config = PipelineConfig {

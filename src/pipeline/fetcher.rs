@@ -76,7 +76,8 @@ impl<S: Store> Fetcher<S> {
     }
 
     /// The fetcher's loop, until the pipeline stops. After a full queue it waits for a refill or a hint; after
-    /// an empty fetch it sleeps the backoff unless a hint comes; after a partial fetch (the store had fewer
+    /// an empty fetch it sleeps the backoff, cut short by the first expiry of a lease it had to skip
+    /// ([`Fetcher::empty_wait`]), unless a hint comes; after a partial fetch (the store had fewer
     /// ready rows than the limit) it sleeps the shortest backoff unless a hint comes. A store error is logged
     /// and treated as an empty fetch. The pipeline's other fetchers ([`PipelineConfig::fetchers`]) run alongside
     /// it on the same task ([`run_more`]), so the loop ends, and an abort stops them, together.
@@ -92,7 +93,7 @@ impl<S: Store> Fetcher<S> {
             let wait = match self.run_once().await {
                 Ok(FetchPass::Full) => None,
                 Ok(FetchPass::Fetched { fetched, limit }) if fetched == limit => continue,
-                Ok(FetchPass::Fetched { fetched: 0, .. }) => Some(self.backoff()),
+                Ok(FetchPass::Fetched { fetched: 0, .. }) => Some(self.empty_wait().await),
                 Ok(FetchPass::Fetched { .. }) => Some(self.core.config.fetch_backoff[0]),
                 Err(error) => {
                     tracing::warn!(pipeline = %self.core.config.name, %error, "fetch failed");
@@ -124,18 +125,27 @@ impl<S: Store> Fetcher<S> {
     fn backoff(&mut self) -> Duration {
         fetch_backoff(&self.core.config, self.empty_streak, &mut self.rng)
     }
+
+    /// The wait after an empty fetch: the backoff, or, if a lease or intent mark the fetch had to skip expires
+    /// sooner ([`Store::next_expiry`]), until `fetch_expiry_slack` after that, so that a dead holder's rows are
+    /// taken over at once rather than a backoff later (issue 14). A store error keeps the backoff.
+    pub async fn empty_wait(&mut self) -> Duration {
+        let backoff = self.backoff();
+        let config = &self.core.config;
+        match self.core.store.next_expiry(fetch_params(config, 0)).await {
+            Ok(Some(expiry)) => backoff.min(expiry + config.fetch_expiry_slack),
+            Ok(None) => backoff,
+            Err(error) => {
+                tracing::warn!(pipeline = %config.name, %error, "next expiry failed");
+                backoff
+            }
+        }
+    }
 }
 
-/// One fetch by fetcher `fetcher` (0 is the first): reserve room, lease up to its rows, queue them, adapt the
-/// queue's size. Errors: the store's, with nothing queued and the room given back.
-async fn fetch<S: Store>(core: &Core<S>, fetcher: usize) -> Result<FetchPass, StoreError> {
-    let shared = &core.shared;
-    let Some(reservation) = shared.reserve(fetcher) else {
-        return Ok(FetchPass::Full);
-    };
-    let limit = reservation.limit();
-    let config = &core.config;
-    let params = FetchParams {
+/// The parameters of a fetch of `limit` rows by the pipeline of `config`.
+fn fetch_params(config: &PipelineConfig, limit: usize) -> FetchParams {
+    FetchParams {
         pipeline: config.name.clone(),
         kind: config.kind.clone(),
         statuses: config.statuses.clone(),
@@ -143,7 +153,19 @@ async fn fetch<S: Store>(core: &Core<S>, fetcher: usize) -> Result<FetchPass, St
         lease_ttl: config.lease_ttl,
         min_processing_interval: config.min_processing_interval,
         retry_delay: config.retry_delay,
+    }
+}
+
+/// One fetch by fetcher `fetcher` (0 is the first): reserve room, lease up to its rows, queue them, adapt the
+/// queue's size. Errors: the store's, with nothing queued and the room given back.
+async fn fetch<S: Store>(core: &Core<S>, fetcher: usize) -> Result<FetchPass, StoreError> {
+    let shared = &core.shared;
+    let Some(reservation) = shared.reserve(fetcher, core.clock.now()) else {
+        return Ok(FetchPass::Full);
     };
+    let (limit, capped) = (reservation.limit(), reservation.capped());
+    let config = &core.config;
+    let params = fetch_params(config, limit);
     let clock = &core.clock;
     let sent = clock.now();
     let rows = core.store.fetch(params).await?;
@@ -164,7 +186,9 @@ async fn fetch<S: Store>(core: &Core<S>, fetcher: usize) -> Result<FetchPass, St
         .collect();
     let queued = reservation.fill(items, sent, config.lease_ttl, config.lease_margin);
     core.metrics.stale.fetch_add((fetched - queued) as u64, Ordering::Relaxed);
-    shared.adapt(fetched, limit);
+    if !capped {
+        shared.adapt(fetched, limit);
+    }
     Ok(FetchPass::Fetched { fetched, limit })
 }
 

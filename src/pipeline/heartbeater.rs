@@ -1,5 +1,6 @@
-//! The heartbeater: extends the leases of every row the pipeline holds, queued or in processing, when they come
-//! close to expiry, and forgets leases that were lost (DESIGN §3; dstack PIPELINES, "Overview").
+//! The heartbeater: extends the leases of the rows the pipeline's workers process when they come close to expiry,
+//! gives back the leases of rows still queued by then, and forgets leases that were lost (DESIGN §3; dstack
+//! PIPELINES, "Overview"; issue 14 for the queued ones).
 
 use super::Core;
 use crate::buggify::{self, Point};
@@ -15,6 +16,9 @@ pub struct HeartbeatPass {
     pub extended: Vec<Lease>,
     /// Leases forgotten without a write: past their local deadline, or re-tokened in the store.
     pub dropped: Vec<Lease>,
+    /// Leases of items still queued (no worker started them) within `heartbeat_trigger` of their deadline: taken
+    /// out of the queue and given back to the store rather than extended (see [`super::queue`]).
+    pub released: Vec<Lease>,
 }
 
 /// One pipeline's heartbeater. Drive it with [`Heartbeater::run_once`] in tests; [`Heartbeater::run`] loops.
@@ -29,23 +33,35 @@ impl<S: Store> Heartbeater<S> {
 
     /// One pass at the pipeline's local time ([`Pipeline::clock`](super::Pipeline::clock)):
     /// 1. leases whose local deadline passed are forgotten, unwritten (another holder may have them now);
-    /// 2. leases whose deadline is within `heartbeat_trigger` are extended in one store call;
-    /// 3. those the store no longer holds are forgotten; the others get deadline = (call sent) + ttl − margin.
+    /// 2. of the leases whose deadline is within `heartbeat_trigger`, those of items still queued are taken out of
+    ///    the queue and given back to the store in one call (another replica's idle worker may start them; the
+    ///    pipeline becomes saturated, see [`super::queue`]), and a fetch hint for the kind is sent;
+    /// 3. the others are extended in one store call;
+    /// 4. those the store no longer holds are forgotten; the others get deadline = (call sent) + ttl − margin.
     ///
-    /// Errors: the store's; the ledger is unchanged and the next pass tries again (deadlines keep running).
+    /// Errors: the store's. A failed release leaves its leases to expire (they are out of the queue and the
+    /// ledger already); a failed heartbeat leaves the ledger unchanged and the next pass tries again (deadlines
+    /// keep running).
     pub async fn run_once(&self) -> Result<HeartbeatPass, StoreError> {
         let config = &self.core.config;
         let shared = &self.core.shared;
         let now = self.core.clock.now();
         let mut pass = HeartbeatPass::default();
+        let mut due = Vec::new();
         for (id, held) in shared.leases() {
             let lease = Lease { id, token: held.token };
             if now >= held.deadline {
                 shared.forget(lease);
                 pass.dropped.push(lease);
             } else if held.deadline.duration_since(now) <= config.heartbeat_trigger {
-                pass.sent.push(lease);
+                due.push(lease);
             }
+        }
+        let unstarted = shared.take_queued(&due);
+        pass.released = unstarted.iter().map(|item| item.lease).collect();
+        pass.sent = due.into_iter().filter(|lease| !pass.released.contains(lease)).collect();
+        if !pass.released.is_empty() {
+            self.release(&pass.released).await?;
         }
         if pass.sent.is_empty() {
             return Ok(pass);
@@ -64,6 +80,19 @@ impl<S: Store> Heartbeater<S> {
         }
         self.core.metrics.heartbeats.fetch_add(pass.extended.len() as u64, Ordering::Relaxed);
         Ok(pass)
+    }
+
+    /// Gives back the leases of items taken out of the queue unstarted, saturates the pipeline, and hints the
+    /// kind so that other replicas' fetchers look at once.
+    async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
+        let core = &self.core;
+        for lease in leases {
+            core.shared.forget(*lease);
+        }
+        core.shared.saturate();
+        let released = core.store.release(leases.to_vec()).await?;
+        core.metrics.released.fetch_add(released as u64, Ordering::Relaxed);
+        core.store.hint(&core.config.kind, None).await
     }
 
     /// The heartbeater's loop, forever (the manager aborts it after the pipeline's workers finish): a pass at

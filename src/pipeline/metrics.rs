@@ -78,7 +78,8 @@ pub struct Metrics {
     pub gave_up: AtomicU64,
     /// Handler panics caught (each also counted as a failure or an error).
     pub panics: AtomicU64,
-    /// Leases given back unprocessed on shutdown.
+    /// Leases given back unprocessed: on shutdown, and by the heartbeater for items no worker started within their
+    /// start window (see [`super::queue`]).
     pub released: AtomicU64,
     /// Leases the heartbeater extended.
     pub heartbeats: AtomicU64,

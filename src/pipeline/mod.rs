@@ -135,7 +135,7 @@ impl<S: Store> Pipeline<S> {
         if self.shared.queue_len() == 0 {
             return None;
         }
-        let item = self.shared.pop().await?;
+        let item = self.shared.pop(&self.clock).await?;
         Some(worker::work(self, handler, item).await)
     }
 

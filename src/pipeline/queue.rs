@@ -17,11 +17,24 @@
 //! once; the queue plus reservations never pass `fetchers` × `fetch_limit_max`. Only the first fetcher runs while
 //! the queue is at dstack's size, so an idle pipeline polls the store as dstack's does. A fetch that gives its
 //! room back below the lower mark wakes the fetchers, as a worker's pop would.
+//!
+//! A replica keeps no more leases than its workers can start within a lease time (issue 14: a replica whose
+//! workers were busy with slow items held a queue of leases alive by heartbeat while other replicas idled). The
+//! span a queued lease can wait before the heartbeater must extend it is the *start window*: lease ttl − margin −
+//! `heartbeat_trigger`. When an item is still queued at the end of its start window, the heartbeater takes it out
+//! of the queue ([`Shared::take_queued`]) and gives its lease back to the store instead of extending it, and the
+//! pipeline becomes *saturated* ([`Shared::saturate`]): a fetch then leases at most as many rows as its workers
+//! can start within a start window, judged by what they did: the idle workers, plus the items workers took from
+//! the queue within the last start window, less the items queued or being fetched. The rows it leaves wait in the
+//! store, where any replica's idle worker can take them. Saturation ends once that allowance reaches the queue's
+//! max (the workers start items fast again). A worker that finds the queue empty wakes the fetchers, so a
+//! saturated pipeline fetches for each worker that frees up.
 
+use super::clock::LocalClock;
 use super::config::PipelineConfig;
 use crate::store::{Lease, Row, RowId};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use tokio::sync::{Notify, Semaphore, TryAcquireError};
 use tokio::time::{Duration, Instant};
@@ -68,6 +81,15 @@ pub struct Shared {
     fetchers: usize,
     /// A worker found the queue empty since the last fetch.
     starved: AtomicBool,
+    /// Workers waiting for an item (in [`Shared::pop`] with the queue empty).
+    idle: AtomicUsize,
+    /// Whether the pipeline is saturated (see the module doc).
+    saturated: AtomicBool,
+    /// The start window (see the module doc), local clock.
+    start_window: Duration,
+    /// Local instants at which workers took items from the queue, oldest first: the last `cap` of them (an
+    /// allowance of `cap` needs no more).
+    starts: Mutex<VecDeque<Instant>>,
     queue: Mutex<Queue>,
     /// One permit per queued item; closed when the pipeline stops taking work.
     items: Semaphore,
@@ -97,12 +119,19 @@ struct Queue {
 pub struct Reservation<'a> {
     shared: &'a Shared,
     limit: usize,
+    capped: bool,
 }
 
 impl Reservation<'_> {
     /// Most rows the fetch may lease.
     pub fn limit(&self) -> usize {
         self.limit
+    }
+
+    /// Whether the limit is the idle workers' of a saturated pipeline (see the module doc): such a fetch says
+    /// nothing about whether the queue should grow.
+    pub fn capped(&self) -> bool {
+        self.capped
     }
 
     /// Queues the fetched rows and records their leases (`sent`: when the fetch was sent), giving back the room.
@@ -128,6 +157,22 @@ impl Drop for Reservation<'_> {
     }
 }
 
+/// One worker counted in [`Shared::idle_workers`] while this lives.
+struct Idle<'a>(&'a AtomicUsize);
+
+impl Idle<'_> {
+    fn new(count: &AtomicUsize) -> Idle<'_> {
+        count.fetch_add(1, Ordering::SeqCst);
+        Idle(count)
+    }
+}
+
+impl Drop for Idle<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -142,6 +187,10 @@ impl Shared {
             marks: Mutex::new(base),
             fetchers: config.fetchers,
             starved: AtomicBool::new(false),
+            idle: AtomicUsize::new(0),
+            saturated: AtomicBool::new(false),
+            start_window: config.lease_ttl.saturating_sub(config.lease_margin + config.heartbeat_trigger),
+            starts: Mutex::new(VecDeque::new()),
             queue: Mutex::new(Queue { items: VecDeque::new(), reserved: 0 }),
             items: Semaphore::new(0),
             leases: Mutex::new(BTreeMap::new()),
@@ -168,28 +217,89 @@ impl Shared {
         *lock(&self.marks)
     }
 
-    /// Reserves room for a fetch by fetcher `fetcher` (0 is the first), or `None` when no fetch is due: the queue
-    /// is at or above its lower mark, its room is held by fetches in flight, or `fetcher` is not the first and the
-    /// queue is at dstack's size (see the module doc). The limit is queue max − size − reserved while the queue is
-    /// at dstack's size (dstack's own rule when one fetch is in flight), and at most the queue's max while it is
-    /// grown.
-    pub fn reserve(&self, fetcher: usize) -> Option<Reservation<'_>> {
+    /// Reserves room for a fetch by fetcher `fetcher` (0 is the first) at local instant `now`, or `None` when no
+    /// fetch is due: the queue is at or above its lower mark, its room is held by fetches in flight, `fetcher` is
+    /// not the first and the queue is at dstack's size, or the pipeline is saturated and its workers can start
+    /// nothing more within a start window (see the module doc). The limit is queue max − size − reserved while the
+    /// queue is at dstack's size (dstack's own rule when one fetch is in flight), at most the queue's max while it
+    /// is grown, and at most the saturated pipeline's allowance less the items queued and reserved.
+    pub fn reserve(&self, fetcher: usize, now: Instant) -> Option<Reservation<'_>> {
         let marks = self.marks();
         let grown = marks.max > self.base.max;
         if fetcher > 0 && !grown {
             return None;
         }
+        let allowance = self.allowance(now, marks.max);
         let mut queue = lock(&self.queue);
         if queue.items.len() >= marks.low {
             return None;
         }
+        let held = queue.items.len() + queue.reserved;
         let room = if grown { marks.max * self.fetchers } else { marks.max };
-        let limit = marks.max.min(room.saturating_sub(queue.items.len() + queue.reserved));
+        let mut limit = marks.max.min(room.saturating_sub(held));
+        if let Some(allowance) = allowance {
+            limit = limit.min(allowance.saturating_sub(held));
+        }
         if limit == 0 {
             return None;
         }
         queue.reserved += limit;
-        Some(Reservation { shared: self, limit })
+        Some(Reservation { shared: self, limit, capped: allowance.is_some() })
+    }
+
+    /// How many items a saturated pipeline's workers can start within a start window from `now`: the idle workers
+    /// plus the items taken from the queue in the last start window. `None` when the pipeline is not saturated,
+    /// or the allowance reached `max` (the queue's max), which ends the saturation.
+    fn allowance(&self, now: Instant, max: usize) -> Option<usize> {
+        if !self.saturated.load(Ordering::SeqCst) {
+            return None;
+        }
+        let since = now.checked_sub(self.start_window);
+        let starts = lock(&self.starts);
+        let recent = starts.iter().rev().take_while(|at| since.is_none_or(|since| **at > since)).count();
+        let allowance = self.idle.load(Ordering::SeqCst) + recent;
+        if allowance >= max {
+            self.saturated.store(false, Ordering::SeqCst);
+            return None;
+        }
+        Some(allowance)
+    }
+
+    /// Saturates the pipeline (see the module doc): the heartbeater gave back the lease of an item no worker
+    /// started within its start window. The queue returns to dstack's size.
+    pub fn saturate(&self) {
+        self.saturated.store(true, Ordering::SeqCst);
+        *lock(&self.marks) = self.base;
+    }
+
+    /// Whether the pipeline is saturated.
+    pub fn is_saturated(&self) -> bool {
+        self.saturated.load(Ordering::SeqCst)
+    }
+
+    /// Workers waiting for an item now.
+    pub fn idle_workers(&self) -> usize {
+        self.idle.load(Ordering::SeqCst)
+    }
+
+    /// Takes the items of `leases` that are still queued out of the queue, so that no worker starts them, and
+    /// returns them (their leases stay in the ledger; the caller releases and forgets them). An item a worker is
+    /// about to take (it holds the item's permit) is left to that worker.
+    pub fn take_queued(&self, leases: &[Lease]) -> Vec<Item> {
+        let mut queue = lock(&self.queue);
+        let mut taken = Vec::new();
+        for lease in leases {
+            let Some(at) = queue.items.iter().position(|item| item.lease == *lease) else { continue };
+            // Each queued item is promised to a permit: a worker that acquired one pops whatever item is at the
+            // front. Taking an item out takes a permit too, so every worker that holds one still finds an item;
+            // with no permit left, every queued item is promised to a worker about to pop it.
+            match self.items.try_acquire() {
+                Ok(permit) => permit.forget(),
+                Err(_) => break,
+            }
+            taken.push(queue.items.remove(at).expect("a queued item at its position"));
+        }
+        taken
     }
 
     /// After a fetch that leased `fetched` of the `limit` rows it asked for: doubles the queue's size (up to the
@@ -271,13 +381,19 @@ impl Shared {
     }
 
     /// Waits for the next item; `None` once the pipeline stops taking work. Wakes the fetcher when the queue
-    /// drops below its lower mark (event-driven refill, DESIGN §3).
-    pub async fn pop(&self) -> Option<Item> {
+    /// drops below its lower mark (event-driven refill, DESIGN §3), or when it finds the queue empty. Records the
+    /// start at `clock`'s now (see the module doc).
+    pub async fn pop(&self, clock: &LocalClock) -> Option<Item> {
         let permit = match self.items.try_acquire() {
             Ok(permit) => permit,
             Err(TryAcquireError::Closed) => return None,
             Err(TryAcquireError::NoPermits) => {
                 self.starved.store(true, Ordering::SeqCst);
+                // Counted idle until the wait ends, or is dropped (an aborted worker).
+                let _idle = Idle::new(&self.idle);
+                // An idle worker is a reason to fetch even when no pop crossed the lower mark: the heartbeater
+                // may have emptied the queue (see the module doc).
+                self.wake_fetchers();
                 self.items.acquire().await.ok()?
             }
         };
@@ -286,6 +402,13 @@ impl Shared {
             let mut queue = lock(&self.queue);
             (queue.items.pop_front().expect("a permit without an item"), queue.items.len())
         };
+        {
+            let mut starts = lock(&self.starts);
+            if starts.len() == self.cap {
+                starts.pop_front();
+            }
+            starts.push_back(clock.now());
+        }
         if len < self.marks().low {
             self.wake_fetchers();
         }

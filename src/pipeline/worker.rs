@@ -285,7 +285,7 @@ fn failed(pipeline: &str, lease: Lease, error: WorkError) -> ItemOutcome {
 /// A worker's loop: items until the pipeline stops taking work, then waits for the applies it handed over.
 pub async fn run<S: Store, H: Handler<S>>(core: Core<S>, handler: Arc<H>) {
     let mut finishing: Vec<Finishing> = Vec::new();
-    while let Some(item) = core.shared.pop().await {
+    while let Some(item) = core.shared.pop(&core.clock).await {
         let lease = item.lease;
         match work_leased(&core, handler.as_ref(), item).await {
             Step::Done(outcome) => record(&core, lease, outcome),

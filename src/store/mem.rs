@@ -256,6 +256,12 @@ fn related_available(row: &Row, holder: Lease, owner: &str, now: Timestamp) -> b
     }
 }
 
+/// Whether `row` carries `owner`'s mark with no token (an intent mark, fresh or expired, or `owner`'s reset
+/// mark): a contended [`Store::lock_related`] by `owner` leaves it as it is.
+fn own_mark(row: &Row, owner: &str) -> bool {
+    row.lock_token.is_none() && row.lock_owner.as_deref() == Some(owner)
+}
+
 impl State {
     fn record(&mut self, caller: &Option<Arc<str>>, at: Timestamp, op: CommitOp) {
         if let Some(history) = &mut self.history {
@@ -451,6 +457,19 @@ impl Store for MemStore {
         Ok(leased)
     }
 
+    async fn next_expiry(&self, p: FetchParams) -> Result<Option<Duration>, StoreError> {
+        let now = self.now();
+        let state = self.lock();
+        let statuses: BTreeSet<&String> = p.statuses.iter().collect();
+        let first = statuses
+            .into_iter()
+            .filter_map(|status| state.by_status.get(&(p.kind.clone(), status.clone())))
+            .flatten()
+            .filter_map(|(_, id)| state.rows[id].lock_expires_at.filter(|expires| *expires > now))
+            .min();
+        Ok(first.map(|expires| Duration::from_micros((expires.as_micros() - now.as_micros()) as u64)))
+    }
+
     async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
         let state = self.lock();
         Ok(state.rows.get(&lease.id).filter(|row| row.lock_token == Some(lease.token)).cloned())
@@ -500,6 +519,11 @@ impl Store for MemStore {
                 p.related.iter().partition(|id| related_available(&state.rows[id], p.holder, &p.owner, now));
             let token = if taken.is_empty() { Some(p.holder.token) } else { None };
             for id in available {
+                // On contention, a row that already carries this owner's mark keeps it as it is: retries never
+                // push a mark's expiry back, so a mark holds its row at most one lease ttl (`Store::lock_related`).
+                if token.is_none() && own_mark(&state.rows[&id], &p.owner) {
+                    continue;
+                }
                 state.set_lease(id, token, Some(p.owner.clone()), expires);
             }
             if taken.is_empty() { LockOutcome::Locked } else { LockOutcome::Contended }

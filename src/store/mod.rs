@@ -25,6 +25,7 @@ pub use values::{
 };
 
 use std::future::Future;
+use std::time::Duration;
 use tokio::sync::broadcast;
 
 /// A fetch hint as it travels between services and fetchers: the kind of rows that became ready.
@@ -56,6 +57,22 @@ pub trait Store: Send + Sync + 'static {
     /// processed at least `min_processing_interval` ago, where for a row this pipeline reset for retry
     /// `retry_delay` replaces `min_processing_interval`.
     fn fetch(&self, params: FetchParams) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
+
+    /// How long, on the store's clock from its `now`, until the first lease or mark on the rows `params` looks at
+    /// ends: the least `lock_expires_at − now` over rows of `params.kind` in one of `params.statuses` whose
+    /// `lock_expires_at` is in the future (a live lease of any owner, a related lock, or an intent mark), or
+    /// `None` when there is none. Writes nothing; the other fields of `params` are ignored.
+    ///
+    /// A fetcher that found nothing to lease asks it so that it can fetch again when a lease it had to skip
+    /// expires, rather than at the end of its backoff (issue 14: a dead replica's rows are taken over within
+    /// the lease ttl plus a small slack). It reads the rows an empty fetch has just scanned, so it costs about
+    /// that fetch again.
+    ///
+    /// The default answers `None` (no expiry known: the fetcher keeps its backoff); backends override it.
+    fn next_expiry(&self, params: FetchParams) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
+        let _ = params;
+        async { Ok(None) }
+    }
 
     /// Reads the row if it still carries `lease.token`; `None` means the lease is stale.
     fn refetch(&self, lease: Lease) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send;
@@ -95,7 +112,12 @@ pub trait Store: Send + Sync + 'static {
     /// A related row is available unless it holds a live lease with another token, or carries another owner's
     /// mark with no token (a reset main row, or another locker's intent mark that has not expired). On
     /// contention no lock is taken, and the available rows get `owner` as an intent mark that expires after
-    /// `lease_ttl` (dstack PIPELINES, "Locking many related resources").
+    /// `lease_ttl` (dstack PIPELINES, "Locking many related resources"), except rows that already carry `owner`
+    /// with no token (its own intent mark, fresh or expired, or its reset mark), which are left as they are: a
+    /// parent's contended retries never push back the expiry of the marks it left, so a mark holds its row for
+    /// the parent at most one lease ttl, and once it expired the row's own pipeline takes it (issue 14: a parent
+    /// that re-marked its children at every retry kept their pipeline off them for minutes). A row is marked again
+    /// only after someone took it (its own pipeline's apply or release clears the mark).
     fn lock_related(&self, params: LockRelatedParams) -> impl Future<Output = Result<LockOutcome, StoreError>> + Send;
 
     /// The guarded apply: if the main row and every row of `params.related` still carry `params.lease.token`,

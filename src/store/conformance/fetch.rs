@@ -263,3 +263,56 @@ pub async fn tokens_strictly_increase_from_fetch_to_fetch<H: Harness>(h: H) {
     tokens.dedup();
     assert_eq!(tokens.len(), 2, "one fetch gave two rows one token");
 }
+
+/// `next_expiry` is the span from the store's now to the first future `lock_expires_at` among the rows of the kind
+/// and statuses asked: a lease of any owner counts, and so does an intent mark; rows of other kinds or statuses,
+/// and leases that expired, do not; `None` when there is none (issue 14, takeover without waiting out a backoff).
+pub async fn next_expiry_is_the_span_to_the_first_lease_or_mark_on_the_rows_a_fetch_looks_at<H: Harness>(h: H) {
+    assert_eq!(next_expiry(&h, "job").await, None, "an empty store");
+    // Leases on rows of another kind and of a status not asked for do not count.
+    let node = insert(&h, "node").await;
+    lease_single(&h, "nodes", &node).await;
+    let done = insert_new(&h, NewRow::new("job", "done", serde_json::json!({}))).await;
+    let mut done_params = fetch_params("archiver", "job");
+    done_params.statuses = vec!["done".into()];
+    assert_eq!(ids(&fetch_with(&h, done_params).await), vec![done.id]);
+    let job = insert(&h, "job").await;
+    assert_eq!(next_expiry(&h, "job").await, None, "only other kinds' and statuses' rows are leased");
+
+    // Another pipeline's live lease on a row asked for.
+    lease_single(&h, "other", &job).await;
+    let expires = get(&h, job.id).await.lock_expires_at.expect("a leased row has an expiry");
+    h.advance(Duration::from_secs(10));
+    let before = now(&h).await;
+    let span = next_expiry(&h, "job").await.expect("a live lease on a row asked for");
+    let after = now(&h).await;
+    assert_span(span, expires, before, after, "a live lease");
+
+    // Once it expired it no longer counts; a fresh intent mark does.
+    h.advance(past(LEASE_TTL));
+    assert_eq!(next_expiry(&h, "job").await, None, "an expired lease");
+    let parent = insert(&h, "operation").await;
+    let parent_lease = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    lease_single(&h, "nodes", &node).await;
+    let free = insert(&h, "job").await;
+    let outcome = lock_related(&h, parent_lease, &[free.id, node.id], PARENT_PIPELINE).await;
+    assert_eq!(outcome, LockOutcome::Contended, "row {} is leased by nodes again", node.id);
+    let marked = get(&h, free.id).await.lock_expires_at.expect("an intent mark has an expiry");
+    h.advance(Duration::from_secs(3));
+    let before = now(&h).await;
+    let span = next_expiry(&h, "job").await.expect("a fresh intent mark on a row asked for");
+    let after = now(&h).await;
+    assert_span(span, marked, before, after, "an intent mark");
+}
+
+/// [`Store::next_expiry`] for the rows of `kind` [`CHILD_PIPELINE`] fetches.
+async fn next_expiry<H: Harness>(h: &H, kind: &str) -> Option<Duration> {
+    h.store().next_expiry(fetch_params(CHILD_PIPELINE, kind)).await.expect("next_expiry")
+}
+
+/// Asserts that `span` is `expires` less some `now` between `before` and `after`.
+fn assert_span(span: Duration, expires: Timestamp, before: Timestamp, after: Timestamp, what: &str) {
+    let micros = crate::store::duration_micros(span);
+    let (least, most) = (expires.as_micros() - after.as_micros(), expires.as_micros() - before.as_micros());
+    assert!((least..=most).contains(&micros), "{what}: next expiry {span:?} not in [{least}, {most}] µs");
+}

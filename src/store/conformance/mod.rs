@@ -121,6 +121,7 @@ macro_rules! __conformance_cases {
                 leases_at_most_limit_rows,
                 concurrent_fetches_never_lease_one_row_twice,
                 tokens_strictly_increase_from_fetch_to_fetch,
+                next_expiry_is_the_span_to_the_first_lease_or_mark_on_the_rows_a_fetch_looks_at,
             }
             apply {
                 apply_writes_the_update_and_unlocks_the_row,
@@ -152,6 +153,7 @@ macro_rules! __conformance_cases {
                 lock_related_locks_every_row_with_the_holders_token_and_owner,
                 lock_related_under_contention_locks_nothing_and_marks_the_free_rows,
                 child_fetch_skips_fresh_intent_marks_and_takes_expired_ones,
+                contended_retries_leave_existing_intent_marks_as_they_are,
                 parent_acquires_every_child_once_the_contended_child_is_applied,
                 a_shared_owner_makes_two_items_contend_for_one_row,
                 a_shared_owners_intent_mark_holds_off_another_item,

@@ -3,7 +3,7 @@
 //! DESIGN §3, related locks).
 
 use super::*;
-use crate::store::{RelatedUpdate, RowUpdate};
+use crate::store::{HeartbeatParams, RelatedUpdate, RowUpdate};
 
 /// Owner of a shared related row locked for item `id` (dstack: `f"{Pipeline.__name__}:{item.id}"`).
 fn shared_owner(id: RowId) -> String {
@@ -86,6 +86,56 @@ pub async fn child_fetch_skips_fresh_intent_marks_and_takes_expired_ones<H: Harn
     for row in &leased {
         assert_eq!(row.lock_owner.as_deref(), Some(CHILD_PIPELINE), "owner of row {}", row.id);
     }
+}
+
+/// A parent's contended retries leave the intent marks it already left as they are: however often it retries, its
+/// marks expire one lease ttl after the attempt that left them, and the child pipeline then takes the children
+/// (issue 14: a parent that re-marked its children at every retry kept their pipeline off them for minutes).
+/// The marks still hold the children for the parent until then.
+pub async fn contended_retries_leave_existing_intent_marks_as_they_are<H: Harness>(h: H) {
+    let parent = insert(&h, "operation").await;
+    let (busy, free) = busy_child_then_free_ones(&h, &parent, 2).await;
+    let related: Vec<RowId> = [ids(&free), vec![busy.id]].concat();
+    let first = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    assert_eq!(lock_related(&h, first, &related, PARENT_PIPELINE).await, LockOutcome::Contended);
+    let marked: Vec<Row> = futures_rows(&h, &ids(&free)).await;
+    assert!(reset_for_retry(&h, first).await, "reset of held lease {}#{}", first.id, first.token);
+    // Retries every few seconds for most of a lease ttl: the marks keep their first expiry.
+    let mut retried = Duration::ZERO;
+    while retried + past(RETRY_DELAY) < LEASE_TTL {
+        h.advance(past(RETRY_DELAY));
+        retried += past(RETRY_DELAY);
+        // The busy child's own pipeline keeps its lease, so the parent stays contended.
+        assert_eq!(heartbeat(&h, &[busy]).await, vec![busy], "heartbeat of busy child {}", busy.id);
+        let retry = lease_single(&h, PARENT_PIPELINE, &parent).await;
+        assert_eq!(lock_related(&h, retry, &related, PARENT_PIPELINE).await, LockOutcome::Contended);
+        assert_eq!(futures_rows(&h, &ids(&free)).await, marked, "a retry rewrote the intent marks");
+        assert_eq!(ids(&fetch(&h, CHILD_PIPELINE, "job").await), vec![], "took a child under a fresh mark");
+        assert!(reset_for_retry(&h, retry).await, "reset of held lease {}#{}", retry.id, retry.token);
+    }
+    // One lease ttl after the first attempt the marks have expired, retries or not: the children are taken, and a
+    // retry meanwhile does not mark them again.
+    h.advance(past(LEASE_TTL - retried));
+    let retry = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    assert_eq!(lock_related(&h, retry, &related, PARENT_PIPELINE).await, LockOutcome::Contended);
+    assert_eq!(futures_rows(&h, &ids(&free)).await, marked, "a retry renewed expired intent marks");
+    let leased = fetch(&h, CHILD_PIPELINE, "job").await;
+    assert_eq!(sorted(ids(&leased)), ids(&free), "the children whose marks expired are taken");
+}
+
+/// Extends `leases` by [`LEASE_TTL`]; returns those still held.
+async fn heartbeat<H: Harness>(h: &H, leases: &[Lease]) -> Vec<Lease> {
+    let params = HeartbeatParams { leases: leases.to_vec(), lease_ttl: LEASE_TTL };
+    h.store().heartbeat(params).await.expect("heartbeat")
+}
+
+/// The rows of `ids`, read one by one, in the order given.
+async fn futures_rows<H: Harness>(h: &H, ids: &[RowId]) -> Vec<Row> {
+    let mut rows = Vec::with_capacity(ids.len());
+    for id in ids {
+        rows.push(get(h, *id).await);
+    }
+    rows
 }
 
 /// The reset-and-retry dance: a parent contended by one busy child resets, its intent marks keep the child

@@ -426,6 +426,17 @@ impl Store for PgStore {
         Ok(rows)
     }
 
+    async fn next_expiry(&self, p: FetchParams) -> Result<Option<Duration>, StoreError> {
+        let micros: Option<i64> = sqlx::query_scalar(sql::NEXT_EXPIRY)
+            .bind(self.offset())
+            .bind(&p.kind)
+            .bind(&p.statuses)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        Ok(micros.map(|micros| Duration::from_micros(micros.max(0) as u64)))
+    }
+
     async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
         let row = sqlx::query(sql::REFETCH)
             .bind(lease.id.0)

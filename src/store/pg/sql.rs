@@ -149,6 +149,15 @@ fn quote(text: &str) -> String {
 /// Step 4: forget it (a prepared statement outlives the transaction).
 pub(super) const DEALLOCATE_FETCH: &str = "DEALLOCATE lockstep_explain_fetch";
 
+/// The next expiry (mem.rs `next_expiry`): microseconds from the store's now to the least future
+/// `lock_expires_at` of the rows of a kind in some statuses, NULL when none (an infinite expiry never ends and is
+/// left out). The index on `(kind, status)` finds the rows, as for the fetch. `$1` clock offset, `$2` kind, `$3`
+/// statuses (`text[]`).
+pub(super) const NEXT_EXPIRY: &str =
+    "SELECT (extract(epoch FROM min(lock_expires_at) - lockstep_now($1)) * 1000000)::int8
+FROM resources
+WHERE kind = $2 AND status = ANY($3) AND lock_expires_at > lockstep_now($1) AND isfinite(lock_expires_at)";
+
 /// The refetch: the row if it still carries the token. `$1` id, `$2` token.
 pub(super) const REFETCH: &str =
     concat!("SELECT ", row_columns!(), " FROM resources AS r WHERE r.id = $1 AND r.lock_token = $2");
@@ -221,11 +230,13 @@ WHERE id = ANY($2)
 ORDER BY id
 FOR NO KEY UPDATE";
 
-/// Related locks, step 2: lock (token set) or mark (token NULL) rows. `$2` ids, `$3` token or NULL, `$4` owner,
-/// `$5` lease ttl.
+/// Related locks, step 2: lock (token set) or mark (token NULL) rows. A mark leaves a row that already carries
+/// the owner with no token as it is (mem.rs `own_mark`): a retry never pushes a mark's expiry back. `$2` ids, `$3`
+/// token or NULL, `$4` owner, `$5` lease ttl.
 pub(super) const LOCK_RELATED_WRITE: &str = "UPDATE resources
 SET lock_token = $3, lock_owner = $4, lock_expires_at = lockstep_ts_plus(lockstep_now($1), $5)
-WHERE id = ANY($2)";
+WHERE id = ANY($2)
+  AND ($3::int8 IS NOT NULL OR lock_token IS NOT NULL OR lock_owner IS DISTINCT FROM $4)";
 
 /// Apply, step 1 when there are related updates (mem.rs `apply`): lock every row carrying the token (the main row
 /// if still held, and the related rows) in id order, then write the related rows still locked with it. The
