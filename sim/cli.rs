@@ -23,6 +23,7 @@ use super::replay::{ReplayFile, trace_identity};
 use super::run::summary;
 use super::scenario_file::PipelineSets;
 use super::summary::render;
+use super::timeline;
 use super::user::PipelineSet;
 use super::{RunReport, ScenarioFile};
 use crate::sim;
@@ -127,7 +128,8 @@ pub enum Command {
     Sweep(SweepArgs),
     /// Rerun a replay file's seed and check that the trace is byte for byte the same (same hash).
     Replay(ReplayArgs),
-    /// Print the timeline of one operation (or row) from a trace file.
+    /// Print the timeline of one operation (or row) from a trace file, or write the whole trace's timeline as an
+    /// HTML page (`--html`).
     Explain(ExplainArgs),
 }
 
@@ -142,6 +144,10 @@ pub struct RunArgs {
     /// Write the whole trace to this file.
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Write the run's timeline to this file: one self-contained HTML page (lanes per node, operation,
+    /// allocation and row; faults, leases, jobs, processes, verdicts).
+    #[arg(long)]
+    html: Option<PathBuf>,
     /// Directory for the replay file of a failing run.
     #[arg(long, default_value = REPLAY_DIR)]
     out: PathBuf,
@@ -161,6 +167,9 @@ pub struct SweepArgs {
     /// Directory for the failing seeds' replay files.
     #[arg(long, default_value = REPLAY_DIR)]
     out: PathBuf,
+    /// Directory for a timeline page (HTML) of each failing seed, `{scenario}-seed-{seed}.html`.
+    #[arg(long)]
+    html: Option<PathBuf>,
 }
 
 /// `sim replay`.
@@ -171,11 +180,14 @@ pub struct ReplayArgs {
     /// Write the rerun's whole trace to this file.
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Write the rerun's timeline to this file (HTML, as `run --html`).
+    #[arg(long)]
+    html: Option<PathBuf>,
 }
 
 /// `sim explain`.
 #[derive(clap::Args)]
-#[command(group(clap::ArgGroup::new("subject").required(true).args(["operation", "row"])))]
+#[command(group(clap::ArgGroup::new("subject").args(["operation", "row"])))]
 pub struct ExplainArgs {
     /// The trace file (`sim run --trace FILE`).
     trace: PathBuf,
@@ -186,6 +198,10 @@ pub struct ExplainArgs {
     /// lease.
     #[arg(long, value_parser = parse_row_id)]
     row: Option<String>,
+    /// Write the trace's timeline to this file (HTML, as `run --html`, without verdicts); with `--operation` or
+    /// `--row` it opens filtered to that operation or row.
+    #[arg(long, required_unless_present_any = ["operation", "row"])]
+    html: Option<PathBuf>,
 }
 
 /// The most seeds one sweep runs: a larger range is refused at parse time (exit 2) instead of being listed in
@@ -276,24 +292,57 @@ fn run(args: RunArgs, registry: &Registry) -> u8 {
         Ok(trace) => trace,
         Err(code) => return code,
     };
+    let html = match create_output(args.html.as_deref(), "timeline", &registry.program) {
+        Ok(html) => html,
+        Err(code) => return code,
+    };
     let seed = args.seed.unwrap_or(file.seeds[0]);
     println!("{} ({}), seed {seed}, build {}", args.scenario.display(), file.version_label(), registry.build_id);
     let report = sim::run(&file.scenario, seed);
     print!("{}", render(&report));
-    finish(&file, &report, trace, &args.out, registry)
+    let title = format!("{} ({}), seed {seed}", args.scenario.display(), file.version_label());
+    let page = write_html(html, || timeline::html_of_run(&title, &file.scenario, &report), &registry.program);
+    let code = finish(&file, &report, trace, &args.out, registry);
+    if code == PASSED { page.err().unwrap_or(PASSED) } else { code }
+}
+
+/// An output file (`--html`), created (empty) before the run so that an unwritable path is refused at once
+/// (exit 2).
+fn create_output(path: Option<&Path>, what: &str, program: &str) -> Result<Option<(PathBuf, std::fs::File)>, u8> {
+    let Some(path) = path else { return Ok(None) };
+    match std::fs::File::create(path) {
+        Ok(file) => Ok(Some((path.to_path_buf(), file))),
+        Err(error) => {
+            eprintln!("{program}: cannot create the {what} file {}: {error}", path.display());
+            Err(BAD_INPUT)
+        }
+    }
+}
+
+/// Writes the page `page` makes to the file [`create_output`] opened, and says where (or why not: exit 1).
+fn write_html(
+    output: Option<(PathBuf, std::fs::File)>,
+    page: impl FnOnce() -> String,
+    program: &str,
+) -> Result<(), u8> {
+    use std::io::Write;
+    let Some((path, mut file)) = output else { return Ok(()) };
+    match file.write_all(page().as_bytes()).and_then(|()| file.flush()) {
+        Ok(()) => {
+            println!("timeline written to {}", path.display());
+            Ok(())
+        }
+        Err(error) => {
+            eprintln!("{program}: cannot write the timeline to {}: {error}", path.display());
+            Err(FAILED)
+        }
+    }
 }
 
 /// The `--trace` file, created (empty) before the run so that an unwritable path is refused at once (exit 2)
 /// instead of after the whole simulation.
 fn create_trace(path: Option<&Path>, program: &str) -> Result<Option<(PathBuf, std::fs::File)>, u8> {
-    let Some(path) = path else { return Ok(None) };
-    match std::fs::File::create(path) {
-        Ok(file) => Ok(Some((path.to_path_buf(), file))),
-        Err(error) => {
-            eprintln!("{program}: cannot create the trace file {}: {error}", path.display());
-            Err(BAD_INPUT)
-        }
-    }
+    create_output(path, "trace", program)
 }
 
 /// Writes the run's trace to the file [`create_trace`] opened, and says where (or why not: exit 1).
@@ -393,6 +442,16 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
             Ok(path) => println!("  {}\n    replay: {} replay {}", summary(report), registry.program, path.display()),
             Err(error) => println!("  {}\n    {error}", summary(report)),
         }
+        if let Some(dir) = &args.html {
+            let title = format!("{} ({}), seed {}", args.scenario.display(), file.version_label(), report.seed);
+            let path = dir.join(format!("{}-seed-{}.html", report.scenario, report.seed));
+            let written = std::fs::create_dir_all(dir)
+                .and_then(|()| std::fs::write(&path, timeline::html_of_run(&title, &file.scenario, report)));
+            match written {
+                Ok(()) => println!("    timeline: {}", path.display()),
+                Err(error) => println!("    cannot write the timeline {}: {error}", path.display()),
+            }
+        }
     }
     FAILED
 }
@@ -445,6 +504,10 @@ fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
         Ok(trace) => trace,
         Err(code) => return code,
     };
+    let html = match create_output(args.html.as_deref(), "timeline", &registry.program) {
+        Ok(html) => html,
+        Err(code) => return code,
+    };
     note_changed_scenario(&replay, registry);
     println!(
         "{path}: scenario {} ({}), seed {}, build {}",
@@ -454,6 +517,9 @@ fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
     print!("{}", render(&report));
     let identity = trace_identity(&report);
     let written = write_trace(trace, &report, program);
+    let title =
+        format!("{path}: scenario {} ({}), seed {}", replay.scenario.name, replay.scenario.version, replay.seed);
+    let written = written.and(write_html(html, || timeline::html_of_run(&title, &file.scenario, &report), program));
     if identity != replay.trace {
         eprintln!(
             "{program} replay: NOT reproduced: this run's trace has hash {} ({} events), the replay file recorded \
@@ -498,6 +564,9 @@ fn explain(args: ExplainArgs, registry: &Registry) -> u8 {
         eprintln!("{program} explain: {path} is not a trace file: {why}; write one with `run --trace FILE`");
         return BAD_INPUT;
     }
+    if let Some(path) = &args.html {
+        return explain_html(&text, path, &args, program);
+    }
     let (subject, how, lines) = match (&args.operation, &args.row) {
         (Some(operation), _) => (
             format!("operation {operation}"),
@@ -509,7 +578,7 @@ fn explain(args: ExplainArgs, registry: &Registry) -> u8 {
             format!("`id={row}`, `row={row}`, or a store commit naming row {row}"),
             explain::row_lines(&text, row),
         ),
-        (None, None) => unreachable!("clap requires --operation or --row"),
+        (None, None) => unreachable!("clap requires --operation, --row or --html"),
     };
     if lines.is_empty() {
         eprintln!(
@@ -522,6 +591,26 @@ fn explain(args: ExplainArgs, registry: &Registry) -> u8 {
     println!("{subject}: {} events from {first} s to {last} s (simulated), from {path}", lines.len());
     print!("{}", explain::render_timeline(&lines));
     PASSED
+}
+
+/// `explain TRACE --html OUT`: the trace's whole timeline, opened filtered to `--operation` or `--row` if given.
+fn explain_html(text: &str, out: &Path, args: &ExplainArgs, program: &str) -> u8 {
+    let parse = |id: &Option<String>| id.as_deref().and_then(|id| id.parse::<u64>().ok());
+    let context = timeline::Context {
+        operation: parse(&args.operation),
+        rows: parse(&args.row).into_iter().collect(),
+        ..timeline::Context::of_trace(args.trace.display().to_string())
+    };
+    match std::fs::write(out, timeline::html(text, &context)) {
+        Ok(()) => {
+            println!("timeline of {} written to {}", args.trace.display(), out.display());
+            PASSED
+        }
+        Err(error) => {
+            eprintln!("{program} explain: cannot write the timeline to {}: {error}", out.display());
+            BAD_INPUT
+        }
+    }
 }
 
 #[cfg(test)]
