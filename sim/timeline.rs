@@ -303,24 +303,21 @@ impl Named {
         let time = |line: explain::TraceLine<'_>| micros(line.at);
         if let Some(job) = self.jobs.first() {
             let token = format!("job={job}");
-            let started = lines()
-                .filter(|line| matches!(line.kind, "proc-start" | "proc-resume"))
-                .filter(|line| explain::field_tokens(line.fields).contains(&token.as_str()))
-                .last();
+            let started = lines().rfind(|line| {
+                matches!(line.kind, "proc-start" | "proc-resume")
+                    && explain::field_tokens(line.fields).contains(&token.as_str())
+            });
             if let Some(line) = started {
                 return time(line);
             }
         }
         let rows: Vec<String> = self.rows.iter().map(u64::to_string).collect();
-        if !rows.is_empty() {
-            let about =
-                lines().filter(|line| rows.iter().any(|row| explain::mentions_row(line.kind, line.fields, row)));
-            if let Some(line) = about.last() {
-                return time(line);
-            }
+        let about = lines().rfind(|line| rows.iter().any(|row| explain::mentions_row(line.kind, line.fields, row)));
+        if let Some(line) = about {
+            return time(line);
         }
         let op = self.ops.first()?.to_string();
-        lines().filter(|line| explain::mentions_operation(line.fields, &op)).last().and_then(time)
+        lines().rfind(|line| explain::mentions_operation(line.fields, &op)).and_then(time)
     }
 }
 

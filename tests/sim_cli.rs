@@ -313,3 +313,58 @@ fn an_unwritable_trace_path_is_refused_before_the_run() {
     assert!(stderr.contains("cannot create the trace file /proc/nope/x"), "{stderr}");
     assert!(!stdout.contains("reproduced"), "the replay ran: {stdout}");
 }
+
+/// The data a timeline page carries (`<script id="timeline-data" type="application/json">`).
+fn page_data(path: &Path) -> serde_json::Value {
+    let page = std::fs::read_to_string(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    let marker = "type=\"application/json\">";
+    let start = page.find(marker).expect("the page's data") + marker.len();
+    serde_json::from_str(&page[start..start + page[start..].find("</script>").unwrap()]).expect("JSON data")
+}
+
+/// `--html` on `run`, `replay`, `sweep` and `explain`: a page with the run's verdicts (or, from a trace alone,
+/// without), one per failing seed of a sweep, refused at once (exit 2) where it cannot be written.
+#[test]
+fn html_writes_a_timeline_page_from_run_replay_sweep_and_explain() {
+    let dir = temp_dir("html");
+    let planted = planted(&dir);
+    let planted = planted.to_str().unwrap();
+    let run = lockstep(
+        &["sim", "run", planted, "--seed", PLANTED_SEED, "--trace", "t.trace", "--html", "run.html", "--out", "r"],
+        &dir,
+    );
+    let (stdout, stderr) = text(&run);
+    assert_eq!(run.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("timeline written to run.html"), "{stdout}");
+    let data = page_data(&dir.join("run.html"));
+    assert_eq!(data["verdict"], "failed");
+    let failed = data["checkers"].as_array().unwrap().iter().find(|c| c["name"] == "lease_exclusivity").unwrap();
+    assert_eq!(failed["ok"], false);
+    assert!(failed["at"].as_u64().is_some(), "the violation has no moment: {failed}");
+    assert_eq!(data["trace"].as_str(), Some(std::fs::read_to_string(dir.join("t.trace")).unwrap().as_str()));
+
+    let replay_file = format!("r/planted-seed-{PLANTED_SEED}.replay.json");
+    let replay = lockstep(&["sim", "replay", &replay_file, "--html", "replay.html"], &dir);
+    assert_eq!(replay.status.code(), Some(1), "{:?}", text(&replay));
+    assert_eq!(page_data(&dir.join("replay.html"))["trace"], data["trace"]);
+
+    let explain = lockstep(&["sim", "explain", "t.trace", "--html", "explain.html", "--row", "3"], &dir);
+    assert_eq!(explain.status.code(), Some(0), "{:?}", text(&explain));
+    let explained = page_data(&dir.join("explain.html"));
+    assert_eq!((explained["verdict"].is_null(), &explained["focus"]["rows"]), (true, &serde_json::json!([3])));
+    let neither = lockstep(&["sim", "explain", "t.trace"], &dir);
+    assert_eq!(neither.status.code(), Some(2), "explain needs --operation, --row or --html");
+
+    let sweep = lockstep(&["sim", "sweep", planted, "--seeds", "5..=6", "--out", "s", "--html", "pages"], &dir);
+    let (stdout, stderr) = text(&sweep);
+    assert_eq!(sweep.status.code(), Some(1), "{stdout}{stderr}");
+    let pages = std::fs::read_dir(dir.join("pages")).unwrap().count();
+    assert_eq!(pages, std::fs::read_dir(dir.join("s")).unwrap().count(), "a page per failing seed: {stdout}");
+    assert!(dir.join("pages").join(format!("planted-seed-{PLANTED_SEED}.html")).is_file(), "{stdout}");
+
+    let output = lockstep(&["sim", "run", &scenario("rows-quiet.toml"), "--html", "/proc/nope/x.html"], &dir);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("cannot create the timeline file /proc/nope/x.html"), "{stderr}");
+    assert!(!stdout.contains("scenario rows-quiet seed"), "the run ran: {stdout}");
+}

@@ -159,7 +159,7 @@ pub fn micros(at: &str) -> Option<u64> {
     if fraction.len() != 6 {
         return None;
     }
-    Some(seconds.parse::<u64>().ok()?.checked_mul(1_000_000)?.checked_add(fraction.parse::<u64>().ok()?)?)
+    seconds.parse::<u64>().ok()?.checked_mul(1_000_000)?.checked_add(fraction.parse::<u64>().ok()?)
 }
 
 /// `key=value` of `fields` (string literals kept whole), for the first word with that key.

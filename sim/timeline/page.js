@@ -12,7 +12,7 @@
   var LABEL_W = 230;
   var LANE_H = 22;
   var GROUPS = ['node', 'operation', 'allocation', 'row'];
-  var GROUP_TITLES = { node: 'nodes and faults', operation: 'operations', allocation: 'allocations: jobs, processes', row: 'rows: leases' };
+  var GROUP_TITLES = { node: 'nodes and faults', operation: 'operations', allocation: 'allocations', row: 'rows and leases' };
   var FAULT_COLORS = {
     down: '#d64545', pause: '#e0a030', partition: '#7b61c9', isolate: '#5b4aa8', drift: '#2c9bb3',
     degrade: '#8a8f9c', 'lost-replies': '#c2569b', buggify: '#b38b2c'
@@ -159,7 +159,8 @@
     if (document.activeElement !== rowInput) {
       rowInput.value = state.rows === null ? '' : Array.from(state.rows).join(', ');
     }
-    draw();
+    // At once, not at the next frame: the lane labels are in the DOM when the filter's event returns.
+    render();
   }
 
   function setOperation(op) {
@@ -272,6 +273,7 @@
     draw();
   }
 
+  // Scrolling, zooming and hovering redraw at the next frame, once however many events came.
   var pending = false;
   function draw() {
     if (pending) return;
@@ -658,6 +660,35 @@
     setRows: setRows,
     clearFilter: clearFilter,
     focusViolation: focusViolation,
+    // The page coordinates (CSS pixels, viewport) of the middle of the first item of `kind` in view, or null.
+    locate: function (kind) {
+      var rect = plot.getBoundingClientRect();
+      var top = scroller.scrollTop;
+      for (var row = 0; row < visible.length; row++) {
+        var y = row * LANE_H - top;
+        if (visible[row].header || y < 0 || y + LANE_H > plot.clientHeight) continue;
+        var found = null;
+        itemsInView(visible[row].lane, state.t0, state.t1, function (index) {
+          if (found === null && kinds[it.kind[index]] === kind) {
+            var x0 = Math.max(0, xOf(it.start[index]));
+            var x1 = Math.min(plot.clientWidth, xOf(it.end[index]));
+            found = { x: rect.left + (x0 + x1) / 2, y: rect.top + y + LANE_H / 2 };
+          }
+        });
+        if (found) return found;
+      }
+      return null;
+    },
+    // The moment of the `index`-th violation (simulated microseconds), or null.
+    moment: function (index) {
+      var failed = (data.checkers || []).filter(function (checker) { return !checker.ok; });
+      return failed[index] ? failed[index].at : null;
+    },
+    // The first operation the first violation names, or null.
+    failingOperation: function () {
+      var failed = (data.checkers || []).filter(function (checker) { return !checker.ok && checker.ops.length; });
+      return failed.length ? failed[0].ops[0] : null;
+    },
     ready: true
   };
   document.body.dataset.ready = 'true';
