@@ -1,6 +1,7 @@
-//! The simulator's command line (simulator build only): `run | sweep | replay | explain` over scenario files:
-//! scenario files run under a seed, many seeds on every core, failing seeds written as replay files and
-//! replayed exactly, and one operation's or row's timeline read back from a trace. lockstep's own binary
+//! The simulator's command line (simulator build only): `run | sweep | replay | explain | shrink` over scenario
+//! files: scenario files run under a seed, many seeds on every core, failing seeds written as replay files and
+//! replayed exactly, one operation's or row's timeline read back from a trace (or a run's as an HTML page), and
+//! a failure shrunk to a smaller scenario. lockstep's own binary
 //! (`lockstep sim …`) and a user's own (issue 19: a binary that registers its [`PipelineSet`]s and calls
 //! [`main`]) are both a [`Registry`] handed to [`execute`]. The work is in the library ([`super::scenario_file`],
 //! [`super::summary`], [`super::replay`], [`super::explain`]); this module parses arguments, prints and picks
@@ -22,6 +23,7 @@ use super::explain;
 use super::replay::{ReplayFile, trace_identity};
 use super::run::summary;
 use super::scenario_file::PipelineSets;
+use super::shrink;
 use super::summary::render;
 use super::timeline;
 use super::user::PipelineSet;
@@ -131,6 +133,9 @@ pub enum Command {
     /// Print the timeline of one operation (or row) from a trace file, or write the whole trace's timeline as an
     /// HTML page (`--html`).
     Explain(ExplainArgs),
+    /// Search for a smaller scenario that fails the same checker as a replay file's (or a scenario file's seed),
+    /// and write it with its replay file.
+    Shrink(ShrinkArgs),
 }
 
 /// `sim run`.
@@ -204,6 +209,34 @@ pub struct ExplainArgs {
     html: Option<PathBuf>,
 }
 
+/// `sim shrink`.
+#[derive(clap::Args)]
+pub struct ShrinkArgs {
+    /// A replay file (JSON, from `sim run` or `sim sweep`), or a scenario file (TOML) with the failing `--seed`.
+    file: PathBuf,
+    /// For a scenario file: the failing seed (default the file's first).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The checker that must keep failing (default the first that failed).
+    #[arg(long)]
+    checker: Option<String>,
+    /// Threads running candidates (at least 1); default every core (or `LOCKSTEP_SIM_JOBS`).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    jobs: Option<usize>,
+    /// Wall-clock bound on the search (a duration: `90s`, `5m`); the smallest scenario found by then is written.
+    #[arg(long, value_parser = crate::duration::parse, default_value = "10m")]
+    time: std::time::Duration,
+    /// When no candidate fails under the current seed, try them under seeds 1..=N too (0: never another seed).
+    #[arg(long, default_value_t = shrink::OTHER_SEEDS_DEFAULT)]
+    other_seeds: u64,
+    /// Directory for the shrunk scenario file and its replay file.
+    #[arg(long, default_value = SHRUNK_DIR)]
+    out: PathBuf,
+}
+
+/// Where `shrink` writes unless `--out` says otherwise.
+const SHRUNK_DIR: &str = "lockstep-shrunk";
+
 /// The most seeds one sweep runs: a larger range is refused at parse time (exit 2) instead of being listed in
 /// memory (at about a second a seed, a million seeds is already days of work; split larger sweeps).
 pub const MAX_SWEEP_SEEDS: u64 = 1_000_000;
@@ -273,6 +306,7 @@ pub fn execute(command: Command, registry: &Registry) -> ExitCode {
         Command::Sweep(args) => sweep(args, registry),
         Command::Replay(args) => replay(args, registry),
         Command::Explain(args) => explain(args, registry),
+        Command::Shrink(args) => shrink_command(args, registry),
     })
 }
 
@@ -591,6 +625,119 @@ fn explain(args: ExplainArgs, registry: &Registry) -> u8 {
     println!("{subject}: {} events from {first} s to {last} s (simulated), from {path}", lines.len());
     print!("{}", explain::render_timeline(&lines));
     PASSED
+}
+
+/// What `shrink` starts from: the scenario's text and spec files, and the failing seed.
+struct ShrinkSource {
+    text: String,
+    spec_files: BTreeMap<String, String>,
+    seed: u64,
+}
+
+fn shrink_source(args: &ShrinkArgs, registry: &Registry) -> Result<ShrinkSource, String> {
+    let path = args.file.display().to_string();
+    let text = std::fs::read_to_string(&args.file).map_err(|error| format!("cannot read {path}: {error}"))?;
+    if text.trim_start().starts_with('{') {
+        if args.seed.is_some() {
+            return Err(format!("--seed is for a scenario file; {path} is a replay file, which names its seed"));
+        }
+        let (replay, _) = ReplayFile::check_in(&text, &path, &registry.build_id, &registry.sets)
+            .map_err(|error| error.to_string())?;
+        return Ok(ShrinkSource { text: replay.scenario_text, spec_files: replay.spec_files, seed: replay.seed });
+    }
+    let file = ScenarioFile::load_in(&args.file, &registry.sets).map_err(|error| error.to_string())?;
+    let seed = args.seed.unwrap_or(file.seeds[0]);
+    Ok(ShrinkSource { text: file.text, spec_files: file.spec_files, seed })
+}
+
+fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
+    let program = &registry.program;
+    let source = match shrink_source(&args, registry) {
+        Ok(source) => source,
+        Err(error) => {
+            eprintln!("{program} shrink: refused: {error}");
+            return BAD_INPUT;
+        }
+    };
+    let origin = args.file.display().to_string();
+    let jobs = args.jobs.unwrap_or_else(sim::run::jobs).max(1);
+    println!(
+        "shrinking {origin} (seed {}) on {jobs} threads for at most {}, build {}",
+        source.seed,
+        shrink::moves::format_duration(args.time),
+        registry.build_id
+    );
+    let input = shrink::Input {
+        text: &source.text,
+        spec_files: &source.spec_files,
+        origin: &origin,
+        seed: source.seed,
+        sets: &registry.sets,
+        checker: args.checker.as_deref(),
+    };
+    let options = shrink::Options { jobs, time_bound: args.time, other_seeds: args.other_seeds };
+    let target =
+        if std::io::stderr().is_terminal() { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
+    let bar = ProgressBar::with_draw_target(Some(1), target);
+    let style = ProgressStyle::with_template("{bar:40} {pos}/{len} candidates of this step [{elapsed}]")
+        .expect("a valid progress template");
+    bar.set_style(style);
+    let started = std::time::Instant::now();
+    let shrunk = shrink::shrink(&input, options, &|progress| match progress {
+        shrink::Progress::Candidates { done, total } => {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        }
+        shrink::Progress::Accepted(number, step) => {
+            let seed = if step.seed == source.seed { String::new() } else { format!(" [seed {}]", step.seed) };
+            bar.suspend(|| println!("step {number}: {}{seed}\n    now {}", step.what, step.size));
+        }
+    });
+    bar.finish_and_clear();
+    let shrunk = match shrunk {
+        Ok(shrunk) => shrunk,
+        Err(error) => {
+            eprintln!("{program} shrink: refused: {error}");
+            return BAD_INPUT;
+        }
+    };
+    match write_shrunk(&shrunk, &args.out, registry) {
+        Ok((scenario, replay)) => {
+            println!(
+                "shrunk in {} steps ({} runs, {:.1} s){}: it fails {} under seed {}",
+                shrunk.steps.len(),
+                shrunk.runs,
+                started.elapsed().as_secs_f64(),
+                if shrunk.complete { "" } else { ", stopped by the time bound" },
+                shrunk.target,
+                shrunk.seed
+            );
+            println!("  before: {}\n  after:  {}", shrunk.original, shrunk.size);
+            println!("scenario: {}\nreplay file: {}", scenario.display(), replay.display());
+            println!("run it with: {program} run {} --seed {}", scenario.display(), shrunk.seed);
+            PASSED
+        }
+        Err(error) => {
+            eprintln!("{program} shrink: {error}");
+            FAILED
+        }
+    }
+}
+
+/// Writes the shrunk scenario file and its replay file into `out`; returns their paths.
+fn write_shrunk(shrunk: &shrink::Shrunk, out: &Path, registry: &Registry) -> Result<(PathBuf, PathBuf), String> {
+    std::fs::create_dir_all(out).map_err(|error| format!("cannot create {}: {error}", out.display()))?;
+    let path = out.join(format!("{}.toml", shrunk.file.scenario.name));
+    std::fs::write(&path, &shrunk.text).map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+    let file = ScenarioFile::parse_in(
+        &shrunk.text,
+        &path.display().to_string(),
+        super::scenario_file::gang::SpecSource::Files(&BTreeMap::new()),
+        &registry.sets,
+    )
+    .map_err(|error| error.to_string())?;
+    let replay = write_replay(&file, &shrunk.report, out, registry)?;
+    Ok((path, replay))
 }
 
 /// `explain TRACE --html OUT`: the trace's whole timeline, opened filtered to `--operation` or `--row` if given.
