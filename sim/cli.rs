@@ -93,7 +93,7 @@ impl Registry {
     }
 }
 
-/// A user's simulator binary: parses the process's arguments as `PROGRAM run | sweep | replay | explain …`,
+/// A user's simulator binary: parses the process's arguments as `PROGRAM run | sweep | replay | explain | shrink …`,
 /// runs the command with `registry`, and returns the exit code (0 passed, 1 a check failed, 2 bad input, 3 a
 /// replay that did not reproduce).
 pub fn main(registry: Registry) -> ExitCode {
