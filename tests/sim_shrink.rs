@@ -38,7 +38,7 @@ fn assert_fails(shrunk: &Shrunk, checker: &str) {
 }
 
 #[test]
-fn the_apply_guard_off_shrinks_to_one_fault_and_a_handful_of_rows_whatever_the_threads() {
+fn the_apply_guard_off_shrinks_to_one_fault_and_a_handful_of_rows() {
     let text = guard_off();
     let shrunk = shrunk(&text, 1, 2).unwrap();
     assert_eq!(shrunk.target, Target::Checker("lease_exclusivity".into()));
@@ -61,14 +61,10 @@ fn the_apply_guard_off_shrinks_to_one_fault_and_a_handful_of_rows_whatever_the_t
         assert!(shrunk.text.contains(&format!("#  {}. {}\n", index + 1, step.what)), "{}", shrunk.text);
     }
     assert_fails(&shrunk, "lease_exclusivity");
-    // The same search on one thread: the same steps and file (a step takes the first failing candidate in
-    // order, never the first to finish).
-    let alone = self::shrunk(&text, 1, 1).unwrap();
-    assert_eq!(alone.text, shrunk.text);
 }
 
 #[test]
-fn a_gang_mutation_sheds_every_fault_and_the_row_workload() {
+fn a_gang_mutation_sheds_every_fault_and_the_row_workload_whatever_the_threads() {
     let text = std::fs::read_to_string(root().join("tests/fixtures/timeline-planted.toml")).unwrap();
     let shrunk = shrunk(&text, 1, 2).unwrap();
     assert_eq!(shrunk.target, Target::Checker("gang_ranks_together".into()));
@@ -78,6 +74,10 @@ fn a_gang_mutation_sheds_every_fault_and_the_row_workload() {
     assert!(shrunk.size.rows <= 20 && shrunk.size.rows < shrunk.original.rows, "{:?}", shrunk.size);
     assert!(shrunk.text.contains("gang_gate_disabled = true"), "{}", shrunk.text);
     assert_fails(&shrunk, "gang_ranks_together");
+    // The same search on one thread: the same steps and file (a step takes the first failing candidate in
+    // order, never the first to finish).
+    let alone = self::shrunk(&text, 1, 1).unwrap();
+    assert_eq!(alone.text, shrunk.text);
 }
 
 #[test]
