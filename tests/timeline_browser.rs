@@ -16,6 +16,7 @@
 use fantoccini::actions::{InputSource, MouseActions, PointerAction};
 use fantoccini::wd::WebDriverCompatibleCommand;
 use fantoccini::{Client, ClientBuilder, Locator};
+use futures_util::FutureExt;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -143,11 +144,15 @@ async fn the_timeline_of_a_planted_failure_loads_shows_its_lanes_and_violation_a
     std::fs::create_dir_all(&profile).expect("a profile directory");
     let driver = Driver::start();
     let client = connect(&driver, &profile).await;
-    let checked = check_page(&client, &page, &out).await;
+    // A failed check must still end the session: chromedriver's Chromium outlives a killed chromedriver.
+    let checked = std::panic::AssertUnwindSafe(check_page(&client, &page, &out)).catch_unwind().await;
     let closed = client.close().await;
     drop(driver);
     let _ = std::fs::remove_dir_all(&profile);
-    checked.unwrap_or_else(|error| panic!("{error}"));
+    match checked {
+        Err(panic) => std::panic::resume_unwind(panic),
+        Ok(checked) => checked.unwrap_or_else(|error| panic!("{error}")),
+    }
     closed.expect("the session closes");
 }
 
