@@ -45,10 +45,10 @@ async fn main() {
     let metrics = manager.metrics("thumbnails").unwrap();
     manager.shutdown().await;
     println!(
-        "processed {} images in {:.2} s with 20 workers (mean process {:?}, {} stale, {} retried)",
+        "processed {} images in {:.2} s with 20 workers (mean process {:.1} ms, {} stale, {} retried)",
         metrics.applied,
         started.elapsed().as_secs_f64(),
-        metrics.process_latency.mean(),
+        metrics.process_latency.mean().as_secs_f64() * 1e3,
         metrics.stale,
         metrics.retries
     );

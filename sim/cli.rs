@@ -1,6 +1,7 @@
-//! The simulator's command line (simulator build only): `run | sweep | replay | explain` over scenario files:
-//! scenario files run under a seed, many seeds on every core, failing seeds written as replay files and
-//! replayed exactly, and one operation's or row's timeline read back from a trace. lockstep's own binary
+//! The simulator's command line (simulator build only): `run | sweep | replay | explain | shrink` over scenario
+//! files: scenario files run under a seed, many seeds on every core, failing seeds written as replay files and
+//! replayed exactly, one operation's or row's timeline read back from a trace (or a run's as an HTML page), and
+//! a failure shrunk to a smaller scenario. lockstep's own binary
 //! (`lockstep sim …`) and a user's own (issue 19: a binary that registers its [`PipelineSet`]s and calls
 //! [`main`]) are both a [`Registry`] handed to [`execute`]. The work is in the library ([`super::scenario_file`],
 //! [`super::summary`], [`super::replay`], [`super::explain`]); this module parses arguments, prints and picks
@@ -22,7 +23,9 @@ use super::explain;
 use super::replay::{ReplayFile, trace_identity};
 use super::run::summary;
 use super::scenario_file::PipelineSets;
+use super::shrink;
 use super::summary::render;
+use super::timeline;
 use super::user::PipelineSet;
 use super::{RunReport, ScenarioFile};
 use crate::sim;
@@ -90,7 +93,7 @@ impl Registry {
     }
 }
 
-/// A user's simulator binary: parses the process's arguments as `PROGRAM run | sweep | replay | explain …`,
+/// A user's simulator binary: parses the process's arguments as `PROGRAM run | sweep | replay | explain | shrink …`,
 /// runs the command with `registry`, and returns the exit code (0 passed, 1 a check failed, 2 bad input, 3 a
 /// replay that did not reproduce).
 pub fn main(registry: Registry) -> ExitCode {
@@ -127,8 +130,12 @@ pub enum Command {
     Sweep(SweepArgs),
     /// Rerun a replay file's seed and check that the trace is byte for byte the same (same hash).
     Replay(ReplayArgs),
-    /// Print the timeline of one operation (or row) from a trace file.
+    /// Print the timeline of one operation (or row) from a trace file, or write the whole trace's timeline as an
+    /// HTML page (`--html`).
     Explain(ExplainArgs),
+    /// Search for a smaller scenario that fails the same checker as a replay file's (or a scenario file's seed),
+    /// and write it with its replay file.
+    Shrink(ShrinkArgs),
 }
 
 /// `sim run`.
@@ -142,6 +149,10 @@ pub struct RunArgs {
     /// Write the whole trace to this file.
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Write the run's timeline to this file: one self-contained HTML page (lanes per node, operation,
+    /// allocation and row; faults, leases, jobs, processes, verdicts).
+    #[arg(long)]
+    html: Option<PathBuf>,
     /// Directory for the replay file of a failing run.
     #[arg(long, default_value = REPLAY_DIR)]
     out: PathBuf,
@@ -161,6 +172,9 @@ pub struct SweepArgs {
     /// Directory for the failing seeds' replay files.
     #[arg(long, default_value = REPLAY_DIR)]
     out: PathBuf,
+    /// Directory for a timeline page (HTML) of each failing seed, `{scenario}-seed-{seed}.html`.
+    #[arg(long)]
+    html: Option<PathBuf>,
 }
 
 /// `sim replay`.
@@ -171,11 +185,14 @@ pub struct ReplayArgs {
     /// Write the rerun's whole trace to this file.
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Write the rerun's timeline to this file (HTML, as `run --html`).
+    #[arg(long)]
+    html: Option<PathBuf>,
 }
 
 /// `sim explain`.
 #[derive(clap::Args)]
-#[command(group(clap::ArgGroup::new("subject").required(true).args(["operation", "row"])))]
+#[command(group(clap::ArgGroup::new("subject").args(["operation", "row"])))]
 pub struct ExplainArgs {
     /// The trace file (`sim run --trace FILE`).
     trace: PathBuf,
@@ -186,7 +203,39 @@ pub struct ExplainArgs {
     /// lease.
     #[arg(long, value_parser = parse_row_id)]
     row: Option<String>,
+    /// Write the trace's timeline to this file (HTML, as `run --html`, without verdicts); with `--operation` or
+    /// `--row` it opens filtered to that operation or row.
+    #[arg(long, required_unless_present_any = ["operation", "row"])]
+    html: Option<PathBuf>,
 }
+
+/// `sim shrink`.
+#[derive(clap::Args)]
+pub struct ShrinkArgs {
+    /// A replay file (JSON, from `sim run` or `sim sweep`), or a scenario file (TOML) with the failing `--seed`.
+    file: PathBuf,
+    /// For a scenario file: the failing seed (default the file's first).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The checker that must keep failing (default the first that failed).
+    #[arg(long)]
+    checker: Option<String>,
+    /// Threads running candidates (at least 1); default every core (or `LOCKSTEP_SIM_JOBS`).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    jobs: Option<usize>,
+    /// Wall-clock bound on the search (a duration: `90s`, `5m`); the smallest scenario found by then is written.
+    #[arg(long, value_parser = crate::duration::parse, default_value = "10m")]
+    time: std::time::Duration,
+    /// When no candidate fails under the current seed, try them under seeds 1..=N too (0: never another seed).
+    #[arg(long, default_value_t = shrink::OTHER_SEEDS_DEFAULT)]
+    other_seeds: u64,
+    /// Directory for the shrunk scenario file and its replay file.
+    #[arg(long, default_value = SHRUNK_DIR)]
+    out: PathBuf,
+}
+
+/// Where `shrink` writes unless `--out` says otherwise.
+const SHRUNK_DIR: &str = "lockstep-shrunk";
 
 /// The most seeds one sweep runs: a larger range is refused at parse time (exit 2) instead of being listed in
 /// memory (at about a second a seed, a million seeds is already days of work; split larger sweeps).
@@ -257,6 +306,7 @@ pub fn execute(command: Command, registry: &Registry) -> ExitCode {
         Command::Sweep(args) => sweep(args, registry),
         Command::Replay(args) => replay(args, registry),
         Command::Explain(args) => explain(args, registry),
+        Command::Shrink(args) => shrink_command(args, registry),
     })
 }
 
@@ -276,24 +326,57 @@ fn run(args: RunArgs, registry: &Registry) -> u8 {
         Ok(trace) => trace,
         Err(code) => return code,
     };
+    let html = match create_output(args.html.as_deref(), "timeline", &registry.program) {
+        Ok(html) => html,
+        Err(code) => return code,
+    };
     let seed = args.seed.unwrap_or(file.seeds[0]);
     println!("{} ({}), seed {seed}, build {}", args.scenario.display(), file.version_label(), registry.build_id);
     let report = sim::run(&file.scenario, seed);
     print!("{}", render(&report));
-    finish(&file, &report, trace, &args.out, registry)
+    let title = format!("{} ({}), seed {seed}", args.scenario.display(), file.version_label());
+    let page = write_html(html, || timeline::html_of_run(&title, &file.scenario, &report), &registry.program);
+    let code = finish(&file, &report, trace, &args.out, registry);
+    if code == PASSED { page.err().unwrap_or(PASSED) } else { code }
+}
+
+/// An output file (`--html`), created (empty) before the run so that an unwritable path is refused at once
+/// (exit 2).
+fn create_output(path: Option<&Path>, what: &str, program: &str) -> Result<Option<(PathBuf, std::fs::File)>, u8> {
+    let Some(path) = path else { return Ok(None) };
+    match std::fs::File::create(path) {
+        Ok(file) => Ok(Some((path.to_path_buf(), file))),
+        Err(error) => {
+            eprintln!("{program}: cannot create the {what} file {}: {error}", path.display());
+            Err(BAD_INPUT)
+        }
+    }
+}
+
+/// Writes the page `page` makes to the file [`create_output`] opened, and says where (or why not: exit 1).
+fn write_html(
+    output: Option<(PathBuf, std::fs::File)>,
+    page: impl FnOnce() -> String,
+    program: &str,
+) -> Result<(), u8> {
+    use std::io::Write;
+    let Some((path, mut file)) = output else { return Ok(()) };
+    match file.write_all(page().as_bytes()).and_then(|()| file.flush()) {
+        Ok(()) => {
+            println!("timeline written to {}", path.display());
+            Ok(())
+        }
+        Err(error) => {
+            eprintln!("{program}: cannot write the timeline to {}: {error}", path.display());
+            Err(FAILED)
+        }
+    }
 }
 
 /// The `--trace` file, created (empty) before the run so that an unwritable path is refused at once (exit 2)
 /// instead of after the whole simulation.
 fn create_trace(path: Option<&Path>, program: &str) -> Result<Option<(PathBuf, std::fs::File)>, u8> {
-    let Some(path) = path else { return Ok(None) };
-    match std::fs::File::create(path) {
-        Ok(file) => Ok(Some((path.to_path_buf(), file))),
-        Err(error) => {
-            eprintln!("{program}: cannot create the trace file {}: {error}", path.display());
-            Err(BAD_INPUT)
-        }
-    }
+    create_output(path, "trace", program)
 }
 
 /// Writes the run's trace to the file [`create_trace`] opened, and says where (or why not: exit 1).
@@ -393,6 +476,16 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
             Ok(path) => println!("  {}\n    replay: {} replay {}", summary(report), registry.program, path.display()),
             Err(error) => println!("  {}\n    {error}", summary(report)),
         }
+        if let Some(dir) = &args.html {
+            let title = format!("{} ({}), seed {}", args.scenario.display(), file.version_label(), report.seed);
+            let path = dir.join(format!("{}-seed-{}.html", report.scenario, report.seed));
+            let written = std::fs::create_dir_all(dir)
+                .and_then(|()| std::fs::write(&path, timeline::html_of_run(&title, &file.scenario, report)));
+            match written {
+                Ok(()) => println!("    timeline: {}", path.display()),
+                Err(error) => println!("    cannot write the timeline {}: {error}", path.display()),
+            }
+        }
     }
     FAILED
 }
@@ -445,6 +538,10 @@ fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
         Ok(trace) => trace,
         Err(code) => return code,
     };
+    let html = match create_output(args.html.as_deref(), "timeline", &registry.program) {
+        Ok(html) => html,
+        Err(code) => return code,
+    };
     note_changed_scenario(&replay, registry);
     println!(
         "{path}: scenario {} ({}), seed {}, build {}",
@@ -454,6 +551,9 @@ fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
     print!("{}", render(&report));
     let identity = trace_identity(&report);
     let written = write_trace(trace, &report, program);
+    let title =
+        format!("{path}: scenario {} ({}), seed {}", replay.scenario.name, replay.scenario.version, replay.seed);
+    let written = written.and(write_html(html, || timeline::html_of_run(&title, &file.scenario, &report), program));
     if identity != replay.trace {
         eprintln!(
             "{program} replay: NOT reproduced: this run's trace has hash {} ({} events), the replay file recorded \
@@ -498,6 +598,9 @@ fn explain(args: ExplainArgs, registry: &Registry) -> u8 {
         eprintln!("{program} explain: {path} is not a trace file: {why}; write one with `run --trace FILE`");
         return BAD_INPUT;
     }
+    if let Some(path) = &args.html {
+        return explain_html(&text, path, &args, program);
+    }
     let (subject, how, lines) = match (&args.operation, &args.row) {
         (Some(operation), _) => (
             format!("operation {operation}"),
@@ -509,7 +612,7 @@ fn explain(args: ExplainArgs, registry: &Registry) -> u8 {
             format!("`id={row}`, `row={row}`, or a store commit naming row {row}"),
             explain::row_lines(&text, row),
         ),
-        (None, None) => unreachable!("clap requires --operation or --row"),
+        (None, None) => unreachable!("clap requires --operation, --row or --html"),
     };
     if lines.is_empty() {
         eprintln!(
@@ -522,6 +625,139 @@ fn explain(args: ExplainArgs, registry: &Registry) -> u8 {
     println!("{subject}: {} events from {first} s to {last} s (simulated), from {path}", lines.len());
     print!("{}", explain::render_timeline(&lines));
     PASSED
+}
+
+/// What `shrink` starts from: the scenario's text and spec files, and the failing seed.
+struct ShrinkSource {
+    text: String,
+    spec_files: BTreeMap<String, String>,
+    seed: u64,
+}
+
+fn shrink_source(args: &ShrinkArgs, registry: &Registry) -> Result<ShrinkSource, String> {
+    let path = args.file.display().to_string();
+    let text = std::fs::read_to_string(&args.file).map_err(|error| format!("cannot read {path}: {error}"))?;
+    if text.trim_start().starts_with('{') {
+        if args.seed.is_some() {
+            return Err(format!("--seed is for a scenario file; {path} is a replay file, which names its seed"));
+        }
+        let (replay, _) = ReplayFile::check_in(&text, &path, &registry.build_id, &registry.sets)
+            .map_err(|error| error.to_string())?;
+        return Ok(ShrinkSource { text: replay.scenario_text, spec_files: replay.spec_files, seed: replay.seed });
+    }
+    let file = ScenarioFile::load_in(&args.file, &registry.sets).map_err(|error| error.to_string())?;
+    let seed = args.seed.unwrap_or(file.seeds[0]);
+    Ok(ShrinkSource { text: file.text, spec_files: file.spec_files, seed })
+}
+
+fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
+    let program = &registry.program;
+    let source = match shrink_source(&args, registry) {
+        Ok(source) => source,
+        Err(error) => {
+            eprintln!("{program} shrink: refused: {error}");
+            return BAD_INPUT;
+        }
+    };
+    let origin = args.file.display().to_string();
+    let jobs = args.jobs.unwrap_or_else(sim::run::jobs).max(1);
+    println!(
+        "shrinking {origin} (seed {}) on {jobs} threads for at most {}, build {}",
+        source.seed,
+        shrink::moves::format_duration(args.time),
+        registry.build_id
+    );
+    let input = shrink::Input {
+        text: &source.text,
+        spec_files: &source.spec_files,
+        origin: &origin,
+        seed: source.seed,
+        sets: &registry.sets,
+        checker: args.checker.as_deref(),
+    };
+    let options = shrink::Options { jobs, time_bound: args.time, other_seeds: args.other_seeds };
+    let target =
+        if std::io::stderr().is_terminal() { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
+    let bar = ProgressBar::with_draw_target(Some(1), target);
+    let style = ProgressStyle::with_template("{bar:40} {pos}/{len} candidates of this step [{elapsed}]")
+        .expect("a valid progress template");
+    bar.set_style(style);
+    let started = std::time::Instant::now();
+    let shrunk = shrink::shrink(&input, options, &|progress| match progress {
+        shrink::Progress::Candidates { done, total } => {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        }
+        shrink::Progress::Accepted(number, step) => {
+            let seed = if step.seed == source.seed { String::new() } else { format!(" [seed {}]", step.seed) };
+            bar.suspend(|| println!("step {number}: {}{seed}\n    now {}", step.what, step.size));
+        }
+    });
+    bar.finish_and_clear();
+    let shrunk = match shrunk {
+        Ok(shrunk) => shrunk,
+        Err(error) => {
+            eprintln!("{program} shrink: refused: {error}");
+            return BAD_INPUT;
+        }
+    };
+    match write_shrunk(&shrunk, &args.out, registry) {
+        Ok((scenario, replay)) => {
+            println!(
+                "shrunk in {} steps ({} runs, {:.1} s){}: it fails {} under seed {}",
+                shrunk.steps.len(),
+                shrunk.runs,
+                started.elapsed().as_secs_f64(),
+                if shrunk.complete { "" } else { ", stopped by the time bound" },
+                shrunk.target,
+                shrunk.seed
+            );
+            println!("  before: {}\n  after:  {}", shrunk.original, shrunk.size);
+            println!("scenario: {}\nreplay file: {}", scenario.display(), replay.display());
+            println!("run it with: {program} run {} --seed {}", scenario.display(), shrunk.seed);
+            PASSED
+        }
+        Err(error) => {
+            eprintln!("{program} shrink: {error}");
+            FAILED
+        }
+    }
+}
+
+/// Writes the shrunk scenario file and its replay file into `out`; returns their paths.
+fn write_shrunk(shrunk: &shrink::Shrunk, out: &Path, registry: &Registry) -> Result<(PathBuf, PathBuf), String> {
+    std::fs::create_dir_all(out).map_err(|error| format!("cannot create {}: {error}", out.display()))?;
+    let path = out.join(format!("{}.toml", shrunk.file.scenario.name));
+    std::fs::write(&path, &shrunk.text).map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+    let file = ScenarioFile::parse_in(
+        &shrunk.text,
+        &path.display().to_string(),
+        super::scenario_file::gang::SpecSource::Files(&BTreeMap::new()),
+        &registry.sets,
+    )
+    .map_err(|error| error.to_string())?;
+    let replay = write_replay(&file, &shrunk.report, out, registry)?;
+    Ok((path, replay))
+}
+
+/// `explain TRACE --html OUT`: the trace's whole timeline, opened filtered to `--operation` or `--row` if given.
+fn explain_html(text: &str, out: &Path, args: &ExplainArgs, program: &str) -> u8 {
+    let parse = |id: &Option<String>| id.as_deref().and_then(|id| id.parse::<u64>().ok());
+    let context = timeline::Context {
+        operation: parse(&args.operation),
+        rows: parse(&args.row).into_iter().collect(),
+        ..timeline::Context::of_trace(args.trace.display().to_string())
+    };
+    match std::fs::write(out, timeline::html(text, &context)) {
+        Ok(()) => {
+            println!("timeline of {} written to {}", args.trace.display(), out.display());
+            PASSED
+        }
+        Err(error) => {
+            eprintln!("{program} explain: cannot write the timeline to {}: {error}", out.display());
+            BAD_INPUT
+        }
+    }
 }
 
 #[cfg(test)]

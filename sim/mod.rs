@@ -18,8 +18,10 @@
 //! - [`trace`], [`coverage`]: the byte-identical trace of a run, and how often it reached each fault path;
 //! - [`scenario`], [`mod@run`]: what a run is made of, and running it under a seed (replay with
 //!   `MADSIM_TEST_SEED`, sweep with `MADSIM_TEST_NUM`);
-//! - [`scenario_file`], [`summary`], [`replay`], [`explain`]: what `lockstep sim` is made of: scenarios in
-//!   TOML, a run's readable summary, replay files, and one operation's or row's timeline from a trace.
+//! - [`scenario_file`], [`summary`], [`replay`], [`explain`], [`timeline`]: what `lockstep sim` is made of:
+//!   scenarios in TOML, a run's readable summary, replay files, one operation's or row's timeline from a trace,
+//!   and a run as an HTML page;
+//! - [`shrink`]: a failing scenario cut down to a smaller one that fails the same checker.
 //!
 //! A run is a function of (scenario, seed, build): every random choice comes from a ChaCha stream per purpose
 //! ([`rng`]) or from madsim's RNG, both seeded by the run's seed.
@@ -41,7 +43,9 @@ pub mod run;
 pub mod scenario;
 pub mod scenario_file;
 pub mod service;
+pub mod shrink;
 pub mod summary;
+pub mod timeline;
 pub mod trace;
 pub mod user;
 pub mod workload;

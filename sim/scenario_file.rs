@@ -198,7 +198,11 @@ impl Located<'_> {
         let path = tree.and_then(|tree| path_at(tree, offset).map(|path| (tree, path)));
         // serde points a missing field at its table (the first key found there): name the field instead.
         let missing = message.strip_prefix("missing field `").and_then(|rest| rest.split_once('`')).map(|(f, _)| f);
+        // A field missing from the top level comes with an empty span at the start of the text (a nested table's
+        // comes with its header's span): it is a top-level key, whatever table the text begins with.
+        let top_level = error.span().is_some_and(|span| span.is_empty() && span.start == 0);
         let key = match (path, missing) {
+            (_, Some(field)) if top_level => field.to_string(),
             (Some((tree, path)), Some(field)) => render_path(&missing_at(tree, &path, field)),
             (None, Some(field)) => field.to_string(),
             (Some((_, path)), None) => render_path(&path),
@@ -1444,6 +1448,13 @@ apply_guard_disabled = true
         let (_, key, rule) = error("name = \"t\"\n");
         assert_eq!((key.as_str(), rule.as_str()), ("version", "missing field `version`"));
         let (_, key, _) = error("version = 1\n");
+        assert_eq!(key, "name");
+        // A file that begins with a table: `name` is still a top-level key, not the table's.
+        let (line, key, rule) = error("[topology]\nreplicas = 2\n");
+        assert_eq!((line, key.as_str(), rule.as_str()), (1, "name", "missing field `name`"));
+        let (_, key, _) = error(
+            "# a header\n\n[topology]\nreplicas = 2\n[[faults.at]]\nat = \"1s\"\nkind = \"db-restart\"\ndown = \"1s\"\n",
+        );
         assert_eq!(key, "name");
         let head = "name = \"t\"\nversion = 1\n[workload]\nspan = \"10s\"\n";
         let fault = "[[faults.at]]\nkind = \"db-restart\"\ndown = \"1s\"\n";

@@ -1,6 +1,6 @@
-//! `lockstep sim run | sweep | replay | explain`, through the simulator build's binary: exit codes, replay files
-//! that reproduce a failure exactly, refusals of replay files from another build or scenario version, timelines,
-//! and scenario errors naming the key and the line.
+//! `lockstep sim run | sweep | replay | explain | shrink`, through the simulator build's binary: exit codes,
+//! replay files that reproduce a failure exactly, refusals of replay files from another build or scenario version,
+//! timelines (text and HTML), shrunk failures, and scenario errors naming the key and the line.
 #![cfg(madsim)]
 
 use lockstep::sim::replay::ReplayFile;
@@ -312,4 +312,97 @@ fn an_unwritable_trace_path_is_refused_before_the_run() {
     assert_eq!(output.status.code(), Some(2), "{stdout}{stderr}");
     assert!(stderr.contains("cannot create the trace file /proc/nope/x"), "{stderr}");
     assert!(!stdout.contains("reproduced"), "the replay ran: {stdout}");
+}
+
+/// The data a timeline page carries (`<script id="timeline-data" type="application/json">`).
+fn page_data(path: &Path) -> serde_json::Value {
+    let page = std::fs::read_to_string(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    let marker = "type=\"application/json\">";
+    let start = page.find(marker).expect("the page's data") + marker.len();
+    serde_json::from_str(&page[start..start + page[start..].find("</script>").unwrap()]).expect("JSON data")
+}
+
+/// `--html` on `run`, `replay`, `sweep` and `explain`: a page with the run's verdicts (or, from a trace alone,
+/// without), one per failing seed of a sweep, refused at once (exit 2) where it cannot be written.
+#[test]
+fn html_writes_a_timeline_page_from_run_replay_sweep_and_explain() {
+    let dir = temp_dir("html");
+    let planted = planted(&dir);
+    let planted = planted.to_str().unwrap();
+    let run = lockstep(
+        &["sim", "run", planted, "--seed", PLANTED_SEED, "--trace", "t.trace", "--html", "run.html", "--out", "r"],
+        &dir,
+    );
+    let (stdout, stderr) = text(&run);
+    assert_eq!(run.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("timeline written to run.html"), "{stdout}");
+    let data = page_data(&dir.join("run.html"));
+    assert_eq!(data["verdict"], "failed");
+    let failed = data["checkers"].as_array().unwrap().iter().find(|c| c["name"] == "lease_exclusivity").unwrap();
+    assert_eq!(failed["ok"], false);
+    assert!(failed["at"].as_u64().is_some(), "the violation has no moment: {failed}");
+    assert_eq!(data["trace"].as_str(), Some(std::fs::read_to_string(dir.join("t.trace")).unwrap().as_str()));
+
+    let replay_file = format!("r/planted-seed-{PLANTED_SEED}.replay.json");
+    let replay = lockstep(&["sim", "replay", &replay_file, "--html", "replay.html"], &dir);
+    assert_eq!(replay.status.code(), Some(1), "{:?}", text(&replay));
+    assert_eq!(page_data(&dir.join("replay.html"))["trace"], data["trace"]);
+
+    let explain = lockstep(&["sim", "explain", "t.trace", "--html", "explain.html", "--row", "3"], &dir);
+    assert_eq!(explain.status.code(), Some(0), "{:?}", text(&explain));
+    let explained = page_data(&dir.join("explain.html"));
+    assert_eq!((explained["verdict"].is_null(), &explained["focus"]["rows"]), (true, &serde_json::json!([3])));
+    let neither = lockstep(&["sim", "explain", "t.trace"], &dir);
+    assert_eq!(neither.status.code(), Some(2), "explain needs --operation, --row or --html");
+
+    let sweep = lockstep(&["sim", "sweep", planted, "--seeds", "5..=6", "--out", "s", "--html", "pages"], &dir);
+    let (stdout, stderr) = text(&sweep);
+    assert_eq!(sweep.status.code(), Some(1), "{stdout}{stderr}");
+    let pages = std::fs::read_dir(dir.join("pages")).unwrap().count();
+    assert_eq!(pages, std::fs::read_dir(dir.join("s")).unwrap().count(), "a page per failing seed: {stdout}");
+    assert!(dir.join("pages").join(format!("planted-seed-{PLANTED_SEED}.html")).is_file(), "{stdout}");
+
+    let output = lockstep(&["sim", "run", &scenario("rows-quiet.toml"), "--html", "/proc/nope/x.html"], &dir);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("cannot create the timeline file /proc/nope/x.html"), "{stderr}");
+    assert!(!stdout.contains("scenario rows-quiet seed"), "the run ran: {stdout}");
+}
+
+/// `sim shrink REPLAY`: the replay file of a planted gang failure shrinks to a scenario file and its replay file;
+/// `sim run` on the scenario fails the same checker and `sim replay` reproduces it. A passing scenario is
+/// refused (exit 2).
+#[test]
+fn shrink_writes_a_smaller_failing_scenario_and_its_replay_file() {
+    let dir = temp_dir("shrink");
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/timeline-planted.toml");
+    let run = lockstep(&["sim", "run", fixture.to_str().unwrap(), "--out", "r"], &dir);
+    assert_eq!(run.status.code(), Some(1), "{:?}", text(&run));
+    let replay_file = "r/timeline-planted-seed-1.replay.json";
+    let shrink = lockstep(&["sim", "shrink", replay_file, "--out", "s", "--other-seeds", "0"], &dir);
+    let (stdout, stderr) = text(&shrink);
+    assert_eq!(shrink.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.starts_with(&format!("shrinking {replay_file} (seed 1) on ")), "{stdout}");
+    assert!(stdout.contains("step 1: dropped every fault (3 fixed, 0 random)\n    now 0 faults"), "{stdout}");
+    assert!(stdout.contains("it fails checker gang_ranks_together under seed 1"), "{stdout}");
+    assert!(stdout.contains("  before: 3 faults, 2 operations, "), "{stdout}");
+    let shrunk = "s/timeline-planted-shrunk.toml";
+    assert!(stdout.contains(&format!("scenario: {shrunk}\nreplay file: s/timeline-planted-shrunk-seed-1")), "{stdout}");
+    let written = std::fs::read_to_string(dir.join(shrunk)).unwrap();
+    assert!(written.starts_with(&format!("# Shrunk by `lockstep sim shrink` from {replay_file}")), "{written}");
+
+    let rerun = lockstep(&["sim", "run", shrunk], &dir);
+    let (rerun_out, rerun_err) = text(&rerun);
+    assert_eq!(rerun.status.code(), Some(1), "{rerun_out}{rerun_err}");
+    assert!(checker_line(&rerun_out, "gang_ranks_together").starts_with("FAILED"), "{rerun_out}");
+    let replay = lockstep(&["sim", "replay", "s/timeline-planted-shrunk-seed-1.replay.json"], &dir);
+    let (replay_out, replay_err) = text(&replay);
+    assert_eq!(replay.status.code(), Some(1), "{replay_out}{replay_err}");
+    assert!(replay_out.contains("reproduced: trace hash"), "{replay_out}");
+
+    let passing = lockstep(&["sim", "shrink", &scenario("rows-quiet.toml"), "--out", "q"], &dir);
+    let (stdout, stderr) = text(&passing);
+    assert_eq!(passing.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("refused: scenario rows-quiet passes under seed 1 (every checker ok)"), "{stderr}");
+    assert!(!dir.join("q").exists());
 }

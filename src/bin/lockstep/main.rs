@@ -1,6 +1,6 @@
 //! The `lockstep` command line (DESIGN §6). The normal build carries the real-mode commands (`serve`, `agent`,
 //! `submit`, `status`, `abort`, `migrate`: controller replicas and node agents on PostgreSQL running real
-//! processes); the simulator build (`--cfg madsim`) carries `lockstep sim run | sweep | replay | explain`
+//! processes); the simulator build (`--cfg madsim`) carries `lockstep sim run | sweep | replay | explain | shrink`
 //! (`sim.rs`), and in the normal build `lockstep sim …` says how to get that build.
 //!
 //! Exit codes: 0 success; 1 a failed check, expectation or operation (or nothing found); 2 bad input (clap's
@@ -23,7 +23,7 @@ use std::process::ExitCode;
                   Real mode: controller replicas (`serve`) and node agents (`agent`) coordinate through one \
                   PostgreSQL database and run jobs as OS processes; `submit`, `status` and `abort` talk to the \
                   same database. Logs go to stderr, filtered by RUST_LOG (default: info).\n\n\
-                  Simulator: `sim run | sweep | replay | explain` run scenario files deterministically (the \
+                  Simulator: `sim run | sweep | replay | explain | shrink` run scenario files deterministically (the \
                   simulator build: `cargo sim …`)."
 )]
 struct Cli {
@@ -36,7 +36,7 @@ enum Command {
     #[cfg(not(madsim))]
     #[command(flatten)]
     Real(real::Command),
-    /// Scenario files under the deterministic simulator: run, sweep, replay, explain.
+    /// Scenario files under the deterministic simulator: run, sweep, replay, explain, shrink.
     #[cfg(madsim)]
     #[command(subcommand)]
     Sim(lockstep::sim::cli::Command),

@@ -1,5 +1,5 @@
-//! This project's own simulator binary: lockstep's `run | sweep | replay | explain` for scenario files that name
-//! this project's pipeline sets (`pipelines = "orders"`). Build and run it in the simulator build:
+//! This project's own simulator binary: lockstep's `run | sweep | replay | explain | shrink` for scenario files
+//! that name this project's pipeline sets (`pipelines = "orders"`). Build and run it in the simulator build:
 //! `env -u RUSTFLAGS cargo sim run scenarios/orders-mixed.toml` (the alias in `.cargo/config.toml`).
 
 #[cfg(madsim)]

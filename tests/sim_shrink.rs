@@ -1,0 +1,116 @@
+//! Shrinking a failure (`lockstep sim shrink`, `sim/shrink.rs`): planted failures shrink to a handful of faults
+//! and rows that still fail the same checker, whatever the number of threads, and a passing scenario is
+//! refused. (`tests/sim_cli.rs` shrinks a replay file through the binary.)
+#![cfg(madsim)]
+
+use lockstep::sim::scenario_file::PipelineSets;
+use lockstep::sim::shrink::{self, Input, Options, ShrinkError, Shrunk, Target};
+use lockstep::sim::{self, ScenarioFile};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `scenarios/rows-paused-replica.toml` with the apply guard off: the paused replica's late applies take effect
+/// under superseded tokens (lease_exclusivity), beside a clock-drift fault that has nothing to do with it.
+fn guard_off() -> String {
+    let text = std::fs::read_to_string(root().join("scenarios/rows-paused-replica.toml")).unwrap();
+    text.replace("name = \"rows-paused-replica\"", "name = \"guard-off\"")
+        + "\n[mutation]\napply_guard_disabled = true\n"
+}
+
+fn shrunk(text: &str, seed: u64, jobs: usize) -> Result<Shrunk, ShrinkError> {
+    let (specs, sets) = (BTreeMap::new(), PipelineSets::new());
+    let input = Input { text, spec_files: &specs, origin: "planted.toml", seed, sets: &sets, checker: None };
+    let options = Options { jobs, time_bound: Duration::from_secs(600), other_seeds: 0 };
+    shrink::shrink(&input, options, &|_| {})
+}
+
+/// The shrunk text, parsed and run again under its seed: it fails `checker`.
+fn assert_fails(shrunk: &Shrunk, checker: &str) {
+    let file = ScenarioFile::parse(&shrunk.text, "shrunk.toml").unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(file.seeds, [shrunk.seed], "the file's seed is the failing one");
+    let report = sim::run(&file.scenario, shrunk.seed);
+    assert!(report.violated(checker), "the shrunk scenario passes {checker}:\n{}", shrunk.text);
+}
+
+#[test]
+fn the_apply_guard_off_shrinks_to_one_fault_and_a_handful_of_rows() {
+    let text = guard_off();
+    let shrunk = shrunk(&text, 1, 2).unwrap();
+    assert_eq!(shrunk.target, Target::Checker("lease_exclusivity".into()));
+    assert!(shrunk.complete, "stopped by the time bound:\n{}", shrunk.text);
+    assert_eq!((shrunk.original.faults, shrunk.size.faults), (2, 1), "{}", shrunk.text);
+    assert!(shrunk.original.rows > 100 && shrunk.size.rows <= 8, "{:?} → {:?}", shrunk.original, shrunk.size);
+    assert!(shrunk.size.replicas < shrunk.original.replicas, "{}", shrunk.text);
+    assert!(shrunk.text.contains("kind = \"pause\""), "the pause is the cause:\n{}", shrunk.text);
+    assert!(!shrunk.text.contains("clock-drift\""), "the drift is not:\n{}", shrunk.text);
+    assert!(
+        shrunk.text.starts_with(
+            "# Shrunk by `lockstep sim shrink` from planted.toml (scenario guard-off, seed 1), which fails checker \
+             lease_exclusivity."
+        ),
+        "{}",
+        shrunk.text
+    );
+    assert!(shrunk.text.contains("name = \"guard-off-shrunk\""), "{}", shrunk.text);
+    for (index, step) in shrunk.steps.iter().enumerate() {
+        assert!(shrunk.text.contains(&format!("#  {}. {}\n", index + 1, step.what)), "{}", shrunk.text);
+    }
+    assert_fails(&shrunk, "lease_exclusivity");
+}
+
+#[test]
+fn a_gang_mutation_sheds_every_fault_and_the_row_workload_whatever_the_threads() {
+    let text = std::fs::read_to_string(root().join("tests/fixtures/timeline-planted.toml")).unwrap();
+    let shrunk = shrunk(&text, 1, 2).unwrap();
+    assert_eq!(shrunk.target, Target::Checker("gang_ranks_together".into()));
+    assert!(shrunk.complete);
+    assert_eq!((shrunk.original.faults, shrunk.size.faults), (3, 0), "{}", shrunk.text);
+    assert!(!shrunk.text.contains("[workload]"), "{}", shrunk.text);
+    assert!(shrunk.size.rows <= 20 && shrunk.size.rows < shrunk.original.rows, "{:?}", shrunk.size);
+    assert!(shrunk.text.contains("gang_gate_disabled = true"), "{}", shrunk.text);
+    assert_fails(&shrunk, "gang_ranks_together");
+    // The same search on one thread: the same steps and file (a step takes the first failing candidate in
+    // order, never the first to finish).
+    let alone = self::shrunk(&text, 1, 1).unwrap();
+    assert_eq!(alone.text, shrunk.text);
+}
+
+#[test]
+fn a_passing_scenario_or_another_checker_is_refused() {
+    let text = std::fs::read_to_string(root().join("scenarios/rows-quiet.toml")).unwrap();
+    let error = shrunk(&text, 1, 2).unwrap_err().to_string();
+    assert!(
+        error.starts_with("scenario rows-quiet passes under seed 1 (every checker ok): there is no failure to shrink"),
+        "{error}"
+    );
+    let (specs, sets) = (BTreeMap::new(), PipelineSets::new());
+    let text = guard_off();
+    let input =
+        Input { text: &text, spec_files: &specs, origin: "g.toml", seed: 1, sets: &sets, checker: Some("starvation") };
+    let options = Options { jobs: 1, time_bound: Duration::from_secs(60), other_seeds: 0 };
+    let error = shrink::shrink(&input, options, &|_| {}).unwrap_err().to_string();
+    assert!(
+        error.starts_with("--checker starvation: scenario guard-off seed 1 does not fail it; it fails: "),
+        "{error}"
+    );
+    assert!(error.contains("lease_exclusivity"), "{error}");
+}
+
+#[test]
+fn counts_in_a_spec_are_halved_in_any_format() {
+    assert_eq!(
+        shrink::moves::halve_counts("{tasks={w={job_count=4;command=a;gang_options={size=4}}}}").as_deref(),
+        Some("{tasks={w={job_count=2;command=a;gang_options={size=2}}}}")
+    );
+    assert_eq!(shrink::moves::halve_counts(r#"{"job_count": 3}"#).as_deref(), Some(r#"{"job_count": 1}"#));
+    assert_eq!(shrink::moves::halve_counts("job_count: 1\n"), None);
+    assert_eq!(shrink::moves::format_duration(Duration::from_millis(1500)), "1.5s");
+    assert_eq!(shrink::moves::format_duration(Duration::from_millis(250)), "250ms");
+    assert_eq!(shrink::moves::format_duration(Duration::from_secs(90)), "90s");
+    assert_eq!(shrink::moves::format_duration(Duration::from_micros(12)), "12us");
+}
