@@ -46,6 +46,7 @@ pub const BUILD_ID: &str = env!("LOCKSTEP_BUILD_ID");
 #[derive(Clone, Debug)]
 pub struct Registry {
     program: String,
+    invocation: String,
     build_id: String,
     sets: PipelineSets,
 }
@@ -54,7 +55,12 @@ impl Registry {
     /// lockstep's own: `lockstep sim`, lockstep's build id, no pipeline set (its scenarios run the built-in
     /// workload and gang controller).
     pub fn builtin() -> Registry {
-        Registry { program: "lockstep sim".into(), build_id: BUILD_ID.into(), sets: PipelineSets::new() }
+        Registry {
+            program: "lockstep sim".into(),
+            invocation: "env -u RUSTFLAGS cargo sim".into(),
+            build_id: BUILD_ID.into(),
+            sets: PipelineSets::new(),
+        }
     }
 
     /// A user's binary named `program` (in messages and the commands it prints), with no set yet. Its build id
@@ -63,7 +69,15 @@ impl Registry {
     pub fn new(program: impl Into<String>) -> Registry {
         let program = program.into();
         let build_id = format!("{BUILD_ID}+{program}");
-        Registry { program, build_id, sets: PipelineSets::new() }
+        Registry { invocation: program.clone(), program, build_id, sets: PipelineSets::new() }
+    }
+
+    /// The same registry printing `invocation` where it tells how to run a command again (`{invocation} replay
+    /// FILE`): how a user reaches this binary, e.g. `env -u RUSTFLAGS cargo sim` with the `sim` alias of
+    /// `examples/user-pipelines/cargo-config.toml`. Default: the program's name.
+    pub fn with_invocation(mut self, invocation: &str) -> Registry {
+        self.invocation = invocation.to_string();
+        self
     }
 
     /// The same registry with `set` (scenario files name it: `pipelines = "{set name}"`).
@@ -416,7 +430,12 @@ fn finish(
     }
     match write_replay(file, report, out, registry) {
         Ok(path) => {
-            println!("replay file: {}\nreplay it with: {} replay {}", path.display(), registry.program, path.display())
+            println!(
+                "replay file: {}\nreplay it with: {} replay {}",
+                path.display(),
+                registry.invocation,
+                path.display()
+            )
         }
         Err(error) => eprintln!("{}: {error}", registry.program),
     }
@@ -473,7 +492,9 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
     println!("failing seeds:");
     for report in failing {
         match write_replay(&file, report, &args.out, registry) {
-            Ok(path) => println!("  {}\n    replay: {} replay {}", summary(report), registry.program, path.display()),
+            Ok(path) => {
+                println!("  {}\n    replay: {} replay {}", summary(report), registry.invocation, path.display())
+            }
             Err(error) => println!("  {}\n    {error}", summary(report)),
         }
         if let Some(dir) = &args.html {

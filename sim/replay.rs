@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// The replay file format this build writes and reads (2: the spec files' texts, `spec_files`).
-pub const REPLAY_FORMAT: u32 = 2;
+pub const REPLAY_FORMAT: u32 = 3;
 
 /// FNV-1a, 64 bits: a small stable hash (the same value on every platform and build) for trace and scenario
 /// identities. Not for adversarial input.
@@ -72,6 +72,10 @@ pub struct ReplayFile {
     pub trace: TraceIdentity,
     /// What failed: the one-line summary of the run.
     pub failure: String,
+    /// FNV-1a 64 (16 hex digits) of the file's JSON with this field empty: a replay file is a record of a run, not
+    /// an input, and one edited after it was written (another seed, another scenario text) is refused as edited
+    /// instead of being blamed on the simulator when its trace differs.
+    pub checksum: String,
 }
 
 /// Why a replay file cannot be replayed.
@@ -110,6 +114,15 @@ pub enum ReplayError {
         current: String,
         /// The seed, for the hint.
         seed: u64,
+    },
+    /// The file's fields do not match its checksum: it was changed after it was written.
+    #[error(
+        "{path}: edited after it was written (its checksum does not match its fields): a replay file records a run \
+         and replays only as written; to try another seed, run the scenario: `sim run FILE --seed N`"
+    )]
+    Edited {
+        /// The replay file.
+        path: String,
     },
     /// The embedded scenario's name or version is not the one recorded.
     #[error(
@@ -150,7 +163,22 @@ impl ReplayFile {
             seed: report.seed,
             trace: trace_identity(report),
             failure: summary(report),
+            checksum: String::new(),
         }
+        .sealed()
+    }
+
+    /// The same file with its checksum computed.
+    fn sealed(mut self) -> ReplayFile {
+        self.checksum = self.expected_checksum();
+        self
+    }
+
+    /// What the checksum of this file's other fields is.
+    fn expected_checksum(&self) -> String {
+        let unsealed = ReplayFile { checksum: String::new(), ..self.clone() };
+        let json = serde_json::to_string(&unsealed).expect("a replay file serializes");
+        format!("{:016x}", fnv1a64(json.as_bytes()))
     }
 
     /// Its file name: `{scenario}-seed-{seed}.replay.json`.
@@ -195,6 +223,9 @@ impl ReplayFile {
             return Err(ReplayError::Format { path: path.to_string(), found, expected: REPLAY_FORMAT });
         }
         let replay: ReplayFile = serde_json::from_value(value).map_err(|error| malformed(error.to_string()))?;
+        if replay.checksum != replay.expected_checksum() {
+            return Err(ReplayError::Edited { path: path.to_string() });
+        }
         if replay.build != build {
             return Err(ReplayError::Build {
                 path: path.to_string(),
@@ -243,7 +274,9 @@ mod tests {
             seed: 7,
             trace: TraceIdentity { hash: "0".repeat(16), events: 3 },
             failure: "seed 7: liveness: …".into(),
+            checksum: String::new(),
         }
+        .sealed()
     }
 
     #[test]
@@ -269,11 +302,13 @@ mod tests {
         replay.scenario.version = file.version_label();
         replay.scenario_text = text.into();
         replay.spec_files = file.spec_files.clone();
+        let mut replay = replay.sealed();
         std::fs::remove_dir_all(&dir).unwrap();
         let (_, scenario) = ReplayFile::check(&replay.to_json(), "r.json", "b1").unwrap();
         assert_eq!(scenario.scenario.gang.unwrap().operations[0].spec, file.scenario.gang.unwrap().operations[0].spec);
         // Without the copy, the replay is refused, naming the spec file.
         replay.spec_files.clear();
+        let replay = replay.sealed();
         let error = ReplayFile::check(&replay.to_json(), "r.json", "b1").unwrap_err().to_string();
         assert!(error.contains("operations[0].spec_file") && error.contains("specs/g.yson"), "{error}");
     }
@@ -286,7 +321,7 @@ mod tests {
 
         let mut edited = replay.clone();
         edited.scenario_text = "name = \"s\"\nversion = 3\n".into();
-        let error = ReplayFile::check(&edited.to_json(), "r.json", "b1").unwrap_err().to_string();
+        let error = ReplayFile::check(&edited.sealed().to_json(), "r.json", "b1").unwrap_err().to_string();
         assert!(error.contains(&format!("made for scenario s {}", replay.scenario.version)), "{error}");
         assert!(error.contains("but the scenario it carries is s v3-"), "{error}");
 
@@ -298,5 +333,17 @@ mod tests {
         let error =
             ReplayFile::check(&format!("{{\"format\": {REPLAY_FORMAT}}}"), "r.json", "b1").unwrap_err().to_string();
         assert!(error.contains("not a lockstep replay file"), "{error}");
+    }
+
+    /// A replay file edited by hand (here its seed) is refused as edited, not replayed and blamed on the
+    /// simulator when its trace differs.
+    #[test]
+    fn an_edited_replay_file_is_refused_as_edited() {
+        let replay = replay_of("name = \"s\"\nversion = 2\n", "b1");
+        let mut json = serde_json::to_value(&replay).unwrap();
+        json["seed"] = 8.into();
+        let error = ReplayFile::check(&json.to_string(), "r.json", "b1").unwrap_err().to_string();
+        assert!(error.contains("r.json: edited after it was written"), "{error}");
+        assert!(error.contains("sim run FILE --seed N"), "{error}");
     }
 }

@@ -212,6 +212,12 @@ fn quiet_planted_panics() {
 /// run: the panic and the violations are in the report. With `LOCKSTEP_SIM_TRACE_DIR` set, writes the trace to
 /// `<dir>/<scenario>-seed-<seed>.trace`.
 pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunReport {
+    run_within(scenario, seed, script, wall_limit())
+}
+
+/// As [`run_with`], with `limit` as the run's wall-clock limit instead of [`wall_limit`]'s: past it the report's
+/// panic says the run is stuck (simulated time stood still) and the run's thread is left behind.
+pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit: std::time::Duration) -> RunReport {
     quiet_planted_panics();
     if let Err(error) = scenario.check() {
         return RunReport { panic: Some(error.to_string()), ..RunReport::empty(scenario, seed) };
@@ -221,6 +227,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
     let wall = std::time::Instant::now();
     let (result, simulated) = {
         let (scenario, trace_slot) = (scenario.clone(), trace_slot.clone());
+        let (done, finished) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut runtime = Runtime::with_seed_and_config(seed, madsim::Config::default());
             runtime.set_time_limit(scenario.time_limit());
@@ -231,13 +238,18 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
                 (outcome, trace.elapsed())
             };
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(simulate)));
-            match result {
+            let result = match result {
                 Ok((outcome, simulated)) => (Ok(outcome), simulated),
                 Err(panic) => (Err(panic_message(panic)), Duration::ZERO),
-            }
-        })
-        .join()
-        .expect("the run's thread returns its panics as values")
+            };
+            // The receiver is gone only if the run passed its wall-clock limit; nobody waits for it then.
+            let _ = done.send(result);
+        });
+        match finished.recv_timeout(limit) {
+            Ok(result) => result,
+            // The run's thread is left to spin: a thread cannot be stopped from outside. The process ends it.
+            Err(_) => (Err(stuck(limit)), Duration::ZERO),
+        }
     };
     let wall = wall.elapsed();
     let trace =
@@ -459,9 +471,42 @@ fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-/// Where a test's failing seed is replayed from: its test file and test name.
+/// Default of [`wall_limit`]: 10 minutes of wall time per run. The longest run of the repository's tests and
+/// benchmarks takes well under a minute in a debug build; a run that passes the limit is stuck, not slow.
+pub const WALL_LIMIT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The wall-clock time one run may take before it counts as stuck: `LOCKSTEP_SIM_WALL_LIMIT_SECS`, else
+/// [`WALL_LIMIT_DEFAULT`]. Simulated time advances only when every task waits, so code that never yields (a
+/// busy loop, a blocking call in a handler) stops the clock for good: the run's own time limit (simulated) never
+/// comes, and without this guard the test would hang with no message (shared/notes/madsim.md, pitfall 5).
+///
+/// Panics if the variable is set to something other than a whole number of seconds, at least 1.
+pub fn wall_limit() -> std::time::Duration {
+    match std::env::var("LOCKSTEP_SIM_WALL_LIMIT_SECS") {
+        Err(_) => WALL_LIMIT_DEFAULT,
+        Ok(text) => match text.parse::<u64>() {
+            Ok(secs) if secs > 0 => std::time::Duration::from_secs(secs),
+            _ => panic!("LOCKSTEP_SIM_WALL_LIMIT_SECS={text:?} must be a whole number of seconds, at least 1"),
+        },
+    }
+}
+
+/// What a run that passed its wall-clock limit reports as its panic.
+fn stuck(limit: std::time::Duration) -> String {
+    format!(
+        "the run passed its wall-clock limit of {} s while simulated time stood still: some code never yields (a \
+         busy loop or a blocking call in a handler, or `std::thread::sleep`), so the simulated clock cannot advance; \
+         the trace's last lines show where it stopped (LOCKSTEP_SIM_WALL_LIMIT_SECS sets the limit)",
+        limit.as_secs()
+    )
+}
+
+/// Where a test's failing seed is replayed from: its package, test file and test name.
 #[derive(Clone, Copy, Debug)]
 pub struct Replay {
+    /// The package the test belongs to: `env!("CARGO_PKG_NAME")` in the test file, so the command runs from
+    /// anywhere in a workspace.
+    pub package: &'static str,
     /// The test file's stem, e.g. `sim_world`.
     pub test: &'static str,
     /// The test function, e.g. `mixed_faults_hold_every_invariant`.
@@ -469,9 +514,12 @@ pub struct Replay {
 }
 
 impl Replay {
-    /// The exact command that replays `seed`.
+    /// The exact command that replays `seed` (with the `sim-test` alias of lockstep's `.cargo/config.toml`).
     pub fn command(&self, seed: u64) -> String {
-        format!("env -u RUSTFLAGS MADSIM_TEST_SEED={seed} cargo sim-test --test {} -- {} --exact", self.test, self.name)
+        format!(
+            "env -u RUSTFLAGS MADSIM_TEST_SEED={seed} cargo sim-test -p {} --test {} -- {} --exact",
+            self.package, self.test, self.name
+        )
     }
 }
 
@@ -479,18 +527,31 @@ impl Replay {
 /// - `MADSIM_TEST_NUM=N`: N seeds from `MADSIM_TEST_SEED` (or the first default seed) on;
 /// - `MADSIM_TEST_SEED=S` alone: seed S only (a replay);
 /// - neither: the test's pinned `default` seeds.
+///
+/// Panics (failing the test, never running zero seeds quietly) on a value that is not a u64, on
+/// `MADSIM_TEST_NUM=0`, on a range that runs past `u64::MAX`, and on empty `default` seeds.
 pub fn seeds(default: &[u64]) -> Vec<u64> {
-    let parse = |name: &str| {
-        std::env::var(name).ok().map(|v| v.parse::<u64>().unwrap_or_else(|_| panic!("{name} must be a u64")))
+    seeds_from(default, std::env::var("MADSIM_TEST_SEED").ok(), std::env::var("MADSIM_TEST_NUM").ok())
+}
+
+fn seeds_from(default: &[u64], seed: Option<String>, num: Option<String>) -> Vec<u64> {
+    let parse = |name: &str, value: Option<String>| {
+        value.map(|v| v.parse::<u64>().unwrap_or_else(|_| panic!("{name}={v:?} must be a whole number (a u64)")))
     };
-    match (parse("MADSIM_TEST_SEED"), parse("MADSIM_TEST_NUM")) {
+    let seeds = match (parse("MADSIM_TEST_SEED", seed), parse("MADSIM_TEST_NUM", num)) {
+        (_, Some(0)) => panic!("MADSIM_TEST_NUM=0 runs no seed: give at least 1"),
         (first, Some(count)) => {
             let first = first.or(default.first().copied()).unwrap_or(1);
-            (first..first + count).collect()
+            let last = first.checked_add(count - 1).unwrap_or_else(|| {
+                panic!("MADSIM_TEST_SEED={first} with MADSIM_TEST_NUM={count} runs past the last seed {}", u64::MAX)
+            });
+            (first..=last).collect()
         }
         (Some(seed), None) => vec![seed],
         (None, None) => default.to_vec(),
-    }
+    };
+    assert!(!seeds.is_empty(), "the test pins no seed (its default seeds are empty)");
+    seeds
 }
 
 /// Threads a sweep runs seeds on: `LOCKSTEP_SIM_JOBS`, else the machine's parallelism.
@@ -570,16 +631,90 @@ pub fn summary(report: &RunReport) -> String {
 }
 
 /// Everything a failing run prints: what failed, the trace tail, the trace file, the replay command.
+///
+/// The whole trace goes to a file of its own in `LOCKSTEP_SIM_TRACE_DIR`, else the system's temp dir, named after
+/// the scenario, the seed and this process (`lockstep-sim-{scenario}-seed-{seed}-{pid}[-n].trace`), created anew
+/// (never overwriting or following a file already there: another run's, or a link someone planted).
 pub fn failure_text(report: &RunReport, replay: Replay) -> String {
-    let path = std::env::temp_dir().join(format!("lockstep-sim-{}-seed-{}.trace", report.scenario, report.seed));
-    let written = std::fs::write(&path, report.trace_text());
+    let dir =
+        std::env::var_os("LOCKSTEP_SIM_TRACE_DIR").map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let stem = format!("lockstep-sim-{}-seed-{}-{}", report.scenario, report.seed, std::process::id());
+    let written = match write_new(&dir, &stem, report.trace_text().as_bytes()) {
+        Ok(path) => format!("{} (written)", path.display()),
+        Err(error) => format!("not written: {error}"),
+    };
     let tail = trace::render(&report.trace[report.trace.len().saturating_sub(FAILED_TRACE_TAIL)..]);
     format!(
-        "==== scenario {} {}\n---- last {FAILED_TRACE_TAIL} trace events:\n{tail}---- whole trace: {} ({})\n---- replay: {}\n",
+        "==== scenario {} {}\n---- last {FAILED_TRACE_TAIL} trace events:\n{tail}---- whole trace: {written}\n---- replay: {}\n",
         report.scenario,
         summary(report),
-        path.display(),
-        if written.is_ok() { "written" } else { "could not be written" },
         replay.command(report.seed)
     )
+}
+
+/// Most names [`write_new`] tries before it gives up.
+const NEW_FILE_TRIES_MAX: usize = 100;
+
+/// Writes `bytes` to a file that did not exist, `dir/{stem}.trace` or else `dir/{stem}-{n}.trace`; returns its path.
+fn write_new(dir: &std::path::Path, stem: &str, bytes: &[u8]) -> std::io::Result<std::path::PathBuf> {
+    use std::io::Write;
+    for n in 0..NEW_FILE_TRIES_MAX {
+        let name = if n == 0 { format!("{stem}.trace") } else { format!("{stem}-{n}.trace") };
+        let path = dir.join(name);
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(mut file) => return file.write_all(bytes).map(|()| path),
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(error) => return Err(error),
+        }
+    }
+    Err(std::io::Error::other(format!("{NEW_FILE_TRIES_MAX} files named {stem}*.trace exist in {}", dir.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(value: &str) -> Option<String> {
+        Some(value.to_string())
+    }
+
+    #[test]
+    fn seeds_are_the_pinned_ones_a_replayed_one_or_a_counted_range() {
+        assert_eq!(seeds_from(&[4, 9], None, None), vec![4, 9]);
+        assert_eq!(seeds_from(&[4, 9], text("17"), None), vec![17]);
+        assert_eq!(seeds_from(&[4, 9], None, text("3")), vec![4, 5, 6]);
+        assert_eq!(seeds_from(&[4, 9], text("10"), text("2")), vec![10, 11]);
+        assert_eq!(seeds_from(&[], text(&u64::MAX.to_string()), text("1")), vec![u64::MAX]);
+    }
+
+    #[test]
+    fn a_failure_trace_never_overwrites_a_file_already_there() {
+        let dir = std::env::temp_dir().join(format!("lockstep-write-new-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("t.trace"), "someone else's").unwrap();
+        let path = write_new(&dir, "t", b"ours").unwrap();
+        assert_eq!(path, dir.join("t-1.trace"));
+        assert_eq!(std::fs::read_to_string(dir.join("t.trace")).unwrap(), "someone else's");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "ours");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    #[should_panic(expected = "MADSIM_TEST_NUM=0 runs no seed")]
+    fn zero_seeds_are_refused() {
+        seeds_from(&[1], None, text("0"));
+    }
+
+    #[test]
+    #[should_panic(expected = "runs past the last seed")]
+    fn a_range_past_the_last_seed_is_refused() {
+        seeds_from(&[1], text(&u64::MAX.to_string()), text("2"));
+    }
+
+    #[test]
+    #[should_panic(expected = "must be a whole number")]
+    fn a_seed_that_is_not_a_number_is_refused() {
+        seeds_from(&[1], text("seven"), None);
+    }
 }

@@ -34,7 +34,7 @@
 //! #[test]
 //! fn orders_hold_under_mixed_faults() {
 //!     let scenario = Scenario::for_pipelines(orders());
-//!     let replay = Replay { test: "sim", name: "orders_hold_under_mixed_faults" };
+//!     let replay = Replay { package: env!("CARGO_PKG_NAME"), test: "sim", name: "orders_hold_under_mixed_faults" };
 //!     check_seeds(&scenario, &seeds(&(1..=50).collect::<Vec<_>>()), replay);
 //! }
 //! ```

@@ -307,6 +307,12 @@ async fn opening_a_work_dir_ends_the_trees_an_earlier_agent_left() {
     shell.kill().unwrap();
     shell.wait().unwrap();
     assert!(markers.iter().all(|m| !alive_with(m).is_empty()), "the children outlive their shell");
+    // What the next agent's start does first (and logs): every leftover process counted, whether the group kill
+    // or a scan ended it (it said `processes=0` when the group kill ended them all).
+    let records = JobRecords::new(dir.0.join(".lockstep/jobs"));
+    let (jobs, processes) = records.end_leftovers().await.unwrap();
+    assert_eq!(jobs, 1);
+    assert!(processes >= markers.len(), "{processes} processes counted for {} sleeps", markers.len());
     let _executor = OsExecutor::open(&dir.0, None).await.unwrap();
     for m in &markers {
         assert_eq!(alive_with(m), Vec::<i32>::new(), "sleep {m} outlived the next agent's start");

@@ -110,3 +110,16 @@ fn readme_shows_the_user_pipelines_test_whole() {
         assert!(readme.contains(&format!("scenarios/{scenario}")));
     }
 }
+
+/// The quick start's first output line names the scenario's current version label (it changes when the scenario
+/// model does), so the README's sample is this build's, not an older one's.
+#[cfg(madsim)]
+#[test]
+fn readme_quick_start_names_the_scenarios_current_version() {
+    use lockstep::sim::ScenarioFile;
+    let readme = include_str!("../README.md");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/gang-seed-example.toml");
+    let file = ScenarioFile::load(&path).unwrap_or_else(|error| panic!("{error}"));
+    let line = format!("scenarios/gang-seed-example.toml ({}), seed 1, build ", file.version_label());
+    assert!(readme.contains(&line), "README's quick start output should begin with {line:?}");
+}

@@ -234,3 +234,53 @@ async fn only_a_server_that_cannot_be_reached_is_cannot_connect_and_database_err
     assert!(!stderr.contains(" at line "), "{stderr}");
     assert!(!stderr.contains("error returned from database"), "{stderr}");
 }
+
+/// `submit --wait` with no replica running says so once the operation has stayed `starting` a while, naming the
+/// `serve` command, instead of waiting in silence (the hint's delay is shortened here: 15 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_wait_without_a_replica_says_no_replica_has_taken_the_operation() {
+    use std::io::{BufRead, BufReader};
+    let schema = unique_schema();
+    assert_eq!(lockstep(&["migrate"], &schema).status.code(), Some(0), "migrate");
+    let dir = std::env::temp_dir().join(format!("lockstep-real-cli-{schema}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = dir.join("plain.yson");
+    std::fs::write(&spec, "{tasks={t={job_count=1;command=\"true\"}}}").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["submit", spec.to_str().unwrap(), "--wait", "--no-replica-hint-after", "1s"])
+        .args(["--database-url", &database_url(), "--schema", &schema])
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("the binary runs");
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = Vec::new();
+    // A watchdog ends the command if the note never comes (its stderr then closes and the loop below ends).
+    let pid = child.id() as libc::pid_t;
+    let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watched = finished.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(30));
+        if !watched.load(std::sync::atomic::Ordering::SeqCst) {
+            // SAFETY: kill only sends a signal, to the child, which is not waited for until `finished` is set.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    });
+    for line in stderr.lines().map_while(Result::ok) {
+        let note = line.contains("no controller replica has taken it")
+            && line.contains(&format!("lockstep serve --schema {schema}"));
+        seen.push(line);
+        if note || seen.len() > 20 {
+            break;
+        }
+    }
+    finished.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = child.kill();
+    child.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    PgStore::drop_schema(&database_url(), &schema).await.unwrap();
+    assert!(seen.iter().any(|line| line.contains("no controller replica has taken it")), "{seen:#?}");
+}

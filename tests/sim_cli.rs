@@ -232,8 +232,10 @@ fn sweep_tabulates_outcomes_and_writes_each_failing_seed_as_a_replay_file() {
     assert!(stdout.contains("seeds 5..=6 (2) on 2 threads"), "{stdout}");
     assert!(dir.join("r").join(format!("planted-seed-{PLANTED_SEED}.replay.json")).exists(), "{stdout}");
     let written = std::fs::read_dir(dir.join("r")).unwrap().count();
-    let failed_lines =
-        stdout.lines().filter(|line| line.trim_start().starts_with("replay: lockstep sim replay")).count();
+    let failed_lines = stdout
+        .lines()
+        .filter(|line| line.trim_start().starts_with("replay: env -u RUSTFLAGS cargo sim replay"))
+        .count();
     assert_eq!(written, failed_lines, "{stdout}");
 
     let output = lockstep(&["sim", "sweep", &scenario("rows-quiet.toml"), "--seeds", "1..3", "--out", "q"], &dir);

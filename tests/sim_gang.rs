@@ -23,7 +23,7 @@ const MIXED_SEEDS: [u64; 6] = [1, 2, 3, 4, 5, 6];
 const GANG_OF_THREE: &str = "{tasks={worker={job_count=3;command=w;gang_options={}}}}";
 
 fn replay(name: &'static str) -> Replay {
-    Replay { test: "sim_gang", name }
+    Replay { package: env!("CARGO_PKG_NAME"), test: "sim_gang", name }
 }
 
 fn submission(name: &str, at: u64, spec: &str) -> Submission {

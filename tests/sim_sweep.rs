@@ -18,7 +18,7 @@ fn mixed_faults_hold_over_200_seeds() {
     let reports = sim::check_seeds(
         &Scenario::mixed(),
         &seeds,
-        Replay { test: "sim_sweep", name: "mixed_faults_hold_over_200_seeds" },
+        Replay { package: env!("CARGO_PKG_NAME"), test: "sim_sweep", name: "mixed_faults_hold_over_200_seeds" },
     );
     let wall = started.elapsed().as_secs_f64();
     let simulated: f64 = reports.iter().map(|report| report.simulated.as_secs_f64()).sum();

@@ -15,7 +15,7 @@ use std::time::Duration;
 const DEFAULT_SEEDS: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 
 fn replay(name: &'static str) -> Replay {
-    Replay { test: "sim_world", name }
+    Replay { package: env!("CARGO_PKG_NAME"), test: "sim_world", name }
 }
 
 /// Runs one directed run per seed and fails with the usual report if a checker fired.

@@ -72,11 +72,16 @@ pub struct TreeAlive {
 
 impl JobTree {
     /// SIGKILLs every process of the tree until none is left (module docs). Returns how many distinct processes it
-    /// signalled. Errors: the tree is still alive after [`END_ROUNDS_MAX`] rounds. The `/proc` scans run on the
+    /// found alive and signalled (by the group kill or one by one). Errors: the tree is still alive after [`END_ROUNDS_MAX`] rounds. The `/proc` scans run on the
     /// blocking pool, the pauses on the runtime's clock.
     pub async fn end(&self) -> Result<usize, TreeAlive> {
         let mut signalled = BTreeSet::new();
         let mut alive = Vec::new();
+        // Counted before the group kill, which ends most of them: the count says how many processes the tree had.
+        let tree = self.clone();
+        if let Ok(members) = tokio::task::spawn_blocking(move || tree.members()).await {
+            signalled.extend(members);
+        }
         // The job's process group first: its shell's group holds what `/proc` would find in most trees, and is the
         // only handle where there is no `/proc` to scan.
         if let Some(leader) = self.session_leader() {

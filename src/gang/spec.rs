@@ -217,7 +217,19 @@ impl OperationSpec {
         }
         match spec {
             Some(spec) if violations.is_empty() => Ok(spec),
-            _ => Err(SpecError::Invalid { violations }),
+            spec => {
+                // Unknown keys are kept and only warned about in a valid spec; in a refused one, a key that is a
+                // typo of a known key is most likely why a rule broke (`comand` for a required `command`).
+                let typos = spec.iter().flat_map(|spec| spec.unrecognized.iter());
+                violations.extend(typos.filter_map(|path| {
+                    let known = did_you_mean(path)?;
+                    Some(Violation {
+                        field: path.clone(),
+                        rule: format!("not a key lockstep knows: did you mean {known}?"),
+                    })
+                }));
+                Err(SpecError::Invalid { violations })
+            }
         }
     }
 }
@@ -702,6 +714,19 @@ mod tests {
         assert_eq!(did_you_mean("comand"), None, "command is a task key, not an operation key");
         assert_eq!(did_you_mean("tasks.t.foo"), None);
         assert_eq!(did_you_mean("pool"), None);
+    }
+
+    #[test]
+    fn a_refused_spec_names_the_typos_that_likely_broke_it() {
+        let text = "{tasks={main={job_count=2; comand=\"echo hi\"; gang_option={size=2}; foo=1}}}";
+        let error = OperationSpec::parse(text, SpecFormat::Yson).unwrap_err().to_string();
+        assert!(error.contains("tasks.main.command: required"), "{error}");
+        assert!(error.contains("tasks.main.comand: not a key lockstep knows: did you mean command?"), "{error}");
+        assert!(
+            error.contains("tasks.main.gang_option: not a key lockstep knows: did you mean gang_options?"),
+            "{error}"
+        );
+        assert!(!error.contains("tasks.main.foo"), "a key close to no known one is kept quietly: {error}");
     }
 
     #[test]

@@ -183,12 +183,13 @@ impl StatusReport {
             let _ = writeln!(out, "placement   {placement}");
         }
         if let Some(waiting) = &self.waiting {
-            let mut line = format!("waiting     for {} allocations at once since {}", waiting.need, waiting.since);
+            let mut line =
+                format!("waiting     for {} allocations at once since {}", waiting.need, waiting.since.utc());
             if let Some((at, len)) = waiting.position {
                 line.push_str(&format!(", position {} of {len} in the gang queue", at + 1));
             }
             if let Some(since) = waiting.unfit_since {
-                line.push_str(&format!("; more than the live nodes offer since {since}"));
+                line.push_str(&format!("; more than the live nodes offer since {}", since.utc()));
             }
             let _ = writeln!(out, "{line}");
         }

@@ -57,6 +57,33 @@ impl Timestamp {
     }
 }
 
+impl Timestamp {
+    /// The instant as people read it, in UTC to the millisecond: `2026-12-01 00:28:15.123 UTC` (proleptic Gregorian
+    /// calendar; `Display` prints raw Unix seconds instead, as traces and the store's messages do).
+    pub fn utc(self) -> String {
+        let millis = self.0.div_euclid(1_000);
+        let (days, ms_of_day) = (millis.div_euclid(86_400_000), millis.rem_euclid(86_400_000));
+        let (year, month, day) = civil_from_days(days);
+        let (hours, minutes, seconds, ms) =
+            (ms_of_day / 3_600_000, ms_of_day / 60_000 % 60, ms_of_day / 1_000 % 60, ms_of_day % 1_000);
+        format!("{year:04}-{month:02}-{day:02} {hours:02}:{minutes:02}:{seconds:02}.{ms:03} UTC")
+    }
+}
+
+/// The (year, month, day) of `days` since 1970-01-01 (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era = (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let secs = self.0.div_euclid(1_000_000);
@@ -338,4 +365,17 @@ pub enum WriteOutcome {
     Busy,
     /// No such row.
     Missing,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_prints_the_calendar_date_and_time() {
+        assert_eq!(Timestamp::EPOCH.utc(), "1970-01-01 00:00:00.000 UTC");
+        assert_eq!(Timestamp(1_796_093_096_567_662).utc(), "2026-12-01 02:44:56.567 UTC");
+        assert_eq!(Timestamp(951_782_400_000_000).utc(), "2000-02-29 00:00:00.000 UTC");
+        assert_eq!(Timestamp(-1_000).utc(), "1969-12-31 23:59:59.999 UTC");
+    }
 }

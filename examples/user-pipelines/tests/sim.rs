@@ -7,7 +7,13 @@
 
 use lockstep::sim::Scenario;
 use lockstep::sim::user::{Replay, check_seeds, run, run_seeds, seeds};
-use user_pipelines::{Idempotency, orders};
+use user_pipelines::Idempotency;
+use user_pipelines::sim::orders;
+
+/// Where a failing seed of test `name` is replayed from (the command it prints names this package and file).
+fn replay(name: &'static str) -> Replay {
+    Replay { package: env!("CARGO_PKG_NAME"), test: "sim", name }
+}
 
 /// 50 seeds, pinned: the default `cargo sim-test` runs exactly these.
 fn pinned() -> Vec<u64> {
@@ -17,7 +23,7 @@ fn pinned() -> Vec<u64> {
 #[test]
 fn orders_hold_every_invariant_under_mixed_faults() {
     let scenario = Scenario::for_pipelines(orders(Idempotency::On));
-    let replay = Replay { test: "sim", name: "orders_hold_every_invariant_under_mixed_faults" };
+    let replay = replay("orders_hold_every_invariant_under_mixed_faults");
     let reports = check_seeds(&scenario, &seeds(&pinned()), replay);
     // The faults did happen: some seed lost a payment reply and retried the line under its key.
     assert!(reports.iter().all(|report| report.client.user_rows > 0), "every seed inserted its orders");
@@ -30,7 +36,7 @@ fn orders_hold_every_invariant_under_mixed_faults() {
 #[should_panic(expected = "external_exactly_once")]
 fn orders_without_idempotency_keys_charge_twice() {
     let scenario = Scenario::for_pipelines(orders(Idempotency::Off));
-    let replay = Replay { test: "sim", name: "orders_without_idempotency_keys_charge_twice" };
+    let replay = replay("orders_without_idempotency_keys_charge_twice");
     check_seeds(&scenario, &seeds(&pinned()[..20]), replay);
 }
 
@@ -46,9 +52,10 @@ fn a_charge_without_its_idempotency_key_is_caught_and_its_seed_replays_exactly()
         failed.violations
     );
     // What a failing seed prints: the command that reruns it.
-    let replay = Replay { test: "sim", name: "orders_without_idempotency_keys_charge_twice" };
+    let replay = replay("orders_without_idempotency_keys_charge_twice");
     let command = replay.command(failed.seed);
-    let expected = "cargo sim-test --test sim -- orders_without_idempotency_keys_charge_twice --exact";
+    let expected =
+        "cargo sim-test -p user-pipelines --test sim -- orders_without_idempotency_keys_charge_twice --exact";
     assert_eq!(command, format!("env -u RUSTFLAGS MADSIM_TEST_SEED={} {expected}", failed.seed));
     // The command runs that seed again (`seeds` returns exactly it): the run is the same, byte for byte.
     let again = run(&scenario, failed.seed);
@@ -64,6 +71,6 @@ fn the_scenario_file_holds_on_its_default_seeds() {
     let sets = PipelineSets::from([("orders".to_string(), orders(Idempotency::On))]);
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/orders-mixed.toml");
     let file = ScenarioFile::load_in(&path, &sets).unwrap_or_else(|error| panic!("{error}"));
-    let replay = Replay { test: "sim", name: "the_scenario_file_holds_on_its_default_seeds" };
+    let replay = replay("the_scenario_file_holds_on_its_default_seeds");
     check_seeds(&file.scenario, &seeds(&file.seeds), replay);
 }

@@ -247,8 +247,8 @@ impl PgStore {
     #[doc(hidden)]
     pub async fn drop_schema(url: &str, schema: &str) -> Result<(), StoreError> {
         options::check_schema(schema)?;
-        if schema == PgOptions::SCHEMA_DEFAULT {
-            return Err(StoreError::Invalid("drop_schema: refusing to drop public".into()));
+        if schema == "public" || schema == PgOptions::SCHEMA_DEFAULT {
+            return Err(StoreError::Invalid(format!("drop_schema: refusing to drop {schema}")));
         }
         let fail = |err| error::store_error(err, options::Waits::DEFAULT);
         let options: PgConnectOptions = url.parse().map_err(fail)?;

@@ -85,7 +85,9 @@ impl PgOptions {
     /// Default `application_name`.
     pub const APPLICATION_NAME_DEFAULT: &str = "lockstep";
     /// Default schema.
-    pub const SCHEMA_DEFAULT: &str = "public";
+    /// Not `public`: lockstep's tables (`resources`, `events`, `_sqlx_migrations`) would meet an application's own
+    /// there (a table `events`, another tool's sqlx migrations), and the migration would fail half-way.
+    pub const SCHEMA_DEFAULT: &str = "lockstep";
     /// Default of [`PgOptions::ping_before_use`]: off. sqlx 0.9 already pings every connection when a call
     /// returns it to the pool (in the background, not on the call's path), so a check before use only catches a
     /// connection that died while idle, and costs a second extra round trip on every call (BENCHMARKS.md). Without

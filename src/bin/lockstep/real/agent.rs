@@ -63,14 +63,31 @@ impl AgentArgs {
     }
 }
 
+/// An agent config error in the words of the command line: the flag that sets the field, its value and the rule
+/// (`--heartbeat-trigger: 1.5s leaves less than two passes …`); a trigger derived from `--lease-ttl` (not given)
+/// says so.
+fn flag_error(error: &lockstep::agent::AgentConfigError) -> String {
+    let flag = match error.field {
+        "name" => "--node",
+        "slots" => "--slots",
+        "lease_margin" => "--lease-margin",
+        "poll_interval" => "--poll-interval",
+        "heartbeat_trigger" => "--heartbeat-trigger",
+        "lease_ttl" => "--lease-ttl",
+        other => other,
+    };
+    let hint = match error.field {
+        "heartbeat_trigger" => " (when not given it is half of --lease-ttl: give a longer --lease-ttl or set it)",
+        "lease_margin" => " (give a longer --lease-ttl or a shorter --lease-margin)",
+        _ => "",
+    };
+    format!("{flag}: {}{hint}", error.rule)
+}
+
 /// Runs the agent until a signal, then stops it gracefully.
 pub async fn run(args: AgentArgs) -> Result<(), Failure> {
     let config = args.agent_config();
-    config.validate().map_err(|error| {
-        Failure::usage(format!(
-            "{error} (set by --node, --slots, --lease-ttl, --lease-margin, --heartbeat-trigger, --poll-interval)"
-        ))
-    })?;
+    config.validate().map_err(|error| Failure::usage(flag_error(&error)))?;
     if let Some(root) = &args.files_root
         && !root.is_dir()
     {
@@ -143,5 +160,19 @@ mod tests {
         ];
         let error = Cli::try_parse_from(args).unwrap().agent.agent_config().validate().unwrap_err();
         assert_eq!(error.field, "lease_margin", "{error}");
+        let shown = flag_error(&error);
+        assert!(shown.starts_with("--lease-margin: 3s must be shorter than lease_ttl"), "{shown}");
+    }
+
+    #[test]
+    fn a_short_lease_ttl_names_the_heartbeat_trigger_flag_it_derives() {
+        let args = ["agent", "--database-url", "postgres://h/db", "--node", "n1", "--slots", "1", "--work-dir", "/w"];
+        let mut config = Cli::try_parse_from(args).unwrap().agent.agent_config();
+        config.lease_ttl = std::time::Duration::from_secs(3);
+        config.lease_margin = std::time::Duration::from_secs(1);
+        config.heartbeat_trigger = std::time::Duration::from_millis(1500);
+        let shown = flag_error(&config.validate().unwrap_err());
+        assert!(shown.starts_with("--heartbeat-trigger: 1.5s leaves less than two passes"), "{shown}");
+        assert!(shown.contains("half of --lease-ttl"), "{shown}");
     }
 }

@@ -50,6 +50,10 @@ pub struct SubmitArgs {
     /// With --wait: pause between two reads of the operation.
     #[arg(long, value_parser = duration::parse, default_value = "500ms")]
     pub poll_interval: Duration,
+    /// With --wait: how long the operation may stay `starting` before a note says no replica seems to run (tests
+    /// shorten it).
+    #[arg(long, value_parser = duration::parse, default_value = "15s", hide = true)]
+    pub no_replica_hint_after: Duration,
 }
 
 /// Flags of `status`.
@@ -141,7 +145,7 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     if !args.wait {
         return Ok(());
     }
-    let end = follow(&store, operation, args.poll_interval).await?;
+    let end = follow(&store, operation, &args).await?;
     match end.state {
         OperationStatus::Completed => Ok(()),
         state => Err(Failure::runtime(format!(
@@ -152,10 +156,15 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
 }
 
 /// Reads `operation` every `poll_interval` until it ends, logging each change of state, incarnation or job
-/// counts to stderr. A read that fails is logged and retried (the database may come back). Never ends for an
-/// operation that never ends: `--wait` follows it as long as it runs.
-async fn follow(store: &PgStore, operation: RowId, poll_interval: Duration) -> Result<StatusReport, Failure> {
+/// counts to stderr, and once, if it is still `starting` after `--no-replica-hint-after` (15 s: a replica's first
+/// pass comes within a fetch backoff, 5 s at most, of the submit's hint), that no controller replica has taken it,
+/// naming the `serve` command for the schema. A read that fails is logged and retried (the
+/// database may come back). Never ends for an operation that never ends: `--wait` follows it as long as it runs.
+async fn follow(store: &PgStore, operation: RowId, args: &SubmitArgs) -> Result<StatusReport, Failure> {
+    let (poll_interval, schema, hint_after) = (args.poll_interval, &args.database.schema, args.no_replica_hint_after);
     let mut last = None;
+    let started = tokio::time::Instant::now();
+    let mut hinted = false;
     loop {
         match StatusReport::read(store, operation, false).await {
             Ok(report) => {
@@ -163,6 +172,14 @@ async fn follow(store: &PgStore, operation: RowId, poll_interval: Duration) -> R
                 if last.as_ref() != Some(&summary) {
                     eprintln!("{summary}");
                     last = Some(summary);
+                }
+                if !hinted && report.state == OperationStatus::Starting && started.elapsed() >= hint_after {
+                    hinted = true;
+                    eprintln!(
+                        "note: operation {operation} is still starting after {:.1} s: no controller replica has taken \
+                         it. Is `lockstep serve --schema {schema}` running against this database?",
+                        hint_after.as_secs_f64()
+                    );
                 }
                 if report.state.is_terminal() {
                     return Ok(report);
