@@ -168,8 +168,9 @@ impl ReplayFile {
         .sealed()
     }
 
-    /// The same file with its checksum computed.
-    fn sealed(mut self) -> ReplayFile {
+    /// The same file with its checksum computed over its other fields (what [`ReplayFile::new`] writes; tools and
+    /// tests that make a replay file by hand seal it last).
+    pub fn sealed(mut self) -> ReplayFile {
         self.checksum = self.expected_checksum();
         self
     }

@@ -111,10 +111,16 @@ fn a_replay_file_of_another_build_or_scenario_version_is_refused_with_exit_2() {
     let path = dir.join(format!("planted-seed-{PLANTED_SEED}.replay.json"));
     let original: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let build = original["build"].as_str().unwrap().to_string();
+    // A replay file as another build or scenario version would have written it: edited, then sealed again (an
+    // edited file that is not sealed is refused as edited, before any of these checks).
+    let sealed = |value: serde_json::Value| {
+        let file: lockstep::sim::replay::ReplayFile = serde_json::from_value(value).unwrap();
+        file.sealed().to_json()
+    };
 
     let mut other_build = original.clone();
     other_build["build"] = "0.1.0-sim-debug-0000000000000000".into();
-    std::fs::write(dir.join("build.json"), other_build.to_string()).unwrap();
+    std::fs::write(dir.join("build.json"), sealed(other_build)).unwrap();
     let output = lockstep(&["sim", "replay", "build.json"], &dir);
     let (_, stderr) = text(&output);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
@@ -126,7 +132,7 @@ fn a_replay_file_of_another_build_or_scenario_version_is_refused_with_exit_2() {
     let mut other_version = original.clone();
     let edited = original["scenario_text"].as_str().unwrap().replace("version = 1", "version = 2");
     other_version["scenario_text"] = edited.into();
-    std::fs::write(dir.join("version.json"), other_version.to_string()).unwrap();
+    std::fs::write(dir.join("version.json"), sealed(other_version)).unwrap();
     let output = lockstep(&["sim", "replay", "version.json"], &dir);
     let (_, stderr) = text(&output);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
