@@ -5,6 +5,8 @@
 //! tests/real_e2e.rs.
 #![cfg(not(madsim))]
 
+mod support;
+
 use lockstep::agent::job_tree::{JOB_MARKER_VAR, JobRecords, JobTree, Leader};
 use lockstep::agent::process::{ENV_ALLOWED, OsExecutor};
 use lockstep::agent::{Agent, AgentConfig, AgentPass, Executor, ExitStatus, ProcessHandle, StartRequest};
@@ -20,6 +22,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::procs::{Reaper, alive_with};
 
 /// A fresh directory under the system's temp dir, removed when dropped.
 struct TempDir(PathBuf);
@@ -141,41 +144,6 @@ async fn a_missing_file_is_a_start_failure() {
 /// A number no other live test process uses, for `sleep` arguments the tests find processes by: `1000.{pid}{n}`.
 fn marker(n: u32) -> String {
     format!("1000.{}{n:02}", std::process::id())
-}
-
-/// Live (not zombie) `sleep` processes whose one argument is `marker`: the sleeps themselves, not the shells (or
-/// their forked subshells) whose `-c` text names every marker of the job, which would count a sleep as started
-/// before its shell forked it.
-fn alive_with(marker: &str) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else { continue };
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
-        let cmdline = String::from_utf8_lossy(&cmdline);
-        let args: Vec<&str> = cmdline.split('\0').filter(|arg| !arg.is_empty()).collect();
-        let is_sleep =
-            matches!(args.as_slice(), [program, argument] if program.ends_with("sleep") && *argument == marker);
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let zombie = stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z'));
-        if is_sleep && !zombie {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
-/// Kills (SIGKILL) every live process of the given markers when dropped, so a failing test leaves none behind.
-struct Reaper(Vec<String>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        for pid in self.0.iter().flat_map(|m| alive_with(m)) {
-            // SAFETY: kill only sends a signal, to a `sleep` this test started.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-            }
-        }
-    }
 }
 
 /// Waits up to `limit` for `done`.

@@ -34,6 +34,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use support::pg::PgHarness;
+use support::procs::{Reaper, alive_with, process_gone};
 
 const BIN: &str = env!("CARGO_BIN_EXE_lockstep");
 const SEED_GANG: &str = include_str!("../scenarios/specs/seed-gang.yson");
@@ -129,14 +130,6 @@ async fn exit_within(child: &mut Child, limit: Duration) -> ExitStatus {
         }
         assert!(started.elapsed() < limit, "process {} still running after {limit:?}", child.id());
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Whether process `pid` is gone (or a zombie no one reaped yet).
-fn process_gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
     }
 }
 
@@ -502,39 +495,6 @@ async fn the_seed_gang_survives_a_killed_job_a_killed_replica_and_a_killed_agent
     assert_eq!(view.status, OperationStatus::Completed, "{:?}", view.data.result);
     assert_eq!(view.incarnation_events().len(), 2, "one gang restart");
     assert_eq!(audit::operation(&view), Vec::<String>::new());
-}
-
-/// Live (not zombie) `sleep` processes whose one argument is `marker`: the sleeps themselves, not the shells (or
-/// their forked subshells) whose `-c` text names every marker of the job, which would count a sleep as started
-/// before its shell forked it.
-fn alive_with(marker: &str) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else { continue };
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
-        let cmdline = String::from_utf8_lossy(&cmdline);
-        let args: Vec<&str> = cmdline.split('\0').filter(|arg| !arg.is_empty()).collect();
-        let is_sleep =
-            matches!(args.as_slice(), [program, argument] if program.ends_with("sleep") && *argument == marker);
-        if is_sleep && !process_gone(pid) {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
-/// Kills (SIGKILL) every live process of the given markers when dropped, so a failing test leaves none behind.
-struct Reaper(Vec<String>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        for pid in self.0.iter().flat_map(|m| alive_with(m)) {
-            // SAFETY: kill only sends a signal, to a `sleep` this test's job started.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-            }
-        }
-    }
 }
 
 /// The agent runs with the variables a controller host has (DATABASE_URL with its password, LOCKSTEP_SCHEMA, and

@@ -4,3 +4,5 @@
 
 #[cfg(not(madsim))]
 pub mod pg;
+#[cfg(not(madsim))]
+pub mod procs;
