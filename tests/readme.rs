@@ -396,6 +396,18 @@ fn readme_quick_start_names_the_scenarios_current_version() {
     assert!(readme.text.contains(&line), "README's quick start output should begin with {line:?}");
 }
 
+/// The replay command the user-pipelines page shows is the one a failing seed prints (`Replay::command`), with
+/// its placeholders.
+#[cfg(madsim)]
+#[test]
+fn the_user_pipelines_page_shows_the_replay_command_a_failing_seed_prints() {
+    use lockstep::sim::user::Replay;
+    let user = page("docs/user-pipelines.md");
+    let text = user.text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let printed = Replay { package: "PACKAGE", test: "FILE", name: "TEST" }.command(17).replace("=17 ", "=S ");
+    assert!(text.contains(&format!("`{printed}`")), "docs/user-pipelines.md should show `{printed}`");
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Links.
 
