@@ -1,5 +1,5 @@
 //! Scenario files (DESIGN §5): a [`Scenario`] written in TOML, as `lockstep sim run` reads it from
-//! `scenarios/*.toml`. The README's "Scenarios and the command line" section documents every key.
+//! `scenarios/*.toml`. docs/scenarios.md documents every key.
 //!
 //! Every table denies unknown keys, every value is checked, and every error is a [`ScenarioError`] that names
 //! the file, the line and column, the key (`faults.at[1].replica`) and the rule it breaks. Keys left out take

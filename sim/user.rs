@@ -39,8 +39,7 @@
 //! }
 //! ```
 //!
-//! The example crate `examples/user-pipelines` is this, whole and tested; the README's "Test your own pipelines"
-//! says how to build it (the `madsim` cfg and the cargo aliases).
+//! The example crate `examples/user-pipelines` is this, whole and tested; docs/user-pipelines.md says how to build it (the `madsim` cfg and the cargo aliases).
 //!
 //! Time in this module is simulated time: `Duration`s are spans of the simulated clock, which runs only when
 //! every node waits.

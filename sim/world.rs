@@ -521,7 +521,7 @@ impl World {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(format!("replicas {pending:?} did not drain within {budget:?}"));
+                return Err(format!("replicas {pending:?} did not drain within {}", crate::duration::format(budget)));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

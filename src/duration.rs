@@ -1,5 +1,6 @@
 //! Durations as people write them, in scenario files and on the command line: one or more `<number><unit>` parts
-//! (`"500ms"`, `"1.5s"`, `"1m30s"`), exact to the nanosecond.
+//! (`"500ms"`, `"1.5s"`, `"1m30s"`), exact to the nanosecond; and as people read them in messages ([`format`]:
+//! `21.311s`, not `Duration`'s Debug `21.311136s`).
 
 use std::time::Duration;
 
@@ -64,6 +65,32 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     Ok(Duration::new(secs, (total % 1_000_000_000) as u32))
 }
 
+/// Formats a duration for people to read, in a form [`parse`] reads back: seconds to the millisecond from one
+/// second up (`2s`, `1.5s`, `21.311s`), milliseconds to a tenth below that (`500ms`, `51.5ms`), microseconds to
+/// a tenth below a millisecond (`250us`, `0.5us`), and `0s`. Digits past those are cut, not rounded, so a span
+/// never reads as longer than it is; trailing zeros are dropped. Whole values print as `Duration`'s Debug does
+/// (`60s`, `500ms`), so messages about round spans read the same.
+pub fn format(span: Duration) -> String {
+    // (whole units, tenths of the unit's 1/10^decimals, unit): seconds keep 3 decimals, ms and us keep 1.
+    let nanos = span.as_nanos();
+    let (value, scale, unit) = if nanos >= 1_000_000_000 {
+        (nanos / 1_000_000, 1_000, "s")
+    } else if nanos >= 1_000_000 {
+        (nanos / 100_000, 10, "ms")
+    } else if nanos > 0 {
+        (nanos / 100, 10, "us")
+    } else {
+        return "0s".to_string();
+    };
+    let (whole, fraction) = (value / scale, value % scale);
+    if fraction == 0 {
+        return format!("{whole}{unit}");
+    }
+    let width = scale.ilog10() as usize;
+    let digits = format!("{fraction:0width$}");
+    format!("{whole}.{}{unit}", digits.trim_end_matches('0'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,5 +114,30 @@ mod tests {
             assert!(error.contains(&format!("\"{bad}\"")), "the message quotes the text: {error}");
         }
         assert!(parse("-2s").unwrap_err().contains("cannot be negative"));
+    }
+
+    #[test]
+    fn durations_format_as_people_read_them_and_parse_back() {
+        let cases = [
+            (Duration::ZERO, "0s"),
+            (Duration::from_secs(60), "60s"),
+            (Duration::from_secs(3600), "3600s"),
+            (Duration::from_millis(1500), "1.5s"),
+            (Duration::from_nanos(21_311_136_000), "21.311s"),
+            (Duration::from_nanos(51_545_375), "51.5ms"),
+            (Duration::from_millis(500), "500ms"),
+            (Duration::from_micros(250), "250us"),
+            (Duration::from_nanos(500), "0.5us"),
+            (Duration::from_nanos(1_000_999_999), "1s"),
+            (Duration::from_nanos(1_020_000_000), "1.02s"),
+        ];
+        for (span, text) in cases {
+            assert_eq!(format(span), text, "{span:?}");
+            let back = parse(text).unwrap_or_else(|error| panic!("{text}: {error}"));
+            assert!(back <= span, "{text} reads back as {back:?}, longer than {span:?}");
+        }
+        for span in [Duration::from_secs(2), Duration::from_millis(500)] {
+            assert_eq!(format(span), format!("{span:?}"), "a whole value prints as Debug does");
+        }
     }
 }

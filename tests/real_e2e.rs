@@ -14,7 +14,7 @@
 //! - `submit --wait` exits with the operation's outcome; bad input exits 2 naming the field;
 //! - a task without gang_options of a gang operation has ranks and sizes (`YT_GANG_RANK`, `YT_TASK_GANG_SIZE`,
 //!   counted in `YT_GANG_SIZE`) in real jobs, under `serve --gang-placement all_or_nothing`;
-//! - the README's real-mode walk-through names commands and flags that exist and a spec that parses.
+//! - the real-mode walk-through (docs/real-mode.md) names commands and flags that exist and a spec that parses.
 //!
 //! Each job of the gang tests appends `incarnation cookie rank pid` to `OUT/rank-$YT_GANG_RANK` when it starts and
 //! then waits for the file `OUT/go`, so the test decides when a gang may complete.
@@ -520,7 +520,7 @@ async fn a_job_sees_only_its_environment_and_its_processes_end_when_its_killed_a
     let sandbox = cluster.sandbox("node-1", &view.jobs[0].data.id);
     let stdout = std::fs::read_to_string(sandbox.join("stdout")).unwrap();
     let seen: BTreeMap<&str, &str> = stdout.lines().filter_map(|line| line.split_once('=')).collect();
-    // The README's allow-list, the spec's variable, the marker, and what `sh` sets itself.
+    // The real-mode page's allow-list, the spec's variable, the marker, and what `sh` sets itself.
     let allowed = ["PATH", "HOME", "LANG", "TZ", "USER", "GREETING", "LOCKSTEP_JOB", "PWD", "SHLVL", "_"];
     for name in seen.keys() {
         assert!(allowed.contains(name) || name.starts_with("YT_"), "the job saw {name}:\n{stdout}");
@@ -832,14 +832,12 @@ async fn a_second_agent_for_a_held_node_warns_once_that_it_waits() {
     assert!(!log.contains("node session started"), "the second agent took a held lease:\n{log}");
 }
 
-/// The README's `## Real mode` section: its spec file parses as the seed's gang example, and every `lockstep`
+/// The real-mode page (`docs/real-mode.md`): its spec file parses as the seed's gang example, and every `lockstep`
 /// command it shows exists with the flags it uses (`--help` after them exits 0; clap refuses unknown flags
 /// first).
 #[test]
 fn the_readme_real_mode_walkthrough_uses_commands_flags_and_a_spec_that_exist() {
-    let readme = include_str!("../README.md");
-    let start = readme.find("## Real mode").expect("README has a Real mode section");
-    let section = &readme[start..start + readme[start..].find("\n## Tests").expect("Real mode comes before Tests")];
+    let section = include_str!("../docs/real-mode.md");
     assert!(section.contains("scenarios/specs/seed-gang.yson"), "the walk-through submits the seed's gang example");
     let spec = OperationSpec::parse(SEED_GANG, SpecFormat::Yson).expect("seed-gang.yson parses");
     assert_eq!(spec.tasks.keys().collect::<Vec<_>>(), ["worker"]);

@@ -5,7 +5,7 @@
 //! no request, that its lanes and the violation's marker are there, that hovering an item shows its trace line,
 //! that a violation's button moves the view to its moment, and that filtering by an operation hides the
 //! others' lanes. It writes a screenshot to `target/timeline-browser/timeline.png` (and, with
-//! `LOCKSTEP_UPDATE_SCREENSHOT=1`, to `docs/timeline.png`, which the README shows).
+//! `LOCKSTEP_UPDATE_SCREENSHOT=1`, to `docs/timeline.png`, which the README and docs/simulator.md show).
 //!
 //! Needs `chromium` and `chromium-driver` (`apt-get install -y chromium chromium-driver`; `scripts/test`
 //! installs them when it runs as root). `LOCKSTEP_CHROMIUM` and `LOCKSTEP_CHROMEDRIVER` name other binaries.

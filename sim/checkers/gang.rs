@@ -143,8 +143,15 @@ fn unmet_by(expectation: &OperationExpectation, report: &OperationReport) -> Vec
     if let Some(bound) = expectation.completed_within {
         match report.completion() {
             Some(took) if took <= bound => {}
-            Some(took) => unmet.push(format!("{name}: completion expected within {bound:?}, actual {took:?}")),
-            None => unmet.push(format!("{name}: completion expected within {bound:?}, actual: never ended")),
+            Some(took) => unmet.push(format!(
+                "{name}: completion expected within {}, actual {}",
+                crate::duration::format(bound),
+                crate::duration::format(took)
+            )),
+            None => unmet.push(format!(
+                "{name}: completion expected within {}, actual: never ended",
+                crate::duration::format(bound)
+            )),
         }
     }
     unmet

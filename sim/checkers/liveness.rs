@@ -14,19 +14,19 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
     let waited = input.liveness_at.as_micros() - input.heal_at.as_micros();
     if !left.is_empty() {
         return Err(format!(
-            "{} rows not final {:.1} s after the heal (bound {:?}): {}",
+            "{} rows not final {:.1} s after the heal (bound {}): {}",
             left.len(),
             waited as f64 / 1e6,
-            input.liveness_bound,
+            crate::duration::format(input.liveness_bound),
             listed(&left)
         ));
     }
     let bound = crate::store::duration_micros(input.liveness_bound);
     if waited > bound {
         return Err(format!(
-            "the rows became final {:.1} s after the heal, past the bound {:?}",
+            "the rows became final {:.1} s after the heal, past the bound {}",
             waited as f64 / 1e6,
-            input.liveness_bound
+            crate::duration::format(input.liveness_bound)
         ));
     }
     Ok(())

@@ -49,7 +49,7 @@ pub fn rank_exclusivity(events: &[ProcessEvent]) -> Vec<String> {
     let mut violations = Vec::new();
     let overlap = |what: &str, event: &ProcessEvent, other: &ProcessEvent| {
         format!(
-            "operation {} task {} rank {}: job {} (incarnation {}) {what} on {} in allocation {} at {:?} while job {} \
+            "operation {} task {} rank {}: job {} (incarnation {}) {what} on {} in allocation {} at {} while job {} \
              (incarnation {}) runs on {} in allocation {}",
             event.job.operation,
             event.task,
@@ -58,7 +58,7 @@ pub fn rank_exclusivity(events: &[ProcessEvent]) -> Vec<String> {
             event.incarnation,
             event.node,
             event.allocation,
-            offset(origin, event.at),
+            crate::duration::format(offset(origin, event.at)),
             other.job,
             other.incarnation,
             other.node,
@@ -134,9 +134,17 @@ pub fn ranks_together(views: &[OperationView], events: &[ProcessEvent], start_sk
             let spread = last.0 - first.0;
             if spread > start_skew_max {
                 violations.push(format!(
-                    "operation {} incarnation {incarnation}: rank {}/{} (job {}) started {spread:?} after rank {}/{} \
-                     (job {}), more than {start_skew_max:?}: its ranks were not placed together",
-                    view.id, last.1, last.2, last.3, first.1, first.2, first.3
+                    "operation {} incarnation {incarnation}: rank {}/{} (job {}) started {} after rank {}/{} \
+                     (job {}), more than {}: its ranks were not placed together",
+                    view.id,
+                    last.1,
+                    last.2,
+                    last.3,
+                    crate::duration::format(spread),
+                    first.1,
+                    first.2,
+                    first.3,
+                    crate::duration::format(start_skew_max)
                 ));
             }
         }

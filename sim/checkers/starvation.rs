@@ -47,7 +47,8 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
     if starved.is_empty() {
         return Ok(());
     }
-    Err(format!("{} parents starved past {:?}: {}", starved.len(), input.starvation_bound, listed(&starved)))
+    let bound = crate::duration::format(input.starvation_bound);
+    Err(format!("{} parents starved past {bound}: {}", starved.len(), listed(&starved)))
 }
 
 #[cfg(test)]

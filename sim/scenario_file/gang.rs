@@ -1,6 +1,6 @@
 //! The gang part of a scenario file: `[agent]`, `[controller]`, `[[operations]]`, `[jobs]` with its
-//! `[[jobs.rule]]`s, `[[controls]]`, `[[expect.operation]]` and `[[expect.trace]]` (the README's "Scenarios and
-//! the command line" section documents every key). Each table denies unknown keys; each rule broken is reported
+//! `[[jobs.rule]]`s, `[[controls]]`, `[[expect.operation]]` and `[[expect.trace]]` (docs/scenarios.md,
+//! "Gang scenarios", documents every key). Each table denies unknown keys; each rule broken is reported
 //! at its key, like the rest of the file ([`super::ScenarioError`]).
 //!
 //! Spec files (`spec_file`) are read when the scenario is parsed, relative to the scenario file's directory

@@ -10,7 +10,7 @@
 //!
 //! Only a process that does both (leaves the session *and* drops the marker, as a deliberate daemon does) escapes;
 //! a cgroup or a PID namespace per job would catch it too, but needs privileges or delegation an agent cannot count
-//! on (README, Real mode). Each rule is guarded against pid reuse: a process counts only if it started no earlier
+//! on (docs/real-mode.md). Each rule is guarded against pid reuse: a process counts only if it started no earlier
 //! than the job's shell (start times in clock ticks since boot, `/proc/PID/stat` field 22), and the session rule
 //! only while the pid of the shell is not held by a different process (a pid stays allocated while any process
 //! uses it as its session id, so a shell pid taken by another process means the job's session has ended).
@@ -23,7 +23,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use tokio::time::Duration;
 
-/// The environment variable that marks a job's processes (README, Real mode: what a job sees).
+/// The environment variable that marks a job's processes (docs/real-mode.md, "What a job sees").
 pub const JOB_MARKER_VAR: &str = "LOCKSTEP_JOB";
 
 /// Most kill-and-look rounds of [`JobTree::end`]; a tree still alive after them is reported as an error. A round

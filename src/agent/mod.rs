@@ -119,6 +119,7 @@ impl AgentConfig {
     ///   heartbeat.
     pub fn validate(&self) -> Result<(), AgentConfigError> {
         let fail = |field, rule: String| Err(AgentConfigError { node: self.name.clone(), field, rule });
+        let show = crate::duration::format;
         if self.name.is_empty() {
             return fail("name", "must not be empty".into());
         }
@@ -128,7 +129,7 @@ impl AgentConfig {
         if self.lease_margin >= self.lease_ttl {
             return fail(
                 "lease_margin",
-                format!("{:?} must be shorter than lease_ttl {:?}", self.lease_margin, self.lease_ttl),
+                format!("{} must be shorter than lease_ttl {}", show(self.lease_margin), show(self.lease_ttl)),
             );
         }
         if self.poll_interval.is_zero() {
@@ -136,15 +137,19 @@ impl AgentConfig {
         }
         if self.heartbeat_trigger < self.poll_interval * 2 {
             let rule = format!(
-                "{:?} leaves less than two passes ({:?} each) to extend the lease",
-                self.heartbeat_trigger, self.poll_interval
+                "{} leaves less than two passes ({} each) to extend the lease",
+                show(self.heartbeat_trigger),
+                show(self.poll_interval)
             );
             return fail("heartbeat_trigger", rule);
         }
         let local = self.lease_ttl - self.lease_margin;
         if self.heartbeat_trigger >= local {
-            let rule =
-                format!("{:?} must be shorter than lease_ttl − lease_margin ({local:?})", self.heartbeat_trigger);
+            let rule = format!(
+                "{} must be shorter than lease_ttl − lease_margin ({})",
+                show(self.heartbeat_trigger),
+                show(local)
+            );
             return fail("heartbeat_trigger", rule);
         }
         Ok(())

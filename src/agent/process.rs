@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 
-/// The agent's environment variables a job inherits (README, Real mode); every other one is withheld.
+/// The agent's environment variables a job inherits (docs/real-mode.md); every other one is withheld.
 pub const ENV_ALLOWED: [&str; 5] = ["PATH", "HOME", "LANG", "TZ", "USER"];
 
 /// The agent's own directory inside its work dir (job ids are `{operation}-{index}`, so no sandbox clashes).

@@ -1,4 +1,4 @@
-//! Gang placement (`gang_placement`, lockstep's own spec key; README "Gang controller"): how the ranked jobs of a
+//! Gang placement (`gang_placement`, lockstep's own spec key; docs/gang.md, "Placement"): how the ranked jobs of a
 //! gang operation's incarnation get allocations, and the gang queue that keeps waiting gangs in order.
 //!
 //! - [`GangPlacement::Incremental`] (YTsaurus's behaviour): each pending job takes a free allocation as one
@@ -148,7 +148,9 @@ pub const UNFIT_REASON_PREFIX: &str = "gang_placement all_or_nothing: ";
 pub fn unfit_reason(index: u32, need: u32, slots: u32, waited: Duration, timeout: Duration) -> String {
     format!(
         "{UNFIT_REASON_PREFIX}incarnation {index} needs {need} allocations at once, but the live nodes offered only \
-         {slots} for {waited:?} (gang_unfit_timeout {timeout:?}): it can never be placed"
+         {slots} for {} (gang_unfit_timeout {}): it can never be placed",
+        crate::duration::format(waited),
+        crate::duration::format(timeout)
     )
 }
 

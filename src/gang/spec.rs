@@ -60,8 +60,8 @@ pub struct TaskSpec {
     pub restart_completed_jobs: bool,
 }
 
-/// How a gang operation's ranked jobs get allocations (`gang_placement`, lockstep's own spec key; README "Gang
-/// controller").
+/// How a gang operation's ranked jobs get allocations (`gang_placement`, lockstep's own spec key;
+/// docs/gang.md, "Placement").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GangPlacement {

@@ -307,6 +307,7 @@ impl PipelineConfig {
     /// Checks every rule; the first broken one is returned.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let fail = |field, rule: String| Err(ConfigError::Field { pipeline: self.name.clone(), field, rule });
+        let show = crate::duration::format;
         if self.name.is_empty() {
             return fail("name", "must not be empty".into());
         }
@@ -328,8 +329,10 @@ impl PipelineConfig {
         }
         if self.lease_margin + self.heartbeat_interval * 2 > self.heartbeat_trigger {
             let rule = format!(
-                "{:?} leaves less than two heartbeats ({:?}) plus the lease margin ({:?}) to extend a lease",
-                self.heartbeat_trigger, self.heartbeat_interval, self.lease_margin
+                "{} leaves less than two heartbeats ({}) plus the lease margin ({}) to extend a lease",
+                show(self.heartbeat_trigger),
+                show(self.heartbeat_interval),
+                show(self.lease_margin)
             );
             return fail("heartbeat_trigger", rule);
         }
@@ -337,8 +340,10 @@ impl PipelineConfig {
             // What is left is the start window: how long a queued item's lease lasts before the heartbeater must
             // extend it, or give it back if no worker started the item (see `super::queue`).
             let rule = format!(
-                "{:?} plus lease_margin {:?} must be shorter than lease_ttl {:?}",
-                self.heartbeat_trigger, self.lease_margin, self.lease_ttl
+                "{} plus lease_margin {} must be shorter than lease_ttl {}",
+                show(self.heartbeat_trigger),
+                show(self.lease_margin),
+                show(self.lease_ttl)
             );
             return fail("heartbeat_trigger", rule);
         }
@@ -361,13 +366,19 @@ impl PipelineConfig {
             return fail("apply_batch_max", "0 must be at least 1".into());
         }
         if self.apply_batch_window >= self.lease_margin {
-            let rule =
-                format!("{:?} must be shorter than lease_margin {:?}", self.apply_batch_window, self.lease_margin);
+            let rule = format!(
+                "{} must be shorter than lease_margin {}",
+                show(self.apply_batch_window),
+                show(self.lease_margin)
+            );
             return fail("apply_batch_window", rule);
         }
         if self.refetch_batch_window >= self.lease_margin {
-            let rule =
-                format!("{:?} must be shorter than lease_margin {:?}", self.refetch_batch_window, self.lease_margin);
+            let rule = format!(
+                "{} must be shorter than lease_margin {}",
+                show(self.refetch_batch_window),
+                show(self.lease_margin)
+            );
             return fail("refetch_batch_window", rule);
         }
         self.validate_retry()
@@ -383,7 +394,9 @@ impl PipelineConfig {
             return fail("retry.backoff_base", "must not be zero".into());
         }
         if retry.backoff_max < retry.backoff_base {
-            let rule = format!("{:?} must be at least backoff_base {:?}", retry.backoff_max, retry.backoff_base);
+            let show = crate::duration::format;
+            let rule =
+                format!("{} must be at least backoff_base {}", show(retry.backoff_max), show(retry.backoff_base));
             return fail("retry.backoff_max", rule);
         }
         if !(0.0..1.0).contains(&retry.jitter) {

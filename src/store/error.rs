@@ -15,7 +15,7 @@ pub enum StoreError {
     #[error("transaction conflict: {0}")]
     Conflict(String),
     /// The call did not finish in time; its outcome is unknown.
-    #[error("store call timed out after {0:?}")]
+    #[error("store call timed out after {}", crate::duration::format(*.0))]
     Timeout(std::time::Duration),
     /// The call's arguments break a rule of the store (names the rule).
     #[error("invalid store call: {0}")]

@@ -179,7 +179,9 @@ impl Waits {
 fn timeout_millis(option: &str, span: Duration) -> Result<String, StoreError> {
     if span > SESSION_TIMEOUT_MAX {
         return Err(StoreError::Invalid(format!(
-            "{option}: {span:?} exceeds PostgreSQL's largest time-out, {SESSION_TIMEOUT_MAX:?}"
+            "{option}: {} exceeds PostgreSQL's largest time-out, {}",
+            crate::duration::format(span),
+            crate::duration::format(SESSION_TIMEOUT_MAX)
         )));
     }
     Ok(span.as_nanos().div_ceil(1_000_000).to_string())

@@ -70,7 +70,7 @@ impl ServeArgs {
 fn config_rule(args: &ServeArgs, error: &ConfigError) -> String {
     let flags = "--workers, --lease-ttl, --lease-margin, --heartbeat-interval, --min-processing-interval";
     let ConfigError::Field { field, rule, .. } = error else { return format!("{error} (set by {flags})") };
-    let show = |d: Duration| format!("{d:?}");
+    let show = lockstep::duration::format;
     match *field {
         // serve extends a lease when half its ttl is left: that half must hold two heartbeats and the margin.
         "heartbeat_trigger" => {
