@@ -4,3 +4,6 @@
 
 #[cfg(not(madsim))]
 pub mod pg;
+
+#[cfg(not(madsim))]
+pub mod chaos;
