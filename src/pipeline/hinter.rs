@@ -3,7 +3,7 @@
 //! dstack's stay inside one process.
 
 use super::queue::Shared;
-use crate::store::Hint;
+use crate::store::{HINT_EVERY_KIND, Hint};
 use std::sync::Arc;
 use tokio::sync::broadcast::{self, error::RecvError};
 
@@ -20,9 +20,11 @@ impl Hinter {
     }
 
     /// Waits for one hint and wakes the fetchers of its kind; returns how many were woken, or `None` when the
-    /// hint channel closed. After a lag (hints were dropped), every fetcher is woken.
+    /// hint channel closed. After a lag (hints were dropped) and for the catch-up hint [`HINT_EVERY_KIND`] (the
+    /// store's listener missed hints), every fetcher is woken.
     pub async fn run_once(&mut self) -> Option<usize> {
         let kind = match self.receiver.recv().await {
+            Ok(kind) if kind == HINT_EVERY_KIND => None,
             Ok(kind) => Some(kind),
             Err(RecvError::Lagged(_)) => None,
             Err(RecvError::Closed) => return None,

@@ -90,6 +90,7 @@ impl PgStore {
     /// time-out PostgreSQL cannot take.
     pub async fn connect_with(options: PgOptions) -> Result<PgStore, StoreError> {
         options::check_schema(&options.schema)?;
+        options.check_listen()?;
         let waits = options.waits();
         let fail = |err| error::store_error(err, waits);
         let base: PgConnectOptions = options.url.parse().map_err(fail)?;
@@ -133,7 +134,14 @@ impl PgStore {
                 _listener_shutdown: shutdown,
             }),
         };
-        listen::start(connect, channel, instance, hints, shutdown_rx).await.map_err(|err| store.fail(err))?;
+        let listener = listen::ListenerConfig {
+            connect,
+            channel,
+            instance,
+            check_interval: options.listen_check_interval,
+            check_timeout: options.listen_check_timeout,
+        };
+        listen::start(listener, hints, shutdown_rx).await.map_err(|err| store.fail(err))?;
         Ok(store)
     }
 
