@@ -210,3 +210,27 @@ async fn wait_for_proxy(handle: &ProxyHandle, what: &str, done: impl Fn(&ProxyHa
     .await;
     assert!(waited.is_ok(), "{what}: not within {QUERY_WAIT:?}");
 }
+
+#[tokio::test]
+async fn a_held_commit_waits_while_its_session_is_terminated_and_then_fails_writing_nothing() {
+    let run = Scoped::new().await;
+    let proxy = run.proxy(12).await;
+    let handle = proxy.handle();
+    let mut conn = run.connect_through(&proxy, "a").await;
+    handle.hold_before(b"COMMIT");
+    let schema = run.schema.clone();
+    let commit = tokio::spawn(async move {
+        let mut tx = conn.begin().await.expect("begin");
+        let insert = format!("INSERT INTO {schema}.marks VALUES (4)");
+        sqlx::query(sqlx::AssertSqlSafe(insert)).execute(&mut *tx).await.expect("insert");
+        tx.commit().await
+    });
+    wait_for_proxy(&handle, "the COMMIT is held", |h| h.holding().len() == 1).await;
+    assert!(!commit.is_finished(), "a held commit returned");
+    assert_eq!(run.terminate_idle_in_transaction("a").await, 1, "the session sat idle in its transaction");
+    assert_eq!(handle.release_held(), 1);
+    let committed = tokio::time::timeout(QUERY_WAIT, commit).await.expect("the commit ends").expect("join");
+    assert!(committed.is_err(), "a commit on a terminated session: {committed:?}");
+    assert!(!run.mark_exists(4).await, "a terminated session's transaction was committed");
+    run.finish().await;
+}

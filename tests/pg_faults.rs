@@ -192,3 +192,42 @@ async fn a_commit_cut_before_the_server_and_a_commit_reply_lost_apply_nothing_tw
     drop(proxy);
     run.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_terminated_between_an_applys_last_statement_and_its_commit_applies_nothing_twice() {
+    const ROWS: usize = 10;
+    let run = Scoped::new().await;
+    let proxy = run.proxy(23).await;
+    let handle = proxy.handle();
+    let harness = PgHarness::new().await;
+    let direct = harness.store().clone();
+    let schema = direct.schema().to_string();
+    let replica = store_through(&run, &proxy, &schema).await;
+    // The first COMMIT waits in the proxy: the apply's statements ran, its transaction is open on the server.
+    handle.hold_before(b"COMMIT");
+    let processed = Arc::new(AtomicU64::new(0));
+    let mut manager = PipelineManager::new(Arc::new(replica), ManagerOptions { seed: 3 });
+    manager.register(config(Duration::from_secs(6)), Finish { processed: processed.clone() }).unwrap();
+    manager.start();
+
+    let rows = insert_ready(&direct, ROWS).await;
+    direct.hint("job", None).await.expect("hint");
+    wait_until("an apply's COMMIT is held", || async { handle.holding().len() == 1 }).await;
+    // End that session on the server, as a crash, a failover or an operator would, then let the COMMIT go on.
+    // (Another worker's transaction may be between two of its statements just then: it is ended too.)
+    let ended = run.terminate_idle_in_transaction("replica").await;
+    assert!(ended >= 1, "the held apply's session sat idle in its transaction");
+    assert_eq!(handle.release_held(), 1);
+    wait_until("every row is done", || all_done(&direct, &rows)).await;
+
+    // No worker is stuck on the dead session: new rows go through.
+    let more = insert_ready(&direct, ROWS).await;
+    direct.hint("job", None).await.expect("hint");
+    wait_until("rows inserted after the fault are done", || all_done(&direct, &more)).await;
+    manager.shutdown().await;
+    let calls = processed.load(Ordering::Relaxed);
+    assert!(calls > 2 * ROWS as u64, "the terminated apply's rows were processed again: {calls} calls");
+    assert_applied_once(&direct).await;
+    drop(proxy);
+    run.finish().await;
+}

@@ -20,10 +20,12 @@
 //!
 //! Besides the link's mode: [`ProxyHandle::cut`] resets every open connection (RST, as after a server crash or
 //! `pg_terminate_backend`), [`ProxyHandle::black_hole_connections`] black-holes chosen open connections only
-//! (found by their `application_name`, [`ProxyHandle::connections`]), and two one-shot triggers aim at a
+//! (found by their `application_name`, [`ProxyHandle::connections`]), and one-shot triggers aim at a
 //! statement: [`ProxyHandle::cut_before`] (the session dies before the server sees the statement: a `COMMIT`
-//! never arrives and the server rolls back) and [`ProxyHandle::lose_reply_after`] (the statement runs, its reply
-//! is lost, then the connection is cut).
+//! never arrives and the server rolls back), [`ProxyHandle::lose_reply_after`] (the statement runs, its reply
+//! is lost, then the connection is cut), [`ProxyHandle::hold_before`] (the statement waits, so that a test can
+//! end the server's session in between) and [`ProxyHandle::black_hole_from`] (the session that sends it goes
+//! half-open).
 //!
 //! Randomness comes from one ChaCha stream seeded by [`ProxyOptions::seed`] (DESIGN §5: one stream per purpose).
 //! The wall clock and real sockets make a run not reproducible: the proxy serves the normal build only.
@@ -148,6 +150,7 @@ struct State {
     cut_before: Vec<Vec<u8>>,
     lose_reply_after: Vec<Vec<u8>>,
     black_hole_from: Vec<Vec<u8>>,
+    hold_before: Vec<Vec<u8>>,
     rng: ChaCha8Rng,
     stats: ProxyStats,
 }
@@ -157,6 +160,8 @@ struct Connection {
     /// The client's first bytes, until the startup message is read.
     startup: Option<Vec<u8>>,
     black_holed: bool,
+    /// Set when a [`ProxyHandle::hold_before`] statement came up: it waits for [`ProxyHandle::release_held`].
+    holding: bool,
     /// Set when a [`ProxyHandle::lose_reply_after`] statement went up: the server's next bytes are lost.
     lose_next_reply: bool,
     /// Both sockets, for a reset; `kill` stops the pumps.
@@ -203,6 +208,7 @@ impl Proxy {
                 cut_before: Vec::new(),
                 lose_reply_after: Vec::new(),
                 black_hole_from: Vec::new(),
+                hold_before: Vec::new(),
                 rng: ChaCha8Rng::seed_from_u64(options.seed),
                 stats: ProxyStats::default(),
             }),
@@ -309,10 +315,39 @@ impl ProxyHandle {
         self.state().black_hole_from.push(pattern.to_vec());
     }
 
+    /// Arms a one-shot trigger: the next chunk from a client that contains `pattern` waits, and so does its
+    /// connection's client side, until [`ProxyHandle::release_held`]; the server's side still flows. Aims a fault
+    /// between two statements, e.g. `pg_terminate_backend` of a session whose `COMMIT` is on its way (see
+    /// [`ProxyHandle::holding`]). Matched within one chunk of at most 64 KiB.
+    pub fn hold_before(&self, pattern: &[u8]) {
+        assert!(!pattern.is_empty(), "hold_before: empty pattern");
+        self.state().hold_before.push(pattern.to_vec());
+    }
+
+    /// The connections whose client side a [`ProxyHandle::hold_before`] trigger holds.
+    pub fn holding(&self) -> Vec<ConnectionInfo> {
+        let held: Vec<u64> = self.state().connections.iter().filter(|(_, c)| c.holding).map(|(&id, _)| id).collect();
+        self.connections().into_iter().filter(|c| held.contains(&c.id)).collect()
+    }
+
+    /// Lets every chunk a [`ProxyHandle::hold_before`] trigger holds go on (through the link's mode and the
+    /// other triggers); returns how many connections were held.
+    pub fn release_held(&self) -> usize {
+        let mut state = self.state();
+        let mut released = 0;
+        for connection in state.connections.values_mut().filter(|c| c.holding) {
+            connection.holding = false;
+            released += 1;
+        }
+        drop(state);
+        self.bump();
+        released
+    }
+
     /// How many one-shot triggers are armed and not yet fired.
     pub fn triggers_armed(&self) -> usize {
         let state = self.state();
-        state.cut_before.len() + state.lose_reply_after.len() + state.black_hole_from.len()
+        state.cut_before.len() + state.lose_reply_after.len() + state.black_hole_from.len() + state.hold_before.len()
     }
 
     /// What the proxy did since it started.
@@ -376,7 +411,8 @@ impl Inner {
     /// Decides the fate of `chunk`, read from `direction` of connection `id`, under the state's lock.
     fn decide(&self, id: u64, direction: Direction, chunk: &[u8]) -> Decision {
         let mut state = self.state();
-        let State { link, connections, cut_before, lose_reply_after, black_hole_from, rng, stats } = &mut *state;
+        let State { link, connections, cut_before, lose_reply_after, black_hole_from, hold_before, rng, stats } =
+            &mut *state;
         let Some(connection) = connections.get_mut(&id) else {
             return Decision::Discard;
         };
@@ -399,8 +435,19 @@ impl Inner {
             black_hole_from.remove(i);
             connection.black_holed = true;
         }
+        if direction == Direction::Up
+            && !connection.black_holed
+            && let Some((i, _)) = first_match(hold_before, chunk)
+        {
+            hold_before.remove(i);
+            connection.holding = true;
+        }
         let triggers = Triggers { cut_before, lose_reply_after };
-        let decision = decide_chunk(link, connection, direction, chunk, triggers, rng);
+        let decision = if direction == Direction::Up && connection.holding && !connection.black_holed {
+            Decision::Hold
+        } else {
+            decide_chunk(link, connection, direction, chunk, triggers, rng)
+        };
         match decision {
             Decision::Forward { .. } => match direction {
                 Direction::Up => stats.bytes_up += chunk.len() as u64,
@@ -559,6 +606,7 @@ async fn serve(client: TcpStream, server: TcpStream, inner: Arc<Inner>) {
                 application_name: None,
                 startup: Some(Vec::new()),
                 black_holed: false,
+                holding: false,
                 lose_next_reply: false,
                 client: client.clone(),
                 server: server.clone(),

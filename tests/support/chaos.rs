@@ -94,6 +94,20 @@ impl Scoped {
         state.as_deref() == Some("idle")
     }
 
+    /// Ends, with `pg_terminate_backend`, the server sessions named `app(who)` that sit idle inside a transaction
+    /// (waiting up to 5 s for each); returns how many.
+    pub async fn terminate_idle_in_transaction(&self, who: &str) -> i64 {
+        let mut conn = self.direct().await;
+        sqlx::query_scalar(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM pg_stat_activity \
+             WHERE application_name = $1 AND state = 'idle in transaction'",
+        )
+        .bind(self.app(who))
+        .fetch_one(&mut conn)
+        .await
+        .expect("terminate sessions")
+    }
+
     /// Whether `marks` holds `n`.
     pub async fn mark_exists(&self, n: i32) -> bool {
         let mut conn = self.direct().await;
