@@ -231,3 +231,41 @@ async fn a_session_terminated_between_an_applys_last_statement_and_its_commit_ap
     drop(proxy);
     run.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_on_half_open_connections_fail_within_the_call_timeout_and_the_pool_recovers_after_healing() {
+    const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+    /// The bound plus scheduling on a loaded machine.
+    const CALL_FAILED_MAX: Duration = Duration::from_secs(5);
+    let run = Scoped::new().await;
+    let proxy = run.proxy(24).await;
+    let handle = proxy.handle();
+    let harness = PgHarness::new().await;
+    let (url, schema, app) = (run.url_through(&proxy), harness.store().schema().to_string(), run.app("replica"));
+    let store = store_with(move |o: &mut PgOptions| {
+        o.url = url;
+        o.schema = schema;
+        o.application_name = app;
+        o.max_connections = 1;
+        o.acquire_timeout = Duration::from_millis(500);
+        o.call_timeout = CALL_TIMEOUT;
+    })
+    .await;
+    store.now().await.expect("a call through the passing proxy");
+
+    // Every session through the proxy goes half-open: no reply, no FIN, no RST.
+    handle.set(lockstep::chaos::proxy::LinkFault::BlackHole);
+    // More calls than the pool (of one) has connections: an abandoned call must not keep its slot.
+    for call in 0..4 {
+        let started = Instant::now();
+        let failed = store.now().await;
+        let took = started.elapsed();
+        assert!(matches!(failed, Err(lockstep::store::StoreError::Timeout(_))), "call {call}: {failed:?}");
+        assert!(took < CALL_FAILED_MAX, "call {call} took {took:?}");
+    }
+    handle.set(lockstep::chaos::proxy::LinkFault::Pass);
+    // The half-open sessions were closed, not kept: calls get new sessions through the healed link.
+    wait_until("calls succeed again after healing", || async { store.now().await.is_ok() }).await;
+    drop(proxy);
+    run.finish().await;
+}

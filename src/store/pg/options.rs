@@ -87,6 +87,16 @@ pub struct PgOptions {
     /// [`PgOptions::listen_check_interval`]). More than zero while the checks are on, or connecting fails with
     /// [`StoreError::Invalid`]. Default [`PgOptions::LISTEN_CHECK_TIMEOUT_DEFAULT`].
     pub listen_check_timeout: Duration,
+    /// Longest one store call may take, local wall clock, from its start (the wait for a pooled connection
+    /// included) to its result; past it the call is abandoned and fails with [`StoreError::Timeout`], and the
+    /// connection it used is checked (a ping within the same bound) before the pool takes it back, or closed.
+    /// PostgreSQL's own time-outs cannot end a call whose connection is half-open (a NAT, firewall or proxy
+    /// forgot it, with no FIN or RST): its statement never reaches the server, or its reply never comes back,
+    /// and without this bound the call, and the worker waiting on it, hangs until the operating system gives the
+    /// socket up (about 15 minutes of retransmissions on Linux, never if the peer still acknowledges). Keep it
+    /// above `acquire_timeout` + `statement_timeout`, so that a call the server is still running is not cut
+    /// short. Zero: unbounded. Default [`PgOptions::CALL_TIMEOUT_DEFAULT`].
+    pub call_timeout: Duration,
 }
 
 impl PgOptions {
@@ -130,6 +140,10 @@ impl PgOptions {
     /// (DESIGN §3), so that a deaf listener costs a pipeline about as much as one backoff. One round trip of well
     /// under a millisecond per store every 5 s.
     pub const LISTEN_CHECK_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
+    /// Default of [`PgOptions::call_timeout`]: zero, unbounded. With a bound the pool checks every connection a
+    /// call gives back with a second ping (sqlx already sends one), a round trip more per call in the
+    /// background; `lockstep chaos` and deployments behind NATs or proxies that drop idle connections set it.
+    pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::ZERO;
     /// Default of [`PgOptions::listen_check_timeout`]: 5 s. `LISTEN` answers in well under a millisecond; a reply
     /// seconds late means the session is dead or the server stalled, and either way a new session is the cure.
     /// With the default interval a half-open listener is noticed within 10 s.
@@ -151,6 +165,7 @@ impl PgOptions {
             idle_in_transaction_timeout: PgOptions::IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
             listen_check_interval: PgOptions::LISTEN_CHECK_INTERVAL_DEFAULT,
             listen_check_timeout: PgOptions::LISTEN_CHECK_TIMEOUT_DEFAULT,
+            call_timeout: PgOptions::CALL_TIMEOUT_DEFAULT,
         }
     }
 
@@ -243,6 +258,7 @@ impl fmt::Debug for PgOptions {
             .field("idle_in_transaction_timeout", &self.idle_in_transaction_timeout)
             .field("listen_check_interval", &self.listen_check_interval)
             .field("listen_check_timeout", &self.listen_check_timeout)
+            .field("call_timeout", &self.call_timeout)
             .finish()
     }
 }
