@@ -44,3 +44,23 @@ impl Hinter {
         while self.run_once().await.is_some() {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::PipelineConfig;
+
+    fn route(kind: &str) -> (String, Arc<Shared>) {
+        (kind.to_string(), Arc::new(Shared::new(&PipelineConfig::new(kind, kind, &["ready"]))))
+    }
+
+    #[tokio::test]
+    async fn a_hint_wakes_its_kind_and_the_catch_up_hint_wakes_every_kind() {
+        let (hints, receiver) = broadcast::channel(8);
+        let mut hinter = Hinter::new(receiver, vec![route("job"), route("node")]);
+        hints.send("job".to_string()).unwrap();
+        assert_eq!(hinter.run_once().await, Some(1));
+        hints.send(HINT_EVERY_KIND.to_string()).unwrap();
+        assert_eq!(hinter.run_once().await, Some(2), "the catch-up hint wakes every fetcher");
+    }
+}
