@@ -95,7 +95,8 @@ pub struct PgOptions {
     /// and without this bound the call, and the worker waiting on it, hangs until the operating system gives the
     /// socket up (about 15 minutes of retransmissions on Linux, never if the peer still acknowledges). Keep it
     /// above `acquire_timeout` + `statement_timeout`, so that a call the server is still running is not cut
-    /// short. Zero: unbounded. Default [`PgOptions::CALL_TIMEOUT_DEFAULT`].
+    /// short. Zero: unbounded. Default [`PgOptions::CALL_TIMEOUT_DEFAULT`]. One gap remains: a connection that
+    /// goes half-open between the store's ping and sqlx's own (unbounded) one right after it keeps its slot.
     pub call_timeout: Duration,
 }
 
