@@ -40,8 +40,8 @@ use crate::gang::model::{
 };
 use crate::pipeline::LocalClock;
 use crate::store::{
-    ApplyOutcome, ApplyParams, FetchParams, HeartbeatParams, Lease, LockToken, NewRow, RowId, RowUpdate, Store,
-    StoreError, WriteOutcome,
+    ApplyOutcome, ApplyParams, FetchParams, HINT_EVERY_KIND, HeartbeatParams, Lease, LockToken, NewRow, RowId,
+    RowUpdate, Store, StoreError, WriteOutcome,
 };
 use futures_util::FutureExt;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -333,7 +333,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
     }
 
     /// The agent's loop until `stop` resolves: a pass, then a pause of `poll_interval` that an `allocation` fetch
-    /// hint, or the end of a job's preparation, cuts short. If a pass is still running (a store call hanging) at
+    /// hint (or the catch-up hint [`HINT_EVERY_KIND`]), or the end of a job's preparation, cuts short. If a pass is still running (a store call hanging) at
     /// the lease's local deadline, it is abandoned and the agent fences itself: self-fencing never waits for the
     /// store. `stop` is looked at between passes only (a pass is never cut in the middle; a hung one ends at the
     /// lease's deadline), and then the agent stops gracefully ([`Agent::stop`]) and returns what the stop did.
@@ -395,7 +395,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
                     _ = &mut sleep => break,
                     _ = prepared.notified() => break,
                     hint = hints.recv() => match hint {
-                        Ok(kind) if kind == KIND_ALLOCATION => break,
+                        Ok(kind) if kind == KIND_ALLOCATION || kind == HINT_EVERY_KIND => break,
                         Ok(_) => {}
                         Err(RecvError::Lagged(_)) => break,
                         Err(RecvError::Closed) => {

@@ -3,7 +3,7 @@
 //! dstack's stay inside one process.
 
 use super::queue::Shared;
-use crate::store::Hint;
+use crate::store::{HINT_EVERY_KIND, Hint};
 use std::sync::Arc;
 use tokio::sync::broadcast::{self, error::RecvError};
 
@@ -20,9 +20,11 @@ impl Hinter {
     }
 
     /// Waits for one hint and wakes the fetchers of its kind; returns how many were woken, or `None` when the
-    /// hint channel closed. After a lag (hints were dropped), every fetcher is woken.
+    /// hint channel closed. After a lag (hints were dropped) and for the catch-up hint [`HINT_EVERY_KIND`] (the
+    /// store's listener missed hints), every fetcher is woken.
     pub async fn run_once(&mut self) -> Option<usize> {
         let kind = match self.receiver.recv().await {
+            Ok(kind) if kind == HINT_EVERY_KIND => None,
             Ok(kind) => Some(kind),
             Err(RecvError::Lagged(_)) => None,
             Err(RecvError::Closed) => return None,
@@ -40,5 +42,25 @@ impl Hinter {
     /// The hinter's loop, until the hint channel closes.
     pub async fn run(mut self) {
         while self.run_once().await.is_some() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::PipelineConfig;
+
+    fn route(kind: &str) -> (String, Arc<Shared>) {
+        (kind.to_string(), Arc::new(Shared::new(&PipelineConfig::new(kind, kind, &["ready"]))))
+    }
+
+    #[tokio::test]
+    async fn a_hint_wakes_its_kind_and_the_catch_up_hint_wakes_every_kind() {
+        let (hints, receiver) = broadcast::channel(8);
+        let mut hinter = Hinter::new(receiver, vec![route("job"), route("node")]);
+        hints.send("job".to_string()).unwrap();
+        assert_eq!(hinter.run_once().await, Some(1));
+        hints.send(HINT_EVERY_KIND.to_string()).unwrap();
+        assert_eq!(hinter.run_once().await, Some(2), "the catch-up hint wakes every fetcher");
     }
 }

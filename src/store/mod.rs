@@ -31,6 +31,11 @@ use tokio::sync::broadcast;
 /// A fetch hint as it travels between services and fetchers: the kind of rows that became ready.
 pub type Hint = String;
 
+/// The catch-up hint: every kind may have rows that became ready unheard, so every fetcher should look. PgStore's
+/// listener sends it to its own subscribers after it lost its session and listens again (hints sent meanwhile
+/// were lost). Subscribers treat it as they treat a lag. A real kind named `*` is only woken more often.
+pub const HINT_EVERY_KIND: &str = "*";
+
 /// Capacity of a hint subscription's buffer; a subscriber that falls further behind sees
 /// `RecvError::Lagged` and must treat it as "every kind was hinted".
 pub const HINT_BUFFER_LEN_MAX: usize = 1024;

@@ -6,3 +6,6 @@
 pub mod pg;
 #[cfg(not(madsim))]
 pub mod procs;
+
+#[cfg(not(madsim))]
+pub mod chaos;

@@ -60,6 +60,8 @@ struct Inner {
     /// Calls run again after a conflict, since the store opened (`retry`).
     conflict_retries: AtomicU64,
     max_connections: u32,
+    /// [`PgOptions::call_timeout`]; zero: unbounded.
+    call_timeout: Duration,
     hints: broadcast::Sender<Hint>,
     /// Dropped with the store, which stops the listener task.
     _listener_shutdown: oneshot::Sender<()>,
@@ -90,6 +92,7 @@ impl PgStore {
     /// time-out PostgreSQL cannot take.
     pub async fn connect_with(options: PgOptions) -> Result<PgStore, StoreError> {
         options::check_schema(&options.schema)?;
+        options.check_listen()?;
         let waits = options.waits();
         let fail = |err| error::store_error(err, waits);
         let base: PgConnectOptions = options.url.parse().map_err(fail)?;
@@ -111,6 +114,7 @@ impl PgStore {
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
             .test_before_acquire(options.ping_before_use)
+            .after_release(release_check(options.call_timeout))
             .connect_with(connect.clone())
             .await
             .map_err(fail)?;
@@ -129,11 +133,19 @@ impl PgStore {
                 migration,
                 conflict_retries: AtomicU64::new(0),
                 max_connections: options.max_connections,
+                call_timeout: options.call_timeout,
                 hints: hints.clone(),
                 _listener_shutdown: shutdown,
             }),
         };
-        listen::start(connect, channel, instance, hints, shutdown_rx).await.map_err(|err| store.fail(err))?;
+        let listener = listen::ListenerConfig {
+            connect,
+            channel,
+            instance,
+            check_interval: options.listen_check_interval,
+            check_timeout: options.listen_check_timeout,
+        };
+        listen::start(listener, hints, shutdown_rx).await.map_err(|err| store.fail(err))?;
         Ok(store)
     }
 
@@ -152,6 +164,13 @@ impl PgStore {
     #[doc(hidden)]
     pub fn conflict_retries(&self) -> u64 {
         self.inner.conflict_retries.load(Ordering::Relaxed)
+    }
+
+    /// How many of the pool's connections sit idle, given back and checked (tests that must not start a fault
+    /// while a connection is still being checked).
+    #[doc(hidden)]
+    pub fn idle_connections(&self) -> usize {
+        self.inner.pool.num_idle()
     }
 
     /// The value of the PostgreSQL setting `name` on one of the pool's sessions (tests that check the session
@@ -309,6 +328,17 @@ impl PgStore {
         PgInterval { months: 0, days: 0, microseconds: self.inner.clock_offset_micros.load(Ordering::SeqCst) }
     }
 
+    /// Runs one store call within [`PgOptions::call_timeout`] (unbounded when zero): past it, the call is
+    /// abandoned and fails with [`StoreError::Timeout`] naming the bound. What the call sent may or may not have
+    /// run (as after any lost connection); the guarded writes make a retry safe.
+    async fn bounded<T>(&self, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        let limit = self.inner.call_timeout;
+        if limit.is_zero() {
+            return call.await;
+        }
+        tokio::time::timeout(limit, call).await.unwrap_or(Err(StoreError::Timeout(limit)))
+    }
+
     fn fail(&self, err: sqlx::Error) -> StoreError {
         error::store_error(err, self.inner.waits)
     }
@@ -322,6 +352,34 @@ impl PgStore {
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
         retry::conflicts(&self.inner.conflict_retries, what, call).await.map_err(|e| self.fail(e))
+    }
+}
+
+/// The pool's check of a connection a call gives back, with [`PgOptions::call_timeout`] on (`limit` not zero): a
+/// ping answered within `limit`, or the connection is closed. sqlx's own check after it has no time-out, so a
+/// connection whose call was abandoned on a half-open socket would hold its pool slot for as long as the socket
+/// lives. With `limit` zero it passes every connection on to sqlx's check at once. A connection that passes this
+/// ping and goes half-open before sqlx's own ping right after it still hangs there: a window of one round trip.
+fn release_check(
+    limit: Duration,
+) -> impl for<'c> Fn(
+    &'c mut PgConnection,
+    sqlx::pool::PoolConnectionMetadata,
+) -> futures_util::future::BoxFuture<'c, Result<bool, sqlx::Error>>
++ Send
++ Sync
++ 'static {
+    move |conn, _| {
+        Box::pin(async move {
+            if limit.is_zero() {
+                return Ok(true);
+            }
+            match tokio::time::timeout(limit, conn.ping()).await {
+                Ok(Ok(())) => Ok(true),
+                Ok(Err(err)) => Err(err),
+                Err(_) => Ok(false),
+            }
+        })
     }
 }
 
@@ -415,249 +473,302 @@ fn split_leases(leases: &[Lease]) -> (Vec<i64>, Vec<i64>) {
 
 impl Store for PgStore {
     async fn fetch(&self, p: FetchParams) -> Result<Vec<Row>, StoreError> {
-        check_fetch(&p)?;
-        let rows = fetch_query(sqlx::query(AssertSqlSafe(PgStore::fetch_sql(&p))), self.offset(), &p)
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(|e| self.fail(e))?;
-        let mut rows: Vec<Row> = rows.iter().map(codec::row).collect::<Result<_, _>>().map_err(|e| self.fail(e))?;
-        // The UPDATE returns rows in no set order; put them in fetch order (`None` sorts first, as NULLS FIRST).
-        rows.sort_unstable_by_key(|row| (row.last_processed_at, row.id));
-        Ok(rows)
+        self.bounded(async {
+            check_fetch(&p)?;
+            let rows = fetch_query(sqlx::query(AssertSqlSafe(PgStore::fetch_sql(&p))), self.offset(), &p)
+                .fetch_all(&self.inner.pool)
+                .await
+                .map_err(|e| self.fail(e))?;
+            let mut rows: Vec<Row> = rows.iter().map(codec::row).collect::<Result<_, _>>().map_err(|e| self.fail(e))?;
+            // The UPDATE returns rows in no set order; put them in fetch order (`None` sorts first, as NULLS FIRST).
+            rows.sort_unstable_by_key(|row| (row.last_processed_at, row.id));
+            Ok(rows)
+        })
+        .await
     }
 
     async fn next_expiry(&self, p: FetchParams) -> Result<Option<Duration>, StoreError> {
-        let micros: Option<i64> = sqlx::query_scalar(sql::NEXT_EXPIRY)
-            .bind(self.offset())
-            .bind(&p.kind)
-            .bind(&p.statuses)
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(|e| self.fail(e))?;
-        Ok(micros.map(|micros| Duration::from_micros(micros.max(0) as u64)))
+        self.bounded(async {
+            let micros: Option<i64> = sqlx::query_scalar(sql::NEXT_EXPIRY)
+                .bind(self.offset())
+                .bind(&p.kind)
+                .bind(&p.statuses)
+                .fetch_one(&self.inner.pool)
+                .await
+                .map_err(|e| self.fail(e))?;
+            Ok(micros.map(|micros| Duration::from_micros(micros.max(0) as u64)))
+        })
+        .await
     }
 
     async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
-        let row = sqlx::query(sql::REFETCH)
-            .bind(lease.id.0)
-            .bind(lease.token.0)
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| self.fail(e))?;
-        row.as_ref().map(codec::row).transpose().map_err(|e| self.fail(e))
+        self.bounded(async {
+            let row = sqlx::query(sql::REFETCH)
+                .bind(lease.id.0)
+                .bind(lease.token.0)
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(|e| self.fail(e))?;
+            row.as_ref().map(codec::row).transpose().map_err(|e| self.fail(e))
+        })
+        .await
     }
 
     async fn refetch_batch(&self, leases: Vec<Lease>) -> Result<Vec<Option<Row>>, StoreError> {
-        if leases.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (mut ids, mut tokens) = split_leases(&leases);
-        let padded = leases.len().max(sql::REFETCH_BATCH_LEN_MIN);
-        ids.resize(padded, 0);
-        tokens.resize(padded, 0);
-        let found = sqlx::query(sql::REFETCH_BATCH)
-            .bind(ids)
-            .bind(tokens)
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(|e| self.fail(e))?;
-        let mut rows = vec![None; leases.len()];
-        for found in &found {
-            let (index, row) = codec::numbered_row(found).map_err(|e| self.fail(e))?;
-            let slot = rows.get_mut(index).expect("a padding lease (id 0, token 0) matches no row");
-            *slot = Some(row);
-        }
-        Ok(rows)
+        self.bounded(async {
+            if leases.is_empty() {
+                return Ok(Vec::new());
+            }
+            let (mut ids, mut tokens) = split_leases(&leases);
+            let padded = leases.len().max(sql::REFETCH_BATCH_LEN_MIN);
+            ids.resize(padded, 0);
+            tokens.resize(padded, 0);
+            let found = sqlx::query(sql::REFETCH_BATCH)
+                .bind(ids)
+                .bind(tokens)
+                .fetch_all(&self.inner.pool)
+                .await
+                .map_err(|e| self.fail(e))?;
+            let mut rows = vec![None; leases.len()];
+            for found in &found {
+                let (index, row) = codec::numbered_row(found).map_err(|e| self.fail(e))?;
+                let slot = rows.get_mut(index).expect("a padding lease (id 0, token 0) matches no row");
+                *slot = Some(row);
+            }
+            Ok(rows)
+        })
+        .await
     }
 
     async fn heartbeat(&self, p: HeartbeatParams) -> Result<Vec<Lease>, StoreError> {
-        if p.leases.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (ids, tokens) = split_leases(&p.leases);
-        let extended: Vec<(i64, i64)> = self
-            .run_again_on_conflict("heartbeat", || {
-                sqlx::query_as(sql::HEARTBEAT)
-                    .bind(self.offset())
-                    .bind(ids.clone())
-                    .bind(tokens.clone())
-                    .bind(interval(p.lease_ttl))
-                    .fetch_all(&self.inner.pool)
-            })
-            .await?;
-        Ok(still_held(p.leases, &extended))
+        self.bounded(async {
+            if p.leases.is_empty() {
+                return Ok(Vec::new());
+            }
+            let (ids, tokens) = split_leases(&p.leases);
+            let extended: Vec<(i64, i64)> = self
+                .run_again_on_conflict("heartbeat", || {
+                    sqlx::query_as(sql::HEARTBEAT)
+                        .bind(self.offset())
+                        .bind(ids.clone())
+                        .bind(tokens.clone())
+                        .bind(interval(p.lease_ttl))
+                        .fetch_all(&self.inner.pool)
+                })
+                .await?;
+            Ok(still_held(p.leases, &extended))
+        })
+        .await
     }
 
     async fn lock_related(&self, p: LockRelatedParams) -> Result<LockOutcome, StoreError> {
-        check_text(&format!("lock_related {}#{}", p.holder.id, p.holder.token), "owner", &p.owner)?;
-        self.run_again_on_conflict("lock_related", || {
-            write::lock_related_in_transaction(&self.inner.pool, self.offset(), p.clone())
+        self.bounded(async {
+            check_text(&format!("lock_related {}#{}", p.holder.id, p.holder.token), "owner", &p.owner)?;
+            self.run_again_on_conflict("lock_related", || {
+                write::lock_related_in_transaction(&self.inner.pool, self.offset(), p.clone())
+            })
+            .await?
         })
-        .await?
+        .await
     }
 
     async fn apply(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
-        check_apply(&p)?;
-        let simple = p.related.is_empty() && p.inserts.is_empty() && p.events.is_empty();
-        if !simple {
-            return self
+        self.bounded(async {
+            check_apply(&p)?;
+            let simple = p.related.is_empty() && p.inserts.is_empty() && p.events.is_empty();
+            if !simple {
+                return self
+                    .run_again_on_conflict("apply", || {
+                        write::apply_in_transaction(&self.inner.pool, self.offset(), p.clone())
+                    })
+                    .await;
+            }
+            // One statement, so no explicit transaction (saves the BEGIN and COMMIT round trips).
+            let now = self
                 .run_again_on_conflict("apply", || {
-                    write::apply_in_transaction(&self.inner.pool, self.offset(), p.clone())
+                    let (pool, offset, lease, update) = (&self.inner.pool, self.offset(), p.lease, p.update.clone());
+                    async move {
+                        let mut conn = pool.acquire().await?;
+                        write::apply_main(&mut conn, offset, lease, update).await
+                    }
                 })
-                .await;
-        }
-        // One statement, so no explicit transaction (saves the BEGIN and COMMIT round trips).
-        let now = self
-            .run_again_on_conflict("apply", || {
-                let (pool, offset, lease, update) = (&self.inner.pool, self.offset(), p.lease, p.update.clone());
-                async move {
-                    let mut conn = pool.acquire().await?;
-                    write::apply_main(&mut conn, offset, lease, update).await
-                }
+                .await?;
+            Ok(match now {
+                Some(now) => ApplyOutcome::Applied { inserted: Vec::new(), now },
+                None => ApplyOutcome::Stale,
             })
-            .await?;
-        Ok(match now {
-            Some(now) => ApplyOutcome::Applied { inserted: Vec::new(), now },
-            None => ApplyOutcome::Stale,
         })
+        .await
     }
 
     async fn apply_batch(&self, mut batch: Vec<ApplyParams>) -> Result<Vec<ApplyOutcome>, StoreError> {
-        // A bad value would fail the whole transaction in PostgreSQL; refuse it before SQL, as MemStore does.
-        batch.iter().try_for_each(check_apply)?;
-        match batch.len() {
-            0 => Ok(Vec::new()),
-            // One item: the single apply's statement is the same work without the batch's bookkeeping.
-            1 => Ok(vec![self.apply(batch.pop().expect("one item")).await?]),
-            _ => {
-                self.run_again_on_conflict("apply_batch", || {
-                    apply_batch::apply_batch(&self.inner.pool, self.offset(), batch.clone())
-                })
-                .await
+        self.bounded(async {
+            // A bad value would fail the whole transaction in PostgreSQL; refuse it before SQL, as MemStore does.
+            batch.iter().try_for_each(check_apply)?;
+            match batch.len() {
+                0 => Ok(Vec::new()),
+                // One item: the single apply's statement is the same work without the batch's bookkeeping.
+                1 => Ok(vec![self.apply(batch.pop().expect("one item")).await?]),
+                _ => {
+                    self.run_again_on_conflict("apply_batch", || {
+                        apply_batch::apply_batch(&self.inner.pool, self.offset(), batch.clone())
+                    })
+                    .await
+                }
             }
-        }
+        })
+        .await
     }
 
     async fn record_failure(&self, p: FailureParams) -> Result<FailureOutcome, StoreError> {
-        check_failure(&p)?;
-        let (delay, status) = match p.retry {
-            Retry::After(delay) => (delay, None),
-            Retry::GiveUp { status } => (Duration::ZERO, Some(status)),
-        };
-        let error = bounded_error(&p.error);
-        let attempts: Option<i32> = self
-            .run_again_on_conflict("record_failure", || {
-                sqlx::query_scalar(sql::RECORD_FAILURE)
-                    .bind(self.offset())
-                    .bind(p.lease.id.0)
-                    .bind(p.lease.token.0)
-                    .bind(error.clone())
-                    .bind(interval(delay))
-                    .bind(status.clone())
-                    .bind(FAILURE_ERRORS_KEPT as i32)
-                    .fetch_optional(&self.inner.pool)
+        self.bounded(async {
+            check_failure(&p)?;
+            let (delay, status) = match p.retry {
+                Retry::After(delay) => (delay, None),
+                Retry::GiveUp { status } => (Duration::ZERO, Some(status)),
+            };
+            let error = bounded_error(&p.error);
+            let attempts: Option<i32> = self
+                .run_again_on_conflict("record_failure", || {
+                    sqlx::query_scalar(sql::RECORD_FAILURE)
+                        .bind(self.offset())
+                        .bind(p.lease.id.0)
+                        .bind(p.lease.token.0)
+                        .bind(error.clone())
+                        .bind(interval(delay))
+                        .bind(status.clone())
+                        .bind(FAILURE_ERRORS_KEPT as i32)
+                        .fetch_optional(&self.inner.pool)
+                })
+                .await?;
+            Ok(match attempts {
+                Some(attempts) => {
+                    FailureOutcome::Recorded { attempts: codec::attempts(attempts).map_err(|e| self.fail(e))? }
+                }
+                None => FailureOutcome::Stale,
             })
-            .await?;
-        Ok(match attempts {
-            Some(attempts) => {
-                FailureOutcome::Recorded { attempts: codec::attempts(attempts).map_err(|e| self.fail(e))? }
-            }
-            None => FailureOutcome::Stale,
         })
+        .await
     }
 
     async fn reset_for_retry(&self, lease: Lease) -> Result<bool, StoreError> {
-        let reset = self
-            .run_again_on_conflict("reset_for_retry", || {
-                sqlx::query(sql::RESET_FOR_RETRY)
-                    .bind(self.offset())
-                    .bind(lease.id.0)
-                    .bind(lease.token.0)
-                    .fetch_optional(&self.inner.pool)
-            })
-            .await?;
-        Ok(reset.is_some())
+        self.bounded(async {
+            let reset = self
+                .run_again_on_conflict("reset_for_retry", || {
+                    sqlx::query(sql::RESET_FOR_RETRY)
+                        .bind(self.offset())
+                        .bind(lease.id.0)
+                        .bind(lease.token.0)
+                        .fetch_optional(&self.inner.pool)
+                })
+                .await?;
+            Ok(reset.is_some())
+        })
+        .await
     }
 
     async fn release(&self, leases: Vec<Lease>) -> Result<usize, StoreError> {
-        if leases.is_empty() {
-            return Ok(0);
-        }
-        let (ids, tokens) = split_leases(&leases);
-        let held: Vec<(i64, i64)> = self
-            .run_again_on_conflict("release", || {
-                sqlx::query_as(sql::RELEASE).bind(ids.clone()).bind(tokens.clone()).fetch_all(&self.inner.pool)
-            })
-            .await?;
-        Ok(still_held(leases, &held).len())
+        self.bounded(async {
+            if leases.is_empty() {
+                return Ok(0);
+            }
+            let (ids, tokens) = split_leases(&leases);
+            let held: Vec<(i64, i64)> = self
+                .run_again_on_conflict("release", || {
+                    sqlx::query_as(sql::RELEASE).bind(ids.clone()).bind(tokens.clone()).fetch_all(&self.inner.pool)
+                })
+                .await?;
+            Ok(still_held(leases, &held).len())
+        })
+        .await
     }
 
     async fn insert(&self, new: NewRow) -> Result<Row, StoreError> {
-        check_new_row("insert", &new)?;
-        let row = sqlx::query(sql::INSERT)
-            .bind(self.offset())
-            .bind(new.kind)
-            .bind(new.parent_id.map(|id| id.0))
-            .bind(new.status)
-            .bind(Json(new.data))
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(|e| self.fail(e))?;
-        codec::row(&row).map_err(|e| self.fail(e))
+        self.bounded(async {
+            check_new_row("insert", &new)?;
+            let row = sqlx::query(sql::INSERT)
+                .bind(self.offset())
+                .bind(new.kind)
+                .bind(new.parent_id.map(|id| id.0))
+                .bind(new.status)
+                .bind(Json(new.data))
+                .fetch_one(&self.inner.pool)
+                .await
+                .map_err(|e| self.fail(e))?;
+            codec::row(&row).map_err(|e| self.fail(e))
+        })
+        .await
     }
 
     async fn get(&self, id: RowId) -> Result<Option<Row>, StoreError> {
-        let row = sqlx::query(sql::GET).bind(id.0).fetch_optional(&self.inner.pool).await.map_err(|e| self.fail(e))?;
-        row.as_ref().map(codec::row).transpose().map_err(|e| self.fail(e))
+        self.bounded(async {
+            let row =
+                sqlx::query(sql::GET).bind(id.0).fetch_optional(&self.inner.pool).await.map_err(|e| self.fail(e))?;
+            row.as_ref().map(codec::row).transpose().map_err(|e| self.fail(e))
+        })
+        .await
     }
 
     async fn list(&self, kind: &str, parent: Option<RowId>) -> Result<Vec<Row>, StoreError> {
-        let rows = sqlx::query(sql::LIST)
-            .bind(kind)
-            .bind(parent.map(|id| id.0))
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(|e| self.fail(e))?;
-        rows.iter().map(codec::row).collect::<Result<_, _>>().map_err(|e| self.fail(e))
+        self.bounded(async {
+            let rows = sqlx::query(sql::LIST)
+                .bind(kind)
+                .bind(parent.map(|id| id.0))
+                .fetch_all(&self.inner.pool)
+                .await
+                .map_err(|e| self.fail(e))?;
+            rows.iter().map(codec::row).collect::<Result<_, _>>().map_err(|e| self.fail(e))
+        })
+        .await
     }
 
     async fn events(&self, row: RowId) -> Result<Vec<Event>, StoreError> {
-        let rows = sqlx::query(sql::EVENTS).bind(row.0).fetch_all(&self.inner.pool).await.map_err(|e| self.fail(e))?;
-        rows.iter().map(codec::event).collect::<Result<_, _>>().map_err(|e| self.fail(e))
+        self.bounded(async {
+            let rows =
+                sqlx::query(sql::EVENTS).bind(row.0).fetch_all(&self.inner.pool).await.map_err(|e| self.fail(e))?;
+            rows.iter().map(codec::event).collect::<Result<_, _>>().map_err(|e| self.fail(e))
+        })
+        .await
     }
 
     async fn update_unleased(&self, id: RowId, update: RowUpdate) -> Result<WriteOutcome, StoreError> {
-        check_update(&format!("update_unleased {id}"), &update)?;
-        let busy: Option<bool> = self
-            .run_again_on_conflict("update_unleased", || {
-                sqlx::query_scalar(sql::UPDATE_UNLEASED)
-                    .bind(self.offset())
-                    .bind(id.0)
-                    .bind(update.status.clone())
-                    .bind(update.data.clone().map(Json))
-                    .fetch_optional(&self.inner.pool)
+        self.bounded(async {
+            check_update(&format!("update_unleased {id}"), &update)?;
+            let busy: Option<bool> = self
+                .run_again_on_conflict("update_unleased", || {
+                    sqlx::query_scalar(sql::UPDATE_UNLEASED)
+                        .bind(self.offset())
+                        .bind(id.0)
+                        .bind(update.status.clone())
+                        .bind(update.data.clone().map(Json))
+                        .fetch_optional(&self.inner.pool)
+                })
+                .await?;
+            Ok(match busy {
+                None => WriteOutcome::Missing,
+                Some(true) => WriteOutcome::Busy,
+                Some(false) => WriteOutcome::Written,
             })
-            .await?;
-        Ok(match busy {
-            None => WriteOutcome::Missing,
-            Some(true) => WriteOutcome::Busy,
-            Some(false) => WriteOutcome::Written,
         })
+        .await
     }
 
     async fn hint(&self, kind: &str, row: Option<RowId>) -> Result<(), StoreError> {
-        let payload = listen::payload(self.inner.instance, kind);
-        sqlx::query(sql::HINT)
-            .bind(row.map(|id| id.0))
-            .bind(&self.inner.channel)
-            .bind(payload)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(|e| self.fail(e))?;
-        // Committed: deliver to this store's subscribers at once; other stores hear the NOTIFY. No subscriber is
-        // not an error.
-        let _ = self.inner.hints.send(kind.to_string());
-        Ok(())
+        self.bounded(async {
+            let payload = listen::payload(self.inner.instance, kind);
+            sqlx::query(sql::HINT)
+                .bind(row.map(|id| id.0))
+                .bind(&self.inner.channel)
+                .bind(payload)
+                .execute(&self.inner.pool)
+                .await
+                .map_err(|e| self.fail(e))?;
+            // Committed: deliver to this store's subscribers at once; other stores hear the NOTIFY. No subscriber is
+            // not an error.
+            let _ = self.inner.hints.send(kind.to_string());
+            Ok(())
+        })
+        .await
     }
 
     fn subscribe_hints(&self) -> broadcast::Receiver<Hint> {
@@ -665,12 +776,15 @@ impl Store for PgStore {
     }
 
     async fn now(&self) -> Result<Timestamp, StoreError> {
-        let now: PgTime = sqlx::query_scalar(sql::NOW)
-            .bind(self.offset())
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(|e| self.fail(e))?;
-        Ok(now.0)
+        self.bounded(async {
+            let now: PgTime = sqlx::query_scalar(sql::NOW)
+                .bind(self.offset())
+                .fetch_one(&self.inner.pool)
+                .await
+                .map_err(|e| self.fail(e))?;
+            Ok(now.0)
+        })
+        .await
     }
 
     fn connection_limit(&self) -> Option<usize> {

@@ -74,6 +74,30 @@ pub struct PgOptions {
     /// row locks; its call fails with [`StoreError::Unavailable`]. Zero turns it off. Default
     /// [`PgOptions::IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT`].
     pub idle_in_transaction_timeout: Duration,
+    /// How often, local wall clock, the fetch hint listener checks that its session still answers: it sends
+    /// `LISTEN` on its channel again and waits up to [`PgOptions::listen_check_timeout`] for the reply. A session
+    /// that does not answer (half-open: a NAT, firewall or proxy forgot the connection and nothing closed it;
+    /// pg-boss #850) is given up, a new one opened, and every fetcher of the store woken for a catch-up fetch (the
+    /// hints sent meanwhile are lost). A dead listener is so noticed within `listen_check_interval +
+    /// listen_check_timeout`. Zero turns the checks off: a half-open listener then goes deaf until the process
+    /// ends, and only the fetchers' empty-fetch backoff finds new rows. Default
+    /// [`PgOptions::LISTEN_CHECK_INTERVAL_DEFAULT`].
+    pub listen_check_interval: Duration,
+    /// Longest wait, local wall clock, for the reply to the listener's session check (see
+    /// [`PgOptions::listen_check_interval`]). More than zero while the checks are on, or connecting fails with
+    /// [`StoreError::Invalid`]. Default [`PgOptions::LISTEN_CHECK_TIMEOUT_DEFAULT`].
+    pub listen_check_timeout: Duration,
+    /// Longest one store call may take, local wall clock, from its start (the wait for a pooled connection
+    /// included) to its result; past it the call is abandoned and fails with [`StoreError::Timeout`], and the
+    /// connection it used is checked (a ping within the same bound) before the pool takes it back, or closed.
+    /// PostgreSQL's own time-outs cannot end a call whose connection is half-open (a NAT, firewall or proxy
+    /// forgot it, with no FIN or RST): its statement never reaches the server, or its reply never comes back,
+    /// and without this bound the call, and the worker waiting on it, hangs until the operating system gives the
+    /// socket up (about 15 minutes of retransmissions on Linux, never if the peer still acknowledges). Keep it
+    /// above `acquire_timeout` + `statement_timeout`, so that a call the server is still running is not cut
+    /// short. Zero: unbounded. Default [`PgOptions::CALL_TIMEOUT_DEFAULT`]. One gap remains: a connection that
+    /// goes half-open between the store's ping and sqlx's own (unbounded) one right after it keeps its slot.
+    pub call_timeout: Duration,
 }
 
 impl PgOptions {
@@ -113,6 +137,18 @@ impl PgOptions {
     /// 5 s is half the default node lease ttl (10 s), so an agent's node heartbeat stuck behind a frozen session
     /// goes through again before the agent would fence itself.
     pub const IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+    /// Default of [`PgOptions::listen_check_interval`]: 5 s, the longest step of the default empty-fetch backoff
+    /// (DESIGN §3), so that a deaf listener costs a pipeline about as much as one backoff. One round trip of well
+    /// under a millisecond per store every 5 s.
+    pub const LISTEN_CHECK_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
+    /// Default of [`PgOptions::call_timeout`]: zero, unbounded. With a bound the pool checks every connection a
+    /// call gives back with a second ping (sqlx already sends one), a round trip more per call in the
+    /// background; `lockstep chaos` and deployments behind NATs or proxies that drop idle connections set it.
+    pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::ZERO;
+    /// Default of [`PgOptions::listen_check_timeout`]: 5 s. `LISTEN` answers in well under a millisecond; a reply
+    /// seconds late means the session is dead or the server stalled, and either way a new session is the cure.
+    /// With the default interval a half-open listener is noticed within 10 s.
+    pub const LISTEN_CHECK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 
     /// Options for `url` with every default.
     pub fn new(url: impl Into<String>) -> PgOptions {
@@ -128,7 +164,23 @@ impl PgOptions {
             statement_timeout: PgOptions::STATEMENT_TIMEOUT_DEFAULT,
             lock_timeout: PgOptions::LOCK_TIMEOUT_DEFAULT,
             idle_in_transaction_timeout: PgOptions::IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
+            listen_check_interval: PgOptions::LISTEN_CHECK_INTERVAL_DEFAULT,
+            listen_check_timeout: PgOptions::LISTEN_CHECK_TIMEOUT_DEFAULT,
+            call_timeout: PgOptions::CALL_TIMEOUT_DEFAULT,
         }
+    }
+
+    /// Checks the listener's session-check options (see [`PgOptions::listen_check_interval`]).
+    ///
+    /// Errors: `Invalid` naming `listen_check_timeout` when it is zero while the checks are on.
+    pub(super) fn check_listen(&self) -> Result<(), StoreError> {
+        if !self.listen_check_interval.is_zero() && self.listen_check_timeout.is_zero() {
+            return Err(StoreError::Invalid(format!(
+                "listen_check_timeout: 0s must be more than zero while listen_check_interval ({:?}) is on",
+                self.listen_check_interval
+            )));
+        }
+        Ok(())
     }
 
     /// The bounds a [`StoreError::Timeout`] of a store with these options reports.
@@ -207,6 +259,9 @@ impl fmt::Debug for PgOptions {
             .field("statement_timeout", &self.statement_timeout)
             .field("lock_timeout", &self.lock_timeout)
             .field("idle_in_transaction_timeout", &self.idle_in_transaction_timeout)
+            .field("listen_check_interval", &self.listen_check_interval)
+            .field("listen_check_timeout", &self.listen_check_timeout)
+            .field("call_timeout", &self.call_timeout)
             .finish()
     }
 }
@@ -253,6 +308,17 @@ mod tests {
         options.idle_in_transaction_timeout = Duration::from_secs(30 * 24 * 3600);
         let error = options.session_settings(false).unwrap_err().to_string();
         assert!(error.contains("idle_in_transaction_timeout: 2592000s exceeds"), "{error}");
+    }
+
+    #[test]
+    fn listener_checks_need_a_time_out_while_on() {
+        let mut options = PgOptions::new("postgres://h/db");
+        assert!(options.check_listen().is_ok());
+        options.listen_check_timeout = Duration::ZERO;
+        let error = options.check_listen().unwrap_err().to_string();
+        assert!(error.contains("listen_check_timeout: 0s must be more than zero"), "{error}");
+        options.listen_check_interval = Duration::ZERO;
+        assert!(options.check_listen().is_ok(), "checks off: no time-out needed");
     }
 
     #[test]
