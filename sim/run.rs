@@ -600,23 +600,42 @@ pub fn run_seeds_with(
     jobs: usize,
     done: &(dyn Fn(&RunReport) + Sync),
 ) -> Vec<RunReport> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
     let reports = Mutex::new(Vec::with_capacity(seeds.len()));
-    std::thread::scope(|scope| {
-        for _ in 0..jobs.max(1).min(seeds.len()) {
-            scope.spawn(|| {
-                while let Some(&seed) = seeds.get(next.fetch_add(1, std::sync::atomic::Ordering::SeqCst)) {
-                    let report = run(scenario, seed);
-                    let report = if report.passed() { report.slim() } else { report };
-                    done(&report);
-                    reports.lock().unwrap_or_else(|p| p.into_inner()).push(report);
-                }
-            });
-        }
+    let seed_at = |i: u64| usize::try_from(i).ok().and_then(|i| seeds.get(i)).copied();
+    let never = std::sync::atomic::AtomicBool::new(false);
+    for_each_seed(scenario, &seed_at, jobs, &never, &|report| {
+        let report = if report.passed() { report.slim() } else { report };
+        done(&report);
+        reports.lock().unwrap_or_else(|p| p.into_inner()).push(report);
     });
     let mut reports = reports.into_inner().unwrap_or_else(|p| p.into_inner());
     reports.sort_by_key(|report| report.seed);
     reports
+}
+
+/// Runs the seeds `seed_at(0)`, `seed_at(1)`, … up to the first `None`, on `jobs` threads (at least one), and
+/// hands each report to `done` as its run ends (from the thread that ran it, in completion order), keeping
+/// nothing: what a sweep keeps is up to `done` (a sweep of a million seeds keeps counts, not reports). Once
+/// `stop` is set no seed starts; the runs under way finish and are handed over, then this returns.
+pub fn for_each_seed(
+    scenario: &Scenario,
+    seed_at: &(dyn Fn(u64) -> Option<u64> + Sync),
+    jobs: usize,
+    stop: &std::sync::atomic::AtomicBool,
+    done: &(dyn Fn(RunReport) + Sync),
+) {
+    use std::sync::atomic::Ordering;
+    let next = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| {
+                while !stop.load(Ordering::SeqCst) {
+                    let Some(seed) = seed_at(next.fetch_add(1, Ordering::SeqCst)) else { break };
+                    done(run(scenario, seed));
+                }
+            });
+        }
+    });
 }
 
 /// One line: what failed in `report`.
