@@ -408,7 +408,7 @@ async fn simulate(scenario: Arc<Scenario>, seed: u64, script: Option<Script>, tr
     // The row checkers judge the workload's rows; gang rows have the gang checkers, and node rows stay leased by
     // their agents, which never drain.
     let gang_part = scenario.gang.is_some();
-    Outcome {
+    let outcome = Outcome {
         history: store.history(),
         events: store.all_events(),
         rows_at_liveness: rows_at_liveness.into_iter().filter(|row| !(gang_part && gang::is_gang_row(row))).collect(),
@@ -421,7 +421,9 @@ async fn simulate(scenario: Arc<Scenario>, seed: u64, script: Option<Script>, tr
         keyed_rows: world.database().keyed_rows(),
         drain,
         gang,
-    }
+    };
+    world.teardown().await;
+    outcome
 }
 
 /// The operations not ended in `rows`, as `op=<id> <status>`.

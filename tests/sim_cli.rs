@@ -428,6 +428,9 @@ const SHARD_VARS: [&str; 8] = [
     "YT_TASK_JOB_COUNT",
 ];
 
+/// A sweep's case: its flags, its shard variables, and what it must say.
+type ShardCase<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+
 /// The binary with `vars` as its only shard variables.
 fn lockstep_with(args: &[&str], dir: &Path, vars: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_lockstep"));
@@ -473,7 +476,7 @@ fn four_shards_merge_to_the_table_of_the_unsharded_sweep() {
     assert_eq!(whole.status.code(), Some(1), "{whole_out}{whole_err}");
     assert!(whole_out.contains("failed: lease_exclusivity"), "{whole_out}");
 
-    let shards: [(&[&str], &[(&str, &str)], &str); 4] = [
+    let shards: [ShardCase; 4] = [
         (&["--shard", "0/4"], &[], "shard 0/4: 2 seeds, those with (seed - 1) % 4 == 0"),
         (
             &[],
@@ -557,7 +560,7 @@ fn bad_shard_variables_and_flags_exit_2_naming_them() {
     let dir = temp_dir("bad-shards");
     let quiet = scenario("rows-quiet.toml");
     let sweep = ["sim", "sweep", quiet.as_str(), "--seeds", "1..3"];
-    let cases: [(&[&str], &[(&str, &str)], &str); 5] = [
+    let cases: [ShardCase; 5] = [
         (&[], &[("JOB_COMPLETION_INDEX", "1")], "JOB_COMPLETION_INDEX is set but LOCKSTEP_SHARD_COUNT is not"),
         (
             &[],
