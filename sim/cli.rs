@@ -691,7 +691,7 @@ fn print_failures<T>(failures: &Failures<T>, lines: impl Fn(&T) -> String, resul
     }
     if failures.unlisted() > 0 {
         println!(
-            "  and {} more failing seeds (the lowest {} are listed): every one is in {} with its replay file",
+            "  and {} more failing seeds (the lowest {} are listed): each is a line of {}, its replay file inside",
             failures.unlisted(),
             sweep::FAILURES_LISTED_MAX,
             results.display()
