@@ -1,5 +1,6 @@
-//! The simulator's command line (simulator build only): `run | sweep | replay | explain | shrink` over scenario
-//! files: scenario files run under a seed, many seeds on every core, failing seeds written as replay files and
+//! The simulator's command line (simulator build only): `run | sweep | merge | replay | explain | shrink` over
+//! scenario files: scenario files run under a seed, many seeds on every core (or one shard of them per machine,
+//! merged from their result files: [`super::sweep`]), failing seeds written as replay files and
 //! replayed exactly, one operation's or row's timeline read back from a trace (or a run's as an HTML page), and
 //! a failure shrunk to a smaller scenario. lockstep's own binary
 //! (`lockstep sim …`) and a user's own (issue 19: a binary that registers its [`PipelineSet`]s and calls
@@ -25,6 +26,7 @@ use super::run::summary;
 use super::scenario_file::PipelineSets;
 use super::shrink;
 use super::summary::render;
+use super::sweep::{self, Failures, Line, SeedRecord, Seeds, Shard, Tally};
 use super::timeline;
 use super::user::PipelineSet;
 use super::{RunReport, ScenarioFile};
@@ -35,7 +37,8 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 
 /// lockstep's build id, recorded in replay files (set by `build.rs` from a hash of the sources, the compiler, the
 /// profile and the simulator cfg).
@@ -107,9 +110,9 @@ impl Registry {
     }
 }
 
-/// A user's simulator binary: parses the process's arguments as `PROGRAM run | sweep | replay | explain | shrink …`,
-/// runs the command with `registry`, and returns the exit code (0 passed, 1 a check failed, 2 bad input, 3 a
-/// replay that did not reproduce).
+/// A user's simulator binary: parses the process's arguments as `PROGRAM run | sweep | merge | replay | explain |
+/// shrink …`, runs the command with `registry`, and returns the exit code (0 passed, 1 a check failed, 2 bad
+/// input, 3 a replay that did not reproduce, 4 a merged sweep with seeds missing, 130 an interrupted sweep).
 pub fn main(registry: Registry) -> ExitCode {
     #[derive(clap::Parser)]
     #[command(about = "Scenario files of this project's pipelines under lockstep's deterministic simulator")]
@@ -129,6 +132,14 @@ const FAILED: u8 = 1;
 const BAD_INPUT: u8 = 2;
 /// A replay ran but its trace hash differs from the recorded one.
 const NOT_REPRODUCED: u8 = 3;
+/// `merge`: no seed failed, but seeds of the sweep are missing (a shard missing, killed or interrupted).
+const INCOMPLETE: u8 = 4;
+/// A sweep stopped by Ctrl-C or SIGTERM (128 + SIGINT, the shell's convention), after printing the table of the
+/// seeds that finished.
+const INTERRUPTED: u8 = 130;
+
+/// Where sweeps' result files go unless `--results` says otherwise.
+const RESULTS_DIR: &str = "lockstep-sweeps";
 
 /// Where failing seeds' replay files go unless `--out` says otherwise.
 const REPLAY_DIR: &str = "lockstep-replays";
@@ -139,9 +150,14 @@ pub enum Command {
     /// Run a scenario file under one seed and print what happened; exit 1 if a check failed (and write a
     /// replay file).
     Run(RunArgs),
-    /// Run a scenario file under a range of seeds on every core; exit 1 if any failed (each written as a
-    /// replay file).
+    /// Run a scenario file under a range of seeds (or one shard of it) on every core, streaming each finished
+    /// seed to a result file; exit 1 if any failed (each written as a replay file as it fails), 130 if
+    /// interrupted (Ctrl-C: the table of what finished is printed).
     Sweep(SweepArgs),
+    /// Print the table of a whole sweep from its shards' result files (`sweep --shard K/N`); exit 1 if a seed
+    /// failed (its replay file is written from the result file), 2 if the files are not shards of one sweep, 4
+    /// if seeds are missing.
+    Merge(MergeArgs),
     /// Rerun a replay file's seed and check that the trace is byte for byte the same (same hash).
     Replay(ReplayArgs),
     /// Print the timeline of one operation (or row) from a trace file, or write the whole trace's timeline as an
@@ -189,6 +205,26 @@ pub struct SweepArgs {
     /// Directory for a timeline page (HTML) of each failing seed, `{scenario}-seed-{seed}.html`.
     #[arg(long)]
     html: Option<PathBuf>,
+    /// Run only the K-th (from 0) of N disjoint slices of the seeds: those with (seed - A) % N == K. Default:
+    /// from the engine's variables (JOB_COMPLETION_INDEX with LOCKSTEP_SHARD_COUNT; SLURM_ARRAY_TASK_ID with
+    /// SLURM_ARRAY_TASK_COUNT; YT_JOB_COOKIE with YT_TASK_JOB_COUNT), else every seed.
+    #[arg(long, value_parser = Shard::parse)]
+    shard: Option<Shard>,
+    /// Directory for the result file, `{scenario}-seeds-{A}-{B}[-shard-{K}-of-{N}].sweep.jsonl`: JSON lines, one
+    /// per seed as it finishes (`sim merge` reads them). A file of that name is replaced.
+    #[arg(long, default_value = RESULTS_DIR)]
+    results: PathBuf,
+}
+
+/// `sim merge`.
+#[derive(clap::Args)]
+pub struct MergeArgs {
+    /// The shards' result files, or directories holding them (their `*.jsonl` files).
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// Directory for the failing seeds' replay files (each result file carries its failures' replay files).
+    #[arg(long, default_value = REPLAY_DIR)]
+    out: PathBuf,
 }
 
 /// `sim replay`.
@@ -263,9 +299,9 @@ pub struct SeedRange {
 }
 
 impl SeedRange {
-    /// How many seeds the range holds (at least 1, at most [`MAX_SWEEP_SEEDS`]).
-    fn len(&self) -> u64 {
-        self.last - self.first + 1
+    /// The range as a sweep runs it.
+    fn seeds(&self) -> Seeds {
+        Seeds { first: self.first, last: self.last }
     }
 }
 
@@ -318,6 +354,7 @@ pub fn execute(command: Command, registry: &Registry) -> ExitCode {
     ExitCode::from(match command {
         Command::Run(args) => run(args, registry),
         Command::Sweep(args) => sweep(args, registry),
+        Command::Merge(args) => merge(args, registry),
         Command::Replay(args) => replay(args, registry),
         Command::Explain(args) => explain(args, registry),
         Command::Shrink(args) => shrink_command(args, registry),
@@ -443,7 +480,11 @@ fn finish(
 }
 
 fn write_replay(file: &ScenarioFile, report: &RunReport, out: &Path, registry: &Registry) -> Result<PathBuf, String> {
-    let replay = ReplayFile::new(file, report, &registry.build_id);
+    write_replay_file(&ReplayFile::new(file, report, &registry.build_id), out)
+}
+
+/// Writes `replay` into `out` (created if missing) under its file name; returns its path.
+fn write_replay_file(replay: &ReplayFile, out: &Path) -> Result<PathBuf, String> {
     std::fs::create_dir_all(out).map_err(|error| format!("cannot create {}: {error}", out.display()))?;
     let path = out.join(replay.file_name());
     std::fs::write(&path, replay.to_json()).map_err(|error| format!("cannot write {}: {error}", path.display()))?;
@@ -451,91 +492,317 @@ fn write_replay(file: &ScenarioFile, report: &RunReport, out: &Path, registry: &
 }
 
 fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
+    let program = &registry.program;
     let file = match load(&args.scenario, registry) {
         Ok(file) => file,
         Err(code) => return code,
     };
-    // At most MAX_SWEEP_SEEDS seeds (parse_seeds refuses more), so listing them is cheap.
-    let seeds: Vec<u64> = (args.seeds.first..=args.seeds.last).collect();
+    let (shard, origin) = match args.shard {
+        Some(shard) => (shard, None),
+        None => match Shard::from_env(|name| std::env::var(name).ok()) {
+            Ok(Some((shard, origin))) => (shard, Some(origin)),
+            Ok(None) => (Shard::WHOLE, None),
+            Err(error) => {
+                eprintln!("{program} sweep: {error}");
+                return BAD_INPUT;
+            }
+        },
+    };
+    let seeds = args.seeds.seeds();
     let jobs = args.jobs.unwrap_or_else(sim::run::jobs).max(1);
+    let results_path = args.results.join(sweep::file_name(&file.scenario.name, seeds, shard));
+    let results = match std::fs::create_dir_all(&args.results).and_then(|()| std::fs::File::create(&results_path)) {
+        Ok(results) => results,
+        Err(error) => {
+            eprintln!("{program} sweep: cannot create the result file {}: {error}", results_path.display());
+            return BAD_INPUT;
+        }
+    };
+    let count = seeds.len(shard);
+    let slice = match (shard == Shard::WHOLE, &origin) {
+        (true, _) => String::new(),
+        (false, origin) => format!(
+            ", shard {shard}{}: {count} seeds, those with (seed - {}) % {} == {}",
+            origin.as_ref().map(|origin| format!(" (from {origin})")).unwrap_or_default(),
+            seeds.first,
+            shard.count,
+            shard.index
+        ),
+    };
     println!(
-        "{} ({}), seeds {}..={} ({}) on {jobs} threads, build {}",
+        "{} ({}), seeds {}..={} ({}){slice} on {jobs} threads, build {}",
         args.scenario.display(),
         file.version_label(),
-        args.seeds.first,
-        args.seeds.last,
-        args.seeds.len(),
+        seeds.first,
+        seeds.last,
+        seeds.range_len(),
         registry.build_id
     );
+    println!("results: {}", results_path.display());
+    let header = sweep::Header {
+        format: sweep::SWEEP_FORMAT,
+        build: registry.build_id.clone(),
+        scenario: ReplayFile::scenario_of(&file),
+        seeds,
+        shard,
+        jobs,
+    };
+    let state =
+        Mutex::new(SweepState { results, tally: Tally::default(), failures: Failures::default(), write_error: None });
+    let header_written = state.lock().unwrap_or_else(|p| p.into_inner()).write(&Line::Sweep(header));
+    if let Err(error) = header_written {
+        eprintln!("{program} sweep: cannot write the result file {}: {error}", results_path.display());
+        return BAD_INPUT;
+    }
     let target =
         if std::io::stderr().is_terminal() { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
-    let bar = ProgressBar::with_draw_target(Some(seeds.len() as u64), target);
+    let bar = ProgressBar::with_draw_target(Some(count), target);
     let style = ProgressStyle::with_template("{bar:40} {pos}/{len} seeds, {msg} [{elapsed} < {eta}]")
         .expect("a valid progress template");
     bar.set_style(style);
     bar.set_message("0 failed");
-    let failed = AtomicUsize::new(0);
+    let stop = interrupt::catch();
     let started = std::time::Instant::now();
-    let reports = sim::run_seeds_with(&file.scenario, &seeds, jobs, &|report| {
-        if !report.passed() {
-            let failed = failed.fetch_add(1, Ordering::SeqCst) + 1;
-            bar.set_message(format!("{failed} failed"));
+    let seed_at = |i: u64| seeds.nth(shard, i);
+    sim::for_each_seed(&file.scenario, &seed_at, jobs, stop, &|report| {
+        // The replay file and timeline are written as the failure is found (outside the lock), and the report,
+        // with its trace, dropped: the sweep keeps counts and the lowest failures' lines only.
+        let (replay, listing) = match report.passed() {
+            true => (None, None),
+            false => {
+                let (replay, listing) = write_failure(&file, &report, &args, registry);
+                (Some(replay), Some(listing))
+            }
+        };
+        let record = SeedRecord::of(&report, replay);
+        drop(report);
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(error) = state.write(&Line::Seed(record.clone())) {
+            state.write_error.get_or_insert(error.to_string());
+            stop.store(true, Ordering::SeqCst);
+            return;
+        }
+        state.tally.add(&record);
+        if let Some(listing) = listing {
+            state.failures.add(record.seed, listing);
+            bar.set_message(format!("{} failed", state.failures.count));
         }
         bar.inc(1);
     });
+    let wall = started.elapsed();
+    let interrupted = interrupt::release();
     bar.finish_and_clear();
-    print!("{}", sweep_table(&reports, started.elapsed()));
-    let failing: Vec<&RunReport> = reports.iter().filter(|report| !report.passed()).collect();
-    if failing.is_empty() {
-        return PASSED;
+    let mut state = state.into_inner().unwrap_or_else(|p| p.into_inner());
+    let finished = state.tally.seeds;
+    if let Some(signal) = interrupted {
+        println!("interrupted ({signal}): {finished} of {count} seeds finished; the table counts them");
     }
-    println!("failing seeds:");
-    for report in failing {
-        match write_replay(&file, report, &args.out, registry) {
-            Ok(path) => {
-                println!("  {}\n    replay: {} replay {}", summary(report), registry.invocation, path.display())
-            }
-            Err(error) => println!("  {}\n    {error}", summary(report)),
-        }
-        if let Some(dir) = &args.html {
-            let title = format!("{} ({}), seed {}", args.scenario.display(), file.version_label(), report.seed);
-            let path = dir.join(format!("{}-seed-{}.html", report.scenario, report.seed));
-            let written = std::fs::create_dir_all(dir)
-                .and_then(|()| std::fs::write(&path, timeline::html_of_run(&title, &file.scenario, report)));
-            match written {
-                Ok(()) => println!("    timeline: {}", path.display()),
-                Err(error) => println!("    cannot write the timeline {}: {error}", path.display()),
-            }
-        }
+    print!("{}{}", state.tally.table(), sweep::wall_line(finished, wall));
+    let end = sweep::End {
+        shard,
+        seeds: finished,
+        interrupted: finished < count,
+        wall_ms: u64::try_from(wall.as_millis()).unwrap_or(u64::MAX),
+    };
+    let ended = state.write(&Line::End(end));
+    if let Some(error) = state.write_error.clone().or(ended.err().map(|error| error.to_string())) {
+        eprintln!(
+            "{program} sweep: cannot write the result file {}: {error}; the sweep stopped after {finished} seeds",
+            results_path.display()
+        );
     }
-    FAILED
+    print_failures(&state.failures, |listing| listing.lines(registry), &results_path);
+    match () {
+        () if interrupted.is_some() => INTERRUPTED,
+        () if state.write_error.is_some() => BAD_INPUT,
+        () if state.failures.count > 0 => FAILED,
+        () => PASSED,
+    }
 }
 
-/// The sweep's table of outcomes: passed, failed by checker, panicked; simulated and wall time.
-fn sweep_table(reports: &[RunReport], wall: std::time::Duration) -> String {
-    let mut rows: Vec<(String, usize)> = vec![("passed".into(), reports.iter().filter(|r| r.passed()).count())];
-    let mut by_checker: BTreeMap<&str, usize> = BTreeMap::new();
-    for report in reports {
-        let checkers: std::collections::BTreeSet<&str> = report.violations.iter().map(|v| v.checker).collect();
-        for checker in checkers {
-            *by_checker.entry(checker).or_default() += 1;
+/// What a running sweep shares between its threads: the result file, the counts, the lowest failures.
+struct SweepState {
+    results: std::fs::File,
+    tally: Tally,
+    failures: Failures<FailureListing>,
+    write_error: Option<String>,
+}
+
+impl SweepState {
+    /// Appends `line` to the result file in one write (a killed sweep's file ends at the end of a line).
+    fn write(&mut self, line: &Line) -> std::io::Result<()> {
+        use std::io::Write;
+        self.results.write_all(line.to_json_line().as_bytes())
+    }
+}
+
+/// A failing seed as a sweep lists it: its summary, where its replay file (and timeline page) went or why not.
+struct FailureListing {
+    summary: String,
+    replay: Result<PathBuf, String>,
+    timeline: Option<Result<PathBuf, String>>,
+}
+
+impl FailureListing {
+    fn lines(&self, registry: &Registry) -> String {
+        let mut text = format!("  {}\n", self.summary);
+        match &self.replay {
+            Ok(path) => text.push_str(&format!("    replay: {} replay {}\n", registry.invocation, path.display())),
+            Err(error) => text.push_str(&format!("    {error}\n")),
+        }
+        match &self.timeline {
+            Some(Ok(path)) => text.push_str(&format!("    timeline: {}\n", path.display())),
+            Some(Err(error)) => text.push_str(&format!("    {error}\n")),
+            None => {}
+        }
+        text
+    }
+}
+
+/// Writes a failing seed's replay file (and with `--html` its timeline page); returns the replay file and how
+/// the seed is listed.
+fn write_failure(
+    file: &ScenarioFile,
+    report: &RunReport,
+    args: &SweepArgs,
+    registry: &Registry,
+) -> (ReplayFile, FailureListing) {
+    let replay = ReplayFile::new(file, report, &registry.build_id);
+    let written = write_replay_file(&replay, &args.out);
+    let timeline = args.html.as_ref().map(|dir| {
+        let title = format!("{} ({}), seed {}", args.scenario.display(), file.version_label(), report.seed);
+        let path = dir.join(format!("{}-seed-{}.html", report.scenario, report.seed));
+        std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(&path, timeline::html_of_run(&title, &file.scenario, report)))
+            .map(|()| path.clone())
+            .map_err(|error| format!("cannot write the timeline {}: {error}", path.display()))
+    });
+    (replay, FailureListing { summary: summary(report), replay: written, timeline })
+}
+
+/// Prints the listed failures under `failing seeds:` (each as `lines` makes it), and how many more there are.
+fn print_failures<T>(failures: &Failures<T>, lines: impl Fn(&T) -> String, results: &Path) {
+    if failures.count == 0 {
+        return;
+    }
+    println!("failing seeds:");
+    for (_, item) in failures.listed() {
+        print!("{}", lines(item));
+    }
+    if failures.unlisted() > 0 {
+        println!(
+            "  and {} more failing seeds (the lowest {} are listed): each is a line of {}, its replay file inside",
+            failures.unlisted(),
+            sweep::FAILURES_LISTED_MAX,
+            results.display()
+        );
+    }
+}
+
+fn merge(args: MergeArgs, registry: &Registry) -> u8 {
+    let program = &registry.program;
+    let merged = sweep::result_files(&args.paths).and_then(|files| sweep::merge(&files).map(|merged| (files, merged)));
+    let (files, merged) = match merged {
+        Ok(merged) => merged,
+        Err(error) => {
+            eprintln!("{program} merge: refused: {error}");
+            return BAD_INPUT;
+        }
+    };
+    let header = &merged.header;
+    println!(
+        "{} ({}), seeds {}..={} ({}) in {} shards ({} result files), build {}",
+        header.scenario.path,
+        header.scenario.version,
+        header.seeds.first,
+        header.seeds.last,
+        header.seeds.range_len(),
+        header.shard.count,
+        files.len(),
+        header.build
+    );
+    print!("{}", merged.tally.table());
+    let (longest, all) = merged.wall();
+    println!(
+        "wall time: {:.2} s for the longest shard, {:.2} s for all shards",
+        longest.as_secs_f64(),
+        all.as_secs_f64()
+    );
+    let gaps = merged.gaps();
+    if !gaps.is_empty() {
+        println!("INCOMPLETE: {}", gaps.join("; "));
+    }
+    let lines = |(summary, replay): &(String, Option<ReplayFile>)| {
+        let written = match replay {
+            Some(replay) => match write_replay_file(replay, &args.out) {
+                Ok(path) => format!("replay: {} replay {}", registry.invocation, path.display()),
+                Err(error) => error,
+            },
+            None => "no replay file in the result file".to_string(),
+        };
+        format!("  {summary}\n    {written}\n")
+    };
+    let results = args.paths.first().cloned().unwrap_or_default();
+    print_failures(&merged.failures, lines, &results);
+    match () {
+        () if merged.tally.failed() > 0 => FAILED,
+        () if !gaps.is_empty() => INCOMPLETE,
+        () => PASSED,
+    }
+}
+
+/// Ctrl-C (SIGINT) and SIGTERM during a sweep: the first stops new seeds from starting (the runs under way
+/// finish, and the sweep prints the table of what finished and ends its result file); the handler is then reset,
+/// so a second one ends the process at once (what finished is in the result file already).
+mod interrupt {
+    use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+
+    static STOP: AtomicBool = AtomicBool::new(false);
+    static SIGNAL: AtomicI32 = AtomicI32::new(0);
+    const SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+
+    extern "C" fn on_signal(signal: libc::c_int) {
+        SIGNAL.store(signal, Ordering::SeqCst);
+        STOP.store(true, Ordering::SeqCst);
+        let message = b"\ninterrupted: finishing the runs under way (interrupt again to stop at once)\n";
+        // SAFETY: write(2) is async-signal-safe; the buffer is a static byte string.
+        unsafe {
+            libc::write(2, message.as_ptr().cast(), message.len());
         }
     }
-    rows.extend(by_checker.into_iter().map(|(checker, count)| (format!("failed: {checker}"), count)));
-    rows.push(("panicked".into(), reports.iter().filter(|r| r.panic.is_some()).count()));
-    let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0).max("outcome".len());
-    let mut text = format!("{:<width$}  seeds\n", "outcome");
-    for (name, count) in rows {
-        text.push_str(&format!("{name:<width$}  {count:>5}\n"));
+
+    /// Installs the handler (SA_RESETHAND: once) for SIGINT and SIGTERM; returns the flag it sets.
+    pub fn catch() -> &'static AtomicBool {
+        STOP.store(false, Ordering::SeqCst);
+        SIGNAL.store(0, Ordering::SeqCst);
+        for signal in SIGNALS {
+            // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the handler only stores to
+            // atomics and calls write(2), both async-signal-safe.
+            unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+                action.sa_flags = libc::SA_RESETHAND;
+                libc::sigemptyset(&mut action.sa_mask);
+                libc::sigaction(signal, &action, std::ptr::null_mut());
+            }
+        }
+        &STOP
     }
-    let simulated: Vec<f64> = reports.iter().map(|r| r.simulated.as_secs_f64()).collect();
-    let total: f64 = simulated.iter().sum();
-    let max = simulated.iter().copied().fold(0.0, f64::max);
-    let mean = if simulated.is_empty() { 0.0 } else { total / simulated.len() as f64 };
-    text.push_str(&format!("simulated time: {total:.1} s in all, mean {mean:.1} s, max {max:.1} s per seed\n"));
-    let rate = reports.len() as f64 / wall.as_secs_f64().max(1e-9);
-    text.push_str(&format!("wall time: {:.2} s ({rate:.1} seeds/s)\n", wall.as_secs_f64()));
-    text
+
+    /// Gives the signals back their default action; returns the signal that interrupted the sweep, if one did.
+    pub fn release() -> Option<&'static str> {
+        for signal in SIGNALS {
+            // SAFETY: restores the default disposition.
+            unsafe {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+        }
+        match SIGNAL.load(Ordering::SeqCst) {
+            0 => None,
+            libc::SIGINT => Some("Ctrl-C"),
+            _ => Some("SIGTERM"),
+        }
+    }
 }
 
 fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
@@ -788,9 +1055,9 @@ mod tests {
     #[test]
     fn seed_ranges_exclude_or_include_their_end() {
         let range = parse_seeds("1..4").unwrap();
-        assert_eq!((range.first, range.last, range.len()), (1, 3, 3));
+        assert_eq!((range.first, range.last, range.seeds().range_len()), (1, 3, 3));
         let range = parse_seeds("1..=4").unwrap();
-        assert_eq!((range.first, range.last, range.len()), (1, 4, 4));
+        assert_eq!((range.first, range.last, range.seeds().range_len()), (1, 4, 4));
         assert!(parse_seeds("4..4").unwrap_err().contains("holds no seed"));
         assert!(parse_seeds("0..0").unwrap_err().contains("holds no seed"));
         assert!(parse_seeds("5..=4").unwrap_err().contains("holds no seed"));
@@ -802,7 +1069,7 @@ mod tests {
     fn the_largest_seed_is_a_seed_range_and_a_larger_one_overflows() {
         let max = u64::MAX;
         let range = parse_seeds(&format!("{max}..={max}")).unwrap();
-        assert_eq!((range.first, range.last, range.len()), (max, max, 1));
+        assert_eq!((range.first, range.last, range.seeds().range_len()), (max, max, 1));
         let range = parse_seeds(&format!("{}..{max}", max - 2)).unwrap();
         assert_eq!((range.first, range.last), (max - 2, max - 1));
         let error = parse_seeds("1..18446744073709551616").unwrap_err();
@@ -811,7 +1078,7 @@ mod tests {
 
     #[test]
     fn a_sweep_runs_at_most_a_million_seeds() {
-        assert_eq!(parse_seeds("1..=1000000").unwrap().len(), MAX_SWEEP_SEEDS);
+        assert_eq!(parse_seeds("1..=1000000").unwrap().seeds().range_len(), MAX_SWEEP_SEEDS);
         let error = parse_seeds("1..=1000001").unwrap_err();
         assert!(error.contains("holds 1000001 seeds; a sweep runs at most 1000000"), "{error}");
         let error = parse_seeds("0..=18446744073709551615").unwrap_err();

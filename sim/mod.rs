@@ -21,7 +21,8 @@
 //! - [`scenario_file`], [`summary`], [`replay`], [`explain`], [`timeline`]: what `lockstep sim` is made of:
 //!   scenarios in TOML, a run's readable summary, replay files, one operation's or row's timeline from a trace,
 //!   and a run as an HTML page;
-//! - [`shrink`]: a failing scenario cut down to a smaller one that fails the same checker.
+//! - [`shrink`]: a failing scenario cut down to a smaller one that fails the same checker;
+//! - [`sweep`]: sweeps of many seeds in flat memory, their result files, shards and their merge.
 //!
 //! A run is a function of (scenario, seed, build): every random choice comes from a ChaCha stream per purpose
 //! ([`rng`]) or from madsim's RNG, both seeded by the run's seed.
@@ -45,6 +46,7 @@ pub mod scenario_file;
 pub mod service;
 pub mod shrink;
 pub mod summary;
+pub mod sweep;
 pub mod timeline;
 pub mod trace;
 pub mod user;
@@ -56,7 +58,9 @@ pub use gang::{
     AgentTunables, Control, ControlAction, ControllerTunables, Expectations, GangWorkload, IncarnationReport,
     OperationExpectation, OperationReport, Submission, SubmitOutcome,
 };
-pub use run::{Replay, RunReport, Script, check_seeds, run, run_seeds, run_seeds_with, run_with, script, seeds};
+pub use run::{
+    Replay, RunReport, Script, check_seeds, for_each_seed, run, run_seeds, run_seeds_with, run_with, script, seeds,
+};
 pub use scenario::{Mutation, Scenario};
 pub use scenario_file::{ScenarioError, ScenarioFile};
 pub use user::{PipelineSet, ReplicaCx, WorkloadClient};

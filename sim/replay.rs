@@ -153,11 +153,7 @@ impl ReplayFile {
         ReplayFile {
             format: REPLAY_FORMAT,
             build: build.to_string(),
-            scenario: ReplayScenario {
-                name: file.scenario.name.clone(),
-                version: file.version_label(),
-                path: file.origin.clone(),
-            },
+            scenario: ReplayFile::scenario_of(file),
             scenario_text: file.text.clone(),
             spec_files: file.spec_files.clone(),
             seed: report.seed,
@@ -166,6 +162,11 @@ impl ReplayFile {
             checksum: String::new(),
         }
         .sealed()
+    }
+
+    /// Which scenario `file` is: its name, version label and path.
+    pub fn scenario_of(file: &ScenarioFile) -> ReplayScenario {
+        ReplayScenario { name: file.scenario.name.clone(), version: file.version_label(), path: file.origin.clone() }
     }
 
     /// The same file with its checksum computed over its other fields (what [`ReplayFile::new`] writes; tools and

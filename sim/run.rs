@@ -93,6 +93,11 @@ pub struct RunReport {
     pub simulated: Duration,
     /// Wall-clock time the run took.
     pub wall: std::time::Duration,
+    /// Whether anything of the run's world outlived the run, after its teardown ([`World::teardown`]): a task
+    /// still holding the trace every node writes to. Each such run leaks its world (a sweep's memory would grow
+    /// with its seeds, issue 17); [`check_seeds`] fails a test whose run leaked (`tests/sim_sweep.rs`: 200 seeds).
+    /// False too for a run left behind past its wall-clock limit (its thread still runs; nothing is known).
+    pub world_leaked: bool,
 }
 
 impl RunReport {
@@ -131,6 +136,7 @@ impl RunReport {
             checkers: Vec::new(),
             simulated: Duration::ZERO,
             wall: std::time::Duration::ZERO,
+            world_leaked: false,
         }
     }
 
@@ -225,22 +231,24 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
     let scenario = Arc::new(scenario.clone());
     let trace_slot: Arc<Mutex<Option<Trace>>> = Arc::default();
     let wall = std::time::Instant::now();
-    let (result, simulated) = {
+    let (result, simulated, world_leaked) = {
         let (scenario, trace_slot) = (scenario.clone(), trace_slot.clone());
         let (done, finished) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut runtime = Runtime::with_seed_and_config(seed, madsim::Config::default());
             runtime.set_time_limit(scenario.time_limit());
+            let world_slot = WorldSlot::default();
             let simulate = async {
                 let trace = Trace::new();
                 *trace_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(trace.clone());
-                let outcome = simulate(scenario.clone(), seed, script, trace.clone()).await;
+                let outcome = simulate(scenario.clone(), seed, script, trace.clone(), world_slot.clone()).await;
                 (outcome, trace.elapsed())
             };
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(simulate)));
+            let leaked = tear_down(runtime, &world_slot, &trace_slot);
             let result = match result {
-                Ok((outcome, simulated)) => (Ok(outcome), simulated),
-                Err(panic) => (Err(panic_message(panic)), Duration::ZERO),
+                Ok((outcome, simulated)) => (Ok(outcome), simulated, leaked),
+                Err(panic) => (Err(panic_message(panic)), Duration::ZERO, leaked),
             };
             // The receiver is gone only if the run passed its wall-clock limit; nobody waits for it then.
             let _ = done.send(result);
@@ -248,7 +256,7 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
         match finished.recv_timeout(limit) {
             Ok(result) => result,
             // The run's thread is left to spin: a thread cannot be stopped from outside. The process ends it.
-            Err(_) => (Err(stuck(limit)), Duration::ZERO),
+            Err(_) => (Err(stuck(limit)), Duration::ZERO, false),
         }
     };
     let wall = wall.elapsed();
@@ -259,7 +267,7 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
         Ok(_) => simulated,
         Err(_) => trace.last().map_or(Duration::ZERO, |event| event.at),
     };
-    let mut report = RunReport { simulated, wall, trace, ..RunReport::empty(&scenario, seed) };
+    let mut report = RunReport { simulated, wall, trace, world_leaked, ..RunReport::empty(&scenario, seed) };
     match result {
         Err(panic) => report.panic = Some(panic),
         Ok(outcome) => {
@@ -362,9 +370,33 @@ fn converged(scenario: &Scenario, rows: &[Row]) -> bool {
     })
 }
 
+/// Where a run leaves its world for the teardown after it (whether it ended or panicked).
+type WorldSlot = Arc<Mutex<Option<World>>>;
+
+/// Tears down the world of a run that ended (or panicked) on `runtime` ([`World::teardown`], on the same
+/// runtime), then drops the runtime; returns whether the run's trace is still held by anything but `trace_slot`:
+/// a task of the world that outlived it (a leak).
+fn tear_down(runtime: Runtime, world_slot: &WorldSlot, trace_slot: &Mutex<Option<Trace>>) -> bool {
+    let world = world_slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(world) = world {
+        // A panicking teardown leaves what it could not drop behind; the leak check below reports it.
+        let teardown = async move { world.teardown().await };
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(teardown)));
+    }
+    drop(runtime);
+    trace_slot.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|trace| trace.holders() > 1)
+}
+
 /// The simulated part of a run (phases 1–4).
-async fn simulate(scenario: Arc<Scenario>, seed: u64, script: Option<Script>, trace: Trace) -> Outcome {
+async fn simulate(
+    scenario: Arc<Scenario>,
+    seed: u64,
+    script: Option<Script>,
+    trace: Trace,
+    slot: WorldSlot,
+) -> Outcome {
     let world = World::build(scenario.clone(), seed, trace).await;
+    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(world.clone());
     let start = tokio::time::Instant::now();
     let client = {
         let world = world.clone();
@@ -564,7 +596,8 @@ pub fn jobs() -> usize {
 }
 
 /// Runs every seed of `seeds` (on [`jobs`] threads), and fails the test if any run failed: prints each failing
-/// seed's checker, message, trace tail, trace file and replay command, then panics naming the seeds. Returns
+/// seed's checker, message, trace tail, trace file and replay command, then panics naming the seeds. Fails it
+/// too if a run's world outlived it ([`RunReport::world_leaked`]). Returns
 /// the reports (slimmed: no traces), by seed.
 pub fn check_seeds(scenario: &Scenario, seeds: &[u64], replay: Replay) -> Vec<RunReport> {
     let reports = run_seeds(scenario, seeds);
@@ -572,6 +605,13 @@ pub fn check_seeds(scenario: &Scenario, seeds: &[u64], replay: Replay) -> Vec<Ru
     for report in &failed {
         eprintln!("{}", failure_text(report, replay));
     }
+    let leaked: Vec<u64> = reports.iter().filter(|report| report.world_leaked).map(|report| report.seed).collect();
+    assert!(
+        leaked.is_empty(),
+        "scenario {}: the worlds of seeds {leaked:?} outlived their runs (a task still holds the trace after the \
+         teardown): each such run leaks its world, and a sweep's memory grows with its seeds",
+        scenario.name
+    );
     if let Some(first) = failed.first() {
         let seeds: Vec<u64> = failed.iter().map(|report| report.seed).collect();
         panic!(
@@ -600,23 +640,42 @@ pub fn run_seeds_with(
     jobs: usize,
     done: &(dyn Fn(&RunReport) + Sync),
 ) -> Vec<RunReport> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
     let reports = Mutex::new(Vec::with_capacity(seeds.len()));
-    std::thread::scope(|scope| {
-        for _ in 0..jobs.max(1).min(seeds.len()) {
-            scope.spawn(|| {
-                while let Some(&seed) = seeds.get(next.fetch_add(1, std::sync::atomic::Ordering::SeqCst)) {
-                    let report = run(scenario, seed);
-                    let report = if report.passed() { report.slim() } else { report };
-                    done(&report);
-                    reports.lock().unwrap_or_else(|p| p.into_inner()).push(report);
-                }
-            });
-        }
+    let seed_at = |i: u64| usize::try_from(i).ok().and_then(|i| seeds.get(i)).copied();
+    let never = std::sync::atomic::AtomicBool::new(false);
+    for_each_seed(scenario, &seed_at, jobs, &never, &|report| {
+        let report = if report.passed() { report.slim() } else { report };
+        done(&report);
+        reports.lock().unwrap_or_else(|p| p.into_inner()).push(report);
     });
     let mut reports = reports.into_inner().unwrap_or_else(|p| p.into_inner());
     reports.sort_by_key(|report| report.seed);
     reports
+}
+
+/// Runs the seeds `seed_at(0)`, `seed_at(1)`, … up to the first `None`, on `jobs` threads (at least one), and
+/// hands each report to `done` as its run ends (from the thread that ran it, in completion order), keeping
+/// nothing: what a sweep keeps is up to `done` (a sweep of a million seeds keeps counts, not reports). Once
+/// `stop` is set no seed starts; the runs under way finish and are handed over, then this returns.
+pub fn for_each_seed(
+    scenario: &Scenario,
+    seed_at: &(dyn Fn(u64) -> Option<u64> + Sync),
+    jobs: usize,
+    stop: &std::sync::atomic::AtomicBool,
+    done: &(dyn Fn(RunReport) + Sync),
+) {
+    use std::sync::atomic::Ordering;
+    let next = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| {
+                while !stop.load(Ordering::SeqCst) {
+                    let Some(seed) = seed_at(next.fetch_add(1, Ordering::SeqCst)) else { break };
+                    done(run(scenario, seed));
+                }
+            });
+        }
+    });
 }
 
 /// One line: what failed in `report`.

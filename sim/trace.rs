@@ -73,6 +73,12 @@ impl Trace {
         self.lock().start.elapsed()
     }
 
+    /// How many handles share this trace (this one included): after a run's world is gone, 1 for the harness's
+    /// own, more if a task of the world outlived it.
+    pub fn holders(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
     /// Events so far.
     pub fn len(&self) -> usize {
         self.lock().events.len()

@@ -414,3 +414,233 @@ fn shrink_writes_a_smaller_failing_scenario_and_its_replay_file() {
     assert!(stderr.contains("refused: scenario rows-quiet passes under seed 1 (every checker ok)"), "{stderr}");
     assert!(!dir.join("q").exists());
 }
+
+/// The variables a sweep reads its shard from: cleared for every test run below (the test itself may run inside
+/// a Slurm array or a Kubernetes Job), then set one engine at a time.
+const SHARD_VARS: [&str; 8] = [
+    "JOB_COMPLETION_INDEX",
+    "LOCKSTEP_SHARD_COUNT",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_ARRAY_TASK_MIN",
+    "SLURM_ARRAY_TASK_STEP",
+    "SLURM_ARRAY_TASK_COUNT",
+    "YT_JOB_COOKIE",
+    "YT_TASK_JOB_COUNT",
+];
+
+/// A sweep's case: its flags, its shard variables, and what it must say.
+type ShardCase<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+
+/// The binary with `vars` as its only shard variables.
+fn lockstep_with(args: &[&str], dir: &Path, vars: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_lockstep"));
+    for var in SHARD_VARS {
+        command.env_remove(var);
+    }
+    command.args(args).envs(vars.iter().copied()).current_dir(dir).output().expect("the binary runs")
+}
+
+/// A sweep's table without its wall-time line: from `outcome` to `simulated time: …`.
+fn table(stdout: &str) -> String {
+    let start = stdout.find("outcome ").unwrap_or_else(|| panic!("no table in:\n{stdout}"));
+    let end = start + stdout[start..].find("simulated time: ").expect("a simulated time line");
+    let end = end + stdout[end..].find('\n').unwrap() + 1;
+    stdout[start..end].to_string()
+}
+
+/// Files in `dir`, by name.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Four shards of a sweep (one from `--shard`, one from each engine's variables) merge to the unsharded sweep's
+/// table, with the same failing seeds' replay files; shards of one YTsaurus output table (one file) merge the
+/// same; a missing shard is reported as incomplete (exit 4), a shard of another sweep or a shard twice refused
+/// (exit 2).
+#[test]
+fn four_shards_merge_to_the_table_of_the_unsharded_sweep() {
+    let dir = temp_dir("shards");
+    let planted = planted(&dir);
+    let planted = planted.to_str().unwrap();
+    let sweep = |extra: &[&str], vars: &[(&str, &str)]| {
+        let args = [&["sim", "sweep", planted, "--seeds", "1..=6", "--jobs", "2"], extra].concat();
+        lockstep_with(&args, &dir, vars)
+    };
+    let whole = sweep(&["--results", "whole", "--out", "r-whole"], &[]);
+    let (whole_out, whole_err) = text(&whole);
+    assert_eq!(whole.status.code(), Some(1), "{whole_out}{whole_err}");
+    assert!(whole_out.contains("failed: lease_exclusivity"), "{whole_out}");
+
+    let shards: [ShardCase; 4] = [
+        (&["--shard", "0/4"], &[], "shard 0/4: 2 seeds, those with (seed - 1) % 4 == 0"),
+        (
+            &[],
+            &[("JOB_COMPLETION_INDEX", "1"), ("LOCKSTEP_SHARD_COUNT", "4")],
+            "shard 1/4 (from JOB_COMPLETION_INDEX=1",
+        ),
+        (
+            &[],
+            &[("SLURM_ARRAY_TASK_ID", "3"), ("SLURM_ARRAY_TASK_MIN", "1"), ("SLURM_ARRAY_TASK_COUNT", "4")],
+            "shard 2/4 (from SLURM_ARRAY_TASK_ID=3",
+        ),
+        (&[], &[("YT_JOB_COOKIE", "3"), ("YT_TASK_JOB_COUNT", "4")], "shard 3/4 (from YT_JOB_COOKIE=3"),
+    ];
+    for (flags, vars, says) in shards {
+        let output = sweep(&[&["--results", "shards", "--out", "r-shards"], flags].concat(), vars);
+        let (stdout, stderr) = text(&output);
+        assert!(matches!(output.status.code(), Some(0 | 1)), "{vars:?}: {stdout}{stderr}");
+        assert!(stdout.contains(says), "{vars:?}: {stdout}");
+    }
+    assert_eq!(names(&dir.join("shards")).len(), 4);
+
+    let merged = lockstep_with(&["sim", "merge", "shards", "--out", "r-merged"], &dir, &[]);
+    let (merged_out, merged_err) = text(&merged);
+    assert_eq!(merged.status.code(), whole.status.code(), "{merged_out}{merged_err}");
+    assert_eq!(table(&merged_out), table(&whole_out), "merged:\n{merged_out}\nunsharded:\n{whole_out}");
+    assert!(merged_out.contains("seeds 1..=6 (6) in 4 shards (4 result files)"), "{merged_out}");
+    assert!(!merged_out.contains("INCOMPLETE"), "{merged_out}");
+    assert_eq!(names(&dir.join("r-merged")), names(&dir.join("r-whole")));
+    assert_eq!(names(&dir.join("r-shards")), names(&dir.join("r-whole")));
+    let replay = format!("r-merged/planted-seed-{PLANTED_SEED}.replay.json");
+    assert_eq!(
+        std::fs::read_to_string(dir.join(&replay)).unwrap(),
+        std::fs::read_to_string(dir.join(format!("r-whole/planted-seed-{PLANTED_SEED}.replay.json"))).unwrap()
+    );
+
+    // All shards' lines in one file, as a YTsaurus output table read back: the same table.
+    std::fs::create_dir_all(dir.join("table")).unwrap();
+    let lines: String = names(&dir.join("shards"))
+        .iter()
+        .map(|name| std::fs::read_to_string(dir.join("shards").join(name)).unwrap())
+        .collect();
+    std::fs::write(dir.join("table/all.jsonl"), lines).unwrap();
+    let one_file = lockstep_with(&["sim", "merge", "table/all.jsonl", "--out", "r-table"], &dir, &[]);
+    assert_eq!(table(&text(&one_file).0), table(&whole_out), "{:?}", text(&one_file));
+
+    // A missing shard: the table of what is there, and exit 4 when nothing failed (shard 1 holds seed 6's failure
+    // in this sweep, so only shards 0, 2 and 3 are merged).
+    std::fs::create_dir_all(dir.join("partial")).unwrap();
+    for name in names(&dir.join("shards")).iter().filter(|name| !name.contains("shard-1-of-4")) {
+        std::fs::copy(dir.join("shards").join(name), dir.join("partial").join(name)).unwrap();
+    }
+    let partial = lockstep_with(&["sim", "merge", "partial", "--out", "r-partial"], &dir, &[]);
+    let (stdout, stderr) = text(&partial);
+    assert!(stdout.contains("INCOMPLETE: shards 1 of 4 missing"), "{stdout}{stderr}");
+    if !stdout.contains("failed: ") {
+        assert_eq!(partial.status.code(), Some(4), "{stdout}{stderr}");
+    }
+
+    // A shard of another sweep (other seeds) and a shard twice are refused.
+    let other = lockstep_with(
+        &["sim", "sweep", planted, "--seeds", "1..=3", "--shard", "1/4", "--results", "partial", "--out", "r-other"],
+        &dir,
+        &[],
+    );
+    assert!(matches!(other.status.code(), Some(0 | 1)), "{:?}", text(&other));
+    let refused = lockstep_with(&["sim", "merge", "partial"], &dir, &[]);
+    let (stdout, stderr) = text(&refused);
+    assert_eq!(refused.status.code(), Some(2), "{stdout}{stderr}");
+    let seeds = ["seeds 1..=6 vs 1..=3", "seeds 1..=3 vs 1..=6"];
+    assert!(seeds.iter().any(|seeds| stderr.contains(&format!("are not shards of one sweep: {seeds}"))), "{stderr}");
+    let twice = lockstep_with(&["sim", "merge", "shards", "table"], &dir, &[]);
+    let (stdout, stderr) = text(&twice);
+    assert_eq!(twice.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("shard 0/4 appears twice"), "{stderr}");
+}
+
+/// A shard from a variable that is not a number, a count variable missing, or a shard past the count: exit 2
+/// naming the variable, before any seed runs.
+#[test]
+fn bad_shard_variables_and_flags_exit_2_naming_them() {
+    let dir = temp_dir("bad-shards");
+    let quiet = scenario("rows-quiet.toml");
+    let sweep = ["sim", "sweep", quiet.as_str(), "--seeds", "1..3"];
+    let cases: [ShardCase; 5] = [
+        (&[], &[("JOB_COMPLETION_INDEX", "1")], "JOB_COMPLETION_INDEX is set but LOCKSTEP_SHARD_COUNT is not"),
+        (
+            &[],
+            &[("SLURM_ARRAY_TASK_ID", "x"), ("SLURM_ARRAY_TASK_COUNT", "4")],
+            "SLURM_ARRAY_TASK_ID=\"x\" is not a shard index",
+        ),
+        (&[], &[("YT_JOB_COOKIE", "5"), ("YT_TASK_JOB_COUNT", "5")], "YT_JOB_COOKIE=5, YT_TASK_JOB_COUNT=5: shard 5"),
+        (&["--shard", "4/4"], &[], "shard 4 does not exist: shards count from 0 and there are 4"),
+        (&["--shard", "two"], &[], "is not a shard: write K/N"),
+    ];
+    for (flags, vars, expected) in cases {
+        let output = lockstep_with(&[&sweep[..], flags].concat(), &dir, vars);
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(2), "{vars:?} {flags:?}: {stdout}{stderr}");
+        assert!(stderr.contains(expected), "{vars:?} {flags:?}: {stderr}");
+        assert!(!stdout.contains("seeds 1..=2"), "it ran: {stdout}");
+    }
+}
+
+/// Ctrl-C during a sweep: the runs under way finish, the table of every finished seed is printed (exit 130), the
+/// result file holds each finished seed and ends with an interrupted end line, and every failure found so far
+/// has its replay file.
+#[test]
+fn ctrl_c_prints_the_table_of_what_finished_and_keeps_the_failures_replay_files() {
+    use std::io::BufRead;
+    let dir = temp_dir("interrupt");
+    let planted = planted(&dir);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["sim", "sweep", planted.to_str().unwrap(), "--seeds", "1..100001", "--jobs", "2"])
+        .args(["--results", "results", "--out", "replays"])
+        .env_remove("JOB_COMPLETION_INDEX")
+        .env_remove("SLURM_ARRAY_TASK_ID")
+        .env_remove("YT_JOB_COOKIE")
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    let results = dir.join("results/planted-seeds-1-100000.sweep.jsonl");
+    let lines = || -> Vec<serde_json::Value> {
+        let Ok(file) = std::fs::File::open(&results) else { return Vec::new() };
+        std::io::BufReader::new(file)
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|l| serde_json::from_str(&l).ok())
+            .collect()
+    };
+    let failed = |line: &serde_json::Value| line["seed"]["outcome"] == "failed";
+    // Wait (on the result file, not a clock) until a failure was found: the planted scenario fails within its
+    // first seeds (seed 6 does); bounded so that a sweep that never fails ends the test.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    while !lines().iter().any(failed) {
+        assert!(std::time::Instant::now() < deadline, "no failure in the result file after 600 s: {:?}", lines());
+        assert!(child.try_wait().unwrap().is_none(), "the sweep ended before it was interrupted");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // SAFETY: sends SIGINT to our own child process, by its id.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
+    let output = child.wait_with_output().expect("the sweep ends");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(130), "{stdout}{stderr}");
+    assert!(stderr.contains("interrupted: finishing the runs under way"), "{stderr}");
+
+    let lines = lines();
+    let seeds: Vec<&serde_json::Value> = lines.iter().filter(|line| line.get("seed").is_some()).collect();
+    let end = &lines.last().expect("lines")["end"];
+    assert_eq!(end["interrupted"], true, "{end}");
+    assert_eq!(end["seeds"].as_u64(), Some(seeds.len() as u64), "{end}");
+    assert!(stdout.contains(&format!("interrupted (Ctrl-C): {} of 100000 seeds finished", seeds.len())), "{stdout}");
+    let passed = seeds.iter().filter(|line| line["seed"]["outcome"] == "passed").count();
+    assert!(stdout.lines().any(|line| line.starts_with("passed") && line.ends_with(&format!(" {passed}"))), "{stdout}");
+    assert!(stdout.contains("failed: lease_exclusivity"), "{stdout}");
+    let failures: Vec<u64> =
+        seeds.iter().filter(|line| failed(line)).map(|l| l["seed"]["seed"].as_u64().unwrap()).collect();
+    assert!(!failures.is_empty());
+    for seed in &failures {
+        let replay = dir.join(format!("replays/planted-seed-{seed}.replay.json"));
+        assert!(replay.is_file(), "no replay file for failing seed {seed}: {stdout}");
+        assert!(
+            stdout.contains(&format!("replay {}", Path::new("replays").join(replay.file_name().unwrap()).display()))
+        );
+    }
+}
