@@ -26,38 +26,59 @@
 //! A run is a function of (scenario, seed, build): every random choice comes from a ChaCha stream per purpose
 //! ([`rng`]) or from madsim's RNG, both seeded by the run's seed.
 
+#[cfg(madsim)]
 pub mod agents;
 pub mod checkers;
+#[cfg(madsim)]
 pub mod cli;
 pub mod coverage;
+#[cfg(madsim)]
 pub mod db;
 pub mod explain;
+#[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod faults;
+#[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod gang;
+#[cfg(madsim)]
 pub mod net_store;
 pub mod replay;
+#[cfg(madsim)]
 pub mod replica;
 pub mod rng;
+#[cfg(madsim)]
 pub mod rpc;
+#[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod run;
 pub mod scenario;
 pub mod scenario_file;
+#[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod service;
+#[cfg(madsim)]
 pub mod shrink;
 pub mod summary;
+#[cfg(madsim)]
 pub mod timeline;
 pub mod trace;
+#[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod user;
+#[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod workload;
+#[cfg(madsim)]
 pub mod world;
 
+pub use faults::Target;
 pub use faults::{Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
 pub use gang::{
     AgentTunables, Control, ControlAction, ControllerTunables, Expectations, GangWorkload, IncarnationReport,
     OperationExpectation, OperationReport, Submission, SubmitOutcome,
 };
-pub use run::{Replay, RunReport, Script, check_seeds, run, run_seeds, run_seeds_with, run_with, script, seeds};
+pub use run::{Replay, RunReport, seeds};
+#[cfg(madsim)]
+pub use run::{Script, check_seeds, run, run_seeds, run_seeds_with, run_with, script};
 pub use scenario::{Mutation, Scenario};
 pub use scenario_file::{ScenarioError, ScenarioFile};
-pub use user::{PipelineSet, ReplicaCx, WorkloadClient};
-pub use world::{Target, World};
+pub use user::PipelineSet;
+#[cfg(madsim)]
+pub use user::{ReplicaCx, WorkloadClient};
+#[cfg(madsim)]
+pub use world::World;

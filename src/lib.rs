@@ -12,6 +12,5 @@ pub mod gang;
 pub mod pipeline;
 pub mod store;
 
-#[cfg(madsim)]
 #[path = "../sim/mod.rs"]
 pub mod sim;
