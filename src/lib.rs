@@ -7,6 +7,8 @@
 
 pub mod agent;
 mod buggify;
+#[cfg(not(madsim))]
+pub mod chaos;
 pub mod duration;
 pub mod gang;
 pub mod pipeline;

@@ -74,6 +74,19 @@ pub struct PgOptions {
     /// row locks; its call fails with [`StoreError::Unavailable`]. Zero turns it off. Default
     /// [`PgOptions::IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT`].
     pub idle_in_transaction_timeout: Duration,
+    /// Chaos mode (`lockstep chaos run`): every lease write (fetch, heartbeat, related lock, apply, failure, reset,
+    /// release, write API update) also appends what it did to the schema's `history` table, in the same
+    /// transaction, so the simulator's checkers can read a real run's commit history ([`PgStore::history`]). The
+    /// store creates the table if missing. Off by default, and then nothing is recorded and no call changes.
+    ///
+    /// [`PgStore::history`]: super::PgStore::history
+    pub history: bool,
+    /// Mutation testing only (the chaos harness's planted bug): the guarded apply skips its token guard on the
+    /// main row and writes as if every token were current, as
+    /// [`MemStore::disable_apply_guard_for_mutation_test`](crate::store::MemStore::disable_apply_guard_for_mutation_test)
+    /// does. Never set it elsewhere. Default false.
+    #[doc(hidden)]
+    pub apply_guard_disabled_for_mutation_test: bool,
 }
 
 impl PgOptions {
@@ -128,6 +141,8 @@ impl PgOptions {
             statement_timeout: PgOptions::STATEMENT_TIMEOUT_DEFAULT,
             lock_timeout: PgOptions::LOCK_TIMEOUT_DEFAULT,
             idle_in_transaction_timeout: PgOptions::IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT,
+            history: false,
+            apply_guard_disabled_for_mutation_test: false,
         }
     }
 
@@ -205,7 +220,8 @@ impl fmt::Debug for PgOptions {
             .field("statement_timeout", &self.statement_timeout)
             .field("lock_timeout", &self.lock_timeout)
             .field("idle_in_transaction_timeout", &self.idle_in_transaction_timeout)
-            .finish()
+            .field("history", &self.history)
+            .finish_non_exhaustive()
     }
 }
 
