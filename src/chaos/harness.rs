@@ -154,11 +154,7 @@ type Planned = Vec<(Duration, RealFault)>;
 
 /// The faults of the run in wall time (scaled), each mapped to its real form; the refused ones are an error, or
 /// with `skip_refused` a list.
-fn plan(
-    scenario: &Scenario,
-    seed: u64,
-    options: &ChaosOptions,
-) -> Result<(Planned, Vec<String>), ChaosError> {
+fn plan(scenario: &Scenario, seed: u64, options: &ChaosOptions) -> Result<(Planned, Vec<String>), ChaosError> {
     let mut faults = Vec::new();
     let mut refused = Vec::new();
     for event in schedule(&scenario.faults, seed, scenario.replicas, 0, 0) {

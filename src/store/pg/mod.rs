@@ -553,9 +553,8 @@ impl Store for PgStore {
             0 => Ok(Vec::new()),
             // One item: the single apply's statement is the same work without the batch's bookkeeping.
             1 => Ok(vec![self.apply(batch.pop().expect("one item")).await?]),
-            // Chaos mode records each apply in its own transaction, and the planted bug lives in the single
-            // apply's statement: one item at a time.
-            _ if self.inner.history.is_some() || self.inner.apply_guard_disabled => {
+            // The planted bug lives in the single apply's statement: one item at a time.
+            _ if self.inner.apply_guard_disabled => {
                 let mut outcomes = Vec::with_capacity(batch.len());
                 for p in batch {
                     outcomes.push(self.apply(p).await?);
@@ -564,7 +563,8 @@ impl Store for PgStore {
             }
             _ => {
                 self.run_again_on_conflict("apply_batch", || {
-                    apply_batch::apply_batch(&self.inner.pool, self.offset(), batch.clone())
+                    let record = self.inner.history.is_some().then_some(self);
+                    apply_batch::apply_batch(&self.inner.pool, self.offset(), batch.clone(), record)
                 })
                 .await
             }
