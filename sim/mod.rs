@@ -1,5 +1,7 @@
 //! The deterministic simulator (DESIGN §5): the whole system under madsim's simulated clock, network and
-//! database, with faults and checkers. Compiled only in the simulator build (`--cfg madsim`, DESIGN §6).
+//! database, with faults and checkers. The world, its nodes and the runner exist only in the simulator build
+//! (`--cfg madsim`, DESIGN §6); the scenario files, faults' plans, checkers, run reports and summaries compile in
+//! the normal build too, for `lockstep chaos run` (`crate::chaos`), which judges real runs with the same checkers.
 //!
 //! - [`world`]: the nodes (a database node serving MemStore over simulated RPC, N replica nodes running a
 //!   `PipelineManager`, in gang scenarios M agent nodes, a workload client) and the handles faults act through;

@@ -1,13 +1,14 @@
 //! `lockstep chaos run` on real PostgreSQL and real replica processes (issue 15): a short row scenario with a
 //! SIGKILLed and a SIGSTOPped replica passes every checker the simulator runs, on the history the replicas
 //! recorded in PostgreSQL; the planted bug (the guarded apply without its token guard) makes a checker fire on
-//! that history; faults without a real form are refused with their reason. Each run has a schema of its own,
+//! that history; a second scenario ends every session of the replicas twice and bursts contention on one row;
+//! faults without a real form are refused with their reason. Each run has a schema of its own,
 //! dropped at the end, and its own out directory. Needs PostgreSQL (DATABASE_URL); never skips.
 #![cfg(not(madsim))]
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use support::pg::database_url;
 
@@ -27,6 +28,12 @@ fn chaos(name: &str, args: &[&str]) -> (Output, String) {
     (output, text)
 }
 
+/// The history file a run's output names (`history: PATH (N commits)`).
+fn history_path(text: &str) -> PathBuf {
+    let line = text.lines().find(|line| line.starts_with("history: ")).expect("the history's path");
+    PathBuf::from(line.trim_start_matches("history: ").split(" (").next().unwrap())
+}
+
 #[test]
 fn a_row_scenario_with_a_killed_and_a_paused_replica_passes_every_checker_on_postgres() {
     let (output, text) = chaos("kill-pause", &[KILL_PAUSE]);
@@ -42,15 +49,31 @@ fn a_row_scenario_with_a_killed_and_a_paused_replica_passes_every_checker_on_pos
         );
     }
     // The faults happened to real processes, and the history the checkers read is on disk.
-    let history_line = text.lines().find(|line| line.starts_with("history: ")).expect("the history's path");
-    let path = history_line.trim_start_matches("history: ").split(" (").next().unwrap();
-    let history = std::fs::read_to_string(path).expect("the history file");
+    let path = history_path(&text);
+    let history = std::fs::read_to_string(&path).expect("the history file");
     assert!(history.lines().any(|line| line.contains(" fetch ")), "no fetch recorded");
     assert!(history.lines().any(|line| line.contains(" applied ")), "no apply recorded");
-    let faults = std::fs::read_to_string(Path::new(path).with_file_name("faults.txt")).expect("the fault log");
+    let faults = std::fs::read_to_string(path.with_file_name("faults.txt")).expect("the fault log");
     assert!(faults.contains("kill"), "{faults}");
     assert!(faults.contains("pause"), "{faults}");
     assert!(faults.contains("resume"), "{faults}");
+}
+
+#[test]
+fn a_row_scenario_with_ended_sessions_and_a_contention_burst_passes_every_checker_on_postgres() {
+    let (output, text) = chaos("db-restart", &["tests/fixtures/chaos-rows-db-restart.toml"]);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(text.contains("scenario chaos-rows-db-restart seed 1: PASSED"), "{text}");
+    assert!(text.contains("faults injected: contention 1, db-restart 2"), "{text}");
+    // The sessions were really ended: the fault log counts them.
+    let faults = std::fs::read_to_string(history_path(&text).with_file_name("faults.txt")).expect("the fault log");
+    let ended: Vec<u64> = faults
+        .lines()
+        .filter_map(|line| line.split("sessions=").nth(1))
+        .map(|count| count.trim().parse().expect("a session count"))
+        .collect();
+    assert_eq!(ended.len(), 2, "{faults}");
+    assert!(ended.iter().all(|count| *count > 0), "no session ended: {faults}");
 }
 
 #[test]
