@@ -93,4 +93,10 @@ fn faults_without_a_real_form_are_refused_with_their_reason() {
     assert_eq!(output.status.code(), Some(2), "{text}");
     assert!(text.contains("not possible on real processes"), "{text}");
     assert!(text.contains("--skip-refused"), "{text}");
+    let (output, text) = chaos("scale", &[KILL_PAUSE, "--time-scale", "0"]);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(text.contains("--time-scale 0: must be in (0, 100]"), "{text}");
+    let (output, text) = chaos("gang", &["scenarios/gang-seed-example.toml"]);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(text.contains("gang scenarios (agents, operations) are not yet run"), "{text}");
 }
