@@ -385,3 +385,44 @@ fn push(tasks: &Mutex<Vec<JoinHandle<()>>>, task: JoinHandle<()>) {
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> FaultPlan {
+        FaultPlan {
+            fixed: vec![
+                FaultEvent { at: Duration::from_secs(50), fault: Fault::DbRestart { down: Duration::from_secs(1) } },
+                FaultEvent { at: Duration::from_secs(5), fault: Fault::Contention { claims: 3 } },
+            ],
+            random: vec![
+                RandomFault {
+                    kind: FaultKind::Kill,
+                    per_minute: 6.0,
+                    span: Duration::from_secs(1)..Duration::from_secs(3),
+                },
+                RandomFault {
+                    kind: FaultKind::AgentKill,
+                    per_minute: 6.0,
+                    span: Duration::from_secs(1)..Duration::from_secs(2),
+                },
+            ],
+            until: Duration::from_secs(40),
+        }
+    }
+
+    #[test]
+    fn a_schedule_is_sorted_ends_at_until_and_is_a_function_of_the_seed() {
+        let events = schedule(&plan(), 7, 3, 0, 0);
+        assert!(events.windows(2).all(|pair| pair[0].at <= pair[1].at), "{events:?}");
+        assert!(events.iter().all(|event| event.at < Duration::from_secs(40)), "{events:?}");
+        assert!(events.iter().any(|event| event.fault == Fault::Contention { claims: 3 }), "{events:?}");
+        assert!(!events.iter().any(|event| matches!(event.fault, Fault::DbRestart { .. })), "past until: {events:?}");
+        let kills = events.iter().filter(|event| matches!(event.fault, Fault::Kill { .. })).count();
+        assert!(kills > 0, "a rate of 6 a minute over 40 s drew no kill: {events:?}");
+        assert!(!events.iter().any(|event| matches!(event.fault, Fault::AgentKill { .. })), "no agents: {events:?}");
+        assert_eq!(schedule(&plan(), 7, 3, 0, 0), events);
+        assert_ne!(schedule(&plan(), 8, 3, 0, 0), events);
+    }
+}
