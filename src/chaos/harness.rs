@@ -236,6 +236,17 @@ impl World {
         if self.options.apply_guard_off {
             command.arg("--chaos-apply-guard-off");
         }
+        // A replica must not outlive the harness (a harness ended by Ctrl-C or SIGKILL would leave it running on
+        // the schema): the kernel SIGKILLs it when the harness's thread that started it ends.
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let child =
             command.spawn().map_err(|e| runtime(format!("cannot start {}: {e}", self.options.exe.display())))?;
         let mut replicas = self.lock();
