@@ -8,13 +8,29 @@
 //! and the world heals whatever they left behind.
 
 use super::rng;
-use super::world::{Target, World};
+#[cfg(madsim)]
+use super::world::World;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::ops::Range;
+#[cfg(madsim)]
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+#[cfg(madsim)]
 use tokio::task::JoinHandle;
+
+/// A node a network fault can target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Target {
+    /// The database node.
+    Db,
+    /// The workload client.
+    Client,
+    /// Replica `i`.
+    Replica(usize),
+    /// Agent `i` (node `agent-{i}`).
+    Agent(usize),
+}
 
 /// One fault, with its target and its span.
 #[derive(Clone, Debug, PartialEq)]
@@ -221,6 +237,43 @@ fn draw(kind: FaultKind, span: &Range<Duration>, targets: Targets, rng: &mut Cha
     }
 }
 
+/// Every fault of `plan` as fixed events, sorted by time: the fixed ones before `plan.until`, then each random
+/// process's draws, made from the same streams and in the same order as the simulator's runner
+/// ([`FaultRunner::start`]) for a world of `replicas` replicas and `agents` agents (`agent_rate_min_ppm`: the
+/// slowest agent clock the margin rule allows). For runs outside the simulator (`lockstep chaos run`), where
+/// faults are planned ahead and injected on the wall clock.
+pub fn schedule(
+    plan: &FaultPlan,
+    seed: u64,
+    replicas: usize,
+    agents: usize,
+    agent_rate_min_ppm: u64,
+) -> Vec<FaultEvent> {
+    let mut events: Vec<FaultEvent> = plan.fixed.iter().filter(|event| event.at < plan.until).cloned().collect();
+    let targets = Targets { replicas, agents, agent_rate_min_ppm };
+    let mut seen = std::collections::BTreeMap::<FaultKind, u64>::new();
+    for process in &plan.random {
+        if (process.kind.targets_agents() && agents == 0) || process.per_minute <= 0.0 {
+            continue;
+        }
+        let index = seen.entry(process.kind).or_default();
+        let mut rng = rng::keyed(seed, &format!("fault-{}", process.kind.name()), *index);
+        *index += 1;
+        let mut at = Duration::ZERO;
+        loop {
+            let uniform: f64 = rng.random_range(f64::EPSILON..1.0);
+            at += Duration::from_secs_f64(-uniform.ln() * 60.0 / process.per_minute);
+            if at >= plan.until {
+                break;
+            }
+            events.push(FaultEvent { at, fault: draw(process.kind, &process.span, targets, &mut rng) });
+        }
+    }
+    events.sort_by_key(|event| event.at);
+    events
+}
+
+#[cfg(madsim)]
 /// Injects `fault` through the world's handles and returns when it is undone.
 pub async fn inject(world: World, fault: Fault) {
     match fault {
@@ -240,11 +293,13 @@ pub async fn inject(world: World, fault: Fault) {
     }
 }
 
+#[cfg(madsim)]
 /// The fault processes of a run, and every fault they started.
 pub struct FaultRunner {
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
+#[cfg(madsim)]
 impl FaultRunner {
     /// Starts the fixed events and the random processes of `plan` on `world` (simulated time 0 = now).
     pub fn start(world: &World, plan: &FaultPlan) -> FaultRunner {
@@ -284,6 +339,7 @@ impl FaultRunner {
     }
 }
 
+#[cfg(madsim)]
 async fn random_process(
     world: World,
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
@@ -313,16 +369,60 @@ async fn random_process(
     }
 }
 
+#[cfg(madsim)]
 fn spawn_fault(tasks: &Arc<Mutex<Vec<JoinHandle<()>>>>, world: World, fault: Fault) {
     push(tasks, tokio::spawn(inject(world, fault)));
 }
 
+#[cfg(madsim)]
 fn push(tasks: &Mutex<Vec<JoinHandle<()>>>, task: JoinHandle<()>) {
     let mut tasks = lock(tasks);
     tasks.retain(|task| !task.is_finished());
     tasks.push(task);
 }
 
+#[cfg(madsim)]
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> FaultPlan {
+        FaultPlan {
+            fixed: vec![
+                FaultEvent { at: Duration::from_secs(50), fault: Fault::DbRestart { down: Duration::from_secs(1) } },
+                FaultEvent { at: Duration::from_secs(5), fault: Fault::Contention { claims: 3 } },
+            ],
+            random: vec![
+                RandomFault {
+                    kind: FaultKind::Kill,
+                    per_minute: 6.0,
+                    span: Duration::from_secs(1)..Duration::from_secs(3),
+                },
+                RandomFault {
+                    kind: FaultKind::AgentKill,
+                    per_minute: 6.0,
+                    span: Duration::from_secs(1)..Duration::from_secs(2),
+                },
+            ],
+            until: Duration::from_secs(40),
+        }
+    }
+
+    #[test]
+    fn a_schedule_is_sorted_ends_at_until_and_is_a_function_of_the_seed() {
+        let events = schedule(&plan(), 7, 3, 0, 0);
+        assert!(events.windows(2).all(|pair| pair[0].at <= pair[1].at), "{events:?}");
+        assert!(events.iter().all(|event| event.at < Duration::from_secs(40)), "{events:?}");
+        assert!(events.iter().any(|event| event.fault == Fault::Contention { claims: 3 }), "{events:?}");
+        assert!(!events.iter().any(|event| matches!(event.fault, Fault::DbRestart { .. })), "past until: {events:?}");
+        let kills = events.iter().filter(|event| matches!(event.fault, Fault::Kill { .. })).count();
+        assert!(kills > 0, "a rate of 6 a minute over 40 s drew no kill: {events:?}");
+        assert!(!events.iter().any(|event| matches!(event.fault, Fault::AgentKill { .. })), "no agents: {events:?}");
+        assert_eq!(schedule(&plan(), 7, 3, 0, 0), events);
+        assert_ne!(schedule(&plan(), 8, 3, 0, 0), events);
+    }
 }

@@ -25,6 +25,7 @@
 //! | agent     | `job-kill`      | the agent killed jobs the controller moved on from (`op jobs`)          |
 //! | agent     | `session`       | the agent took a new node lease (`token`)                               |
 
+#[cfg(madsim)]
 use super::net_store::NetStore;
 use super::trace::Trace;
 use crate::agent::{AgentConfig, AgentPass, JobScript, ProcessEvent, ProcessEventKind};
@@ -592,6 +593,7 @@ pub enum SubmitOutcome {
 /// Most attempts the gang client makes at one call before it fails the run.
 pub const GANG_CLIENT_ATTEMPTS_MAX: u32 = super::workload::CLIENT_ATTEMPTS_MAX;
 
+#[cfg(madsim)]
 /// The gang client: submits every operation and runs every control action at its time, retrying each call
 /// until it succeeds (with the row client's backoff). Every write goes through [`Keyed`], so a retry of a call
 /// whose reply was lost finds the row the first attempt inserted instead of inserting a second one.
@@ -611,6 +613,7 @@ enum Step<'a> {
     Control(usize, &'a Control),
 }
 
+#[cfg(madsim)]
 impl GangClient {
     /// Runs every submission and control action at its time (in time order; a submission before a control at the
     /// same time), then returns.
@@ -718,6 +721,7 @@ impl GangClient {
     }
 }
 
+#[cfg(madsim)]
 /// A [`NetStore`] whose one `insert` is keyed by `key` (the database's unique index of keyed inserts): a
 /// `gang::api` write call made through it inserts its one row at most once however often it is retried with the
 /// same key. Every other call passes through. Panics if a call through it inserts twice (it would hand back the
@@ -728,6 +732,7 @@ pub struct Keyed {
     inserted: AtomicBool,
 }
 
+#[cfg(madsim)]
 impl Keyed {
     /// `store` with its next insert keyed by `key`.
     pub fn new(store: Arc<NetStore>, key: String) -> Keyed {
@@ -735,6 +740,7 @@ impl Keyed {
     }
 }
 
+#[cfg(madsim)]
 impl Store for Keyed {
     async fn fetch(&self, params: FetchParams) -> Result<Vec<Row>, StoreError> {
         self.store.fetch(params).await

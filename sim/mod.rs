@@ -1,5 +1,7 @@
 //! The deterministic simulator (DESIGN §5): the whole system under madsim's simulated clock, network and
-//! database, with faults and checkers. Compiled only in the simulator build (`--cfg madsim`, DESIGN §6).
+//! database, with faults and checkers. The world, its nodes and the runner exist only in the simulator build
+//! (`--cfg madsim`, DESIGN §6); the scenario files, faults' plans, checkers, run reports and summaries compile in
+//! the normal build too, for `lockstep chaos run` (`crate::chaos`), which judges real runs with the same checkers.
 //!
 //! - [`world`]: the nodes (a database node serving MemStore over simulated RPC, N replica nodes running a
 //!   `PipelineManager`, in gang scenarios M agent nodes, a workload client) and the handles faults act through;
@@ -27,41 +29,61 @@
 //! A run is a function of (scenario, seed, build): every random choice comes from a ChaCha stream per purpose
 //! ([`rng`]) or from madsim's RNG, both seeded by the run's seed.
 
+#[cfg(madsim)]
 pub mod agents;
 pub mod checkers;
+#[cfg(madsim)]
 pub mod cli;
 pub mod coverage;
+#[cfg(madsim)]
 pub mod db;
 pub mod explain;
+#[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod faults;
+#[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod gang;
+#[cfg(madsim)]
 pub mod net_store;
 pub mod replay;
+#[cfg(madsim)]
 pub mod replica;
 pub mod rng;
+#[cfg(madsim)]
 pub mod rpc;
+#[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod run;
 pub mod scenario;
 pub mod scenario_file;
+#[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod service;
+#[cfg(madsim)]
 pub mod shrink;
 pub mod summary;
+#[cfg(madsim)]
 pub mod sweep;
+#[cfg(madsim)]
 pub mod timeline;
 pub mod trace;
+#[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod user;
+#[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod workload;
+#[cfg(madsim)]
 pub mod world;
 
+pub use faults::Target;
 pub use faults::{Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
 pub use gang::{
     AgentTunables, Control, ControlAction, ControllerTunables, Expectations, GangWorkload, IncarnationReport,
     OperationExpectation, OperationReport, Submission, SubmitOutcome,
 };
-pub use run::{
-    Replay, RunReport, Script, check_seeds, for_each_seed, run, run_seeds, run_seeds_with, run_with, script, seeds,
-};
+pub use run::{Replay, RunReport, seeds};
+#[cfg(madsim)]
+pub use run::{Script, check_seeds, for_each_seed, run, run_seeds, run_seeds_with, run_with, script};
 pub use scenario::{Mutation, Scenario};
 pub use scenario_file::{ScenarioError, ScenarioFile};
-pub use user::{PipelineSet, ReplicaCx, WorkloadClient};
-pub use world::{Target, World};
+pub use user::PipelineSet;
+#[cfg(madsim)]
+pub use user::{ReplicaCx, WorkloadClient};
+#[cfg(madsim)]
+pub use world::World;

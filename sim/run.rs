@@ -18,17 +18,20 @@
 
 use super::checkers::{self, CheckInput, RowModel, Violation};
 use super::coverage::Coverage;
+#[cfg(madsim)]
 use super::faults::FaultRunner;
 use super::gang::{self, OperationReport, SubmitOutcome};
 use super::scenario::Scenario;
 use super::service::Effect;
 use super::trace::{self, Trace, TraceEvent};
 use super::workload::{self, ClientReport};
+#[cfg(madsim)]
 use super::world::World;
 use crate::agent::{ProcessEvent, ProcessLog};
 use crate::gang::api::{self, OperationView};
 use crate::gang::model::{JobId, KIND_NODE, KIND_OPERATION, OperationStatus};
 use crate::store::{Commit, Event, Row, RowId, Timestamp};
+#[cfg(madsim)]
 use madsim::runtime::Runtime;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -41,10 +44,12 @@ pub const CONVERGENCE_POLL: Duration = Duration::from_secs(1);
 /// Lines of a failing run's trace printed with its failure (the whole trace goes to a file).
 pub const FAILED_TRACE_TAIL: usize = 40;
 
+#[cfg(madsim)]
 /// A directed scenario's script: runs on the supervisor during the fault window, acting through the world's
 /// handles (`world.replica(1).pause(d).await`). The heal waits for it to finish. Build one with [`script`].
 pub type Script = Box<dyn FnOnce(World) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
 
+#[cfg(madsim)]
 /// A [`Script`] from an async closure: `script(|world| async move { world.db().restart(d).await })`.
 pub fn script<F, Fut>(body: F) -> Script
 where
@@ -118,7 +123,7 @@ impl RunReport {
 
     /// The report of a run of `scenario` under `seed` before anything is known: no panic, no violation, zero
     /// counts and times.
-    fn empty(scenario: &Scenario, seed: u64) -> RunReport {
+    pub fn empty(scenario: &Scenario, seed: u64) -> RunReport {
         RunReport {
             seed,
             scenario: scenario.name.clone(),
@@ -138,6 +143,22 @@ impl RunReport {
             wall: std::time::Duration::ZERO,
             world_leaked: false,
         }
+    }
+
+    /// Runs the checkers of `scenario` on `outcome` and `self.trace` ([`check`]) and fills in what they found and
+    /// what the run did (counts, statuses, operations): the simulator and `lockstep chaos run` both end here.
+    pub fn judge(&mut self, scenario: &Scenario, outcome: Outcome) {
+        self.violations = check(scenario, &outcome, &self.trace);
+        self.checkers = checker_names(scenario);
+        self.coverage = Coverage::of(&outcome.history, &self.trace);
+        self.client = outcome.client;
+        self.commits = outcome.history.len();
+        self.rows = outcome.rows_final.len();
+        self.keyed_rows = outcome.keyed_rows;
+        for row in &outcome.rows_final {
+            *self.statuses.entry(row.kind.clone()).or_default().entry(row.status.clone()).or_default() += 1;
+        }
+        self.operations = outcome.gang.map(|gang| gang.reports).unwrap_or_default();
     }
 
     /// Drops the trace, keeping the counts (for sweeps of many seeds).
@@ -164,32 +185,34 @@ impl RunReport {
     }
 }
 
-/// What the simulated part of a run hands back to the checkers.
-struct Outcome {
-    history: Vec<Commit>,
-    events: Vec<Event>,
-    rows_at_liveness: Vec<Row>,
-    rows_final: Vec<Row>,
-    heal_at: Timestamp,
-    liveness_at: Timestamp,
-    final_at: Timestamp,
-    client: ClientReport,
-    keyed_rows: usize,
-    drain: Result<(), String>,
-    gang: Option<GangOutcome>,
-    effects: Vec<Effect>,
+/// What the checkers judge of a run: what the simulated part of a run hands back, or what `lockstep chaos run`
+/// read from PostgreSQL and its agents' logs (one checker code path for both, [`check`]).
+pub struct Outcome {
+    pub history: Vec<Commit>,
+    pub events: Vec<Event>,
+    pub rows_at_liveness: Vec<Row>,
+    pub rows_final: Vec<Row>,
+    pub heal_at: Timestamp,
+    pub liveness_at: Timestamp,
+    pub final_at: Timestamp,
+    pub client: ClientReport,
+    pub keyed_rows: usize,
+    pub drain: Result<(), String>,
+    pub gang: Option<GangOutcome>,
+    pub effects: Vec<Effect>,
 }
 
 /// What the simulated part of a gang run hands back to the gang checkers.
-struct GangOutcome {
-    reports: Vec<OperationReport>,
-    views: Vec<OperationView>,
-    unfinished: Vec<String>,
-    exclusivity: Vec<String>,
-    processes: Vec<ProcessEvent>,
-    live_at_end: BTreeMap<RowId, Vec<JobId>>,
+pub struct GangOutcome {
+    pub reports: Vec<OperationReport>,
+    pub views: Vec<OperationView>,
+    pub unfinished: Vec<String>,
+    pub exclusivity: Vec<String>,
+    pub processes: Vec<ProcessEvent>,
+    pub live_at_end: BTreeMap<RowId, Vec<JobId>>,
 }
 
+#[cfg(madsim)]
 /// Runs `scenario` under `seed` and checks it.
 pub fn run(scenario: &Scenario, seed: u64) -> RunReport {
     run_with(scenario, seed, None)
@@ -214,6 +237,7 @@ fn quiet_planted_panics() {
     });
 }
 
+#[cfg(madsim)]
 /// Runs `scenario` under `seed`, with a directed `script` if given, and checks it. Never panics on a failing
 /// run: the panic and the violations are in the report. With `LOCKSTEP_SIM_TRACE_DIR` set, writes the trace to
 /// `<dir>/<scenario>-seed-<seed>.trace`.
@@ -221,6 +245,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
     run_within(scenario, seed, script, wall_limit())
 }
 
+#[cfg(madsim)]
 /// As [`run_with`], with `limit` as the run's wall-clock limit instead of [`wall_limit`]'s: past it the report's
 /// panic says the run is stuck (simulated time stood still) and the run's thread is left behind.
 pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit: std::time::Duration) -> RunReport {
@@ -270,19 +295,7 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
     let mut report = RunReport { simulated, wall, trace, world_leaked, ..RunReport::empty(&scenario, seed) };
     match result {
         Err(panic) => report.panic = Some(panic),
-        Ok(outcome) => {
-            report.violations = check(&scenario, &outcome, &report.trace);
-            report.checkers = checker_names(&scenario);
-            report.coverage = Coverage::of(&outcome.history, &report.trace);
-            report.client = outcome.client;
-            report.commits = outcome.history.len();
-            report.rows = outcome.rows_final.len();
-            report.keyed_rows = outcome.keyed_rows;
-            for row in &outcome.rows_final {
-                *report.statuses.entry(row.kind.clone()).or_default().entry(row.status.clone()).or_default() += 1;
-            }
-            report.operations = outcome.gang.map(|gang| gang.reports).unwrap_or_default();
-        }
+        Ok(outcome) => report.judge(&scenario, outcome),
     }
     if let Ok(dir) = std::env::var("LOCKSTEP_SIM_TRACE_DIR") {
         let path = std::path::Path::new(&dir).join(format!("{}-seed-{seed}.trace", report.scenario));
@@ -292,7 +305,7 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
 }
 
 /// The checkers that judge a run of `scenario`, in order, each name once.
-fn checker_names(scenario: &Scenario) -> Vec<&'static str> {
+pub fn checker_names(scenario: &Scenario) -> Vec<&'static str> {
     let mut names: Vec<&'static str> = checkers::names().collect();
     if let Some(set) = &scenario.pipelines {
         names.extend(set.checkers().iter().map(|checker| checker.name()));
@@ -310,7 +323,10 @@ fn checker_names(scenario: &Scenario) -> Vec<&'static str> {
     names
 }
 
-fn check(scenario: &Scenario, outcome: &Outcome, trace: &[TraceEvent]) -> Vec<Violation> {
+/// Runs every checker of `scenario` on `outcome` (and `trace`, for the `expect` checker's trace lines): the
+/// built-in and the pipeline set's row checkers, the drain, and with a gang part the gang checkers. The one
+/// checker path of both the simulator and `lockstep chaos run`.
+pub fn check(scenario: &Scenario, outcome: &Outcome, trace: &[TraceEvent]) -> Vec<Violation> {
     let rows = match &scenario.pipelines {
         Some(set) => RowModel::User(set),
         None => RowModel::Builtin,
@@ -357,6 +373,7 @@ fn check(scenario: &Scenario, outcome: &Outcome, trace: &[TraceEvent]) -> Vec<Vi
     violations
 }
 
+#[cfg(madsim)]
 /// Whether every workload row (the built-in workload's or a user's set's) is final and every gang operation
 /// ended.
 fn converged(scenario: &Scenario, rows: &[Row]) -> bool {
@@ -370,9 +387,11 @@ fn converged(scenario: &Scenario, rows: &[Row]) -> bool {
     })
 }
 
+#[cfg(madsim)]
 /// Where a run leaves its world for the teardown after it (whether it ended or panicked).
 type WorldSlot = Arc<Mutex<Option<World>>>;
 
+#[cfg(madsim)]
 /// Tears down the world of a run that ended (or panicked) on `runtime` ([`World::teardown`], on the same
 /// runtime), then drops the runtime; returns whether the run's trace is still held by anything but `trace_slot`:
 /// a task of the world that outlived it (a leak).
@@ -387,6 +406,7 @@ fn tear_down(runtime: Runtime, world_slot: &WorldSlot, trace_slot: &Mutex<Option
     trace_slot.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|trace| trace.holders() > 1)
 }
 
+#[cfg(madsim)]
 /// The simulated part of a run (phases 1–4).
 async fn simulate(
     scenario: Arc<Scenario>,
@@ -457,7 +477,7 @@ async fn simulate(
 }
 
 /// The operations not ended in `rows`, as `op=<id> <status>`.
-fn unfinished_operations(rows: &[Row]) -> Vec<String> {
+pub fn unfinished_operations(rows: &[Row]) -> Vec<String> {
     let ended = |row: &&Row| OperationStatus::parse(&row.status).is_some_and(|s| s.is_terminal());
     rows.iter()
         .filter(|row| row.kind == KIND_OPERATION && gang::is_gang_row(row))
@@ -466,6 +486,7 @@ fn unfinished_operations(rows: &[Row]) -> Vec<String> {
         .collect()
 }
 
+#[cfg(madsim)]
 /// Reads every submitted operation from the database (directly: the checkers' view) and the process log.
 async fn gang_outcome(world: &World, unfinished: Vec<String>) -> GangOutcome {
     let store = &world.database().store;
@@ -595,6 +616,7 @@ pub fn jobs() -> usize {
         .max(1)
 }
 
+#[cfg(madsim)]
 /// Runs every seed of `seeds` (on [`jobs`] threads), and fails the test if any run failed: prints each failing
 /// seed's checker, message, trace tail, trace file and replay command, then panics naming the seeds. Fails it
 /// too if a run's world outlived it ([`RunReport::world_leaked`]). Returns
@@ -626,11 +648,13 @@ pub fn check_seeds(scenario: &Scenario, seeds: &[u64], replay: Replay) -> Vec<Ru
     reports.into_iter().map(RunReport::slim).collect()
 }
 
+#[cfg(madsim)]
 /// Runs every seed of `seeds` on [`jobs`] threads; returns the reports by seed, traces kept only for failures.
 pub fn run_seeds(scenario: &Scenario, seeds: &[u64]) -> Vec<RunReport> {
     run_seeds_with(scenario, seeds, jobs(), &|_| {})
 }
 
+#[cfg(madsim)]
 /// Runs every seed of `seeds` on `jobs` threads (at least one), calling `done` with each report as its run
 /// ends (from the thread that ran it, in completion order: a sweep's progress bar); returns the reports by
 /// seed, traces kept only for failures.
@@ -653,6 +677,7 @@ pub fn run_seeds_with(
     reports
 }
 
+#[cfg(madsim)]
 /// Runs the seeds `seed_at(0)`, `seed_at(1)`, … up to the first `None`, on `jobs` threads (at least one), and
 /// hands each report to `done` as its run ends (from the thread that ran it, in completion order), keeping
 /// nothing: what a sweep keeps is up to `done` (a sweep of a million seeds keeps counts, not reports). Once

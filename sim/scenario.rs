@@ -4,11 +4,11 @@
 //! shape. A scenario has a row workload (optional: `rows_max = 0` inserts no rows and runs no row pipelines), an
 //! optional gang part (agents, operations, job behaviour, control actions: [`GangWorkload`]) and expectations.
 
+use super::faults::Target;
 use super::faults::{Fault, FaultKind, FaultPlan, RandomFault};
 use super::gang::{AgentTunables, ControllerTunables, Expectations, GangWorkload, OperationExpectation, Submission};
 use super::user::PipelineSet;
 use super::workload::{Workers, WorkloadSpec};
-use super::world::Target;
 use crate::agent::{Behaviour, End, JobScript, Rule};
 use crate::gang::SpecFormat;
 use std::ops::Range;

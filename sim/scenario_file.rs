@@ -15,12 +15,12 @@
 
 pub mod gang;
 
+use super::faults::Target;
 use super::faults::{Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
 use super::replay::fnv1a64;
 use super::scenario::{Mutation, Scenario, no_rows};
 use super::user::PipelineSet;
 use super::workload::JOB_STATUS;
-use super::world::Target;
 use crate::pipeline::ConfigError;
 use gang::{ExpectOperationDoc, ExpectTraceDoc, GangDocs, SpecSource};
 use serde::Deserialize;
@@ -1190,7 +1190,7 @@ mod tests {
     }
 
     fn sets() -> PipelineSets {
-        let set = PipelineSet::new("orders", |_| Ok(())).final_statuses("order", &["done"]);
+        let set = PipelineSet::named("orders").final_statuses("order", &["done"]);
         PipelineSets::from([("orders".to_string(), set)])
     }
 

@@ -281,6 +281,7 @@ impl Service {
     }
 }
 
+#[cfg(madsim)]
 /// The service node's life: bind, then handle requests until the world ends. Its init function.
 pub async fn serve(service: Arc<Service>) {
     let endpoint = Endpoint::bind(service.addr()).await.expect("the service port is free");
@@ -291,6 +292,7 @@ pub async fn serve(service: Arc<Service>) {
     }
 }
 
+#[cfg(madsim)]
 async fn handle(
     service: Arc<Service>,
     endpoint: Endpoint,
@@ -327,12 +329,14 @@ fn draw(rng: &mut ChaCha8Rng, range: &Range<Duration>) -> Duration {
     Duration::from_micros(rng.random_range(range.start.as_micros() as u64..range.end.as_micros() as u64))
 }
 
+#[cfg(madsim)]
 /// A handler's client of one service, on the replica node it was made on. Clones share its endpoint.
 #[derive(Clone)]
 pub struct ServiceClient {
     inner: Arc<ClientInner>,
 }
 
+#[cfg(madsim)]
 struct ClientInner {
     service: Arc<str>,
     addr: SocketAddr,
@@ -344,6 +348,7 @@ struct ClientInner {
     endpoint: tokio::sync::Mutex<Option<Endpoint>>,
 }
 
+#[cfg(madsim)]
 impl ServiceClient {
     /// A client of `service` for the node `node` at `ip`; `tag_base` is a reply-tag range unique in the run.
     pub(crate) fn new(service: &Service, node: Arc<str>, ip: IpAddr, tag_base: u64) -> ServiceClient {

@@ -44,6 +44,7 @@
 //! Time in this module is simulated time: `Duration`s are spans of the simulated clock, which runs only when
 //! every node waits.
 
+#[cfg(madsim)]
 use super::net_store::NetStore;
 use super::rng;
 use super::scenario::Scenario;
@@ -63,14 +64,21 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 pub use super::checkers::{CheckInput, Checker, Violation};
-pub use super::run::{Replay, RunReport, check_seeds, run, run_seeds, seeds};
-pub use super::service::{Effect, EffectReceipt, EffectRequest, ServiceClient, ServiceError, ServiceOptions};
+pub use super::run::{Replay, RunReport, seeds};
+#[cfg(madsim)]
+pub use super::run::{check_seeds, run, run_seeds};
+#[cfg(madsim)]
+pub use super::service::ServiceClient;
+pub use super::service::{Effect, EffectReceipt, EffectRequest, ServiceError, ServiceOptions};
 
 /// The store your handlers run on in the simulator: every call crosses the simulated network to the database
 /// node. Write handlers generic over `S: Store` (as `examples/quickstart.rs` does) and they run here unchanged.
+#[cfg(madsim)]
 pub type SimStore = NetStore;
 
+#[cfg(madsim)]
 type Register = dyn Fn(&mut ReplicaCx<'_>) -> Result<(), ConfigError> + Send + Sync;
+#[cfg(madsim)]
 type Workload = dyn Fn(WorkloadClient) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
 
 /// Statuses that end a row's life, by kind: the liveness checker requires every row of a listed kind to reach one
@@ -82,7 +90,9 @@ pub type FinalStatuses = BTreeMap<String, BTreeSet<String>>;
 #[derive(Clone)]
 pub struct PipelineSet {
     name: String,
+    #[cfg(madsim)]
     register: Arc<Register>,
+    #[cfg(madsim)]
     workload: Option<Arc<Workload>>,
     finals: FinalStatuses,
     services: Vec<(String, ServiceOptions)>,
@@ -94,6 +104,7 @@ impl PipelineSet {
     /// on one replica: called on every replica at every start (a restarted replica starts from scratch), on the
     /// replica's node, so handlers built there run there. Return the first [`ConfigError`] (the `?` of
     /// [`ReplicaCx::register`]); the run then fails naming it.
+    #[cfg(madsim)]
     pub fn new<F>(name: impl Into<String>, register: F) -> PipelineSet
     where
         F: Fn(&mut ReplicaCx<'_>) -> Result<(), ConfigError> + Send + Sync + 'static,
@@ -108,9 +119,25 @@ impl PipelineSet {
         }
     }
 
+    /// A set named `name` whose pipelines register nothing: in the normal build (`lockstep chaos`), where a
+    /// set's handlers cannot run, this is how a set is known by its name, final statuses and checkers.
+    pub fn named(name: impl Into<String>) -> PipelineSet {
+        PipelineSet {
+            name: name.into(),
+            #[cfg(madsim)]
+            register: Arc::new(|_| Ok(())),
+            #[cfg(madsim)]
+            workload: None,
+            finals: FinalStatuses::new(),
+            services: Vec::new(),
+            checkers: Vec::new(),
+        }
+    }
+
     /// What the client inserts: `workload` runs once per run on the client node, from the world's start, and
     /// the faults stop no earlier than it returns (the heal waits for it). Without one the client inserts
     /// nothing.
+    #[cfg(madsim)]
     pub fn workload<F, Fut>(mut self, workload: F) -> PipelineSet
     where
         F: Fn(WorkloadClient) -> Fut + Send + Sync + 'static,
@@ -201,13 +228,25 @@ impl PipelineSet {
     }
 
     /// Registers the set's pipelines on a replica (the replica node's init function calls it).
+    #[cfg(madsim)]
     pub(crate) fn register(&self, cx: &mut ReplicaCx<'_>) -> Result<(), ConfigError> {
         (self.register)(cx)
     }
 
     /// The client's run of the workload, if the set has one.
+    #[cfg(madsim)]
     pub(crate) fn run_workload(&self, client: WorkloadClient) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
         self.workload.as_ref().map(|workload| workload(client))
+    }
+}
+
+impl PipelineSet {
+    /// Whether the set inserts rows of its own (the simulator build: its workload function).
+    fn has_workload(&self) -> bool {
+        #[cfg(madsim)]
+        return self.workload.is_some();
+        #[cfg(not(madsim))]
+        false
     }
 }
 
@@ -217,7 +256,7 @@ impl fmt::Debug for PipelineSet {
         let checkers: Vec<&str> = self.checkers.iter().map(|checker| checker.name()).collect();
         f.debug_struct("PipelineSet")
             .field("name", &self.name)
-            .field("workload", &self.workload.is_some())
+            .field("workload", &self.has_workload())
             .field("finals", &self.finals)
             .field("services", &self.services)
             .field("checkers", &checkers)
@@ -226,6 +265,7 @@ impl fmt::Debug for PipelineSet {
 }
 
 /// A replica's side of registration: what [`PipelineSet::new`]'s closure gets on each replica at each start.
+#[cfg(madsim)]
 pub struct ReplicaCx<'a> {
     pub(crate) manager: &'a mut PipelineManager<NetStore>,
     pub(crate) replica: usize,
@@ -239,6 +279,7 @@ pub struct ReplicaCx<'a> {
     pub(crate) lease_ttl_max: &'a AtomicU64,
 }
 
+#[cfg(madsim)]
 impl ReplicaCx<'_> {
     /// Registers a pipeline on this replica (as [`PipelineManager::register`]). Errors: the first rule `config`
     /// breaks, a name registered twice, or more connections than the store offers.
@@ -288,9 +329,11 @@ impl ReplicaCx<'_> {
 }
 
 /// Whether the scenario's faults are on (they stop at the heal). Clones share it.
+#[cfg(madsim)]
 #[derive(Clone, Debug)]
 pub struct FaultsOn(Arc<AtomicBool>);
 
+#[cfg(madsim)]
 impl FaultsOn {
     /// True until the world heals.
     pub fn get(&self) -> bool {
@@ -300,11 +343,13 @@ impl FaultsOn {
 
 /// The client node's side of a workload: keyed inserts that survive lost replies, hints, simulated time and
 /// seeded randomness. Clones share it.
+#[cfg(madsim)]
 #[derive(Clone)]
 pub struct WorkloadClient {
     inner: Arc<ClientInner>,
 }
 
+#[cfg(madsim)]
 struct ClientInner {
     store: NetStore,
     seed: u64,
@@ -314,6 +359,7 @@ struct ClientInner {
     inserted: AtomicUsize,
 }
 
+#[cfg(madsim)]
 impl WorkloadClient {
     pub(crate) fn new(store: NetStore, seed: u64, trace: Trace, node: Arc<str>) -> WorkloadClient {
         let start = tokio::time::Instant::now();

@@ -21,8 +21,10 @@
 //! until it succeeds: inserts are keyed (a unique index at the database), so an insert whose reply was lost is
 //! not duplicated by its retry.
 
+#[cfg(madsim)]
 use super::net_store::NetStore;
 use super::rng;
+#[cfg(madsim)]
 use super::trace::Trace;
 use crate::pipeline::{Changes, Handler, LoadCx, PipelineConfig, PipelineManager, RetryPolicy, WorkError};
 use crate::store::{Lease, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowUpdate, Store, StoreError};
@@ -186,6 +188,18 @@ pub fn register<S: Store>(
         let config = spec.config(&name, &format!("claim-{p}"), "ready", w.claims);
         manager.register(config, Claims { seed, spec: spec.clone(), name }).expect("claims config");
     }
+}
+
+/// Store connections the pipelines [`register`] registers need together (each one's workers, fetcher and
+/// heartbeater): the pool size a replica running them on PostgreSQL asks for (`lockstep chaos run`).
+pub fn connections_needed(spec: &WorkloadSpec) -> usize {
+    let w = &spec.workers;
+    let mut configs =
+        vec![spec.config("tasks", "task", "ready", w.tasks), spec.config("jobs", "job", JOB_STATUS, w.jobs)];
+    for p in 0..spec.claim_pipelines {
+        configs.push(spec.config(&format!("claims-{p}"), &format!("claim-{p}"), "ready", w.claims));
+    }
+    configs.iter().map(PipelineConfig::connections_needed).sum()
 }
 
 fn effect(row: RowId, pipeline: &str, counter: Option<RowId>) -> NewEvent {
@@ -363,6 +377,7 @@ impl ClientReport {
     }
 }
 
+#[cfg(madsim)]
 /// The workload client: resources first, then jobs and claims as two Poisson processes over the span.
 pub struct Client {
     store: NetStore,
@@ -374,6 +389,7 @@ pub struct Client {
     resources: Vec<RowId>,
 }
 
+#[cfg(madsim)]
 impl Client {
     /// A client over `store`.
     pub fn new(store: NetStore, spec: Arc<WorkloadSpec>, seed: u64, trace: Trace, node: Arc<str>) -> Client {
@@ -497,7 +513,7 @@ where
 }
 
 /// A Poisson process's next gap at `per_minute` events per minute (never, for a rate of 0).
-fn exponential(rng: &mut ChaCha8Rng, per_minute: f64) -> Duration {
+pub fn exponential(rng: &mut ChaCha8Rng, per_minute: f64) -> Duration {
     if per_minute <= 0.0 {
         return Duration::MAX / 4;
     }

@@ -23,6 +23,7 @@
 
 use super::agents::{self, AgentContext};
 use super::db::{self, Database};
+pub use super::faults::Target;
 use super::gang::{self, GangClient, SubmitOutcome};
 use super::net_store::{NetStore, NetStoreOptions};
 use super::replica::{self, ReplicaContext, Stop};
@@ -44,19 +45,6 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-
-/// A node a network fault can target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Target {
-    /// The database node.
-    Db,
-    /// The workload client.
-    Client,
-    /// Replica `i`.
-    Replica(usize),
-    /// Agent `i` (node `agent-{i}`).
-    Agent(usize),
-}
 
 /// A thing at most one fault holds at a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -3,7 +3,9 @@
 //!
 //! Architecture (DESIGN §1): [`store`] holds all shared state behind one trait; [`pipeline`] is the engine that
 //! leases rows from it and processes them. Dependency direction: `sim` → `pipeline` → `store`. The simulator
-//! harness (`sim/` at the repository root) is compiled only in the simulator build (`--cfg madsim`, DESIGN §6).
+//! harness (`sim/` at the repository root) runs only in the simulator build (`--cfg madsim`, DESIGN §6); its
+//! scenario files, checkers and summaries compile in both, so that [`chaos`] (normal build) runs the same files
+//! and checkers on real PostgreSQL and processes.
 
 pub mod agent;
 mod buggify;
@@ -14,6 +16,5 @@ pub mod gang;
 pub mod pipeline;
 pub mod store;
 
-#[cfg(madsim)]
 #[path = "../sim/mod.rs"]
 pub mod sim;

@@ -532,7 +532,20 @@ fn the_sim_synopsis_names_subcommands_and_flags_the_binary_has() {
         }
         subcommands.insert(subcommand.to_string());
     }
-    assert_eq!(subcommands, BTreeSet::from(["explain", "replay", "run", "shrink", "sweep"].map(String::from)));
+    // Every subcommand `lockstep sim --help` lists (but `help`) has its synopsis line.
+    let output = Command::new(env!("CARGO_BIN_EXE_lockstep")).args(["sim", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&output.stdout);
+    let listed: BTreeSet<String> = help
+        .lines()
+        .skip_while(|line| !line.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(String::from)
+        .collect();
+    assert!(listed.len() >= 5, "no subcommands read from `lockstep sim --help`:\n{help}");
+    assert_eq!(subcommands, listed);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

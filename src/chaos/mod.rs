@@ -1,4 +1,91 @@
-//! Real faults for `lockstep chaos` (issue 15): the normal build's counterparts of the simulator's network faults.
-//! Not in the simulator's graph (`#[cfg(not(madsim))]` in `lib.rs`).
+//! `lockstep chaos run`: a scenario file on a real PostgreSQL with real replica processes, real faults, a
+//! recorded history and the simulator's checkers (issue 15). Normal build only.
+//!
+//! - **World**: the scenario's replicas are child processes (`lockstep serve`, with the hidden row-workload mode
+//!   running the simulator's own handlers on the unchanged engine) on a fresh schema, dropped at the end unless
+//!   kept. The harness is the workload client.
+//! - **Faults** ([`RealFault`]): `kill` is SIGKILL and a new process after `down`; `pause` is SIGSTOP and SIGCONT
+//!   after `span`; `db-restart` ends every session of this run's schema (`pg_terminate_backend`); `contention`
+//!   inserts its burst of claims as the simulator's client does. The network faults need the chaos proxy (a
+//!   [`NetworkFaults`] implementation); clock drift and buggify have no real form and are refused with the reason.
+//! - **Proxy** ([`proxy`]): a TCP proxy to PostgreSQL per node whose links can stall, black-hole, delay, drop
+//!   and lose replies: the real form of the network faults.
+//! - **History**: every replica records its lease writes in the schema's `history` table in the same transaction
+//!   ([`PgOptions::history`](crate::store::PgOptions::history)); the harness reads it, the events and the rows,
+//!   and runs the simulator's checkers on them ([`crate::sim::run::check`]): one checker path for both.
 
+mod harness;
 pub mod proxy;
+
+pub use harness::{ChaosError, ChaosOptions, ChaosRun, run};
+
+use crate::sim::Fault;
+use std::time::Duration;
+
+/// What a scenario's fault becomes on real processes, or why it cannot run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RealFault {
+    /// SIGKILL replica `replica`, start a new process after `down`.
+    Kill { replica: usize, down: Duration },
+    /// SIGSTOP replica `replica`, SIGCONT after `span`.
+    Pause { replica: usize, span: Duration },
+    /// `pg_terminate_backend` of every session of the run's schema but the harness's.
+    DbRestart,
+    /// The harness inserts `claims` claims on resource 0 at once.
+    Contention { claims: usize },
+    /// A network fault: injected by a [`NetworkFaults`] (the chaos proxy) when there is one.
+    Network(Fault),
+}
+
+/// A fault on the links between the nodes and PostgreSQL (partition, isolate, degrade, lost replies): the hook
+/// the chaos proxy implements. Without one, a scenario with network faults is refused ("needs the chaos proxy").
+pub trait NetworkFaults: Send + Sync {
+    /// Injects `fault` (a [`Fault::Partition`], [`Fault::Isolate`], [`Fault::Degrade`] or
+    /// [`Fault::LostReplies`]) and returns when it is undone.
+    fn inject(&self, fault: Fault) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+}
+
+/// Maps one scenario fault to its real form. `network`: whether a [`NetworkFaults`] is installed.
+///
+/// Errors: why the fault has no real form here, naming it.
+pub fn real_fault(fault: &Fault, network: bool) -> Result<RealFault, String> {
+    match fault {
+        Fault::Kill { replica, down } => Ok(RealFault::Kill { replica: *replica, down: *down }),
+        Fault::Pause { replica, span } => Ok(RealFault::Pause { replica: *replica, span: *span }),
+        Fault::DbRestart { .. } => Ok(RealFault::DbRestart),
+        Fault::Contention { claims } => Ok(RealFault::Contention { claims: *claims }),
+        Fault::Partition { .. } | Fault::Isolate { .. } | Fault::Degrade { .. } | Fault::LostReplies { .. } => {
+            if network {
+                Ok(RealFault::Network(fault.clone()))
+            } else {
+                Err(format!("{fault:?} needs the chaos proxy (every node reaching PostgreSQL through it)"))
+            }
+        }
+        Fault::ClockDrift { .. } | Fault::AgentClockDrift { .. } => Err(format!(
+            "{fault:?}: not possible on real processes (a process's monotonic clock cannot be made to run at \
+             another rate from outside)"
+        )),
+        Fault::Buggify { .. } => {
+            Err(format!("{fault:?}: not possible on real processes (buggify points exist only in the simulator build)"))
+        }
+        Fault::AgentKill { .. } | Fault::AgentPause { .. } => {
+            Err(format!("{fault:?}: agents are not yet run by `lockstep chaos run` (row scenarios only)"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kills_and_pauses_map_and_clock_drift_is_refused_with_its_reason() {
+        let kill = Fault::Kill { replica: 1, down: Duration::from_secs(3) };
+        assert_eq!(real_fault(&kill, false), Ok(RealFault::Kill { replica: 1, down: Duration::from_secs(3) }));
+        let drift = Fault::ClockDrift { replica: 0, rate_ppm: 900_000, span: Duration::from_secs(1) };
+        assert!(real_fault(&drift, false).unwrap_err().contains("not possible on real processes"));
+        let cut = Fault::Isolate { node: crate::sim::Target::Replica(0), span: Duration::from_secs(1) };
+        assert!(real_fault(&cut, false).unwrap_err().contains("needs the chaos proxy"));
+        assert!(matches!(real_fault(&cut, true), Ok(RealFault::Network(_))));
+    }
+}

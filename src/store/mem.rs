@@ -61,8 +61,8 @@ pub struct Commit {
     pub op: CommitOp,
 }
 
-/// The write a [`Commit`] records.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The write a [`Commit`] records (as JSON in PgStore's chaos-mode history).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CommitOp {
     /// Leases a fetch handed out.
     Fetch { pipeline: String, leases: Vec<Lease> },

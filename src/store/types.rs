@@ -310,7 +310,7 @@ pub enum ApplyOutcome {
 }
 
 /// What [`Store::lock_related`](super::Store::lock_related) did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LockOutcome {
     /// Every related row is now locked with the holder's token.
     Locked,
@@ -357,7 +357,7 @@ pub enum FailureOutcome {
 }
 
 /// What [`Store::update_unleased`](super::Store::update_unleased) did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WriteOutcome {
     /// The row had no live lease and was updated.
     Written,

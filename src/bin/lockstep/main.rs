@@ -32,6 +32,8 @@ struct Cli {
     command: Command,
 }
 
+// One value per process, parsed once: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(clap::Subcommand)]
 enum Command {
     #[cfg(not(madsim))]

@@ -16,7 +16,7 @@
 use super::codec::PgTime;
 use super::sql;
 use super::write::{insert_events, insert_rows, merge_related};
-use crate::store::{ApplyOutcome, ApplyParams, Lease, LockToken, NewEvent, NewRow, RowId, RowUpdate};
+use crate::store::{ApplyOutcome, ApplyParams, CommitOp, Lease, LockToken, NewEvent, NewRow, RowId, RowUpdate};
 use sqlx::postgres::PgPool;
 use sqlx::postgres::types::PgInterval;
 use sqlx::types::Json;
@@ -25,17 +25,21 @@ use std::collections::{BTreeMap, BTreeSet};
 type Columns = (Vec<i64>, Vec<i64>, Vec<Option<String>>, Vec<Option<Json<serde_json::Value>>>);
 
 /// Applies `batch` (at least two items) in one transaction; outcomes in input order.
+///
+/// `record`: the store whose history (chaos mode) gets each applied item, in the batch's transaction (the
+/// transactional shape then serves simple batches too).
 pub(super) async fn apply_batch(
     pool: &PgPool,
     offset: PgInterval,
     batch: Vec<ApplyParams>,
+    record: Option<&super::PgStore>,
 ) -> Result<Vec<ApplyOutcome>, sqlx::Error> {
     let first = first_copies(&batch);
     let simple = batch.iter().all(|p| p.related.is_empty() && p.inserts.is_empty() && p.events.is_empty());
-    if simple {
+    if simple && record.is_none() {
         apply_mains(pool, offset, batch, &first).await
     } else {
-        apply_in_transaction(pool, offset, batch, &first).await
+        apply_in_transaction(pool, offset, batch, &first, record).await
     }
 }
 
@@ -75,6 +79,7 @@ async fn apply_in_transaction(
     offset: PgInterval,
     batch: Vec<ApplyParams>,
     first: &[bool],
+    record: Option<&super::PgStore>,
 ) -> Result<Vec<ApplyOutcome>, sqlx::Error> {
     let mut ids: Vec<i64> = batch.iter().flat_map(|p| p.related.iter().map(|r| r.id.0).chain([p.lease.id.0])).collect();
     ids.sort_unstable();
@@ -101,10 +106,13 @@ async fn apply_in_transaction(
     let mut mains = Vec::new();
     let mut inserts: Vec<Vec<NewRow>> = Vec::new();
     let mut events: Vec<NewEvent> = Vec::new();
+    let mut records: Vec<(Lease, Vec<RowId>)> = Vec::new();
     for (p, _) in batch.into_iter().zip(&held).filter(|(_, held)| **held) {
         let token = p.lease.token;
+        let merged = merge_related(p.related);
+        records.push((p.lease, merged.keys().copied().collect()));
         // Held items' related rows are distinct: each carries its one item's token.
-        related.extend(merge_related(p.related).into_iter().map(|(id, update)| (id, token, update)));
+        related.extend(merged.into_iter().map(|(id, update)| (id, token, update)));
         mains.push((p.lease, p.update));
         inserts.push(p.inserts);
         events.extend(p.events);
@@ -127,16 +135,22 @@ async fn apply_in_transaction(
     let counts: Vec<usize> = inserts.iter().map(Vec::len).collect();
     let mut ids = insert_rows(&mut tx, offset, inserts.into_iter().flatten().collect()).await?.into_iter();
     insert_events(&mut tx, offset, events).await?;
+    let inserted: Vec<Vec<RowId>> = counts.iter().map(|count| ids.by_ref().take(*count).collect()).collect();
+    if let Some(store) = record {
+        for ((lease, related), inserted) in records.into_iter().zip(&inserted) {
+            let op = CommitOp::Apply { lease, applied: true, related, inserted: inserted.clone() };
+            super::history::append(store, &mut tx, &op).await?;
+        }
+    }
     tx.commit().await?;
-    let mut counts = counts.into_iter();
+    let mut inserted = inserted.into_iter();
     Ok(held
         .into_iter()
         .map(|held| {
             if !held {
                 return ApplyOutcome::Stale;
             }
-            let count = counts.next().expect("one insert count per held item");
-            ApplyOutcome::Applied { inserted: ids.by_ref().take(count).collect(), now }
+            ApplyOutcome::Applied { inserted: inserted.next().expect("one insert list per held item"), now }
         })
         .collect())
 }

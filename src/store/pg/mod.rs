@@ -12,6 +12,7 @@
 mod apply_batch;
 mod codec;
 mod error;
+mod history;
 mod listen;
 mod options;
 mod retry;
@@ -63,6 +64,11 @@ struct Inner {
     /// [`PgOptions::call_timeout`]; zero: unbounded.
     call_timeout: Duration,
     hints: broadcast::Sender<Hint>,
+    /// Chaos mode ([`PgOptions::history`]): the `caller` of this store's history records (its
+    /// `application_name`); `None` records nothing.
+    history: Option<String>,
+    /// [`PgOptions::apply_guard_disabled_for_mutation_test`].
+    apply_guard_disabled: bool,
     /// Dropped with the store, which stops the listener task.
     _listener_shutdown: oneshot::Sender<()>,
 }
@@ -118,6 +124,9 @@ impl PgStore {
             .connect_with(connect.clone())
             .await
             .map_err(fail)?;
+        if options.history {
+            sqlx::query(history::CREATE).execute(&pool).await.map_err(fail)?;
+        }
         let channel = listen::channel(&options.schema);
         let instance = rand::random::<u64>();
         let (hints, _) = broadcast::channel(HINT_BUFFER_LEN_MAX);
@@ -135,6 +144,8 @@ impl PgStore {
                 max_connections: options.max_connections,
                 call_timeout: options.call_timeout,
                 hints: hints.clone(),
+                history: options.history.then(|| options.application_name.clone()),
+                apply_guard_disabled: options.apply_guard_disabled_for_mutation_test,
                 _listener_shutdown: shutdown,
             }),
         };
@@ -475,6 +486,9 @@ impl Store for PgStore {
     async fn fetch(&self, p: FetchParams) -> Result<Vec<Row>, StoreError> {
         self.bounded(async {
             check_fetch(&p)?;
+            if self.inner.history.is_some() {
+                return self.fetch_recorded(p).await;
+            }
             let rows = fetch_query(sqlx::query(AssertSqlSafe(PgStore::fetch_sql(&p))), self.offset(), &p)
                 .fetch_all(&self.inner.pool)
                 .await
@@ -545,6 +559,9 @@ impl Store for PgStore {
             if p.leases.is_empty() {
                 return Ok(Vec::new());
             }
+            if self.inner.history.is_some() {
+                return self.heartbeat_recorded(p).await;
+            }
             let (ids, tokens) = split_leases(&p.leases);
             let extended: Vec<(i64, i64)> = self
                 .run_again_on_conflict("heartbeat", || {
@@ -565,7 +582,8 @@ impl Store for PgStore {
         self.bounded(async {
             check_text(&format!("lock_related {}#{}", p.holder.id, p.holder.token), "owner", &p.owner)?;
             self.run_again_on_conflict("lock_related", || {
-                write::lock_related_in_transaction(&self.inner.pool, self.offset(), p.clone())
+                let record = self.inner.history.is_some().then_some(self);
+                write::lock_related_in_transaction(&self.inner.pool, self.offset(), p.clone(), record)
             })
             .await?
         })
@@ -576,12 +594,18 @@ impl Store for PgStore {
         self.bounded(async {
             check_apply(&p)?;
             let simple = p.related.is_empty() && p.inserts.is_empty() && p.events.is_empty();
-            if !simple {
-                return self
+            let guarded = !self.inner.apply_guard_disabled;
+            if !simple || self.inner.history.is_some() {
+                let record = self.inner.history.is_some().then_some(self);
+                let outcome = self
                     .run_again_on_conflict("apply", || {
-                        write::apply_in_transaction(&self.inner.pool, self.offset(), p.clone())
+                        write::apply_in_transaction(&self.inner.pool, self.offset(), p.clone(), record, guarded)
                     })
-                    .await;
+                    .await?;
+                if record.is_some() && outcome == ApplyOutcome::Stale {
+                    self.record_stale_apply(p.lease).await;
+                }
+                return Ok(outcome);
             }
             // One statement, so no explicit transaction (saves the BEGIN and COMMIT round trips).
             let now = self
@@ -589,7 +613,7 @@ impl Store for PgStore {
                     let (pool, offset, lease, update) = (&self.inner.pool, self.offset(), p.lease, p.update.clone());
                     async move {
                         let mut conn = pool.acquire().await?;
-                        write::apply_main(&mut conn, offset, lease, update).await
+                        write::apply_main(&mut conn, offset, lease, update, guarded).await
                     }
                 })
                 .await?;
@@ -609,9 +633,18 @@ impl Store for PgStore {
                 0 => Ok(Vec::new()),
                 // One item: the single apply's statement is the same work without the batch's bookkeeping.
                 1 => Ok(vec![self.apply(batch.pop().expect("one item")).await?]),
+                // The planted bug lives in the single apply's statement: one item at a time.
+                _ if self.inner.apply_guard_disabled => {
+                    let mut outcomes = Vec::with_capacity(batch.len());
+                    for p in batch {
+                        outcomes.push(self.apply(p).await?);
+                    }
+                    Ok(outcomes)
+                }
                 _ => {
                     self.run_again_on_conflict("apply_batch", || {
-                        apply_batch::apply_batch(&self.inner.pool, self.offset(), batch.clone())
+                        let record = self.inner.history.is_some().then_some(self);
+                        apply_batch::apply_batch(&self.inner.pool, self.offset(), batch.clone(), record)
                     })
                     .await
                 }
@@ -623,6 +656,9 @@ impl Store for PgStore {
     async fn record_failure(&self, p: FailureParams) -> Result<FailureOutcome, StoreError> {
         self.bounded(async {
             check_failure(&p)?;
+            if self.inner.history.is_some() {
+                return self.record_failure_recorded(p).await;
+            }
             let (delay, status) = match p.retry {
                 Retry::After(delay) => (delay, None),
                 Retry::GiveUp { status } => (Duration::ZERO, Some(status)),
@@ -653,6 +689,9 @@ impl Store for PgStore {
 
     async fn reset_for_retry(&self, lease: Lease) -> Result<bool, StoreError> {
         self.bounded(async {
+            if self.inner.history.is_some() {
+                return self.reset_recorded(lease).await;
+            }
             let reset = self
                 .run_again_on_conflict("reset_for_retry", || {
                     sqlx::query(sql::RESET_FOR_RETRY)
@@ -671,6 +710,9 @@ impl Store for PgStore {
         self.bounded(async {
             if leases.is_empty() {
                 return Ok(0);
+            }
+            if self.inner.history.is_some() {
+                return self.release_recorded(leases).await;
             }
             let (ids, tokens) = split_leases(&leases);
             let held: Vec<(i64, i64)> = self
@@ -734,6 +776,9 @@ impl Store for PgStore {
     async fn update_unleased(&self, id: RowId, update: RowUpdate) -> Result<WriteOutcome, StoreError> {
         self.bounded(async {
             check_update(&format!("update_unleased {id}"), &update)?;
+            if self.inner.history.is_some() {
+                return self.update_unleased_recorded(id, update).await;
+            }
             let busy: Option<bool> = self
                 .run_again_on_conflict("update_unleased", || {
                     sqlx::query_scalar(sql::UPDATE_UNLEASED)

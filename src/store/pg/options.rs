@@ -98,6 +98,19 @@ pub struct PgOptions {
     /// short. Zero: unbounded. Default [`PgOptions::CALL_TIMEOUT_DEFAULT`]. One gap remains: a connection that
     /// goes half-open between the store's ping and sqlx's own (unbounded) one right after it keeps its slot.
     pub call_timeout: Duration,
+    /// Chaos mode (`lockstep chaos run`): every lease write (fetch, heartbeat, related lock, apply, failure, reset,
+    /// release, write API update) also appends what it did to the schema's `history` table, in the same
+    /// transaction, so the simulator's checkers can read a real run's commit history ([`PgStore::history`]). The
+    /// store creates the table if missing. Off by default, and then nothing is recorded and no call changes.
+    ///
+    /// [`PgStore::history`]: super::PgStore::history
+    pub history: bool,
+    /// Mutation testing only (the chaos harness's planted bug): the guarded apply skips its token guard on the
+    /// main row and writes as if every token were current, as
+    /// [`MemStore::disable_apply_guard_for_mutation_test`](crate::store::MemStore::disable_apply_guard_for_mutation_test)
+    /// does. Never set it elsewhere. Default false.
+    #[doc(hidden)]
+    pub apply_guard_disabled_for_mutation_test: bool,
 }
 
 impl PgOptions {
@@ -167,6 +180,8 @@ impl PgOptions {
             listen_check_interval: PgOptions::LISTEN_CHECK_INTERVAL_DEFAULT,
             listen_check_timeout: PgOptions::LISTEN_CHECK_TIMEOUT_DEFAULT,
             call_timeout: PgOptions::CALL_TIMEOUT_DEFAULT,
+            history: false,
+            apply_guard_disabled_for_mutation_test: false,
         }
     }
 
@@ -262,7 +277,8 @@ impl fmt::Debug for PgOptions {
             .field("listen_check_interval", &self.listen_check_interval)
             .field("listen_check_timeout", &self.listen_check_timeout)
             .field("call_timeout", &self.call_timeout)
-            .finish()
+            .field("history", &self.history)
+            .finish_non_exhaustive()
     }
 }
 

@@ -262,6 +262,28 @@ RETURNING r.id";
 /// `now`, or no row when stale (then nothing was written).
 ///
 /// `$2` id, `$3` token, `$4` status (NULL = keep), `$5` data (NULL = keep).
+/// [`APPLY_MAIN`] without its token guard on the main row: the planted bug of
+/// [`PgOptions::apply_guard_disabled_for_mutation_test`](super::PgOptions::apply_guard_disabled_for_mutation_test)
+/// (mutation testing only). The row is written whoever holds it.
+pub(super) const APPLY_MAIN_UNGUARDED: &str = "WITH locked AS (
+    SELECT id FROM resources WHERE lock_token = $3 OR id = $2 ORDER BY id FOR NO KEY UPDATE
+), main AS (
+    UPDATE resources
+    SET status = COALESCE($4, status),
+        data = COALESCE($5, data),
+        updated_at = lockstep_now($1),
+        last_processed_at = lockstep_now($1),
+        attempts = 0,
+        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    WHERE id = $2
+    RETURNING id
+), unlocked AS (
+    UPDATE resources
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    WHERE id IN (SELECT id FROM locked) AND id <> $2 AND lock_token = $3 AND EXISTS (SELECT 1 FROM main)
+)
+SELECT lockstep_now($1) FROM main";
+
 pub(super) const APPLY_MAIN: &str = "WITH locked AS (
     SELECT id FROM resources WHERE lock_token = $3 ORDER BY id FOR NO KEY UPDATE
 ), main AS (
@@ -435,6 +457,9 @@ pub(super) const LIST: &str = concat!(
 );
 
 /// Events about a row, in sequence order. `$1` row id.
+/// Every row of the schema by id (chaos mode's snapshots, `history`).
+pub(super) const ALL_ROWS: &str = concat!("SELECT ", row_columns!(), " FROM resources AS r ORDER BY r.id");
+
 pub(super) const EVENTS: &str = "SELECT seq, row_id, kind, data, at FROM events WHERE row_id = $1 ORDER BY seq";
 
 /// The write API's update (mem.rs `update_unleased`): lock the row and the rows carrying its token in id order;

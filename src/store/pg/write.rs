@@ -5,7 +5,7 @@
 use super::codec::{PgTime, interval};
 use super::sql;
 use crate::store::{
-    ApplyOutcome, ApplyParams, Lease, LockOutcome, LockRelatedParams, NewEvent, NewRow, RelatedUpdate, RowId,
+    ApplyOutcome, ApplyParams, CommitOp, Lease, LockOutcome, LockRelatedParams, NewEvent, NewRow, RelatedUpdate, RowId,
     RowUpdate, StoreError, Timestamp,
 };
 use sqlx::PgConnection;
@@ -19,13 +19,19 @@ use std::collections::BTreeMap;
 /// transaction's drop, so no row lock outlives the call. The first statement locks every row carrying the token
 /// in id order (DESIGN §2, one lock order), so the related rows are not locked before the main row when the main
 /// row's id is lower.
+///
+/// `record`: the store whose history (chaos mode) gets the applied write, in this transaction. `guarded`: false
+/// only for the planted bug of `apply_guard_disabled_for_mutation_test`.
 pub(super) async fn apply_in_transaction(
     pool: &PgPool,
     offset: PgInterval,
     p: ApplyParams,
+    record: Option<&super::PgStore>,
+    guarded: bool,
 ) -> Result<ApplyOutcome, sqlx::Error> {
     let token = p.lease.token.0;
     let mut tx = pool.begin().await?;
+    let related_ids: Vec<RowId> = merge_related(p.related.clone()).into_keys().collect();
     if !p.related.is_empty() {
         let related = merge_related(p.related);
         let (ids, statuses, data) = related_columns(&related);
@@ -42,12 +48,16 @@ pub(super) async fn apply_in_transaction(
             return Ok(ApplyOutcome::Stale);
         }
     }
-    let Some(now) = apply_main(&mut tx, offset, p.lease, p.update).await? else {
+    let Some(now) = apply_main(&mut tx, offset, p.lease, p.update, guarded).await? else {
         tx.rollback().await?;
         return Ok(ApplyOutcome::Stale);
     };
     let inserted = insert_rows(&mut tx, offset, p.inserts).await?;
     insert_events(&mut tx, offset, p.events).await?;
+    if let Some(store) = record {
+        let op = CommitOp::Apply { lease: p.lease, applied: true, related: related_ids, inserted: inserted.clone() };
+        super::history::append(store, &mut tx, &op).await?;
+    }
     tx.commit().await?;
     Ok(ApplyOutcome::Applied { inserted, now })
 }
@@ -55,10 +65,13 @@ pub(super) async fn apply_in_transaction(
 /// The related lock: one transaction that locks the holder and the related rows in id order, reads their
 /// availability, and writes the locks (or, on contention, the intent marks). The inner `Err` is the call's own
 /// `Invalid` error (a related row does not exist); the outer one a database failure.
+///
+/// `record`: the store whose history (chaos mode) gets the lock or contention, in this transaction.
 pub(super) async fn lock_related_in_transaction(
     pool: &PgPool,
     offset: PgInterval,
     p: LockRelatedParams,
+    record: Option<&super::PgStore>,
 ) -> Result<Result<LockOutcome, StoreError>, sqlx::Error> {
     let token = p.holder.token.0;
     let mut ids: Vec<i64> = p.related.iter().map(|id| id.0).collect();
@@ -96,8 +109,14 @@ pub(super) async fn lock_related_in_transaction(
             .execute(&mut *tx)
             .await?;
     }
+    let outcome = if locked { LockOutcome::Locked } else { LockOutcome::Contended };
+    if let Some(store) = record {
+        let related = if locked { p.related.clone() } else { Vec::new() };
+        let op = CommitOp::LockRelated { holder: p.holder, related, owner: p.owner.clone(), outcome };
+        super::history::append(store, &mut tx, &op).await?;
+    }
     tx.commit().await?;
-    Ok(Ok(if locked { LockOutcome::Locked } else { LockOutcome::Contended }))
+    Ok(Ok(outcome))
 }
 
 /// The guarded main write of an apply; `None` when the row no longer carries the token (nothing written).
@@ -106,8 +125,10 @@ pub(super) async fn apply_main(
     offset: PgInterval,
     lease: Lease,
     update: RowUpdate,
+    guarded: bool,
 ) -> Result<Option<Timestamp>, sqlx::Error> {
-    let now: Option<PgTime> = sqlx::query_scalar(sql::APPLY_MAIN)
+    let statement = if guarded { sql::APPLY_MAIN } else { sql::APPLY_MAIN_UNGUARDED };
+    let now: Option<PgTime> = sqlx::query_scalar(statement)
         .bind(offset)
         .bind(lease.id.0)
         .bind(lease.token.0)

@@ -8,6 +8,7 @@
 //! usage: an unknown flag, a bad value, a spec that does not parse or breaks a rule (the message names the field).
 
 mod agent;
+mod chaos;
 mod client;
 use lockstep::duration;
 mod serve;
@@ -72,6 +73,9 @@ pub enum Command {
     Abort(client::AbortArgs),
     /// Create the schema and apply the database migrations (idempotent).
     Migrate(client::MigrateArgs),
+    /// Scenario files on real PostgreSQL and real processes, with real faults and the simulator's checkers.
+    #[command(subcommand)]
+    Chaos(chaos::ChaosCommand),
 }
 
 impl Command {
@@ -129,6 +133,19 @@ impl Database {
         migrate: bool,
         lease_ttl: Option<Duration>,
     ) -> Result<PgStore, Failure> {
+        self.connect_tuned(name, max_connections, migrate, lease_ttl, |_| {}).await
+    }
+
+    /// As [`Database::connect`], with `tune` changing the store's options last (chaos mode's history and planted
+    /// bug).
+    pub async fn connect_tuned(
+        &self,
+        name: &str,
+        max_connections: u32,
+        migrate: bool,
+        lease_ttl: Option<Duration>,
+        tune: impl FnOnce(&mut PgOptions),
+    ) -> Result<PgStore, Failure> {
         let (url, source) = self.url(std::env::var(DATABASE_URL_VAR).ok())?;
         let mut options = PgOptions::new(url);
         options.migrate = migrate;
@@ -138,6 +155,7 @@ impl Database {
         if let Some(ttl) = lease_ttl {
             options.lock_timeout = options.lock_timeout.min(ttl / 4);
         }
+        tune(&mut options);
         PgStore::connect_with(options).await.map_err(|error| self.connect_failure(error, &source))
     }
 
@@ -246,6 +264,11 @@ pub fn run(command: Command) -> ExitCode {
             Command::Status(args) => client::status(args).await,
             Command::Abort(args) => client::abort(args).await,
             Command::Migrate(args) => client::migrate(args).await,
+            Command::Chaos(command) => match chaos::execute(command).await {
+                Ok(0) => Ok(()),
+                Ok(code) => Err(Failure { code, message: "a checker failed (see the summary)".into() }),
+                Err(failure) => Err(failure),
+            },
         }
     });
     // Job processes and in-flight store calls must not hold the exit up: the commands already drained what they

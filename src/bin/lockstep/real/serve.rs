@@ -47,6 +47,26 @@ pub struct ServeArgs {
     /// (database clock).
     #[arg(long, value_parser = duration::parse, default_value = "60s")]
     pub gang_unfit_timeout: Duration,
+    #[command(flatten)]
+    pub chaos: ChaosServe,
+}
+
+/// Hidden flags of `serve` that `lockstep chaos run` starts its replicas with (not for users).
+#[derive(clap::Args, Debug, Default)]
+pub struct ChaosServe {
+    /// Run the built-in row workload's pipelines of this scenario file (the simulator's handlers, unchanged)
+    /// instead of the operation pipeline.
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub chaos_rows: Option<std::path::PathBuf>,
+    /// The seed of the row workload's handlers (their random streams).
+    #[arg(long, hide = true, default_value_t = 1)]
+    pub chaos_seed: u64,
+    /// Record every lease write in the schema's history table (`PgOptions::history`).
+    #[arg(long, hide = true)]
+    pub chaos_history: bool,
+    /// The planted bug: the guarded apply skips its token guard (mutation testing only).
+    #[arg(long, hide = true)]
+    pub chaos_apply_guard_off: bool,
 }
 
 impl ServeArgs {
@@ -95,6 +115,9 @@ fn config_rule(args: &ServeArgs, error: &ConfigError) -> String {
 
 /// Runs the replica until a signal, then drains it.
 pub async fn run(args: ServeArgs) -> Result<(), Failure> {
+    if let Some(path) = args.chaos.chaos_rows.clone() {
+        return serve_rows(args, &path).await;
+    }
     let config = args.replica_config();
     config.pipeline_config().validate().map_err(|error| Failure::usage(config_rule(&args, &error)))?;
     let needed = config.connections_needed();
@@ -104,8 +127,15 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
         return Err(Failure::usage(format!("--max-connections: {rule}")));
     }
     let name = args.replica.clone().unwrap_or_else(|| format!("replica-{}", std::process::id()));
-    let store =
-        Arc::new(args.database.connect(&format!("lockstep serve {name}"), connections, Some(config.lease_ttl)).await?);
+    let (history, guard_off) = (args.chaos.chaos_history, args.chaos.chaos_apply_guard_off);
+    let store = Arc::new(
+        args.database
+            .connect_tuned(&format!("lockstep serve {name}"), connections, true, Some(config.lease_ttl), |options| {
+                options.history = history;
+                options.apply_guard_disabled_for_mutation_test = guard_off;
+            })
+            .await?,
+    );
     let mut manager = config.start(store).map_err(|error| Failure::usage(error.to_string()))?;
     tracing::info!(
         replica = %name,
@@ -127,6 +157,42 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
             );
             Ok(())
         }
+        signal = termination() => {
+            manager.abort();
+            Err(Failure::runtime(format!("{signal} during the drain: stopped without draining")))
+        }
+    }
+}
+
+/// `lockstep chaos run`'s replica of a row scenario: the simulator's row workload pipelines
+/// (`lockstep::sim::workload::register`, the same handlers and engine) on PostgreSQL, until a signal, then a
+/// drain.
+async fn serve_rows(args: ServeArgs, path: &std::path::Path) -> Result<(), Failure> {
+    use lockstep::pipeline::{ManagerOptions, PipelineManager};
+    use lockstep::sim::{ScenarioFile, workload};
+    let file = ScenarioFile::load(path).map_err(|error| Failure::usage(format!("--chaos-rows: {error}")))?;
+    let spec = Arc::new(file.scenario.workload.clone());
+    let connections = u32::try_from(workload::connections_needed(&spec)).unwrap_or(u32::MAX);
+    let name = args.replica.clone().unwrap_or_else(|| format!("replica-{}", std::process::id()));
+    let (history, guard_off) = (args.chaos.chaos_history, args.chaos.chaos_apply_guard_off);
+    let store = Arc::new(
+        args.database
+            .connect_tuned(&format!("lockstep serve {name}"), connections, true, Some(spec.lease_ttl), |options| {
+                options.history = history;
+                options.apply_guard_disabled_for_mutation_test = guard_off;
+            })
+            .await?,
+    );
+    let mut manager = PipelineManager::new(store, ManagerOptions { seed: args.chaos.chaos_seed });
+    let faults_on = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    workload::register(&mut manager, &spec, args.chaos.chaos_seed, &faults_on);
+    manager.start();
+    tracing::info!(replica = %name, scenario = %path.display(), "row workload replica started");
+    let signal = termination().await;
+    tracing::info!(replica = %name, signal, "draining");
+    tokio::select! {
+        biased;
+        _ = manager.shutdown() => Ok(()),
         signal = termination() => {
             manager.abort();
             Err(Failure::runtime(format!("{signal} during the drain: stopped without draining")))

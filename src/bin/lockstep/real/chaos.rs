@@ -1,0 +1,82 @@
+//! `lockstep chaos run FILE.toml`: a scenario file on real PostgreSQL and real replica processes, with real
+//! faults and the simulator's checkers (`lockstep::chaos`). Prints the same summary as `sim run`, plus the wall
+//! time and where the history is; exit codes as `sim run`: 0 passed, 1 a checker failed (or the world did), 2 bad
+//! input (a scenario or fault the harness refuses).
+
+use super::{DATABASE_URL_VAR, Failure, check_postgres_url};
+use lockstep::chaos::{ChaosOptions, run};
+use std::path::PathBuf;
+
+/// `lockstep chaos …`.
+#[derive(clap::Subcommand, Debug)]
+pub enum ChaosCommand {
+    /// Run a scenario file on real PostgreSQL with real replica processes and real faults, then the simulator's
+    /// checkers on the recorded history.
+    Run(ChaosRunArgs),
+}
+
+/// Flags of `chaos run`.
+#[derive(clap::Args, Debug)]
+pub struct ChaosRunArgs {
+    /// The scenario file (TOML, as `sim run` takes).
+    pub scenario: PathBuf,
+    /// PostgreSQL connection URL; a fresh schema of its database holds the run (dropped at the end).
+    #[arg(long, value_name = "URL", env = DATABASE_URL_VAR, hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// The workload's seed (and the random fault processes'); default the file's first.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Keep the run's schema (rows, events, history table) instead of dropping it.
+    #[arg(long)]
+    pub keep: bool,
+    /// Multiply every scenario time (fault times, downs and spans, the workload span) by this, dividing the
+    /// workload's rates so the rows stay as many: `--time-scale 0.5` runs a 60 s scenario's schedule in 30 s.
+    /// Lease ttls, processing times and the liveness bound are not scaled.
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Run without the faults that have no real form (clock drift, buggify, network faults without the proxy),
+    /// listing them, instead of refusing the scenario.
+    #[arg(long)]
+    pub skip_refused: bool,
+    /// Directory for the run's history (history.txt), fault log (faults.txt) and replica logs. Default: a new
+    /// directory in the system's temp dir.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Mutation testing only: the replicas' guarded apply skips its token guard (a checker must fire).
+    #[arg(long, hide = true)]
+    pub apply_guard_off: bool,
+}
+
+/// Runs `command`; the exit code.
+pub async fn execute(command: ChaosCommand) -> Result<u8, Failure> {
+    let ChaosCommand::Run(args) = command;
+    let url = args
+        .database_url
+        .clone()
+        .ok_or_else(|| Failure::usage(format!("no database URL: give --database-url URL or set {DATABASE_URL_VAR}")))?;
+    check_postgres_url(&url).map_err(|rule| Failure::usage(format!("--database-url: {rule}")))?;
+    let exe = std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find this binary: {e}")))?;
+    let options = ChaosOptions {
+        scenario: args.scenario.clone(),
+        database_url: url,
+        seed: args.seed,
+        keep: args.keep,
+        time_scale: args.time_scale,
+        skip_refused: args.skip_refused,
+        exe,
+        out: args.out.clone(),
+        apply_guard_off: args.apply_guard_off,
+    };
+    let done = run(options).await.map_err(|error| Failure { code: error.code, message: error.message })?;
+    println!("{} (chaos, real PostgreSQL), seed {}", args.scenario.display(), done.report.seed);
+    for skipped in &done.skipped {
+        println!("skipped fault: {skipped}");
+    }
+    print!("{}", lockstep::sim::summary::render(&done.report));
+    println!("wall time: {:.1} s", done.report.wall.as_secs_f64());
+    println!("history: {} ({} commits)", done.dir.join("history.txt").display(), done.report.commits);
+    if args.keep {
+        println!("schema kept: {}", done.schema);
+    }
+    Ok(if done.report.passed() { 0 } else { 1 })
+}
