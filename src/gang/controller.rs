@@ -65,7 +65,9 @@ pub struct PassInput {
     pub status: OperationStatus,
     /// Its data.
     pub data: OperationData,
-    /// Every job of the operation, in creation order.
+    /// The jobs of the current incarnation, in creation order: the pipeline reads those after
+    /// [`OperationData::jobs_after`]. Jobs of older incarnations may be among them (they were ended when their
+    /// incarnation was) and change nothing: every rule looks at live jobs or at the current incarnation's.
     pub jobs: Vec<Job>,
     /// Allocations granted to the operation.
     pub allocations: Vec<Allocation>,
@@ -215,12 +217,14 @@ impl Pass {
                 Some(_) => {}
             }
         }
+        let mut data = self.data;
+        data.granted = Some(self.allocations.values().filter(|a| a.allocated).map(|a| a.row).collect());
         let mut allocations = self.allocations;
         let allocations = self.dirty_allocations.iter().filter_map(|row| allocations.remove(row)).collect();
         let queue = (self.queue_changed || self.queue_relied_on).then_some(self.queue);
         PassOutput {
             status: self.status,
-            data: self.data,
+            data,
             updated_jobs,
             new_jobs,
             allocations,
@@ -281,6 +285,8 @@ impl Pass {
     /// planned per task by [`rules::plan_task`] over the allocations that may be reused.
     fn begin_incarnation(&mut self, reason: SwitchReason, trigger: Option<usize>) {
         if reason != SwitchReason::OperationStarted {
+            // The new incarnation's jobs get rows after every job read (see `OperationData::jobs_after`).
+            self.data.jobs_after = self.jobs.iter().filter_map(|job| job.row).max().or(self.data.jobs_after);
             self.data.incarnation += 1;
             for i in self.live_jobs() {
                 self.linger(i);
