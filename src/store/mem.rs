@@ -448,7 +448,10 @@ impl State {
             (None, None, None) => self.by_kind.get(&q.kind).map(range).unwrap_or_default(),
         };
         ids.sort_unstable();
-        ids.into_iter().filter_map(|id| self.rows.get(&id)).filter(|row| q.matches(row)).cloned().collect()
+        // The ids filter was applied by the lookup above; matching each row against the list again would cost
+        // the list's length per row.
+        let filters = RowQuery { ids: None, ..q.clone() };
+        ids.into_iter().filter_map(|id| self.rows.get(&id)).filter(|row| filters.matches(row)).cloned().collect()
     }
 
     /// The write of [`Store::record_failure`] at `now` for a lease still held; returns the row's new attempt count.
