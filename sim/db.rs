@@ -299,6 +299,7 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
         }
         Call::Get(id) => Reply::MaybeRow(store.get(id).await?),
         Call::List { kind, parent } => Reply::Rows(store.list(&kind, parent).await?),
+        Call::Query(queries) => Reply::RowSets(store.query(queries).await?),
         Call::Events(id) => Reply::Events(store.events(id).await?),
         Call::UpdateUnleased { id, update } => Reply::Write(store.update_unleased(id, update).await?),
         Call::Hint { kind, row } => {

@@ -782,6 +782,9 @@ impl Store for Keyed {
     async fn list(&self, kind: &str, parent: Option<RowId>) -> Result<Vec<Row>, StoreError> {
         self.store.list(kind, parent).await
     }
+    async fn query(&self, queries: Vec<crate::store::RowQuery>) -> Result<Vec<Vec<Row>>, StoreError> {
+        self.store.query(queries).await
+    }
     async fn events(&self, row: RowId) -> Result<Vec<Event>, StoreError> {
         self.store.events(row).await
     }

@@ -11,7 +11,7 @@ use super::rpc::{Call, HINT_PORT, REPLY_TAG_MIN, Reply, Request, Response, TAG_H
 use super::trace::Trace;
 use crate::store::{
     ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HINT_BUFFER_LEN_MAX, HeartbeatParams,
-    Hint, Lease, LockOutcome, LockRelatedParams, NewRow, Row, RowId, RowUpdate, Store, StoreError, Timestamp,
+    Hint, Lease, LockOutcome, LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp,
     WriteOutcome,
 };
 use madsim::net::Endpoint;
@@ -282,6 +282,13 @@ impl Store for NetStore {
         match self.call(Call::List { kind: kind.to_string(), parent }).await? {
             Reply::Rows(rows) => Ok(rows),
             other => unexpected("list", other),
+        }
+    }
+
+    async fn query(&self, queries: Vec<RowQuery>) -> Result<Vec<Vec<Row>>, StoreError> {
+        match self.call(Call::Query(queries)).await? {
+            Reply::RowSets(rows) => Ok(rows),
+            other => unexpected("query", other),
         }
     }
 

@@ -5,7 +5,7 @@
 
 use crate::store::{
     ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HeartbeatParams, Lease, LockOutcome,
-    LockRelatedParams, NewRow, Row, RowId, RowUpdate, StoreError, Timestamp, WriteOutcome,
+    LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, StoreError, Timestamp, WriteOutcome,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +61,8 @@ pub enum Call {
         kind: String,
         parent: Option<RowId>,
     },
+    /// Several indexed reads in one call ([`Store::query`](crate::store::Store::query)).
+    Query(Vec<RowQuery>),
     Events(RowId),
     UpdateUnleased {
         id: RowId,
@@ -92,6 +94,7 @@ impl Call {
             Call::InsertKeyed { .. } => "insert_keyed",
             Call::Get(_) => "get",
             Call::List { .. } => "list",
+            Call::Query(_) => "query",
             Call::Events(_) => "events",
             Call::UpdateUnleased { .. } => "update_unleased",
             Call::Hint { .. } => "hint",
@@ -104,6 +107,7 @@ impl Call {
 #[derive(Debug)]
 pub enum Reply {
     Rows(Vec<Row>),
+    RowSets(Vec<Vec<Row>>),
     MaybeRow(Option<Row>),
     MaybeRows(Vec<Option<Row>>),
     Row(Row),

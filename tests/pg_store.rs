@@ -10,7 +10,7 @@ mod support;
 use lockstep::store::conformance::Harness;
 use lockstep::store::{
     ApplyParams, FetchParams, HINT_EVERY_KIND, HeartbeatParams, Hint, Lease, LockRelatedParams, ManualClock, MemStore,
-    NewRow, PgOptions, PgStore, Row, RowId, RowUpdate, Store, StoreError, Timestamp,
+    NewRow, PgOptions, PgStore, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp,
 };
 use sqlx::{Connection, PgConnection};
 use std::time::{Duration, Instant};
@@ -471,6 +471,73 @@ async fn a_populated_schema_of_migration_0001_migrates_and_its_rows_fail_and_app
     let applied = store.apply(ApplyParams::new(lease(&leased[1]), RowUpdate::status("done"))).await.unwrap();
     assert!(matches!(applied, lockstep::store::ApplyOutcome::Applied { .. }), "{applied:?}");
     assert_eq!(store.fetch(params).await.unwrap(), vec![], "the failed row came back inside its backoff");
+    drop(store);
+    PgStore::drop_schema(&url, &schema).await.unwrap();
+}
+
+/// A schema migrated only to 0002 and holding an operation's inbox (a deployment before issue 17) migrates to 0003
+/// when a store connects: the parent-and-status index exists, and an indexed query reads the old rows, only the
+/// undone messages of the operation, in id order, with PostgreSQL planning it on that index.
+#[tokio::test]
+async fn a_populated_schema_of_migration_0002_migrates_and_its_inbox_is_queried_by_status() {
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    let url = support::pg::database_url();
+    let schema = support::pg::unique_schema();
+    let base: PgConnectOptions = url.parse().expect("DATABASE_URL parses");
+    let mut conn = sqlx::PgConnection::connect_with(&base).await.expect("PostgreSQL is reachable");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\""))).execute(&mut conn).await.unwrap();
+    conn.close().await.unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(base.clone().options([("search_path", schema.as_str())]))
+        .await
+        .expect("a pool on the new schema");
+    sqlx::migrate!("./migrations").run_to(2, &pool).await.expect("migrations 0001 and 0002");
+    let operation: i64 = sqlx::query_scalar(
+        "INSERT INTO resources (kind, status, data, created_at, updated_at)
+         VALUES ('operation', 'running', '{}', now(), now()) RETURNING id",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("an operation in the 0002 schema");
+    // 2 000 consumed messages and every tenth of the next 100 undone, as a long-running operation leaves them.
+    sqlx::query(
+        "INSERT INTO resources (kind, parent_id, status, data, created_at, updated_at)
+         SELECT 'inbox', $1, CASE WHEN n > 2000 AND n % 10 = 0 THEN 'new' ELSE 'done' END, jsonb_build_object('n', n),
+                now(), now()
+         FROM generate_series(1, 2100) AS n ORDER BY n",
+    )
+    .bind(operation)
+    .execute(&pool)
+    .await
+    .expect("inbox rows in the 0002 schema");
+    pool.close().await;
+
+    let store = store_with(|options| options.schema = schema.clone()).await;
+    let mut conn = sqlx::PgConnection::connect_with(&base.options([("search_path", schema.as_str())])).await.unwrap();
+    let indexes: Vec<String> =
+        sqlx::query_scalar("SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY indexname")
+            .bind(&schema)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    assert!(indexes.iter().any(|i| i == "resources_parent_status_idx"), "indexes after 0003: {indexes:?}");
+    let undone = RowQuery::new("inbox").parent(RowId(operation)).statuses(["new"]);
+    let rows = store.query(vec![undone]).await.expect("query").pop().unwrap();
+    let ns: Vec<i64> = rows.iter().map(|row| row.data["n"].as_i64().unwrap()).collect();
+    assert_eq!(ns, (2001..=2100).filter(|n| n % 10 == 0).collect::<Vec<_>>(), "the undone messages, by id");
+    sqlx::query("ANALYZE resources").execute(&mut conn).await.unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT id FROM resources WHERE kind = 'inbox' AND parent_id = $1 AND status = ANY($2::text[])
+         ORDER BY id",
+    )
+    .bind(operation)
+    .bind(vec!["new".to_string()])
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert!(plan.iter().any(|line| line.contains("resources_parent_status_idx")), "plan: {plan:#?}");
+    conn.close().await.unwrap();
     drop(store);
     PgStore::drop_schema(&url, &schema).await.unwrap();
 }

@@ -16,6 +16,7 @@
 //!    nothing ([`super::placement`]).
 
 use super::env::job_environment;
+use super::lingering::LingeringSet;
 use super::model::{
     Allocation, AllocationRef, Job, JobData, JobId, JobLaunch, JobOutcome, JobStatus, LastJob, Lingering, Message,
     OperationData, OperationStatus, incarnation_id,
@@ -65,7 +66,9 @@ pub struct PassInput {
     pub status: OperationStatus,
     /// Its data.
     pub data: OperationData,
-    /// Every job of the operation, in creation order.
+    /// The jobs of the current incarnation, in creation order: the pipeline reads those after
+    /// [`OperationData::jobs_after`]. Jobs of older incarnations may be among them (they were ended when their
+    /// incarnation was) and change nothing: every rule looks at live jobs or at the current incarnation's.
     pub jobs: Vec<Job>,
     /// Allocations granted to the operation.
     pub allocations: Vec<Allocation>,
@@ -170,18 +173,25 @@ struct Pass {
     defer_reuse: bool,
     /// Reuse planned for jobs (by index) of an all-or-nothing incarnation, applied only when it is placed whole.
     deferred: BTreeMap<usize, (AllocationRef, Option<String>)>,
+    /// The operation's [`Lingering`] entries, indexed; written back to its data at the end of the pass.
+    lingering: LingeringSet,
+    /// Each job's position in `jobs`.
+    job_at: BTreeMap<JobId, usize>,
 }
 
 impl Pass {
     fn new(input: PassInput) -> Pass {
         let mut jobs = input.jobs;
         jobs.sort_by_key(|job| job.data.id.index);
+        let job_at = jobs.iter().enumerate().map(|(i, job)| (job.data.id, i)).collect();
+        let mut data = input.data;
+        let lingering = LingeringSet::new(std::mem::take(&mut data.lingering));
         let mut free = input.free;
         free.reverse(); // popped from the back
         Pass {
             operation: input.operation,
             status: input.status,
-            data: input.data,
+            data,
             jobs,
             dirty_jobs: BTreeSet::new(),
             allocations: input.allocations.into_iter().map(|a| (a.row, a)).collect(),
@@ -202,6 +212,8 @@ impl Pass {
             settings: input.settings,
             defer_reuse: false,
             deferred: BTreeMap::new(),
+            lingering,
+            job_at,
         }
     }
 
@@ -215,12 +227,15 @@ impl Pass {
                 Some(_) => {}
             }
         }
+        let mut data = self.data;
+        data.lingering = self.lingering.into_vec();
+        data.granted = Some(self.allocations.values().filter(|a| a.allocated).map(|a| a.row).collect());
         let mut allocations = self.allocations;
         let allocations = self.dirty_allocations.iter().filter_map(|row| allocations.remove(row)).collect();
         let queue = (self.queue_changed || self.queue_relied_on).then_some(self.queue);
         PassOutput {
             status: self.status,
-            data: self.data,
+            data,
             updated_jobs,
             new_jobs,
             allocations,
@@ -273,7 +288,7 @@ impl Pass {
         }
         self.leave_queue();
         self.data.waiting = None;
-        self.data.lingering.clear();
+        self.lingering.clear();
         self.set_status(to, Some(reason));
     }
 
@@ -281,6 +296,8 @@ impl Pass {
     /// planned per task by [`rules::plan_task`] over the allocations that may be reused.
     fn begin_incarnation(&mut self, reason: SwitchReason, trigger: Option<usize>) {
         if reason != SwitchReason::OperationStarted {
+            // The new incarnation's jobs get rows after every job read (see `OperationData::jobs_after`).
+            self.data.jobs_after = self.jobs.iter().filter_map(|job| job.row).max().or(self.data.jobs_after);
             self.data.incarnation += 1;
             for i in self.live_jobs() {
                 self.linger(i);
@@ -367,15 +384,14 @@ impl Pass {
             lease_expiry: *expiry,
             started: job.status == JobStatus::Running,
         };
-        self.data.lingering.retain(|l| (l.task.as_str(), l.gang_rank) != (lingering.task.as_str(), rank));
-        self.data.lingering.push(lingering);
+        self.lingering.push(lingering);
     }
 
     /// Drops the [`Lingering`] entries whose processes are known dead: their node's session ended (the agent
     /// fenced), or, for a job whose start was never reported, the node's lease was renewed since the abort.
     fn settle_lingering(&mut self) {
         let (sessions, expiries) = (&self.node_sessions, &self.node_expiries);
-        self.data.lingering.retain(|l| {
+        self.lingering.retain(|l| {
             let same_session = sessions.get(&l.node) == Some(&l.session);
             let renewed = expiries.get(&l.node).is_some_and(|expiry| *expiry > l.lease_expiry);
             same_session && (l.started || !renewed)
@@ -386,17 +402,15 @@ impl Pass {
     /// run there (`None`: anywhere).
     fn lingering_row(&self, job: &JobData) -> Option<RowId> {
         let rank = job.gang_rank?;
-        self.data.lingering.iter().find(|l| l.task == job.task && l.gang_rank == rank).map(|l| l.allocation)
+        self.lingering.allocation_of(&job.task, rank)
     }
 
     fn handle(&mut self, message: Message) {
         match &message {
             Message::JobStarted { job, .. } => {
-                for lingering in self.data.lingering.iter_mut().filter(|l| l.job == *job) {
-                    lingering.started = true;
-                }
+                self.lingering.mark_started(*job);
             }
-            Message::JobEnded { job, .. } => self.data.lingering.retain(|l| l.job != *job),
+            Message::JobEnded { job, .. } => self.lingering.remove_job(*job),
             _ => {}
         }
         match message {
@@ -458,7 +472,7 @@ impl Pass {
     /// The live job `id` of the current incarnation placed in `allocation`; `None` means the message is about a
     /// job that ended, an older incarnation or an older placement, and is ignored (DESIGN §4).
     fn current_job(&self, id: JobId, allocation: AllocationRef) -> Option<usize> {
-        let i = self.jobs.iter().position(|job| job.data.id == id)?;
+        let i = *self.job_at.get(&id)?;
         let job = &self.jobs[i];
         let current = !job.is_terminal()
             && job.data.incarnation == self.data.incarnation
@@ -872,6 +886,7 @@ impl Pass {
         };
         self.jobs.push(Job { row: None, status: JobStatus::Pending, data });
         let i = self.jobs.len() - 1;
+        self.job_at.insert(id, i);
         self.job_event(i, None, None);
         match planned.reuse {
             Some(reuse) if self.defer_reuse => {
@@ -898,7 +913,9 @@ impl Pass {
                 self.jobs[i].data.id
             );
             let (task, rank) = (self.jobs[i].data.task.clone(), self.jobs[i].data.gang_rank);
-            self.data.lingering.retain(|l| !(l.task == task && Some(l.gang_rank) == rank));
+            if let Some(rank) = rank {
+                self.lingering.remove_rank(&task, rank);
+            }
         }
         let held = self.allocations.get_mut(&allocation.row).expect("placing a job in an allocation not held");
         assert_eq!(held.current(), allocation, "placing job {} in a stale grant", self.jobs[i].data.id);

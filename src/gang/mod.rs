@@ -13,6 +13,7 @@ pub mod api;
 pub mod audit;
 pub mod controller;
 pub mod env;
+mod lingering;
 pub mod model;
 pub mod pipeline;
 pub mod placement;

@@ -51,11 +51,8 @@ pub struct DecodeError {
 }
 
 fn decode<T: for<'de> Deserialize<'de>>(row: &Row) -> Result<T, DecodeError> {
-    serde_json::from_value(row.data.clone()).map_err(|e| DecodeError {
-        row: row.id,
-        kind: row.kind.clone(),
-        message: e.to_string(),
-    })
+    // From the borrowed value: no clone of the row's data first (issue 17: clones dominated a gang restart's CPU).
+    T::deserialize(&row.data).map_err(|e| DecodeError { row: row.id, kind: row.kind.clone(), message: e.to_string() })
 }
 
 fn encode<T: Serialize>(value: &T) -> serde_json::Value {
@@ -238,6 +235,18 @@ pub struct OperationData {
     /// nowhere else until each is known dead ([`Lingering`]).
     #[serde(default)]
     pub lingering: Vec<Lingering>,
+    /// Every job of the current incarnation has a row id greater than this one, so a pass reads only the jobs
+    /// after it and a finished incarnation costs later passes nothing (issue 17). A gang restart sets it to the
+    /// largest job row its pass read: the new incarnation's jobs are inserted by that pass's apply or later ones,
+    /// and the store gives later rows larger ids. `None` until the first gang restart (every job is incarnation
+    /// 0's) and for an operation whose data predates the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jobs_after: Option<RowId>,
+    /// The allocation rows granted to the operation when its last pass applied, by id: the next pass reads these
+    /// and the free ones, not every allocation of the cluster (issue 17). `None` for an operation whose data
+    /// predates the field (its pass reads every allocation once, then keeps the list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granted: Option<Vec<RowId>>,
 }
 
 /// A ranked job aborted by a gang restart (or ended by the controller otherwise) while its process may still run:
@@ -283,6 +292,8 @@ impl OperationData {
             placement: None,
             waiting: None,
             lingering: Vec::new(),
+            jobs_after: None,
+            granted: None,
         }
     }
 

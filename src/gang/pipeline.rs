@@ -1,8 +1,10 @@
 //! The operation pipeline: the gang controller as a pipeline over `operation` rows (DESIGN §3, §4).
 //!
 //! One pass over one operation:
-//! 1. load: read the operation's jobs, unconsumed inbox, the gang queue, then the store's `now`, the nodes and the
-//!    allocations (the queue before the allocations: see step 3); decide whether this pass is a *revival* (a job of
+//! 1. load: read the current incarnation's jobs, the unconsumed inbox, the gang queue, then the store's `now`, the
+//!    nodes, and the allocations granted to the operation and the free ones (the queue before the allocations: see
+//!    step 3), each through an indexed [`Store::query`], so a pass costs what the operation has now, not its
+//!    history (issue 17); decide whether this pass is a *revival* (a job of
 //!    the operation still carries the related lock of a pass whose lease expired before it applied: that holder
 //!    died or stalled mid-pass);
 //! 2. run [`run_pass`] (pure) on what was read;
@@ -25,7 +27,7 @@ use super::model::{
 };
 use super::placement::{GANG_QUEUE_STATUS, GangQueue, KIND_GANG_QUEUE, PlacementSettings, canonical_queue};
 use crate::pipeline::{Changes, Handler, LoadCx, PipelineConfig, RetryPolicy, WorkError};
-use crate::store::{LockToken, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowUpdate, Store, Timestamp};
+use crate::store::{LockToken, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowQuery, RowUpdate, Store, Timestamp};
 use std::collections::BTreeMap;
 
 /// Name (and lock owner) of the operation pipeline.
@@ -103,12 +105,16 @@ impl<S: Store> Handler<S> for OperationHandler {
         let operation = row.id;
         let status = OperationStatus::parse(&row.status).ok_or_else(|| failed(format!("status {:?}", row.status)))?;
         let data = OperationData::from_row(row).map_err(failed)?;
-        let job_rows = store.list(KIND_JOB, Some(operation)).await?;
+        // Indexed reads (issue 17): the jobs after `jobs_after` (the current incarnation's, and the few rows of an
+        // older one a restarting pass created before it restarted), the undone inbox, and below the allocations
+        // granted to the operation and the free ones. Six calls, as when every row was listed.
+        let jobs_read = RowQuery::new(KIND_JOB).parent(operation).after(data.jobs_after);
+        let job_rows = query_one(store, jobs_read).await?;
         let revival = job_rows.iter().any(|r| self.locked_by_a_lost_pass(r, cx.lease().token));
         let jobs = job_rows.iter().map(Job::from_row).collect::<Result<Vec<_>, _>>().map_err(failed)?;
         let mut messages = Vec::new();
-        for r in store.list(KIND_INBOX, Some(operation)).await?.iter().filter(|r| r.status == INBOX_NEW) {
-            messages.push((r.id, Message::from_row(r).map_err(failed)?));
+        for r in query_one(store, RowQuery::new(KIND_INBOX).parent(operation).statuses([INBOX_NEW])).await? {
+            messages.push((r.id, Message::from_row(&r).map_err(failed)?));
         }
         // Before the allocations: a pass that spends free allocations after this read raises the queue's version,
         // so this pass's own lock of the queue finds out (module docs, step 3).
@@ -122,16 +128,13 @@ impl<S: Store> Handler<S> for OperationHandler {
             .filter_map(|node| node.lock_expires_at.map(|expiry| (node.id, expiry)))
             .collect();
         let slots = node_slots(&nodes);
+        // Every live node offers one allocation row per slot: its agent inserts them before it takes its lease.
+        let cluster_slots = slots.iter().filter(|(node, _)| node_sessions.contains_key(node)).map(|(_, n)| n).sum();
         let mut allocations = Vec::new();
         let mut free = Vec::new();
-        let mut cluster_slots = 0;
-        for r in store.list(KIND_ALLOCATION, None).await? {
+        for r in allocation_rows(store, &data).await? {
             let allocation = Allocation::from_row(&r).map_err(failed)?;
             let node = allocation.data.node;
-            let served = slots.get(&node).is_some_and(|n| allocation.data.slot < *n);
-            if served && node_sessions.contains_key(&node) {
-                cluster_slots += 1;
-            }
             if allocation.allocated && allocation.data.operation == Some(operation) {
                 allocations.push(allocation);
             } else if r.status == ALLOCATION_FREE
@@ -213,6 +216,29 @@ impl OperationHandler {
     fn locked_by_a_lost_pass(&self, row: &Row, token: LockToken) -> bool {
         row.lock_owner.as_deref() == Some(self.pipeline.as_str()) && row.lock_token.is_some_and(|t| t != token)
     }
+}
+
+/// The rows of one indexed read.
+async fn query_one<S: Store>(store: &S, query: RowQuery) -> Result<Vec<Row>, WorkError> {
+    let mut answers = store.query(vec![query]).await?;
+    answers.pop().ok_or_else(|| failed("the store answered no query"))
+}
+
+/// The allocation rows a pass may use, by id, in one read: those granted to the operation when its last pass
+/// applied (`data.granted`) and the free ones; every allocation for an operation whose data predates the list.
+async fn allocation_rows<S: Store>(store: &S, data: &OperationData) -> Result<Vec<Row>, WorkError> {
+    let Some(granted) = &data.granted else {
+        return Ok(store.list(KIND_ALLOCATION, None).await?);
+    };
+    let queries = vec![
+        RowQuery::new(KIND_ALLOCATION).ids(granted.iter().copied()),
+        RowQuery::new(KIND_ALLOCATION).statuses([ALLOCATION_FREE]),
+    ];
+    let mut rows: Vec<Row> = store.query(queries).await?.into_iter().flatten().collect();
+    // A granted row that is free again (it is not, while the operation's passes are its only writer) is read once.
+    rows.sort_by_key(|row| row.id);
+    rows.dedup_by_key(|row| row.id);
+    Ok(rows)
 }
 
 /// Locks the gang queue row alone (so a contended lock leaves no intent mark on it) and checks that it is still

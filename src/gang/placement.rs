@@ -106,7 +106,7 @@ pub struct GangQueue {
 impl GangQueue {
     /// Decodes the queue row's data.
     pub fn from_row(row: &Row) -> Result<GangQueue, DecodeError> {
-        serde_json::from_value(row.data.clone()).map_err(|e| DecodeError {
+        GangQueue::deserialize(&row.data).map_err(|e| DecodeError {
             row: row.id,
             kind: row.kind.clone(),
             message: e.to_string(),

@@ -7,6 +7,7 @@
 use super::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -44,6 +45,12 @@ struct State {
     by_status: BTreeMap<(String, String), BTreeSet<FetchKey>>,
     /// Rows carrying each token: a main row and the related rows locked with its token.
     by_token: BTreeMap<LockToken, BTreeSet<RowId>>,
+    /// Children of each (parent, kind), by id: a parent's `list` and `query` read only its children, as
+    /// PostgreSQL's `resources_parent_idx` lets them (issue 17).
+    by_parent: BTreeMap<(RowId, String), BTreeSet<RowId>>,
+    /// Children of each (parent, kind, status), by id: a query for a parent's rows in some statuses (an operation's
+    /// undone inbox) reads only those, as `resources_parent_status_idx` lets PostgreSQL.
+    by_parent_status: BTreeMap<(RowId, String, String), BTreeSet<RowId>>,
     events: Vec<Event>,
     next_id: i64,
     next_token: i64,
@@ -311,6 +318,10 @@ impl State {
         let id = RowId(self.next_id);
         self.by_kind.entry(new.kind.clone()).or_default().insert(id);
         self.by_status.entry((new.kind.clone(), new.status.clone())).or_default().insert((None, id));
+        if let Some(parent) = new.parent_id {
+            self.by_parent.entry((parent, new.kind.clone())).or_default().insert(id);
+            self.by_parent_status.entry((parent, new.kind.clone(), new.status.clone())).or_default().insert(id);
+        }
         let row = Row {
             id,
             kind: new.kind,
@@ -354,6 +365,15 @@ impl State {
             }
             let key = (row.last_processed_at, id);
             self.by_status.entry((row.kind.clone(), row.status.clone())).or_default().insert(key);
+            if let Some(parent) = row.parent_id {
+                let old = (parent, old.0, old.1);
+                let rows = self.by_parent_status.get_mut(&old).expect("parent status index lost a status");
+                rows.remove(&id);
+                if rows.is_empty() {
+                    self.by_parent_status.remove(&old);
+                }
+                self.by_parent_status.entry((parent, row.kind.clone(), row.status.clone())).or_default().insert(id);
+            }
         }
         if let Some(data) = update.data {
             row.data = data;
@@ -403,6 +423,37 @@ impl State {
 }
 
 impl State {
+    /// The rows of one [`Store::query`], by id, read through the narrowest index its filters allow.
+    fn query(&self, q: &RowQuery) -> Vec<Row> {
+        let after = q.after.map_or(Bound::Unbounded, Bound::Excluded);
+        let range = |ids: &BTreeSet<RowId>| ids.range((after, Bound::Unbounded)).copied().collect::<Vec<_>>();
+        let mut ids: Vec<RowId> = match (&q.ids, q.parent, &q.statuses) {
+            (Some(ids), _, _) => ids.iter().copied().collect::<BTreeSet<_>>().into_iter().collect(),
+            (None, Some(parent), Some(statuses)) => {
+                let statuses: BTreeSet<&String> = statuses.iter().collect();
+                let key = |status: &String| (parent, q.kind.clone(), status.clone());
+                statuses
+                    .into_iter()
+                    .filter_map(|status| self.by_parent_status.get(&key(status)))
+                    .flat_map(range)
+                    .collect()
+            }
+            (None, Some(parent), None) => self.by_parent.get(&(parent, q.kind.clone())).map(range).unwrap_or_default(),
+            (None, None, Some(statuses)) => {
+                let statuses: BTreeSet<&String> = statuses.iter().collect();
+                let key = |status: &String| (q.kind.clone(), status.clone());
+                let rows = statuses.into_iter().filter_map(|status| self.by_status.get(&key(status)));
+                rows.flatten().map(|(_, id)| *id).filter(|id| q.after.is_none_or(|after| *id > after)).collect()
+            }
+            (None, None, None) => self.by_kind.get(&q.kind).map(range).unwrap_or_default(),
+        };
+        ids.sort_unstable();
+        // The ids filter was applied by the lookup above; matching each row against the list again would cost
+        // the list's length per row.
+        let filters = RowQuery { ids: None, ..q.clone() };
+        ids.into_iter().filter_map(|id| self.rows.get(&id)).filter(|row| filters.matches(row)).cloned().collect()
+    }
+
     /// The write of [`Store::record_failure`] at `now` for a lease still held; returns the row's new attempt count.
     fn record_failure(&mut self, p: FailureParams, now: Timestamp) -> u32 {
         let lease = p.lease;
@@ -617,9 +668,17 @@ impl Store for MemStore {
 
     async fn list(&self, kind: &str, parent: Option<RowId>) -> Result<Vec<Row>, StoreError> {
         let state = self.lock();
-        let ids = state.by_kind.get(kind).into_iter().flatten();
-        let rows = ids.map(|id| &state.rows[id]).filter(|row| parent.is_none() || row.parent_id == parent);
-        Ok(rows.cloned().collect())
+        let ids = match parent {
+            Some(parent) => state.by_parent.get(&(parent, kind.to_string())),
+            None => state.by_kind.get(kind),
+        };
+        Ok(ids.into_iter().flatten().map(|id| state.rows[id].clone()).collect())
+    }
+
+    async fn query(&self, queries: Vec<RowQuery>) -> Result<Vec<Vec<Row>>, StoreError> {
+        check_query(&queries)?;
+        let state = self.lock();
+        Ok(queries.iter().map(|q| state.query(q)).collect())
     }
 
     async fn events(&self, row: RowId) -> Result<Vec<Event>, StoreError> {

@@ -21,7 +21,7 @@ pub use pg::{PgOptions, PgStore};
 pub use types::*;
 pub use values::{
     FAILURE_ERROR_BYTES_MAX, FAILURE_ERRORS_KEPT, KEY_TEXT_BYTES_MAX, bounded_error, check_apply, check_event,
-    check_failure, check_fetch, check_json, check_key, check_new_row, check_text, check_update,
+    check_failure, check_fetch, check_json, check_key, check_new_row, check_query, check_text, check_update,
 };
 
 use std::future::Future;
@@ -189,6 +189,37 @@ pub trait Store: Send + Sync + 'static {
 
     /// Rows of `kind` whose parent is `parent` (any parent when `None`), by id.
     fn list(&self, kind: &str, parent: Option<RowId>) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
+
+    /// Several indexed reads in one call: for each query, in input order, the rows that pass its filters
+    /// ([`RowQuery::matches`]), by id. The reads see one state of the store (one snapshot: MemStore's lock,
+    /// PostgreSQL's repeatable-read transaction), as `list` does for its one read.
+    ///
+    /// A query costs about the rows it returns: each filter is served by an index (issue 17). Errors:
+    /// `Invalid` for a kind or status PostgreSQL text cannot hold ([`check_query`]), before any read.
+    ///
+    /// The default answers each query from [`Store::get`] (with `ids`) or [`Store::list`] and filters: the same
+    /// rows, at the cost of reading every row of the kind (or parent). Backends override it.
+    fn query(&self, queries: Vec<RowQuery>) -> impl Future<Output = Result<Vec<Vec<Row>>, StoreError>> + Send {
+        async move {
+            check_query(&queries)?;
+            let mut answers = Vec::with_capacity(queries.len());
+            for q in queries {
+                let rows = match &q.ids {
+                    Some(ids) => {
+                        let ids: std::collections::BTreeSet<RowId> = ids.iter().copied().collect();
+                        let mut rows = Vec::with_capacity(ids.len());
+                        for id in ids {
+                            rows.extend(self.get(id).await?);
+                        }
+                        rows
+                    }
+                    None => self.list(&q.kind, q.parent).await?,
+                };
+                answers.push(rows.into_iter().filter(|row| q.matches(row)).collect());
+            }
+            Ok(answers)
+        }
+    }
 
     /// Events about `row`, in sequence order.
     fn events(&self, row: RowId) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;

@@ -379,3 +379,62 @@ mod tests {
         assert_eq!(Timestamp(-1_000).utc(), "1969-12-31 23:59:59.999 UTC");
     }
 }
+
+/// One indexed read of [`Store::query`](super::Store::query): the rows of `kind` that pass every filter given, by
+/// id. A filter left `None` does not filter. Each filter is served by an index in every backend (MemStore's
+/// `BTreeMap`s; PostgreSQL's `resources_parent_status_idx`, `resources_parent_idx`, `resources_fetch_idx` and the
+/// primary key), so a read costs what it returns, not what the table holds (issue 17: a controller pass reads the
+/// current incarnation's jobs, the undone inbox and the allocations it may use, not every row of their kinds).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowQuery {
+    /// Resource kind.
+    pub kind: String,
+    /// Only the children of this row.
+    pub parent: Option<RowId>,
+    /// Only rows in one of these statuses (an empty list matches nothing).
+    pub statuses: Option<Vec<String>>,
+    /// Only rows whose id is greater than this one (a keyset cursor: rows inserted later have larger ids).
+    pub after: Option<RowId>,
+    /// Only these rows (ids missing from the table, or of another kind, are left out; duplicates read once).
+    pub ids: Option<Vec<RowId>>,
+}
+
+impl RowQuery {
+    /// Every row of `kind`.
+    pub fn new(kind: impl Into<String>) -> RowQuery {
+        RowQuery { kind: kind.into(), ..RowQuery::default() }
+    }
+
+    /// The same query, only the children of `parent`.
+    pub fn parent(mut self, parent: RowId) -> RowQuery {
+        self.parent = Some(parent);
+        self
+    }
+
+    /// The same query, only rows in one of `statuses`.
+    pub fn statuses<T: Into<String>>(mut self, statuses: impl IntoIterator<Item = T>) -> RowQuery {
+        self.statuses = Some(statuses.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The same query, only rows with an id greater than `after` (no filter when `None`).
+    pub fn after(mut self, after: Option<RowId>) -> RowQuery {
+        self.after = after;
+        self
+    }
+
+    /// The same query, only the rows `ids`.
+    pub fn ids(mut self, ids: impl IntoIterator<Item = RowId>) -> RowQuery {
+        self.ids = Some(ids.into_iter().collect());
+        self
+    }
+
+    /// Whether `row` passes every filter of the query (the rule every backend implements).
+    pub fn matches(&self, row: &Row) -> bool {
+        row.kind == self.kind
+            && self.parent.is_none_or(|parent| row.parent_id == Some(parent))
+            && self.statuses.as_ref().is_none_or(|statuses| statuses.contains(&row.status))
+            && self.after.is_none_or(|after| row.id > after)
+            && self.ids.as_ref().is_none_or(|ids| ids.contains(&row.id))
+    }
+}

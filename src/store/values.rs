@@ -8,7 +8,7 @@
 //! `serde_json::Value` cannot hold NaN or an infinity, and `jsonb`'s `numeric` holds every number it can, so
 //! numbers need no check here.
 
-use super::{ApplyParams, FailureParams, FetchParams, NewEvent, NewRow, Retry, RowUpdate, StoreError};
+use super::{ApplyParams, FailureParams, FetchParams, NewEvent, NewRow, Retry, RowQuery, RowUpdate, StoreError};
 use serde_json::Value;
 
 /// Most bytes of a `kind` or `status`: both are keys of the fetch index (`resources_fetch_idx`), whose entries
@@ -121,6 +121,17 @@ pub fn check_fetch(p: &FetchParams) -> Result<(), StoreError> {
     check_text("fetch", "pipeline", &p.pipeline)?;
     check_key("fetch", "kind", &p.kind)?;
     p.statuses.iter().try_for_each(|status| check_key("fetch", "statuses", status))
+}
+
+/// Checks the queries of a [`Store::query`](super::Store::query) call: no NUL in a kind or a status (PostgreSQL
+/// text cannot hold one, so the read would fail there).
+pub fn check_query(queries: &[RowQuery]) -> Result<(), StoreError> {
+    for (i, q) in queries.iter().enumerate() {
+        let what = format!("query {i}");
+        check_text(&what, "kind", &q.kind)?;
+        q.statuses.iter().flatten().try_for_each(|status| check_text(&what, "statuses", status))?;
+    }
+    Ok(())
 }
 
 /// Checks a failure to record: a give-up status must be a valid status. The error text needs no check: the store

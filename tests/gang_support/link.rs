@@ -105,6 +105,9 @@ impl Store for Link {
             self.inner.list(&kind, parent).await
         }
     }
+    fn query(&self, queries: Vec<RowQuery>) -> impl Future<Output = Result<Vec<Vec<Row>>, StoreError>> + Send {
+        self.via(self.inner.query(queries))
+    }
     fn events(&self, row: RowId) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send {
         self.via(self.inner.events(row))
     }

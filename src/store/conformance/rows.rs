@@ -2,6 +2,7 @@
 //! [`Store::list`], [`Store::now`]; DESIGN §2, Schema).
 
 use super::*;
+use crate::store::{RowQuery, RowUpdate, StoreError, WriteOutcome};
 use serde_json::json;
 
 /// An inserted row is stored as given, unleased, unprocessed and not hinted, created and updated at the
@@ -60,6 +61,71 @@ pub async fn list_filters_by_kind_and_parent_in_id_order<H: Harness>(h: H) {
 
 async fn list_ids<H: Harness>(h: &H, kind: &str, parent: Option<RowId>) -> Vec<RowId> {
     ids(&h.store().list(kind, parent).await.expect("list"))
+}
+
+/// `query` returns, for each query in input order, the rows of its kind that pass every filter it gives (parent,
+/// statuses, a keyset cursor, ids), by id; a status written later moves a row between status filters.
+pub async fn query_filters_by_parent_status_cursor_and_ids_in_id_order<H: Harness>(h: H) {
+    let first = insert(&h, "operation").await;
+    let second = insert(&h, "operation").await;
+    let child = |parent: &Row, status: &str| NewRow::new("inbox", status, json!({})).with_parent(parent.id);
+    let a = insert_new(&h, child(&first, "new")).await;
+    let b = insert_new(&h, child(&first, "done")).await;
+    let c = insert_new(&h, child(&second, "new")).await;
+    let d = insert_new(&h, child(&first, "new")).await;
+    let orphan = insert_new(&h, NewRow::new("inbox", "new", json!({}))).await;
+    insert_new(&h, NewRow::new("job", "new", json!({})).with_parent(first.id)).await;
+    let inbox = || RowQuery::new("inbox");
+    let queries = vec![
+        inbox().parent(first.id).statuses(["new"]),
+        inbox().parent(first.id),
+        inbox().parent(first.id).after(Some(a.id)),
+        inbox().statuses(["new"]),
+        inbox().statuses(["new", "done"]).after(Some(b.id)),
+        inbox().ids([d.id, a.id, d.id, RowId(orphan.id.0 + 1_000), first.id]),
+        inbox().parent(second.id).statuses(Vec::<String>::new()),
+        inbox(),
+        RowQuery::new("allocation"),
+    ];
+    let answers: Vec<Vec<RowId>> = h.store().query(queries).await.expect("query").iter().map(|r| ids(r)).collect();
+    let expected = vec![
+        vec![a.id, d.id],
+        vec![a.id, b.id, d.id],
+        vec![b.id, d.id],
+        vec![a.id, c.id, d.id, orphan.id],
+        vec![c.id, d.id, orphan.id],
+        vec![a.id, d.id],
+        vec![],
+        vec![a.id, b.id, c.id, d.id, orphan.id],
+        vec![],
+    ];
+    for (i, (got, want)) in answers.iter().zip(&expected).enumerate() {
+        assert_eq!(got, want, "query {i} (rows a={} b={} c={} d={} orphan={})", a.id, b.id, c.id, d.id, orphan.id);
+    }
+    assert_eq!(answers.len(), expected.len(), "one answer per query");
+    let rows = h.store().query(vec![inbox().ids([a.id])]).await.expect("query");
+    assert_eq!(rows, vec![vec![get(&h, a.id).await]], "a query returns whole rows as stored");
+
+    let written = h.store().update_unleased(a.id, RowUpdate::status("done")).await.expect("update_unleased");
+    assert_eq!(written, WriteOutcome::Written);
+    let undone = h.store().query(vec![inbox().parent(first.id).statuses(["new"])]).await.expect("query");
+    assert_eq!(ids(&undone[0]), vec![d.id], "row {} left the status it was written out of", a.id);
+    let done = h.store().query(vec![inbox().parent(first.id).statuses(["done"])]).await.expect("query");
+    assert_eq!(ids(&done[0]), vec![a.id, b.id], "row {} joined the status it was written into", a.id);
+}
+
+/// `query` refuses a kind or a status PostgreSQL text cannot hold, naming the query and the field.
+pub async fn query_refuses_a_nul_in_a_kind_or_a_status<H: Harness>(h: H) {
+    let bad_kind = h.store().query(vec![RowQuery::new("in\0box")]).await;
+    assert!(
+        matches!(&bad_kind, Err(StoreError::Invalid(m)) if m.contains("query 0") && m.contains("kind")),
+        "{bad_kind:?}"
+    );
+    let bad_status = h.store().query(vec![RowQuery::new("inbox"), RowQuery::new("inbox").statuses(["n\0"])]).await;
+    assert!(
+        matches!(&bad_status, Err(StoreError::Invalid(m)) if m.contains("query 1") && m.contains("statuses")),
+        "{bad_status:?}"
+    );
 }
 
 /// The store's clock moves forward by at least what the harness advances, and never back.

@@ -24,8 +24,8 @@ pub use options::PgOptions;
 use crate::store::{
     ApplyOutcome, ApplyParams, Event, FAILURE_ERRORS_KEPT, FailureOutcome, FailureParams, FetchParams,
     HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, Lease, LockOutcome, LockRelatedParams, NewRow, Retry, Row, RowId,
-    RowUpdate, Store, StoreError, Timestamp, WriteOutcome, bounded_error, check_apply, check_failure, check_fetch,
-    check_new_row, check_text, check_update, duration_micros,
+    RowQuery, RowUpdate, Store, StoreError, Timestamp, WriteOutcome, bounded_error, check_apply, check_failure,
+    check_fetch, check_new_row, check_query, check_text, check_update, duration_micros,
 };
 use codec::{PgTime, interval};
 use sqlx::postgres::types::PgInterval;
@@ -764,6 +764,23 @@ impl Store for PgStore {
         .await
     }
 
+    async fn query(&self, queries: Vec<RowQuery>) -> Result<Vec<Vec<Row>>, StoreError> {
+        check_query(&queries)?;
+        if queries.len() == 1 {
+            let rows = query_rows(&self.inner.pool, &queries[0]).await.map_err(|e| self.fail(e))?;
+            return Ok(vec![rows]);
+        }
+        // Several queries read one snapshot, as MemStore answers them under one lock.
+        let mut tx = self.inner.pool.begin().await.map_err(|e| self.fail(e))?;
+        sqlx::query(sql::QUERY_SNAPSHOT).execute(&mut *tx).await.map_err(|e| self.fail(e))?;
+        let mut answers = Vec::with_capacity(queries.len());
+        for q in &queries {
+            answers.push(query_rows(&mut *tx, q).await.map_err(|e| self.fail(e))?);
+        }
+        tx.commit().await.map_err(|e| self.fail(e))?;
+        Ok(answers)
+    }
+
     async fn events(&self, row: RowId) -> Result<Vec<Event>, StoreError> {
         self.bounded(async {
             let rows =
@@ -835,4 +852,25 @@ impl Store for PgStore {
     fn connection_limit(&self) -> Option<usize> {
         Some(self.inner.max_connections as usize)
     }
+}
+
+/// The rows of one [`Store::query`] query on `executor` (mem.rs `State::query`): binds the filters given, in the
+/// order [`sql::query`] numbers them.
+async fn query_rows<'e, E: sqlx::PgExecutor<'e>>(executor: E, q: &RowQuery) -> Result<Vec<Row>, sqlx::Error> {
+    let text = sql::query(q.parent.is_some(), q.statuses.is_some(), q.after.is_some(), q.ids.is_some());
+    let mut statement = sqlx::query(AssertSqlSafe(text)).bind(q.kind.clone());
+    if let Some(parent) = q.parent {
+        statement = statement.bind(parent.0);
+    }
+    if let Some(statuses) = &q.statuses {
+        statement = statement.bind(statuses.clone());
+    }
+    if let Some(after) = q.after {
+        statement = statement.bind(after.0);
+    }
+    if let Some(ids) = &q.ids {
+        statement = statement.bind(ids.iter().map(|id| id.0).collect::<Vec<i64>>());
+    }
+    let rows = statement.fetch_all(executor).await?;
+    rows.iter().map(codec::row).collect()
 }

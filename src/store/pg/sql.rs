@@ -456,6 +456,32 @@ pub(super) const LIST: &str = concat!(
     " FROM resources AS r WHERE r.kind = $1 AND ($2::int8 IS NULL OR r.parent_id = $2) ORDER BY r.id"
 );
 
+/// One query of [`Store::query`](crate::store::Store::query) (mem.rs `State::query`, `RowQuery::matches`): the
+/// rows of a kind that pass the query's filters, by id. Parameters are numbered in the order the filters appear
+/// and only for the filters given (`$1` kind, then parent, statuses `text[]`, after, ids `int8[]`), so that each
+/// shape is one prepared statement whose plan the planner can fit to its index: a parent and statuses use
+/// `resources_parent_status_idx`, a parent alone `resources_parent_idx`, statuses alone `resources_fetch_idx`
+/// (then a sort by id), ids the primary key.
+pub(super) fn query(parent: bool, statuses: bool, after: bool, ids: bool) -> String {
+    let mut text = concat!("SELECT ", row_columns!(), " FROM resources AS r WHERE r.kind = $1").to_string();
+    let mut n = 1;
+    let mut filter = |on: bool, condition: &str| {
+        if on {
+            n += 1;
+            text.push_str(&condition.replace('#', &n.to_string()));
+        }
+    };
+    filter(parent, " AND r.parent_id = $#");
+    filter(statuses, " AND r.status = ANY($#::text[])");
+    filter(after, " AND r.id > $#");
+    filter(ids, " AND r.id = ANY($#::int8[])");
+    text.push_str(" ORDER BY r.id");
+    text
+}
+
+/// Starts the read-only transaction of a [`query`] call of several queries: they all read one snapshot.
+pub(super) const QUERY_SNAPSHOT: &str = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+
 /// Events about a row, in sequence order. `$1` row id.
 /// Every row of the schema by id (chaos mode's snapshots, `history`).
 pub(super) const ALL_ROWS: &str = concat!("SELECT ", row_columns!(), " FROM resources AS r ORDER BY r.id");

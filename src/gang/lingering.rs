@@ -1,0 +1,150 @@
+//! The [`Lingering`] entries of an operation while one pass works on them, indexed by (task, gang rank) and by
+//! job, so that a gang restart of N ranks and the N reports that follow it cost N log N, not N² (issue 17: a
+//! 10 000-job restart spent most of its time scanning the list once per rank and once per message).
+//!
+//! The list's order is kept: entries are numbered as they are added, and [`LingeringSet::into_vec`] returns them
+//! in that order, as the `Vec` the operation's data holds would have them (an entry added again for its rank goes
+//! to the end).
+
+use super::model::{JobId, Lingering};
+use crate::store::RowId;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The lingering entries of one pass. At most one entry per (task, gang rank), as [`LingeringSet::push`] keeps it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LingeringSet {
+    /// Entries by the order they were added.
+    entries: BTreeMap<u64, Lingering>,
+    /// The entry of each (task, gang rank).
+    by_rank: BTreeMap<(String, u32), u64>,
+    /// The entries of each job (one, as a job has one rank).
+    by_job: BTreeMap<JobId, BTreeSet<u64>>,
+    next: u64,
+}
+
+impl LingeringSet {
+    /// The set holding `list`, in its order.
+    pub(crate) fn new(list: Vec<Lingering>) -> LingeringSet {
+        let mut set = LingeringSet::default();
+        for lingering in list {
+            set.push(lingering);
+        }
+        set
+    }
+
+    /// Adds `lingering` at the end, in place of the entry of its (task, gang rank) if there is one.
+    pub(crate) fn push(&mut self, lingering: Lingering) {
+        self.remove_rank(&lingering.task, lingering.gang_rank);
+        let seq = self.next;
+        self.next += 1;
+        self.by_rank.insert((lingering.task.clone(), lingering.gang_rank), seq);
+        self.by_job.entry(lingering.job).or_default().insert(seq);
+        self.entries.insert(seq, lingering);
+    }
+
+    /// The allocation row where a process of (`task`, `rank`) may still run.
+    pub(crate) fn allocation_of(&self, task: &str, rank: u32) -> Option<RowId> {
+        let seq = self.by_rank.get(&(task.to_string(), rank))?;
+        Some(self.entries[seq].allocation)
+    }
+
+    /// Drops the entry of (`task`, `rank`), if any.
+    pub(crate) fn remove_rank(&mut self, task: &str, rank: u32) {
+        if let Some(seq) = self.by_rank.remove(&(task.to_string(), rank)) {
+            self.forget(seq);
+        }
+    }
+
+    /// Drops the entries of `job`.
+    pub(crate) fn remove_job(&mut self, job: JobId) {
+        for seq in self.by_job.remove(&job).unwrap_or_default() {
+            let lingering = self.entries.remove(&seq).expect("indexed entry");
+            self.by_rank.remove(&(lingering.task, lingering.gang_rank));
+        }
+    }
+
+    /// Records that `job`'s start was reported.
+    pub(crate) fn mark_started(&mut self, job: JobId) {
+        for seq in self.by_job.get(&job).into_iter().flatten() {
+            self.entries.get_mut(seq).expect("indexed entry").started = true;
+        }
+    }
+
+    /// Keeps only the entries `keep` says to keep.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Lingering) -> bool) {
+        let dropped: Vec<u64> = self.entries.iter().filter(|(_, l)| !keep(l)).map(|(seq, _)| *seq).collect();
+        for seq in dropped {
+            let lingering = &self.entries[&seq];
+            self.by_rank.remove(&(lingering.task.clone(), lingering.gang_rank));
+            self.forget(seq);
+        }
+    }
+
+    /// Drops every entry.
+    pub(crate) fn clear(&mut self) {
+        let next = self.next;
+        *self = LingeringSet { next, ..LingeringSet::default() };
+    }
+
+    /// The entries, in the order they were added.
+    pub(crate) fn into_vec(self) -> Vec<Lingering> {
+        self.entries.into_values().collect()
+    }
+
+    /// Removes entry `seq` from the entries and the job index (the caller updated `by_rank`).
+    fn forget(&mut self, seq: u64) {
+        let lingering = self.entries.remove(&seq).expect("indexed entry");
+        if let Some(seqs) = self.by_job.get_mut(&lingering.job) {
+            seqs.remove(&seq);
+            if seqs.is_empty() {
+                self.by_job.remove(&lingering.job);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{LockToken, Timestamp};
+
+    fn entry(job: u64, task: &str, rank: u32) -> Lingering {
+        Lingering {
+            job: JobId { operation: RowId(1), index: job },
+            task: task.into(),
+            gang_rank: rank,
+            allocation: RowId(100 + job as i64),
+            node: RowId(7),
+            session: LockToken(9),
+            lease_expiry: Timestamp::EPOCH,
+            started: false,
+        }
+    }
+
+    /// The set behaves as the `Vec` operations it replaces: retain by rank then push, find by rank, retain by job.
+    #[test]
+    fn the_set_keeps_the_order_and_the_entries_of_the_list_it_replaces() {
+        let mut list = vec![entry(1, "a", 0), entry(2, "a", 1), entry(3, "b", 0)];
+        let mut set = LingeringSet::new(list.clone());
+        let again = entry(4, "a", 0);
+        list.retain(|l| (l.task.as_str(), l.gang_rank) != ("a", 0));
+        list.push(again.clone());
+        set.push(again);
+        assert_eq!(set.allocation_of("a", 0), Some(RowId(104)));
+        assert_eq!(set.allocation_of("a", 2), None);
+        list.iter_mut().filter(|l| l.job.index == 2).for_each(|l| l.started = true);
+        set.mark_started(JobId { operation: RowId(1), index: 2 });
+        list.retain(|l| l.job.index != 3);
+        set.remove_job(JobId { operation: RowId(1), index: 3 });
+        list.retain(|l| !(l.task == "a" && l.gang_rank == 1));
+        set.remove_rank("a", 1);
+        list.push(entry(5, "b", 0));
+        set.push(entry(5, "b", 0));
+        set.retain(|l| l.job.index != 4);
+        list.retain(|l| l.job.index != 4);
+        assert_eq!(set.allocation_of("a", 0), None, "retained out");
+        assert_eq!(set.clone().into_vec(), list);
+        set.clear();
+        assert_eq!(set.into_vec(), vec![]);
+    }
+}
