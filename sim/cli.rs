@@ -243,6 +243,7 @@ pub struct ReplayArgs {
 /// `sim explain`.
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("subject").args(["operation", "row"])))]
+#[command(group(clap::ArgGroup::new("what").args(["operation", "row", "html"]).required(true).multiple(true)))]
 pub struct ExplainArgs {
     /// The trace file (`sim run --trace FILE`).
     trace: PathBuf,
@@ -255,7 +256,7 @@ pub struct ExplainArgs {
     row: Option<String>,
     /// Write the trace's timeline to this file (HTML, as `run --html`, without verdicts); with `--operation` or
     /// `--row` it opens filtered to that operation or row.
-    #[arg(long, required_unless_present_any = ["operation", "row"])]
+    #[arg(long)]
     html: Option<PathBuf>,
 }
 

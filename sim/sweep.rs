@@ -495,7 +495,7 @@ impl Merged {
             } else {
                 String::new()
             };
-            gaps.push(format!("shards {}{more} of {count} missing", shown.join(", ")));
+            gaps.push(format!("{} of the {count} shards missing: {}{more}", missing.len(), shown.join(", ")));
         }
         for (index, (seeds, end)) in &self.shards {
             let shard = Shard { index: *index, count };

@@ -362,6 +362,8 @@ fn html_writes_a_timeline_page_from_run_replay_sweep_and_explain() {
     assert_eq!((explained["verdict"].is_null(), &explained["focus"]["rows"]), (true, &serde_json::json!([3])));
     let neither = lockstep(&["sim", "explain", "t.trace"], &dir);
     assert_eq!(neither.status.code(), Some(2), "explain needs --operation, --row or --html");
+    let (_, stderr) = text(&neither);
+    assert!(stderr.contains("--operation") && stderr.contains("--row") && stderr.contains("--html"), "{stderr}");
 
     let sweep = lockstep(&["sim", "sweep", planted, "--seeds", "5..=6", "--out", "s", "--html", "pages"], &dir);
     let (stdout, stderr) = text(&sweep);
@@ -530,7 +532,7 @@ fn four_shards_merge_to_the_table_of_the_unsharded_sweep() {
     }
     let partial = lockstep_with(&["sim", "merge", "partial", "--out", "r-partial"], &dir, &[]);
     let (stdout, stderr) = text(&partial);
-    assert!(stdout.contains("INCOMPLETE: shards 1 of 4 missing"), "{stdout}{stderr}");
+    assert!(stdout.contains("INCOMPLETE: 1 of the 4 shards missing: 1"), "{stdout}{stderr}");
     if !stdout.contains("failed: ") {
         assert_eq!(partial.status.code(), Some(4), "{stdout}{stderr}");
     }
