@@ -839,9 +839,16 @@ fn check_pipelines(scenario: &Scenario) -> Result<(), Broken> {
                 "workers" => key(&["pipeline", "workers"]),
                 _ => key(&["pipeline", "lease_ttl"]),
             };
+            // heartbeat_trigger is no scenario key: the engine derives it from lease_ttl.
+            let derived = if field == "heartbeat_trigger" {
+                "; heartbeat_trigger is derived from lease_ttl: raise lease_ttl or lower lease_margin"
+            } else {
+                ""
+            };
             let rule = format!(
-                "the engine refuses pipeline {pipeline}'s {field}: {rule} (lease_ttl {:?}, lease_margin {:?})",
-                spec.lease_ttl, spec.lease_margin
+                "the engine refuses pipeline `{pipeline}`: its {field}: {rule} (lease_ttl {}, lease_margin {}){derived}",
+                crate::duration::format(spec.lease_ttl),
+                crate::duration::format(spec.lease_margin)
             );
             return Err((at, rule));
         }
@@ -1430,6 +1437,10 @@ apply_guard_disabled = true
         let (_, key, rule) = error(&format!("{head}[pipeline]\nlease_ttl = \"2s\"\nlease_margin = \"1s\"\n"));
         assert_eq!(key, "pipeline.lease_ttl");
         assert!(rule.contains("heartbeat_trigger"), "{rule}");
+        assert!(
+            rule.contains("(lease_ttl 2s, lease_margin 1s); heartbeat_trigger is derived from lease_ttl"),
+            "{rule}"
+        );
         assert_eq!(error(&format!("{head}seeds = []\n")).1, "seeds");
         assert_eq!(error("name = \"a b\"\nversion = 1\n").1, "name");
         assert_eq!(error("name = \"t\"\nversion = 0\n").1, "version");
