@@ -118,17 +118,18 @@ pub async fn run(options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
         None => std::env::temp_dir().join(format!("lockstep-{schema}")),
     };
     std::fs::create_dir_all(&dir).map_err(|e| usage(format!("--out {}: {e}", dir.display())))?;
+    // The proxies first: a URL they cannot serve is refused before the run's schema exists.
+    let (upstream, rewrite) = proxied_url(&options.database_url).await?;
+    let links = Links::start(scenario.replicas, upstream, seed)
+        .await
+        .map_err(|e| runtime(format!("the chaos proxies cannot listen: {e}")))?;
+    let urls = (0..scenario.replicas).map(|index| rewrite(links.proxy(index).local_addr())).collect();
     let mut store_options = PgOptions::new(options.database_url.clone());
     store_options.schema = schema.clone();
     store_options.application_name = format!("lockstep chaos {schema}");
     store_options.history = true;
     store_options.max_connections = 4;
     let store = PgStore::connect_with(store_options).await.map_err(|e| runtime(format!("PostgreSQL: {e}")))?;
-    let (upstream, rewrite) = proxied_url(&options.database_url).await?;
-    let links = Links::start(scenario.replicas, upstream, seed)
-        .await
-        .map_err(|e| runtime(format!("the chaos proxies cannot listen: {e}")))?;
-    let urls = (0..scenario.replicas).map(|index| rewrite(links.proxy(index).local_addr())).collect();
     let world = World {
         options: options.clone(),
         schema: schema.clone(),
@@ -206,8 +207,8 @@ fn scale(fault: RealFault, by: f64) -> RealFault {
     }
 }
 
-/// `url` with its host and port replaced by `proxy`'s listener (a replica's database URL), and the address of
-/// the server it named (the proxies' upstream).
+/// The address of the server `url` names (the proxies' upstream), and a function from a proxy's listener to
+/// `url` with its host and port replaced by it (that proxy's replica's database URL; every other part kept).
 ///
 /// Errors: a URL that does not parse or names no host (a Unix socket cannot be proxied), a host that does not
 /// resolve.
@@ -655,5 +656,23 @@ fn write_history(dir: &std::path::Path, outcome: &Outcome, trace: &Trace) {
         if let Err(error) = std::fs::write(dir.join(name), text) {
             eprintln!("lockstep chaos: cannot write {}: {error}", dir.join(name).display());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_replica_url_names_its_proxy_and_keeps_the_rest_and_a_socket_url_is_refused() {
+        let (upstream, rewrite) = proxied_url("postgres://u:pw@127.0.0.1:5433/test?sslmode=disable").await.unwrap();
+        assert_eq!(upstream, SocketAddr::from(([127, 0, 0, 1], 5433)));
+        let proxy = SocketAddr::from(([127, 0, 0, 1], 40001));
+        assert_eq!(rewrite(proxy), "postgres://u:pw@127.0.0.1:40001/test?sslmode=disable");
+        let (upstream, _) = proxied_url("postgres://localhost/test").await.unwrap();
+        assert_eq!(upstream.port(), 5432);
+        let Err(error) = proxied_url("postgres:///test?host=/var/run/postgresql").await else { panic!("accepted") };
+        assert_eq!(error.code, 2);
+        assert!(error.message.contains("--database-url: names no host"), "{}", error.message);
     }
 }
