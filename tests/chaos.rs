@@ -2,7 +2,8 @@
 //! SIGKILLed and a SIGSTOPped replica passes every checker the simulator runs, on the history the replicas
 //! recorded in PostgreSQL; the planted bug (the guarded apply without its token guard) makes a checker fire on
 //! that history; a second scenario ends every session of the replicas twice and bursts contention on one row;
-//! faults without a real form are refused with their reason. Each run has a schema of its own,
+//! a third cuts a replica's link to PostgreSQL (its chaos proxy stalls) and loses replies after the server sent
+//! them; faults without a real form are refused with their reason. Each run has a schema of its own,
 //! dropped at the end, and its own out directory. Needs PostgreSQL (DATABASE_URL); never skips.
 #![cfg(not(madsim))]
 
@@ -74,6 +75,30 @@ fn a_row_scenario_with_ended_sessions_and_a_contention_burst_passes_every_checke
         .collect();
     assert_eq!(ended.len(), 2, "{faults}");
     assert!(ended.iter().all(|count| *count > 0), "no session ended: {faults}");
+}
+
+#[test]
+fn a_row_scenario_with_a_partitioned_replica_and_lost_replies_passes_every_checker_on_postgres() {
+    let (output, text) = chaos("network", &["tests/fixtures/chaos-rows-network.toml"]);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(text.contains("scenario chaos-rows-network seed 1: PASSED"), "{text}");
+    assert!(text.contains("faults injected: lost-replies 1, partition 1"), "{text}");
+    for checker in ["lease_exclusivity", "liveness", "locked_forever", "exactly_once", "drain"] {
+        assert!(
+            text.lines().any(|line| line.split_whitespace().collect::<Vec<_>>() == [checker, "ok"]),
+            "{checker} did not pass: {text}"
+        );
+    }
+    // The proxies really did it: the partitioned replica's link held its bytes, and replies were lost after
+    // the server sent them (each losing its connection).
+    let faults = std::fs::read_to_string(history_path(&text).with_file_name("faults.txt")).expect("the fault log");
+    let count = |kind: &str, field: &str| -> u64 {
+        let line = faults.lines().find(|line| line.contains("link-heal") && line.contains(kind)).expect(kind);
+        let value = line.split(&format!("{field}=")).nth(1).expect(field);
+        value.split_whitespace().next().unwrap().parse().expect("a count")
+    };
+    assert!(count("partition", "held") > 0, "the partition held nothing: {faults}");
+    assert!(count("lost-replies", "resets") > 0, "no reply was lost: {faults}");
 }
 
 #[test]

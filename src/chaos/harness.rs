@@ -11,16 +11,18 @@
 //! 5. run the simulator's checkers ([`RunReport::judge`]) and write the history and the fault log to the run's
 //!    directory; drop the schema unless kept.
 
+use super::links::{Links, links_of};
 use super::{RealFault, real_fault};
 use crate::sim::faults::schedule;
 use crate::sim::run::Outcome;
 use crate::sim::trace::Trace;
 use crate::sim::workload::{self, ClientReport, WorkloadSpec};
-use crate::sim::{RunReport, Scenario, ScenarioFile, rng};
+use crate::sim::{Fault, RunReport, Scenario, ScenarioFile, rng};
 use crate::store::{NewRow, PgOptions, PgStore, Row, RowId, Store, StoreError};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -116,14 +118,27 @@ pub async fn run(options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
         None => std::env::temp_dir().join(format!("lockstep-{schema}")),
     };
     std::fs::create_dir_all(&dir).map_err(|e| usage(format!("--out {}: {e}", dir.display())))?;
+    // The proxies first: a URL they cannot serve is refused before the run's schema exists.
+    let (upstream, rewrite) = proxied_url(&options.database_url).await?;
+    let links = Links::start(scenario.replicas, upstream, seed)
+        .await
+        .map_err(|e| runtime(format!("the chaos proxies cannot listen: {e}")))?;
+    let urls = (0..scenario.replicas).map(|index| rewrite(links.proxy(index).local_addr())).collect();
     let mut store_options = PgOptions::new(options.database_url.clone());
     store_options.schema = schema.clone();
     store_options.application_name = format!("lockstep chaos {schema}");
     store_options.history = true;
     store_options.max_connections = 4;
     let store = PgStore::connect_with(store_options).await.map_err(|e| runtime(format!("PostgreSQL: {e}")))?;
-    let world =
-        World { options: options.clone(), schema: schema.clone(), dir: dir.clone(), seed, replicas: Mutex::default() };
+    let world = World {
+        options: options.clone(),
+        schema: schema.clone(),
+        dir: dir.clone(),
+        seed,
+        replicas: Mutex::default(),
+        links,
+        urls,
+    };
     let world = Arc::new(world);
     let outcome = world.clone().run(&scenario, &store, faults).await;
     world.stop_all().await;
@@ -158,7 +173,11 @@ fn plan(scenario: &Scenario, seed: u64, options: &ChaosOptions) -> Result<(Plann
     let mut faults = Vec::new();
     let mut refused = Vec::new();
     for event in schedule(&scenario.faults, seed, scenario.replicas, 0, 0) {
-        match real_fault(&event.fault, false) {
+        let real = real_fault(&event.fault, true).and_then(|fault| match &fault {
+            RealFault::Network(network) => links_of(network, scenario.replicas).map(|_| fault),
+            _ => Ok(fault),
+        });
+        match real {
             Ok(fault) => faults.push((event.at.mul_f64(options.time_scale), scale(fault, options.time_scale))),
             Err(reason) => refused.push(format!("at {:?}: {reason}", event.at)),
         }
@@ -177,8 +196,43 @@ fn scale(fault: RealFault, by: f64) -> RealFault {
     match fault {
         RealFault::Kill { replica, down } => RealFault::Kill { replica, down: down.mul_f64(by) },
         RealFault::Pause { replica, span } => RealFault::Pause { replica, span: span.mul_f64(by) },
+        RealFault::Network(fault) => RealFault::Network(match fault {
+            Fault::Partition { a, b, span } => Fault::Partition { a, b, span: span.mul_f64(by) },
+            Fault::Isolate { node, span } => Fault::Isolate { node, span: span.mul_f64(by) },
+            Fault::Degrade { latency, loss, span } => Fault::Degrade { latency, loss, span: span.mul_f64(by) },
+            Fault::LostReplies { chance, span } => Fault::LostReplies { chance, span: span.mul_f64(by) },
+            other => other,
+        }),
         other => other,
     }
+}
+
+/// The address of the server `url` names (the proxies' upstream), and a function from a proxy's listener to
+/// `url` with its host and port replaced by it (that proxy's replica's database URL; every other part kept).
+///
+/// Errors: a URL that does not parse or names no host (a Unix socket cannot be proxied), a host that does not
+/// resolve.
+async fn proxied_url(url: &str) -> Result<(SocketAddr, impl Fn(SocketAddr) -> String), ChaosError> {
+    let parsed = url::Url::parse(url).map_err(|e| usage(format!("--database-url: not a URL: {e}")))?;
+    let host = parsed
+        .host_str()
+        .filter(|host| !host.is_empty())
+        .ok_or_else(|| usage("--database-url: names no host; the chaos proxy needs a TCP address"))?
+        .trim_matches(['[', ']'])
+        .to_string();
+    let port = parsed.port().unwrap_or(5432);
+    let upstream = tokio::net::lookup_host((host.as_str(), port))
+        .await
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .ok_or_else(|| runtime(format!("--database-url: the host {host} does not resolve")))?;
+    let rewrite = move |proxy: SocketAddr| {
+        let mut url = parsed.clone();
+        let _ = url.set_host(Some(&proxy.ip().to_string()));
+        let _ = url.set_port(Some(proxy.port()));
+        url.to_string()
+    };
+    Ok((upstream, rewrite))
 }
 
 /// One replica process and what a fault did to it.
@@ -196,6 +250,10 @@ struct World {
     dir: PathBuf,
     seed: u64,
     replicas: Mutex<Vec<Replica>>,
+    /// One chaos proxy per replica: its link to PostgreSQL.
+    links: Links,
+    /// Replica `i`'s database URL: its proxy's listener.
+    urls: Vec<String>,
 }
 
 impl World {
@@ -227,7 +285,7 @@ impl World {
             .arg("--chaos-seed")
             .arg(self.seed.to_string())
             .arg("--chaos-history")
-            .env("DATABASE_URL", &self.options.database_url)
+            .env("DATABASE_URL", &self.urls[index])
             .env("RUST_LOG", std::env::var("LOCKSTEP_CHAOS_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .stdout(log)
@@ -316,7 +374,28 @@ impl World {
                 client.burst(&store, claims).await;
             }
             RealFault::Network(fault) => {
-                trace.record(&Arc::from("world"), "skipped", format!("{fault:?}: no chaos proxy"));
+                let Ok(plan) = links_of(&fault, self.urls.len()) else { return };
+                let node: Arc<str> = match plan.replicas.as_slice() {
+                    [one] => Arc::from(format!("replica-{one}")),
+                    _ => Arc::from("world"),
+                };
+                let kind = match fault {
+                    Fault::Partition { .. } => "partition",
+                    Fault::Isolate { .. } => "isolate",
+                    Fault::Degrade { .. } => "degrade",
+                    _ => "lost-replies",
+                };
+                let before = self.links.counts(&plan.replicas);
+                if !self.links.begin(&plan) {
+                    trace.record(&node, "skipped", format!("{kind}: link busy"));
+                    return;
+                }
+                trace.record(&node, kind, format!("{fault:?} as {:?}", plan.mode));
+                tokio::time::sleep(plan.span).await;
+                let after = self.links.counts(&plan.replicas);
+                self.links.end(&plan);
+                let (resets, lost, held) = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
+                trace.record(&node, "link-heal", format!("{kind} resets={resets} lost={lost} held={held}"));
             }
         }
     }
@@ -406,6 +485,7 @@ impl World {
         for task in &tasks {
             task.abort();
         }
+        self.links.heal();
         self.heal(&trace)?;
         trace.record(&Arc::from("world"), "heal", "");
         let now = |store: &PgStore| {
@@ -576,5 +656,23 @@ fn write_history(dir: &std::path::Path, outcome: &Outcome, trace: &Trace) {
         if let Err(error) = std::fs::write(dir.join(name), text) {
             eprintln!("lockstep chaos: cannot write {}: {error}", dir.join(name).display());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_replica_url_names_its_proxy_and_keeps_the_rest_and_a_socket_url_is_refused() {
+        let (upstream, rewrite) = proxied_url("postgres://u:pw@127.0.0.1:5433/test?sslmode=disable").await.unwrap();
+        assert_eq!(upstream, SocketAddr::from(([127, 0, 0, 1], 5433)));
+        let proxy = SocketAddr::from(([127, 0, 0, 1], 40001));
+        assert_eq!(rewrite(proxy), "postgres://u:pw@127.0.0.1:40001/test?sslmode=disable");
+        let (upstream, _) = proxied_url("postgres://localhost/test").await.unwrap();
+        assert_eq!(upstream.port(), 5432);
+        let Err(error) = proxied_url("postgres:///test?host=/var/run/postgresql").await else { panic!("accepted") };
+        assert_eq!(error.code, 2);
+        assert!(error.message.contains("--database-url: names no host"), "{}", error.message);
     }
 }

@@ -6,8 +6,9 @@
 //!   kept. The harness is the workload client.
 //! - **Faults** ([`RealFault`]): `kill` is SIGKILL and a new process after `down`; `pause` is SIGSTOP and SIGCONT
 //!   after `span`; `db-restart` ends every session of this run's schema (`pg_terminate_backend`); `contention`
-//!   inserts its burst of claims as the simulator's client does. The network faults need the chaos proxy (a
-//!   [`NetworkFaults`] implementation); clock drift and buggify have no real form and are refused with the reason.
+//!   inserts its burst of claims as the simulator's client does. The network faults run on the chaos proxies
+//!   ([`links`]: one per replica, a [`NetworkFaults`] implementation); clock drift and buggify have no real form
+//!   and are refused with the reason.
 //! - **Proxy** ([`proxy`]): a TCP proxy to PostgreSQL per node whose links can stall, black-hole, delay, drop
 //!   and lose replies: the real form of the network faults.
 //! - **History**: every replica records its lease writes in the schema's `history` table in the same transaction
@@ -15,6 +16,7 @@
 //!   and runs the simulator's checkers on them ([`crate::sim::run::check`]): one checker path for both.
 
 mod harness;
+pub mod links;
 pub mod proxy;
 
 pub use harness::{ChaosError, ChaosOptions, ChaosRun, run};

@@ -180,6 +180,9 @@ async fn serve_rows(args: ServeArgs, path: &std::path::Path) -> Result<(), Failu
             .connect_tuned(&format!("lockstep serve {name}"), connections, true, Some(spec.lease_ttl), |options| {
                 options.history = history;
                 options.apply_guard_disabled_for_mutation_test = guard_off;
+                // The replica reaches PostgreSQL through the chaos proxy, whose faults leave connections
+                // half-open: bound every call (above acquire + statement time-outs, as the option asks).
+                options.call_timeout = options.acquire_timeout + options.statement_timeout + Duration::from_secs(1);
             })
             .await?,
     );

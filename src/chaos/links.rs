@@ -1,0 +1,193 @@
+//! The links of `lockstep chaos run`'s replicas to PostgreSQL: one [`Proxy`] per replica (the replica's database
+//! URL names the proxy's listener; the harness's own session goes to PostgreSQL directly), and the scenario's
+//! network faults as link modes ([`NetworkFaults`]):
+//!
+//! - `partition` (a replica and the database) and `isolate` (a replica): that replica's link stalls for the span
+//!   (bytes wait both ways and flow in order after it, as after a partition that heals before TCP gives up);
+//!   `isolate` of the database stalls every replica's link (the harness keeps its own session).
+//! - `degrade`: every replica's link loses chunks with the scenario's `loss` (each loss resets its connection:
+//!   PostgreSQL's protocol cannot skip a gap), or, without loss, delays every chunk by the middle of the
+//!   scenario's latency range. A proxy link has one mode at a time, so with loss the latency is not added.
+//! - `lost-replies`: every replica's link loses each chunk from the server with the scenario's chance, after the
+//!   server sent it, and resets the connection: the statement or `COMMIT` ran, its replica never hears.
+//!
+//! Faults whose links do not exist here (between two replicas, which talk only through PostgreSQL; on the
+//! harness's client; on agents) are refused by [`links_of`]. A fault whose link is already faulted is skipped, as
+//! the simulator skips a fault whose slot is taken.
+
+use super::NetworkFaults;
+use super::proxy::{LinkFault, Proxy, ProxyHandle, ProxyOptions};
+use crate::sim::{Fault, Target};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// What one network fault does: the replicas whose links it faults, the links' mode, and for how long.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinkPlan {
+    /// Indexes of the replicas whose links change.
+    pub replicas: Vec<usize>,
+    /// The links' mode during the fault.
+    pub mode: LinkFault,
+    /// How long, wall clock; then the links pass again.
+    pub span: Duration,
+}
+
+/// The links `fault` faults in a world of `count` replicas, and how (see the module docs).
+///
+/// Errors: why the fault has no link here, naming it.
+pub fn links_of(fault: &Fault, count: usize) -> Result<LinkPlan, String> {
+    let every = || (0..count).collect::<Vec<_>>();
+    let no_link = |why: &str| Err(format!("{fault:?}: {why}"));
+    let (replicas, mode, span) = match fault {
+        Fault::Partition { a, b, span } => match (a, b) {
+            (Target::Replica(i), Target::Db) | (Target::Db, Target::Replica(i)) => (vec![*i], LinkFault::Stall, *span),
+            (Target::Replica(_), Target::Replica(_)) => {
+                return no_link("replicas talk only through PostgreSQL: there is no link between two of them");
+            }
+            _ => return no_link("only a replica's link to the database runs through the chaos proxy"),
+        },
+        Fault::Isolate { node: Target::Replica(i), span } => (vec![*i], LinkFault::Stall, *span),
+        Fault::Isolate { node: Target::Db, span } => (every(), LinkFault::Stall, *span),
+        Fault::Isolate { .. } => {
+            return no_link("only replicas and the database have links through the chaos proxy");
+        }
+        Fault::Degrade { latency, loss, span } => {
+            let mode = if *loss > 0.0 {
+                LinkFault::Drop { probability: *loss }
+            } else {
+                LinkFault::Delay((latency.start + latency.end) / 2)
+            };
+            (every(), mode, *span)
+        }
+        Fault::LostReplies { chance, span } => (every(), LinkFault::LoseReplies { probability: *chance }, *span),
+        _ => return no_link("not a network fault"),
+    };
+    if let Some(i) = replicas.iter().find(|i| **i >= count) {
+        return no_link(&format!("replica {i} is not in the world ({count} replicas)"));
+    }
+    Ok(LinkPlan { replicas, mode, span })
+}
+
+/// One proxy per replica, and which links a fault holds.
+pub struct Links {
+    proxies: Vec<Proxy>,
+    /// Whether replica `i`'s link is held by a running fault.
+    busy: Mutex<Vec<bool>>,
+}
+
+impl Links {
+    /// Starts `replicas` proxies on free local ports, each to `upstream`, seeded from `seed` (one stream per
+    /// proxy).
+    ///
+    /// Errors: a listener that cannot be bound.
+    pub async fn start(replicas: usize, upstream: SocketAddr, seed: u64) -> std::io::Result<Links> {
+        let mut proxies = Vec::with_capacity(replicas);
+        for index in 0..replicas {
+            use rand::Rng;
+            let seed = crate::sim::rng::stream(seed, &format!("chaos-proxy-{index}")).random::<u64>();
+            let listen = SocketAddr::from(([127, 0, 0, 1], 0));
+            proxies.push(Proxy::start(ProxyOptions { listen, upstream, seed }).await?);
+        }
+        Ok(Links { proxies, busy: Mutex::new(vec![false; replicas]) })
+    }
+
+    /// The proxy of replica `index` (its listener is the replica's database address).
+    pub fn proxy(&self, index: usize) -> ProxyHandle {
+        self.proxies[index].handle()
+    }
+
+    fn busy(&self) -> std::sync::MutexGuard<'_, Vec<bool>> {
+        self.busy.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every link passes again and no fault holds one (the heal).
+    pub fn heal(&self) {
+        for proxy in &self.proxies {
+            proxy.handle().set(LinkFault::Pass);
+        }
+        self.busy().iter_mut().for_each(|busy| *busy = false);
+    }
+
+    /// Sets `plan`'s links to its mode unless one of them is held by another fault: false when skipped.
+    pub fn begin(&self, plan: &LinkPlan) -> bool {
+        let mut busy = self.busy();
+        if plan.replicas.iter().any(|i| busy.get(*i).is_none_or(|b| *b)) {
+            return false;
+        }
+        for i in &plan.replicas {
+            busy[*i] = true;
+            self.proxies[*i].handle().set(plan.mode);
+        }
+        true
+    }
+
+    /// What the proxies of `replicas` did so far, summed: (connections reset, chunks lost, chunks held).
+    pub fn counts(&self, replicas: &[usize]) -> (u64, u64, u64) {
+        replicas
+            .iter()
+            .map(|i| self.proxies[*i].handle().stats())
+            .fold((0, 0, 0), |(r, l, h), stats| (r + stats.resets, l + stats.chunks_lost, h + stats.chunks_held))
+    }
+
+    /// `plan`'s links pass again (the end of a fault [`Links::begin`] started).
+    pub fn end(&self, plan: &LinkPlan) {
+        let mut busy = self.busy();
+        for i in &plan.replicas {
+            self.proxies[*i].handle().set(LinkFault::Pass);
+            busy[*i] = false;
+        }
+    }
+
+    /// Applies `plan` for its span ([`Links::begin`], a sleep, [`Links::end`]): false when skipped.
+    pub async fn apply(&self, plan: LinkPlan) -> bool {
+        if !self.begin(&plan) {
+            return false;
+        }
+        tokio::time::sleep(plan.span).await;
+        self.end(&plan);
+        true
+    }
+}
+
+impl NetworkFaults for Links {
+    fn inject(&self, fault: Fault) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            if let Ok(plan) = links_of(&fault, self.proxies.len()) {
+                self.apply(plan).await;
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_network_fault_becomes_its_link_mode_and_faults_without_a_link_are_refused() {
+        let span = Duration::from_secs(3);
+        let cut = Fault::Partition { a: Target::Db, b: Target::Replica(1), span };
+        assert_eq!(links_of(&cut, 2), Ok(LinkPlan { replicas: vec![1], mode: LinkFault::Stall, span }));
+        let alone = Fault::Isolate { node: Target::Replica(0), span };
+        assert_eq!(links_of(&alone, 2).map(|plan| (plan.replicas, plan.mode)), Ok((vec![0], LinkFault::Stall)));
+        let db = Fault::Isolate { node: Target::Db, span };
+        assert_eq!(links_of(&db, 3).map(|plan| plan.replicas), Ok(vec![0, 1, 2]));
+        let lossy = Fault::Degrade { latency: Duration::from_millis(10)..Duration::from_millis(30), loss: 0.1, span };
+        assert_eq!(links_of(&lossy, 2).map(|plan| plan.mode), Ok(LinkFault::Drop { probability: 0.1 }));
+        let slow = Fault::Degrade { latency: Duration::from_millis(10)..Duration::from_millis(30), loss: 0.0, span };
+        assert_eq!(links_of(&slow, 2).map(|plan| plan.mode), Ok(LinkFault::Delay(Duration::from_millis(20))));
+        let lost = Fault::LostReplies { chance: 0.25, span };
+        assert_eq!(
+            links_of(&lost, 2),
+            Ok(LinkPlan { replicas: vec![0, 1], mode: LinkFault::LoseReplies { probability: 0.25 }, span })
+        );
+        let between = Fault::Partition { a: Target::Replica(0), b: Target::Replica(1), span };
+        assert!(links_of(&between, 2).unwrap_err().contains("no link between two of them"));
+        let client = Fault::Isolate { node: Target::Client, span };
+        assert!(links_of(&client, 2).unwrap_err().contains("only replicas and the database"));
+        assert!(links_of(&alone, 0).unwrap_err().contains("replica 0 is not in the world"));
+    }
+}
