@@ -158,6 +158,51 @@ impl FaultKind {
     }
 }
 
+impl std::fmt::Display for Target {
+    /// The node's name in scenario files and traces: `db`, `client`, `replica-N`, `agent-N`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Db => f.write_str("db"),
+            Target::Client => f.write_str("client"),
+            Target::Replica(index) => write!(f, "replica-{index}"),
+            Target::Agent(index) => write!(f, "agent-{index}"),
+        }
+    }
+}
+
+impl std::fmt::Display for Fault {
+    /// The fault in a scenario file's words: its kind, its node and its span (durations as people read them),
+    /// e.g. `lost-replies (chance 0.077, span 15.309s)` or `isolate replica-2 (span 4s)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let d = |span: &Duration| crate::duration::format(*span);
+        match self {
+            Fault::Kill { replica, down } => write!(f, "kill replica-{replica} (down {})", d(down)),
+            Fault::Pause { replica, span } => write!(f, "pause replica-{replica} (span {})", d(span)),
+            Fault::Partition { a, b, span } => write!(f, "partition {a} from {b} (span {})", d(span)),
+            Fault::Isolate { node, span } => write!(f, "isolate {node} (span {})", d(span)),
+            Fault::Degrade { latency, loss, span } => write!(
+                f,
+                "degrade (latency {}..{}, loss {loss:.3}, span {})",
+                d(&latency.start),
+                d(&latency.end),
+                d(span)
+            ),
+            Fault::LostReplies { chance, span } => write!(f, "lost-replies (chance {chance:.3}, span {})", d(span)),
+            Fault::DbRestart { down } => write!(f, "db-restart (down {})", d(down)),
+            Fault::ClockDrift { replica, rate_ppm, span } => {
+                write!(f, "clock-drift replica-{replica} (rate {rate_ppm} ppm, span {})", d(span))
+            }
+            Fault::Contention { claims } => write!(f, "contention ({claims} claims)"),
+            Fault::Buggify { span } => write!(f, "buggify (span {})", d(span)),
+            Fault::AgentKill { agent, down } => write!(f, "agent-kill agent-{agent} (down {})", d(down)),
+            Fault::AgentPause { agent, span } => write!(f, "agent-pause agent-{agent} (span {})", d(span)),
+            Fault::AgentClockDrift { agent, rate_ppm, span } => {
+                write!(f, "agent-clock-drift agent-{agent} (rate {rate_ppm} ppm, span {})", d(span))
+            }
+        }
+    }
+}
+
 /// A random process injecting faults of one kind.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RandomFault {

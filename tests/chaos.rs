@@ -101,9 +101,10 @@ fn a_row_scenario_with_a_partitioned_replica_and_lost_replies_passes_every_check
     assert!(count("lost-replies", "resets") > 0, "no reply was lost: {faults}");
 }
 
+/// The scenario file's `[mutation] apply_guard_disabled` is honoured, as in the simulator.
 #[test]
 fn the_apply_guard_off_fires_a_checker_on_postgres() {
-    let (output, text) = chaos("planted", &[KILL_PAUSE, "--apply-guard-off"]);
+    let (output, text) = chaos("planted", &["tests/fixtures/chaos-rows-kill-pause-planted.toml"]);
     assert_eq!(output.status.code(), Some(1), "{text}");
     assert!(text.contains(": FAILED"), "{text}");
     let fired = ["lease_exclusivity", "exactly_once"]

@@ -95,7 +95,7 @@ fn runtime(message: impl Into<String>) -> ChaosError {
 ///
 /// Errors: a scenario the harness cannot run (gang parts, pipeline sets, faults without a real form), the
 /// database or a replica process that cannot be started.
-pub async fn run(options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
+pub async fn run(mut options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
     let file = ScenarioFile::load(&options.scenario).map_err(|error| usage(error.to_string()))?;
     let scenario = file.scenario.clone();
     if scenario.gang.is_some() {
@@ -107,6 +107,17 @@ pub async fn run(options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
     if scenario.pipelines.is_some() {
         return Err(usage("pipeline sets need their handlers, which only the simulator build links in"));
     }
+    // A planted bug of the scenario file runs as in the simulator, or the run is refused: never ignored, or a
+    // user would read a pass as the checkers missing it.
+    let mutation = &scenario.mutation;
+    if mutation.gang_gate_disabled || mutation.agent_drift_beyond_margin {
+        return Err(usage(format!(
+            "{}: [mutation] gang_gate_disabled and agent_drift_beyond_margin need gang scenarios, which `lockstep \
+             chaos run` does not run yet",
+            options.scenario.display()
+        )));
+    }
+    options.apply_guard_off |= mutation.apply_guard_disabled;
     if !(options.time_scale > 0.0 && options.time_scale <= 100.0) {
         return Err(usage(format!("--time-scale {}: must be in (0, 100]", options.time_scale)));
     }
@@ -179,7 +190,7 @@ fn plan(scenario: &Scenario, seed: u64, options: &ChaosOptions) -> Result<(Plann
         });
         match real {
             Ok(fault) => faults.push((event.at.mul_f64(options.time_scale), scale(fault, options.time_scale))),
-            Err(reason) => refused.push(format!("at {:?}: {reason}", event.at)),
+            Err(reason) => refused.push(format!("at {}: {reason}", crate::duration::format(event.at))),
         }
     }
     if !refused.is_empty() && !options.skip_refused {

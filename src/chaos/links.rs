@@ -40,7 +40,7 @@ pub struct LinkPlan {
 /// Errors: why the fault has no link here, naming it.
 pub fn links_of(fault: &Fault, count: usize) -> Result<LinkPlan, String> {
     let every = || (0..count).collect::<Vec<_>>();
-    let no_link = |why: &str| Err(format!("{fault:?}: {why}"));
+    let no_link = |why: &str| Err(format!("{fault}: {why}"));
     let (replicas, mode, span) = match fault {
         Fault::Partition { a, b, span } => match (a, b) {
             (Target::Replica(i), Target::Db) | (Target::Db, Target::Replica(i)) => (vec![*i], LinkFault::Stall, *span),

@@ -60,18 +60,18 @@ pub fn real_fault(fault: &Fault, network: bool) -> Result<RealFault, String> {
             if network {
                 Ok(RealFault::Network(fault.clone()))
             } else {
-                Err(format!("{fault:?} needs the chaos proxy (every node reaching PostgreSQL through it)"))
+                Err(format!("{fault} needs the chaos proxy (every node reaching PostgreSQL through it)"))
             }
         }
         Fault::ClockDrift { .. } | Fault::AgentClockDrift { .. } => Err(format!(
-            "{fault:?}: not possible on real processes (a process's monotonic clock cannot be made to run at \
+            "{fault}: not possible on real processes (a process's monotonic clock cannot be made to run at \
              another rate from outside)"
         )),
         Fault::Buggify { .. } => {
-            Err(format!("{fault:?}: not possible on real processes (buggify points exist only in the simulator build)"))
+            Err(format!("{fault}: not possible on real processes (buggify points exist only in the simulator build)"))
         }
         Fault::AgentKill { .. } | Fault::AgentPause { .. } => {
-            Err(format!("{fault:?}: agents are not yet run by `lockstep chaos run` (row scenarios only)"))
+            Err(format!("{fault}: agents are not yet run by `lockstep chaos run` (row scenarios only)"))
         }
     }
 }
