@@ -414,12 +414,9 @@ async fn stores_connecting_at_once_to_a_new_schema_all_create_and_migrate_it() {
     }
 }
 
-/// A schema migrated only to 0001 and holding rows (a deployment before issue 13) migrates to 0002 when a store
-/// connects: its rows read with no attempts, no errors and no `not_before`, and they fetch, fail with a backoff and
-/// apply as new rows do.
-#[tokio::test]
-async fn a_populated_schema_of_migration_0001_migrates_and_its_rows_fail_and_apply() {
-    use sqlx::Connection;
+/// A new schema of this run migrated only up to migration `version` (a deployment of an older lockstep), with a
+/// one-connection pool on it: (database URL, schema, pool).
+async fn schema_migrated_to(version: i64) -> (String, String, sqlx::PgPool) {
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
     let url = support::pg::database_url();
     let schema = support::pg::unique_schema();
@@ -432,7 +429,16 @@ async fn a_populated_schema_of_migration_0001_migrates_and_its_rows_fail_and_app
         .connect_with(base.options([("search_path", schema.as_str())]))
         .await
         .expect("a pool on the new schema");
-    sqlx::migrate!("./migrations").run_to(1, &pool).await.expect("migration 0001");
+    sqlx::migrate!("./migrations").run_to(version, &pool).await.expect("the older migrations");
+    (url, schema, pool)
+}
+
+/// A schema migrated only to 0001 and holding rows (a deployment before issue 13) migrates to 0002 when a store
+/// connects: its rows read with no attempts, no errors and no `not_before`, and they fetch, fail with a backoff and
+/// apply as new rows do.
+#[tokio::test]
+async fn a_populated_schema_of_migration_0001_migrates_and_its_rows_fail_and_apply() {
+    let (url, schema, pool) = schema_migrated_to(1).await;
     sqlx::query(
         "INSERT INTO resources (kind, status, data, created_at, updated_at, last_processed_at)
          VALUES ('task', 'ready', '{\"n\": 0}', now(), now(), NULL),
@@ -480,19 +486,7 @@ async fn a_populated_schema_of_migration_0001_migrates_and_its_rows_fail_and_app
 /// undone messages of the operation, in id order, with PostgreSQL planning it on that index.
 #[tokio::test]
 async fn a_populated_schema_of_migration_0002_migrates_and_its_inbox_is_queried_by_status() {
-    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-    let url = support::pg::database_url();
-    let schema = support::pg::unique_schema();
-    let base: PgConnectOptions = url.parse().expect("DATABASE_URL parses");
-    let mut conn = sqlx::PgConnection::connect_with(&base).await.expect("PostgreSQL is reachable");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\""))).execute(&mut conn).await.unwrap();
-    conn.close().await.unwrap();
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(base.clone().options([("search_path", schema.as_str())]))
-        .await
-        .expect("a pool on the new schema");
-    sqlx::migrate!("./migrations").run_to(2, &pool).await.expect("migrations 0001 and 0002");
+    let (url, schema, pool) = schema_migrated_to(2).await;
     let operation: i64 = sqlx::query_scalar(
         "INSERT INTO resources (kind, status, data, created_at, updated_at)
          VALUES ('operation', 'running', '{}', now(), now()) RETURNING id",
@@ -514,6 +508,7 @@ async fn a_populated_schema_of_migration_0002_migrates_and_its_inbox_is_queried_
     pool.close().await;
 
     let store = store_with(|options| options.schema = schema.clone()).await;
+    let base: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
     let mut conn = sqlx::PgConnection::connect_with(&base.options([("search_path", schema.as_str())])).await.unwrap();
     let indexes: Vec<String> =
         sqlx::query_scalar("SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY indexname")
