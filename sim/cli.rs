@@ -531,15 +531,24 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
         ),
     };
     println!(
-        "{} ({}), seeds {}..={} ({}){slice} on {jobs} threads, build {}",
+        "{} ({}), seeds {}..={} ({}){slice} on {jobs} thread{}, build {}",
         args.scenario.display(),
         file.version_label(),
         seeds.first,
         seeds.last,
         seeds.range_len(),
+        if jobs == 1 { "" } else { "s" },
         registry.build_id
     );
     println!("results: {}", results_path.display());
+    if count == 0 {
+        // Still a result file: `merge` counts this shard as present (and complete).
+        eprintln!(
+            "{program} sweep: shard {shard} holds no seed: more shards ({}) than seeds ({})",
+            shard.count,
+            seeds.range_len()
+        );
+    }
     let header = sweep::Header {
         format: sweep::SWEEP_FORMAT,
         build: registry.build_id.clone(),

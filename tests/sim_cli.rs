@@ -582,6 +582,18 @@ fn bad_shard_variables_and_flags_exit_2_naming_them() {
     }
 }
 
+/// A shard that holds no seed (more shards than seeds) says so on stderr, and still passes with its result file.
+#[test]
+fn a_shard_without_seeds_says_so() {
+    let dir = temp_dir("empty-shard");
+    let quiet = scenario("rows-quiet.toml");
+    let output = lockstep(&["sim", "sweep", quiet.as_str(), "--seeds", "1..3", "--shard", "3/4", "--jobs", "1"], &dir);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stderr.contains("shard 3/4 holds no seed: more shards (4) than seeds (2)"), "{stderr}");
+    assert!(stdout.contains("on 1 thread,"), "{stdout}");
+}
+
 /// Ctrl-C during a sweep: the runs under way finish, the table of every finished seed is printed (exit 130), the
 /// result file holds each finished seed and ends with an interrupted end line, and every failure found so far
 /// has its replay file.
