@@ -126,3 +126,19 @@ fn faults_without_a_real_form_are_refused_with_their_reason() {
     assert_eq!(output.status.code(), Some(2), "{text}");
     assert!(text.contains("gang scenarios (agents, operations) are not yet run"), "{text}");
 }
+
+/// A role the server does not know is the URL's fault, said as real mode says it (exit 2).
+#[test]
+fn a_database_url_the_server_refuses_is_bad_input() {
+    let mut url = url::Url::parse(&database_url()).expect("DATABASE_URL parses");
+    url.set_username("lockstep_no_such_role").unwrap();
+    url.set_password(None).unwrap();
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-role-{}", std::process::id()));
+    let output = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["chaos", "run", KILL_PAUSE, "--database-url", url.as_str(), "--out", out.to_str().unwrap()])
+        .output()
+        .expect("the binary runs");
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(text.contains("--database-url: ") && text.contains("lockstep_no_such_role"), "{text}");
+}

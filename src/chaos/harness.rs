@@ -140,7 +140,15 @@ pub async fn run(mut options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
     store_options.application_name = format!("lockstep chaos {schema}");
     store_options.history = true;
     store_options.max_connections = 4;
-    let store = PgStore::connect_with(store_options).await.map_err(|e| runtime(format!("PostgreSQL: {e}")))?;
+    // In real mode's words (`lockstep serve`): a URL the server refuses is the flag's fault (exit 2), a server
+    // that cannot be reached is "cannot connect" (exit 1).
+    let store = PgStore::connect_with(store_options).await.map_err(|error| match error {
+        StoreError::Invalid(message) => usage(format!("--database-url: {message}")),
+        error @ (StoreError::Unavailable(_) | StoreError::Timeout(_)) => {
+            runtime(format!("cannot connect to PostgreSQL (--database-url or DATABASE_URL): {error}"))
+        }
+        error => runtime(format!("cannot open schema {schema} on PostgreSQL: {error}")),
+    })?;
     let world = World {
         options: options.clone(),
         schema: schema.clone(),
