@@ -197,7 +197,7 @@ pub struct SweepArgs {
     #[arg(long, value_parser = parse_seeds)]
     seeds: SeedRange,
     /// Threads (at least 1); default every core (or `LOCKSTEP_SIM_JOBS`).
-    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, value_parser = parse_jobs)]
     jobs: Option<usize>,
     /// Directory for the failing seeds' replay files.
     #[arg(long, default_value = REPLAY_DIR)]
@@ -272,7 +272,7 @@ pub struct ShrinkArgs {
     #[arg(long)]
     checker: Option<String>,
     /// Threads running candidates (at least 1); default every core (or `LOCKSTEP_SIM_JOBS`).
-    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, value_parser = parse_jobs)]
     jobs: Option<usize>,
     /// Wall-clock bound on the search (a duration: `90s`, `5m`); the smallest scenario found by then is written.
     #[arg(long, value_parser = crate::duration::parse, default_value = "10m")]
@@ -348,6 +348,21 @@ fn parse_row_id(text: &str) -> Result<String, String> {
         Ok(id) => Ok(id.to_string()),
         Err(_) => Err(format!("\"{text}\" is not a row id: ids are numbers, e.g. 7 for `op=7` in `sim run`'s summary")),
     }
+}
+
+/// A `--jobs` value: a whole number of threads, at least 1.
+fn parse_jobs(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("0 threads: give at least 1".into()),
+        Ok(jobs) => Ok(jobs),
+        Err(_) => Err(format!("\"{text}\" is not a number of threads: give a whole number, at least 1")),
+    }
+}
+
+/// `n` and `word`, with an `s` unless `n` is 1: `1 shard`, `4 shards`.
+fn count(n: impl Into<u64>, word: &str) -> String {
+    let n = n.into();
+    if n == 1 { format!("{n} {word}") } else { format!("{n} {word}s") }
 }
 
 /// Runs one simulator command with `registry`; returns the exit code.
@@ -721,14 +736,14 @@ fn merge(args: MergeArgs, registry: &Registry) -> u8 {
     };
     let header = &merged.header;
     println!(
-        "{} ({}), seeds {}..={} ({}) in {} shards ({} result files), build {}",
+        "{} ({}), seeds {}..={} ({}) in {} ({}), build {}",
         header.scenario.path,
         header.scenario.version,
         header.seeds.first,
         header.seeds.last,
         header.seeds.range_len(),
-        header.shard.count,
-        files.len(),
+        count(header.shard.count, "shard"),
+        count(files.len() as u64, "result file"),
         header.build
     );
     print!("{}", merged.tally.table());

@@ -210,7 +210,7 @@ fn sweep_refuses_huge_ranges_overflowing_seeds_and_zero_jobs_with_exit_2() {
     let cases: [(&[&str], &str); 3] = [
         (&["--seeds", "1..=9007199254740993"], "holds 9007199254740993 seeds; a sweep runs at most 1000000"),
         (&["--seeds", "1..18446744073709551616"], "seed 18446744073709551616 overflows"),
-        (&["--seeds", "1..3", "--jobs", "0"], "--jobs <JOBS>"),
+        (&["--seeds", "1..3", "--jobs", "0"], "--jobs <JOBS>': 0 threads: give at least 1"),
     ];
     for (args, expected) in cases {
         let output = lockstep(&[&["sim", "sweep", quiet.as_str()], args].concat(), &dir);
