@@ -164,7 +164,7 @@ pub fn listed(items: &[String]) -> String {
 pub(crate) mod fixtures {
     //! Hand-made histories and rows for the checkers' planted-bug tests.
     use super::CheckInput;
-    use crate::store::{Commit, CommitOp, Event, Lease, LockToken, Row, RowId, Timestamp};
+    use crate::store::{Commit, CommitOp, Event, Lease, LockToken, NewRow, Row, RowId, Timestamp};
     use std::time::Duration;
 
     pub const T0: Timestamp = Timestamp(1_700_000_000_000_000);
@@ -190,23 +190,7 @@ pub(crate) mod fixtures {
     }
 
     pub fn row(id: i64, kind: &str, status: &str) -> Row {
-        Row {
-            id: RowId(id),
-            kind: kind.into(),
-            parent_id: None,
-            status: status.into(),
-            data: serde_json::json!({}),
-            created_at: T0,
-            updated_at: T0,
-            last_processed_at: None,
-            lock_expires_at: None,
-            lock_token: None,
-            lock_owner: None,
-            hinted: false,
-            attempts: 0,
-            errors: Vec::new(),
-            not_before: None,
-        }
+        NewRow::new(kind, status, serde_json::json!({})).into_row(RowId(id), T0)
     }
 
     /// An input whose heal is at 100 s, liveness snapshot at 150 s, final snapshot at 200 s, bounds 60 s.

@@ -157,6 +157,7 @@ pub fn unfit_reason(index: u32, need: u32, slots: u32, waited: Duration, timeout
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::NewRow;
 
     fn entry(operation: i64, need: u32) -> QueueEntry {
         QueueEntry { operation: RowId(operation), incarnation: 0, need, since: Timestamp::EPOCH }
@@ -174,22 +175,9 @@ mod tests {
 
     #[test]
     fn the_canonical_queue_is_the_lowest_row() {
-        let row = |id: i64, version: u64| Row {
-            id: RowId(id),
-            kind: KIND_GANG_QUEUE.into(),
-            parent_id: None,
-            status: GANG_QUEUE_STATUS.into(),
-            data: GangQueue { version, entries: Vec::new() }.to_json(),
-            created_at: Timestamp::EPOCH,
-            updated_at: Timestamp::EPOCH,
-            last_processed_at: None,
-            lock_expires_at: None,
-            lock_token: None,
-            lock_owner: None,
-            hinted: false,
-            attempts: 0,
-            errors: Vec::new(),
-            not_before: None,
+        let row = |id: i64, version: u64| {
+            let data = GangQueue { version, entries: Vec::new() }.to_json();
+            NewRow::new(KIND_GANG_QUEUE, GANG_QUEUE_STATUS, data).into_row(RowId(id), Timestamp::EPOCH)
         };
         assert_eq!(canonical_queue(&[]).unwrap(), None);
         let (id, queue) = canonical_queue(&[row(9, 1), row(4, 7)]).unwrap().unwrap();

@@ -322,23 +322,7 @@ impl State {
             self.by_parent.entry((parent, new.kind.clone())).or_default().insert(id);
             self.by_parent_status.entry((parent, new.kind.clone(), new.status.clone())).or_default().insert(id);
         }
-        let row = Row {
-            id,
-            kind: new.kind,
-            parent_id: new.parent_id,
-            status: new.status,
-            data: new.data,
-            created_at: now,
-            updated_at: now,
-            last_processed_at: None,
-            lock_expires_at: None,
-            lock_token: None,
-            lock_owner: None,
-            hinted: false,
-            attempts: 0,
-            errors: Vec::new(),
-            not_before: None,
-        };
+        let row = new.into_row(id, now);
         self.rows.insert(id, row);
         id
     }

@@ -172,6 +172,28 @@ impl NewRow {
         self.parent_id = Some(parent);
         self
     }
+
+    /// The row a store holds after inserting this one as `id` at `now` (store time): created and updated at `now`,
+    /// never processed, unleased, not hinted, with no failed attempts.
+    pub fn into_row(self, id: RowId, now: Timestamp) -> Row {
+        Row {
+            id,
+            kind: self.kind,
+            parent_id: self.parent_id,
+            status: self.status,
+            data: self.data,
+            created_at: now,
+            updated_at: now,
+            last_processed_at: None,
+            lock_expires_at: None,
+            lock_token: None,
+            lock_owner: None,
+            hinted: false,
+            attempts: 0,
+            errors: Vec::new(),
+            not_before: None,
+        }
+    }
 }
 
 /// Changes to one row's own columns; `None` leaves a column as it is.
