@@ -830,16 +830,22 @@ mod interrupt {
     }
 }
 
+/// The text of an input file of `command` (e.g. `lockstep sim replay`), or `None` after saying why it cannot be
+/// read (the caller exits 2).
+fn read_input(path: &Path, command: &str) -> Option<String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Some(text),
+        Err(error) => {
+            eprintln!("{command}: cannot read {}: {error}", path.display());
+            None
+        }
+    }
+}
+
 fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
     let program = &registry.program;
     let path = args.file.display().to_string();
-    let text = match std::fs::read_to_string(&args.file) {
-        Ok(text) => text,
-        Err(error) => {
-            eprintln!("{program} replay: cannot read {path}: {error}");
-            return BAD_INPUT;
-        }
-    };
+    let Some(text) = read_input(&args.file, &format!("{program} replay")) else { return BAD_INPUT };
     let (replay, file) = match ReplayFile::check_in(&text, &path, &registry.build_id, &registry.sets) {
         Ok(checked) => checked,
         Err(error) => {
@@ -896,13 +902,7 @@ fn note_changed_scenario(replay: &ReplayFile, registry: &Registry) {
 fn explain(args: ExplainArgs, registry: &Registry) -> u8 {
     let program = &registry.program;
     let path = args.trace.display().to_string();
-    let text = match std::fs::read_to_string(&args.trace) {
-        Ok(text) => text,
-        Err(error) => {
-            eprintln!("{program} explain: cannot read {path}: {error}");
-            return BAD_INPUT;
-        }
-    };
+    let Some(text) = read_input(&args.trace, &format!("{program} explain")) else { return BAD_INPUT };
     if let Err((line, text)) = explain::check_trace(&text) {
         let why = match line {
             0 => "it is empty".to_string(),
