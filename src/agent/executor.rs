@@ -69,6 +69,8 @@ pub trait Executor: Send + Sync + 'static {
 pub struct ProcessHandle {
     exit: watch::Receiver<Option<ExitStatus>>,
     kill: Option<oneshot::Sender<()>>,
+    /// The OS process id of a real process (its job shell), if the executor runs OS processes.
+    pid: Option<u32>,
 }
 
 /// The executor's half: learns when a kill is requested and reports the exit.
@@ -82,10 +84,21 @@ pub struct ProcessControl {
 pub fn process_pair() -> (ProcessHandle, ProcessControl) {
     let (exit_tx, exit_rx) = watch::channel(None);
     let (kill_tx, kill_rx) = oneshot::channel();
-    (ProcessHandle { exit: exit_rx, kill: Some(kill_tx) }, ProcessControl { exit: exit_tx, kill: kill_rx })
+    (ProcessHandle { exit: exit_rx, kill: Some(kill_tx), pid: None }, ProcessControl { exit: exit_tx, kill: kill_rx })
 }
 
 impl ProcessHandle {
+    /// The same handle naming its OS process (an executor of real processes sets it at spawn).
+    pub fn with_pid(mut self, pid: u32) -> ProcessHandle {
+        self.pid = Some(pid);
+        self
+    }
+
+    /// The OS process id of the process (the job's shell, which leads its session), if it is a real one.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
     /// The exit status, if the process has ended.
     pub fn exit_status(&self) -> Option<ExitStatus> {
         *self.exit.borrow()

@@ -304,7 +304,7 @@ impl Executor for OsExecutor {
             }
             control.exited(status);
         });
-        Ok(handle)
+        Ok(handle.with_pid(pid))
     }
 }
 

@@ -96,6 +96,19 @@ impl JobScript {
         };
         self.rules.iter().find(matches).map_or(&self.default, |rule| &rule.behaviour)
     }
+
+    /// What job `job` of `task`/`cookie`, starting for the `attempt`-th time, does: its duration, drawn from the
+    /// job's own ChaCha stream of this script's seed (uniform in its behaviour's bounds), and its end. The
+    /// simulated executor and `lockstep chaos run`'s real jobs draw through this one function, so one seed gives
+    /// both the same durations.
+    pub fn draw(&self, job: JobId, task: &str, cookie: u32, attempt: u32) -> (Duration, End) {
+        let behaviour = self.behaviour(task, cookie, attempt);
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        rng.set_stream(job_stream(job));
+        let (low, high) = behaviour.duration;
+        let duration = if high > low { rng.random_range(low..=high) } else { low };
+        (duration, behaviour.end.clone())
+    }
 }
 
 /// What happened to a simulated process.
@@ -159,6 +172,13 @@ impl ProcessLog {
     /// An empty log that hands every entry to `sink` as well.
     pub fn with_sink(sink: ProcessSink) -> ProcessLog {
         ProcessLog { events: Arc::default(), sink: Some(sink) }
+    }
+
+    /// A log holding `events`, in their order: a process log recorded elsewhere (`lockstep chaos run` builds one
+    /// from its real agents' records) for the same checks.
+    pub fn from_events(events: Vec<ProcessEvent>) -> ProcessLog {
+        assert!(events.len() <= PROCESS_LOG_LEN_MAX, "process log passed {PROCESS_LOG_LEN_MAX} entries");
+        ProcessLog { events: Arc::new(Mutex::new(events)), sink: None }
     }
 
     /// Every event so far, in order.
@@ -316,7 +336,7 @@ impl Executor for SimulatedExecutor {
             *count += 1;
             *count - 1
         };
-        let behaviour = self.script.behaviour(&launch.task, launch.job_cookie, attempt).clone();
+        let (duration, end) = self.script.draw(launch.job, &launch.task, launch.job_cookie, attempt);
         let event = |kind| ProcessEvent {
             at: Instant::now(),
             node: request.node.clone(),
@@ -327,21 +347,17 @@ impl Executor for SimulatedExecutor {
             gang_rank: launch.gang_rank,
             kind,
         };
-        if let End::StartFailure(message) = &behaviour.end {
+        if let End::StartFailure(message) = &end {
             self.log.push(event(ProcessEventKind::StartFailed));
             return Err(ExecutorError(message.clone()));
         }
-        let mut rng = ChaCha8Rng::seed_from_u64(self.script.seed);
-        rng.set_stream(job_stream(launch.job));
-        let (low, high) = behaviour.duration;
-        let duration = if high > low { rng.random_range(low..=high) } else { low };
         self.log.push(event(ProcessEventKind::Started));
         let (handle, mut control) = process_pair();
         let log = self.log.clone();
         let exited = event(ProcessEventKind::Killed);
         tokio::spawn(async move {
             let run = async {
-                match behaviour.end {
+                match end {
                     End::Exit(code) => {
                         tokio::time::sleep(duration).await;
                         code

@@ -11,11 +11,15 @@
 //! 5. run the simulator's checkers ([`RunReport::judge`]) and write the history and the fault log to the run's
 //!    directory; drop the schema unless kept.
 
-use super::links::{Links, links_of};
+use super::gang;
+use super::jobs::{self, AgentRecord, RecordLog, RecordedEnd};
+use super::links::{Links, base_mode, links_of};
 use super::{RealFault, real_fault};
+use crate::gang::model::KIND_NODE;
 use crate::sim::faults::schedule;
-use crate::sim::run::Outcome;
-use crate::sim::trace::Trace;
+use crate::sim::gang::{agent_name, is_gang_row};
+use crate::sim::run::{Outcome, unfinished_operations};
+use crate::sim::trace::{Trace, TraceEvent};
 use crate::sim::workload::{self, ClientReport, WorkloadSpec};
 use crate::sim::{Fault, RunReport, Scenario, ScenarioFile, rng};
 use crate::store::{NewRow, PgOptions, PgStore, Row, RowId, Store, StoreError};
@@ -32,6 +36,14 @@ use tokio::time::Instant;
 
 /// How often the harness reads the rows while it waits for them to become final.
 const CONVERGENCE_POLL: Duration = Duration::from_millis(500);
+
+/// Longest the harness waits for a SIGKILLed agent's job shells to die with it (the kernel's `PR_SET_PDEATHSIG`
+/// acts at once; this only bounds a wait on a loaded machine).
+const PROCESS_DEATH_WAIT_MAX: Duration = Duration::from_secs(2);
+
+/// How long a paused agent runs before its jobs continue (`agent-pause`): time to fence, if its node lease ran
+/// out while it slept, before its jobs could run beside their replacements.
+const AGENT_WAKE_BEFORE_JOBS: Duration = Duration::from_millis(1000);
 
 /// Attempts of one harness insert before the run fails (the harness's own session is never faulted, apart from
 /// a server that really goes away).
@@ -98,9 +110,9 @@ fn runtime(message: impl Into<String>) -> ChaosError {
 pub async fn run(mut options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
     let file = ScenarioFile::load(&options.scenario).map_err(|error| usage(error.to_string()))?;
     let scenario = file.scenario.clone();
-    if scenario.gang.is_some() {
+    if scenario.gang.is_some() && scenario.workload.rows_max > 0 {
         return Err(usage(format!(
-            "{}: gang scenarios (agents, operations) are not yet run by `lockstep chaos run`: row scenarios only",
+            "{}: a gang scenario with a row workload is not run by `lockstep chaos run` yet: give it one or the other",
             options.scenario.display()
         )));
     }
@@ -110,10 +122,15 @@ pub async fn run(mut options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
     // A planted bug of the scenario file runs as in the simulator, or the run is refused: never ignored, or a
     // user would read a pass as the checkers missing it.
     let mutation = &scenario.mutation;
-    if mutation.gang_gate_disabled || mutation.agent_drift_beyond_margin {
+    if mutation.gang_gate_disabled {
         return Err(usage(format!(
-            "{}: [mutation] gang_gate_disabled and agent_drift_beyond_margin need gang scenarios, which `lockstep \
-             chaos run` does not run yet",
+            "{}: [mutation] gang_gate_disabled has no real form here yet (`lockstep serve` has no switch that plants              it)",
+            options.scenario.display()
+        )));
+    }
+    if mutation.agent_drift_beyond_margin {
+        return Err(usage(format!(
+            "{}: [mutation] agent_drift_beyond_margin needs agent clock drift, which is not possible on real              processes",
             options.scenario.display()
         )));
     }
@@ -131,10 +148,11 @@ pub async fn run(mut options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
     std::fs::create_dir_all(&dir).map_err(|e| usage(format!("--out {}: {e}", dir.display())))?;
     // The proxies first: a URL they cannot serve is refused before the run's schema exists.
     let (upstream, rewrite) = proxied_url(&options.database_url).await?;
-    let links = Links::start(scenario.replicas, upstream, seed)
+    let nodes = scenario.replicas + scenario.agents();
+    let links = Links::start(nodes, upstream, seed, base_mode(&scenario.net_latency))
         .await
         .map_err(|e| runtime(format!("the chaos proxies cannot listen: {e}")))?;
-    let urls = (0..scenario.replicas).map(|index| rewrite(links.proxy(index).local_addr())).collect();
+    let urls = (0..nodes).map(|index| rewrite(links.proxy(index).local_addr())).collect();
     let mut store_options = PgOptions::new(options.database_url.clone());
     store_options.schema = schema.clone();
     store_options.application_name = format!("lockstep chaos {schema}");
@@ -151,15 +169,16 @@ pub async fn run(mut options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
     })?;
     let world = World {
         options: options.clone(),
+        scenario: Arc::new(scenario.clone()),
         schema: schema.clone(),
         dir: dir.clone(),
         seed,
-        replicas: Mutex::default(),
+        nodes: Mutex::default(),
         links,
         urls,
     };
     let world = Arc::new(world);
-    let outcome = world.clone().run(&scenario, &store, faults).await;
+    let outcome = world.clone().run(&store, faults).await;
     world.stop_all().await;
     let (outcome, trace, wall) = match outcome {
         Ok(done) => done,
@@ -169,7 +188,7 @@ pub async fn run(mut options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
         }
     };
     write_history(&dir, &outcome, &trace);
-    let mut report = RunReport { wall, simulated: wall, trace: trace.events(), ..RunReport::empty(&scenario, seed) };
+    let mut report = RunReport { wall, simulated: wall, trace, ..RunReport::empty(&scenario, seed) };
     report.judge(&scenario, outcome);
     if !options.keep {
         drop_schema(&options, &schema).await;
@@ -191,9 +210,10 @@ type Planned = Vec<(Duration, RealFault)>;
 fn plan(scenario: &Scenario, seed: u64, options: &ChaosOptions) -> Result<(Planned, Vec<String>), ChaosError> {
     let mut faults = Vec::new();
     let mut refused = Vec::new();
-    for event in schedule(&scenario.faults, seed, scenario.replicas, 0, 0) {
+    let rate_min = scenario.gang.as_ref().map_or(0, |gang| gang.agent_rate_min_ppm());
+    for event in schedule(&scenario.faults, seed, scenario.replicas, scenario.agents(), rate_min) {
         let real = real_fault(&event.fault, true).and_then(|fault| match &fault {
-            RealFault::Network(network) => links_of(network, scenario.replicas).map(|_| fault),
+            RealFault::Network(network) => links_of(network, scenario.replicas, scenario.agents()).map(|_| fault),
             _ => Ok(fault),
         });
         match real {
@@ -215,6 +235,8 @@ fn scale(fault: RealFault, by: f64) -> RealFault {
     match fault {
         RealFault::Kill { replica, down } => RealFault::Kill { replica, down: down.mul_f64(by) },
         RealFault::Pause { replica, span } => RealFault::Pause { replica, span: span.mul_f64(by) },
+        RealFault::AgentKill { agent, down } => RealFault::AgentKill { agent, down: down.mul_f64(by) },
+        RealFault::AgentPause { agent, span } => RealFault::AgentPause { agent, span: span.mul_f64(by) },
         RealFault::Network(fault) => RealFault::Network(match fault {
             Fault::Partition { a, b, span } => Fault::Partition { a, b, span: span.mul_f64(by) },
             Fault::Isolate { node, span } => Fault::Isolate { node, span: span.mul_f64(by) },
@@ -254,66 +276,87 @@ async fn proxied_url(url: &str) -> Result<(SocketAddr, impl Fn(SocketAddr) -> St
     Ok((upstream, rewrite))
 }
 
-/// One replica process and what a fault did to it.
+/// One node process (a replica or an agent) and what a fault did to it.
 #[derive(Default)]
-struct Replica {
+struct Node {
     child: Option<Child>,
     paused: bool,
-    /// Processes started for this replica (the first and every restart).
+    /// Processes started for this node (the first and every restart).
     starts: u32,
 }
 
 struct World {
     options: ChaosOptions,
+    scenario: Arc<Scenario>,
     schema: String,
     dir: PathBuf,
     seed: u64,
-    replicas: Mutex<Vec<Replica>>,
-    /// One chaos proxy per replica: its link to PostgreSQL.
+    /// Replicas first, then agents (agent `i` is node `replicas + i`).
+    nodes: Mutex<Vec<Node>>,
+    /// One chaos proxy per node: its link to PostgreSQL.
     links: Links,
-    /// Replica `i`'s database URL: its proxy's listener.
+    /// Node `i`'s database URL: its proxy's listener.
     urls: Vec<String>,
 }
 
 impl World {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Replica>> {
-        self.replicas.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Node>> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn replicas(&self) -> usize {
+        self.scenario.replicas
+    }
+
+    /// The node's name in traces: `replica-{i}` or `agent-{i}`.
+    fn node_name(&self, index: usize) -> Arc<str> {
+        match index.checked_sub(self.replicas()) {
+            None => Arc::from(format!("replica-{index}")),
+            Some(agent) => Arc::from(agent_name(agent)),
+        }
     }
 
     fn replica_name(&self, index: usize) -> String {
         format!("{}-replica-{index}", self.schema)
     }
 
-    /// Starts a process for replica `index` (its log appended to `replica-{index}.log`).
+    /// The PostgreSQL application_name of node `index`'s sessions (scoped to the run's schema).
+    fn application_name(&self, index: usize) -> String {
+        match index.checked_sub(self.replicas()) {
+            None => format!("lockstep serve {}", self.replica_name(index)),
+            Some(agent) => format!("lockstep agent {}-agent-{agent}", self.schema),
+        }
+    }
+
+    /// Agent `agent`'s record file.
+    fn records_path(&self, agent: usize) -> PathBuf {
+        self.dir.join(format!("agent-{agent}.records"))
+    }
+
+    /// Starts a process for node `index` (its log appended to `replica-{i}.log` or `agent-{i}.log`).
     fn start(&self, index: usize) -> Result<(), ChaosError> {
+        let name = self.node_name(index);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.join(format!("replica-{index}.log")))
-            .map_err(|e| runtime(format!("replica log: {e}")))?;
-        let err = log.try_clone().map_err(|e| runtime(format!("replica log: {e}")))?;
+            .open(self.dir.join(format!("{name}.log")))
+            .map_err(|e| runtime(format!("{name} log: {e}")))?;
+        let err = log.try_clone().map_err(|e| runtime(format!("{name} log: {e}")))?;
         let mut command = Command::new(&self.options.exe);
+        match index.checked_sub(self.replicas()) {
+            None => self.replica_command(&mut command, index),
+            Some(agent) => self.agent_command(&mut command, agent),
+        }
         command
-            .arg("serve")
             .arg("--schema")
             .arg(&self.schema)
-            .arg("--replica")
-            .arg(self.replica_name(index))
-            .arg("--chaos-rows")
-            .arg(&self.options.scenario)
-            .arg("--chaos-seed")
-            .arg(self.seed.to_string())
-            .arg("--chaos-history")
             .env("DATABASE_URL", &self.urls[index])
             .env("RUST_LOG", std::env::var("LOCKSTEP_CHAOS_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)
             .kill_on_drop(true);
-        if self.options.apply_guard_off {
-            command.arg("--chaos-apply-guard-off");
-        }
-        // A replica must not outlive the harness (a harness ended by Ctrl-C or SIGKILL would leave it running on
+        // A node must not outlive the harness (a harness ended by Ctrl-C or SIGKILL would leave it running on
         // the schema): the kernel SIGKILLs it when the harness's thread that started it ends.
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
@@ -326,19 +369,69 @@ impl World {
         }
         let child =
             command.spawn().map_err(|e| runtime(format!("cannot start {}: {e}", self.options.exe.display())))?;
-        let mut replicas = self.lock();
-        if replicas.len() <= index {
-            replicas.resize_with(index + 1, Replica::default);
+        let mut nodes = self.lock();
+        if nodes.len() <= index {
+            nodes.resize_with(index + 1, Node::default);
         }
-        replicas[index].child = Some(child);
-        replicas[index].paused = false;
-        replicas[index].starts += 1;
+        nodes[index].child = Some(child);
+        nodes[index].paused = false;
+        nodes[index].starts += 1;
         Ok(())
     }
 
+    /// `lockstep serve`: the row workload's pipelines (hidden mode), or the gang controller with the scenario's
+    /// `[controller]` settings.
+    fn replica_command(&self, command: &mut Command, index: usize) {
+        command.arg("serve").arg("--replica").arg(self.replica_name(index)).arg("--chaos-history");
+        match &self.scenario.gang {
+            None => {
+                command.arg("--chaos-rows").arg(&self.options.scenario).arg("--chaos-seed").arg(self.seed.to_string());
+            }
+            Some(gang) => {
+                let c = &gang.controller;
+                let ms = |d: Duration| format!("{}ms", d.as_millis());
+                command
+                    .args(["--workers", &c.workers.to_string(), "--lease-ttl", &ms(c.lease_ttl)])
+                    .args(["--lease-margin", &ms(c.lease_margin)])
+                    .args(["--min-processing-interval", &ms(c.min_processing_interval)])
+                    .args(["--gang-placement", c.gang_placement.as_str()])
+                    .args(["--gang-unfit-timeout", &ms(c.gang_unfit_timeout)]);
+            }
+        }
+        if self.options.apply_guard_off {
+            command.arg("--chaos-apply-guard-off");
+        }
+    }
+
+    /// `lockstep agent` on its own work dir (`agent-{i}/` in the run's directory; the same after a restart, so
+    /// the restarted agent ends what its predecessor's jobs left), with the scenario's `[agent]` settings and
+    /// jobs.
+    fn agent_command(&self, command: &mut Command, agent: usize) {
+        let gang = self.scenario.gang.as_ref().expect("agents run only in gang scenarios");
+        let a = &gang.agent;
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        command
+            .arg("agent")
+            .args(["--node", &agent_name(agent), "--slots", &gang.slots.to_string()])
+            .arg("--work-dir")
+            .arg(self.dir.join(agent_name(agent)))
+            .args(["--lease-ttl", &ms(a.lease_ttl), "--lease-margin", &ms(a.lease_margin)])
+            .args(["--heartbeat-trigger", &ms(a.heartbeat_trigger), "--poll-interval", &ms(a.poll_interval)])
+            .arg("--chaos-jobs")
+            .arg(&self.options.scenario)
+            .args(["--chaos-seed", &self.seed.to_string()])
+            .arg("--chaos-records")
+            .arg(self.records_path(agent))
+            .arg("--chaos-attempts")
+            .arg(self.dir.join("attempts"))
+            .args(["--chaos-time-scale", &self.options.time_scale.to_string()])
+            .args(["--chaos-name", &self.application_name(self.replicas() + agent)])
+            .arg("--chaos-history");
+    }
+
     fn signal(&self, index: usize, signal: libc::c_int) -> bool {
-        let replicas = self.lock();
-        let Some(pid) = replicas.get(index).and_then(|r| r.child.as_ref()).and_then(Child::id) else { return false };
+        let nodes = self.lock();
+        let Some(pid) = nodes.get(index).and_then(|r| r.child.as_ref()).and_then(Child::id) else { return false };
         // SAFETY: kill(2) on the pid of a child this harness started and has not reaped.
         unsafe { libc::kill(pid as libc::pid_t, signal) == 0 }
     }
@@ -351,40 +444,53 @@ impl World {
         }
     }
 
+    /// Whether node `index` runs and is not paused (a kill or a pause may act on it).
+    fn free(&self, index: usize) -> bool {
+        self.lock().get(index).is_some_and(|r| r.child.is_some() && !r.paused)
+    }
+
     async fn inject(self: Arc<Self>, fault: RealFault, store: PgStore, trace: Trace, client: Arc<Client>) {
         match fault {
-            RealFault::Kill { replica, down } => {
-                if self.lock().get(replica).is_none_or(|r| r.child.is_none() || r.paused) {
-                    trace.record(&Arc::from(format!("replica-{replica}")), "skipped", "kill: busy");
+            RealFault::Kill { replica: index, down } | RealFault::AgentKill { agent: index, down } => {
+                let index = if matches!(fault, RealFault::AgentKill { .. }) { self.replicas() + index } else { index };
+                let node = self.node_name(index);
+                if !self.free(index) {
+                    trace.record(&node, "skipped", "kill: busy");
                     return;
                 }
-                trace.record(&Arc::from(format!("replica-{replica}")), "kill", format!("down={down:?}"));
-                self.kill(replica).await;
+                trace.record(&node, "kill", format!("down={down:?}"));
+                self.kill(index).await;
+                if let Some(agent) = index.checked_sub(self.replicas()) {
+                    self.jobs_died_with(agent, &trace).await;
+                }
                 tokio::time::sleep(down).await;
-                trace.record(&Arc::from(format!("replica-{replica}")), "restart", "");
-                if let Err(error) = self.start(replica) {
-                    trace.record(&Arc::from(format!("replica-{replica}")), "restart-failed", error.message);
+                trace.record(&node, "restart", "");
+                if let Err(error) = self.start(index) {
+                    trace.record(&node, "restart-failed", error.message);
                 }
             }
-            RealFault::Pause { replica, span } => {
-                if self.lock().get(replica).is_none_or(|r| r.child.is_none() || r.paused) {
-                    trace.record(&Arc::from(format!("replica-{replica}")), "skipped", "pause: busy");
+            RealFault::Pause { replica: index, span } | RealFault::AgentPause { agent: index, span } => {
+                let index = if matches!(fault, RealFault::AgentPause { .. }) { self.replicas() + index } else { index };
+                let node = self.node_name(index);
+                if !self.free(index) {
+                    trace.record(&node, "skipped", "pause: busy");
                     return;
                 }
-                trace.record(&Arc::from(format!("replica-{replica}")), "pause", format!("span={span:?}"));
-                self.lock()[replica].paused = true;
-                self.signal(replica, libc::SIGSTOP);
+                trace.record(&node, "pause", format!("span={span:?}"));
+                self.lock()[index].paused = true;
+                self.signal(index, libc::SIGSTOP);
+                if let Some(agent) = index.checked_sub(self.replicas()) {
+                    self.pause_jobs(agent);
+                }
                 tokio::time::sleep(span).await;
-                self.signal(replica, libc::SIGCONT);
-                self.lock()[replica].paused = false;
-                trace.record(&Arc::from(format!("replica-{replica}")), "resume", "");
+                self.resume(index).await;
+                trace.record(&node, "resume", "");
             }
             RealFault::DbRestart => {
                 let mut ended = 0;
                 let count = self.lock().len();
                 for index in 0..count {
-                    let name = format!("lockstep serve {}", self.replica_name(index));
-                    ended += store.terminate_sessions(&name).await.unwrap_or(0);
+                    ended += store.terminate_sessions(&self.application_name(index)).await.unwrap_or(0);
                 }
                 trace.record(&Arc::from("db"), "kill", format!("sessions={ended}"));
             }
@@ -393,9 +499,10 @@ impl World {
                 client.burst(&store, claims).await;
             }
             RealFault::Network(fault) => {
-                let Ok(plan) = links_of(&fault, self.urls.len()) else { return };
+                let agents = self.urls.len() - self.replicas();
+                let Ok(plan) = links_of(&fault, self.replicas(), agents) else { return };
                 let node: Arc<str> = match plan.replicas.as_slice() {
-                    [one] => Arc::from(format!("replica-{one}")),
+                    [one] => self.node_name(*one),
                     _ => Arc::from("world"),
                 };
                 let kind = match fault {
@@ -419,45 +526,106 @@ impl World {
         }
     }
 
-    /// Heal: every paused replica continues, every killed one runs again.
-    fn heal(&self, trace: &Trace) -> Result<(), ChaosError> {
+    /// After agent `agent` was SIGKILLed: its job shells die with it (`PR_SET_PDEATHSIG`). Waits (a bounded while)
+    /// until each process its record lists as running is gone, and records its end, since the dead agent cannot.
+    /// A process still alive past the bound gets no end: the gang checkers then see it run on.
+    async fn jobs_died_with(&self, agent: usize, trace: &Trace) {
+        let path = self.records_path(agent);
+        let records = match RecordLog::read(&path) {
+            Ok(records) => records,
+            Err(error) => {
+                trace.record(&self.node_name(self.replicas() + agent), "records-unreadable", error);
+                return;
+            }
+        };
+        let Ok(log) = RecordLog::open(&path) else { return };
+        for (job, pid) in jobs::unended(&records) {
+            let deadline = Instant::now() + PROCESS_DEATH_WAIT_MAX;
+            let gone = loop {
+                let gone = pid.is_none_or(|pid| !process_alive(pid));
+                if gone || Instant::now() >= deadline {
+                    break gone;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            if gone {
+                log.append(&AgentRecord::End { at_us: jobs::wall_now_us(), job, end: RecordedEnd::DiedWithAgent });
+            }
+        }
+    }
+
+    /// Freezes the process groups of agent `agent`'s running jobs (each job shell leads its own session and
+    /// group) and records their pause: the machine of a paused agent stops as a whole.
+    fn pause_jobs(&self, agent: usize) {
+        let path = self.records_path(agent);
+        let (Ok(records), Ok(log)) = (RecordLog::read(&path), RecordLog::open(&path)) else { return };
+        for (job, pid) in jobs::unended(&records) {
+            let Some(pid) = pid else { continue };
+            // SAFETY: kill(2) of a process group, the job shell's (it called setsid).
+            unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGSTOP) };
+            log.append(&AgentRecord::Pause { at_us: jobs::wall_now_us(), job });
+        }
+    }
+
+    /// SIGCONT node `index`; for an agent, a moment later its jobs too (those it did not kill on waking: an agent
+    /// whose node lease ran out while it slept fences first, killing them frozen).
+    async fn resume(&self, index: usize) {
+        self.signal(index, libc::SIGCONT);
+        if let Some(agent) = index.checked_sub(self.replicas()) {
+            tokio::time::sleep(AGENT_WAKE_BEFORE_JOBS).await;
+            let path = self.records_path(agent);
+            if let (Ok(records), Ok(log)) = (RecordLog::read(&path), RecordLog::open(&path)) {
+                for (job, pid) in jobs::unended(&records) {
+                    let Some(pid) = pid else { continue };
+                    log.append(&AgentRecord::Resume { at_us: jobs::wall_now_us(), job });
+                    // SAFETY: kill(2) of the job shell's process group.
+                    unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGCONT) };
+                }
+            }
+        }
+        if let Some(node) = self.lock().get_mut(index) {
+            node.paused = false;
+        }
+    }
+
+    /// Heal: every paused node continues, every killed one runs again.
+    async fn heal(&self, trace: &Trace) -> Result<(), ChaosError> {
         let count = self.lock().len();
         for index in 0..count {
             let (paused, dead) = {
-                let replicas = self.lock();
-                (replicas[index].paused, replicas[index].child.is_none())
+                let nodes = self.lock();
+                (nodes[index].paused, nodes[index].child.is_none())
             };
             if paused {
-                self.signal(index, libc::SIGCONT);
-                self.lock()[index].paused = false;
+                self.resume(index).await;
             }
             if dead {
-                trace.record(&Arc::from(format!("replica-{index}")), "restart", "heal");
+                trace.record(&self.node_name(index), "restart", "heal");
                 self.start(index)?;
             }
         }
         Ok(())
     }
 
-    /// SIGTERM every replica and waits for each to drain and exit, within `budget`.
-    async fn drain(&self, budget: Duration) -> Result<(), String> {
-        let count = self.lock().len();
-        for index in 0..count {
+    /// SIGTERM nodes `indexes` and waits for each to stop and exit, within `budget`.
+    async fn drain(&self, indexes: std::ops::Range<usize>, budget: Duration) -> Result<(), String> {
+        for index in indexes.clone() {
             self.signal(index, libc::SIGCONT);
             self.signal(index, libc::SIGTERM);
         }
         let deadline = Instant::now() + budget;
         let mut broken = Vec::new();
-        for index in 0..count {
-            let child = self.lock()[index].child.take();
+        for index in indexes {
+            let node = self.node_name(index);
+            let child = self.lock().get_mut(index).and_then(|node| node.child.take());
             let Some(mut child) = child else { continue };
             match tokio::time::timeout_at(deadline, child.wait()).await {
                 Ok(Ok(status)) if status.success() => {}
-                Ok(Ok(status)) => broken.push(format!("replica-{index} ended with {status}")),
-                Ok(Err(error)) => broken.push(format!("replica-{index}: {error}")),
+                Ok(Ok(status)) => broken.push(format!("{node} ended with {status}")),
+                Ok(Err(error)) => broken.push(format!("{node}: {error}")),
                 Err(_) => {
                     let _ = child.start_kill();
-                    broken.push(format!("replica-{index} did not drain within {budget:?}"));
+                    broken.push(format!("{node} did not drain within {budget:?}"));
                 }
             }
         }
@@ -472,16 +640,21 @@ impl World {
         }
     }
 
-    /// Phases 1–4: returns what the checkers judge, the fault trace and the wall time.
+    /// Phases 1–4: returns what the checkers judge, the trace and the wall time.
     async fn run(
         self: Arc<Self>,
-        scenario: &Scenario,
         store: &PgStore,
         faults: Vec<(Duration, RealFault)>,
-    ) -> Result<(Outcome, Trace, Duration), ChaosError> {
-        let started = Instant::now();
+    ) -> Result<(Outcome, Vec<TraceEvent>, Duration), ChaosError> {
+        let scenario = self.scenario.clone();
+        let now = |store: &PgStore| {
+            let store = store.clone();
+            async move { store.now().await.map_err(|e| runtime(format!("PostgreSQL: {e}"))) }
+        };
+        let origin = gang::Origin { local: Instant::now(), wall_us: jobs::wall_now_us(), db: now(store).await? };
+        let started = origin.local;
         let trace = Trace::new();
-        for index in 0..scenario.replicas {
+        for index in 0..self.urls.len() {
             self.start(index)?;
         }
         let spec = scaled(&scenario.workload, self.options.time_scale);
@@ -489,6 +662,11 @@ impl World {
         let insert = tokio::spawn({
             let (client, store) = (client.clone(), store.clone());
             async move { client.run(&store).await }
+        });
+        let gang_client = scenario.gang.clone().map(|gang| {
+            let client = gang::GangClient::new(gang, self.options.time_scale, trace.clone());
+            let store = store.clone();
+            tokio::spawn(async move { client.run(&store, started).await })
         });
         let mut tasks = Vec::new();
         for (at, fault) in faults {
@@ -499,48 +677,82 @@ impl World {
             }));
         }
         let inserted = insert.await.map_err(|e| runtime(format!("the workload client failed: {e}")))??;
-        let heal_at = scenario.faults.until.max(scenario.workload.span).mul_f64(self.options.time_scale);
+        let submitted = match gang_client {
+            Some(task) => task.await.map_err(|e| runtime(format!("the gang client failed: {e}")))??,
+            None => Vec::new(),
+        };
+        let heal_at = scenario.heal_at().mul_f64(self.options.time_scale);
         tokio::time::sleep_until(started + heal_at).await;
         for task in &tasks {
             task.abort();
         }
         self.links.heal();
-        self.heal(&trace)?;
+        self.heal(&trace).await?;
         trace.record(&Arc::from("world"), "heal", "");
-        let now = |store: &PgStore| {
-            let store = store.clone();
-            async move { store.now().await.map_err(|e| runtime(format!("PostgreSQL: {e}"))) }
-        };
         let heal_at = now(store).await?;
         let deadline = Instant::now() + scenario.liveness_bound;
         let rows_at_liveness = loop {
             let rows = rows(store).await?;
-            if rows.iter().all(workload::is_terminal) || Instant::now() >= deadline {
+            if gang::converged(&rows) || Instant::now() >= deadline {
                 break rows;
             }
             tokio::time::sleep(CONVERGENCE_POLL).await;
         };
         let liveness_at = now(store).await?;
-        let drain = self.drain(scenario.drain_budget).await;
+        let unfinished = unfinished_operations(&rows_at_liveness);
+        let drain = self.drain(0..self.replicas(), scenario.drain_budget).await;
         tokio::time::sleep(scenario.lease_ttl_max() + Duration::from_secs(1)).await;
         let rows_final = rows(store).await?;
         let history = store.history().await.map_err(|e| runtime(format!("history: {e}")))?;
         let events = store.all_events().await.map_err(|e| runtime(format!("events: {e}")))?;
+        let final_at = now(store).await?;
+        let is_gang = scenario.gang.is_some();
+        let (gang, gang_lines) = match is_gang {
+            false => (None, Vec::new()),
+            true => {
+                let records: Vec<Vec<AgentRecord>> = (0..self.urls.len() - self.replicas())
+                    .map(|agent| RecordLog::read(&self.records_path(agent)))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| runtime(format!("an agent's record: {e}")))?;
+                let outcome = gang::outcome(store, &submitted, unfinished, &records, &origin).await?;
+                let names = (0..self.urls.len()).map(|index| (self.application_name(index), self.node_name(index)));
+                let mut names: std::collections::BTreeMap<String, Arc<str>> = names.collect();
+                names.insert(format!("lockstep chaos {}", self.schema), Arc::from("client"));
+                let lines = gang::trace_lines(&history, &events, &rows_final, &records, &origin, names);
+                (Some(outcome), lines)
+            }
+        };
+        // Agents never drain in the simulator; here they stop (SIGTERM: their jobs, if any, are killed) once
+        // everything is read.
+        let agents = self.replicas()..self.urls.len();
+        let _ = self.drain(agents, scenario.drain_budget).await;
+        let mut lines = trace.events();
+        lines.extend(gang_lines);
+        lines.sort_by_key(|line| line.at);
         let outcome = Outcome {
             history,
             events,
-            rows_at_liveness,
-            rows_final,
+            rows_at_liveness: rows_at_liveness.into_iter().filter(|row| !(is_gang && is_gang_row(row))).collect(),
+            rows_final: rows_final.into_iter().filter(|row| !(is_gang && row.kind == KIND_NODE)).collect(),
             heal_at,
             liveness_at,
-            final_at: now(store).await?,
+            final_at,
             keyed_rows: inserted.rows(),
             client: inserted,
             drain,
-            gang: None,
+            gang,
             effects: Vec::new(),
         };
-        Ok((outcome, trace, started.elapsed()))
+        Ok((outcome, lines, started.elapsed()))
+    }
+}
+
+/// Whether process `pid` still runs (a zombie does not: it only waits to be reaped).
+fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        // The state follows the command's closing parenthesis: `pid (comm) S …`.
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
     }
 }
 
@@ -668,10 +880,12 @@ async fn insert(store: &PgStore, row: NewRow) -> Result<Row, ChaosError> {
 
 /// Writes the recorded history and the fault log to the run's directory (kept for reading after the schema is
 /// dropped).
-fn write_history(dir: &std::path::Path, outcome: &Outcome, trace: &Trace) {
+fn write_history(dir: &std::path::Path, outcome: &Outcome, trace: &[TraceEvent]) {
     let history: String = outcome.history.iter().map(|commit| format!("{commit}\n")).collect();
-    let faults: String = trace.events().iter().map(|event| format!("{event}\n")).collect();
-    for (name, text) in [("history.txt", history), ("faults.txt", faults)] {
+    let faults: String =
+        trace.iter().filter(|event| !gang::RECORDED_KINDS.contains(&event.kind)).map(|e| format!("{e}\n")).collect();
+    let whole: String = trace.iter().map(|event| format!("{event}\n")).collect();
+    for (name, text) in [("history.txt", history), ("faults.txt", faults), ("trace.txt", whole)] {
         if let Err(error) = std::fs::write(dir.join(name), text) {
             eprintln!("lockstep chaos: cannot write {}: {error}", dir.join(name).display());
         }

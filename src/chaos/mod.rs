@@ -2,10 +2,12 @@
 //! recorded history and the simulator's checkers (issue 15). Normal build only.
 //!
 //! - **World**: the scenario's replicas are child processes (`lockstep serve`, with the hidden row-workload mode
-//!   running the simulator's own handlers on the unchanged engine) on a fresh schema, dropped at the end unless
-//!   kept. The harness is the workload client.
+//!   running the simulator's own handlers on the unchanged engine, or the gang controller as in real mode) on a
+//!   fresh schema, dropped at the end unless kept; a gang scenario's agents are `lockstep agent` child processes
+//!   running the scenario's jobs as real processes ([`jobs`]). The harness is the workload client and submits
+//!   the gang operations.
 //! - **Faults** ([`RealFault`]): `kill` is SIGKILL and a new process after `down`; `pause` is SIGSTOP and SIGCONT
-//!   after `span`; `db-restart` ends every session of this run's schema (`pg_terminate_backend`); `contention`
+//!   after `span`; `agent-kill` and `agent-pause` the same for an agent (a paused agent's jobs stop with it); `db-restart` ends every session of this run's schema (`pg_terminate_backend`); `contention`
 //!   inserts its burst of claims as the simulator's client does. The network faults run on the chaos proxies
 //!   ([`links`]: one per replica, a [`NetworkFaults`] implementation); clock drift and buggify have no real form
 //!   and are refused with the reason.
@@ -15,7 +17,9 @@
 //!   ([`PgOptions::history`](crate::store::PgOptions::history)); the harness reads it, the events and the rows,
 //!   and runs the simulator's checkers on them ([`crate::sim::run::check`]): one checker path for both.
 
+pub mod gang;
 mod harness;
+pub mod jobs;
 pub mod links;
 pub mod proxy;
 
@@ -35,6 +39,11 @@ pub enum RealFault {
     DbRestart,
     /// The harness inserts `claims` claims on resource 0 at once.
     Contention { claims: usize },
+    /// SIGKILL agent `agent` (its job shells die with it), start a new process on the same work dir after `down`
+    /// (its restart cleanup ends what the jobs left).
+    AgentKill { agent: usize, down: Duration },
+    /// SIGSTOP agent `agent` and its jobs' process groups (the machine freezes), SIGCONT after `span`.
+    AgentPause { agent: usize, span: Duration },
     /// A network fault: injected by a [`NetworkFaults`] (the chaos proxy) when there is one.
     Network(Fault),
 }
@@ -70,9 +79,8 @@ pub fn real_fault(fault: &Fault, network: bool) -> Result<RealFault, String> {
         Fault::Buggify { .. } => {
             Err(format!("{fault}: not possible on real processes (buggify points exist only in the simulator build)"))
         }
-        Fault::AgentKill { .. } | Fault::AgentPause { .. } => {
-            Err(format!("{fault}: agents are not yet run by `lockstep chaos run` (row scenarios only)"))
-        }
+        Fault::AgentKill { agent, down } => Ok(RealFault::AgentKill { agent: *agent, down: *down }),
+        Fault::AgentPause { agent, span } => Ok(RealFault::AgentPause { agent: *agent, span: *span }),
     }
 }
 
@@ -89,5 +97,9 @@ mod tests {
         let cut = Fault::Isolate { node: crate::sim::Target::Replica(0), span: Duration::from_secs(1) };
         assert!(real_fault(&cut, false).unwrap_err().contains("needs the chaos proxy"));
         assert!(matches!(real_fault(&cut, true), Ok(RealFault::Network(_))));
+        let agent = Fault::AgentKill { agent: 2, down: Duration::from_secs(5) };
+        assert_eq!(real_fault(&agent, false), Ok(RealFault::AgentKill { agent: 2, down: Duration::from_secs(5) }));
+        let drift = Fault::AgentClockDrift { agent: 0, rate_ppm: 990_000, span: Duration::from_secs(1) };
+        assert!(real_fault(&drift, true).unwrap_err().contains("not possible on real processes"));
     }
 }

@@ -8,6 +8,8 @@
 use super::{Database, Failure, duration, lease_ttl, termination};
 use lockstep::agent::process::OsExecutor;
 use lockstep::agent::{Agent, AgentConfig};
+use lockstep::chaos::jobs::{ChaosExecutor, RecordLog};
+use lockstep::sim::ScenarioFile;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +50,36 @@ pub struct AgentArgs {
     /// Pause between passes when no new allocation wakes the agent (local clock).
     #[arg(long, value_parser = duration::parse, default_value = "1s")]
     pub poll_interval: Duration,
+    #[command(flatten)]
+    pub chaos: ChaosAgent,
+}
+
+/// Hidden flags of `agent` that `lockstep chaos run` starts its agents with (not for users).
+#[derive(clap::Args, Debug, Default)]
+pub struct ChaosAgent {
+    /// Run the jobs of this scenario file's `[jobs]` rules (`lockstep::chaos::jobs`) instead of the specs'
+    /// commands, recording every process start and end.
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub chaos_jobs: Option<PathBuf>,
+    /// The seed of the jobs' draws.
+    #[arg(long, hide = true, default_value_t = 1)]
+    pub chaos_seed: u64,
+    /// The agent's record file (appended, flushed to disk per record).
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub chaos_records: Option<PathBuf>,
+    /// The directory where every agent of the run counts job starts.
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub chaos_attempts: Option<PathBuf>,
+    /// Jobs' durations are multiplied by this.
+    #[arg(long, hide = true, default_value_t = 1.0)]
+    pub chaos_time_scale: f64,
+    /// PostgreSQL's application_name of the agent's sessions (the run's, so its faults end only its sessions).
+    #[arg(long, hide = true)]
+    pub chaos_name: Option<String>,
+    /// Record every lease write in the schema's history table (`PgOptions::history`), and bound every store call
+    /// (the chaos proxy leaves connections half-open).
+    #[arg(long, hide = true)]
+    pub chaos_history: bool,
 }
 
 impl AgentArgs {
@@ -97,9 +129,16 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
     let executor = OsExecutor::open(&args.work_dir, args.files_root.clone())
         .await
         .map_err(|error| Failure::usage(format!("--work-dir: {error}")))?;
+    let name = args.chaos.chaos_name.clone().unwrap_or_else(|| format!("lockstep agent {}", args.node));
+    let history = args.chaos.chaos_history;
     let store = Arc::new(
         args.database
-            .connect(&format!("lockstep agent {}", args.node), AGENT_CONNECTIONS, Some(args.lease_ttl))
+            .connect_tuned(&name, AGENT_CONNECTIONS, true, Some(args.lease_ttl), |options| {
+                if history {
+                    options.history = true;
+                    options.call_timeout = options.acquire_timeout + options.statement_timeout + Duration::from_secs(1);
+                }
+            })
             .await?,
     );
     tracing::info!(
@@ -110,16 +149,42 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         "agent started"
     );
     let node = config.name.clone();
-    let stop = Agent::new(store, executor, config)
-        .run_until(async {
-            let signal = termination().await;
-            tracing::info!(%node, signal, "stopping: no new jobs; running jobs are interrupted and reported");
-        })
-        .await;
+    let until = async {
+        let signal = termination().await;
+        tracing::info!(%node, signal, "stopping: no new jobs; running jobs are interrupted and reported");
+    };
+    let stop = match chaos_executor(&args.chaos, executor.clone())? {
+        Some((executor, records)) => {
+            Agent::new(store, executor, config).with_observer(records.pass_observer()).run_until(until).await
+        }
+        None => Agent::new(store, executor, config).run_until(until).await,
+    };
     if stop.unreported > 0 {
         tracing::warn!(unreported = stop.unreported, "some reports were not sent; the node lease expiry covers them");
     }
     Ok(())
+}
+
+/// The executor of a chaos agent (`--chaos-jobs`) and its record, or none for a real one.
+fn chaos_executor(chaos: &ChaosAgent, executor: OsExecutor) -> Result<Option<(ChaosExecutor, RecordLog)>, Failure> {
+    let Some(path) = &chaos.chaos_jobs else { return Ok(None) };
+    let file = ScenarioFile::load(path).map_err(|error| Failure::usage(format!("--chaos-jobs: {error}")))?;
+    let mut script = file
+        .scenario
+        .gang
+        .map(|gang| gang.jobs)
+        .ok_or_else(|| Failure::usage(format!("--chaos-jobs {}: the scenario has no gang part", path.display())))?;
+    script.seed = chaos.chaos_seed;
+    let need = |flag: &str, value: &Option<PathBuf>| {
+        value.clone().ok_or_else(|| Failure::usage(format!("--chaos-jobs needs {flag}")))
+    };
+    let records_path = need("--chaos-records", &chaos.chaos_records)?;
+    let attempts = need("--chaos-attempts", &chaos.chaos_attempts)?;
+    let records = RecordLog::open(&records_path)
+        .map_err(|error| Failure::usage(format!("--chaos-records {}: {error}", records_path.display())))?;
+    let executor = ChaosExecutor::new(executor, script, records.clone(), attempts.clone(), chaos.chaos_time_scale)
+        .map_err(|error| Failure::usage(format!("--chaos-attempts {}: {error}", attempts.display())))?;
+    Ok(Some((executor, records)))
 }
 
 #[cfg(test)]

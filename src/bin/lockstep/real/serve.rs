@@ -133,6 +133,11 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
             .connect_tuned(&format!("lockstep serve {name}"), connections, true, Some(config.lease_ttl), |options| {
                 options.history = history;
                 options.apply_guard_disabled_for_mutation_test = guard_off;
+                // Chaos mode: the replica reaches PostgreSQL through the chaos proxy, whose faults leave
+                // connections half-open: bound every call (above acquire + statement time-outs).
+                if history {
+                    options.call_timeout = options.acquire_timeout + options.statement_timeout + Duration::from_secs(1);
+                }
             })
             .await?,
     );
