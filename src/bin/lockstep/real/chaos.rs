@@ -3,7 +3,7 @@
 //! time and where the history is; exit codes as `sim run`: 0 passed, 1 a checker failed (or the world did), 2 bad
 //! input (a scenario or fault the harness refuses).
 
-use super::{DATABASE_URL_VAR, Failure, check_postgres_url};
+use super::{DATABASE_URL_VAR, Database, Failure};
 use lockstep::chaos::{ChaosOptions, run};
 use std::path::PathBuf;
 
@@ -20,9 +20,16 @@ pub enum ChaosCommand {
 pub struct ChaosRunArgs {
     /// The scenario file (TOML, as `sim run` takes).
     pub scenario: PathBuf,
-    /// PostgreSQL connection URL; a fresh schema of its database holds the run (dropped at the end).
-    #[arg(long, value_name = "URL", env = DATABASE_URL_VAR, hide_env_values = true)]
+    /// PostgreSQL connection URL; a fresh schema of its database holds the run (dropped at the end). Every local
+    /// user can read it in the process list while the run lasts: for a URL with a password, use
+    /// --database-url-file or the DATABASE_URL environment variable instead.
+    #[arg(long, value_name = "URL", conflicts_with = "database_url_file")]
     pub database_url: Option<String>,
+    /// A file holding the connection URL (white space around it is ignored), read at start, as `serve` and
+    /// `agent` take it: the URL does not show in the process list. The run's replicas and agents get their
+    /// proxies' URLs in their environment, never on their command lines.
+    #[arg(long, value_name = "PATH")]
+    pub database_url_file: Option<PathBuf>,
     /// The workload's seed (and the random fault processes'); default the file's first.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -50,11 +57,13 @@ pub struct ChaosRunArgs {
 /// Runs `command`; the exit code.
 pub async fn execute(command: ChaosCommand) -> Result<u8, Failure> {
     let ChaosCommand::Run(args) = command;
-    let url = args
-        .database_url
-        .clone()
-        .ok_or_else(|| Failure::usage(format!("no database URL: give --database-url URL or set {DATABASE_URL_VAR}")))?;
-    check_postgres_url(&url).map_err(|rule| Failure::usage(format!("--database-url: {rule}")))?;
+    // Real mode's rule: --database-url-file, else --database-url, else DATABASE_URL; checked to be PostgreSQL's.
+    let database = Database {
+        database_url: args.database_url.clone(),
+        database_url_file: args.database_url_file.clone(),
+        schema: String::new(),
+    };
+    let (url, _) = database.url(std::env::var(DATABASE_URL_VAR).ok())?;
     let exe = std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find this binary: {e}")))?;
     let options = ChaosOptions {
         scenario: args.scenario.clone(),
