@@ -205,6 +205,17 @@ fn a_database_url_the_server_refuses_is_bad_input() {
     assert!(text.contains("--database-url: ") && text.contains("lockstep_no_such_role"), "{text}");
 }
 
+/// The scenario file's `[mutation] gang_gate_disabled` is honoured on real processes: all-or-nothing gangs placed
+/// incrementally start their ranks a job apart, and `gang_ranks_together` fires on the agents' records.
+#[test]
+fn the_gang_gate_off_fires_gang_ranks_together_on_postgres() {
+    let (output, text) = chaos("gang-planted", &["tests/fixtures/chaos-gang-gate-planted.toml"]);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    assert!(text.contains("scenario chaos-gang-gate-planted seed 1: FAILED"), "{text}");
+    let fired = text.lines().any(|line| line.trim_start().starts_with("gang_ranks_together") && line.contains("FAIL"));
+    assert!(fired, "gang_ranks_together did not fire: {text}");
+}
+
 /// Runs a repository scenario (`scenarios/NAME.toml`) with `args` and asserts that every checker passed.
 fn repository_scenario_passes(name: &str, args: &[&str]) {
     let path = format!("scenarios/{name}.toml");

@@ -122,15 +122,9 @@ pub async fn run(mut options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
     // A planted bug of the scenario file runs as in the simulator, or the run is refused: never ignored, or a
     // user would read a pass as the checkers missing it.
     let mutation = &scenario.mutation;
-    if mutation.gang_gate_disabled {
-        return Err(usage(format!(
-            "{}: [mutation] gang_gate_disabled has no real form here yet (`lockstep serve` has no switch that plants              it)",
-            options.scenario.display()
-        )));
-    }
     if mutation.agent_drift_beyond_margin {
         return Err(usage(format!(
-            "{}: [mutation] agent_drift_beyond_margin needs agent clock drift, which is not possible on real              processes",
+            "{}: [mutation] agent_drift_beyond_margin needs agent clock drift, which is not possible on real processes",
             options.scenario.display()
         )));
     }

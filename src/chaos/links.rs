@@ -15,8 +15,8 @@
 //! Faults whose links do not exist here (between two nodes, which talk only through PostgreSQL; on the
 //! harness's client) are refused by [`links_of`]. A fault whose link is already faulted is skipped, as the
 //! simulator skips a fault whose slot is taken. A link's mode between faults is its *base*: bytes pass, or with a
-//! scenario's `[network] latency` above the simulator's default (ends past 10 ms), each chunk waits the middle
-//! of that range ([`base_mode`]).
+//! scenario's `[network] latency` above the simulator's default (ends past 10 ms), each chunk waits a quarter of
+//! the middle of that range ([`base_mode`]).
 
 use super::NetworkFaults;
 use super::proxy::{LinkFault, Proxy, ProxyHandle, ProxyOptions};
@@ -31,10 +31,18 @@ use std::time::Duration;
 /// simulator's default range (1–10 ms), which loopback TCP to a local PostgreSQL already is.
 pub const BASE_LATENCY_FLOOR: Duration = Duration::from_millis(10);
 
-/// A link's mode between faults for a scenario whose links take `latency`: a delay of its middle when its end
-/// is past [`BASE_LATENCY_FLOOR`], else bytes pass.
+/// Round trips of a recorded store call on PostgreSQL (`BEGIN`, its statement, its history record, `COMMIT`),
+/// where the simulator's store call is one round trip.
+pub const ROUND_TRIPS_PER_CALL: u32 = 4;
+
+/// A link's mode between faults for a scenario whose links take `latency` (one way, per message, in the
+/// simulator): when its end is past [`BASE_LATENCY_FLOOR`], each chunk waits the middle of the range divided by
+/// [`ROUND_TRIPS_PER_CALL`], so that a store call takes about the simulator's round trip; else bytes pass.
 pub fn base_mode(latency: &std::ops::Range<Duration>) -> LinkFault {
-    if latency.end > BASE_LATENCY_FLOOR { LinkFault::Delay((latency.start + latency.end) / 2) } else { LinkFault::Pass }
+    match latency.end > BASE_LATENCY_FLOOR {
+        true => LinkFault::Delay((latency.start + latency.end) / 2 / ROUND_TRIPS_PER_CALL),
+        false => LinkFault::Pass,
+    }
 }
 
 /// What one network fault does: the links it faults, the links' mode, and for how long.
@@ -208,7 +216,7 @@ mod tests {
     fn each_network_fault_becomes_its_link_mode_and_faults_without_a_link_are_refused() {
         assert_eq!(base_mode(&(Duration::from_millis(1)..Duration::from_millis(10))), LinkFault::Pass);
         let slow = Duration::from_millis(100)..Duration::from_millis(300);
-        assert_eq!(base_mode(&slow), LinkFault::Delay(Duration::from_millis(200)));
+        assert_eq!(base_mode(&slow), LinkFault::Delay(Duration::from_millis(50)));
         let span = Duration::from_secs(3);
         let cut = Fault::Partition { a: Target::Db, b: Target::Replica(1), span };
         assert_eq!(links_of(&cut, 2, 0), Ok(LinkPlan { replicas: vec![1], mode: LinkFault::Stall, span }));

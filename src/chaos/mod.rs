@@ -7,7 +7,8 @@
 //!   running the scenario's jobs as real processes ([`jobs`]). The harness is the workload client and submits
 //!   the gang operations.
 //! - **Faults** ([`RealFault`]): `kill` is SIGKILL and a new process after `down`; `pause` is SIGSTOP and SIGCONT
-//!   after `span`; `agent-kill` and `agent-pause` the same for an agent (a paused agent's jobs stop with it); `db-restart` ends every session of this run's schema (`pg_terminate_backend`); `contention`
+//!   after `span`; `agent-kill` and `agent-pause` the same for an agent (a paused agent's jobs stop with it);
+//!   `db-restart` ends every session of this run's schema (`pg_terminate_backend`); `contention`
 //!   inserts its burst of claims as the simulator's client does. The network faults run on the chaos proxies
 //!   ([`links`]: one per replica, a [`NetworkFaults`] implementation); clock drift and buggify have no real form
 //!   and are refused with the reason.

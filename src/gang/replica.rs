@@ -34,6 +34,9 @@ pub struct ReplicaConfig {
     /// An all-or-nothing incarnation needing more allocations than the live nodes offer fails after this long
     /// (store clock). Default [`UNFIT_TIMEOUT_DEFAULT`] (60 s).
     pub gang_unfit_timeout: Duration,
+    /// Mutation testing only (`lockstep chaos run`'s `[mutation] gang_gate_disabled`): all-or-nothing gangs are
+    /// placed incrementally ([`PlacementSettings::gate_disabled_for_mutation_test`]). Default false.
+    pub gang_gate_disabled_for_mutation_test: bool,
 }
 
 impl Default for ReplicaConfig {
@@ -48,6 +51,7 @@ impl Default for ReplicaConfig {
             seed: 0,
             gang_placement: GangPlacement::Incremental,
             gang_unfit_timeout: UNFIT_TIMEOUT_DEFAULT,
+            gang_gate_disabled_for_mutation_test: false,
         }
     }
 }
@@ -69,7 +73,7 @@ impl ReplicaConfig {
         PlacementSettings {
             default: self.gang_placement,
             unfit_timeout: self.gang_unfit_timeout,
-            ..PlacementSettings::default()
+            gate_disabled_for_mutation_test: self.gang_gate_disabled_for_mutation_test,
         }
     }
 

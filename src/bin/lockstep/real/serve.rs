@@ -67,6 +67,9 @@ pub struct ChaosServe {
     /// The planted bug: the guarded apply skips its token guard (mutation testing only).
     #[arg(long, hide = true)]
     pub chaos_apply_guard_off: bool,
+    /// The planted bug: all-or-nothing gangs are placed incrementally (mutation testing only).
+    #[arg(long, hide = true)]
+    pub chaos_gang_gate_off: bool,
 }
 
 impl ServeArgs {
@@ -81,6 +84,7 @@ impl ServeArgs {
             seed: u64::from(std::process::id()),
             gang_placement: self.gang_placement,
             gang_unfit_timeout: self.gang_unfit_timeout,
+            gang_gate_disabled_for_mutation_test: self.chaos.chaos_gang_gate_off,
         }
     }
 }
