@@ -395,6 +395,9 @@ impl World {
         if self.options.apply_guard_off {
             command.arg("--chaos-apply-guard-off");
         }
+        if self.scenario.gang.is_some() && self.scenario.mutation.gang_gate_disabled {
+            command.arg("--chaos-gang-gate-off");
+        }
     }
 
     /// `lockstep agent` on its own work dir (`agent-{i}/` in the run's directory; the same after a restart, so
