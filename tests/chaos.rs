@@ -206,8 +206,10 @@ fn a_database_url_the_server_refuses_is_bad_input() {
 }
 
 /// The scenario file's `[mutation] gang_gate_disabled` is honoured on real processes: all-or-nothing gangs placed
-/// incrementally start their ranks a job apart, and `gang_ranks_together` fires on the agents' records.
+/// incrementally start their ranks a job apart, and `gang_ranks_together` fires on the agents' records. Opt-in
+/// (about 45 s): the default command runs one gang scenario.
 #[test]
+#[ignore = "long: run with `cargo test --test chaos -- --ignored`"]
 fn the_gang_gate_off_fires_gang_ranks_together_on_postgres() {
     let (output, text) = chaos("gang-planted", &["tests/fixtures/chaos-gang-gate-planted.toml"]);
     assert_eq!(output.status.code(), Some(1), "{text}");
@@ -256,4 +258,18 @@ fn the_partitioned_agent_fences_itself_on_postgres() {
 #[ignore = "long: run with `cargo test --test chaos -- --ignored`"]
 fn the_paused_replica_with_stale_tokens_passes_on_postgres() {
     repository_scenario_passes("gang-paused-replica-stale-tokens", &[]);
+}
+
+/// Opt-in (about 50 s): an agent and its job's process group frozen (SIGSTOP) for twice its node lease; the
+/// controller restarts the gang, and on SIGCONT the agent fences, killing the frozen job before it could run
+/// beside its rank's replacement.
+#[test]
+#[ignore = "long: run with `cargo test --test chaos -- --ignored`"]
+fn a_paused_agent_fences_on_waking_on_postgres() {
+    let (output, text) = chaos("gang-agent-pause", &["tests/fixtures/chaos-gang-agent-pause.toml"]);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(text.contains("scenario chaos-gang-agent-pause seed 1: PASSED"), "{text}");
+    assert!(text.contains("faults injected: agent-pause 1"), "{text}");
+    let trace = std::fs::read_to_string(history_path(&text).with_file_name("trace.txt")).expect("the trace");
+    assert!(trace.lines().any(|line| line.contains("agent-1") && line.contains("proc-pause")), "{trace}");
 }
