@@ -182,8 +182,8 @@ pub(super) const DEALLOCATE_FETCH: &str = "DEALLOCATE lockstep_explain_fetch";
 
 /// The next expiry (mem.rs `next_expiry`): microseconds from the store's now to the least future
 /// `lock_expires_at` of the rows of a kind in some statuses, NULL when none (an infinite expiry never ends and is
-/// left out). `$1` clock offset, `$2` kind, `$3`
-/// statuses (`text[]`). The rows come from `resources_lease_expiry_idx`, which holds only rows with an expiry.
+/// left out). The rows come from `resources_lease_expiry_idx`, which holds only rows with an expiry. `$1` clock
+/// offset, `$2` kind, `$3` statuses (`text[]`).
 pub(super) const NEXT_EXPIRY: &str =
     "SELECT (extract(epoch FROM min(lock_expires_at) - lockstep_now($1)) * 1000000)::int8
 FROM resources
