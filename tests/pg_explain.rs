@@ -1,5 +1,6 @@
 //! The fetch query uses an index, not a sequential scan of the resource table, when most rows are finished
-//! (DESIGN §2: "Indexes serve the fetch"), and a batched refetch reuses its cached plan. Needs PostgreSQL (see
+//! (DESIGN §2: "Indexes serve the fetch"), its index scan does not walk leased rows, and a batched refetch reuses
+//! its cached plan. Needs PostgreSQL (see
 //! `support::pg`; never skips).
 
 #![cfg(not(madsim))]
@@ -72,6 +73,45 @@ async fn fetch_among_many_finished_rows_uses_the_fetch_index_not_a_seq_scan() {
     let leased = store.fetch(fetch_params()).await.expect("fetch");
     let leased: Vec<_> = leased.iter().map(|row| row.id).collect();
     assert_eq!(leased, ready, "the fetch leased other rows than the ready ones");
+}
+
+/// Leased rows are out of the fetch index's range (issue 16, `migrations/0004_fetch_index_unleased.sql`): with a
+/// thousand rows of the fetched status under lease, the fetch's scan of `resources_fetch_idx` meets only rows it
+/// can take (none removed by its filter), and expired leases come from `resources_lease_expiry_idx`. Before, the
+/// scan walked every leased row, first in fetch order, before the first eligible one.
+#[tokio::test]
+async fn fetch_under_many_leases_reads_no_leased_row_from_the_fetch_index() {
+    let h = PgHarness::new().await;
+    let store = h.store();
+    let finished = (0..FINISHED_ROWS).map(|i| NewRow::new("job", "done", serde_json::json!({ "i": i }))).collect();
+    store.insert_many(finished).await.expect("insert finished rows");
+    const LEASED: usize = 1_000;
+    let ready = (0..LEASED + READY_ROWS).map(|_| NewRow::new("job", "ready", serde_json::json!({}))).collect();
+    let ready = store.insert_many(ready).await.expect("insert ready rows");
+    let leased = store.fetch(FetchParams { limit: LEASED, ..fetch_params() }).await.expect("lease the first rows");
+    assert_eq!(leased.len(), LEASED);
+
+    let plan = store.explain_analyze_fetch_generic(&fetch_params()).await.expect("explain analyze the fetch");
+    let plan = plan.join("\n");
+    assert_index_scan(&plan);
+    assert!(plan.contains("resources_lease_expiry_idx"), "expired leases are not read from their index:\n{plan}");
+    let fetch_scan = index_scan_block(&plan, "resources_fetch_idx");
+    assert!(fetch_scan.contains(&format!("rows={READY_ROWS} loops=")), "the scan returned other rows:\n{fetch_scan}");
+    assert!(!fetch_scan.contains("Rows Removed by Filter"), "the scan walked leased rows:\n{fetch_scan}");
+
+    // The explained fetch was rolled back: the unleased rows are still there to take, and only they.
+    let taken = store.fetch(FetchParams { limit: LEASED, ..fetch_params() }).await.expect("fetch");
+    let taken: Vec<_> = taken.iter().map(|row| row.id).collect();
+    assert_eq!(taken, ready[LEASED..], "the fetch took other rows than the unleased ones");
+}
+
+/// The lines of `plan` from the index scan of `index` up to the next plan node.
+fn index_scan_block<'a>(plan: &'a str, index: &str) -> &'a str {
+    let start =
+        plan.find(&format!("Index Scan using {index}")).unwrap_or_else(|| panic!("no scan of {index}:\n{plan}"));
+    let rest = &plan[start..];
+    let end = rest[1..].find("->").map_or(rest.len(), |i| i + 1);
+    &rest[..end]
 }
 
 /// A batched refetch of a few leases runs the cached generic plan after five calls, as a single refetch does,

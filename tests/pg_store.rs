@@ -536,3 +536,69 @@ async fn a_populated_schema_of_migration_0002_migrates_and_its_inbox_is_queried_
     drop(store);
     PgStore::drop_schema(&url, &schema).await.unwrap();
 }
+
+/// A schema migrated only to 0003 and holding rows in every lease state (a deployment before issue 16) migrates to
+/// 0004 when a store connects: the fetch index holds only rows without a lease expiry and the new expiry index the
+/// others; a fetch takes the unleased ready rows and takes over the expired lease, not the live one; the applies
+/// of the new leases succeed; and a query by status still reads the rows of both indexes.
+#[tokio::test]
+async fn a_populated_schema_of_migration_0003_migrates_and_its_leases_fetch_and_apply() {
+    let (url, schema, pool) = schema_migrated_to(3).await;
+    // n 0, 1: ready and unleased; 2: ready under another pipeline's live lease; 3: ready under an expired lease;
+    // 4: done.
+    sqlx::query(
+        "INSERT INTO resources (kind, status, data, created_at, updated_at, lock_token, lock_owner, lock_expires_at)
+         VALUES ('task', 'ready', '{\"n\": 0}', now(), now(), NULL, NULL, NULL),
+                ('task', 'ready', '{\"n\": 1}', now(), now(), NULL, NULL, NULL),
+                ('task', 'ready', '{\"n\": 2}', now(), now(), nextval('lock_tokens'), 'other', now() + interval '1 hour'),
+                ('task', 'ready', '{\"n\": 3}', now(), now(), nextval('lock_tokens'), 'other', now() - interval '1 minute'),
+                ('task', 'done', '{\"n\": 4}', now(), now(), NULL, NULL, NULL)",
+    )
+    .execute(&pool)
+    .await
+    .expect("rows in the 0003 schema");
+    pool.close().await;
+
+    let store = store_with(|options| options.schema = schema.clone()).await;
+    let base: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
+    let mut conn = PgConnection::connect_with(&base.options([("search_path", schema.as_str())])).await.unwrap();
+    let indexes: Vec<(String, String)> = sqlx::query_as(
+        "SELECT indexname::text, indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname IN
+         ('resources_fetch_idx', 'resources_lease_expiry_idx') ORDER BY indexname",
+    )
+    .bind(&schema)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(indexes.len(), 2, "indexes after 0004: {indexes:?}");
+    assert!(indexes[0].1.ends_with("WHERE (lock_expires_at IS NULL)"), "{indexes:?}");
+    assert!(indexes[1].1.ends_with("WHERE (lock_expires_at IS NOT NULL)"), "{indexes:?}");
+    conn.close().await.unwrap();
+
+    let params = FetchParams {
+        pipeline: "tasks".into(),
+        kind: "task".into(),
+        statuses: vec!["ready".into()],
+        limit: 10,
+        lease_ttl: Duration::from_secs(30),
+        min_processing_interval: Duration::from_secs(5),
+        retry_delay: Duration::from_secs(1),
+    };
+    let leased = store.fetch(params.clone()).await.unwrap();
+    let ns: Vec<i64> = leased.iter().map(|row| row.data["n"].as_i64().unwrap()).collect();
+    assert_eq!(ns, vec![0, 1, 3], "the unleased rows and the expired lease, in fetch order");
+    for row in &leased {
+        let lease = Lease { id: row.id, token: row.lock_token.unwrap() };
+        let applied = store.apply(ApplyParams::new(lease, RowUpdate::status("done"))).await.unwrap();
+        assert!(matches!(applied, lockstep::store::ApplyOutcome::Applied { .. }), "row {}: {applied:?}", row.id);
+    }
+    assert_eq!(store.fetch(params).await.unwrap(), vec![], "the live lease is not taken");
+    let done = store.query(vec![RowQuery::new("task").statuses(["done"])]).await.unwrap().pop().unwrap();
+    let ns: Vec<i64> = done.iter().map(|row| row.data["n"].as_i64().unwrap()).collect();
+    assert_eq!(ns, vec![0, 1, 3, 4], "the done rows, by id");
+    let ready = store.query(vec![RowQuery::new("task").statuses(["ready"])]).await.unwrap().pop().unwrap();
+    let ns: Vec<i64> = ready.iter().map(|row| row.data["n"].as_i64().unwrap()).collect();
+    assert_eq!(ns, vec![2], "the row under a live lease (in the expiry index only)");
+    drop(store);
+    PgStore::drop_schema(&url, &schema).await.unwrap();
+}

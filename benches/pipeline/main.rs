@@ -5,12 +5,15 @@
 //! ```text
 //! cargo bench --bench pipeline                 # everything (about 12 minutes on the 2-core machines)
 //! cargo bench --bench pipeline -- pg mem       # only the side-by-side tables (sections: pg, mem, sweep)
+//! cargo bench --bench pipeline -- drain        # one drain of pre-filled rows, as benches/peers/run.sh runs it
 //! ```
 //!
 //! Environment: `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`; each measurement makes a
 //! schema of its own and drops it), `LOCKSTEP_BENCH_SECS` (window of each point, default 3),
 //! `LOCKSTEP_BENCH_WARMUP_SECS` (default 1), `LOCKSTEP_BENCH_REPS` (repetitions of the tables, default 3),
-//! `LOCKSTEP_BENCH_PG_ROWS`, `LOCKSTEP_BENCH_MEM_ROWS`, `LOCKSTEP_BENCH_OUT` (default `benches/results`).
+//! `LOCKSTEP_BENCH_PG_ROWS`, `LOCKSTEP_BENCH_MEM_ROWS`, `LOCKSTEP_BENCH_OUT` (default `benches/results`);
+//! for the drain `LOCKSTEP_BENCH_DRAIN_ROWS` (200 000) and `LOCKSTEP_BENCH_DRAIN_REPLICAS` (1), and
+//! `LOCKSTEP_BENCH_EXPLAIN=1` to print the fetch's `EXPLAIN (ANALYZE, BUFFERS)` half-way and the index reads.
 //!
 //! Without `--bench`, which is how `cargo test --all-targets` runs a bench target, it is a smoke run of a few
 //! seconds with tiny sizes that writes to a temporary directory: the code cannot rot, and the tests never pay for

@@ -31,6 +31,9 @@ pub struct Sample {
     /// Lockstep only, over the whole run: rows leased per fetch call, applies per apply store call, and refetches
     /// per refetch store call (0 when the pipeline made none).
     pub per_call: Option<(f64, f64, f64)>,
+    /// PostgreSQL's counters of the drained table over the whole run, read after the clients ended: `(n_tup_upd,
+    /// n_tup_hot_upd)` of `pg_stat_user_tables` (the drain section only).
+    pub updates: Option<(i64, i64)>,
 }
 
 impl Sample {
@@ -72,16 +75,24 @@ impl CostProbe for ProcessProbe {
 
 /// CPU seconds (user + system) of process `pid` ("self" for this one) so far; 0 if it is gone.
 pub fn process_cpu_secs(pid: &str) -> f64 {
+    cpu_secs(pid, false)
+}
+
+/// CPU seconds of process `pid`, and with `reaped` also of its ended children it waited for (`cutime` and
+/// `cstime`: the postmaster's count the backends that ended).
+fn cpu_secs(pid: &str, reaped: bool) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
     // Fields after the command name (which may hold spaces, and ends at the last ')'): state is field 3, utime
     // and stime fields 14 and 15.
     let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else { return 0.0 };
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| fields.get(i - 3).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
-    (ticks(14) + ticks(15)) as f64 / CLOCK_TICKS_PER_SECOND
+    let children = if reaped { ticks(16) + ticks(17) } else { 0 };
+    (ticks(14) + ticks(15) + children) as f64 / CLOCK_TICKS_PER_SECOND
 }
 
-/// CPU seconds of every process whose command name is `postgres` (the server and all its backends).
+/// CPU seconds of every process whose command name is `postgres` (the server and all its backends, those that
+/// ended included: a session that closes within the window, such as a pool's, still counts).
 pub fn postgres_cpu_secs() -> f64 {
     let Ok(entries) = std::fs::read_dir("/proc") else { return 0.0 };
     entries
@@ -89,7 +100,7 @@ pub fn postgres_cpu_secs() -> f64 {
         .filter_map(|entry| entry.file_name().into_string().ok())
         .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
         .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "postgres"))
-        .map(|pid| process_cpu_secs(&pid))
+        .map(|pid| cpu_secs(&pid, true))
         .sum()
 }
 
@@ -127,6 +138,7 @@ pub async fn measure(
         wal_bytes: wal0.zip(wal1).map(|(a, b)| b.saturating_sub(a)),
         ran_out,
         per_call: None,
+        updates: None,
     }
 }
 

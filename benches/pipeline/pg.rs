@@ -5,7 +5,7 @@ use crate::measure::{CostProbe, Sample, measure, per_call, postgres_cpu_secs, pr
 use crate::raw_sql;
 use crate::settings::Settings;
 use lockstep::pipeline::{Handler, ManagerOptions, PipelineConfig, PipelineManager};
-use lockstep::store::{NewRow, PgOptions, PgStore, Store};
+use lockstep::store::{FetchParams, NewRow, PgOptions, PgStore, Store};
 use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
@@ -16,6 +16,10 @@ use std::time::Duration;
 /// How often a connection refused because the server is full ("too many clients": the server's sessions are
 /// shared with other users' tests) is retried, one second apart.
 const CONNECT_TRIES: usize = 60;
+/// The fetch limit explained half-way through a drain (the queue's largest batch with the default config).
+const EXPLAIN_FETCH_LIMIT: usize = 100;
+/// How long [`BenchDb::updates`] waits between two reads of the table's counters.
+const STATS_SETTLE: Duration = Duration::from_millis(300);
 /// The kind and status of every bench row (the raw SQL names them literally).
 pub const KIND: &str = "job";
 const READY: &str = "ready";
@@ -71,6 +75,39 @@ impl BenchDb {
     /// Rows the schema started with.
     pub fn rows(&self) -> u64 {
         self.rows as u64
+    }
+
+    /// `(n_tup_upd, n_tup_hot_upd)` of the resource table, once they stop changing (the sessions that ended
+    /// report their last counters as they exit).
+    pub async fn updates(&self) -> (i64, i64) {
+        let mut conn = self.connect_raw().await;
+        let mut last = (-1, -1);
+        loop {
+            let now: (i64, i64) = sqlx::query_as(raw_sql::TABLE_UPDATES)
+                .bind(&self.schema)
+                .fetch_optional(&mut conn)
+                .await
+                .expect("table statistics")
+                .unwrap_or((0, 0));
+            if now == last {
+                conn.close().await.ok();
+                return now;
+            }
+            last = now;
+            tokio::time::sleep(STATS_SETTLE).await;
+        }
+    }
+
+    /// Prints every index of the resource table with its scans, entries read and heap rows fetched so far
+    /// (`pg_stat_user_indexes`): entries read per scan of the fetch index say how much of its range a fetch walks.
+    pub async fn print_index_reads(&self) {
+        let mut conn = self.connect_raw().await;
+        let rows: Vec<(String, i64, i64, i64)> =
+            sqlx::query_as(raw_sql::INDEX_READS).bind(&self.schema).fetch_all(&mut conn).await.expect("index stats");
+        for (index, scans, read, fetched) in rows {
+            println!("INDEX {index} scans={scans} entries_read={read} rows_fetched={fetched}");
+        }
+        conn.close().await.ok();
     }
 
     /// Drops the schema.
@@ -193,7 +230,9 @@ pub async fn lockstep<H: Handler<PgStore> + Clone>(
     }
     let applied = || managers.iter().map(|m| m.metrics(&name).expect("registered").applied).sum::<u64>();
     let mut probe = PgProbe::new(&db).await;
-    let sample = measure(applied, db.rows(), &mut probe, settings.warmup, settings.window).await;
+    let measured = measure(applied, db.rows(), &mut probe, settings.warmup, settings.window);
+    let explained = explain_fetch_midway(settings, &db, &config, || applied() >= db.rows() / 2);
+    let (sample, ()) = tokio::join!(measured, explained);
     let snapshots: Vec<_> = managers.iter().map(|m| m.metrics(&name).expect("registered")).collect();
     let sample = Sample { per_call: Some(per_call(&snapshots)), ..sample };
     for manager in &mut managers {
@@ -203,6 +242,44 @@ pub async fn lockstep<H: Handler<PgStore> + Clone>(
     for store in stores {
         store.close().await;
     }
+    let sample = Sample { updates: Some(db.updates().await), ..sample };
+    if settings.explain_fetch {
+        db.print_index_reads().await;
+    }
     db.drop().await;
     sample
+}
+
+/// With `settings.explain_fetch`, once `half_done` (or half-way through the window): prints `EXPLAIN (ANALYZE, BUFFERS)` of the pipeline's fetch of
+/// a full batch (its generic plan, as the replicas' connections run it; rolled back), from a session of its own.
+async fn explain_fetch_midway(
+    settings: &Settings,
+    db: &BenchDb,
+    config: &PipelineConfig,
+    half_done: impl Fn() -> bool,
+) {
+    if !settings.explain_fetch {
+        return;
+    }
+    // Half-way through the rows, or through the window when the rows last longer than it.
+    let deadline = std::time::Instant::now() + settings.warmup + settings.window / 2;
+    while !half_done() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let store = connect_store(db.options("lockstep_bench_explain", 1)).await;
+    let params = FetchParams {
+        pipeline: config.name.clone(),
+        kind: config.kind.clone(),
+        statuses: config.statuses.clone(),
+        limit: EXPLAIN_FETCH_LIMIT,
+        lease_ttl: config.lease_ttl,
+        min_processing_interval: config.min_processing_interval,
+        retry_delay: config.retry_delay,
+    };
+    let plan = store.explain_analyze_fetch_generic(&params).await.expect("explain the fetch");
+    println!("EXPLAIN (ANALYZE, BUFFERS) of the fetch of {EXPLAIN_FETCH_LIMIT} rows, half-way through:");
+    for line in plan {
+        println!("    {line}");
+    }
+    store.close().await;
 }

@@ -41,6 +41,16 @@ pub const VACUUM_ANALYZE: &str = "VACUUM ANALYZE resources";
 /// WAL written so far, in bytes since the start of the WAL: the difference over a run is the WAL it wrote.
 pub const WAL_BYTES: &str = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8";
 
+/// Updates and HOT updates of the resource table so far (`pg_stat_user_tables`; a backend reports its counters
+/// when it goes idle or ends). `$1` schema.
+pub const TABLE_UPDATES: &str = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+WHERE schemaname = $1 AND relname = 'resources'";
+
+/// Scans, index entries read and heap rows fetched of every index of the resource table. `$1` schema.
+pub const INDEX_READS: &str =
+    "SELECT indexrelname::text, idx_scan, idx_tup_read, idx_tup_fetch FROM pg_stat_user_indexes
+WHERE schemaname = $1 AND relname = 'resources' ORDER BY indexrelname";
+
 /// The server's version, for the results' machine line.
 pub const SERVER_VERSION: &str = "SELECT current_setting('server_version')";
 

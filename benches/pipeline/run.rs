@@ -196,8 +196,39 @@ async fn sweep(settings: &Settings) -> Vec<Series> {
     series
 }
 
+/// Longest a drain may take (a stuck drain fails the run instead of hanging it).
+const DRAIN_MAX: Duration = Duration::from_secs(3600);
+
+/// The drain section: `settings.drain_replicas` replicas × [`WORKERS`] workers, default config, drain
+/// `settings.drain_rows` ready rows, timed from the replicas' start to the last apply; one `RESULT` line in the
+/// format `benches/peers/summary.sh` reads.
+async fn drain(settings: &Settings) {
+    let drain_settings = Settings { warmup: Duration::ZERO, window: DRAIN_MAX, ..settings.clone() };
+    let (replicas, rows) = (settings.drain_replicas, settings.drain_rows);
+    let sample =
+        pg::lockstep(&drain_settings, rows, replicas, bench_config(WORKERS), Trivial, StoreTweaks::default()).await;
+    assert!(sample.ran_out, "the drain of {rows} rows did not end within {DRAIN_MAX:?}");
+    let (upd, hot_upd) = sample.updates.unwrap_or_default();
+    let (rows_per_fetch, applies_per_call, _) = sample.per_call.unwrap_or_default();
+    println!(
+        "RESULT lockstep_{replicas}x{WORKERS} items={} secs={:.3} db_cpu_s={:.2} client_cpu_s={:.2} wal_bytes={} \
+         upd={upd} hot_upd={hot_upd} rows_per_fetch={rows_per_fetch:.1} applies_per_call={applies_per_call:.1}",
+        sample.items,
+        sample.secs,
+        sample.db_cpu_secs,
+        sample.client_cpu_secs,
+        sample.wal_bytes.unwrap_or(0),
+    );
+}
+
 /// Runs the sections `settings` asks for, prints the results, and writes them (Markdown and the plot).
 pub async fn run(settings: Settings) {
+    if settings.runs(Section::Drain) {
+        drain(&settings).await;
+        if settings.sections == [Section::Drain] {
+            return;
+        }
+    }
     std::fs::create_dir_all(&settings.out_dir).expect("results directory");
     let mut report = Report { machine: machine(&settings).await, ..Report::default() };
     if settings.runs(Section::Pg) {

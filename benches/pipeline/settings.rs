@@ -15,6 +15,9 @@ pub enum Section {
     Mem,
     /// Throughput against workers (the plot), on both stores, with trivial and 10 ms processing.
     Sweep,
+    /// One drain of pre-filled rows on PostgreSQL by lockstep with its default config, timed from the replicas'
+    /// start to the last apply, printed as one `RESULT` line for `benches/peers/run.sh` (peers in the same run).
+    Drain,
 }
 
 /// The run's settings.
@@ -36,6 +39,13 @@ pub struct Settings {
     pub mem_rows: usize,
     /// Where the results table and the plot go.
     pub out_dir: PathBuf,
+    /// Rows the drain section fills and drains (`LOCKSTEP_BENCH_DRAIN_ROWS`, default 200 000).
+    pub drain_rows: usize,
+    /// Print `EXPLAIN (ANALYZE, BUFFERS)` of the fetch half-way through each lockstep point and the resource
+    /// table's index reads after it (`LOCKSTEP_BENCH_EXPLAIN=1`; the smoke run does, so the code cannot rot).
+    pub explain_fetch: bool,
+    /// Replicas (× 8 workers) of the drain section (`LOCKSTEP_BENCH_DRAIN_REPLICAS`, default 1).
+    pub drain_replicas: usize,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -57,11 +67,16 @@ impl Settings {
                 "pg" => Section::Pg,
                 "mem" => Section::Mem,
                 "sweep" => Section::Sweep,
-                other => panic!("unknown section {other:?}: pg, mem or sweep"),
+                "drain" => Section::Drain,
+                other => panic!("unknown section {other:?}: pg, mem, sweep or drain"),
             })
             .collect();
         if sections.is_empty() {
             sections = vec![Section::Pg, Section::Mem, Section::Sweep];
+            // The drain is `benches/peers/run.sh`'s; the smoke run keeps it from rotting.
+            if smoke {
+                sections.push(Section::Drain);
+            }
         }
         let database_url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_string());
         if smoke {
@@ -75,6 +90,9 @@ impl Settings {
                 reps: 1,
                 pg_rows: 5_000,
                 mem_rows: 20_000,
+                drain_rows: 2_000,
+                drain_replicas: 1,
+                explain_fetch: true,
                 out_dir: std::env::temp_dir().join(format!("lockstep-bench-smoke-{}", std::process::id())),
             };
         }
@@ -89,6 +107,9 @@ impl Settings {
             pg_rows: env_or("LOCKSTEP_BENCH_PG_ROWS", 300_000),
             mem_rows: env_or("LOCKSTEP_BENCH_MEM_ROWS", 1_000_000),
             out_dir: std::env::var("LOCKSTEP_BENCH_OUT").map(PathBuf::from).unwrap_or(out_default),
+            drain_rows: env_or("LOCKSTEP_BENCH_DRAIN_ROWS", 200_000),
+            drain_replicas: env_or("LOCKSTEP_BENCH_DRAIN_REPLICAS", 1),
+            explain_fetch: env_or("LOCKSTEP_BENCH_EXPLAIN", 0) == 1,
         }
     }
 

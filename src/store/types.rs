@@ -404,9 +404,10 @@ mod tests {
 
 /// One indexed read of [`Store::query`](super::Store::query): the rows of `kind` that pass every filter given, by
 /// id. A filter left `None` does not filter. Each filter is served by an index in every backend (MemStore's
-/// `BTreeMap`s; PostgreSQL's `resources_parent_status_idx`, `resources_parent_idx`, `resources_fetch_idx` and the
-/// primary key), so a read costs what it returns, not what the table holds (issue 17: a controller pass reads the
-/// current incarnation's jobs, the undone inbox and the allocations it may use, not every row of their kinds).
+/// `BTreeMap`s; PostgreSQL's `resources_parent_status_idx`, `resources_parent_idx`, `resources_fetch_idx` with
+/// `resources_lease_expiry_idx`, and the primary key), so a read costs what it returns, not what the table holds
+/// (issue 17: a controller pass reads the current incarnation's jobs, the undone inbox and the allocations it may
+/// use, not every row of their kinds).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RowQuery {
     /// Resource kind.

@@ -190,3 +190,29 @@ pub async fn apply_batch_of_stale_items_writes_nothing<H: Harness>(h: H) {
         assert_eq!(h.store().events(lease.id).await.expect("events"), vec![], "stale items wrote events");
     }
 }
+
+/// A batch of main-row updates only (the one-statement shape in PostgreSQL) unlocks the related rows its items
+/// locked with their tokens, and leaves alone the related rows of a lease that is not in the batch.
+pub async fn apply_batch_of_main_updates_unlocks_only_its_items_related_rows<H: Harness>(h: H) {
+    // Each family is leased before the next is inserted: a lease takes every ready row of its kind.
+    let (with_children, children) = family(&h, 2).await;
+    let with_children_lease = lease_with_children(&h, &with_children, &children).await;
+    let (plain, _) = family(&h, 0).await;
+    let plain_lease = lease_single(&h, PARENT_PIPELINE, &plain).await;
+    let (other, other_children) = family(&h, 1).await;
+    let other_lease = lease_with_children(&h, &other, &other_children).await;
+    let batch = vec![
+        ApplyParams::new(with_children_lease, RowUpdate::status("done")),
+        ApplyParams::new(plain_lease, RowUpdate::status("done")),
+    ];
+    let outcomes = apply_batch(&h, batch).await;
+    applied_now(&outcomes[0], with_children_lease);
+    applied_now(&outcomes[1], plain_lease);
+    for id in [with_children.id, plain.id].into_iter().chain(ids(&children)) {
+        assert_unlocked(&get(&h, id).await);
+    }
+    for id in [other.id].into_iter().chain(ids(&other_children)) {
+        let row = get(&h, id).await;
+        assert_eq!(row.lock_token, Some(other_lease.token), "row {id} lost the token of a lease not in the batch");
+    }
+}

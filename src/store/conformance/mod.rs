@@ -144,6 +144,7 @@ macro_rules! __conformance_cases {
                 apply_batch_writes_each_items_related_updates_inserts_and_events,
                 apply_batch_with_a_lease_twice_applies_only_the_first_copy,
                 apply_batch_of_stale_items_writes_nothing,
+                apply_batch_of_main_updates_unlocks_only_its_items_related_rows,
             }
             refetch {
                 refetch_batch_reads_each_lease_as_refetch_would_in_input_order,

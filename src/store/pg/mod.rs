@@ -259,6 +259,25 @@ impl PgStore {
         lines.iter().map(|line| line.try_get::<String, _>(0)).collect::<Result<_, _>>().map_err(|e| self.fail(e))
     }
 
+    /// `EXPLAIN (ANALYZE, BUFFERS)` of the fetch's generic plan with `params`, run in a transaction that is rolled
+    /// back (the rows it leases are left as they were; the token sequence moves on). No `ANALYZE` first: the
+    /// benchmark calls it under load to see what a fetch of the running pipeline reads.
+    #[doc(hidden)]
+    pub async fn explain_analyze_fetch_generic(&self, params: &FetchParams) -> Result<Vec<String>, StoreError> {
+        let mut tx = self.inner.pool.begin().await.map_err(|e| self.fail(e))?;
+        sqlx::query(sql::FORCE_GENERIC_PLAN).execute(&mut *tx).await.map_err(|e| self.fail(e))?;
+        let prepare = AssertSqlSafe(sql::prepare_fetch(params.statuses.len(), params.limit));
+        sqlx::query(prepare).execute(&mut *tx).await.map_err(|e| self.fail(e))?;
+        let explain = sql::explain_prepared_fetch(params, self.offset().microseconds).replacen(
+            "EXPLAIN",
+            "EXPLAIN (ANALYZE, BUFFERS)",
+            1,
+        );
+        let lines = sqlx::query(AssertSqlSafe(explain)).fetch_all(&mut *tx).await.map_err(|e| self.fail(e))?;
+        tx.rollback().await.map_err(|e| self.fail(e))?;
+        lines.iter().map(|line| line.try_get::<String, _>(0)).collect::<Result<_, _>>().map_err(|e| self.fail(e))
+    }
+
     /// How often this store's connection planned the batched refetch: `(generic, custom)` plans, `None` before
     /// its first call (tests that check a connection reuses the generic plan; run them on a pool of one
     /// connection, as the counts are per session).

@@ -44,30 +44,61 @@ pub(super) const NOW: &str = "SELECT lockstep_now($1)";
 /// row gets the smallest. The UPDATE returns rows in no particular order; the caller sorts them. [`fetch`] writes
 /// the limit in.
 ///
+/// Eligible rows come from two branches, one per index (`migrations/0004_fetch_index_unleased.sql`): `unleased`,
+/// rows with no lease expiry, read from `resources_fetch_idx` in fetch order (the scan stops after `{limit}`
+/// eligible rows, and a leased row is not in its range); and `expired`, rows whose lease or mark expired (a
+/// takeover), read from `resources_lease_expiry_idx`. Each branch takes at most `{limit}` rows in fetch order and
+/// `picked` the first `{limit}` of both, so the rows leased are the first `{limit}` eligible rows in fetch order,
+/// as with one scan. A row a branch locked and `picked` left out stays unwritten (its lock ends with the
+/// statement). The conditions are the original single scan's, split by `lock_expires_at IS NULL`: with no expiry
+/// a row is eligible when it has no owner or this pipeline's (`$4`), and this pipeline's reset rows wait
+/// `retry_delay`; an expired row waits `min_processing_interval`.
+///
 /// `$2` kind, `$3` statuses (see [`fetch`]), `$4` pipeline, `$5` lease ttl, `$6` retry delay, `$7` min processing
 /// interval.
 macro_rules! fetch_sql {
     ($status_matches:literal) => {
         concat!(
-            "WITH picked AS (
+            "WITH unleased AS (
     SELECT id, last_processed_at
     FROM resources
     WHERE kind = $2
       AND ",
             $status_matches,
             "
-      AND (lock_expires_at IS NULL OR lock_expires_at <= lockstep_now($1))
-      AND (lock_expires_at IS NOT NULL OR lock_owner IS NULL OR lock_owner = $4)
+      AND lock_expires_at IS NULL
+      AND (lock_owner IS NULL OR lock_owner = $4)
       AND (not_before IS NULL OR not_before <= lockstep_now($1))
       AND (last_processed_at IS NULL
            OR hinted
-           OR CASE WHEN lock_expires_at IS NULL AND lock_owner = $4
+           OR CASE WHEN lock_owner = $4
                    THEN last_processed_at <= lockstep_ts_minus(lockstep_now($1), $6)
                    ELSE last_processed_at <= lockstep_ts_minus(lockstep_now($1), $7)
               END)
     ORDER BY last_processed_at NULLS FIRST, id
     LIMIT {limit}
     FOR NO KEY UPDATE SKIP LOCKED
+), expired AS (
+    SELECT id, last_processed_at
+    FROM resources
+    WHERE kind = $2
+      AND ",
+            $status_matches,
+            "
+      AND lock_expires_at IS NOT NULL
+      AND lock_expires_at <= lockstep_now($1)
+      AND (not_before IS NULL OR not_before <= lockstep_now($1))
+      AND (last_processed_at IS NULL
+           OR hinted
+           OR last_processed_at <= lockstep_ts_minus(lockstep_now($1), $7))
+    ORDER BY last_processed_at NULLS FIRST, id
+    LIMIT {limit}
+    FOR NO KEY UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id, last_processed_at
+    FROM (SELECT id, last_processed_at FROM unleased UNION ALL SELECT id, last_processed_at FROM expired) AS both_kinds
+    ORDER BY last_processed_at NULLS FIRST, id
+    LIMIT {limit}
 ), tokened AS (
     SELECT ordered.id, nextval('lock_tokens') AS token
     FROM (SELECT id, last_processed_at FROM picked ORDER BY last_processed_at NULLS FIRST, id) AS ordered
@@ -93,7 +124,7 @@ const FETCH: &str = fetch_sql!("status = ANY($3)");
 /// rows would otherwise be read whole by every fetch).
 const FETCH_ONE_STATUS: &str = fetch_sql!("status = $3");
 
-/// Where [`fetch`] writes the limit into the templates.
+/// Where [`fetch`] writes the limit into the templates (three times each).
 const LIMIT_MARK: &str = "{limit}";
 
 /// The fetch's text for `statuses` statuses (one, or several as a `text[]`) and at most `limit` rows.
@@ -106,7 +137,7 @@ const LIMIT_MARK: &str = "{limit}";
 /// statement per limit value and shape: at most the queue's max of each.
 pub(super) fn fetch(statuses: usize, limit: usize) -> String {
     let template = if statuses == 1 { FETCH_ONE_STATUS } else { FETCH };
-    template.replacen(LIMIT_MARK, &limit.to_string(), 1)
+    template.replace(LIMIT_MARK, &limit.to_string())
 }
 
 /// Explaining the fetch's generic plan (tests; PostgreSQL 15 has no `EXPLAIN (GENERIC_PLAN)`), step 1 of 4, in a
@@ -151,8 +182,8 @@ pub(super) const DEALLOCATE_FETCH: &str = "DEALLOCATE lockstep_explain_fetch";
 
 /// The next expiry (mem.rs `next_expiry`): microseconds from the store's now to the least future
 /// `lock_expires_at` of the rows of a kind in some statuses, NULL when none (an infinite expiry never ends and is
-/// left out). The index on `(kind, status)` finds the rows, as for the fetch. `$1` clock offset, `$2` kind, `$3`
-/// statuses (`text[]`).
+/// left out). The rows come from `resources_lease_expiry_idx`, which holds only rows with an expiry. `$1` clock
+/// offset, `$2` kind, `$3` statuses (`text[]`).
 pub(super) const NEXT_EXPIRY: &str =
     "SELECT (extract(epoch FROM min(lock_expires_at) - lockstep_now($1)) * 1000000)::int8
 FROM resources
@@ -309,6 +340,11 @@ SELECT lockstep_now($1) FROM main";
 /// unlocked. A row whose token changed is left alone, and so are the related rows of its token. Returns the
 /// applied `(id, token)` pairs with the one `now`; no row when nothing applied.
 ///
+/// `unlocked` filters the locked rows by "not a main row written" first (a hashed lookup per locked row): in the
+/// common batch, where no lease holds related rows, that leaves none, and nothing else of it runs. Filtering by
+/// token first joined every locked row with every written one and looked each up by id (about a third of a 60-item
+/// apply's execution time, measured with `EXPLAIN ANALYZE`; issue 16, BENCHMARKS.md).
+///
 /// `$2` ids, `$3` tokens (distinct), `$4` statuses (`text[]`, NULL = keep), `$5` data (`jsonb[]`, NULL = keep),
 /// all the same length.
 pub(super) const APPLY_BATCH_MAIN: &str = "WITH locked AS (
@@ -325,10 +361,12 @@ pub(super) const APPLY_BATCH_MAIN: &str = "WITH locked AS (
     WHERE r.id = u.id AND r.lock_token = u.token AND r.id IN (SELECT id FROM locked)
     RETURNING r.id, u.token
 ), unlocked AS (
-    UPDATE resources
+    UPDATE resources AS r
     SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
-    WHERE id IN (SELECT id FROM locked WHERE lock_token IN (SELECT token FROM main))
-      AND id NOT IN (SELECT id FROM main)
+    FROM locked
+    WHERE r.id = locked.id
+      AND locked.id NOT IN (SELECT id FROM main)
+      AND locked.lock_token IN (SELECT token FROM main)
 )
 SELECT id, token, lockstep_now($1) AS now FROM main";
 
@@ -460,8 +498,11 @@ pub(super) const LIST: &str = concat!(
 /// rows of a kind that pass the query's filters, by id. Parameters are numbered in the order the filters appear
 /// and only for the filters given (`$1` kind, then parent, statuses `text[]`, after, ids `int8[]`), so that each
 /// shape is one prepared statement whose plan the planner can fit to its index: a parent and statuses use
-/// `resources_parent_status_idx`, a parent alone `resources_parent_idx`, statuses alone `resources_fetch_idx`
-/// (then a sort by id), ids the primary key.
+/// `resources_parent_status_idx`, a parent alone `resources_parent_idx`, ids the primary key, and statuses alone
+/// both halves of the rows of a kind and status, `resources_fetch_idx` (no lease expiry) and
+/// `resources_lease_expiry_idx` (one), in a bitmap OR, then a sort by id: each index holds only its half
+/// (`migrations/0004_fetch_index_unleased.sql`), and the filter that is always true, `lock_expires_at IS NULL OR
+/// lock_expires_at IS NOT NULL`, is what lets the planner use the two together.
 pub(super) fn query(parent: bool, statuses: bool, after: bool, ids: bool) -> String {
     let mut text = concat!("SELECT ", row_columns!(), " FROM resources AS r WHERE r.kind = $1").to_string();
     let mut n = 1;
@@ -475,6 +516,9 @@ pub(super) fn query(parent: bool, statuses: bool, after: bool, ids: bool) -> Str
     filter(statuses, " AND r.status = ANY($#::text[])");
     filter(after, " AND r.id > $#");
     filter(ids, " AND r.id = ANY($#::int8[])");
+    if statuses && !parent {
+        text.push_str(" AND (r.lock_expires_at IS NULL OR r.lock_expires_at IS NOT NULL)");
+    }
     text.push_str(" ORDER BY r.id");
     text
 }
