@@ -10,7 +10,7 @@ mod support;
 use lockstep::chaos::proxy::Proxy;
 use lockstep::pipeline::{Changes, Handler, LoadCx, ManagerOptions, PipelineConfig, PipelineManager, WorkError};
 use lockstep::store::conformance::Harness;
-use lockstep::store::{NewEvent, NewRow, PgOptions, PgStore, Row, Store};
+use lockstep::store::{NewEvent, NewRow, PgOptions, PgStore, Row, RowQuery, Store};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -272,6 +272,51 @@ async fn calls_on_half_open_connections_fail_within_the_call_timeout_and_the_poo
     while let Err(err) = store.now().await {
         assert!(started.elapsed() < CONDITION_WAIT, "calls fail {CONDITION_WAIT:?} after healing: {err}");
     }
+    drop(proxy);
+    run.finish().await;
+}
+
+/// A call given up while its `BEGIN` is on its way (an agent's fence at its lease deadline, a call time-out, a
+/// `select!` that another branch won) must not give its session back inside that transaction: the next call
+/// would run in it, with its `now()` the stale transaction's start, and a heartbeat there would set an expiry
+/// earlier than one already written (found by `chaos run` of gang-partitioned-agent-self-fences: a node declared
+/// lost while its agent heartbeated). sqlx counts a transaction only once `BEGIN` is answered, so a `BEGIN`
+/// dropped in flight is never rolled back by sqlx; the store closes such a session instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_given_up_while_its_begin_is_in_flight_leaves_no_stale_transaction_for_the_next_call() {
+    /// Each chunk's wait in the proxy: the `BEGIN` is still on its way when the call is given up.
+    const DELAY: Duration = Duration::from_millis(400);
+    let run = Scoped::new().await;
+    let proxy = run.proxy(25).await;
+    let handle = proxy.handle();
+    let harness = PgHarness::new().await;
+    let direct = harness.store().clone();
+    let (url, schema, app) = (run.url_through(&proxy), direct.schema().to_string(), run.app("replica"));
+    let store = store_with(move |o: &mut PgOptions| {
+        o.url = url;
+        o.schema = schema;
+        o.application_name = app;
+        o.max_connections = 1;
+    })
+    .await;
+    store.now().await.expect("a call through the passing proxy");
+    wait_until("the connection is back in the pool", || async { store.idle_connections() == 1 }).await;
+
+    handle.set(lockstep::chaos::proxy::LinkFault::Delay(DELAY));
+    // Several reads in one snapshot: a transaction, whose first round trip is its BEGIN.
+    let reads = vec![RowQuery::new("job"), RowQuery::new("job")];
+    let given_up = tokio::time::timeout(DELAY / 4, store.query(reads)).await;
+    assert!(given_up.is_err(), "the call was given up while its BEGIN was on its way");
+    handle.set(lockstep::chaos::proxy::LinkFault::Pass);
+    // The session settles (given back after its BEGIN ran on the server, or closed) before the clock is read.
+    wait_until("the given-up call's session settled", || async { store.connections_out() == 0 }).await;
+
+    let before = direct.now().await.expect("the database's clock");
+    let next = store.now().await.expect("the next call");
+    assert!(
+        next >= before,
+        "the next call ran inside the given-up call's transaction: its now() {next:?} is before {before:?}"
+    );
     drop(proxy);
     run.finish().await;
 }

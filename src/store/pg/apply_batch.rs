@@ -14,6 +14,7 @@
 //! applies once, its later copies are stale; tokens are store-wide unique, so no two distinct leases share one.
 
 use super::codec::PgTime;
+use super::session::Session;
 use super::sql;
 use super::write::{insert_events, insert_rows, merge_related};
 use crate::store::{ApplyOutcome, ApplyParams, CommitOp, Lease, LockToken, NewEvent, NewRow, RowId, RowUpdate};
@@ -85,7 +86,8 @@ async fn apply_in_transaction(
     ids.sort_unstable();
     ids.dedup();
     let batch_tokens: Vec<i64> = batch.iter().map(|p| p.lease.token.0).collect();
-    let mut tx = pool.begin().await?;
+    let mut session = Session::acquire(pool).await?;
+    let mut tx = session.begin().await?;
     let found: Vec<(i64, Option<i64>)> =
         sqlx::query_as(sql::APPLY_BATCH_LOCK).bind(&ids).bind(&batch_tokens).fetch_all(&mut *tx).await?;
     let tokens: BTreeMap<i64, Option<i64>> = found.into_iter().collect();

@@ -14,6 +14,7 @@
 //! [`MemStore::history`]: crate::store::MemStore::history
 
 use super::codec::{PgTime, interval};
+use super::session::Session;
 use super::{PgStore, fetch_query, split_leases, sql, still_held};
 use crate::store::{
     Commit, CommitOp, Event, FAILURE_ERRORS_KEPT, FailureOutcome, FailureParams, FetchParams, HeartbeatParams, Lease,
@@ -81,7 +82,8 @@ impl PgStore {
         let sql = PgStore::fetch_sql(&p);
         let rows = self
             .run_again_on_conflict("fetch", || async {
-                let mut tx = self.inner.pool.begin().await?;
+                let mut session = Session::acquire(&self.inner.pool).await?;
+                let mut tx = session.begin().await?;
                 let rows =
                     fetch_query(sqlx::query(AssertSqlSafe(sql.clone())), self.offset(), &p).fetch_all(&mut *tx).await?;
                 let rows: Vec<Row> = rows.iter().map(super::codec::row).collect::<Result<_, _>>()?;
@@ -102,7 +104,8 @@ impl PgStore {
     pub(super) async fn heartbeat_recorded(&self, p: HeartbeatParams) -> Result<Vec<Lease>, StoreError> {
         let (ids, tokens) = split_leases(&p.leases);
         self.run_again_on_conflict("heartbeat", || async {
-            let mut tx = self.inner.pool.begin().await?;
+            let mut session = Session::acquire(&self.inner.pool).await?;
+            let mut tx = session.begin().await?;
             let extended: Vec<(i64, i64)> = sqlx::query_as(sql::HEARTBEAT)
                 .bind(self.offset())
                 .bind(ids.clone())
@@ -129,7 +132,8 @@ impl PgStore {
         let error = bounded_error(&p.error);
         let attempts: Option<i32> = self
             .run_again_on_conflict("record_failure", || async {
-                let mut tx = self.inner.pool.begin().await?;
+                let mut session = Session::acquire(&self.inner.pool).await?;
+                let mut tx = session.begin().await?;
                 let attempts: Option<i32> = sqlx::query_scalar(sql::RECORD_FAILURE)
                     .bind(self.offset())
                     .bind(p.lease.id.0)
@@ -162,7 +166,8 @@ impl PgStore {
 
     pub(super) async fn reset_recorded(&self, lease: Lease) -> Result<bool, StoreError> {
         self.run_again_on_conflict("reset_for_retry", || async {
-            let mut tx = self.inner.pool.begin().await?;
+            let mut session = Session::acquire(&self.inner.pool).await?;
+            let mut tx = session.begin().await?;
             let reset = sqlx::query(sql::RESET_FOR_RETRY)
                 .bind(self.offset())
                 .bind(lease.id.0)
@@ -181,7 +186,8 @@ impl PgStore {
     pub(super) async fn release_recorded(&self, leases: Vec<Lease>) -> Result<usize, StoreError> {
         let (ids, tokens) = split_leases(&leases);
         self.run_again_on_conflict("release", || async {
-            let mut tx = self.inner.pool.begin().await?;
+            let mut session = Session::acquire(&self.inner.pool).await?;
+            let mut tx = session.begin().await?;
             let held: Vec<(i64, i64)> =
                 sqlx::query_as(sql::RELEASE).bind(ids.clone()).bind(tokens.clone()).fetch_all(&mut *tx).await?;
             let released = still_held(leases.clone(), &held);
@@ -200,7 +206,8 @@ impl PgStore {
         update: RowUpdate,
     ) -> Result<WriteOutcome, StoreError> {
         self.run_again_on_conflict("update_unleased", || async {
-            let mut tx = self.inner.pool.begin().await?;
+            let mut session = Session::acquire(&self.inner.pool).await?;
+            let mut tx = session.begin().await?;
             let busy: Option<bool> = sqlx::query_scalar(sql::UPDATE_UNLEASED)
                 .bind(self.offset())
                 .bind(id.0)

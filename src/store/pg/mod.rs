@@ -16,6 +16,7 @@ mod history;
 mod listen;
 mod options;
 mod retry;
+mod session;
 mod sql;
 mod write;
 
@@ -28,6 +29,7 @@ use crate::store::{
     check_fetch, check_new_row, check_query, check_text, check_update, duration_micros,
 };
 use codec::{PgTime, interval};
+use session::Session;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::types::Json;
@@ -184,6 +186,13 @@ impl PgStore {
         self.inner.pool.num_idle()
     }
 
+    /// How many of the pool's connections are out: in a call, or on their way back to the pool or to their close
+    /// (tests that wait for a given-up call's session to settle).
+    #[doc(hidden)]
+    pub fn connections_out(&self) -> usize {
+        (self.inner.pool.size() as usize).saturating_sub(self.inner.pool.num_idle())
+    }
+
     /// The value of the PostgreSQL setting `name` on one of the pool's sessions (tests that check the session
     /// time-outs).
     #[doc(hidden)]
@@ -248,7 +257,8 @@ impl PgStore {
     pub async fn explain_fetch_generic(&self, params: &FetchParams) -> Result<Vec<String>, StoreError> {
         let pool = &self.inner.pool;
         sqlx::query(sql::ANALYZE).execute(pool).await.map_err(|e| self.fail(e))?;
-        let mut tx = pool.begin().await.map_err(|e| self.fail(e))?;
+        let mut session = Session::acquire(pool).await.map_err(|e| self.fail(e))?;
+        let mut tx = session.begin().await.map_err(|e| self.fail(e))?;
         sqlx::query(sql::FORCE_GENERIC_PLAN).execute(&mut *tx).await.map_err(|e| self.fail(e))?;
         let prepare = AssertSqlSafe(sql::prepare_fetch(params.statuses.len(), params.limit));
         sqlx::query(prepare).execute(&mut *tx).await.map_err(|e| self.fail(e))?;
@@ -264,7 +274,8 @@ impl PgStore {
     /// benchmark calls it under load to see what a fetch of the running pipeline reads.
     #[doc(hidden)]
     pub async fn explain_analyze_fetch_generic(&self, params: &FetchParams) -> Result<Vec<String>, StoreError> {
-        let mut tx = self.inner.pool.begin().await.map_err(|e| self.fail(e))?;
+        let mut session = Session::acquire(&self.inner.pool).await.map_err(|e| self.fail(e))?;
+        let mut tx = session.begin().await.map_err(|e| self.fail(e))?;
         sqlx::query(sql::FORCE_GENERIC_PLAN).execute(&mut *tx).await.map_err(|e| self.fail(e))?;
         let prepare = AssertSqlSafe(sql::prepare_fetch(params.statuses.len(), params.limit));
         sqlx::query(prepare).execute(&mut *tx).await.map_err(|e| self.fail(e))?;
@@ -790,7 +801,8 @@ impl Store for PgStore {
             return Ok(vec![rows]);
         }
         // Several queries read one snapshot, as MemStore answers them under one lock.
-        let mut tx = self.inner.pool.begin().await.map_err(|e| self.fail(e))?;
+        let mut session = Session::acquire(&self.inner.pool).await.map_err(|e| self.fail(e))?;
+        let mut tx = session.begin().await.map_err(|e| self.fail(e))?;
         sqlx::query(sql::QUERY_SNAPSHOT).execute(&mut *tx).await.map_err(|e| self.fail(e))?;
         let mut answers = Vec::with_capacity(queries.len());
         for q in &queries {

@@ -3,6 +3,7 @@
 //! lock outlives the call.
 
 use super::codec::{PgTime, interval};
+use super::session::Session;
 use super::sql;
 use crate::store::{
     ApplyOutcome, ApplyParams, CommitOp, Lease, LockOutcome, LockRelatedParams, NewEvent, NewRow, RelatedUpdate, RowId,
@@ -30,7 +31,8 @@ pub(super) async fn apply_in_transaction(
     guarded: bool,
 ) -> Result<ApplyOutcome, sqlx::Error> {
     let token = p.lease.token.0;
-    let mut tx = pool.begin().await?;
+    let mut session = Session::acquire(pool).await?;
+    let mut tx = session.begin().await?;
     let related_ids: Vec<RowId> = merge_related(p.related.clone()).into_keys().collect();
     if !p.related.is_empty() {
         let related = merge_related(p.related);
@@ -78,7 +80,8 @@ pub(super) async fn lock_related_in_transaction(
     ids.push(p.holder.id.0);
     ids.sort_unstable();
     ids.dedup();
-    let mut tx = pool.begin().await?;
+    let mut session = Session::acquire(pool).await?;
+    let mut tx = session.begin().await?;
     let rows: Vec<(i64, Option<i64>, bool)> = sqlx::query_as(sql::LOCK_RELATED_READ)
         .bind(offset)
         .bind(&ids)
