@@ -409,6 +409,11 @@ impl State {
 impl State {
     /// The rows of one [`Store::query`], by id, read through the narrowest index its filters allow.
     fn query(&self, q: &RowQuery) -> Vec<Row> {
+        self.query_rows(q).cloned().collect()
+    }
+
+    /// The rows of one [`Store::query`], by id, borrowed.
+    fn query_rows<'a>(&'a self, q: &RowQuery) -> impl Iterator<Item = &'a Row> + 'a {
         let after = q.after.map_or(Bound::Unbounded, Bound::Excluded);
         let range = |ids: &BTreeSet<RowId>| ids.range((after, Bound::Unbounded)).copied().collect::<Vec<_>>();
         let mut ids: Vec<RowId> = match (&q.ids, q.parent, &q.statuses) {
@@ -435,7 +440,7 @@ impl State {
         // The ids filter was applied by the lookup above; matching each row against the list again would cost
         // the list's length per row.
         let filters = RowQuery { ids: None, ..q.clone() };
-        ids.into_iter().filter_map(|id| self.rows.get(&id)).filter(|row| filters.matches(row)).cloned().collect()
+        ids.into_iter().filter_map(|id| self.rows.get(&id)).filter(move |row| filters.matches(row))
     }
 
     /// The write of [`Store::record_failure`] at `now` for a lease still held; returns the row's new attempt count.
@@ -663,6 +668,16 @@ impl Store for MemStore {
         check_query(&queries)?;
         let state = self.lock();
         Ok(queries.iter().map(|q| state.query(q)).collect())
+    }
+
+    async fn query_map<T, F>(&self, queries: Vec<RowQuery>, read: F) -> Result<Vec<Vec<T>>, StoreError>
+    where
+        T: Send,
+        F: Fn(&Row) -> T + Send,
+    {
+        check_query(&queries)?;
+        let state = self.lock();
+        Ok(queries.iter().map(|q| state.query_rows(q).map(&read).collect()).collect())
     }
 
     async fn events(&self, row: RowId) -> Result<Vec<Event>, StoreError> {
