@@ -30,18 +30,21 @@ fn main() {
     };
     println!("controller_scale: one gang operation, one replica, agents of {SLOTS} slots, no faults");
     println!(
-        "| jobs | agents | submit → all running: simulated s | wall s | gang restart → all running: simulated s | wall s |"
+        "| jobs | agents | submit → all running: simulated s | wall s | gang restart → all running: simulated s | wall s \
+         | restart: passes | their load + process, CPU s |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for jobs in sizes {
         let m = scale::measure(jobs);
         println!(
-            "| {jobs} | {} | {:.3} | {:.3} | {:.3} | {:.3} |",
+            "| {jobs} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {:.3} |",
             m.agents,
             m.start.simulated.as_secs_f64(),
             m.start.wall.as_secs_f64(),
             m.restart.simulated.as_secs_f64(),
-            m.restart.wall.as_secs_f64()
+            m.restart.wall.as_secs_f64(),
+            m.restart.passes,
+            m.restart.pass_cpu.as_secs_f64()
         );
     }
     let restarts: u32 = match std::env::var("LOCKSTEP_BENCH_RESTARTS") {
@@ -118,11 +121,14 @@ mod scale {
     /// The harness's poll of the operation's jobs (simulated).
     const POLL: Duration = Duration::from_millis(100);
 
-    /// One span: simulated and wall time.
+    /// One span: simulated and wall time, and the operation passes within it with the CPU of their load and
+    /// process phases (part of the wall time).
     #[derive(Clone, Copy, Debug, Default)]
     pub struct Span {
         pub simulated: Duration,
         pub wall: Duration,
+        pub passes: usize,
+        pub pass_cpu: Duration,
     }
 
     /// What one size measured.
@@ -165,16 +171,18 @@ mod scale {
         );
         let log = ProcessLog::default();
         let executor = SimulatedExecutor::new(script, log.clone());
-        let replica_store = store.clone();
+        let passes: Arc<Mutex<Vec<Duration>>> = Arc::default();
+        let (replica_store, replica_passes) = (store.clone(), passes.clone());
         let _replica = handle
             .create_node()
             .name("replica-0")
             .ip(IpAddr::V4(Ipv4Addr::new(10, 0, 1, 1)))
             .init(move || {
-                let store = replica_store.clone();
+                let (store, passes) = (replica_store.clone(), replica_passes.clone());
                 async move {
                     let mut manager = PipelineManager::new(Arc::new(store), ManagerOptions { seed: 1 });
-                    manager.register(operation_pipeline_config(), OperationHandler::default()).expect("valid config");
+                    let handler = Timed { inner: OperationHandler::default(), passes };
+                    manager.register(operation_pipeline_config(), handler).expect("valid config");
                     manager.start();
                     std::future::pending::<()>().await;
                 }
@@ -204,11 +212,21 @@ mod scale {
         tokio::time::sleep(Duration::from_secs(5)).await;
 
         let spec = format!("{{tasks={{worker={{job_count={jobs};command=w;gang_options={{}}}}}}}}");
+        let passes_since = |from: usize| {
+            let passes = passes.lock().expect("not poisoned");
+            (passes.len() - from, passes[from..].iter().sum::<Duration>())
+        };
         let (submitted, wall) = (Store::now(&store).await.expect("MemStore's clock"), cpu_time());
+        let from = passes.lock().expect("not poisoned").len();
         let op = api::submit_text(&store, &spec, SpecFormat::Yson).await.expect("a valid spec");
         let (running, polling) = all_running(&store, op, 0, jobs).await;
-        let start =
-            Span { simulated: micros(running.as_micros() - submitted.as_micros()), wall: cpu_time() - wall - polling };
+        let (count, pass_cpu) = passes_since(from);
+        let start = Span {
+            simulated: micros(running.as_micros() - submitted.as_micros()),
+            wall: cpu_time() - wall - polling,
+            passes: count,
+            pass_cpu,
+        };
 
         // The gang restart, timed from the failing process's exit (the process log's time) to every job of
         // incarnation 1 running; the wall clock starts when the harness sees the exit.
@@ -221,12 +239,17 @@ mod scale {
             }
             tokio::time::sleep(POLL).await;
         };
-        let wall = cpu_time();
+        let (wall, from) = (cpu_time(), passes.lock().expect("not poisoned").len());
         let (running, polling) = all_running(&store, op, 1, jobs).await;
+        let (count, pass_cpu) = passes_since(from);
         let view = api::status(&store, op).await.expect("the operation exists");
         assert_eq!(view.status, OperationStatus::Running, "the operation ended instead of restarting its gang");
-        let restart =
-            Span { simulated: micros(running.as_micros() - exited.as_micros()), wall: cpu_time() - wall - polling };
+        let restart = Span {
+            simulated: micros(running.as_micros() - exited.as_micros()),
+            wall: cpu_time() - wall - polling,
+            passes: count,
+            pass_cpu,
+        };
         drop(nodes);
         (start, restart)
     }

@@ -221,6 +221,22 @@ pub trait Store: Send + Sync + 'static {
         }
     }
 
+    /// [`Store::list`], with each row handed to `read` by reference instead of returned, as [`Store::query_map`]
+    /// is to `query`. The default calls [`Store::list`] and maps its rows.
+    fn list_map<T, F>(
+        &self,
+        kind: &str,
+        parent: Option<RowId>,
+        read: F,
+    ) -> impl Future<Output = Result<Vec<T>, StoreError>> + Send
+    where
+        T: Send,
+        F: Fn(&Row) -> T + Send,
+    {
+        let rows = self.list(kind, parent);
+        async move { Ok(rows.await?.iter().map(read).collect()) }
+    }
+
     /// [`Store::query`], with each row handed to `read` by reference instead of returned: the answers hold what
     /// `read` made of the rows, in the same order. The same reads, the same snapshot and the same errors as `query`.
     ///
