@@ -197,6 +197,11 @@ impl MemStore {
         self.lock().rows.values().cloned().collect()
     }
 
+    /// Whether `pred` holds for every row, read in place (no copy): for checks the simulator repeats.
+    pub fn rows_all(&self, pred: impl FnMut(&Row) -> bool) -> bool {
+        self.lock().rows.values().all(pred)
+    }
+
     /// Every event, in sequence order: a snapshot for checkers.
     pub fn all_events(&self) -> Vec<Event> {
         self.lock().events.clone()
@@ -215,6 +220,11 @@ impl MemStore {
     /// A snapshot of row `id`, outside any call (no commit): for the simulator's trace and checkers.
     pub fn row(&self, id: RowId) -> Option<Row> {
         self.lock().rows.get(&id).cloned()
+    }
+
+    /// What `read` makes of row `id`, read in place outside any call (no commit, no copy of the row).
+    pub fn read_row<T>(&self, id: RowId, read: impl FnOnce(&Row) -> T) -> Option<T> {
+        self.lock().rows.get(&id).map(read)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -662,6 +672,19 @@ impl Store for MemStore {
             None => state.by_kind.get(kind),
         };
         Ok(ids.into_iter().flatten().map(|id| state.rows[id].clone()).collect())
+    }
+
+    async fn list_map<T, F>(&self, kind: &str, parent: Option<RowId>, read: F) -> Result<Vec<T>, StoreError>
+    where
+        T: Send,
+        F: Fn(&Row) -> T + Send,
+    {
+        let state = self.lock();
+        let ids = match parent {
+            Some(parent) => state.by_parent.get(&(parent, kind.to_string())),
+            None => state.by_kind.get(kind),
+        };
+        Ok(ids.into_iter().flatten().map(|id| read(&state.rows[id])).collect())
     }
 
     async fn query(&self, queries: Vec<RowQuery>) -> Result<Vec<Vec<Row>>, StoreError> {
