@@ -10,8 +10,12 @@
 //! the operation's jobs every 100 simulated ms; simulated times come from the jobs' events, so the poll does not
 //! round them, and the CPU time of the harness's own reads is subtracted from the wall time.
 //!
+//! Then (issue 17) the CPU of one quiet pass (every job running, nothing to handle) of a gang of
+//! [`PASS_JOBS`] jobs in its first incarnation and after 100 gang restarts: a finished incarnation must cost later
+//! passes nothing (at most 1.2 × the first's).
+//!
 //! Run (release, simulator build): `env -u RUSTFLAGS cargo sim-bench --bench controller_scale`.
-//! `LOCKSTEP_BENCH_JOBS=1,64` picks the sizes. Without `--bench` (as `cargo test --all-targets` runs every bench)
+//! `LOCKSTEP_BENCH_JOBS=1,64` picks the sizes; `LOCKSTEP_BENCH_RESTARTS=0` skips the passes' part. Without `--bench` (as `cargo test --all-targets` runs every bench)
 //! it runs the smallest size only, as a smoke test; in the normal build it only says how to run it.
 
 #[cfg(madsim)]
@@ -26,18 +30,52 @@ fn main() {
     };
     println!("controller_scale: one gang operation, one replica, agents of {SLOTS} slots, no faults");
     println!(
-        "| jobs | agents | submit → all running: simulated s | wall s | gang restart → all running: simulated s | wall s |"
+        "| jobs | agents | submit → all running: simulated s | wall s | gang restart → all running: simulated s | wall s \
+         | restart: passes | their load + process, CPU s |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for jobs in sizes {
         let m = scale::measure(jobs);
         println!(
-            "| {jobs} | {} | {:.3} | {:.3} | {:.3} | {:.3} |",
+            "| {jobs} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {:.3} |",
             m.agents,
             m.start.simulated.as_secs_f64(),
             m.start.wall.as_secs_f64(),
             m.restart.simulated.as_secs_f64(),
-            m.restart.wall.as_secs_f64()
+            m.restart.wall.as_secs_f64(),
+            m.restart.passes,
+            m.restart.pass_cpu.as_secs_f64()
+        );
+    }
+    let restarts: u32 = match std::env::var("LOCKSTEP_BENCH_RESTARTS") {
+        Ok(n) => n.trim().parse().expect("LOCKSTEP_BENCH_RESTARTS: a number"),
+        Err(_) if bench => 100,
+        Err(_) => 2,
+    };
+    if restarts > 0 {
+        let (first, later) = scale::pass_cpu(PASS_JOBS, restarts);
+        let median = |cpu: &[std::time::Duration]| {
+            let mut cpu = cpu.to_vec();
+            cpu.sort();
+            cpu[cpu.len() / 2]
+        };
+        let (first_median, later_median) = (median(&first), median(&later));
+        println!();
+        println!("controller_scale: CPU of one quiet pass (load and process) of a gang of {PASS_JOBS} jobs, one agent");
+        println!("| incarnation | passes | median CPU µs | min | max |");
+        println!("|---:|---:|---:|---:|---:|");
+        for (incarnation, cpu) in [(0, &first), (restarts, &later)] {
+            println!(
+                "| {incarnation} | {} | {:.0} | {:.0} | {:.0} |",
+                cpu.len(),
+                median(cpu).as_secs_f64() * 1e6,
+                cpu.iter().min().expect("passes").as_secs_f64() * 1e6,
+                cpu.iter().max().expect("passes").as_secs_f64() * 1e6
+            );
+        }
+        println!(
+            "after {restarts} finished incarnations / first: {:.2} (goal: at most 1.2)",
+            later_median.as_secs_f64() / first_median.as_secs_f64()
         );
     }
 }
@@ -53,21 +91,27 @@ fn main() {
 #[cfg(madsim)]
 const SLOTS: u32 = 100;
 
+/// Jobs of the gang whose quiet passes are timed before and after its restarts.
+#[cfg(madsim)]
+const PASS_JOBS: u32 = 64;
+
 #[cfg(madsim)]
 mod scale {
     use super::SLOTS;
-    use lockstep::agent::{Agent, AgentConfig, Behaviour, JobScript, ProcessEventKind, ProcessLog, SimulatedExecutor};
+    use lockstep::agent::{
+        Agent, AgentConfig, Behaviour, JobScript, ProcessEventKind, ProcessLog, Rule, SimulatedExecutor,
+    };
     use lockstep::gang::SpecFormat;
     use lockstep::gang::api;
     use lockstep::gang::controller::EVENT_JOB_STATE;
     use lockstep::gang::model::{JobStatus, OperationStatus};
-    use lockstep::gang::pipeline::{OperationHandler, operation_pipeline_config};
-    use lockstep::pipeline::{ManagerOptions, PipelineManager};
-    use lockstep::store::{MemStore, RowId, Store, Timestamp, TokioClock};
+    use lockstep::gang::pipeline::{OperationHandler, Pass, operation_pipeline_config};
+    use lockstep::pipeline::{Changes, Handler, LoadCx, ManagerOptions, PipelineManager, WorkError};
+    use lockstep::store::{MemStore, Row, RowId, Store, Timestamp, TokioClock};
     use madsim::runtime::{Handle, Runtime};
     use std::collections::BTreeSet;
     use std::net::{IpAddr, Ipv4Addr};
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     /// When job cookie 0 of incarnation 0 fails, simulated time after it started: after every job runs.
@@ -77,11 +121,14 @@ mod scale {
     /// The harness's poll of the operation's jobs (simulated).
     const POLL: Duration = Duration::from_millis(100);
 
-    /// One span: simulated and wall time.
+    /// One span: simulated and wall time, and the operation passes within it with the CPU of their load and
+    /// process phases (part of the wall time).
     #[derive(Clone, Copy, Debug, Default)]
     pub struct Span {
         pub simulated: Duration,
         pub wall: Duration,
+        pub passes: usize,
+        pub pass_cpu: Duration,
     }
 
     /// What one size measured.
@@ -91,11 +138,13 @@ mod scale {
         pub restart: Span,
     }
 
-    /// CPU time of this thread so far (nanosecond resolution, from the scheduler's accounting).
+    /// CPU time of this thread so far (`CLOCK_THREAD_CPUTIME_ID`, nanoseconds, exact at the call).
     fn cpu_time() -> Duration {
-        let stat = std::fs::read_to_string("/proc/thread-self/schedstat").expect("Linux's /proc/thread-self/schedstat");
-        let nanos: u64 = stat.split_whitespace().next().and_then(|n| n.parse().ok()).expect("schedstat's first field");
-        Duration::from_nanos(nanos)
+        let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // The system call, not libc's `clock_gettime`: madsim replaces that one and refuses this clock in a run.
+        let rc = unsafe { libc::syscall(libc::SYS_clock_gettime, libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+        assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+        Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
     }
 
     /// Runs the world for a gang of `jobs` jobs; panics if it does not reach every phase (the bench is wrong).
@@ -122,16 +171,18 @@ mod scale {
         );
         let log = ProcessLog::default();
         let executor = SimulatedExecutor::new(script, log.clone());
-        let replica_store = store.clone();
+        let passes: Arc<Mutex<Vec<Duration>>> = Arc::default();
+        let (replica_store, replica_passes) = (store.clone(), passes.clone());
         let _replica = handle
             .create_node()
             .name("replica-0")
             .ip(IpAddr::V4(Ipv4Addr::new(10, 0, 1, 1)))
             .init(move || {
-                let store = replica_store.clone();
+                let (store, passes) = (replica_store.clone(), replica_passes.clone());
                 async move {
                     let mut manager = PipelineManager::new(Arc::new(store), ManagerOptions { seed: 1 });
-                    manager.register(operation_pipeline_config(), OperationHandler::default()).expect("valid config");
+                    let handler = Timed { inner: OperationHandler::default(), passes };
+                    manager.register(operation_pipeline_config(), handler).expect("valid config");
                     manager.start();
                     std::future::pending::<()>().await;
                 }
@@ -161,11 +212,21 @@ mod scale {
         tokio::time::sleep(Duration::from_secs(5)).await;
 
         let spec = format!("{{tasks={{worker={{job_count={jobs};command=w;gang_options={{}}}}}}}}");
+        let passes_since = |from: usize| {
+            let passes = passes.lock().expect("not poisoned");
+            (passes.len() - from, passes[from..].iter().sum::<Duration>())
+        };
         let (submitted, wall) = (Store::now(&store).await.expect("MemStore's clock"), cpu_time());
+        let from = passes.lock().expect("not poisoned").len();
         let op = api::submit_text(&store, &spec, SpecFormat::Yson).await.expect("a valid spec");
         let (running, polling) = all_running(&store, op, 0, jobs).await;
-        let start =
-            Span { simulated: micros(running.as_micros() - submitted.as_micros()), wall: cpu_time() - wall - polling };
+        let (count, pass_cpu) = passes_since(from);
+        let start = Span {
+            simulated: micros(running.as_micros() - submitted.as_micros()),
+            wall: cpu_time() - wall - polling,
+            passes: count,
+            pass_cpu,
+        };
 
         // The gang restart, timed from the failing process's exit (the process log's time) to every job of
         // incarnation 1 running; the wall clock starts when the harness sees the exit.
@@ -178,12 +239,17 @@ mod scale {
             }
             tokio::time::sleep(POLL).await;
         };
-        let wall = cpu_time();
+        let (wall, from) = (cpu_time(), passes.lock().expect("not poisoned").len());
         let (running, polling) = all_running(&store, op, 1, jobs).await;
+        let (count, pass_cpu) = passes_since(from);
         let view = api::status(&store, op).await.expect("the operation exists");
         assert_eq!(view.status, OperationStatus::Running, "the operation ended instead of restarting its gang");
-        let restart =
-            Span { simulated: micros(running.as_micros() - exited.as_micros()), wall: cpu_time() - wall - polling };
+        let restart = Span {
+            simulated: micros(running.as_micros() - exited.as_micros()),
+            wall: cpu_time() - wall - polling,
+            passes: count,
+            pass_cpu,
+        };
         drop(nodes);
         (start, restart)
     }
@@ -230,5 +296,114 @@ mod scale {
             polling += cpu_time() - poll;
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    /// The operation handler, timing the CPU of each pass's load and process (the apply runs on the engine's
+    /// batcher and is not counted). With the store in process, neither phase yields, so no other task's work is in
+    /// the span.
+    struct Timed {
+        inner: OperationHandler,
+        passes: Arc<Mutex<Vec<Duration>>>,
+    }
+
+    impl<S: Store> Handler<S> for Timed {
+        type Context = (Pass, Duration);
+
+        async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<(Pass, Duration), WorkError> {
+            let start = cpu_time();
+            let pass = self.inner.load(row, cx).await?;
+            Ok((pass, cpu_time() - start))
+        }
+
+        async fn process(&self, row: Row, (pass, load): (Pass, Duration)) -> Result<Changes, WorkError> {
+            let start = cpu_time();
+            let changes = Handler::<S>::process(&self.inner, row, pass).await?;
+            self.passes.lock().expect("not poisoned").push(load + (cpu_time() - start));
+            Ok(changes)
+        }
+    }
+
+    /// The CPU of each quiet pass (every job running, nothing to handle) over one minute of a gang of `jobs` jobs
+    /// on one agent: in incarnation 0, and in incarnation `restarts` after that many gang restarts (job cookie 0
+    /// fails in every incarnation before it).
+    pub fn pass_cpu(jobs: u32, restarts: u32) -> (Vec<Duration>, Vec<Duration>) {
+        std::thread::spawn(move || {
+            let mut runtime = Runtime::with_seed_and_config(1, madsim::Config::default());
+            runtime.set_time_limit(Duration::from_secs(24 * 3_600));
+            runtime.block_on(quiet_passes(jobs, restarts))
+        })
+        .join()
+        .expect("the run reaches incarnation `restarts`")
+    }
+
+    async fn quiet_passes(jobs: u32, restarts: u32) -> (Vec<Duration>, Vec<Duration>) {
+        /// How long passes are timed while nothing happens: twelve `min_processing_interval`s (5 s).
+        const QUIET: Duration = Duration::from_secs(60);
+        let handle = Handle::current();
+        let store = MemStore::new(TokioClock::new(Timestamp(1_700_000_000_000_000)));
+        let passes: Arc<Mutex<Vec<Duration>>> = Arc::default();
+        let rules = (0..restarts)
+            .map(|attempt| Rule {
+                task: Some("worker".into()),
+                job_cookie: Some(0),
+                attempt: Some(attempt),
+                // Incarnation 0's failure waits for its quiet minute; the others come fast.
+                behaviour: Behaviour::exit_after(Duration::from_secs(if attempt == 0 { 120 } else { 5 }), 1),
+            })
+            .collect();
+        let script = JobScript { seed: 1, default: Behaviour::exit_after(Duration::from_secs(1_000_000), 0), rules };
+        let executor = SimulatedExecutor::new(script, ProcessLog::default());
+        let (replica_store, replica_passes) = (store.clone(), passes.clone());
+        let _replica = handle
+            .create_node()
+            .name("replica-0")
+            .ip(IpAddr::V4(Ipv4Addr::new(10, 0, 1, 1)))
+            .init(move || {
+                let (store, passes) = (replica_store.clone(), replica_passes.clone());
+                async move {
+                    let mut manager = PipelineManager::new(Arc::new(store), ManagerOptions { seed: 1 });
+                    let handler = Timed { inner: OperationHandler::default(), passes };
+                    manager.register(operation_pipeline_config(), handler).expect("valid config");
+                    manager.start();
+                    std::future::pending::<()>().await;
+                }
+            })
+            .build();
+        let agent_store = store.clone();
+        let _agent = handle
+            .create_node()
+            .name("agent-0")
+            .ip(IpAddr::V4(Ipv4Addr::new(10, 0, 2, 1)))
+            .init(move || {
+                Agent::new(Arc::new(agent_store.clone()), executor.clone(), AgentConfig::new("agent-0", jobs)).run()
+            })
+            .build();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let spec = format!(
+            "{{tasks={{worker={{job_count={jobs};command=w;gang_options={{}}}}}};max_failed_job_count={}}}",
+            restarts + 1
+        );
+        let op = api::submit_text(&store, &spec, SpecFormat::Yson).await.expect("a valid spec");
+        let mut timed = Vec::new();
+        for incarnation in [0, restarts] {
+            loop {
+                let view = api::status(&store, op).await.expect("the operation exists");
+                assert!(!view.status.is_terminal(), "operation {op} ended: {:?}", view.data.result);
+                let running = view
+                    .jobs
+                    .iter()
+                    .filter(|j| j.data.incarnation == incarnation && j.status == JobStatus::Running)
+                    .count();
+                if view.data.incarnation == incarnation && running == jobs as usize {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            let from = passes.lock().expect("not poisoned").len();
+            tokio::time::sleep(QUIET).await;
+            timed.push(passes.lock().expect("not poisoned")[from..].to_vec());
+        }
+        let later = timed.pop().expect("two windows");
+        (timed.pop().expect("two windows"), later)
     }
 }

@@ -115,8 +115,12 @@ impl Database {
         if let Some(name) = nodes.get(&row) {
             return Some(name.clone());
         }
-        let found = self.store.row(row).filter(|r| r.kind == KIND_ALLOCATION)?;
-        let name = serde_json::from_value::<AllocationData>(found.data).ok()?.node_name;
+        let read = |r: &crate::store::Row| {
+            use serde::Deserialize;
+            let data = (r.kind == KIND_ALLOCATION).then(|| AllocationData::deserialize(&r.data).ok());
+            data.flatten().map(|data| data.node_name)
+        };
+        let name = self.store.read_row(row, read).flatten()?;
         nodes.insert(row, name.clone());
         Some(name)
     }
@@ -130,7 +134,7 @@ impl Database {
             CommitOp::Fetch { leases, .. } if leases.len() == 1 => leases[0].id,
             _ => return None,
         };
-        gang::commit_operation(&self.store.row(row)?)
+        self.store.read_row(row, gang::commit_operation).flatten()
     }
 
     /// How many times the node started.
@@ -255,14 +259,15 @@ async fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
     let events_before = if gang_trace { store.events_len() } else { 0 };
     let response = dispatch(db, &store, call).await;
     for commit in store.history_from(before) {
-        match db.commit_operation(&commit.op).filter(|_| gang_trace) {
+        // The operation is looked up only when traced: the lookup reads a row per commit.
+        match gang_trace.then(|| db.commit_operation(&commit.op)).flatten() {
             Some(op) => db.trace.record(caller, "commit", format!("{} op={op}", commit.op)),
             None => db.trace.record(caller, "commit", commit.op.to_string()),
         }
     }
     if gang_trace {
         let on_operation = |event: &crate::store::Event| {
-            db.store.row(event.row_id).is_some_and(|row| row.kind == crate::gang::model::KIND_OPERATION)
+            db.store.read_row(event.row_id, |row| row.kind == crate::gang::model::KIND_OPERATION).unwrap_or(false)
         };
         for event in store.events_from(events_before).into_iter().filter(on_operation) {
             let (kind, fields) = gang::event_line(&event, |row| db.allocation_node(row));

@@ -527,10 +527,11 @@ impl<S: Store, E: Executor> Agent<S, E> {
         }
         self.collect_exits(&mut pass);
         if let (Some(session), Some(node)) = (self.session, self.node) {
-            let rows = self.store.list(KIND_ALLOCATION, Some(node)).await?;
+            // Decoded where they are read, never copied whole (issue 17).
+            let rows = self.store.list_map(KIND_ALLOCATION, Some(node), Allocation::from_row).await?;
             let mut allocations = Vec::with_capacity(rows.len());
-            for row in &rows {
-                match Allocation::from_row(row) {
+            for row in rows {
+                match row {
                     Ok(allocation) => allocations.push(allocation),
                     Err(error) => tracing::warn!(node = %self.config.name, %error, "allocation row skipped"),
                 }

@@ -108,10 +108,23 @@ impl<S: Store> Handler<S> for OperationHandler {
         // Indexed reads (issue 17): the jobs after `jobs_after` (the current incarnation's, and the few rows of an
         // older one a restarting pass created before it restarted), the undone inbox, and below the allocations
         // granted to the operation and the free ones. Six calls, as when every row was listed.
+        // Rows are decoded where they are read (`query_map`), never copied whole.
         let jobs_read = RowQuery::new(KIND_JOB).parent(operation).after(data.jobs_after);
-        let job_rows = query_one(store, jobs_read).await?;
-        let revival = job_rows.iter().any(|r| self.locked_by_a_lost_pass(r, cx.lease().token));
-        let jobs = job_rows.iter().map(Job::from_row).collect::<Result<Vec<_>, _>>().map_err(failed)?;
+        let token = cx.lease().token;
+        let read_job = |r: &Row| {
+            let live = JobStatus::parse(&r.status).is_some_and(|s| !s.is_terminal());
+            (r.id, live, self.locked_by_a_lost_pass(r, token), Job::from_row(r))
+        };
+        let job_rows = store.query_map(vec![jobs_read], read_job).await?.pop().ok_or_else(no_answer)?;
+        let revival = job_rows.iter().any(|(_, _, lost, _)| *lost);
+        let mut jobs = Vec::with_capacity(job_rows.len());
+        let mut children: Vec<RowId> = Vec::new();
+        for (id, live, _, job) in job_rows {
+            jobs.push(job.map_err(failed)?);
+            if live {
+                children.push(id);
+            }
+        }
         let mut messages = Vec::new();
         for r in query_one(store, RowQuery::new(KIND_INBOX).parent(operation).statuses([INBOX_NEW])).await? {
             messages.push((r.id, Message::from_row(&r).map_err(failed)?));
@@ -132,13 +145,19 @@ impl<S: Store> Handler<S> for OperationHandler {
         let cluster_slots = slots.iter().filter(|(node, _)| node_sessions.contains_key(node)).map(|(_, n)| n).sum();
         let mut allocations = Vec::new();
         let mut free = Vec::new();
-        for r in allocation_rows(store, &data).await? {
-            let allocation = Allocation::from_row(&r).map_err(failed)?;
+        let owner = format!("{}:{operation}", self.pipeline);
+        let read_allocation = |r: &Row| AllocationRead {
+            free: r.status == ALLOCATION_FREE,
+            lockable: lockable(r, &owner, now),
+            allocation: Allocation::from_row(r),
+        };
+        for read in allocation_rows(store, &data, read_allocation).await? {
+            let allocation = read.allocation.map_err(failed)?;
             let node = allocation.data.node;
             if allocation.allocated && allocation.data.operation == Some(operation) {
                 allocations.push(allocation);
-            } else if r.status == ALLOCATION_FREE
-                && self.lockable(&r, operation, now)
+            } else if read.free
+                && read.lockable
                 && slots.get(&node).is_some_and(|n| allocation.data.slot < *n)
                 && let Some(session) = node_sessions.get(&node)
             {
@@ -169,8 +188,6 @@ impl<S: Store> Handler<S> for OperationHandler {
         };
         let output = run_pass(input);
 
-        let live = |r: &&Row| JobStatus::parse(&r.status).is_some_and(|s| !s.is_terminal());
-        let mut children: Vec<RowId> = job_rows.iter().filter(live).map(|r| r.id).collect();
         children.extend(output.consumed.iter().copied());
         if !children.is_empty() {
             cx.lock_related(children).await?;
@@ -202,15 +219,23 @@ impl<S: Store> Handler<S> for OperationHandler {
     }
 }
 
-impl OperationHandler {
-    /// Whether this operation's pass could lock the free allocation `row` now: no live lease or intent mark of
-    /// another holder. A lock left by a pass that died has expired and does not count, or the slot would leak.
-    fn lockable(&self, row: &Row, operation: RowId, now: Timestamp) -> bool {
-        let live = row.lock_expires_at.is_some_and(|expires| expires > now);
-        let ours = row.lock_owner.as_deref() == Some(format!("{}:{operation}", self.pipeline).as_str());
-        !live || (ours && row.lock_token.is_none())
-    }
+/// Whether a pass whose shared lock owner is `owner` (`{pipeline}:{operation}`) could lock the free allocation
+/// `row` now: no live lease or intent mark of another holder. A lock left by a pass that died has expired and does
+/// not count, or the slot would leak.
+fn lockable(row: &Row, owner: &str, now: Timestamp) -> bool {
+    let live = row.lock_expires_at.is_some_and(|expires| expires > now);
+    let ours = row.lock_owner.as_deref() == Some(owner);
+    !live || (ours && row.lock_token.is_none())
+}
 
+/// What a pass needs of an allocation row: its decoded data, and whether it is free and lockable now.
+struct AllocationRead {
+    free: bool,
+    lockable: bool,
+    allocation: Result<Allocation, super::model::DecodeError>,
+}
+
+impl OperationHandler {
     /// Whether `row` still carries a related lock of this pipeline from a lease other than `token`: the pass that
     /// took it never applied, reset or released, so its holder lost the lease mid-pass (DESIGN §4, revival).
     fn locked_by_a_lost_pass(&self, row: &Row, token: LockToken) -> bool {
@@ -218,27 +243,37 @@ impl OperationHandler {
     }
 }
 
+fn no_answer() -> WorkError {
+    failed("the store answered no query")
+}
+
 /// The rows of one indexed read.
 async fn query_one<S: Store>(store: &S, query: RowQuery) -> Result<Vec<Row>, WorkError> {
     let mut answers = store.query(vec![query]).await?;
-    answers.pop().ok_or_else(|| failed("the store answered no query"))
+    answers.pop().ok_or_else(no_answer)
 }
 
-/// The allocation rows a pass may use, by id, in one read: those granted to the operation when its last pass
-/// applied (`data.granted`) and the free ones; every allocation for an operation whose data predates the list.
-async fn allocation_rows<S: Store>(store: &S, data: &OperationData) -> Result<Vec<Row>, WorkError> {
+/// The allocation rows a pass may use, by id, in one read, as `read` makes them: those granted to the operation
+/// when its last pass applied (`data.granted`) and the free ones; every allocation for an operation whose data
+/// predates the list.
+async fn allocation_rows<S: Store, T: Send>(
+    store: &S,
+    data: &OperationData,
+    read: impl Fn(&Row) -> T + Send + Sync,
+) -> Result<Vec<T>, WorkError> {
     let Some(granted) = &data.granted else {
-        return Ok(store.list(KIND_ALLOCATION, None).await?);
+        return Ok(store.list(KIND_ALLOCATION, None).await?.iter().map(read).collect());
     };
     let queries = vec![
         RowQuery::new(KIND_ALLOCATION).ids(granted.iter().copied()),
         RowQuery::new(KIND_ALLOCATION).statuses([ALLOCATION_FREE]),
     ];
-    let mut rows: Vec<Row> = store.query(queries).await?.into_iter().flatten().collect();
+    let mut rows: Vec<(RowId, T)> =
+        store.query_map(queries, |row| (row.id, read(row))).await?.into_iter().flatten().collect();
     // A granted row that is free again (it is not, while the operation's passes are its only writer) is read once.
-    rows.sort_by_key(|row| row.id);
-    rows.dedup_by_key(|row| row.id);
-    Ok(rows)
+    rows.sort_by_key(|(id, _)| *id);
+    rows.dedup_by_key(|(id, _)| *id);
+    Ok(rows.into_iter().map(|(_, read)| read).collect())
 }
 
 /// Locks the gang queue row alone (so a contended lock leaves no intent mark on it) and checks that it is still
@@ -287,7 +322,8 @@ fn live_sessions(nodes: &[Row], now: Timestamp) -> BTreeMap<RowId, LockToken> {
 }
 
 fn node_slots(nodes: &[Row]) -> BTreeMap<RowId, u32> {
-    let slots = |node: &Row| serde_json::from_value::<NodeData>(node.data.clone()).map(|d| d.slots).unwrap_or(0);
+    use serde::Deserialize;
+    let slots = |node: &Row| NodeData::deserialize(&node.data).map(|d| d.slots).unwrap_or(0);
     nodes.iter().map(|node| (node.id, slots(node))).collect()
 }
 

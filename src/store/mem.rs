@@ -197,6 +197,11 @@ impl MemStore {
         self.lock().rows.values().cloned().collect()
     }
 
+    /// Whether `pred` holds for every row, read in place (no copy): for checks the simulator repeats.
+    pub fn rows_all(&self, pred: impl FnMut(&Row) -> bool) -> bool {
+        self.lock().rows.values().all(pred)
+    }
+
     /// Every event, in sequence order: a snapshot for checkers.
     pub fn all_events(&self) -> Vec<Event> {
         self.lock().events.clone()
@@ -215,6 +220,11 @@ impl MemStore {
     /// A snapshot of row `id`, outside any call (no commit): for the simulator's trace and checkers.
     pub fn row(&self, id: RowId) -> Option<Row> {
         self.lock().rows.get(&id).cloned()
+    }
+
+    /// What `read` makes of row `id`, read in place outside any call (no commit, no copy of the row).
+    pub fn read_row<T>(&self, id: RowId, read: impl FnOnce(&Row) -> T) -> Option<T> {
+        self.lock().rows.get(&id).map(read)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -409,6 +419,11 @@ impl State {
 impl State {
     /// The rows of one [`Store::query`], by id, read through the narrowest index its filters allow.
     fn query(&self, q: &RowQuery) -> Vec<Row> {
+        self.query_rows(q).cloned().collect()
+    }
+
+    /// The rows of one [`Store::query`], by id, borrowed.
+    fn query_rows<'a>(&'a self, q: &RowQuery) -> impl Iterator<Item = &'a Row> + 'a {
         let after = q.after.map_or(Bound::Unbounded, Bound::Excluded);
         let range = |ids: &BTreeSet<RowId>| ids.range((after, Bound::Unbounded)).copied().collect::<Vec<_>>();
         let mut ids: Vec<RowId> = match (&q.ids, q.parent, &q.statuses) {
@@ -435,7 +450,7 @@ impl State {
         // The ids filter was applied by the lookup above; matching each row against the list again would cost
         // the list's length per row.
         let filters = RowQuery { ids: None, ..q.clone() };
-        ids.into_iter().filter_map(|id| self.rows.get(&id)).filter(|row| filters.matches(row)).cloned().collect()
+        ids.into_iter().filter_map(|id| self.rows.get(&id)).filter(move |row| filters.matches(row))
     }
 
     /// The write of [`Store::record_failure`] at `now` for a lease still held; returns the row's new attempt count.
@@ -659,10 +674,33 @@ impl Store for MemStore {
         Ok(ids.into_iter().flatten().map(|id| state.rows[id].clone()).collect())
     }
 
+    async fn list_map<T, F>(&self, kind: &str, parent: Option<RowId>, read: F) -> Result<Vec<T>, StoreError>
+    where
+        T: Send,
+        F: Fn(&Row) -> T + Send,
+    {
+        let state = self.lock();
+        let ids = match parent {
+            Some(parent) => state.by_parent.get(&(parent, kind.to_string())),
+            None => state.by_kind.get(kind),
+        };
+        Ok(ids.into_iter().flatten().map(|id| read(&state.rows[id])).collect())
+    }
+
     async fn query(&self, queries: Vec<RowQuery>) -> Result<Vec<Vec<Row>>, StoreError> {
         check_query(&queries)?;
         let state = self.lock();
         Ok(queries.iter().map(|q| state.query(q)).collect())
+    }
+
+    async fn query_map<T, F>(&self, queries: Vec<RowQuery>, read: F) -> Result<Vec<Vec<T>>, StoreError>
+    where
+        T: Send,
+        F: Fn(&Row) -> T + Send,
+    {
+        check_query(&queries)?;
+        let state = self.lock();
+        Ok(queries.iter().map(|q| state.query_rows(q).map(&read).collect()).collect())
     }
 
     async fn events(&self, row: RowId) -> Result<Vec<Event>, StoreError> {

@@ -182,6 +182,7 @@ macro_rules! __conformance_cases {
                 get_of_a_missing_row_is_none,
                 list_filters_by_kind_and_parent_in_id_order,
                 query_filters_by_parent_status_cursor_and_ids_in_id_order,
+                query_map_and_list_map_read_the_rows_query_and_list_return,
                 query_refuses_a_nul_in_a_kind_or_a_status,
                 now_moves_forward_by_at_least_the_advanced_span,
             }

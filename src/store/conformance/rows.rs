@@ -114,6 +114,36 @@ pub async fn query_filters_by_parent_status_cursor_and_ids_in_id_order<H: Harnes
     assert_eq!(ids(&done[0]), vec![a.id, b.id], "row {} joined the status it was written into", a.id);
 }
 
+/// `query_map` hands `read` the rows `query` returns, in the same order, and refuses what `query` refuses;
+/// `list_map` the rows `list` returns.
+pub async fn query_map_and_list_map_read_the_rows_query_and_list_return<H: Harness>(h: H) {
+    let parent = insert(&h, "operation").await;
+    for (i, status) in ["new", "done", "new"].into_iter().enumerate() {
+        insert_new(&h, NewRow::new("inbox", status, json!({ "i": i })).with_parent(parent.id)).await;
+    }
+    let queries = || {
+        vec![
+            RowQuery::new("inbox").parent(parent.id).statuses(["new"]),
+            RowQuery::new("inbox"),
+            RowQuery::new("operation").ids([parent.id]),
+            RowQuery::new("job"),
+        ]
+    };
+    let rows = h.store().query(queries()).await.expect("query");
+    let read = |row: &Row| (row.id, row.status.clone(), row.data.clone());
+    let mapped = h.store().query_map(queries(), read).await.expect("query_map");
+    let expected: Vec<Vec<_>> = rows.iter().map(|answer| answer.iter().map(read).collect()).collect();
+    assert_eq!(mapped, expected, "query_map read other rows than query returned");
+    assert_eq!(mapped.iter().map(Vec::len).collect::<Vec<_>>(), vec![2, 3, 1, 0], "rows per query");
+    for parent in [Some(parent.id), None] {
+        let listed = h.store().list("inbox", parent).await.expect("list");
+        let mapped = h.store().list_map("inbox", parent, read).await.expect("list_map");
+        assert_eq!(mapped, listed.iter().map(read).collect::<Vec<_>>(), "list_map of parent {parent:?}");
+    }
+    let bad = h.store().query_map(vec![RowQuery::new("in\0box")], |row| row.id).await;
+    assert!(matches!(&bad, Err(StoreError::Invalid(m)) if m.contains("query 0") && m.contains("kind")), "{bad:?}");
+}
+
 /// `query` refuses a kind or a status PostgreSQL text cannot hold, naming the query and the field.
 pub async fn query_refuses_a_nul_in_a_kind_or_a_status<H: Harness>(h: H) {
     let bad_kind = h.store().query(vec![RowQuery::new("in\0box")]).await;
