@@ -455,15 +455,7 @@ async fn a_populated_schema_of_migration_0001_migrates_and_its_rows_fail_and_app
     for row in &rows {
         assert_eq!((row.attempts, row.errors.len(), row.not_before), (0, 0, None), "row {} after 0002", row.id);
     }
-    let params = FetchParams {
-        pipeline: "tasks".into(),
-        kind: "task".into(),
-        statuses: vec!["ready".into()],
-        limit: 10,
-        lease_ttl: Duration::from_secs(30),
-        min_processing_interval: Duration::from_secs(5),
-        retry_delay: Duration::from_secs(1),
-    };
+    let params = ready_tasks();
     let leased = store.fetch(params.clone()).await.unwrap();
     assert_eq!(leased.len(), 2, "both old rows are eligible");
     let lease = |row: &Row| Lease { id: row.id, token: row.lock_token.unwrap() };
@@ -575,15 +567,7 @@ async fn a_populated_schema_of_migration_0003_migrates_and_its_leases_fetch_and_
     assert!(indexes[1].1.ends_with("WHERE (lock_expires_at IS NOT NULL)"), "{indexes:?}");
     conn.close().await.unwrap();
 
-    let params = FetchParams {
-        pipeline: "tasks".into(),
-        kind: "task".into(),
-        statuses: vec!["ready".into()],
-        limit: 10,
-        lease_ttl: Duration::from_secs(30),
-        min_processing_interval: Duration::from_secs(5),
-        retry_delay: Duration::from_secs(1),
-    };
+    let params = ready_tasks();
     let leased = store.fetch(params.clone()).await.unwrap();
     let ns: Vec<i64> = leased.iter().map(|row| row.data["n"].as_i64().unwrap()).collect();
     assert_eq!(ns, vec![0, 1, 3], "the unleased rows and the expired lease, in fetch order");
@@ -601,4 +585,18 @@ async fn a_populated_schema_of_migration_0003_migrates_and_its_leases_fetch_and_
     assert_eq!(ns, vec![2], "the row under a live lease (in the expiry index only)");
     drop(store);
     PgStore::drop_schema(&url, &schema).await.unwrap();
+}
+
+/// A fetch of up to 10 `ready` rows of kind `task` for pipeline `tasks` (30 s leases): the migration tests'
+/// fetch of the rows they wrote under an older schema.
+fn ready_tasks() -> FetchParams {
+    FetchParams {
+        pipeline: "tasks".into(),
+        kind: "task".into(),
+        statuses: vec!["ready".into()],
+        limit: 10,
+        lease_ttl: Duration::from_secs(30),
+        min_processing_interval: Duration::from_secs(5),
+        retry_delay: Duration::from_secs(1),
+    }
 }
