@@ -203,8 +203,16 @@ impl<S: Store> Handler<S> for Done {
     }
 }
 
+/// `workers` workers, no refetch, one fetch loop and one apply batch in flight (the rules these tests time are
+/// each tested with more where they say so).
 fn config(workers: usize) -> PipelineConfig {
-    PipelineConfig { workers, refetch: false, ..PipelineConfig::new("tasks", "task", &["ready"]) }
+    PipelineConfig {
+        workers,
+        refetch: false,
+        fetchers: 1,
+        apply_batches_in_flight: 1,
+        ..PipelineConfig::new("tasks", "task", &["ready"])
+    }
 }
 
 async fn insert_ready(store: &Slow, count: usize) {
@@ -256,6 +264,54 @@ async fn applies_that_arrive_while_a_batch_is_in_the_store_go_together_next() {
     assert_eq!(sizes.iter().sum::<usize>(), 40, "every row applied once: {sizes:?}");
     assert!(sizes.iter().any(|&len| len > 8), "no batch larger than the workers: {sizes:?}");
     assert!(sizes.len() < 20, "applies did not batch: {sizes:?}");
+}
+
+/// Start instants (from `started`) of the apply calls of two items handed over 1 ms apart by a pipeline allowing
+/// `in_flight` apply batches in the store at once.
+async fn two_applies_one_ms_apart(in_flight: usize) -> Vec<Duration> {
+    let store = Slow::new();
+    insert_ready(&store, 2).await;
+    let config = PipelineConfig { apply_batches_in_flight: in_flight, ..config(4) };
+    let p = Pipeline::new(Arc::new(store.clone()), config).unwrap();
+    p.fetcher(1).run_once().await.unwrap();
+    let started = Instant::now();
+    let done = Done { process: Duration::ZERO };
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        p.work_one(&done).await
+    };
+    let (first, second) = tokio::join!(p.work_one(&done), second);
+    assert_eq!((first, second), (Some(ItemOutcome::Applied), Some(ItemOutcome::Applied)));
+    store.applies.lock().unwrap().iter().map(|(at, _)| at.duration_since(started)).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_two_batches_in_flight_the_next_apply_goes_while_one_is_in_the_store() {
+    // One batch in flight (the default): the second apply waits for the first batch's answer, at most the
+    // window (2 ms after it arrived), then goes.
+    let ms = Duration::from_millis;
+    assert_eq!(two_applies_one_ms_apart(1).await, vec![ms(0), ms(3)]);
+    // Two: it goes at once, beside the first.
+    assert_eq!(two_applies_one_ms_apart(2).await, vec![ms(0), ms(1)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unanswered_applies_never_exceed_one_full_batch_per_batch_in_flight() {
+    let store = Slow::new();
+    insert_ready(&store, 60).await;
+    let config = PipelineConfig { apply_batch_max: 5, apply_batches_in_flight: 2, ..config(8) };
+    let (_, mut manager) = run_to_done(&store, config, Duration::ZERO).await;
+    manager.shutdown().await;
+    let applies = store.applies.lock().unwrap().clone();
+    assert!(applies.iter().all(|(_, len)| *len <= 5), "a batch past apply_batch_max: {applies:?}");
+    let mut most = 0;
+    for (at, _) in &applies {
+        let in_store: usize =
+            applies.iter().filter(|(other, _)| *other <= *at && at.duration_since(*other) < CALL).map(|(_, l)| l).sum();
+        most = most.max(in_store);
+    }
+    assert!(most <= 10, "{most} applies in the store at once: {applies:?}");
+    assert!(most > 5, "never more than one batch's slots in use: {applies:?}");
 }
 
 #[tokio::test(start_paused = true)]
