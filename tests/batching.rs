@@ -430,6 +430,38 @@ async fn a_second_fetch_overlaps_the_first_while_the_queue_is_grown() {
     assert!(took[1].as_secs_f64() < took[0].as_secs_f64() * 0.65, "one fetcher {:?}, two {:?}", took[0], took[1]);
 }
 
+/// Per-item mode (a queue of one row that cannot grow, one row per fetch): while the workers outrun the fetches,
+/// the other fetch loops fetch too, so up to `fetchers` one-row fetches are in the store at once; once the rows
+/// run out only the first fetcher polls.
+#[tokio::test(start_paused = true)]
+async fn per_item_fetches_overlap_while_the_workers_outrun_them() {
+    let mut took = Vec::new();
+    for fetchers in [1, 4] {
+        let store = Slow::new();
+        insert_ready(&store, 200).await;
+        let config = PipelineConfig {
+            fetchers,
+            queue_upper_factor: 0.25,
+            queue_lower_factor: 0.25,
+            fetch_limit_max: 1,
+            apply_batch_window: Duration::ZERO,
+            ..config(4)
+        };
+        let (elapsed, mut manager) = run_to_done(&store, config, Duration::ZERO).await;
+        let (calls, in_flight_max) = store.fetch_calls();
+        assert_eq!(in_flight_max, fetchers, "{fetchers} fetcher(s)");
+        // Every row leased by a fetch of its own, and few empty fetches once they ran out.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (idle_calls, _) = store.fetch_calls();
+        manager.shutdown().await;
+        assert!(calls >= 200 && calls < 200 + 2 * fetchers, "{calls} fetch calls for 200 rows");
+        assert!(idle_calls - calls <= 3, "{} fetches in the idle second after", idle_calls - calls);
+        took.push(elapsed);
+    }
+    // One fetcher: one row per 10 ms call. Four: about four times that.
+    assert!(took[1].as_secs_f64() < took[0].as_secs_f64() * 0.35, "one fetcher {:?}, four {:?}", took[0], took[1]);
+}
+
 /// Fetches in flight hold room in the queue: the queue and their reservations never exceed `fetchers` × the
 /// queue's max, and a fetch never asks for more than the max.
 #[tokio::test(start_paused = true)]

@@ -11,7 +11,8 @@
 #   lockstep_1x8      lockstep, default config, 1 replica x 8 workers (`cargo bench --bench pipeline -- drain`)
 #   lockstep_2x8      lockstep, 2 replicas x 8 workers
 #   pgbench_raw1      the raw line claiming 1 row per statement (raw1_claim_complete.pgbench), PEERS_PER_ITEM_ITEMS
-#   lockstep_1x8_per_item  lockstep in per-item mode (one row per fetch, apply and refetch batching off), 1 x 8,
+#   lockstep_1x8_per_item  lockstep in per-item mode (one row per fetch, apply and refetch batching off, a fetch
+#                     loop per worker), 1 x 8,
 #                     PEERS_PER_ITEM_ITEMS items
 #   lockstep_1x8_10ms lockstep, default config, 1 x 8, each item processed in 10 ms (a sleep), PEERS_SLOW_ITEMS
 #                     items: throughput should follow workers / processing time (800/s)

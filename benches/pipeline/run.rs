@@ -35,9 +35,12 @@ fn no_batching(config: &mut PipelineConfig) {
     config.apply_batch_window = Duration::ZERO;
 }
 
-/// The per-item mode: one row per fetch (a queue of one), every apply and refetch a store call of its own.
+/// The per-item mode: one row per fetch (a queue of one), every apply and refetch a store call of its own, and a
+/// fetch loop per worker (while the workers outrun the fetches, as many one-row fetches in flight as workers: the
+/// raw one-row line's clients each claim one row at a time too).
 pub fn per_item(config: &mut PipelineConfig) {
     let one = 1.0 / config.workers as f64;
+    config.fetchers = config.workers;
     config.queue_upper_factor = one;
     config.queue_lower_factor = one;
     config.fetch_limit_max = 1;

@@ -47,7 +47,7 @@ pub struct Settings {
     /// Replicas (× 8 workers) of the drain section (`LOCKSTEP_BENCH_DRAIN_REPLICAS`, default 1).
     pub drain_replicas: usize,
     /// The drain's pipeline mode (`LOCKSTEP_BENCH_DRAIN_MODE`): `batched` (the default config) or `per_item` (one
-    /// row per fetch, apply and refetch batching off).
+    /// row per fetch, apply and refetch batching off, a fetch loop per worker).
     pub drain_mode: DrainMode,
     /// Processing time of each drained item, a sleep (`LOCKSTEP_BENCH_DRAIN_PROCESSING_MS`, default 0: trivial).
     pub drain_processing: Duration,
@@ -67,7 +67,8 @@ pub struct Settings {
 pub enum DrainMode {
     /// The default config.
     Batched,
-    /// One row per fetch, apply and refetch batching off: the per-item mode of small deployments.
+    /// One row per fetch, apply and refetch batching off, a fetch loop per worker: the per-item mode of small
+    /// deployments.
     PerItem,
 }
 

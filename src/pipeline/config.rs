@@ -212,7 +212,9 @@ pub struct PipelineConfig {
     /// [`super::queue`]). At most dstack's queue max has no effect. Default [`FETCH_LIMIT_MAX_DEFAULT`].
     pub fetch_limit_max: usize,
     /// Fetch loops, at least 1: the first is dstack's fetcher (backoff, hints); each other one fetches only while
-    /// the queue is grown past dstack's size (the workers outran the fetches and the store has more rows), so up
+    /// the queue is grown past dstack's size, or, for a queue that cannot grow (`fetch_limit_max` at most dstack's
+    /// max, as in per-item mode), while the workers outrun it (the workers outran the fetches and the store has more
+    /// rows), so up
     /// to this many fetches are in flight at once and the queue holds up to this many times its max (the rule is
     /// in [`super::queue`]). Each may use a store connection. Default [`FETCHERS_DEFAULT`].
     pub fetchers: usize,
