@@ -44,9 +44,9 @@ pub const APPLY_BATCH_WINDOW_DEFAULT: Duration = Duration::from_millis(2);
 /// batch size of the raw SQL limit the benchmarks compare with (BENCHMARKS.md).
 pub const APPLY_BATCH_MAX_DEFAULT: usize = 100;
 /// Default most apply batches of a pipeline in the store at once: 2, so the next batch goes while one commits. A
-/// 1 × 8 drain on PostgreSQL waited on its one batch in flight (its 100 unanswered applies filled their slots 56–60 %
-/// of the time) once two fetches were in flight; with two of each it ran 1.7–2.1 × as fast (issue 16,
-/// BENCHMARKS.md).
+/// 1 × 8 drain on PostgreSQL with two fetches in flight waited on its one apply batch (its 100 unanswered applies
+/// filled their slots 77–86 % of the time); with two of each it ran 1.4–2.1 × (median 1.7 ×) as fast as with one
+/// of each (issue 16, BENCHMARKS.md).
 pub const APPLY_BATCHES_IN_FLIGHT_DEFAULT: usize = 2;
 /// Default most rows one fetch leases once the workers outrun dstack's queue size: the batch size of the raw SQL
 /// limit the benchmarks compare with (BENCHMARKS.md).
@@ -54,8 +54,9 @@ pub const FETCH_LIMIT_MAX_DEFAULT: usize = 100;
 /// Default fetch loops per pipeline: 2. The second loop fetches only while the queue is grown (the workers outran
 /// the fetches and the store has more rows), so an idle or slow pipeline fetches as dstack's one loop does; a busy
 /// one has a second fetch in flight while the first is answered (`tests/batching.rs`: twice the rows per second at
-/// 10 ms a call). A 1 × 8 drain on PostgreSQL spent 80 % of its time with its one fetch in flight and every worker
-/// idle; with two fetchers and two apply batches in flight it ran 1.7–2.1 × as fast (issue 16, BENCHMARKS.md).
+/// 10 ms a call). A 1 × 8 drain on PostgreSQL spent about 80 % of its time with its one fetch in flight and every
+/// worker idle; with two fetchers and two apply batches in flight it ran 1.4–2.1 × (median 1.7 ×) as fast (issue 16,
+/// BENCHMARKS.md).
 pub const FETCHERS_DEFAULT: usize = 2;
 
 /// Default longest wait of a worker's refetch for other workers' refetches to join it in one store call: the
