@@ -203,8 +203,16 @@ impl<S: Store> Handler<S> for Done {
     }
 }
 
+/// `workers` workers, no refetch, one fetch loop and one apply batch in flight (the rules these tests time are
+/// each tested with more where they say so).
 fn config(workers: usize) -> PipelineConfig {
-    PipelineConfig { workers, refetch: false, ..PipelineConfig::new("tasks", "task", &["ready"]) }
+    PipelineConfig {
+        workers,
+        refetch: false,
+        fetchers: 1,
+        apply_batches_in_flight: 1,
+        ..PipelineConfig::new("tasks", "task", &["ready"])
+    }
 }
 
 async fn insert_ready(store: &Slow, count: usize) {
@@ -256,6 +264,54 @@ async fn applies_that_arrive_while_a_batch_is_in_the_store_go_together_next() {
     assert_eq!(sizes.iter().sum::<usize>(), 40, "every row applied once: {sizes:?}");
     assert!(sizes.iter().any(|&len| len > 8), "no batch larger than the workers: {sizes:?}");
     assert!(sizes.len() < 20, "applies did not batch: {sizes:?}");
+}
+
+/// Start instants (from `started`) of the apply calls of two items handed over 1 ms apart by a pipeline allowing
+/// `in_flight` apply batches in the store at once.
+async fn two_applies_one_ms_apart(in_flight: usize) -> Vec<Duration> {
+    let store = Slow::new();
+    insert_ready(&store, 2).await;
+    let config = PipelineConfig { apply_batches_in_flight: in_flight, ..config(4) };
+    let p = Pipeline::new(Arc::new(store.clone()), config).unwrap();
+    p.fetcher(1).run_once().await.unwrap();
+    let started = Instant::now();
+    let done = Done { process: Duration::ZERO };
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        p.work_one(&done).await
+    };
+    let (first, second) = tokio::join!(p.work_one(&done), second);
+    assert_eq!((first, second), (Some(ItemOutcome::Applied), Some(ItemOutcome::Applied)));
+    store.applies.lock().unwrap().iter().map(|(at, _)| at.duration_since(started)).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_two_batches_in_flight_the_next_apply_goes_while_one_is_in_the_store() {
+    // One batch in flight (the default): the second apply waits for the first batch's answer, at most the
+    // window (2 ms after it arrived), then goes.
+    let ms = Duration::from_millis;
+    assert_eq!(two_applies_one_ms_apart(1).await, vec![ms(0), ms(3)]);
+    // Two: it goes at once, beside the first.
+    assert_eq!(two_applies_one_ms_apart(2).await, vec![ms(0), ms(1)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unanswered_applies_never_exceed_one_full_batch_per_batch_in_flight() {
+    let store = Slow::new();
+    insert_ready(&store, 60).await;
+    let config = PipelineConfig { apply_batch_max: 5, apply_batches_in_flight: 2, ..config(8) };
+    let (_, mut manager) = run_to_done(&store, config, Duration::ZERO).await;
+    manager.shutdown().await;
+    let applies = store.applies.lock().unwrap().clone();
+    assert!(applies.iter().all(|(_, len)| *len <= 5), "a batch past apply_batch_max: {applies:?}");
+    let mut most = 0;
+    for (at, _) in &applies {
+        let in_store: usize =
+            applies.iter().filter(|(other, _)| *other <= *at && at.duration_since(*other) < CALL).map(|(_, l)| l).sum();
+        most = most.max(in_store);
+    }
+    assert!(most <= 10, "{most} applies in the store at once: {applies:?}");
+    assert!(most > 5, "never more than one batch's slots in use: {applies:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -372,6 +428,38 @@ async fn a_second_fetch_overlaps_the_first_while_the_queue_is_grown() {
     }
     // One fetcher: 64 rows per 10 ms call. Two: twice that, less the grow-up and the applies' share.
     assert!(took[1].as_secs_f64() < took[0].as_secs_f64() * 0.65, "one fetcher {:?}, two {:?}", took[0], took[1]);
+}
+
+/// Per-item mode (a queue of one row that cannot grow, one row per fetch): while the workers outrun the fetches,
+/// the other fetch loops fetch too, so up to `fetchers` one-row fetches are in the store at once; once the rows
+/// run out only the first fetcher polls.
+#[tokio::test(start_paused = true)]
+async fn per_item_fetches_overlap_while_the_workers_outrun_them() {
+    let mut took = Vec::new();
+    for fetchers in [1, 4] {
+        let store = Slow::new();
+        insert_ready(&store, 200).await;
+        let config = PipelineConfig {
+            fetchers,
+            queue_upper_factor: 0.25,
+            queue_lower_factor: 0.25,
+            fetch_limit_max: 1,
+            apply_batch_window: Duration::ZERO,
+            ..config(4)
+        };
+        let (elapsed, mut manager) = run_to_done(&store, config, Duration::ZERO).await;
+        let (calls, in_flight_max) = store.fetch_calls();
+        assert_eq!(in_flight_max, fetchers, "{fetchers} fetcher(s)");
+        // Every row leased by a fetch of its own, and few empty fetches once they ran out.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (idle_calls, _) = store.fetch_calls();
+        manager.shutdown().await;
+        assert!(calls >= 200 && calls < 200 + 2 * fetchers, "{calls} fetch calls for 200 rows");
+        assert!(idle_calls - calls <= 3, "{} fetches in the idle second after", idle_calls - calls);
+        took.push(elapsed);
+    }
+    // One fetcher: one row per 10 ms call. Four: about four times that.
+    assert!(took[1].as_secs_f64() < took[0].as_secs_f64() * 0.35, "one fetcher {:?}, four {:?}", took[0], took[1]);
 }
 
 /// Fetches in flight hold room in the queue: the queue and their reservations never exceed `fetchers` × the

@@ -587,11 +587,12 @@ fn a_config_that_needs_more_connections_than_the_store_has_is_refused() {
     }
     let store = Arc::new(Limited(MemStore::new(ManualClock::new(START))));
     let mut manager = PipelineManager::new(store, ManagerOptions::default());
-    manager.register(config(10), MarkDone::default()).unwrap();
+    // 9 workers, 2 fetchers (the default) and a heartbeater: the store's 12.
+    manager.register(config(9), MarkDone::default()).unwrap();
     let error = manager.register(PipelineConfig { name: "more".into(), ..config(1) }, MarkDone::default());
     assert_eq!(
         error.unwrap_err().to_string(),
-        "store allows 12 connections but the pipelines need 15 (workers + fetchers + heartbeater each)"
+        "store allows 12 connections but the pipelines need 16 (workers + fetchers + heartbeater each)"
     );
 }
 

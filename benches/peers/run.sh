@@ -10,11 +10,18 @@
 #   pgbench_raw       the same claim and completion on lockstep's own table and SQL (migrations/, raw_sql.rs)
 #   lockstep_1x8      lockstep, default config, 1 replica x 8 workers (`cargo bench --bench pipeline -- drain`)
 #   lockstep_2x8      lockstep, 2 replicas x 8 workers
+#   pgbench_raw1      the raw line claiming 1 row per statement (raw1_claim_complete.pgbench), PEERS_PER_ITEM_ITEMS
+#   lockstep_1x8_per_item  lockstep in per-item mode (one row per fetch, apply and refetch batching off, a fetch
+#                     loop per worker), 1 x 8,
+#                     PEERS_PER_ITEM_ITEMS items
+#   lockstep_1x8_10ms lockstep, default config, 1 x 8, each item processed in 10 ms (a sleep), PEERS_SLOW_ITEMS
+#                     items: throughput should follow workers / processing time (800/s)
 #
 #   benches/peers/run.sh            # from the repository's root
 #
 # Environment: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test), PEERS_ITEMS (200000),
-# GRAPHILE_DEFAULT_ITEMS (PEERS_ITEMS / 10), PEERS_REPS (3), PEERS_CONTENDERS (all six, in the order above),
+# GRAPHILE_DEFAULT_ITEMS (PEERS_ITEMS / 10), PEERS_PER_ITEM_ITEMS (PEERS_ITEMS / 20), PEERS_SLOW_ITEMS (PEERS_ITEMS
+# / 25), PEERS_REPS (3), PEERS_CONTENDERS (all nine, in the order above),
 # PEERS_DIR (/tmp/lockstep-peers), GRAPHILE_WORKER_VERSION (0.18.0), PEERS_OUT (a results file; default
 # $PEERS_DIR/results-<time>.txt). Prints one RESULT line per drain as it ends, then a Markdown table: median items/s,
 # ratios of lockstep to the peers measured in the same repetition, and per item CPU (PostgreSQL's processes and the
@@ -27,8 +34,11 @@ REPO=$PWD
 DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 PEERS_ITEMS=${PEERS_ITEMS:-200000}
 GRAPHILE_DEFAULT_ITEMS=${GRAPHILE_DEFAULT_ITEMS:-$((PEERS_ITEMS / 10))}
+PEERS_PER_ITEM_ITEMS=${PEERS_PER_ITEM_ITEMS:-$((PEERS_ITEMS / 20))}
+PEERS_SLOW_ITEMS=${PEERS_SLOW_ITEMS:-$((PEERS_ITEMS / 25))}
 PEERS_REPS=${PEERS_REPS:-3}
-PEERS_CONTENDERS=${PEERS_CONTENDERS:-graphile_batched graphile_default pgbench_lean pgbench_raw lockstep_1x8 lockstep_2x8}
+PEERS_CONTENDERS=${PEERS_CONTENDERS:-graphile_batched graphile_default pgbench_lean pgbench_raw lockstep_1x8 lockstep_2x8
+  pgbench_raw1 lockstep_1x8_per_item lockstep_1x8_10ms}
 PEERS_DIR=${PEERS_DIR:-/tmp/lockstep-peers}
 GRAPHILE_WORKER_VERSION=${GRAPHILE_WORKER_VERSION:-0.18.0}
 mkdir -p "$PEERS_DIR"
@@ -78,10 +88,11 @@ graphile() { # mode items
   (cd "$GRAPHILE_DIR" && node "$PEERS/graphile.mjs" "$DATABASE_URL" "$schema" "$2" "$1") | grep '^RESULT'
 }
 
-# A pgbench drain: schema $1 already filled with $2 claimable rows of table $3; script $4; done rows counted by $5.
+# A pgbench drain: schema $1 already filled with $2 claimable rows of table $3; script $4 (claiming $7 rows, default
+# BATCH, per transaction); done rows counted by $5; RESULT label $6.
 pgbench_drain() {
-  local schema=$1 items=$2 table=$3 script=$4 done_sql=$5 label=$6
-  local per_client=$(((items + CLIENTS * BATCH - 1) / (CLIENTS * BATCH)))
+  local schema=$1 items=$2 table=$3 script=$4 done_sql=$5 label=$6 batch=${7:-$BATCH}
+  local per_client=$(((items + CLIENTS * batch - 1) / (CLIENTS * batch)))
   sql -c "VACUUM ANALYZE $schema.$table"
   local db0 wal0 t0 t1 db1 wal1 done
   db0=$(postgres_cpu) wal0=$(wal) t0=$(date +%s.%N)
@@ -102,21 +113,21 @@ pgbench_lean() {
   sql -c "DROP SCHEMA $schema CASCADE"
 }
 
-pgbench_raw() {
+pgbench_raw() { # items script label batch
   local schema="peer_raw_$$" m
   sql -c "DROP SCHEMA IF EXISTS $schema CASCADE" -c "CREATE SCHEMA $schema"
   for m in "$REPO"/migrations/*.sql; do in_schema "$schema" sql -f "$m"; done
   # raw_sql.rs FILL: ready rows of kind job, unleased and never processed.
   in_schema "$schema" sql -c "INSERT INTO resources (kind, status, data, created_at, updated_at)
-                              SELECT 'job', 'ready', '{}', now(), now() FROM generate_series(1, $PEERS_ITEMS)"
-  pgbench_drain "$schema" "$PEERS_ITEMS" resources "$PEERS/raw_claim_complete.pgbench" "status = 'done'" pgbench_raw
+                              SELECT 'job', 'ready', '{}', now(), now() FROM generate_series(1, $1)"
+  pgbench_drain "$schema" "$1" resources "$PEERS/$2" "status = 'done'" "$3" "$4"
   sql -c "DROP SCHEMA $schema CASCADE"
 }
 
 LOCKSTEP_BENCH_BIN=
-lockstep() { # replicas
-  LOCKSTEP_BENCH_DRAIN_ROWS=$PEERS_ITEMS LOCKSTEP_BENCH_DRAIN_REPLICAS=$1 "$LOCKSTEP_BENCH_BIN" --bench drain |
-    grep '^RESULT'
+lockstep() { # replicas [rows mode processing_ms]
+  LOCKSTEP_BENCH_DRAIN_ROWS=${2:-$PEERS_ITEMS} LOCKSTEP_BENCH_DRAIN_REPLICAS=$1 LOCKSTEP_BENCH_DRAIN_MODE=${3:-batched} \
+    LOCKSTEP_BENCH_DRAIN_PROCESSING_MS=${4:-0} "$LOCKSTEP_BENCH_BIN" --bench drain | grep '^RESULT'
 }
 
 GRAPHILE_OK=yes
@@ -137,7 +148,8 @@ fi
   echo "MACHINE $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) x $(nproc), $(uname -r)"
   echo "POSTGRES $(sql -c "SELECT current_setting('server_version') || ', synchronous_commit ' ||
     current_setting('synchronous_commit') || ', fsync ' || current_setting('fsync')")"
-  echo "ITEMS $PEERS_ITEMS graphile_default=$GRAPHILE_DEFAULT_ITEMS reps=$PEERS_REPS"
+  echo "ITEMS $PEERS_ITEMS graphile_default=$GRAPHILE_DEFAULT_ITEMS per_item=$PEERS_PER_ITEM_ITEMS" \
+    "slow=$PEERS_SLOW_ITEMS reps=$PEERS_REPS"
   echo "LOAD_BEFORE $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee -a "$PEERS_OUT"
 
@@ -155,9 +167,12 @@ for rep in $(seq 1 "$PEERS_REPS"); do
         [[ $c == graphile_default ]] && items=$GRAPHILE_DEFAULT_ITEMS
         line=$(graphile "${c#graphile_}" "$items") || true ;;
       pgbench_lean) line=$(pgbench_lean) || true ;;
-      pgbench_raw) line=$(pgbench_raw) || true ;;
+      pgbench_raw) line=$(pgbench_raw "$PEERS_ITEMS" raw_claim_complete.pgbench pgbench_raw "$BATCH") || true ;;
+      pgbench_raw1) line=$(pgbench_raw "$PEERS_PER_ITEM_ITEMS" raw1_claim_complete.pgbench pgbench_raw1 1) || true ;;
       lockstep_1x8) line=$(lockstep 1) || true ;;
       lockstep_2x8) line=$(lockstep 2) || true ;;
+      lockstep_1x8_per_item) line=$(lockstep 1 "$PEERS_PER_ITEM_ITEMS" per_item) || true ;;
+      lockstep_1x8_10ms) line=$(lockstep 1 "$PEERS_SLOW_ITEMS" batched 10) || true ;;
       *) echo "unknown contender $c" >&2; exit 2 ;;
     esac
     if [[ $line == RESULT* ]]; then

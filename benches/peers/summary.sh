@@ -3,7 +3,9 @@
 # the repetitions, the half spread, the ratios of its rate to graphile-worker's batched mode and to the lean pgbench
 # line measured in the same repetition (median over repetitions), and per item CPU (PostgreSQL's processes; the
 # client's where the runner measures it), WAL bytes and the share of updates that were HOT. Medians of the per-item
-# costs too.
+# costs too. Lines with a reference of their own show their ratio to it instead of the two peers': per-item mode
+# (`*_per_item`) against the one-row raw line (`pgbench_raw1`) of the same repetition, a line with processing time
+# (`lockstep_<r>x<w>_<ms>ms`) against workers / processing time (r × w × 1000 / ms items/s).
 set -euo pipefail
 exec gawk '
 function median(list,    n, a, i, j, t) {
@@ -20,7 +22,7 @@ function spread(list,    n, a, i, lo, hi) {
 function add(key, value) { values[key] = (key in values) ? values[key] " " value : value }
 function fmt(x) { return x == "" ? "–" : sprintf("%\047.0f", x) }
 /^(MACHINE|POSTGRES|ITEMS|LOAD_BEFORE|LOAD_AFTER) / { header = header "\n" $0; next }
-/^MISSING / { sub(/^reason=/, "", $3); miss[$2] = substr($0, index($0, "reason=") + 7); if (!($2 in seen)) { seen[$2] = 1; order[++n] = $2 } ; next }
+/^MISSING / { miss[$2] = substr($0, index($0, "reason=") + 7); if (!($2 in seen)) { seen[$2] = 1; order[++n] = $2 } ; next }
 /^RESULT / {
   label = $2; delete f
   for (i = 3; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
@@ -35,20 +37,29 @@ function fmt(x) { return x == "" ? "–" : sprintf("%\047.0f", x) }
 }
 END {
   print "Run:" header "\n"
-  print "| system | items | items/s (median) | ± half spread | ÷ graphile batched | ÷ pgbench lean | PG CPU µs/item | client CPU µs/item | WAL bytes/item | HOT updates |"
-  print "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  print "| system | items | items/s (median) | ± half spread | ÷ graphile batched | ÷ pgbench lean | ÷ own reference | PG CPU µs/item | client CPU µs/item | WAL bytes/item | HOT updates |"
+  print "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   for (k = 1; k <= n; k++) {
     l = order[k]
-    if (!((l SUBSEP "rate") in values)) { printf "| %s | missing: %s | | | | | | | | |\n", l, miss[l]; continue }
+    if (!((l SUBSEP "rate") in values)) { printf "| %s | missing: %s | | | | | | | | | |\n", l, miss[l]; continue }
     m = median(values[l, "rate"])
-    for (ref in refs) delete refs[ref]
     split("graphile_batched pgbench_lean", names, " ")
     cells = ""
+    own = "–"
+    if (l ~ /_per_item$/) {
+      list = ""
+      for (rep in reps) if (((l, rep) in rates) && (("pgbench_raw1", rep) in rates)) list = list " " rates[l, rep] / rates["pgbench_raw1", rep]
+      own = list == "" ? "–" : sprintf("%.2f (÷ pgbench_raw1)", median(list))
+    } else if (match(l, /_([0-9]+)x([0-9]+)_([0-9]+)ms$/, g)) {
+      expected = g[1] * g[2] * 1000 / g[3]
+      own = sprintf("%.2f (÷ %d/s)", m / expected, expected)
+    }
     for (r = 1; r <= 2; r++) {
       list = ""
-      for (rep in reps) if (((l, rep) in rates) && ((names[r], rep) in rates)) list = list " " rates[l, rep] / rates[names[r], rep]
+      if (own == "–") for (rep in reps) if (((l, rep) in rates) && ((names[r], rep) in rates)) list = list " " rates[l, rep] / rates[names[r], rep]
       cells = cells sprintf(" %s |", list == "" ? "–" : sprintf("%.2f", median(list)))
     }
+    cells = cells " " own " |"
     hot = ((l SUBSEP "hot") in values) ? sprintf("%.0f %%", median(values[l, "hot"])) : "–"
     client = ((l SUBSEP "client") in values) ? fmt(median(values[l, "client"])) : "–"
     printf "| %s | %s | %s | ±%.0f%% |%s %s | %s | %s | %s |\n", l, fmt(median(values[l, "items"])), fmt(m),

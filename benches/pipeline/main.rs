@@ -12,8 +12,11 @@
 //! schema of its own and drops it), `LOCKSTEP_BENCH_SECS` (window of each point, default 3),
 //! `LOCKSTEP_BENCH_WARMUP_SECS` (default 1), `LOCKSTEP_BENCH_REPS` (repetitions of the tables, default 3),
 //! `LOCKSTEP_BENCH_PG_ROWS`, `LOCKSTEP_BENCH_MEM_ROWS`, `LOCKSTEP_BENCH_OUT` (default `benches/results`);
-//! for the drain `LOCKSTEP_BENCH_DRAIN_ROWS` (200 000) and `LOCKSTEP_BENCH_DRAIN_REPLICAS` (1), and
-//! `LOCKSTEP_BENCH_EXPLAIN=1` to print the fetch's `EXPLAIN (ANALYZE, BUFFERS)` half-way and the index reads.
+//! for the drain `LOCKSTEP_BENCH_DRAIN_ROWS` (200 000), `LOCKSTEP_BENCH_DRAIN_REPLICAS` (1),
+//! `LOCKSTEP_BENCH_DRAIN_MODE` (`batched` or `per_item`), `LOCKSTEP_BENCH_DRAIN_PROCESSING_MS` (0),
+//! `LOCKSTEP_BENCH_DRAIN_FETCHERS` and `LOCKSTEP_BENCH_DRAIN_APPLIES_IN_FLIGHT` (overrides of the config),
+//! `LOCKSTEP_BENCH_DRAIN_LABEL` (the `RESULT` line's label), and `LOCKSTEP_BENCH_EXPLAIN=1` to print the fetch's
+//! `EXPLAIN (ANALYZE, BUFFERS)` half-way and the index reads.
 //!
 //! Without `--bench`, which is how `cargo test --all-targets` runs a bench target, it is a smoke run of a few
 //! seconds with tiny sizes that writes to a temporary directory: the code cannot rot, and the tests never pay for

@@ -34,6 +34,26 @@ pub struct Sample {
     /// PostgreSQL's counters of the drained table over the whole run, read after the clients ended: `(n_tup_upd,
     /// n_tup_hot_upd)` of `pg_stat_user_tables` (the drain section only).
     pub updates: Option<(i64, i64)>,
+    /// Where a lockstep replica's pipeline waited, sampled through the run (the drain section only).
+    pub waits: Option<Waits>,
+}
+
+/// Where a pipeline waited, from its gauges sampled every [`Waits::EVERY`] through a run: the shares of samples in
+/// which a fetch was in flight (room reserved), every worker waited for an item (queue empty), and the applies
+/// handed over and unanswered (leases held less items queued, as trivial processing holds none for long) filled
+/// their slots; and the mean number of unanswered applies.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Waits {
+    pub samples: u64,
+    pub fetching: f64,
+    pub all_idle: f64,
+    pub slots_full: f64,
+    pub unanswered_mean: f64,
+}
+
+impl Waits {
+    /// Sampling period.
+    pub const EVERY: Duration = Duration::from_millis(2);
 }
 
 impl Sample {
@@ -139,6 +159,7 @@ pub async fn measure(
         ran_out,
         per_call: None,
         updates: None,
+        waits: None,
     }
 }
 

@@ -1,7 +1,7 @@
 //! The PostgreSQL side: a schema of its own per measurement (lockstep's migrations, the rows inserted with
 //! `PgStore::insert_many`, then `VACUUM ANALYZE`), the raw SQL clients, and lockstep replicas on it.
 
-use crate::measure::{CostProbe, Sample, measure, per_call, postgres_cpu_secs, process_cpu_secs};
+use crate::measure::{CostProbe, Sample, Waits, measure, per_call, postgres_cpu_secs, process_cpu_secs};
 use crate::raw_sql;
 use crate::settings::Settings;
 use lockstep::pipeline::{Handler, ManagerOptions, PipelineConfig, PipelineManager};
@@ -232,9 +232,23 @@ pub async fn lockstep<H: Handler<PgStore> + Clone>(
     let mut probe = PgProbe::new(&db).await;
     let measured = measure(applied, db.rows(), &mut probe, settings.warmup, settings.window);
     let explained = explain_fetch_midway(settings, &db, &config, || applied() >= db.rows() / 2);
-    let (sample, ()) = tokio::join!(measured, explained);
+    let done = AtomicBool::new(false);
+    let slots = config.apply_batch_max * config.apply_batches_in_flight;
+    let sampled = async {
+        if settings.sample_waits {
+            Some(sample_waits(managers[0].pipeline(&name).expect("registered"), slots, &done).await)
+        } else {
+            None
+        }
+    };
+    let measured_then_done = async {
+        let (sample, ()) = tokio::join!(measured, explained);
+        done.store(true, Ordering::Relaxed);
+        sample
+    };
+    let (sample, waits) = tokio::join!(measured_then_done, sampled);
     let snapshots: Vec<_> = managers.iter().map(|m| m.metrics(&name).expect("registered")).collect();
-    let sample = Sample { per_call: Some(per_call(&snapshots)), ..sample };
+    let sample = Sample { per_call: Some(per_call(&snapshots)), waits, ..sample };
     for manager in &mut managers {
         manager.shutdown().await;
     }
@@ -248,6 +262,32 @@ pub async fn lockstep<H: Handler<PgStore> + Clone>(
     }
     db.drop().await;
     sample
+}
+
+/// Samples the first replica's pipeline every [`Waits::EVERY`] until `done` (see [`Waits`]); `slots`: its most
+/// unanswered applies.
+async fn sample_waits<S: Store>(pipeline: &lockstep::pipeline::Pipeline<S>, slots: usize, done: &AtomicBool) -> Waits {
+    let workers = pipeline.config.workers;
+    let (mut samples, mut fetching, mut all_idle, mut full, mut unanswered) = (0u64, 0u64, 0u64, 0u64, 0usize);
+    while !done.load(Ordering::Relaxed) {
+        tokio::time::sleep(Waits::EVERY).await;
+        let shared = &pipeline.shared;
+        let queued = shared.queue_len();
+        let open = shared.leases_len().saturating_sub(queued);
+        samples += 1;
+        fetching += u64::from(shared.reserved() > 0);
+        all_idle += u64::from(shared.idle_workers() == workers);
+        full += u64::from(open >= slots);
+        unanswered += open;
+    }
+    let share = |n: u64| n as f64 / samples.max(1) as f64;
+    Waits {
+        samples,
+        fetching: share(fetching),
+        all_idle: share(all_idle),
+        slots_full: share(full),
+        unanswered_mean: unanswered as f64 / samples.max(1) as f64,
+    }
 }
 
 /// With `settings.explain_fetch`, once `half_done` (or half-way through the window): prints `EXPLAIN (ANALYZE, BUFFERS)` of the pipeline's fetch of

@@ -4,7 +4,7 @@
 use crate::measure::{Sample, Sleeps, Trivial};
 use crate::pg::{self, BenchDb, StoreTweaks};
 use crate::report::{Group, Line, Machine, Report, Series, Table};
-use crate::settings::{Section, Settings};
+use crate::settings::{DrainMode, Section, Settings};
 use crate::{mem, plot, raw_sql};
 use lockstep::pipeline::PipelineConfig;
 use std::time::Duration;
@@ -33,6 +33,19 @@ fn defaults(_: &mut PipelineConfig) {}
 
 fn no_batching(config: &mut PipelineConfig) {
     config.apply_batch_window = Duration::ZERO;
+}
+
+/// The per-item mode: one row per fetch (a queue of one), every apply and refetch a store call of its own, and a
+/// fetch loop per worker (while the workers outrun the fetches, as many one-row fetches in flight as workers: the
+/// raw one-row line's clients each claim one row at a time too).
+pub fn per_item(config: &mut PipelineConfig) {
+    let one = 1.0 / config.workers as f64;
+    config.fetchers = config.workers;
+    config.queue_upper_factor = one;
+    config.queue_lower_factor = one;
+    config.fetch_limit_max = 1;
+    config.apply_batch_window = Duration::ZERO;
+    config.refetch_batch_window = Duration::ZERO;
 }
 
 impl Contender {
@@ -199,25 +212,54 @@ async fn sweep(settings: &Settings) -> Vec<Series> {
 /// Longest a drain may take (a stuck drain fails the run instead of hanging it).
 const DRAIN_MAX: Duration = Duration::from_secs(3600);
 
-/// The drain section: `settings.drain_replicas` replicas × [`WORKERS`] workers, default config, drain
-/// `settings.drain_rows` ready rows, timed from the replicas' start to the last apply; one `RESULT` line in the
-/// format `benches/peers/summary.sh` reads.
+/// The drain section: `settings.drain_replicas` replicas × [`WORKERS`] workers, default config (or the per-item
+/// mode, and the overrides of `settings`), processing `settings.drain_processing`, drain `settings.drain_rows`
+/// ready rows, timed from the replicas' start to the last apply; one `RESULT` line in the format
+/// `benches/peers/summary.sh` reads, with where the first replica waited.
 async fn drain(settings: &Settings) {
-    let drain_settings = Settings { warmup: Duration::ZERO, window: DRAIN_MAX, ..settings.clone() };
+    let drain_settings = Settings { warmup: Duration::ZERO, window: DRAIN_MAX, sample_waits: true, ..settings.clone() };
     let (replicas, rows) = (settings.drain_replicas, settings.drain_rows);
-    let sample =
-        pg::lockstep(&drain_settings, rows, replicas, bench_config(WORKERS), Trivial, StoreTweaks::default()).await;
+    let mut config = bench_config(WORKERS);
+    let mut label = format!("lockstep_{replicas}x{WORKERS}");
+    if settings.drain_mode == DrainMode::PerItem {
+        per_item(&mut config);
+        label.push_str("_per_item");
+    }
+    if let Some(fetchers) = settings.drain_fetchers {
+        config.fetchers = fetchers;
+    }
+    if let Some(in_flight) = settings.drain_applies_in_flight {
+        config.apply_batches_in_flight = in_flight;
+    }
+    let processing = settings.drain_processing;
+    let sample = if processing.is_zero() {
+        pg::lockstep(&drain_settings, rows, replicas, config.clone(), Trivial, StoreTweaks::default()).await
+    } else {
+        label.push_str(&format!("_{}ms", processing.as_millis()));
+        pg::lockstep(&drain_settings, rows, replicas, config.clone(), Sleeps(processing), StoreTweaks::default()).await
+    };
+    let label = settings.drain_label.clone().unwrap_or(label);
     assert!(sample.ran_out, "the drain of {rows} rows did not end within {DRAIN_MAX:?}");
     let (upd, hot_upd) = sample.updates.unwrap_or_default();
     let (rows_per_fetch, applies_per_call, _) = sample.per_call.unwrap_or_default();
+    let waits = sample.waits.unwrap_or_default();
     println!(
-        "RESULT lockstep_{replicas}x{WORKERS} items={} secs={:.3} db_cpu_s={:.2} client_cpu_s={:.2} wal_bytes={} \
-         upd={upd} hot_upd={hot_upd} rows_per_fetch={rows_per_fetch:.1} applies_per_call={applies_per_call:.1}",
+        "RESULT {label} items={} secs={:.3} db_cpu_s={:.2} client_cpu_s={:.2} wal_bytes={} \
+         upd={upd} hot_upd={hot_upd} rows_per_fetch={rows_per_fetch:.1} applies_per_call={applies_per_call:.1} \
+         fetchers={} applies_in_flight={} fetching={:.2} all_idle={:.2} slots_full={:.2} unanswered={:.0} \
+         samples={}",
         sample.items,
         sample.secs,
         sample.db_cpu_secs,
         sample.client_cpu_secs,
         sample.wal_bytes.unwrap_or(0),
+        config.fetchers,
+        config.apply_batches_in_flight,
+        waits.fetching,
+        waits.all_idle,
+        waits.slots_full,
+        waits.unanswered_mean,
+        waits.samples,
     );
 }
 

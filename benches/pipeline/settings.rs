@@ -46,6 +46,45 @@ pub struct Settings {
     pub explain_fetch: bool,
     /// Replicas (× 8 workers) of the drain section (`LOCKSTEP_BENCH_DRAIN_REPLICAS`, default 1).
     pub drain_replicas: usize,
+    /// The drain's pipeline mode (`LOCKSTEP_BENCH_DRAIN_MODE`): `batched` (the default config) or `per_item` (one
+    /// row per fetch, apply and refetch batching off, a fetch loop per worker).
+    pub drain_mode: DrainMode,
+    /// Processing time of each drained item, a sleep (`LOCKSTEP_BENCH_DRAIN_PROCESSING_MS`, default 0: trivial).
+    pub drain_processing: Duration,
+    /// Overrides of the drain's config, for experiments: `fetchers` (`LOCKSTEP_BENCH_DRAIN_FETCHERS`) and
+    /// `apply_batches_in_flight` (`LOCKSTEP_BENCH_DRAIN_APPLIES_IN_FLIGHT`); unset keeps the default.
+    pub drain_fetchers: Option<usize>,
+    pub drain_applies_in_flight: Option<usize>,
+    /// The drain's `RESULT` label (`LOCKSTEP_BENCH_DRAIN_LABEL`); default `lockstep_<replicas>x8` with `_per_item`
+    /// and `_<ms>ms` for a mode and a processing time other than the defaults.
+    pub drain_label: Option<String>,
+    /// Sample where the first replica's pipeline waits ([`crate::measure::Waits`]); the drain section does.
+    pub sample_waits: bool,
+}
+
+/// How the drain's pipeline is configured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainMode {
+    /// The default config.
+    Batched,
+    /// One row per fetch, apply and refetch batching off, a fetch loop per worker: the per-item mode of small
+    /// deployments.
+    PerItem,
+}
+
+impl std::str::FromStr for DrainMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<DrainMode, String> {
+        match s {
+            "batched" => Ok(DrainMode::Batched),
+            "per_item" => Ok(DrainMode::PerItem),
+            other => Err(format!("{other:?}: batched or per_item")),
+        }
+    }
+}
+
+fn env_opt<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().map(|value| value.parse().unwrap_or_else(|_| panic!("{name}={value:?} does not parse")))
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -92,6 +131,12 @@ impl Settings {
                 mem_rows: 20_000,
                 drain_rows: 2_000,
                 drain_replicas: 1,
+                drain_mode: DrainMode::Batched,
+                drain_processing: Duration::ZERO,
+                drain_fetchers: None,
+                drain_applies_in_flight: None,
+                drain_label: None,
+                sample_waits: false,
                 explain_fetch: true,
                 out_dir: std::env::temp_dir().join(format!("lockstep-bench-smoke-{}", std::process::id())),
             };
@@ -109,6 +154,12 @@ impl Settings {
             out_dir: std::env::var("LOCKSTEP_BENCH_OUT").map(PathBuf::from).unwrap_or(out_default),
             drain_rows: env_or("LOCKSTEP_BENCH_DRAIN_ROWS", 200_000),
             drain_replicas: env_or("LOCKSTEP_BENCH_DRAIN_REPLICAS", 1),
+            drain_mode: env_or("LOCKSTEP_BENCH_DRAIN_MODE", DrainMode::Batched),
+            drain_processing: Duration::from_millis(env_or("LOCKSTEP_BENCH_DRAIN_PROCESSING_MS", 0)),
+            drain_fetchers: env_opt("LOCKSTEP_BENCH_DRAIN_FETCHERS"),
+            drain_applies_in_flight: env_opt("LOCKSTEP_BENCH_DRAIN_APPLIES_IN_FLIGHT"),
+            drain_label: std::env::var("LOCKSTEP_BENCH_DRAIN_LABEL").ok(),
+            sample_waits: false,
             explain_fetch: env_or("LOCKSTEP_BENCH_EXPLAIN", 0) == 1,
         }
     }

@@ -1,13 +1,18 @@
 //! The pipeline's batchers (DESIGN §3, Batching): the [`ApplyBatcher`] groups the workers' guarded applies into
 //! [`Store::apply_batch`] calls, the [`RefetchBatcher`] their refetches into [`Store::refetch_batch`] calls. Both
-//! form batches by the group-commit rule of [`super::group_commit`]: an item goes at once when no batch of its kind
-//! is in the store, else it joins the next batch, which waits at most its window.
+//! form batches by the group-commit rule of [`super::group_commit`]: an item goes at once when fewer batches of its
+//! kind than allowed are in the store (`apply_batches_in_flight` for applies, one for refetches), else it joins the
+//! next batch, which waits at most its window.
 //!
 //! Applies: a worker hands its apply over ([`ApplyBatcher::submit`]) and goes on to its next item; the apply's
 //! outcome arrives later ([`PendingApply`]), and the lease stays in the pipeline's ledger (so the heartbeater keeps
 //! it) until then. Each item stays guarded by its own token in the store, and a stale item is reported alone. At
-//! most `apply_batch_max` applies of a pipeline are handed over and unanswered at once: a worker that would exceed
-//! it waits for a slot, so a slow store slows the workers down instead of piling up work.
+//! most `apply_batch_max` × `apply_batches_in_flight` applies of a pipeline are handed over and unanswered at once
+//! (a full batch for each batch the store may hold): a worker that would exceed it waits for a slot, so a slow
+//! store slows the workers down instead of piling up work. Batches in flight at once hold distinct items (each
+//! item joins one batch, guarded by its own token), and the rows a batch writes (its items' main rows and the
+//! related rows each item locked under its token) are no other batch's: two batches of one pipeline neither apply
+//! an item twice nor wait for each other's row locks.
 //!
 //! Refetches: a worker waits for its refetch (it needs the row to load), so at most `workers` refetches of a
 //! pipeline wait at once, and that is the batch bound. Each lease reads as [`Store::refetch`] reads it: a stale one
@@ -75,17 +80,21 @@ pub struct ApplyBatcher<S: Store> {
     store: Arc<S>,
     metrics: Arc<Metrics>,
     group: GroupCommit<S, Applies>,
-    /// One permit per apply that may be handed over and unanswered (`apply_batch_max`).
+    /// One permit per apply that may be handed over and unanswered (`apply_batch_max` × `apply_batches_in_flight`).
     slots: Arc<Semaphore>,
 }
 
 impl<S: Store> ApplyBatcher<S> {
     /// A batcher for the pipeline `config` over `store` (window `apply_batch_window`, batches of at most
-    /// `apply_batch_max`), waiting on `clock` and counting its store calls in `metrics.apply_calls`. Spawns
-    /// nothing until the first apply.
+    /// `apply_batch_max`, up to `apply_batches_in_flight` of them in the store at once), waiting on `clock` and
+    /// counting its store calls in `metrics.apply_calls`. Spawns nothing until the first apply.
     pub fn new(store: Arc<S>, config: &PipelineConfig, clock: LocalClock, metrics: Arc<Metrics>) -> ApplyBatcher<S> {
-        let policy = Policy { window: config.apply_batch_window, batch_max: config.apply_batch_max };
-        let slots = Arc::new(Semaphore::new(config.apply_batch_max));
+        let policy = Policy {
+            window: config.apply_batch_window,
+            batch_max: config.apply_batch_max,
+            in_flight_max: config.apply_batches_in_flight,
+        };
+        let slots = Arc::new(Semaphore::new(config.apply_batch_max * config.apply_batches_in_flight));
         let group = GroupCommit::new(store.clone(), policy, clock, metrics.clone());
         ApplyBatcher { store, metrics, group, slots }
     }
@@ -108,8 +117,8 @@ impl<S: Store> ApplyBatcher<S> {
         self.submit(params).await.outcome().await
     }
 
-    /// Hands `params` to the dispatcher (batching must be on) once one of the pipeline's `apply_batch_max` slots
-    /// for unanswered applies is free, and returns where its outcome will arrive, without waiting for it.
+    /// Hands `params` to the dispatcher (batching must be on) once one of the pipeline's slots for unanswered
+    /// applies (`apply_batch_max` × `apply_batches_in_flight`) is free, and returns where its outcome will arrive, without waiting for it.
     ///
     /// An apply with a value the store refuses ([`check_apply`]) fails alone at once with `Invalid`, without a slot
     /// or a store call, rather than fail the batch it would join (DESIGN §2).
@@ -143,7 +152,7 @@ impl<S: Store> RefetchBatcher<S> {
     /// `workers`), waiting on `clock` and counting refetches in `metrics.refetched` and its store calls in
     /// `metrics.refetch_calls`. Spawns nothing until the first refetch.
     pub fn new(store: Arc<S>, config: &PipelineConfig, clock: LocalClock, metrics: Arc<Metrics>) -> RefetchBatcher<S> {
-        let policy = Policy { window: config.refetch_batch_window, batch_max: config.workers };
+        let policy = Policy { window: config.refetch_batch_window, batch_max: config.workers, in_flight_max: 1 };
         let group = GroupCommit::new(store.clone(), policy, clock, metrics.clone());
         RefetchBatcher { store, metrics, group }
     }

@@ -40,16 +40,24 @@ pub const FETCH_EXPIRY_SLACK_DEFAULT: Duration = Duration::from_millis(100);
 /// pipeline adds no delay; 2 ms is about two batched applies' round trips on PostgreSQL on these machines
 /// (BENCHMARKS.md).
 pub const APPLY_BATCH_WINDOW_DEFAULT: Duration = Duration::from_millis(2);
-/// Default most applies in one batch, and in the store or waiting for it at once per pipeline: the batch size
-/// of the raw SQL limit the benchmarks compare with (BENCHMARKS.md).
+/// Default most applies in one batch (and, times `apply_batches_in_flight`, unanswered at once per pipeline): the
+/// batch size of the raw SQL limit the benchmarks compare with (BENCHMARKS.md).
 pub const APPLY_BATCH_MAX_DEFAULT: usize = 100;
+/// Default most apply batches of a pipeline in the store at once: 2, so the next batch goes while one commits. A
+/// 1 × 8 drain on PostgreSQL with two fetches in flight waited on its one apply batch (its 100 unanswered applies
+/// filled their slots 77–86 % of the time); with two of each it ran 1.4–2.1 × (median 1.7 ×) as fast as with one
+/// of each (issue 16, BENCHMARKS.md).
+pub const APPLY_BATCHES_IN_FLIGHT_DEFAULT: usize = 2;
 /// Default most rows one fetch leases once the workers outrun dstack's queue size: the batch size of the raw SQL
 /// limit the benchmarks compare with (BENCHMARKS.md).
 pub const FETCH_LIMIT_MAX_DEFAULT: usize = 100;
-/// Default fetch loops per pipeline: dstack's one. A second loop overlaps fetches while the queue is grown, which
-/// pays where a fetch's round trip, not its work in the store, bounds a pipeline (`tests/batching.rs`: twice the
-/// rows per second at 10 ms a call); on PostgreSQL over loopback it measured no gain (BENCHMARKS.md).
-pub const FETCHERS_DEFAULT: usize = 1;
+/// Default fetch loops per pipeline: 2. The second loop fetches only while the queue is grown (the workers outran
+/// the fetches and the store has more rows), so an idle or slow pipeline fetches as dstack's one loop does; a busy
+/// one has a second fetch in flight while the first is answered (`tests/batching.rs`: twice the rows per second at
+/// 10 ms a call). A 1 × 8 drain on PostgreSQL spent about 80 % of its time with its one fetch in flight and every
+/// worker idle; with two fetchers and two apply batches in flight it ran 1.4–2.1 × (median 1.7 ×) as fast (issue 16,
+/// BENCHMARKS.md).
+pub const FETCHERS_DEFAULT: usize = 2;
 
 /// Default longest wait of a worker's refetch for other workers' refetches to join it in one store call: the
 /// apply batch window's 2 ms. As for applies, a batch waits only while an earlier refetch batch of the pipeline is
@@ -194,12 +202,20 @@ pub struct PipelineConfig {
     /// Most applies in one batch, at least 1 (1 turns batching off); with batching on, also the most applies
     /// the pipeline's workers have handed over and not yet seen answered. Default [`APPLY_BATCH_MAX_DEFAULT`].
     pub apply_batch_max: usize,
+    /// Most apply batches of the pipeline in the store at once, at least 1: a batch that is not full goes to the
+    /// store at once while fewer are in it, otherwise it collects applies until one is answered (within
+    /// `apply_batch_window`). More than one lets the next batch start, on another connection, while one commits;
+    /// each batch may use a store connection. With batching on, at most `apply_batch_max` × this many applies
+    /// are unanswered. Default [`APPLY_BATCHES_IN_FLIGHT_DEFAULT`].
+    pub apply_batches_in_flight: usize,
     /// Most rows the queue grows to, so one fetch leases at most this many, when workers find the queue empty
     /// while the store has more ready rows (DESIGN §3, Batching: fetch many rows per statement; the rule is in
     /// [`super::queue`]). At most dstack's queue max has no effect. Default [`FETCH_LIMIT_MAX_DEFAULT`].
     pub fetch_limit_max: usize,
     /// Fetch loops, at least 1: the first is dstack's fetcher (backoff, hints); each other one fetches only while
-    /// the queue is grown past dstack's size (the workers outran the fetches and the store has more rows), so up
+    /// the queue is grown past dstack's size, or, for a queue that cannot grow (`fetch_limit_max` at most dstack's
+    /// max, as in per-item mode), while the workers outrun it (the workers outran the fetches and the store has more
+    /// rows), so up
     /// to this many fetches are in flight at once and the queue holds up to this many times its max (the rule is
     /// in [`super::queue`]). Each may use a store connection. Default [`FETCHERS_DEFAULT`].
     pub fetchers: usize,
@@ -273,6 +289,7 @@ impl PipelineConfig {
             fetch_expiry_slack: FETCH_EXPIRY_SLACK_DEFAULT,
             apply_batch_window: APPLY_BATCH_WINDOW_DEFAULT,
             apply_batch_max: APPLY_BATCH_MAX_DEFAULT,
+            apply_batches_in_flight: APPLY_BATCHES_IN_FLIGHT_DEFAULT,
             fetch_limit_max: FETCH_LIMIT_MAX_DEFAULT,
             fetchers: FETCHERS_DEFAULT,
             refetch: REFETCH_DEFAULT,
@@ -299,7 +316,10 @@ impl PipelineConfig {
         (self.workers as f64 * self.queue_lower_factor).ceil() as usize
     }
 
-    /// Store connections this pipeline can use at once: one per worker and fetcher, and the heartbeater's.
+    /// Store connections this pipeline can use at once: one per worker and fetcher, and the heartbeater's. Apply
+    /// batches are not counted apart: a worker hands its apply over and makes no store call for it, so a batch in
+    /// flight uses a connection its workers' applies would otherwise use (with more batches in flight than
+    /// workers in store calls, a batch waits for a free connection, as any call does).
     pub fn connections_needed(&self) -> usize {
         self.workers + self.fetchers + 1
     }
@@ -364,6 +384,9 @@ impl PipelineConfig {
         }
         if self.apply_batch_max == 0 {
             return fail("apply_batch_max", "0 must be at least 1".into());
+        }
+        if self.apply_batches_in_flight == 0 {
+            return fail("apply_batches_in_flight", "0 must be at least 1".into());
         }
         if self.apply_batch_window >= self.lease_margin {
             let rule = format!(

@@ -6,9 +6,9 @@
 //! A caller hands its item over ([`GroupCommit::submit`]) and gets a [`Pending`] outcome. A dispatcher task
 //! (spawned on first use, on the runtime and node of the first caller) forms batches:
 //! 1. a batch opens when an item arrives and no batch is open; the dispatcher takes every item already waiting;
-//! 2. it is sent at once when it holds `batch_max` items, or when no batch of this dispatcher is in the store: an
-//!    unsaturated pipeline adds no delay;
-//! 3. otherwise it collects items while the batch in the store is answered, for at most `window` after its first
+//! 2. it is sent at once when it holds `batch_max` items, or when fewer than `in_flight_max` batches of this
+//!    dispatcher are in the store (none, with the default of one): an unsaturated pipeline adds no delay;
+//! 3. otherwise it collects items until a batch in the store is answered, for at most `window` after its first
 //!    item arrived: a batch never delays an item by more than the window;
 //! 4. a sent batch runs as a task of its own, so a slow store call does not hold back the next batch.
 //!
@@ -55,6 +55,10 @@ pub struct Policy {
     pub window: Duration,
     /// Most items in one batch.
     pub batch_max: usize,
+    /// Most batches of this dispatcher in the store at once before a batch that is not full waits (at least 1).
+    /// With more than one, the next batch goes to the store (on another connection) while one commits, so the
+    /// pipeline does not wait a whole round trip for each batch; batches are then smaller.
+    pub in_flight_max: usize,
 }
 
 impl Policy {
@@ -234,9 +238,10 @@ impl<S: Store, B: BatchedCall<S>> Dispatcher<S, B> {
         }
     }
 
-    /// Whether a batch of `len` items goes now: it is full, or no batch of this dispatcher is in the store.
+    /// Whether a batch of `len` items goes now: it is full, or fewer than `in_flight_max` batches of this
+    /// dispatcher are in the store.
     fn ready(&self, len: usize) -> bool {
-        len >= self.policy.batch_max || self.in_flight.batches.load(Ordering::SeqCst) == 0
+        len >= self.policy.batch_max || self.in_flight.batches.load(Ordering::SeqCst) < self.policy.in_flight_max
     }
 }
 

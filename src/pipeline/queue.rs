@@ -15,7 +15,10 @@
 //! reservations of the fetches in flight leave it room under `fetchers` × the queue's max (dstack's max while the
 //! queue is at dstack's size). A fetch still in flight when the queue shrinks back may overfill the smaller queue
 //! once; the queue plus reservations never pass `fetchers` × `fetch_limit_max`. Only the first fetcher runs while
-//! the queue is at dstack's size, so an idle pipeline polls the store as dstack's does. A fetch that gives its
+//! the queue is at dstack's size, so an idle pipeline polls the store as dstack's does. A queue that cannot grow
+//! (`fetch_limit_max` at most dstack's max, as in per-item mode, where a fetch leases one row) counts as grown for
+//! this rule while its workers outrun it: from a fetch that leased every row it asked for after a worker found the
+//! queue empty, until a fetch leases fewer (the store has no backlog). A fetch that gives its
 //! room back below the lower mark wakes the fetchers, as a worker's pop would.
 //!
 //! A replica keeps no more leases than its workers can start within a lease time (issue 14: a replica whose
@@ -81,6 +84,9 @@ pub struct Shared {
     fetchers: usize,
     /// A worker found the queue empty since the last fetch.
     starved: AtomicBool,
+    /// The queue cannot grow (its cap is dstack's max) and its workers outran the last full fetch: the other
+    /// fetchers fetch as if it were grown (see the module doc).
+    outran: AtomicBool,
     /// Workers waiting for an item (in [`Shared::pop`] with the queue empty).
     idle: AtomicUsize,
     /// Whether the pipeline is saturated (see the module doc).
@@ -187,6 +193,7 @@ impl Shared {
             marks: Mutex::new(base),
             fetchers: config.fetchers,
             starved: AtomicBool::new(false),
+            outran: AtomicBool::new(false),
             idle: AtomicUsize::new(0),
             saturated: AtomicBool::new(false),
             start_window: config.lease_ttl.saturating_sub(config.lease_margin + config.heartbeat_trigger),
@@ -225,7 +232,7 @@ impl Shared {
     /// is grown, and at most the saturated pipeline's allowance less the items queued and reserved.
     pub fn reserve(&self, fetcher: usize, now: Instant) -> Option<Reservation<'_>> {
         let marks = self.marks();
-        let grown = marks.max > self.base.max;
+        let grown = marks.max > self.base.max || self.outran.load(Ordering::SeqCst);
         if fetcher > 0 && !grown {
             return None;
         }
@@ -269,6 +276,7 @@ impl Shared {
     /// started within its start window. The queue returns to dstack's size.
     pub fn saturate(&self) {
         self.saturated.store(true, Ordering::SeqCst);
+        self.outran.store(false, Ordering::SeqCst);
         *lock(&self.marks) = self.base;
     }
 
@@ -304,12 +312,16 @@ impl Shared {
 
     /// After a fetch that leased `fetched` of the `limit` rows it asked for: doubles the queue's size (up to the
     /// cap) if a worker found the queue empty since the last fetch and the store had every row asked for, or
-    /// brings it back to dstack's size if the store had fewer (see the module doc). Returns the new marks.
+    /// brings it back to dstack's size if the store had fewer (see the module doc). A queue that cannot grow
+    /// counts as grown from such a fetch until one that leases fewer rows. Returns the new marks.
     pub fn adapt(&self, fetched: usize, limit: usize) -> Marks {
         let starved = self.starved.swap(false, Ordering::SeqCst);
         let mut marks = lock(&self.marks);
         if fetched < limit {
             *marks = self.base;
+            self.outran.store(false, Ordering::SeqCst);
+        } else if starved && self.cap <= self.base.max {
+            self.outran.store(true, Ordering::SeqCst);
         } else if starved && marks.max < self.cap {
             let max = (marks.max * 2).min(self.cap);
             // The base ratio of the marks (dstack's 0.5 / 2.0), at least the base low mark.

@@ -114,9 +114,10 @@ pub struct PgOptions {
 }
 
 impl PgOptions {
-    /// Default pool size: enough for a pipeline of 8 workers plus its fetcher and its heartbeater (DESIGN §3 sizes
-    /// the pool for workers + fetchers + heartbeater; the manager refuses configs that need more).
-    pub const MAX_CONNECTIONS_DEFAULT: u32 = 10;
+    /// Default pool size: enough for a pipeline of 8 workers plus its two fetchers (the pipeline's default) and
+    /// its heartbeater (DESIGN §3 sizes the pool for workers + fetchers + heartbeater; the manager refuses configs
+    /// that need more).
+    pub const MAX_CONNECTIONS_DEFAULT: u32 = 11;
     /// Default wait for a free pooled connection before a call fails with [`StoreError::Timeout`].
     pub const ACQUIRE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
     /// Default `application_name`.
