@@ -23,6 +23,7 @@
 //! write APIs only insert inbox rows. Free allocations are the one resource operations contend for.
 
 use super::controller::{PassInput, PassOutput, run_pass};
+use super::decoded::{Fresh, Kept, keep};
 use super::model::{
     ALLOCATION_FREE, Allocation, INBOX_DONE, INBOX_NEW, Job, JobStatus, KIND_ALLOCATION, KIND_INBOX, KIND_JOB,
     KIND_NODE, KIND_OPERATION, Message, NodeData, OperationData, OperationStatus, node_lease_owner,
@@ -310,55 +311,6 @@ struct OperationRows {
     allocations: BTreeMap<RowId, Kept<Allocation>>,
 }
 
-/// One decoded row and the version of the row it was decoded from.
-#[derive(Debug)]
-struct Kept<T> {
-    stamp: Stamp,
-    value: T,
-}
-
-/// What identifies a row's status and data: its [`Row::version`] and `updated_at` (and the status, cheap to
-/// compare).
-#[derive(Debug, PartialEq, Eq)]
-struct Stamp {
-    version: i64,
-    updated_at: Timestamp,
-    status: String,
-}
-
-impl Stamp {
-    fn matches(&self, r: &Row) -> bool {
-        self.version == r.version && self.updated_at == r.updated_at && self.status == r.status
-    }
-
-    fn of(r: &Row) -> Stamp {
-        Stamp { version: r.version, updated_at: r.updated_at, status: r.status.clone() }
-    }
-}
-
-/// One row as a read hands it over: unchanged since the last pass decoded it, or decoded now (with the stamp of
-/// the row it came from, to compare the next pass's read with).
-#[derive(Debug)]
-enum Fresh<T> {
-    Unchanged,
-    Decoded(Result<(T, Stamp), super::model::DecodeError>),
-}
-
-impl<T> Fresh<T> {
-    /// Row `r` against `last`: unchanged if `last` holds its id at the same stamp, else decoded by `decode`. Runs
-    /// where the store reads the row (under MemStore's lock), so it only compares and decodes.
-    fn read(
-        last: &BTreeMap<RowId, Kept<T>>,
-        r: &Row,
-        decode: impl Fn(&Row) -> Result<T, super::model::DecodeError>,
-    ) -> Fresh<T> {
-        match last.get(&r.id) {
-            Some(kept) if kept.stamp.matches(r) => Fresh::Unchanged,
-            _ => Fresh::Decoded(decode(r).map(|value| (value, Stamp::of(r)))),
-        }
-    }
-}
-
 impl Decoded {
     /// The rows kept for `operation`, taken out (empty if none).
     fn take(&self, operation: RowId) -> OperationRows {
@@ -379,8 +331,7 @@ impl Decoded {
         self.operations.lock().unwrap_or_else(PoisonError::into_inner).remove(&operation);
     }
 
-    /// The value of row `id` as `read` found it (taken from `last` if unchanged), kept in `kept` for the next pass;
-    /// counts it. A row that did not decode is not kept.
+    /// The value of row `id` as `read` found it ([`keep`]), counted.
     fn keep<T: Clone>(
         &self,
         last: &mut BTreeMap<RowId, Kept<T>>,
@@ -388,22 +339,9 @@ impl Decoded {
         id: RowId,
         read: Fresh<T>,
     ) -> Result<T, super::model::DecodeError> {
-        match read {
-            Fresh::Unchanged => {
-                self.reused.fetch_add(1, Ordering::Relaxed);
-                // A query reads a row once: moved, not copied.
-                let entry = last.remove(&id).expect("an unchanged row was kept");
-                let value = entry.value.clone();
-                kept.insert(id, entry);
-                Ok(value)
-            }
-            Fresh::Decoded(decoded) => {
-                self.decoded.fetch_add(1, Ordering::Relaxed);
-                let (value, stamp) = decoded?;
-                kept.insert(id, Kept { stamp, value: value.clone() });
-                Ok(value)
-            }
-        }
+        let counter = if matches!(read, Fresh::Unchanged) { &self.reused } else { &self.decoded };
+        counter.fetch_add(1, Ordering::Relaxed);
+        keep(last, kept, id, read)
     }
 }
 
