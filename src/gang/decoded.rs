@@ -78,3 +78,44 @@ pub(crate) fn keep<T: Clone>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::NewRow;
+    use serde_json::json;
+
+    fn decode_n(row: &Row) -> Result<u64, DecodeError> {
+        Ok(row.data["n"].as_u64().unwrap_or(0))
+    }
+
+    /// Keeps `row` decoded, as a pass that read it would.
+    fn kept_after_reading(row: &Row) -> BTreeMap<RowId, Kept<u64>> {
+        let (mut last, mut kept) = (BTreeMap::new(), BTreeMap::new());
+        let read = Fresh::read(&last, row, decode_n);
+        assert_eq!(keep(&mut last, &mut kept, row.id, read).unwrap(), 1);
+        kept
+    }
+
+    #[test]
+    fn a_kept_value_is_used_only_for_the_same_version_time_and_status() {
+        let row = NewRow::new("job", "running", json!({"n": 1})).into_row(RowId(7), Timestamp(100));
+        let unchanged = Fresh::read(&kept_after_reading(&row), &row, decode_n);
+        assert!(matches!(unchanged, Fresh::Unchanged), "the same row read again: {unchanged:?}");
+        // Any write (another replica's, a pass's whose apply was stale, an agent's) changes the version, the time or
+        // the status: the row is decoded again, whatever its data (only the stamp is compared).
+        let written = [
+            Row { version: row.version + 1, data: json!({"n": 2}), ..row.clone() },
+            Row { updated_at: Timestamp(101), data: json!({"n": 2}), ..row.clone() },
+            Row { status: "completed".into(), data: json!({"n": 2}), ..row.clone() },
+        ];
+        for other in written {
+            let mut last = kept_after_reading(&row);
+            let read = Fresh::read(&last, &other, decode_n);
+            assert!(matches!(read, Fresh::Decoded(Ok((2, _)))), "{other:?} read as {read:?}");
+            let mut next = BTreeMap::new();
+            assert_eq!(keep(&mut last, &mut next, other.id, read).unwrap(), 2);
+            assert!(matches!(Fresh::read(&next, &other, decode_n), Fresh::Unchanged), "{other:?} kept at its stamp");
+        }
+    }
+}
