@@ -400,7 +400,7 @@ async fn a_job_placed_in_a_slot_the_agent_does_not_offer_is_reported_interrupted
         generation: 1,
         operation: Some(op),
         node_session: Some(session),
-        job: Some(launch),
+        job: Some(std::sync::Arc::new(launch)),
         ..AllocationData::free(node, "node-0".into(), 5)
     };
     let row = NewRow::new(KIND_ALLOCATION, ALLOCATION_ALLOCATED, serde_json::to_value(&data).unwrap());

@@ -1,14 +1,16 @@
 //! What a controller pass reads (issue 17): rows, counted by a store wrapper, not time. A pass reads the current
 //! incarnation's jobs, the undone inbox, the nodes, and the allocations granted to its operation and the free ones,
 //! so an operation with 100 finished incarnations costs a pass what its first incarnation cost, and the rows a pass
-//! reads grow linearly with the operation's jobs.
+//! reads grow linearly with the operation's jobs. Of the jobs and allocations a pass reads, it decodes only those
+//! whose status or data changed since the replica's previous pass, counted by the handler: none in a quiet pass, and
+//! about what the restart wrote over a gang restart's passes.
 
 use lockstep::agent::{Agent, AgentConfig, Behaviour, JobScript, ProcessLog, Rule, SimulatedExecutor};
 use lockstep::gang::SpecFormat;
 use lockstep::gang::api;
 use lockstep::gang::model::{JobStatus, KIND_OPERATION};
-use lockstep::gang::pipeline::{OperationHandler, operation_pipeline_config};
-use lockstep::pipeline::{ManagerOptions, PipelineManager};
+use lockstep::gang::pipeline::{DecodeCounts, OperationHandler, Pass, operation_pipeline_config};
+use lockstep::pipeline::{Changes, Handler, LoadCx, ManagerOptions, PipelineManager, WorkError};
 use lockstep::store::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -205,4 +207,90 @@ async fn the_rows_a_pass_reads_grow_linearly_with_the_jobs() {
         per_size.push((jobs, most));
     }
     eprintln!("rows read by a quiet pass, by jobs: {per_size:?}");
+}
+
+/// The operation handler, recording the rows each pass decoded and the rows it reused decoded from the pass before.
+struct PerPass {
+    inner: OperationHandler,
+    passes: Arc<Mutex<Vec<DecodeCounts>>>,
+}
+
+impl<S: Store> Handler<S> for PerPass {
+    type Context = Pass;
+
+    async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<Pass, WorkError> {
+        let before = self.inner.decode_counts();
+        let pass = self.inner.load(row, cx).await;
+        let after = self.inner.decode_counts();
+        let counts = DecodeCounts { decoded: after.decoded - before.decoded, reused: after.reused - before.reused };
+        self.passes.lock().unwrap().push(counts);
+        pass
+    }
+
+    async fn process(&self, row: Row, pass: Pass) -> Result<Changes, WorkError> {
+        Handler::<S>::process(&self.inner, row, pass).await
+    }
+}
+
+#[cfg_attr(not(madsim), tokio::test(start_paused = true))]
+#[cfg_attr(madsim, tokio::test)]
+async fn passes_decode_the_jobs_and_allocations_that_changed_not_every_one_they_read() {
+    let jobs: u32 = 64;
+    let store = MemStore::new(TokioClock::new(START));
+    let passes: Arc<Mutex<Vec<DecodeCounts>>> = Arc::default();
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 7 });
+    let handler = PerPass { inner: OperationHandler::default(), passes: passes.clone() };
+    manager.register(operation_pipeline_config(), handler).unwrap();
+    manager.start();
+    let rule = Rule {
+        task: Some("worker".into()),
+        job_cookie: Some(0),
+        attempt: Some(0),
+        behaviour: Behaviour::exit_after(FAIL_AFTER, 1),
+    };
+    let script =
+        JobScript { seed: 0, default: Behaviour::exit_after(Duration::from_secs(1_000_000), 0), rules: vec![rule] };
+    let executor = SimulatedExecutor::new(script, ProcessLog::default());
+    let agent = Agent::new(Arc::new(store.clone()), executor, AgentConfig::new("node-0", jobs));
+    let agent = tokio::spawn(agent.run());
+    let spec =
+        format!("{{tasks={{worker={{job_count={jobs};command=w;gang_options={{}}}}}};max_failed_job_count=1000}}");
+    let op = api::submit_text(&store, &spec, SpecFormat::Yson).await.unwrap();
+    let passes_len = || passes.lock().unwrap().len();
+    let since = |from: usize| passes.lock().unwrap()[from..].to_vec();
+
+    // Quiet: every job runs and nothing changes, so a pass reads every job and allocation and decodes none, but
+    // for the first: it decodes the jobs the pass before it set running.
+    all_running(&store, op, 0, jobs).await;
+    let from = passes_len();
+    tokio::time::sleep(QUIET).await;
+    let quiet = since(from);
+    assert!(quiet.len() >= 4, "only {} passes in {QUIET:?}", quiet.len());
+    assert!(quiet[0].decoded <= u64::from(jobs), "the first pass decoded more than the jobs set running: {quiet:?}");
+    for pass in &quiet {
+        assert_eq!(pass.decoded + pass.reused, 2 * u64::from(jobs), "a pass read other rows: {quiet:?}");
+    }
+    for pass in &quiet[1..] {
+        assert_eq!(pass.decoded, 0, "a quiet pass decoded rows: {quiet:?}");
+    }
+
+    // The gang restart: its passes read the incarnation's jobs and allocations each, but decode only the rows the
+    // pass before wrote (the 64 aborted jobs, the 64 new ones as they are inserted, placed and start running, the
+    // 64 allocations given the new jobs): a few per job over the whole restart, whatever the number of passes.
+    let from = passes_len();
+    all_running(&store, op, 1, jobs).await;
+    let restart = since(from);
+    let decoded: u64 = restart.iter().map(|p| p.decoded).sum();
+    let read: u64 = restart.iter().map(|p| p.decoded + p.reused).sum();
+    assert!(
+        decoded <= 5 * u64::from(jobs),
+        "the restart's {} passes decoded {decoded} rows: {restart:?}",
+        restart.len()
+    );
+    assert!(read >= decoded + 2 * u64::from(jobs), "the restart's passes reused nothing: {restart:?}");
+    eprintln!(
+        "restart passes (decoded, reused): {:?}",
+        restart.iter().map(|p| (p.decoded, p.reused)).collect::<Vec<_>>()
+    );
+    agent.abort();
 }

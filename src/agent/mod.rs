@@ -34,13 +34,14 @@ pub use simulated::{
     Behaviour, End, JobScript, ProcessEvent, ProcessEventKind, ProcessLog, ProcessSink, Rule, SimulatedExecutor,
 };
 
+use crate::gang::decoded::{Fresh, Kept, keep};
 use crate::gang::model::{
     ALLOCATION_FREE, Allocation, AllocationData, AllocationRef, INBOX_NEW, JobId, JobLaunch, JobOutcome,
     KIND_ALLOCATION, KIND_INBOX, KIND_NODE, KIND_OPERATION, Message, NodeData, node_lease_owner,
 };
 use crate::pipeline::LocalClock;
 use crate::store::{
-    ApplyOutcome, ApplyParams, FetchParams, HINT_EVERY_KIND, HeartbeatParams, Lease, LockToken, NewRow, RowId,
+    ApplyOutcome, ApplyParams, FetchParams, HINT_EVERY_KIND, HeartbeatParams, Lease, LockToken, NewRow, Row, RowId,
     RowUpdate, Store, StoreError, WriteOutcome,
 };
 use futures_util::FutureExt;
@@ -268,6 +269,10 @@ pub struct Agent<S: Store, E: Executor> {
     /// Whether the agent already warned that the node lease is held by another session (once per wait: reset when
     /// the agent gets a session).
     warned_held: bool,
+    /// Its node's allocation rows as the last pass decoded them, by row, with the version they were decoded at: a
+    /// pass decodes only the rows written since (issue 17: decoding every allocation, job launch and environment
+    /// included, at every pass of every agent was most of a quiet gang world's CPU).
+    decoded: BTreeMap<RowId, Kept<Allocation>>,
 }
 
 impl<S: Store, E: Executor> Agent<S, E> {
@@ -292,6 +297,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
             fence_killed: Vec::new(),
             extended: Arc::default(),
             warned_held: false,
+            decoded: BTreeMap::new(),
         }
     }
 
@@ -527,11 +533,13 @@ impl<S: Store, E: Executor> Agent<S, E> {
         }
         self.collect_exits(&mut pass);
         if let (Some(session), Some(node)) = (self.session, self.node) {
-            // Decoded where they are read, never copied whole (issue 17).
-            let rows = self.store.list_map(KIND_ALLOCATION, Some(node), Allocation::from_row).await?;
+            // Decoded where they are read, never copied whole, and only if written since the last pass (issue 17).
+            let mut last = std::mem::take(&mut self.decoded);
+            let read = |r: &Row| (r.id, Fresh::read(&last, r, Allocation::from_row));
+            let rows = self.store.list_map(KIND_ALLOCATION, Some(node), read).await?;
             let mut allocations = Vec::with_capacity(rows.len());
-            for row in rows {
-                match row {
+            for (id, row) in rows {
+                match keep(&mut last, &mut self.decoded, id, row) {
                     Ok(allocation) => allocations.push(allocation),
                     Err(error) => tracing::warn!(node = %self.config.name, %error, "allocation row skipped"),
                 }

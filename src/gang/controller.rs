@@ -28,6 +28,7 @@ use super::validate;
 use crate::store::{LockToken, RowId, Timestamp};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Event kind: an incarnation started (data: incarnation, index, reason, trigger).
@@ -937,7 +938,7 @@ impl Pass {
             environment: job_environment(&self.data.spec, data),
             file_paths: self.data.spec.tasks[&data.task].file_paths.clone(),
         };
-        held.data.job = Some(launch);
+        held.data.job = Some(Arc::new(launch));
         self.dirty_allocations.insert(allocation.row);
         self.jobs[i].data.allocation = Some(allocation);
         self.set_job_status(i, JobStatus::Assigned, None);

@@ -12,6 +12,7 @@
 pub mod api;
 pub mod audit;
 pub mod controller;
+pub(crate) mod decoded;
 pub mod env;
 mod lingering;
 pub mod model;

@@ -18,6 +18,7 @@ use crate::store::{LockToken, Row, RowId, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 /// Row kind of operations.
 pub const KIND_OPERATION: &str = "operation";
@@ -420,10 +421,29 @@ pub struct AllocationData {
     pub operation: Option<RowId>,
     /// The node session (its agent's node lease token) at the grant. The allocation dies with that session.
     pub node_session: Option<LockToken>,
-    /// The job its agent must run now; `None` while idle.
-    pub job: Option<JobLaunch>,
+    /// The job its agent must run now; `None` while idle. Shared (never changed in place: a new launch replaces
+    /// it), so a copy of a decoded allocation does not copy the launch's environment (issue 17: a controller pass
+    /// copies every allocation it keeps decoded between passes). Encoded as the launch itself.
+    #[serde(default, with = "shared_launch")]
+    pub job: Option<Arc<JobLaunch>>,
     /// The last job placed in it during this grant.
     pub last: Option<LastJob>,
+}
+
+/// [`AllocationData::job`] encoded and decoded as the launch it shares (serde's own `Arc` support needs its `rc`
+/// feature, which would rebuild every crate that uses serde).
+mod shared_launch {
+    use super::JobLaunch;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::sync::Arc;
+
+    pub fn serialize<S: Serializer>(launch: &Option<Arc<JobLaunch>>, serializer: S) -> Result<S::Ok, S::Error> {
+        launch.as_deref().serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Arc<JobLaunch>>, D::Error> {
+        Ok(Option::<JobLaunch>::deserialize(deserializer)?.map(Arc::new))
+    }
 }
 
 impl AllocationData {

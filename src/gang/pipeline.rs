@@ -6,7 +6,9 @@
 //!    step 3), each through an indexed [`Store::query`], so a pass costs what the operation has now, not its
 //!    history (issue 17); decide whether this pass is a *revival* (a job of
 //!    the operation still carries the related lock of a pass whose lease expired before it applied: that holder
-//!    died or stalled mid-pass);
+//!    died or stalled mid-pass). Job and allocation rows are decoded only when their version changed since this
+//!    replica's last pass over the operation ([`Row::version`]): a gang restart's passes read every job of the
+//!    incarnation, but decode only the rows the previous pass or the agents wrote (issue 17);
 //! 2. run [`run_pass`] (pure) on what was read;
 //! 3. lock what the pass writes: the live jobs and consumed messages as children (`lock_related`, owner = the
 //!    pipeline); the gang queue row alone, if the pass writes it, and re-read it: if its version is not the one
@@ -21,6 +23,7 @@
 //! write APIs only insert inbox rows. Free allocations are the one resource operations contend for.
 
 use super::controller::{PassInput, PassOutput, run_pass};
+use super::decoded::{Fresh, Kept, keep};
 use super::model::{
     ALLOCATION_FREE, Allocation, INBOX_DONE, INBOX_NEW, Job, JobStatus, KIND_ALLOCATION, KIND_INBOX, KIND_JOB,
     KIND_NODE, KIND_OPERATION, Message, NodeData, OperationData, OperationStatus, node_lease_owner,
@@ -29,6 +32,8 @@ use super::placement::{GANG_QUEUE_STATUS, GangQueue, KIND_GANG_QUEUE, PlacementS
 use crate::pipeline::{Changes, Handler, LoadCx, PipelineConfig, RetryPolicy, WorkError};
 use crate::store::{LockToken, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowQuery, RowUpdate, Store, Timestamp};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Name (and lock owner) of the operation pipeline.
 pub const OPERATION_PIPELINE: &str = "operations";
@@ -56,11 +61,12 @@ pub fn operation_retry_policy(config: &PipelineConfig) -> RetryPolicy {
     }
 }
 
-/// The controller's [`Handler`] for operation rows.
+/// The controller's [`Handler`] for operation rows. Clones share one [`Decoded`] cache and its counters.
 #[derive(Clone, Debug)]
 pub struct OperationHandler {
     pipeline: String,
     settings: PlacementSettings,
+    decoded: Arc<Decoded>,
 }
 
 impl OperationHandler {
@@ -68,7 +74,17 @@ impl OperationHandler {
     /// related rows it locks), with the default [`PlacementSettings`]. Use [`OPERATION_PIPELINE`] with
     /// [`operation_pipeline_config`].
     pub fn new(pipeline: impl Into<String>) -> OperationHandler {
-        OperationHandler { pipeline: pipeline.into(), settings: PlacementSettings::default() }
+        OperationHandler { pipeline: pipeline.into(), settings: PlacementSettings::default(), decoded: Arc::default() }
+    }
+
+    /// Job and allocation rows this handler's passes decoded so far (every clone's), and those they read but took
+    /// decoded from the previous pass because the row's version had not changed since: what a test counts to see
+    /// that a pass decodes what changed, not what it read.
+    pub fn decode_counts(&self) -> DecodeCounts {
+        DecodeCounts {
+            decoded: self.decoded.decoded.load(Ordering::Relaxed),
+            reused: self.decoded.reused.load(Ordering::Relaxed),
+        }
     }
 
     /// The same handler with `settings` (the placement default of gang operations, the unfit timeout).
@@ -111,23 +127,30 @@ impl<S: Store> Handler<S> for OperationHandler {
         // Rows are decoded where they are read (`query_map`), never copied whole.
         let jobs_read = RowQuery::new(KIND_JOB).parent(operation).after(data.jobs_after);
         let token = cx.lease().token;
+        // Decoded rows of this replica's previous pass over the operation, taken out for this pass (a pass of
+        // another operation never waits on it) and put back with what this pass read once its reads are done.
+        let mut last = self.decoded.take(operation);
+        let mut kept = OperationRows::default();
         let read_job = |r: &Row| {
             let live = JobStatus::parse(&r.status).is_some_and(|s| !s.is_terminal());
-            (r.id, live, self.locked_by_a_lost_pass(r, token), Job::from_row(r))
+            (r.id, live, self.locked_by_a_lost_pass(r, token), Fresh::read(&last.jobs, r, Job::from_row))
         };
         let job_rows = store.query_map(vec![jobs_read], read_job).await?.pop().ok_or_else(no_answer)?;
         let revival = job_rows.iter().any(|(_, _, lost, _)| *lost);
         let mut jobs = Vec::with_capacity(job_rows.len());
         let mut children: Vec<RowId> = Vec::new();
         for (id, live, _, job) in job_rows {
-            jobs.push(job.map_err(failed)?);
+            jobs.push(self.decoded.keep(&mut last.jobs, &mut kept.jobs, id, job).map_err(failed)?);
             if live {
                 children.push(id);
             }
         }
+        // Messages are decoded where they are read too: a gang restart of 10 000 jobs consumes 20 000 of them.
+        let inbox = RowQuery::new(KIND_INBOX).parent(operation).statuses([INBOX_NEW]);
+        let read_message = |r: &Row| (r.id, Message::from_row(r));
         let mut messages = Vec::new();
-        for r in query_one(store, RowQuery::new(KIND_INBOX).parent(operation).statuses([INBOX_NEW])).await? {
-            messages.push((r.id, Message::from_row(&r).map_err(failed)?));
+        for (id, message) in store.query_map(vec![inbox], read_message).await?.pop().ok_or_else(no_answer)? {
+            messages.push((id, message.map_err(failed)?));
         }
         // Before the allocations: a pass that spends free allocations after this read raises the queue's version,
         // so this pass's own lock of the queue finds out (module docs, step 3).
@@ -147,17 +170,29 @@ impl<S: Store> Handler<S> for OperationHandler {
         let mut free = Vec::new();
         let owner = format!("{}:{operation}", self.pipeline);
         let read_allocation = |r: &Row| AllocationRead {
+            row: r.id,
             free: r.status == ALLOCATION_FREE,
             lockable: lockable(r, &owner, now),
-            allocation: Allocation::from_row(r),
+            allocation: Fresh::read(&last.allocations, r, Allocation::from_row),
         };
-        for read in allocation_rows(store, &data, read_allocation).await? {
-            let allocation = read.allocation.map_err(failed)?;
+        let reads = allocation_rows(store, &data, read_allocation).await?;
+        let reads: Vec<_> = reads
+            .into_iter()
+            .map(|read| {
+                let allocation =
+                    self.decoded.keep(&mut last.allocations, &mut kept.allocations, read.row, read.allocation);
+                (read.free, read.lockable, allocation)
+            })
+            .collect();
+        // Every read is done: what this pass read is what the next one compares with.
+        self.decoded.put(operation, kept);
+        for (free_now, lockable_now, allocation) in reads {
+            let allocation = allocation.map_err(failed)?;
             let node = allocation.data.node;
             if allocation.allocated && allocation.data.operation == Some(operation) {
                 allocations.push(allocation);
-            } else if read.free
-                && read.lockable
+            } else if free_now
+                && lockable_now
                 && slots.get(&node).is_some_and(|n| allocation.data.slot < *n)
                 && let Some(session) = node_sessions.get(&node)
             {
@@ -215,6 +250,9 @@ impl<S: Store> Handler<S> for OperationHandler {
     }
 
     async fn process(&self, _row: Row, pass: Pass) -> Result<Changes, WorkError> {
+        if pass.output.status.is_terminal() {
+            self.decoded.forget(pass.operation);
+        }
         Ok(changes(pass))
     }
 }
@@ -228,11 +266,86 @@ fn lockable(row: &Row, owner: &str, now: Timestamp) -> bool {
     !live || (ours && row.lock_token.is_none())
 }
 
-/// What a pass needs of an allocation row: its decoded data, and whether it is free and lockable now.
+/// What a pass needs of an allocation row: its decoded data (or that the last pass's still holds), and whether it
+/// is free and lockable now.
 struct AllocationRead {
+    row: RowId,
     free: bool,
     lockable: bool,
-    allocation: Result<Allocation, super::model::DecodeError>,
+    allocation: Fresh<Allocation>,
+}
+
+/// How many job and allocation rows passes decoded, and how many they read unchanged and took from [`Decoded`]
+/// instead ([`OperationHandler::decode_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeCounts {
+    /// Rows decoded from their data.
+    pub decoded: u64,
+    /// Rows read at the version a previous pass had decoded them at, not decoded again.
+    pub reused: u64,
+}
+
+/// Job and allocation rows as this replica's last pass over each operation decoded them, with the version of the
+/// row they were decoded from (issue 17: decoding every job and allocation of a 10 000-job incarnation was most of
+/// every pass of a gang restart, though each pass changes a few of them).
+///
+/// An entry is used only for a row read at the [`Row::version`] and `updated_at` it was decoded at (and the same
+/// status), which every store changes at each write of the row's status or data: so what a pass decides never
+/// depends on the cache, and a row written since by anyone (another replica that took the operation over, a pass
+/// of this replica that applied or not, an agent) is decoded again. The id is the key and the kind the query's.
+/// (Comparing the data itself instead cost about what decoding it did: the allocations' job launches.) A pass
+/// keeps only the rows it read, so a finished incarnation's rows leave with it; an operation's entry is dropped
+/// when its pass ends it, and at most [`OPERATIONS_DECODED_MAX`] operations are kept.
+#[derive(Debug, Default)]
+struct Decoded {
+    operations: Mutex<BTreeMap<RowId, OperationRows>>,
+    decoded: AtomicU64,
+    reused: AtomicU64,
+}
+
+/// Most operations whose rows [`Decoded`] keeps: beyond it, the lowest operation ids are dropped (their next pass
+/// decodes every row, as without the cache).
+pub const OPERATIONS_DECODED_MAX: usize = 64;
+
+/// The decoded rows of one operation's last pass, by row id.
+#[derive(Debug, Default)]
+struct OperationRows {
+    jobs: BTreeMap<RowId, Kept<Job>>,
+    allocations: BTreeMap<RowId, Kept<Allocation>>,
+}
+
+impl Decoded {
+    /// The rows kept for `operation`, taken out (empty if none).
+    fn take(&self, operation: RowId) -> OperationRows {
+        self.operations.lock().unwrap_or_else(PoisonError::into_inner).remove(&operation).unwrap_or_default()
+    }
+
+    /// Keeps `rows` as `operation`'s, dropping the lowest operation ids beyond [`OPERATIONS_DECODED_MAX`].
+    fn put(&self, operation: RowId, rows: OperationRows) {
+        let mut operations = self.operations.lock().unwrap_or_else(PoisonError::into_inner);
+        operations.insert(operation, rows);
+        while operations.len() > OPERATIONS_DECODED_MAX {
+            operations.pop_first();
+        }
+    }
+
+    /// Forgets `operation`'s rows (it ended: no pass will read them).
+    fn forget(&self, operation: RowId) {
+        self.operations.lock().unwrap_or_else(PoisonError::into_inner).remove(&operation);
+    }
+
+    /// The value of row `id` as `read` found it ([`keep`]), counted.
+    fn keep<T: Clone>(
+        &self,
+        last: &mut BTreeMap<RowId, Kept<T>>,
+        kept: &mut BTreeMap<RowId, Kept<T>>,
+        id: RowId,
+        read: Fresh<T>,
+    ) -> Result<T, super::model::DecodeError> {
+        let counter = if matches!(read, Fresh::Unchanged) { &self.reused } else { &self.decoded };
+        counter.fetch_add(1, Ordering::Relaxed);
+        keep(last, kept, id, read)
+    }
 }
 
 impl OperationHandler {
@@ -245,12 +358,6 @@ impl OperationHandler {
 
 fn no_answer() -> WorkError {
     failed("the store answered no query")
-}
-
-/// The rows of one indexed read.
-async fn query_one<S: Store>(store: &S, query: RowQuery) -> Result<Vec<Row>, WorkError> {
-    let mut answers = store.query(vec![query]).await?;
-    answers.pop().ok_or_else(no_answer)
 }
 
 /// The allocation rows a pass may use, by id, in one read, as `read` makes them: those granted to the operation

@@ -54,6 +54,8 @@ struct State {
     events: Vec<Event>,
     next_id: i64,
     next_token: i64,
+    /// The last [`Row::version`] given: every insert and every write of a status or data takes the next one.
+    version: i64,
     history: Option<Vec<Commit>>,
 }
 
@@ -332,7 +334,9 @@ impl State {
             self.by_parent.entry((parent, new.kind.clone())).or_default().insert(id);
             self.by_parent_status.entry((parent, new.kind.clone(), new.status.clone())).or_default().insert(id);
         }
-        let row = new.into_row(id, now);
+        let mut row = new.into_row(id, now);
+        self.version += 1;
+        row.version = self.version;
         self.rows.insert(id, row);
         id
     }
@@ -373,6 +377,9 @@ impl State {
             row.data = data;
         }
         row.updated_at = now;
+        // Every status or data write goes through here (apply, related updates, a give-up, update_unleased).
+        self.version += 1;
+        row.version = self.version;
     }
 }
 

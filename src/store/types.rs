@@ -114,6 +114,14 @@ pub struct Row {
     pub created_at: Timestamp,
     /// Store time of the last write to this row (insert, apply, related update).
     pub updated_at: Timestamp,
+    /// The version of the row's status and data: it changes at every write of either (and may change at other
+    /// writes), so two reads of a row with the same `(version, updated_at)` read the same status and data, and a
+    /// reader may keep what it decoded from them (issue 17: a controller pass decodes only the jobs and
+    /// allocations that changed since its last pass). MemStore: a store-wide counter of such writes. PostgreSQL:
+    /// the `xmin` of the row's current tuple (the transaction that wrote it; every update writes a new tuple), a
+    /// 32-bit transaction id that wraps around, hence the pair with `updated_at`. Compare it only for equality.
+    #[serde(default)]
+    pub version: i64,
     /// Store time of the last successful apply or reset-and-retry; `None` for a row never processed.
     pub last_processed_at: Option<Timestamp>,
     /// Store time at which the current lease ends; `None` when no lease is held.
@@ -174,7 +182,7 @@ impl NewRow {
     }
 
     /// The row a store holds after inserting this one as `id` at `now` (store time): created and updated at `now`,
-    /// never processed, unleased, not hinted, with no failed attempts.
+    /// never processed, unleased, not hinted, with no failed attempts, at version 0 (MemStore sets its own).
     pub fn into_row(self, id: RowId, now: Timestamp) -> Row {
         Row {
             id,
@@ -184,6 +192,7 @@ impl NewRow {
             data: self.data,
             created_at: now,
             updated_at: now,
+            version: 0,
             last_processed_at: None,
             lock_expires_at: None,
             lock_token: None,

@@ -185,6 +185,7 @@ macro_rules! __conformance_cases {
                 query_filters_by_parent_status_cursor_and_ids_in_id_order,
                 query_map_and_list_map_read_the_rows_query_and_list_return,
                 query_refuses_a_nul_in_a_kind_or_a_status,
+                a_rows_version_changes_at_every_write_of_its_status_or_data,
                 now_moves_forward_by_at_least_the_advanced_span,
             }
             update_unleased {

@@ -2,7 +2,7 @@
 //! [`Store::list`], [`Store::now`]; DESIGN §2, Schema).
 
 use super::*;
-use crate::store::{RowQuery, RowUpdate, StoreError, WriteOutcome};
+use crate::store::{FailureParams, RelatedUpdate, Retry, RowQuery, RowUpdate, StoreError, WriteOutcome};
 use serde_json::json;
 
 /// An inserted row is stored as given, unleased, unprocessed and not hinted, created and updated at the
@@ -142,6 +142,53 @@ pub async fn query_map_and_list_map_read_the_rows_query_and_list_return<H: Harne
     }
     let bad = h.store().query_map(vec![RowQuery::new("in\0box")], |row| row.id).await;
     assert!(matches!(&bad, Err(StoreError::Invalid(m)) if m.contains("query 0") && m.contains("kind")), "{bad:?}");
+}
+
+/// A row's `(version, updated_at)` is the same in every read while nothing writes its status or data (get, list,
+/// query, query_map), and differs after each write of either: an apply of the row and of it as a related row, a
+/// write API's update, a failure that gives up (issue 17: a reader keeps what it decoded at a version).
+pub async fn a_rows_version_changes_at_every_write_of_its_status_or_data<H: Harness>(h: H) {
+    let stamp = |row: &Row| (row.version, row.updated_at);
+    let (parent, children) = family(&h, 1).await;
+    let child = &children[0];
+    let read = get(&h, child.id).await;
+    assert_eq!(stamp(&read), stamp(child), "get of row {} after its insert", child.id);
+    let listed = h.store().list("job", Some(parent.id)).await.expect("list");
+    let queried = h.store().query(vec![RowQuery::new("job").ids([child.id])]).await.expect("query");
+    let mapped = h.store().query_map(vec![RowQuery::new("job").ids([child.id])], stamp).await.expect("query_map");
+    assert_eq!(listed.iter().map(stamp).collect::<Vec<_>>(), vec![stamp(child)], "list of row {}", child.id);
+    assert_eq!(queried[0].iter().map(stamp).collect::<Vec<_>>(), vec![stamp(child)], "query of row {}", child.id);
+    assert_eq!(mapped, vec![vec![stamp(child)]], "query_map of row {}", child.id);
+    // Every (row, version, updated_at) read so far: one transaction's writes may share theirs across rows.
+    let mut seen = vec![(parent.id, stamp(&parent)), (child.id, stamp(child))];
+    let mut written = |row: &Row, what: &str| {
+        let read = (row.id, stamp(row));
+        assert!(!seen.contains(&read), "row {} after {what}: version and updated_at seen before", row.id);
+        seen.push(read);
+    };
+
+    // An apply writes its main row and its related row.
+    let lease = lease_with_children(&h, &parent, &children).await;
+    let related = vec![RelatedUpdate { id: child.id, update: RowUpdate { status: None, data: Some(json!({"n": 1})) } }];
+    let params = ApplyParams { related, ..ApplyParams::new(lease, RowUpdate::status("running")) };
+    applied_now(&apply(&h, params).await, lease);
+    written(&get(&h, parent.id).await, "an apply");
+    let child_now = get(&h, child.id).await;
+    written(&child_now, "an apply's related update");
+    assert_eq!(stamp(&get(&h, child.id).await), stamp(&child_now), "two reads of row {} with no write", child.id);
+
+    // A write API's update, of the status only.
+    let outcome = h.store().update_unleased(child.id, RowUpdate::status("paused")).await.expect("update_unleased");
+    assert_eq!(outcome, WriteOutcome::Written, "update_unleased of row {}", child.id);
+    written(&get(&h, child.id).await, "update_unleased");
+
+    // A failure that gives up takes the row's terminal status.
+    let row = insert(&h, "report").await;
+    written(&row, "an insert");
+    let lease = lease_single(&h, "reports", &row).await;
+    let failure = FailureParams { lease, error: "boom".into(), retry: Retry::GiveUp { status: "failed".into() } };
+    h.store().record_failure(failure).await.expect("record_failure");
+    written(&get(&h, row.id).await, "a failure that gave up");
 }
 
 /// `query` refuses a kind or a status PostgreSQL text cannot hold, naming the query and the field.

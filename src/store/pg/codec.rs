@@ -62,6 +62,7 @@ pub(super) fn row(r: &PgRow) -> Result<Row, sqlx::Error> {
         data: r.try_get::<Json<serde_json::Value>, _>("data")?.0,
         created_at: r.try_get::<PgTime, _>("created_at")?.0,
         updated_at: r.try_get::<PgTime, _>("updated_at")?.0,
+        version: r.try_get("version")?,
         last_processed_at: r.try_get::<Option<PgTime>, _>("last_processed_at")?.map(|t| t.0),
         lock_expires_at: r.try_get::<Option<PgTime>, _>("lock_expires_at")?.map(|t| t.0),
         lock_token: r.try_get::<Option<i64>, _>("lock_token")?.map(LockToken),

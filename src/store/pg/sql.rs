@@ -15,11 +15,13 @@
 
 use crate::store::{FetchParams, duration_micros};
 
-/// The columns of a [`Row`](crate::store::Row) of the table aliased `r`, as `codec::row` reads them by name.
+/// The columns of a [`Row`](crate::store::Row) of the table aliased `r`, as `codec::row` reads them by name; the
+/// version is the tuple's `xmin` ([`Row::version`](crate::store::Row::version)).
 macro_rules! row_columns {
     () => {
-        "r.id, r.kind, r.parent_id, r.status, r.data, r.created_at, r.updated_at, r.last_processed_at, \
-         r.lock_expires_at, r.lock_token, r.lock_owner, r.hinted, r.attempts, r.errors, r.not_before"
+        "r.id, r.kind, r.parent_id, r.status, r.data, r.created_at, r.updated_at, r.xmin::text::int8 AS version, \
+         r.last_processed_at, r.lock_expires_at, r.lock_token, r.lock_owner, r.hinted, r.attempts, r.errors, \
+         r.not_before"
     };
 }
 
