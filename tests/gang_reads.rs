@@ -125,6 +125,20 @@ impl Store for Counting {
     }
 }
 
+/// Starts one agent, `node-0` with `jobs` slots, whose jobs run until killed unless one of `rules` says otherwise,
+/// and submits a gang of `jobs` `worker` jobs (1 000 failed jobs allowed); returns the agent's task and the
+/// operation's id.
+async fn start_gang(store: &MemStore, jobs: u32, rules: Vec<Rule>) -> (tokio::task::JoinHandle<()>, RowId) {
+    let script = JobScript { seed: 0, default: Behaviour::exit_after(Duration::from_secs(1_000_000), 0), rules };
+    let executor = SimulatedExecutor::new(script, ProcessLog::default());
+    let agent = Agent::new(Arc::new(store.clone()), executor, AgentConfig::new("node-0", jobs));
+    let agent = tokio::spawn(agent.run());
+    let spec =
+        format!("{{tasks={{worker={{job_count={jobs};command=w;gang_options={{}}}}}};max_failed_job_count=1000}}");
+    let op = api::submit_text(store, &spec, SpecFormat::Yson).await.unwrap();
+    (agent, op)
+}
+
 /// Rows read by the quiet passes (nothing to handle, every job running) of one gang of `jobs` jobs: while its
 /// incarnation 0 runs, and, when `restarts` > 0, while incarnation `restarts` runs after that many gang restarts
 /// (cookie 0 fails after [`FAIL_AFTER`] in every incarnation before it).
@@ -143,14 +157,7 @@ async fn quiet_pass_reads(jobs: u32, restarts: u32) -> (Vec<usize>, Vec<usize>) 
             behaviour: Behaviour::exit_after(if attempt == 0 { FAIL_AFTER } else { Duration::from_secs(5) }, 1),
         })
         .collect();
-    let script = JobScript { seed: 0, default: Behaviour::exit_after(Duration::from_secs(1_000_000), 0), rules };
-    let executor = SimulatedExecutor::new(script, ProcessLog::default());
-    let agent = Agent::new(Arc::new(store.clone()), executor, AgentConfig::new("node-0", jobs));
-    let agent = tokio::spawn(agent.run());
-
-    let spec =
-        format!("{{tasks={{worker={{job_count={jobs};command=w;gang_options={{}}}}}};max_failed_job_count=1000}}");
-    let op = api::submit_text(&store, &spec, SpecFormat::Yson).await.unwrap();
+    let (agent, op) = start_gang(&store, jobs, rules).await;
     let mut reads = Vec::new();
     for incarnation in [0, restarts] {
         all_running(&store, op, incarnation, jobs).await;
@@ -248,14 +255,7 @@ async fn passes_decode_the_jobs_and_allocations_that_changed_not_every_one_they_
         attempt: Some(0),
         behaviour: Behaviour::exit_after(FAIL_AFTER, 1),
     };
-    let script =
-        JobScript { seed: 0, default: Behaviour::exit_after(Duration::from_secs(1_000_000), 0), rules: vec![rule] };
-    let executor = SimulatedExecutor::new(script, ProcessLog::default());
-    let agent = Agent::new(Arc::new(store.clone()), executor, AgentConfig::new("node-0", jobs));
-    let agent = tokio::spawn(agent.run());
-    let spec =
-        format!("{{tasks={{worker={{job_count={jobs};command=w;gang_options={{}}}}}};max_failed_job_count=1000}}");
-    let op = api::submit_text(&store, &spec, SpecFormat::Yson).await.unwrap();
+    let (agent, op) = start_gang(&store, jobs, vec![rule]).await;
     let passes_len = || passes.lock().unwrap().len();
     let since = |from: usize| passes.lock().unwrap()[from..].to_vec();
 
