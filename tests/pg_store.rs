@@ -457,15 +457,7 @@ async fn a_populated_schema_of_migration_0001_migrates_and_its_rows_fail_and_app
     for row in &rows {
         assert_eq!((row.attempts, row.errors.len(), row.not_before), (0, 0, None), "row {} after 0002", row.id);
     }
-    let params = FetchParams {
-        pipeline: "tasks".into(),
-        kind: "task".into(),
-        statuses: vec!["ready".into()],
-        limit: 10,
-        lease_ttl: Duration::from_secs(30),
-        min_processing_interval: Duration::from_secs(5),
-        retry_delay: Duration::from_secs(1),
-    };
+    let params = ready_tasks();
     let leased = store.fetch(params.clone()).await.unwrap();
     assert_eq!(leased.len(), 2, "both old rows are eligible");
     let lease = |row: &Row| Lease { id: row.id, token: row.lock_token.unwrap() };
@@ -577,15 +569,7 @@ async fn a_populated_schema_of_migration_0003_migrates_and_its_leases_fetch_and_
     assert!(indexes[1].1.ends_with("WHERE (lock_expires_at IS NOT NULL)"), "{indexes:?}");
     conn.close().await.unwrap();
 
-    let params = FetchParams {
-        pipeline: "tasks".into(),
-        kind: "task".into(),
-        statuses: vec!["ready".into()],
-        limit: 10,
-        lease_ttl: Duration::from_secs(30),
-        min_processing_interval: Duration::from_secs(5),
-        retry_delay: Duration::from_secs(1),
-    };
+    let params = ready_tasks();
     let leased = store.fetch(params.clone()).await.unwrap();
     let ns: Vec<i64> = leased.iter().map(|row| row.data["n"].as_i64().unwrap()).collect();
     assert_eq!(ns, vec![0, 1, 3], "the unleased rows and the expired lease, in fetch order");
@@ -646,8 +630,7 @@ async fn a_stores_lease_in_pass_is_its_own_live_lease_outside_any_write_transact
 
 /// Chaos mode records a guarded write refused for its superseded token, as MemStore does: a stale related lock
 /// (its transaction rolled back) gets its `LockRelated … Stale` record, and a stale apply in a batch its `Apply`
-/// record (`applied: false`), which `lockstep chaos run`'s trace and a
-/// scenario's `[[expect.trace]]` read.
+/// record (`applied: false`), which `lockstep chaos run`'s trace and a scenario's `[[expect.trace]]` read.
 #[tokio::test]
 async fn a_stale_related_lock_is_recorded_in_the_history_as_in_memstore() {
     let h = PgHarness::with(|o| o.history = true).await;
@@ -673,4 +656,18 @@ async fn a_stale_related_lock_is_recorded_in_the_history_as_in_memstore() {
     let stale_applies: Vec<_> =
         history.iter().filter(|c| matches!(c.op, CommitOp::Apply { applied: false, .. })).map(|c| &c.op).collect();
     assert!(matches!(stale_applies[..], [CommitOp::Apply { lease, .. }] if *lease == old), "{history:?}");
+}
+
+/// A fetch of up to 10 `ready` rows of kind `task` for pipeline `tasks` (30 s leases): the migration tests'
+/// fetch of the rows they wrote under an older schema.
+fn ready_tasks() -> FetchParams {
+    FetchParams {
+        pipeline: "tasks".into(),
+        kind: "task".into(),
+        statuses: vec!["ready".into()],
+        limit: 10,
+        lease_ttl: Duration::from_secs(30),
+        min_processing_interval: Duration::from_secs(5),
+        retry_delay: Duration::from_secs(1),
+    }
 }

@@ -547,7 +547,9 @@ impl Store for MemStore {
         for lease in &held {
             let ids: Vec<RowId> = state.by_token[&lease.token].iter().copied().collect();
             for id in ids {
-                state.rows.get_mut(&id).expect("indexed row").lock_expires_at = Some(expires);
+                // Never earlier than an expiry already written: a heartbeat only extends (`Store::heartbeat`).
+                let row = state.rows.get_mut(&id).expect("indexed row");
+                row.lock_expires_at = row.lock_expires_at.max(Some(expires));
             }
         }
         state.record(&self.caller, now, CommitOp::Heartbeat { held: held.clone() });

@@ -102,8 +102,10 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Extends every lease in `params.leases` that is still held, and the related rows locked with the same
-    /// tokens, to `now + lease_ttl`. Returns the leases still held; the others were lost or re-tokened and are
-    /// not written.
+    /// tokens, to `now + lease_ttl`, or leaves a row's expiry as it is where it is already later: a heartbeat
+    /// never shortens a lease (a shorter ttl, or a `now` read in a transaction that began long ago, cannot make
+    /// others count a live holder as dead). Returns the leases still held; the others were lost or re-tokened and
+    /// are not written.
     ///
     /// Held means the row carries the lease's token *and* the lease has not expired (`lock_expires_at > now`):
     /// a heartbeat never revives an expired lease, even one no one took over, because others may already have

@@ -95,3 +95,23 @@ pub async fn heartbeat_does_not_revive_an_expired_lease<H: Harness>(h: H) {
     let taken = fetch(&h, "other", &parent.kind).await;
     assert_eq!(ids(&taken), vec![parent.id], "row {} is not eligible after its expired lease's heartbeat", parent.id);
 }
+
+/// A heartbeat never moves an expiry earlier: after one with a long ttl, one with a short ttl leaves the main row
+/// and its related rows as they were, and the lease is still held. The PostgreSQL fault this guards against: a
+/// heartbeat that ran in a session left inside a transaction begun seconds before read an old `now()` and set a
+/// node lease's expiry earlier than the one written, and the controller declared a live node lost (a cancelled
+/// `BEGIN`; store/pg/session.rs). A shorter ttl is the same shape of write, and one both stores can be asked for.
+pub async fn heartbeat_never_shortens_a_lease<H: Harness>(h: H) {
+    let (parent, children) = family(&h, 1).await;
+    let lease = lease_with_children(&h, &parent, &children).await;
+    assert_eq!(heartbeat(&h, vec![lease], LEASE_TTL * 4).await, vec![lease], "a held lease is returned");
+    let parent_long = get(&h, parent.id).await;
+    let child_long = get(&h, children[0].id).await;
+    h.advance(Duration::from_secs(1));
+    assert_eq!(heartbeat(&h, vec![lease], LEASE_TTL / 4).await, vec![lease], "a held lease is returned");
+    assert_eq!(get(&h, parent.id).await, parent_long, "a shorter heartbeat moved row {}", parent.id);
+    assert_eq!(get(&h, children[0].id).await, child_long, "a shorter heartbeat moved related row {}", children[0].id);
+    h.advance(past(LEASE_TTL));
+    assert_eq!(ids(&fetch(&h, "other", &parent.kind).await), vec![], "row {} taken inside its lease", parent.id);
+    assert_eq!(refetch(&h, lease).await.map(|r| r.id), Some(parent.id), "lease {} still held", lease.token);
+}

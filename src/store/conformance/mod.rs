@@ -170,6 +170,7 @@ macro_rules! __conformance_cases {
                 heartbeat_extends_related_rows_with_their_main_lease,
                 heartbeat_returns_only_held_leases_and_leaves_lost_ones_untouched,
                 heartbeat_does_not_revive_an_expired_lease,
+                heartbeat_never_shortens_a_lease,
             }
             release {
                 release_clears_the_lease_and_related_locks_without_processing,

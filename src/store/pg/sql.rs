@@ -223,8 +223,9 @@ pub(super) const PREPARED_PLANS: &str =
 
 /// The heartbeat (mem.rs `heartbeat`): lock every row carrying one of the tokens, main and related, in id order;
 /// then extend those whose token's main row still carries it under a lease that has not expired (an expired lease
-/// is never revived). Returns the extended rows' `(id, lock_token)`; a lease was held if its own row is among
-/// them.
+/// is never revived), to the later of their expiry and `now() + ttl` (a heartbeat never shortens a lease, even
+/// one that runs in a transaction whose `now()` is old). Returns the extended rows' `(id, lock_token)`; a lease
+/// was held if its own row is among them.
 ///
 /// `$2` ids (`int8[]`), `$3` tokens (`int8[]`, same length), `$4` lease ttl.
 pub(super) const HEARTBEAT: &str = "WITH locked AS (
@@ -241,7 +242,7 @@ pub(super) const HEARTBEAT: &str = "WITH locked AS (
     WHERE locked.lock_expires_at > lockstep_now($1)
 )
 UPDATE resources AS r
-SET lock_expires_at = lockstep_ts_plus(lockstep_now($1), $4)
+SET lock_expires_at = GREATEST(r.lock_expires_at, lockstep_ts_plus(lockstep_now($1), $4))
 FROM locked
 WHERE r.id = locked.id AND locked.lock_token IN (SELECT lock_token FROM held)
 RETURNING r.id, r.lock_token";
