@@ -48,6 +48,12 @@ const AGENT_WAKE_BEFORE_JOBS: Duration = Duration::from_millis(1000);
 /// How often a pause that waits for its replica to be inside a pass (`[chaos] pause_inside_pass`) looks.
 const PASS_POLL: Duration = Duration::from_millis(10);
 
+/// How old a lease must be (from the start of its fetch's transaction) before a pause counts its replica as
+/// working under it (`[chaos] pause_inside_pass`): time for the fetch's reply to come back over a slow proxy
+/// link and a worker to take the row. Paused before that, the replica finds the lease's local deadline passed on
+/// waking and drops it unused, writing nothing stale.
+const PASS_SETTLE: Duration = Duration::from_secs(1);
+
 /// Attempts of one harness insert before the run fails (the harness's own session is never faulted, apart from
 /// a server that really goes away).
 const INSERT_ATTEMPTS_MAX: u32 = 20;
@@ -96,17 +102,17 @@ pub struct ChaosRun {
 pub struct PauseLanding {
     /// The paused replica (`replica-0`).
     pub node: String,
-    /// When it was SIGSTOPped, wall time since the start of the run.
+    /// When it was SIGSTOPped (or the pause gave up), wall time since the start of the run.
     pub at: Duration,
     /// How long the pause waited past its time for the replica to be inside a pass.
     pub waited: Duration,
-    /// The lease the replica was working under when it stopped; `None`: it was not seen inside a pass within
-    /// the bound, and was paused at the bound anyway.
+    /// The lease the replica was working under when it stopped; `None`: it was not seen inside a pass (with
+    /// another replica free to take its rows over) within the bound, and the pause was skipped.
     pub lease: Option<Lease>,
 }
 
 impl PauseLanding {
-    /// The landing as trace fields: `inside-pass=5#123 waited=0.213s`, or `inside-pass=none waited=10s`.
+    /// The landing as trace fields: `inside-pass=5#123 waited=213ms`, or `inside-pass=none waited=10s`.
     pub fn fields(&self) -> String {
         let lease = self.lease.map_or_else(|| "none".to_string(), |lease| format!("{}#{}", lease.id, lease.token));
         format!("inside-pass={lease} waited={:?}", self.waited)
@@ -491,15 +497,19 @@ impl World {
     }
 
     /// `[chaos] pause_inside_pass`: waits, at most `bound`, until replica `index` is inside a pass
-    /// ([`PgStore::lease_in_pass`] of its sessions, read on the harness's own session every [`PASS_POLL`]):
-    /// the lease it works under, or `None` past the bound (or once the replica is no longer free to pause),
-    /// and how long it waited.
+    /// ([`PgStore::lease_in_pass`] of its sessions, leases at least [`PASS_SETTLE`] old, read on the harness's
+    /// own session every [`PASS_POLL`]) while another replica runs unpaused to take its rows over: the lease it
+    /// works under, or `None` past the bound (or once the replica is no longer free to pause), and how long it
+    /// waited.
     async fn wait_inside_pass(&self, index: usize, bound: Duration, store: &PgStore) -> (Option<Lease>, Duration) {
         let caller = self.application_name(index);
         let start = Instant::now();
         loop {
+            let others = (0..self.replicas()).any(|other| other != index && self.free(other));
             // An error of the harness's own session is a server hiccup: look again.
-            if let Ok(Some(lease)) = store.lease_in_pass(&caller).await {
+            if (others || self.replicas() == 1)
+                && let Ok(Some(lease)) = store.lease_in_pass(&caller, PASS_SETTLE).await
+            {
                 return (Some(lease), start.elapsed());
             }
             if start.elapsed() >= bound || !self.free(index) {
@@ -542,18 +552,35 @@ impl World {
                     _ => None,
                 };
                 // Another fault may have taken the node while the pause waited: skipped, as at its time.
+                if !self.free(index) {
+                    trace.record(&node, "skipped", "pause: busy");
+                    return;
+                }
+                let landing = found.map(|(lease, waited)| PauseLanding {
+                    node: node.to_string(),
+                    at: trace.elapsed(),
+                    waited,
+                    lease,
+                });
+                let land = |landing: &PauseLanding| {
+                    self.landings.lock().unwrap_or_else(|p| p.into_inner()).push(landing.clone());
+                };
+                // Not seen inside a pass within the bound: skipped, and the summary says so.
+                if let Some(landing @ PauseLanding { lease: None, .. }) = &landing {
+                    land(landing);
+                    trace.record(&node, "skipped", format!("pause: not inside a pass {}", landing.fields()));
+                    return;
+                }
                 if !self.claim_pause(index) {
                     trace.record(&node, "skipped", "pause: busy");
                     return;
                 }
                 self.signal(index, libc::SIGSTOP);
-                let fields = match found {
+                let fields = match &landing {
                     None => format!("span={span:?}"),
-                    Some((lease, waited)) => {
-                        let landing = PauseLanding { node: node.to_string(), at: trace.elapsed(), waited, lease };
-                        let fields = format!("span={span:?} {}", landing.fields());
-                        self.landings.lock().unwrap_or_else(|p| p.into_inner()).push(landing);
-                        fields
+                    Some(landing) => {
+                        land(landing);
+                        format!("span={span:?} {}", landing.fields())
                     }
                 };
                 trace.record(&node, "pause", fields);

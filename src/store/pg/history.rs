@@ -39,14 +39,14 @@ const APPEND: &str = "INSERT INTO history (at, caller, op) VALUES (lockstep_now(
 
 const READ: &str = "SELECT at, caller, op FROM history ORDER BY seq";
 
-/// A live lease that a fetch of the store named `$2` handed out (its history's `fetch` record lists the row's id
-/// and current token), while no session named `$2` has a transaction that wrote or locked a row (no
-/// `backend_xid`): [`PgStore::lease_in_pass`].
+/// A live lease that a fetch of the store named `$2` handed out at least `$3` ago (its history's `fetch` record
+/// lists the row's id and current token), while no session named `$2` has a transaction that wrote or locked a
+/// row (no `backend_xid`): [`PgStore::lease_in_pass`].
 const LEASE_IN_PASS: &str = "SELECT r.id, r.lock_token FROM resources r
 WHERE r.lock_token IS NOT NULL AND r.lock_expires_at > lockstep_now($1)
   AND EXISTS (
       SELECT 1 FROM history h
-      WHERE h.caller = $2
+      WHERE h.caller = $2 AND h.at <= lockstep_now($1) - $3
         AND h.op -> 'Fetch' -> 'leases' @> jsonb_build_array(jsonb_build_object('id', r.id, 'token', r.lock_token)))
   AND NOT EXISTS (
       SELECT 1 FROM pg_stat_activity a
@@ -83,18 +83,22 @@ impl PgStore {
     }
 
     /// Chaos mode: a lease the store whose `application_name` (its history's `caller`) is `caller` holds now
-    /// and is working under, if any: a live lease on a row that one of its own fetches handed out, while none of
-    /// its sessions has a transaction open that wrote or locked a row. `lockstep chaos run` waits for one before
-    /// it SIGSTOPs a replica (`[chaos] pause_inside_pass`), so that the pause lands inside a pass whose later
-    /// writes carry a token the others supersede meanwhile, and not inside a transaction whose row locks would
-    /// keep them off the row. Seeing other sessions' `backend_xid` needs the same role or `pg_read_all_stats`.
+    /// and is working under, if any: a live lease on a row that one of its own fetches handed out at least
+    /// `settled` ago (store clock, from the start of the fetch's transaction: long enough for the fetch's reply to
+    /// have reached the store and a worker to have taken the row), while none of its sessions has a transaction
+    /// open that wrote or locked a row. `lockstep chaos run` waits for one before it SIGSTOPs a replica
+    /// (`[chaos] pause_inside_pass`), so that the pause lands inside a pass whose later writes carry a token the
+    /// others supersede meanwhile: not before a worker took the row (it would drop the lease unused on waking),
+    /// and not inside a transaction whose row locks would keep the others off the row. Seeing other sessions'
+    /// `backend_xid` needs the same role or `pg_read_all_stats`.
     ///
     /// Errors: the store's usual ones; `Other` when the history table is missing (no store of the schema turned
     /// [`PgOptions::history`](super::PgOptions::history) on).
-    pub async fn lease_in_pass(&self, caller: &str) -> Result<Option<Lease>, StoreError> {
+    pub async fn lease_in_pass(&self, caller: &str, settled: Duration) -> Result<Option<Lease>, StoreError> {
         let found: Option<(i64, i64)> = sqlx::query_as(LEASE_IN_PASS)
             .bind(self.offset())
             .bind(caller)
+            .bind(interval(settled))
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(|e| self.fail(e))?;
