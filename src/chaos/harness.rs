@@ -50,9 +50,11 @@ const PASS_POLL: Duration = Duration::from_millis(10);
 
 /// How old a lease must be (from the start of its fetch's transaction) before a pause counts its replica as
 /// working under it (`[chaos] pause_inside_pass`): time for the fetch's reply to come back over a slow proxy
-/// link and a worker to take the row. Paused before that, the replica finds the lease's local deadline passed on
-/// waking and drops it unused, writing nothing stale.
-const PASS_SETTLE: Duration = Duration::from_secs(1);
+/// link, a worker to take the row and its refetch by token to come back. Paused before that, the replica drops
+/// the lease unused on waking (its local deadline passed, or the refetch finds the token superseded: a read,
+/// recorded nowhere), writing nothing stale. 1 s was too short on a loaded machine with 50 ms per chunk: in one
+/// run, two of three pauses made 1 s after their fetch left nothing stale.
+const PASS_SETTLE: Duration = Duration::from_secs(2);
 
 /// Attempts of one harness insert before the run fails (the harness's own session is never faulted, apart from
 /// a server that really goes away).
