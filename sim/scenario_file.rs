@@ -64,8 +64,8 @@ pub struct ScenarioFile {
 pub struct ChaosSettings {
     /// `pause_inside_pass`: each `pause` of a replica (fixed or random) waits, at most this long past its time
     /// (wall clock, not scaled by `--time-scale`), until that replica is inside a pass: it works under a live
-    /// lease from one of its own fetches and has no write transaction open in PostgreSQL, while another replica
-    /// runs to take its rows over. Then it is SIGSTOPped (its span counted from there); past the bound it is
+    /// lease from one of its own fetches, past the pass's related locks, with no transaction open in PostgreSQL
+    /// and no message on its way there, while another replica runs to take its rows over (docs/chaos.md). Then it is SIGSTOPped (its span counted from there); past the bound it is
     /// skipped and the run's summary says so. `None`: every pause lands at its time, wherever the replica is.
     pub pause_inside_pass: Option<Duration>,
 }

@@ -590,10 +590,11 @@ async fn a_populated_schema_of_migration_0003_migrates_and_its_leases_fetch_and_
 }
 
 /// Chaos mode's look at a replica from outside (`lockstep chaos run`'s `[chaos] pause_inside_pass`): a live lease
-/// of the store's own fetch (made at least the given time ago), and none while a session of the store's name has a write transaction open (whose row
-/// locks a SIGSTOP would keep) or once the lease is applied; another store's lease is not its own.
+/// of the store's own fetch (made at least the given time ago) under which related rows are locked, and none while
+/// a session of the store's name is inside a transaction (read or write: a SIGSTOP there would keep its row locks,
+/// or see it ended for idling) or once the lease is applied; another store's lease is not its own.
 #[tokio::test]
-async fn a_stores_lease_in_pass_is_its_own_live_lease_outside_any_write_transaction() {
+async fn a_stores_lease_in_pass_is_its_own_live_lease_past_its_related_locks_outside_any_transaction() {
     let schema = unique_schema();
     let name = format!("lockstep test {schema}");
     let store = store_with(|o| {
@@ -604,34 +605,39 @@ async fn a_stores_lease_in_pass_is_its_own_live_lease_outside_any_write_transact
         (o.schema, o.history, o.application_name) = (schema.clone(), true, format!("{name} other"));
     })
     .await;
-    assert_eq!(store.lease_in_pass(&name, Duration::ZERO).await.unwrap(), None, "no lease yet");
+    let in_pass = || store.lease_in_pass(&name, Duration::ZERO);
+    assert_eq!(in_pass().await.unwrap(), None, "no lease yet");
     let (row, spare) = (store.insert(ready_job()).await.unwrap(), store.insert(ready_job()).await.unwrap());
+    let child = store.insert(NewRow::new("task", "ready", serde_json::json!({}))).await.unwrap();
     let mut fetch = params(Duration::from_secs(30), Duration::ZERO);
     fetch.limit = 1;
     let leased = store.fetch(fetch.clone()).await.unwrap();
     assert_eq!(leased.iter().map(|r| r.id).collect::<Vec<_>>(), [row.id]);
     let lease = lease_of(&leased[0]);
-    assert_eq!(store.lease_in_pass(&name, Duration::ZERO).await.unwrap(), Some(lease));
+    assert_eq!(in_pass().await.unwrap(), None, "no related lock yet");
+    let ttl = Duration::from_secs(30);
+    let lock = LockRelatedParams { holder: lease, related: vec![child.id], owner: "jobs".into(), lease_ttl: ttl };
+    assert_eq!(store.lock_related(lock).await.unwrap(), LockOutcome::Locked);
+    assert_eq!(in_pass().await.unwrap(), Some(lease));
     let hour = Duration::from_secs(3600);
     assert_eq!(store.lease_in_pass(&name, hour).await.unwrap(), None, "fetched less than an hour ago");
     let theirs = other.fetch(fetch).await.unwrap();
     assert_eq!(theirs.iter().map(|r| r.id).collect::<Vec<_>>(), [spare.id]);
-    assert_eq!(
-        store.lease_in_pass(&name, Duration::ZERO).await.unwrap(),
-        Some(lease),
-        "the other store's lease is not its own"
-    );
-    // A session of the store's name inside a transaction that wrote: not between calls.
+    assert_eq!(in_pass().await.unwrap(), Some(lease), "the other store's lease is not its own");
+    // A session of the store's name inside a transaction, between its statements, then after a write: not
+    // between calls.
     let url = format!("{}?application_name={}", database_url(), name.replace(' ', "%20"));
-    let mut writer = PgConnection::connect(&url).await.expect("connect");
-    sqlx::query("BEGIN").execute(&mut writer).await.expect("begin");
+    let mut session = PgConnection::connect(&url).await.expect("connect");
+    sqlx::query("BEGIN").execute(&mut session).await.expect("begin");
+    sqlx::query("SELECT 1").execute(&mut session).await.expect("read");
+    assert_eq!(in_pass().await.unwrap(), None, "a transaction is open between its statements");
     let touch = format!("UPDATE \"{schema}\".resources SET data = data WHERE id = $1");
-    sqlx::query(sqlx::AssertSqlSafe(touch)).bind(spare.id.0).execute(&mut writer).await.expect("write");
-    assert_eq!(store.lease_in_pass(&name, Duration::ZERO).await.unwrap(), None, "a write transaction is open");
-    sqlx::query("ROLLBACK").execute(&mut writer).await.expect("rollback");
-    assert_eq!(store.lease_in_pass(&name, Duration::ZERO).await.unwrap(), Some(lease));
+    sqlx::query(sqlx::AssertSqlSafe(touch)).bind(spare.id.0).execute(&mut session).await.expect("write");
+    assert_eq!(in_pass().await.unwrap(), None, "a write transaction is open");
+    sqlx::query("ROLLBACK").execute(&mut session).await.expect("rollback");
+    assert_eq!(in_pass().await.unwrap(), Some(lease));
     store.apply(ApplyParams::new(lease, RowUpdate::status("done"))).await.unwrap();
-    assert_eq!(store.lease_in_pass(&name, Duration::ZERO).await.unwrap(), None, "applied: the pass is over");
+    assert_eq!(in_pass().await.unwrap(), None, "applied: the pass is over");
 }
 
 /// Chaos mode records a guarded write refused for its superseded token, as MemStore does: a stale related lock

@@ -49,11 +49,11 @@ const AGENT_WAKE_BEFORE_JOBS: Duration = Duration::from_millis(1000);
 const PASS_POLL: Duration = Duration::from_millis(10);
 
 /// How old a lease must be (from the start of its fetch's transaction) before a pause counts its replica as
-/// working under it (`[chaos] pause_inside_pass`): time for the fetch's reply to come back over a slow proxy
-/// link, a worker to take the row and its refetch by token to come back. Paused before that, the replica drops
-/// the lease unused on waking (its local deadline passed, or the refetch finds the token superseded: a read,
-/// recorded nowhere), writing nothing stale. 1 s was too short on a loaded machine with 50 ms per chunk: in one
-/// run, two of three pauses made 1 s after their fetch left nothing stale.
+/// working under it (`[chaos] pause_inside_pass`), besides its related locks: time for the fetch's reply to come
+/// back over a slow proxy link, a worker to take the row and its refetch by token to come back. Paused before
+/// that, the replica drops the lease unused on waking (its local deadline passed, or the refetch finds the token
+/// superseded: a read, recorded nowhere), writing nothing stale. 1 s was too short on a loaded machine with 50 ms
+/// per chunk: in one run, two of three pauses made 1 s after their fetch left nothing stale.
 const PASS_SETTLE: Duration = Duration::from_secs(2);
 
 /// Attempts of one harness insert before the run fails (the harness's own session is never faulted, apart from
@@ -508,9 +508,11 @@ impl World {
         let start = Instant::now();
         loop {
             let others = (0..self.replicas()).any(|other| other != index && self.free(other));
-            // An error of the harness's own session is a server hiccup: look again.
+            // An error of the harness's own session is a server hiccup: look again. The proxy is looked at after
+            // PostgreSQL: a message the replica sent after the server's snapshot is still on its way up then.
             if (others || self.replicas() == 1)
                 && let Ok(Some(lease)) = store.lease_in_pass(&caller, PASS_SETTLE).await
+                && self.links.proxy(index).requests_in_flight() == 0
             {
                 return (Some(lease), start.elapsed());
             }

@@ -40,17 +40,21 @@ const APPEND: &str = "INSERT INTO history (at, caller, op) VALUES (lockstep_now(
 const READ: &str = "SELECT at, caller, op FROM history ORDER BY seq";
 
 /// A live lease that a fetch of the store named `$2` handed out at least `$3` ago (its history's `fetch` record
-/// lists the row's id and current token), while no session named `$2` has a transaction that wrote or locked a
-/// row (no `backend_xid`): [`PgStore::lease_in_pass`].
+/// lists the row's id and current token) and under which related rows are locked (a row other than the leased
+/// one carries its token), while no session named `$2` is inside a transaction (one that wrote or locked a row,
+/// or any transaction between two statements): [`PgStore::lease_in_pass`].
 const LEASE_IN_PASS: &str = "SELECT r.id, r.lock_token FROM resources r
 WHERE r.lock_token IS NOT NULL AND r.lock_expires_at > lockstep_now($1)
   AND EXISTS (
       SELECT 1 FROM history h
       WHERE h.caller = $2 AND h.at <= lockstep_now($1) - $3
         AND h.op -> 'Fetch' -> 'leases' @> jsonb_build_array(jsonb_build_object('id', r.id, 'token', r.lock_token)))
+  AND EXISTS (SELECT 1 FROM resources x WHERE x.lock_token = r.lock_token AND x.id <> r.id)
   AND NOT EXISTS (
       SELECT 1 FROM pg_stat_activity a
-      WHERE a.datname = current_database() AND a.application_name = $2 AND a.backend_xid IS NOT NULL)
+      WHERE a.datname = current_database() AND a.application_name = $2 AND a.pid <> pg_backend_pid()
+        AND (a.backend_xid IS NOT NULL OR a.state LIKE 'idle in transaction%'
+             OR (a.state = 'active' AND a.xact_start < a.query_start)))
 ORDER BY r.id
 LIMIT 1";
 
@@ -83,14 +87,16 @@ impl PgStore {
     }
 
     /// Chaos mode: a lease the store whose `application_name` (its history's `caller`) is `caller` holds now
-    /// and is working under, if any: a live lease on a row that one of its own fetches handed out at least
-    /// `settled` ago (store clock, from the start of the fetch's transaction: long enough for the fetch's reply to
-    /// have reached the store and a worker to have taken the row), while none of its sessions has a transaction
-    /// open that wrote or locked a row. `lockstep chaos run` waits for one before it SIGSTOPs a replica
-    /// (`[chaos] pause_inside_pass`), so that the pause lands inside a pass whose later writes carry a token the
-    /// others supersede meanwhile: not before a worker took the row (it would drop the lease unused on waking),
-    /// and not inside a transaction whose row locks would keep the others off the row. Seeing other sessions'
-    /// `backend_xid` needs the same role or `pg_read_all_stats`.
+    /// and is working under, past its related locks, if any: a live lease on a row that one of its own fetches
+    /// handed out at least `settled` ago (store clock, from the start of the fetch's transaction), under which
+    /// related rows are locked (the pass took its `lock_related`: its worker has the row, its reads are done, and
+    /// its next guarded write is a related lock or the apply), while none of its sessions is inside a transaction
+    /// (one that wrote or locked a row, or an explicit one between or during its statements). `lockstep chaos
+    /// run` waits for one before it SIGSTOPs a replica (`[chaos] pause_inside_pass`), so that the pause lands
+    /// inside a pass whose next writes carry a token the others supersede meanwhile: not before its worker took
+    /// the row (it would drop the lease unused on waking), not inside a transaction whose row locks would keep
+    /// the others off the row, nor one the server would end for idling while the replica sleeps. Seeing other
+    /// sessions' `backend_xid` and `state` needs the same role or `pg_read_all_stats`.
     ///
     /// Errors: the store's usual ones; `Other` when the history table is missing (no store of the schema turned
     /// [`PgOptions::history`](super::PgOptions::history) on).
