@@ -41,19 +41,23 @@ fn history_path(text: &str) -> PathBuf {
     PathBuf::from(line.trim_start_matches("history: ").split(" (").next().unwrap())
 }
 
+/// Whether the summary's line of `checker` says `ok`.
+fn ok(text: &str, checker: &str) -> bool {
+    text.lines().any(|line| line.split_whitespace().collect::<Vec<_>>() == [checker, "ok"])
+}
+
+/// Whether the summary's line of `checker` says it failed.
+fn fired(text: &str, checker: &str) -> bool {
+    text.lines().any(|line| line.trim_start().starts_with(checker) && line.contains("FAIL"))
+}
+
 #[test]
 fn a_row_scenario_with_a_killed_and_a_paused_replica_passes_every_checker_on_postgres() {
     let (output, text) = chaos("kill-pause", &[KILL_PAUSE]);
     assert_eq!(output.status.code(), Some(0), "{text}");
     assert!(text.contains("scenario chaos-rows-kill-pause seed 1: PASSED"), "{text}");
     for checker in ["lease_exclusivity", "liveness", "locked_forever", "exactly_once", "drain"] {
-        assert!(
-            text.lines().any(|line| line.trim() == format!("{checker} ok") || {
-                let words: Vec<&str> = line.split_whitespace().collect();
-                words == [checker, "ok"]
-            }),
-            "{checker} did not pass: {text}"
-        );
+        assert!(ok(&text, checker), "{checker} did not pass: {text}");
     }
     // The faults happened to real processes, and the history the checkers read is on disk.
     let path = history_path(&text);
@@ -63,6 +67,14 @@ fn a_row_scenario_with_a_killed_and_a_paused_replica_passes_every_checker_on_pos
     let faults = std::fs::read_to_string(path.with_file_name("faults.txt")).expect("the fault log");
     assert!(faults.contains("kill"), "{faults}");
     assert!(faults.contains("pause"), "{faults}");
+    // The pause waited until replica 1 was inside a pass (`[chaos] pause_inside_pass`): its write after SIGCONT
+    // came back stale.
+    assert!(text.contains("pauses inside a pass: 1 of 1"), "{text}");
+    let replica_1 = |line: &&str| line.contains("-replica-1 ");
+    assert!(
+        history.lines().filter(replica_1).any(|line| line.contains(" stale") || line.contains(" Stale")),
+        "{history}"
+    );
     assert!(faults.contains("resume"), "{faults}");
 }
 
@@ -90,10 +102,7 @@ fn a_row_scenario_with_a_partitioned_replica_and_lost_replies_passes_every_check
     assert!(text.contains("scenario chaos-rows-network seed 1: PASSED"), "{text}");
     assert!(text.contains("faults injected: lost-replies 1, partition 1"), "{text}");
     for checker in ["lease_exclusivity", "liveness", "locked_forever", "exactly_once", "drain"] {
-        assert!(
-            text.lines().any(|line| line.split_whitespace().collect::<Vec<_>>() == [checker, "ok"]),
-            "{checker} did not pass: {text}"
-        );
+        assert!(ok(&text, checker), "{checker} did not pass: {text}");
     }
     // The proxies really did it: the partitioned replica's link held its bytes, and replies were lost after
     // the server sent them (each losing its connection).
@@ -113,9 +122,7 @@ fn the_apply_guard_off_fires_a_checker_on_postgres() {
     let (output, text) = chaos("planted", &["tests/fixtures/chaos-rows-kill-pause-planted.toml"]);
     assert_eq!(output.status.code(), Some(1), "{text}");
     assert!(text.contains(": FAILED"), "{text}");
-    let fired = ["lease_exclusivity", "exactly_once"]
-        .iter()
-        .any(|checker| text.lines().any(|line| line.trim_start().starts_with(checker) && line.contains("FAIL")));
+    let fired = ["lease_exclusivity", "exactly_once"].iter().any(|checker| fired(&text, checker));
     assert!(fired, "neither lease_exclusivity nor exactly_once fired: {text}");
 }
 
@@ -154,20 +161,8 @@ fn a_gang_scenario_with_a_killed_agent_passes_every_gang_checker_on_postgres() {
     assert!(text.contains("scenario chaos-gang-agent-kill seed 1: PASSED"), "{text}");
     assert!(text.contains("faults injected: agent-kill 1"), "{text}");
     assert!(text.contains("incarnation 1 at"), "no gang restart: {text}");
-    let checkers = [
-        "allocation_exclusivity",
-        "rank_exclusivity",
-        "gang_ranks_together",
-        "process_outlived_operation",
-        "gang_audit",
-        "liveness",
-        "expect",
-    ];
-    for checker in checkers {
-        assert!(
-            text.lines().any(|line| line.split_whitespace().collect::<Vec<_>>() == [checker, "ok"]),
-            "{checker} did not pass: {text}"
-        );
+    for checker in lockstep::sim::checkers::gang::NAMES {
+        assert!(ok(&text, checker), "{checker} did not pass: {text}");
     }
     let dir = history_path(&text).parent().unwrap().to_path_buf();
     // The killed agent's job ended with it (the harness recorded it, the dead agent could not), and the agent
@@ -205,71 +200,72 @@ fn a_database_url_the_server_refuses_is_bad_input() {
     assert!(text.contains("--database-url: ") && text.contains("lockstep_no_such_role"), "{text}");
 }
 
-/// The scenario file's `[mutation] gang_gate_disabled` is honoured on real processes: all-or-nothing gangs placed
-/// incrementally start their ranks a job apart, and `gang_ranks_together` fires on the agents' records. Opt-in
-/// (about 45 s): the default command runs one gang scenario.
-#[test]
-#[ignore = "long: run with `cargo test --test chaos -- --ignored`"]
-fn the_gang_gate_off_fires_gang_ranks_together_on_postgres() {
-    let (output, text) = chaos("gang-planted", &["tests/fixtures/chaos-gang-gate-planted.toml"]);
-    assert_eq!(output.status.code(), Some(1), "{text}");
-    assert!(text.contains("scenario chaos-gang-gate-planted seed 1: FAILED"), "{text}");
-    let fired = text.lines().any(|line| line.trim_start().starts_with("gang_ranks_together") && line.contains("FAIL"));
-    assert!(fired, "gang_ranks_together did not fire: {text}");
-}
-
-/// Runs a repository scenario (`scenarios/NAME.toml`) with `args` and asserts that every checker passed.
-fn repository_scenario_passes(name: &str, args: &[&str]) {
-    let path = format!("scenarios/{name}.toml");
-    let mut all = vec![path.as_str()];
+/// Runs the scenario file at `path` (whose `name` key is its file stem) with `args`; asserts the exit code and
+/// the summary's verdict (`passed`: 0 and PASSED, else 1 and FAILED) and returns the output (also printed).
+fn verdict(path: &str, args: &[&str], passed: bool) -> String {
+    let name = Path::new(path).file_stem().and_then(|stem| stem.to_str()).expect("a file name");
+    let mut all = vec![path];
     all.extend_from_slice(args);
     let (output, text) = chaos(name, &all);
-    assert_eq!(output.status.code(), Some(0), "{text}");
-    assert!(text.contains(&format!("scenario {name} seed 1: PASSED")), "{text}");
     eprintln!("{text}");
+    let (code, word) = if passed { (0, "PASSED") } else { (1, "FAILED") };
+    assert_eq!(output.status.code(), Some(code), "{text}");
+    assert!(text.contains(&format!("scenario {name} seed 1: {word}")), "{text}");
+    text
 }
 
-/// Opt-in (about 40 s): the seed's gang completes in its first incarnation, three processes, three completions.
-#[test]
-#[ignore = "long: run with `cargo test --test chaos -- --ignored`"]
-fn the_seed_gang_example_passes_on_postgres() {
-    repository_scenario_passes("gang-seed-example", &[]);
+/// The opt-in tests: each runs a scenario file that takes a minute or more (`cargo test --test chaos --
+/// --ignored`; the default command runs one gang scenario), asserts its verdict with [`verdict`] (`true`:
+/// every checker passed), then the checks of its closure on the output.
+macro_rules! opt_in {
+    ($($(#[$doc:meta])* fn $test:ident($path:literal, $passed:literal) $checks:expr;)*) => {$(
+        $(#[$doc])*
+        #[test]
+        #[ignore = "long: run with `cargo test --test chaos -- --ignored`"]
+        fn $test() {
+            let checks: fn(&str) = $checks;
+            checks(&verdict($path, &[], $passed));
+        }
+    )*};
 }
 
-/// Opt-in (about 2 min): an agent SIGKILLed under a rank; one gang restart, then completion.
-#[test]
-#[ignore = "long: run with `cargo test --test chaos -- --ignored`"]
-fn the_agent_death_gang_restart_passes_on_postgres() {
-    repository_scenario_passes("gang-restart-agent-death", &[]);
-}
+opt_in! {
+    /// The scenario file's `[mutation] gang_gate_disabled` is honoured on real processes: all-or-nothing gangs
+    /// placed incrementally start their ranks a job apart, and `gang_ranks_together` fires on the agents' records
+    /// (about 45 s).
+    fn the_gang_gate_off_fires_gang_ranks_together_on_postgres("tests/fixtures/chaos-gang-gate-planted.toml", false)
+        |text| assert!(fired(text, "gang_ranks_together"), "gang_ranks_together did not fire: {text}");
 
-/// Opt-in (about 2 min): an agent cut off from PostgreSQL fences itself (kills its process) before the
-/// controller declares its node lost; one gang restart, then completion.
-#[test]
-#[ignore = "long: run with `cargo test --test chaos -- --ignored`"]
-fn the_partitioned_agent_fences_itself_on_postgres() {
-    repository_scenario_passes("gang-partitioned-agent-self-fences", &[]);
-}
+    /// The seed's gang completes in its first incarnation, three processes, three completions (about 40 s).
+    fn the_seed_gang_example_passes_on_postgres("scenarios/gang-seed-example.toml", true) |_| {};
 
-/// Opt-in (about 3 min): replica-0 SIGSTOPped three times for twice the operations' lease (and random pauses of
-/// either replica) over slow links; a paused replica's writes come back stale, none applies with a superseded
-/// token, and all 120 jobs complete exactly once.
-#[test]
-#[ignore = "long: run with `cargo test --test chaos -- --ignored`"]
-fn the_paused_replica_with_stale_tokens_passes_on_postgres() {
-    repository_scenario_passes("gang-paused-replica-stale-tokens", &[]);
-}
+    /// An agent SIGKILLed under a rank; one gang restart, then completion (about 2 min).
+    fn the_agent_death_gang_restart_passes_on_postgres("scenarios/gang-restart-agent-death.toml", true) |_| {};
 
-/// Opt-in (about 50 s): an agent and its job's process group frozen (SIGSTOP) for twice its node lease; the
-/// controller restarts the gang, and on SIGCONT the agent fences, killing the frozen job before it could run
-/// beside its rank's replacement.
-#[test]
-#[ignore = "long: run with `cargo test --test chaos -- --ignored`"]
-fn a_paused_agent_fences_on_waking_on_postgres() {
-    let (output, text) = chaos("gang-agent-pause", &["tests/fixtures/chaos-gang-agent-pause.toml"]);
-    assert_eq!(output.status.code(), Some(0), "{text}");
-    assert!(text.contains("scenario chaos-gang-agent-pause seed 1: PASSED"), "{text}");
-    assert!(text.contains("faults injected: agent-pause 1"), "{text}");
-    let trace = std::fs::read_to_string(history_path(&text).with_file_name("trace.txt")).expect("the trace");
-    assert!(trace.lines().any(|line| line.contains("agent-1") && line.contains("proc-pause")), "{trace}");
+    /// An agent cut off from PostgreSQL fences itself (kills its process) before the controller declares its node
+    /// lost; one gang restart, then completion (about 2 min).
+    fn the_partitioned_agent_fences_itself_on_postgres("scenarios/gang-partitioned-agent-self-fences.toml", true)
+        |_| {};
+
+    /// Replica-0 SIGSTOPped three times for twice the operations' lease (and random pauses of either replica)
+    /// over slow links, each pause waiting until its replica is inside a pass (`[chaos] pause_inside_pass`); a
+    /// paused replica's writes come back stale, none applies with a superseded token, and all 120 jobs complete
+    /// exactly once (about 3 min).
+    fn the_paused_replica_with_stale_tokens_passes_on_postgres("scenarios/gang-paused-replica-stale-tokens.toml", true)
+        |text| {
+            let line = text.lines().find(|line| line.starts_with("pauses inside a pass: ")).expect("the pauses");
+            let counts = line.trim_start_matches("pauses inside a pass: ");
+            let (inside, all) = counts.split_once(" of ").expect("K of N");
+            let (inside, all): (u32, u32) = (inside.parse().unwrap(), all.parse().unwrap());
+            assert!(inside >= 1 && all >= 3, "{text}");
+        };
+
+    /// An agent and its job's process group frozen (SIGSTOP) for twice its node lease; the controller restarts
+    /// the gang, and on SIGCONT the agent fences, killing the frozen job before it could run beside its rank's
+    /// replacement (about 50 s).
+    fn a_paused_agent_fences_on_waking_on_postgres("tests/fixtures/chaos-gang-agent-pause.toml", true) |text| {
+        assert!(text.contains("faults injected: agent-pause 1"), "{text}");
+        let trace = std::fs::read_to_string(history_path(text).with_file_name("trace.txt")).expect("the trace");
+        assert!(trace.lines().any(|line| line.contains("agent-1") && line.contains("proc-pause")), "{trace}");
+    };
 }

@@ -54,13 +54,16 @@ async fn a_stalled_link_holds_a_query_until_it_heals() {
     let proxy = run.proxy(3).await;
     let handle = proxy.handle();
     let mut conn = run.connect_through(&proxy, "a").await;
+    assert_eq!(handle.requests_in_flight(), 0, "nothing on its way up between queries");
     handle.set(LinkFault::Stall);
     let query = tokio::spawn(async move { query_value(&mut conn).await });
     wait_for_proxy(&handle, "the query is held", |h| h.stats().chunks_held > 0).await;
     assert!(!query.is_finished(), "a stalled query returned");
+    assert!(handle.requests_in_flight() >= 1, "the held query is on its way up");
     handle.set(LinkFault::Pass);
     let value = tokio::time::timeout(QUERY_WAIT, query).await.expect("the held query ends").expect("join");
     assert_eq!(value.expect("the held query succeeds once the link heals"), 7);
+    assert_eq!(handle.requests_in_flight(), 0, "the query reached the server");
     run.finish().await;
 }
 

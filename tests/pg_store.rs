@@ -1,7 +1,8 @@
 //! PgStore behaviours the conformance suite cannot see: hints between stores through `NOTIFY`, the listener's
 //! reconnect, credentials kept out of errors, the schema rule, repeated and concurrent migrations, bulk inserts,
-//! spans so long that timestamps saturate (compared with MemStore), and the session time-outs that bound a wait
-//! on a row lock. Needs PostgreSQL (see `support::pg`; never skips).
+//! spans so long that timestamps saturate (compared with MemStore), the session time-outs that bound a wait on a
+//! row lock, and chaos mode's records of stale writes and its look at a replica's pass. Needs PostgreSQL (see
+//! `support::pg`; never skips).
 
 #![cfg(not(madsim))]
 
@@ -9,8 +10,9 @@ mod support;
 
 use lockstep::store::conformance::Harness;
 use lockstep::store::{
-    ApplyParams, FetchParams, HINT_EVERY_KIND, HeartbeatParams, Hint, Lease, LockRelatedParams, ManualClock, MemStore,
-    NewRow, PgOptions, PgStore, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp,
+    ApplyOutcome, ApplyParams, CommitOp, FetchParams, HINT_EVERY_KIND, HeartbeatParams, Hint, Lease, LockOutcome,
+    LockRelatedParams, ManualClock, MemStore, NewRow, PgOptions, PgStore, Row, RowId, RowQuery, RowUpdate, Store,
+    StoreError, Timestamp,
 };
 use sqlx::{Connection, PgConnection};
 use std::time::{Duration, Instant};
@@ -585,6 +587,87 @@ async fn a_populated_schema_of_migration_0003_migrates_and_its_leases_fetch_and_
     assert_eq!(ns, vec![2], "the row under a live lease (in the expiry index only)");
     drop(store);
     PgStore::drop_schema(&url, &schema).await.unwrap();
+}
+
+/// Chaos mode's look at a replica from outside (`lockstep chaos run`'s `[chaos] pause_inside_pass`): a live lease
+/// of the store's own fetch (made at least the given time ago) under which related rows are locked, and none while
+/// a session of the store's name is inside a transaction (read or write: a SIGSTOP there would keep its row locks,
+/// or see it ended for idling) or once the lease is applied; another store's lease is not its own.
+#[tokio::test]
+async fn a_stores_lease_in_pass_is_its_own_live_lease_past_its_related_locks_outside_any_transaction() {
+    let schema = unique_schema();
+    let name = format!("lockstep test {schema}");
+    let store = store_with(|o| {
+        (o.schema, o.history, o.application_name) = (schema.clone(), true, name.clone());
+    })
+    .await;
+    let other = store_with(|o| {
+        (o.schema, o.history, o.application_name) = (schema.clone(), true, format!("{name} other"));
+    })
+    .await;
+    let in_pass = || store.lease_in_pass(&name, Duration::ZERO);
+    assert_eq!(in_pass().await.unwrap(), None, "no lease yet");
+    let (row, spare) = (store.insert(ready_job()).await.unwrap(), store.insert(ready_job()).await.unwrap());
+    let child = store.insert(NewRow::new("task", "ready", serde_json::json!({}))).await.unwrap();
+    let mut fetch = params(Duration::from_secs(30), Duration::ZERO);
+    fetch.limit = 1;
+    let leased = store.fetch(fetch.clone()).await.unwrap();
+    assert_eq!(leased.iter().map(|r| r.id).collect::<Vec<_>>(), [row.id]);
+    let lease = lease_of(&leased[0]);
+    assert_eq!(in_pass().await.unwrap(), None, "no related lock yet");
+    let ttl = Duration::from_secs(30);
+    let lock = LockRelatedParams { holder: lease, related: vec![child.id], owner: "jobs".into(), lease_ttl: ttl };
+    assert_eq!(store.lock_related(lock).await.unwrap(), LockOutcome::Locked);
+    assert_eq!(in_pass().await.unwrap(), Some(lease));
+    let hour = Duration::from_secs(3600);
+    assert_eq!(store.lease_in_pass(&name, hour).await.unwrap(), None, "fetched less than an hour ago");
+    let theirs = other.fetch(fetch).await.unwrap();
+    assert_eq!(theirs.iter().map(|r| r.id).collect::<Vec<_>>(), [spare.id]);
+    assert_eq!(in_pass().await.unwrap(), Some(lease), "the other store's lease is not its own");
+    // A session of the store's name inside a transaction, between its statements, then after a write: not
+    // between calls.
+    let url = format!("{}?application_name={}", database_url(), name.replace(' ', "%20"));
+    let mut session = PgConnection::connect(&url).await.expect("connect");
+    sqlx::query("BEGIN").execute(&mut session).await.expect("begin");
+    sqlx::query("SELECT 1").execute(&mut session).await.expect("read");
+    assert_eq!(in_pass().await.unwrap(), None, "a transaction is open between its statements");
+    let touch = format!("UPDATE \"{schema}\".resources SET data = data WHERE id = $1");
+    sqlx::query(sqlx::AssertSqlSafe(touch)).bind(spare.id.0).execute(&mut session).await.expect("write");
+    assert_eq!(in_pass().await.unwrap(), None, "a write transaction is open");
+    sqlx::query("ROLLBACK").execute(&mut session).await.expect("rollback");
+    assert_eq!(in_pass().await.unwrap(), Some(lease));
+    store.apply(ApplyParams::new(lease, RowUpdate::status("done"))).await.unwrap();
+    assert_eq!(in_pass().await.unwrap(), None, "applied: the pass is over");
+}
+
+/// Chaos mode records a guarded write refused for its superseded token, as MemStore does: a stale related lock
+/// (its transaction rolled back) gets its `LockRelated … Stale` record, and a stale apply in a batch its `Apply`
+/// record (`applied: false`), which `lockstep chaos run`'s trace and a scenario's `[[expect.trace]]` read.
+#[tokio::test]
+async fn a_stale_related_lock_is_recorded_in_the_history_as_in_memstore() {
+    let h = PgHarness::with(|o| o.history = true).await;
+    let store = h.store();
+    let (row, child) = (store.insert(ready_job()).await.unwrap(), store.insert(ready_job()).await.unwrap());
+    let ttl = Duration::from_secs(1);
+    let old = lease_of(&store.fetch(params(ttl, Duration::ZERO)).await.unwrap()[0]);
+    assert_eq!(old.id, row.id);
+    h.advance(Duration::from_secs(2));
+    let new = store.fetch(params(ttl, Duration::ZERO)).await.unwrap();
+    let new = lease_of(new.iter().find(|r| r.id == row.id).expect("the expired lease was taken again"));
+    let lock = LockRelatedParams { holder: old, related: vec![child.id], owner: "jobs".into(), lease_ttl: ttl };
+    assert_eq!(store.lock_related(lock).await.unwrap(), LockOutcome::Stale);
+    // A stale apply in a batch with a current one: its record too.
+    let batch =
+        vec![ApplyParams::new(old, RowUpdate::status("done")), ApplyParams::new(new, RowUpdate::status("done"))];
+    let outcomes = store.apply_batch(batch).await.unwrap();
+    assert_eq!(outcomes[0], ApplyOutcome::Stale, "{outcomes:?}");
+    let history = store.history().await.unwrap();
+    let stale_locks =
+        history.iter().filter(|c| matches!(c.op, CommitOp::LockRelated { outcome: LockOutcome::Stale, .. }));
+    assert_eq!(stale_locks.count(), 1, "{history:?}");
+    let stale_applies: Vec<_> =
+        history.iter().filter(|c| matches!(c.op, CommitOp::Apply { applied: false, .. })).map(|c| &c.op).collect();
+    assert!(matches!(stale_applies[..], [CommitOp::Apply { lease, .. }] if *lease == old), "{history:?}");
 }
 
 /// A fetch of up to 10 `ready` rows of kind `task` for pipeline `tasks` (30 s leases): the migration tests'

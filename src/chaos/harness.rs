@@ -22,7 +22,7 @@ use crate::sim::run::{Outcome, unfinished_operations};
 use crate::sim::trace::{Trace, TraceEvent};
 use crate::sim::workload::{self, ClientReport, WorkloadSpec};
 use crate::sim::{Fault, RunReport, Scenario, ScenarioFile, rng};
-use crate::store::{NewRow, PgOptions, PgStore, Row, RowId, Store, StoreError};
+use crate::store::{Lease, NewRow, PgOptions, PgStore, Row, RowId, Store, StoreError};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
@@ -44,6 +44,17 @@ const PROCESS_DEATH_WAIT_MAX: Duration = Duration::from_secs(2);
 /// How long a paused agent runs before its jobs continue (`agent-pause`): time to fence, if its node lease ran
 /// out while it slept, before its jobs could run beside their replacements.
 const AGENT_WAKE_BEFORE_JOBS: Duration = Duration::from_millis(1000);
+
+/// How often a pause that waits for its replica to be inside a pass (`[chaos] pause_inside_pass`) looks.
+const PASS_POLL: Duration = Duration::from_millis(10);
+
+/// How old a lease must be (from the start of its fetch's transaction) before a pause counts its replica as
+/// working under it (`[chaos] pause_inside_pass`), besides its related locks: time for the fetch's reply to come
+/// back over a slow proxy link, a worker to take the row and its refetch by token to come back. Paused before
+/// that, the replica drops the lease unused on waking (its local deadline passed, or the refetch finds the token
+/// superseded: a read, recorded nowhere), writing nothing stale. 1 s was too short on a loaded machine with 50 ms
+/// per chunk: in one run, two of three pauses made 1 s after their fetch left nothing stale.
+const PASS_SETTLE: Duration = Duration::from_secs(2);
 
 /// Attempts of one harness insert before the run fails (the harness's own session is never faulted, apart from
 /// a server that really goes away).
@@ -84,6 +95,30 @@ pub struct ChaosRun {
     pub schema: String,
     /// Faults left out (`skip_refused`), each with its reason.
     pub skipped: Vec<String>,
+    /// Where each replica `pause` landed, with `[chaos] pause_inside_pass` (empty without), in pause order.
+    pub landings: Vec<PauseLanding>,
+}
+
+/// Where a replica's `pause` landed under the scenario's `[chaos] pause_inside_pass`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PauseLanding {
+    /// The paused replica (`replica-0`).
+    pub node: String,
+    /// When it was SIGSTOPped (or the pause gave up), wall time since the start of the run.
+    pub at: Duration,
+    /// How long the pause waited past its time for the replica to be inside a pass.
+    pub waited: Duration,
+    /// The lease the replica was working under when it stopped; `None`: it was not seen inside a pass (with
+    /// another replica free to take its rows over) within the bound, and the pause was skipped.
+    pub lease: Option<Lease>,
+}
+
+impl PauseLanding {
+    /// The landing as trace fields: `inside-pass=5#123 waited=213ms`, or `inside-pass=none waited=10s`.
+    pub fn fields(&self) -> String {
+        let lease = self.lease.map_or_else(|| "none".to_string(), |lease| format!("{}#{}", lease.id, lease.token));
+        format!("inside-pass={lease} waited={:?}", self.waited)
+    }
 }
 
 /// Why a run did not happen or did not finish: exit code 2 (the input) or 1 (the world).
@@ -170,6 +205,8 @@ pub async fn run(mut options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
         nodes: Mutex::default(),
         links,
         urls,
+        pause_inside_pass: file.chaos.pause_inside_pass,
+        landings: Mutex::default(),
     };
     let world = Arc::new(world);
     let outcome = world.clone().run(&store, faults).await;
@@ -187,7 +224,8 @@ pub async fn run(mut options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
     if !options.keep {
         drop_schema(&options, &schema).await;
     }
-    Ok(ChaosRun { report, dir, schema, skipped })
+    let landings = std::mem::take(&mut *world.landings.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(ChaosRun { report, dir, schema, skipped, landings })
 }
 
 async fn drop_schema(options: &ChaosOptions, schema: &str) {
@@ -291,6 +329,10 @@ struct World {
     links: Links,
     /// Node `i`'s database URL: its proxy's listener.
     urls: Vec<String>,
+    /// The scenario file's `[chaos] pause_inside_pass`.
+    pause_inside_pass: Option<Duration>,
+    /// Where each replica pause landed, with `pause_inside_pass` on.
+    landings: Mutex<Vec<PauseLanding>>,
 }
 
 impl World {
@@ -446,6 +488,41 @@ impl World {
         self.lock().get(index).is_some_and(|r| r.child.is_some() && !r.paused)
     }
 
+    /// Marks node `index` paused if it is [`World::free`], in one step: false when another fault holds it.
+    fn claim_pause(&self, index: usize) -> bool {
+        let mut nodes = self.lock();
+        let Some(node) = nodes.get_mut(index).filter(|node| node.child.is_some() && !node.paused) else {
+            return false;
+        };
+        node.paused = true;
+        true
+    }
+
+    /// `[chaos] pause_inside_pass`: waits, at most `bound`, until replica `index` is inside a pass
+    /// ([`PgStore::lease_in_pass`] of its sessions, leases at least [`PASS_SETTLE`] old, read on the harness's
+    /// own session every [`PASS_POLL`]) while another replica runs unpaused to take its rows over: the lease it
+    /// works under, or `None` past the bound (or once the replica is no longer free to pause), and how long it
+    /// waited.
+    async fn wait_inside_pass(&self, index: usize, bound: Duration, store: &PgStore) -> (Option<Lease>, Duration) {
+        let caller = self.application_name(index);
+        let start = Instant::now();
+        loop {
+            let others = (0..self.replicas()).any(|other| other != index && self.free(other));
+            // An error of the harness's own session is a server hiccup: look again. The proxy is looked at after
+            // PostgreSQL: a message the replica sent after the server's snapshot is still on its way up then.
+            if (others || self.replicas() == 1)
+                && let Ok(Some(lease)) = store.lease_in_pass(&caller, PASS_SETTLE).await
+                && self.links.proxy(index).requests_in_flight() == 0
+            {
+                return (Some(lease), start.elapsed());
+            }
+            if start.elapsed() >= bound || !self.free(index) {
+                return (None, start.elapsed());
+            }
+            tokio::time::sleep(PASS_POLL).await;
+        }
+    }
+
     async fn inject(self: Arc<Self>, fault: RealFault, store: PgStore, trace: Trace, client: Arc<Client>) {
         match fault {
             RealFault::Kill { replica: index, down } | RealFault::AgentKill { agent: index, down } => {
@@ -467,15 +544,50 @@ impl World {
                 }
             }
             RealFault::Pause { replica: index, span } | RealFault::AgentPause { agent: index, span } => {
-                let index = if matches!(fault, RealFault::AgentPause { .. }) { self.replicas() + index } else { index };
+                let agent = matches!(fault, RealFault::AgentPause { .. });
+                let index = if agent { self.replicas() + index } else { index };
                 let node = self.node_name(index);
                 if !self.free(index) {
                     trace.record(&node, "skipped", "pause: busy");
                     return;
                 }
-                trace.record(&node, "pause", format!("span={span:?}"));
-                self.lock()[index].paused = true;
+                let found = match self.pause_inside_pass {
+                    Some(bound) if !agent => Some(self.wait_inside_pass(index, bound, &store).await),
+                    _ => None,
+                };
+                // Another fault may have taken the node while the pause waited: skipped, as at its time.
+                if !self.free(index) {
+                    trace.record(&node, "skipped", "pause: busy");
+                    return;
+                }
+                let landing = found.map(|(lease, waited)| PauseLanding {
+                    node: node.to_string(),
+                    at: trace.elapsed(),
+                    waited,
+                    lease,
+                });
+                let land = |landing: &PauseLanding| {
+                    self.landings.lock().unwrap_or_else(|p| p.into_inner()).push(landing.clone());
+                };
+                // Not seen inside a pass within the bound: skipped, and the summary says so.
+                if let Some(landing @ PauseLanding { lease: None, .. }) = &landing {
+                    land(landing);
+                    trace.record(&node, "skipped", format!("pause: not inside a pass {}", landing.fields()));
+                    return;
+                }
+                if !self.claim_pause(index) {
+                    trace.record(&node, "skipped", "pause: busy");
+                    return;
+                }
                 self.signal(index, libc::SIGSTOP);
+                let fields = match &landing {
+                    None => format!("span={span:?}"),
+                    Some(landing) => {
+                        land(landing);
+                        format!("span={span:?} {}", landing.fields())
+                    }
+                };
+                trace.record(&node, "pause", fields);
                 if let Some(agent) = index.checked_sub(self.replicas()) {
                     self.pause_jobs(agent);
                 }

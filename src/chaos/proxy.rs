@@ -142,6 +142,24 @@ struct Inner {
     /// for observers ([`ProxyHandle::watch`]). Apart from `changed`, so that a held chunk does not wake itself.
     observed: watch::Sender<u64>,
     next_id: AtomicU64,
+    /// Chunks read from clients and not yet forwarded to the server nor dropped ([`ProxyHandle::requests_in_flight`]).
+    up_in_flight: AtomicU64,
+}
+
+/// Counts one client chunk in [`Inner::up_in_flight`] while it lives (forwarded, dropped, or its pump ended).
+struct InFlight<'a>(&'a AtomicU64);
+
+impl<'a> InFlight<'a> {
+    fn new(count: &'a AtomicU64) -> InFlight<'a> {
+        count.fetch_add(1, Ordering::SeqCst);
+        InFlight(count)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 struct State {
@@ -215,6 +233,7 @@ impl Proxy {
             changed: watch::channel(0).0,
             observed: watch::channel(0).0,
             next_id: AtomicU64::new(1),
+            up_in_flight: AtomicU64::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, options.upstream, inner.clone()));
         Ok(Proxy { handle: ProxyHandle { inner }, accept })
@@ -348,6 +367,14 @@ impl ProxyHandle {
     pub fn triggers_armed(&self) -> usize {
         let state = self.state();
         state.cut_before.len() + state.lose_reply_after.len() + state.black_hole_from.len() + state.hold_before.len()
+    }
+
+    /// Chunks the proxy read from its clients and has not yet forwarded to the server nor dropped: messages on
+    /// their way up (delayed or held). `lockstep chaos run` SIGSTOPs a replica only when none of its messages is
+    /// (`[chaos] pause_inside_pass`): one arriving at the server afterwards would open a transaction that the
+    /// server ends while the replica sleeps.
+    pub fn requests_in_flight(&self) -> u64 {
+        self.inner.up_in_flight.load(Ordering::SeqCst)
     }
 
     /// What the proxy did since it started.
@@ -655,6 +682,7 @@ async fn pump(
             }
         };
         let chunk = &buf[..n];
+        let _in_flight = (direction == Direction::Up).then(|| InFlight::new(&inner.up_in_flight));
         loop {
             // Mark the generation seen before deciding, so a control call during the decision wakes a hold.
             changed.borrow_and_update();

@@ -6,8 +6,9 @@
 //!
 //! Order: a call appends its record after its statements locked every row it writes, so two calls writing one
 //! row get `seq`s in the order they held that row's lock (the order the lease-exclusivity checker needs). A stale
-//! apply writes nothing and rolls back; its record (`applied: false`) is appended afterwards on its own, as a
-//! count for the summary only.
+//! apply (alone or in a batch) or a stale related lock writes nothing and rolls back; its record (`applied:
+//! false`, outcome `Stale`) is appended afterwards on its own, as MemStore records it: for the summary's counts
+//! and the trace's `commit` lines only.
 //!
 //! With the option off none of this runs: the calls in `mod.rs` take their usual single-statement paths.
 //!
@@ -38,6 +39,25 @@ const APPEND: &str = "INSERT INTO history (at, caller, op) VALUES (lockstep_now(
 
 const READ: &str = "SELECT at, caller, op FROM history ORDER BY seq";
 
+/// A live lease that a fetch of the store named `$2` handed out at least `$3` ago (its history's `fetch` record
+/// lists the row's id and current token) and under which related rows are locked (a row other than the leased
+/// one carries its token), while no session named `$2` is inside a transaction (one that wrote or locked a row,
+/// or any transaction between two statements): [`PgStore::lease_in_pass`].
+const LEASE_IN_PASS: &str = "SELECT r.id, r.lock_token FROM resources r
+WHERE r.lock_token IS NOT NULL AND r.lock_expires_at > lockstep_now($1)
+  AND EXISTS (
+      SELECT 1 FROM history h
+      WHERE h.caller = $2 AND h.at <= lockstep_now($1) - $3
+        AND h.op -> 'Fetch' -> 'leases' @> jsonb_build_array(jsonb_build_object('id', r.id, 'token', r.lock_token)))
+  AND EXISTS (SELECT 1 FROM resources x WHERE x.lock_token = r.lock_token AND x.id <> r.id)
+  AND NOT EXISTS (
+      SELECT 1 FROM pg_stat_activity a
+      WHERE a.datname = current_database() AND a.application_name = $2 AND a.pid <> pg_backend_pid()
+        AND (a.backend_xid IS NOT NULL OR a.state LIKE 'idle in transaction%'
+             OR (a.state = 'active' AND a.xact_start < a.query_start)))
+ORDER BY r.id
+LIMIT 1";
+
 const ALL_EVENTS: &str = "SELECT seq, row_id, kind, data, at FROM events ORDER BY seq";
 
 /// Appends `op` to the history on `conn` (inside the caller's transaction).
@@ -64,6 +84,31 @@ impl PgStore {
                 Ok(Commit { at: at.0, caller: Some(Arc::from(caller)), op })
             })
             .collect()
+    }
+
+    /// Chaos mode: a lease the store whose `application_name` (its history's `caller`) is `caller` holds now
+    /// and is working under, past its related locks, if any: a live lease on a row that one of its own fetches
+    /// handed out at least `settled` ago (store clock, from the start of the fetch's transaction), under which
+    /// related rows are locked (the pass took its `lock_related`: its worker has the row, its reads are done, and
+    /// its next guarded write is a related lock or the apply), while none of its sessions is inside a transaction
+    /// (one that wrote or locked a row, or an explicit one between or during its statements). `lockstep chaos
+    /// run` waits for one before it SIGSTOPs a replica (`[chaos] pause_inside_pass`), so that the pause lands
+    /// inside a pass whose next writes carry a token the others supersede meanwhile: not before its worker took
+    /// the row (it would drop the lease unused on waking), not inside a transaction whose row locks would keep
+    /// the others off the row, nor one the server would end for idling while the replica sleeps. Seeing other
+    /// sessions' `backend_xid` and `state` needs the same role or `pg_read_all_stats`.
+    ///
+    /// Errors: the store's usual ones; `Other` when the history table is missing (no store of the schema turned
+    /// [`PgOptions::history`](super::PgOptions::history) on).
+    pub async fn lease_in_pass(&self, caller: &str, settled: Duration) -> Result<Option<Lease>, StoreError> {
+        let found: Option<(i64, i64)> = sqlx::query_as(LEASE_IN_PASS)
+            .bind(self.offset())
+            .bind(caller)
+            .bind(interval(settled))
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| self.fail(e))?;
+        Ok(found.map(|(id, token)| Lease { id: RowId(id), token: crate::store::LockToken(token) }))
     }
 
     /// Every event of the schema, in sequence order (a snapshot for checkers).
@@ -229,14 +274,21 @@ impl PgStore {
         .await
     }
 
-    /// Appends the record of a stale apply (nothing was written; the call's transaction rolled back) on its own.
-    /// Best effort: it only counts stale applies for the summary.
-    pub(super) async fn record_stale_apply(&self, lease: Lease) {
-        let op = CommitOp::Apply { lease, applied: false, related: Vec::new(), inserted: Vec::new() };
+    /// Appends the record of a guarded write refused for its superseded token (a stale apply, a stale related
+    /// lock: nothing was written and the call's transaction rolled back) on its own, as MemStore records it.
+    /// Best effort: a record lost here only drops a refusal from the summary's counts and the trace's `commit`
+    /// lines (a scenario's `[[expect.trace]]` on them), never a write.
+    pub(super) async fn record_stale(&self, op: CommitOp) {
         if let Ok(mut conn) = self.inner.pool.acquire().await
             && let Err(error) = append(self, &mut conn, &op).await
         {
-            tracing::debug!(%error, "the record of a stale apply was not written");
+            tracing::debug!(%error, %op, "the record of a stale write was not written");
         }
+    }
+
+    /// [`PgStore::record_stale`] of a stale apply of `lease`.
+    pub(super) async fn record_stale_apply(&self, lease: Lease) {
+        let op = CommitOp::Apply { lease, applied: false, related: Vec::new(), inserted: Vec::new() };
+        self.record_stale(op).await;
     }
 }

@@ -23,7 +23,7 @@ mod write;
 pub use options::PgOptions;
 
 use crate::store::{
-    ApplyOutcome, ApplyParams, Event, FAILURE_ERRORS_KEPT, FailureOutcome, FailureParams, FetchParams,
+    ApplyOutcome, ApplyParams, CommitOp, Event, FAILURE_ERRORS_KEPT, FailureOutcome, FailureParams, FetchParams,
     HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, Lease, LockOutcome, LockRelatedParams, NewRow, Retry, Row, RowId,
     RowQuery, RowUpdate, Store, StoreError, Timestamp, WriteOutcome, bounded_error, check_apply, check_failure,
     check_fetch, check_new_row, check_query, check_text, check_update, duration_micros,
@@ -611,11 +611,17 @@ impl Store for PgStore {
     async fn lock_related(&self, p: LockRelatedParams) -> Result<LockOutcome, StoreError> {
         self.bounded(async {
             check_text(&format!("lock_related {}#{}", p.holder.id, p.holder.token), "owner", &p.owner)?;
-            self.run_again_on_conflict("lock_related", || {
-                let record = self.inner.history.is_some().then_some(self);
-                write::lock_related_in_transaction(&self.inner.pool, self.offset(), p.clone(), record)
-            })
-            .await?
+            let outcome = self
+                .run_again_on_conflict("lock_related", || {
+                    let record = self.inner.history.is_some().then_some(self);
+                    write::lock_related_in_transaction(&self.inner.pool, self.offset(), p.clone(), record)
+                })
+                .await?;
+            if self.inner.history.is_some() && matches!(outcome, Ok(LockOutcome::Stale)) {
+                let LockRelatedParams { holder, related, owner, .. } = p;
+                self.record_stale(CommitOp::LockRelated { holder, related, owner, outcome: LockOutcome::Stale }).await;
+            }
+            outcome
         })
         .await
     }
@@ -672,11 +678,19 @@ impl Store for PgStore {
                     Ok(outcomes)
                 }
                 _ => {
-                    self.run_again_on_conflict("apply_batch", || {
-                        let record = self.inner.history.is_some().then_some(self);
-                        apply_batch::apply_batch(&self.inner.pool, self.offset(), batch.clone(), record)
-                    })
-                    .await
+                    let outcomes = self
+                        .run_again_on_conflict("apply_batch", || {
+                            let record = self.inner.history.is_some().then_some(self);
+                            apply_batch::apply_batch(&self.inner.pool, self.offset(), batch.clone(), record)
+                        })
+                        .await?;
+                    if self.inner.history.is_some() {
+                        let stale = batch.iter().zip(&outcomes).filter(|(_, o)| **o == ApplyOutcome::Stale);
+                        for (p, _) in stale {
+                            self.record_stale_apply(p.lease).await;
+                        }
+                    }
+                    Ok(outcomes)
                 }
             }
         })

@@ -82,6 +82,23 @@ pub async fn execute(command: ChaosCommand) -> Result<u8, Failure> {
         println!("skipped fault: {skipped}");
     }
     print!("{}", lockstep::sim::summary::render(&done.report));
+    // `[chaos] pause_inside_pass`: every pause says where it landed; one not seen inside a pass was skipped.
+    if !done.landings.is_empty() {
+        let inside = done.landings.iter().filter(|landing| landing.lease.is_some()).count();
+        println!("pauses inside a pass: {inside} of {}", done.landings.len());
+        for landing in &done.landings {
+            let (node, at, waited) = (&landing.node, landing.at.as_secs_f64(), landing.waited.as_secs_f64());
+            match landing.lease {
+                Some(lease) => {
+                    println!(
+                        "  {node} at {at:.3} s: inside a pass (lease {}#{}), {waited:.3} s late",
+                        lease.id, lease.token
+                    )
+                }
+                None => println!("  {node} at {at:.3} s: NOT inside a pass: none seen in {waited:.3} s; skipped"),
+            }
+        }
+    }
     println!("wall time: {:.1} s", done.report.wall.as_secs_f64());
     println!("history: {} ({} commits)", done.dir.join("history.txt").display(), done.report.commits);
     if args.keep {
