@@ -215,7 +215,7 @@ pub struct RandomFault {
 }
 
 /// A scenario's faults.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Default, PartialEq)]
 pub struct FaultPlan {
     /// Faults at fixed times.
     pub fixed: Vec<FaultEvent>,
@@ -223,6 +223,27 @@ pub struct FaultPlan {
     pub random: Vec<RandomFault>,
     /// End of the fault window: no fault starts later, and the world heals here (or when the workload ends).
     pub until: Duration,
+    /// `[faults] pause_inside_pass`: each `pause` of a replica (fixed or random) waits, at most this long past
+    /// its time (simulated time; wall time in `lockstep chaos run`), until the replica works inside a pass
+    /// (`MemStore::lease_in_pass`; `PgStore::lease_in_pass` on real processes) while another replica runs to
+    /// take its rows over, then pauses it; past the bound the pause is skipped (`skipped pause: not inside a
+    /// pass …`). `None`: a pause lands at its time, wherever the replica is (between two passes, it makes nothing
+    /// stale).
+    pub pause_inside_pass: Option<Duration>,
+}
+
+/// Written by hand so that a plan without `pause_inside_pass` prints as it did before the field existed: the
+/// scenario's content hash ([`crate::sim::ScenarioFile::content_hash`]) is taken over this text, and replay
+/// files of older runs carry it.
+impl std::fmt::Debug for FaultPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut plan = f.debug_struct("FaultPlan");
+        plan.field("fixed", &self.fixed).field("random", &self.random).field("until", &self.until);
+        if let Some(bound) = &self.pause_inside_pass {
+            plan.field("pause_inside_pass", bound);
+        }
+        plan.finish()
+    }
 }
 
 /// What [`draw`] needs of the world besides the stream.
@@ -323,7 +344,10 @@ pub fn schedule(
 pub async fn inject(world: World, fault: Fault) {
     match fault {
         Fault::Kill { replica, down } => world.replica(replica).kill_for(down).await,
-        Fault::Pause { replica, span } => world.replica(replica).pause(span).await,
+        Fault::Pause { replica, span } => match world.scenario().faults.pause_inside_pass {
+            Some(bound) => world.replica(replica).pause_inside_pass(span, bound).await,
+            None => world.replica(replica).pause(span).await,
+        },
         Fault::Partition { a, b, span } => world.net().partition(a, b, span).await,
         Fault::Isolate { node, span } => world.net().isolate(node, span).await,
         Fault::Degrade { latency, loss, span } => world.net().degrade(latency, loss, span).await,
@@ -454,6 +478,7 @@ mod tests {
                 },
             ],
             until: Duration::from_secs(40),
+            pause_inside_pass: None,
         }
     }
 

@@ -81,7 +81,7 @@ pub use run::{Replay, RunReport, seeds};
 #[cfg(madsim)]
 pub use run::{Script, check_seeds, for_each_seed, run, run_seeds, run_seeds_with, run_with, script};
 pub use scenario::{Mutation, Scenario};
-pub use scenario_file::{ChaosSettings, ScenarioError, ScenarioFile};
+pub use scenario_file::{ScenarioError, ScenarioFile};
 pub use user::PipelineSet;
 #[cfg(madsim)]
 pub use user::{ReplicaCx, WorkloadClient};

@@ -196,7 +196,7 @@ impl Scenario {
         Scenario {
             name: "mixed".into(),
             replicas: 3,
-            faults: FaultPlan { fixed: Vec::new(), random: every_fault(1.0), until: workload.span },
+            faults: FaultPlan { random: every_fault(1.0), until: workload.span, ..FaultPlan::default() },
             workload,
             call_timeout: Duration::from_secs(2),
             net_latency: Duration::from_millis(1)..Duration::from_millis(10),
@@ -240,7 +240,7 @@ impl Scenario {
             name: "gang-mixed".into(),
             replicas: 2,
             workload: no_rows(),
-            faults: FaultPlan { fixed: Vec::new(), random, until: window },
+            faults: FaultPlan { random, until: window, ..FaultPlan::default() },
             liveness_bound: Duration::from_secs(900),
             gang: Some(gang),
             ..Scenario::mixed()
@@ -291,7 +291,7 @@ impl Scenario {
         };
         Scenario {
             name: "mixed-large".into(),
-            faults: FaultPlan { fixed: Vec::new(), random: every_fault(1.0), until: workload.span },
+            faults: FaultPlan { random: every_fault(1.0), until: workload.span, ..FaultPlan::default() },
             workload,
             ..Scenario::mixed()
         }

@@ -54,20 +54,6 @@ pub struct ScenarioFile {
     pub spec_files: BTreeMap<String, String>,
     /// Where the text came from (a path, or a label such as `<replay file>`), in error messages.
     pub origin: String,
-    /// The `[chaos]` table: how `lockstep chaos run` gives the file's faults their real form. The simulator
-    /// ignores it, so it is not part of [`ScenarioFile::content_hash`] (the simulated runs are the same).
-    pub chaos: ChaosSettings,
-}
-
-/// The `[chaos]` table of a scenario file: settings of `lockstep chaos run` only (docs/chaos.md).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ChaosSettings {
-    /// `pause_inside_pass`: each `pause` of a replica (fixed or random) waits, at most this long past its time
-    /// (wall clock, not scaled by `--time-scale`), until that replica is inside a pass: it works under a live
-    /// lease from one of its own fetches, past the pass's related locks, with no transaction open in PostgreSQL
-    /// and no message on its way there, while another replica runs to take its rows over (docs/chaos.md). Then it is SIGSTOPped (its span counted from there); past the bound it is
-    /// skipped and the run's summary says so. `None`: every pause lands at its time, wherever the replica is.
-    pub pause_inside_pass: Option<Duration>,
 }
 
 impl ScenarioFile {
@@ -397,8 +383,6 @@ struct FileDoc {
     jobs: Option<gang::JobsDoc>,
     #[serde(default)]
     controls: Vec<gang::ControlDoc>,
-    #[serde(default)]
-    chaos: ChaosDoc,
 }
 
 #[derive(Default, Deserialize)]
@@ -462,6 +446,7 @@ struct WorkloadDoc {
 #[serde(deny_unknown_fields)]
 struct FaultsDoc {
     until: Option<Dur>,
+    pause_inside_pass: Option<Dur>,
     #[serde(default)]
     at: Vec<FixedDoc>,
     #[serde(default)]
@@ -506,13 +491,6 @@ struct ExpectDoc {
     operation: Vec<ExpectOperationDoc>,
     #[serde(default)]
     trace: Vec<ExpectTraceDoc>,
-}
-
-/// `[chaos]`: `lockstep chaos run` only ([`ChaosSettings`]).
-#[derive(Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ChaosDoc {
-    pause_inside_pass: Option<Dur>,
 }
 
 #[derive(Default, Deserialize)]
@@ -664,13 +642,6 @@ impl FileDoc {
             agent_drift_beyond_margin: self.mutation.agent_drift_beyond_margin.unwrap_or(false),
         };
         self.faults.apply(&mut scenario)?;
-        let pause_inside_pass = match self.chaos.pause_inside_pass {
-            None => None,
-            Some(Dur(bound)) => {
-                let path = || key(&["chaos", "pause_inside_pass"]);
-                Some(within_max(path(), positive(path(), bound)?)?)
-            }
-        };
         // Every rule above is checked at its key; the scenario's own check is the last word (a rule only it knows
         // is reported at the key its message names).
         scenario.check().map_err(|error| check_error(&error.to_string()))?;
@@ -681,7 +652,6 @@ impl FileDoc {
             text: text.to_string(),
             spec_files,
             origin: origin.to_string(),
-            chaos: ChaosSettings { pause_inside_pass },
         })
     }
 }
@@ -991,7 +961,14 @@ impl FaultsDoc {
             Some(until) => within_max(key(&["faults", "until"]), until.0)?,
             None => scenario.workload.span.max(gang_span),
         };
-        let mut plan = FaultPlan { fixed: Vec::new(), random: Vec::new(), until };
+        let pause_inside_pass = match self.pause_inside_pass {
+            None => None,
+            Some(Dur(bound)) => {
+                let path = || key(&["faults", "pause_inside_pass"]);
+                Some(within_max(path(), positive(path(), bound)?)?)
+            }
+        };
+        let mut plan = FaultPlan { fixed: Vec::new(), random: Vec::new(), until, pause_inside_pass };
         for (index, fixed) in self.at.iter().enumerate() {
             let at = fixed.at.0;
             if at >= until {
@@ -1550,22 +1527,24 @@ apply_guard_disabled = true
         assert!(a.version_label().starts_with("v1-"));
     }
 
-    /// `[chaos]` is `lockstep chaos run`'s alone: read and checked, left out of the scenario the simulator runs
-    /// and of its content hash.
+    /// `[faults] pause_inside_pass` is read and checked, and is part of the scenario the simulator runs (its
+    /// pauses wait for a pass): a file with it hashes apart, a file without it hashes as before the key existed
+    /// (its plan prints no such field).
     #[test]
-    fn the_chaos_table_is_read_but_leaves_the_simulated_scenario_alone() {
-        let head = "name = \"t\"\nversion = 1\n";
+    fn pause_inside_pass_is_read_checked_and_hashed_only_where_given() {
+        let head = "name = \"t\"\nversion = 1\n[workload]\nspan = \"60s\"\n";
         let plain = parse(head).unwrap();
-        let aligned = parse(&format!("{head}[chaos]\npause_inside_pass = \"10s\"\n")).unwrap();
-        assert_eq!(plain.chaos, ChaosSettings::default());
-        assert_eq!(aligned.chaos.pause_inside_pass, Some(Duration::from_secs(10)));
-        assert_eq!(plain.content_hash(), aligned.content_hash());
-        let (line, key, rule) = error(&format!("{head}[chaos]\npause_inside_pass = \"0s\"\n"));
-        assert_eq!((line, key.as_str(), rule.as_str()), (4, "chaos.pause_inside_pass", "must be longer than 0"));
-        let (_, key, _) = error(&format!("{head}[chaos]\npause_inside_pass = \"2h\"\n"));
-        assert_eq!(key, "chaos.pause_inside_pass");
-        let (_, key, _) = error(&format!("{head}[chaos]\npause_at_random = true\n"));
-        assert_eq!(key, "chaos.pause_at_random");
+        let aligned = parse(&format!("{head}[faults]\npause_inside_pass = \"10s\"\n")).unwrap();
+        assert_eq!(plain.scenario.faults.pause_inside_pass, None);
+        assert!(!format!("{:?}", plain.scenario.faults).contains("pause_inside_pass"));
+        assert_eq!(aligned.scenario.faults.pause_inside_pass, Some(Duration::from_secs(10)));
+        assert_ne!(plain.content_hash(), aligned.content_hash());
+        let (line, key, rule) = error(&format!("{head}[faults]\npause_inside_pass = \"0s\"\n"));
+        assert_eq!((line, key.as_str(), rule.as_str()), (6, "faults.pause_inside_pass", "must be longer than 0"));
+        let (_, key, _) = error(&format!("{head}[faults]\npause_inside_pass = \"2h\"\n"));
+        assert_eq!(key, "faults.pause_inside_pass");
+        let (_, key, _) = error(&format!("{head}[chaos]\npause_inside_pass = \"10s\"\n"));
+        assert_eq!(key, "chaos");
     }
     const GANG: &str = "name = \"g\"\nversion = 1\n[topology]\nagents = 3\nslots = 2\n[[operations]]\nname = \"train\"\n\
                         at = \"1s\"\nspec = \"{tasks={w={job_count=3;command=w;gang_options={}}}}\"\n";

@@ -120,6 +120,10 @@ pub struct World {
 const DB_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 
+/// How often a pause under `[faults] pause_inside_pass` looks whether its replica is inside a pass (simulated
+/// time; `lockstep chaos run` looks as often, in wall time).
+pub const PASS_POLL: Duration = Duration::from_millis(10);
+
 /// The address of agent `index`: 10.0.2.{index + 1}.
 fn agent_ip(index: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 2, index as u8 + 1))
@@ -716,6 +720,48 @@ impl ReplicaHandle<'_> {
             return;
         }
         self.record("pause", format!("span={span:?}"));
+        self.paused_for(span).await;
+    }
+
+    /// `[faults] pause_inside_pass`: waits, at most `bound` (simulated), until the replica works inside a pass
+    /// ([`MemStore::lease_in_pass`](crate::store::MemStore::lease_in_pass), looked at every
+    /// [`PASS_POLL`]) while another replica runs to take its rows over, then pauses it for `span` as
+    /// [`ReplicaHandle::pause`] does; its `pause` line says where it landed (`inside-pass=5#123 waited=212ms`).
+    /// Not seen inside a pass within the bound, or its slot taken by another fault meanwhile: skipped, and traced
+    /// so (`pause: not inside a pass inside-pass=none waited=10s`). The same rule as `lockstep chaos run`'s.
+    pub async fn pause_inside_pass(&self, span: Duration, bound: Duration) {
+        if self.world.state().busy.contains(&Slot::Replica(self.index)) {
+            self.world.record("skipped", format!("pause ({:?} busy)", Slot::Replica(self.index)));
+            return;
+        }
+        let start = tokio::time::Instant::now();
+        let lease = loop {
+            let others = {
+                let state = self.world.state();
+                (0..self.world.replicas()).any(|other| {
+                    other != self.index && !state.killed.contains(&other) && !state.paused.contains(&other)
+                })
+            };
+            let lease = others.then(|| self.world.inner.db.store.lease_in_pass(&self.ctx().name)).flatten();
+            if lease.is_some() || start.elapsed() >= bound {
+                break lease;
+            }
+            tokio::time::sleep(PASS_POLL).await;
+        };
+        let waited = start.elapsed();
+        let Some(lease) = lease else {
+            self.record("skipped", format!("pause: not inside a pass inside-pass=none waited={waited:?}"));
+            return;
+        };
+        if !self.world.acquire(Slot::Replica(self.index), "pause") {
+            return;
+        }
+        self.record("pause", format!("span={span:?} inside-pass={}#{} waited={waited:?}", lease.id, lease.token));
+        self.paused_for(span).await;
+    }
+
+    /// Holds the paused replica's node for `span`, then resumes it and frees its slot (taken by the caller).
+    async fn paused_for(&self, span: Duration) {
         self.world.inner.handle.pause(self.node());
         self.world.state().paused.insert(self.index);
         tokio::time::sleep(span).await;

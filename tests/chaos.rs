@@ -67,7 +67,7 @@ fn a_row_scenario_with_a_killed_and_a_paused_replica_passes_every_checker_on_pos
     let faults = std::fs::read_to_string(path.with_file_name("faults.txt")).expect("the fault log");
     assert!(faults.contains("kill"), "{faults}");
     assert!(faults.contains("pause"), "{faults}");
-    // The pause waited until replica 1 was inside a pass (`[chaos] pause_inside_pass`): its write after SIGCONT
+    // The pause waited until replica 1 was inside a pass (`[faults] pause_inside_pass`): its write after SIGCONT
     // came back stale.
     assert!(text.contains("pauses inside a pass: 1 of 1"), "{text}");
     let replica_1 = |line: &&str| line.contains("-replica-1 ");
@@ -248,7 +248,7 @@ opt_in! {
         |_| {};
 
     /// Replica-0 SIGSTOPped three times for twice the operations' lease (and random pauses of either replica)
-    /// over slow links, each pause waiting until its replica is inside a pass (`[chaos] pause_inside_pass`); a
+    /// over slow links, each pause waiting until its replica is inside a pass (`[faults] pause_inside_pass`); a
     /// paused replica's writes come back stale, none applies with a superseded token, and all 120 jobs complete
     /// exactly once (about 3 min).
     fn the_paused_replica_with_stale_tokens_passes_on_postgres("scenarios/gang-paused-replica-stale-tokens.toml", true)

@@ -589,7 +589,7 @@ async fn a_populated_schema_of_migration_0003_migrates_and_its_leases_fetch_and_
     PgStore::drop_schema(&url, &schema).await.unwrap();
 }
 
-/// Chaos mode's look at a replica from outside (`lockstep chaos run`'s `[chaos] pause_inside_pass`): a live lease
+/// Chaos mode's look at a replica from outside (`lockstep chaos run`'s `[faults] pause_inside_pass`): a live lease
 /// of the store's own fetch (made at least the given time ago) under which related rows are locked, and none while
 /// a session of the store's name is inside a transaction (read or write: a SIGSTOP there would keep its row locks,
 /// or see it ended for idling) or once the lease is applied; another store's lease is not its own.
@@ -641,10 +641,11 @@ async fn a_stores_lease_in_pass_is_its_own_live_lease_past_its_related_locks_out
 }
 
 /// Chaos mode records a guarded write refused for its superseded token, as MemStore does: a stale related lock
-/// (its transaction rolled back) gets its `LockRelated … Stale` record, and a stale apply in a batch its `Apply`
-/// record (`applied: false`), which `lockstep chaos run`'s trace and a scenario's `[[expect.trace]]` read.
+/// (its transaction rolled back) gets its `LockRelated … Stale` record, a stale apply in a batch its `Apply`
+/// record (`applied: false`), and a refused reset-and-retry its `Reset` record (`held: false`), which
+/// `lockstep chaos run`'s trace and a scenario's `[[expect.trace]]` read.
 #[tokio::test]
-async fn a_stale_related_lock_is_recorded_in_the_history_as_in_memstore() {
+async fn stale_writes_are_recorded_in_the_history_as_in_memstore() {
     let h = PgHarness::with(|o| o.history = true).await;
     let store = h.store();
     let (row, child) = (store.insert(ready_job()).await.unwrap(), store.insert(ready_job()).await.unwrap());
@@ -661,7 +662,11 @@ async fn a_stale_related_lock_is_recorded_in_the_history_as_in_memstore() {
         vec![ApplyParams::new(old, RowUpdate::status("done")), ApplyParams::new(new, RowUpdate::status("done"))];
     let outcomes = store.apply_batch(batch).await.unwrap();
     assert_eq!(outcomes[0], ApplyOutcome::Stale, "{outcomes:?}");
+    // A refused reset-and-retry: its `Reset … held=false` record.
+    assert!(!store.reset_for_retry(old).await.unwrap());
     let history = store.history().await.unwrap();
+    let refused = history.iter().filter(|c| matches!(c.op, CommitOp::Reset { lease, held: false } if lease == old));
+    assert_eq!(refused.count(), 1, "{history:?}");
     let stale_locks =
         history.iter().filter(|c| matches!(c.op, CommitOp::LockRelated { outcome: LockOutcome::Stale, .. }));
     assert_eq!(stale_locks.count(), 1, "{history:?}");

@@ -52,3 +52,30 @@ fn every_scenario_passes_its_first_default_seed_with_a_pinned_summary() {
         insta::assert_snapshot!(file.scenario.name.clone(), text);
     }
 }
+
+/// `[faults] pause_inside_pass` (docs/scenarios.md): in seed 259 of `gang-paused-replica-stale-tokens`, replica 0
+/// is idle at every time a pause of it comes (the other replica took every row), so with pauses that land at
+/// their time none of its writes comes back stale and the scenario's expectation fails; with the file as it is,
+/// each pause waits until replica 0 works inside a pass, says where it landed, and the pass's next guarded write
+/// is refused for its superseded token.
+#[test]
+fn a_pause_inside_a_pass_waits_for_the_replica_to_hold_a_lease_past_its_related_locks() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/gang-paused-replica-stale-tokens.toml");
+    let file = ScenarioFile::load(&path).unwrap_or_else(|error| panic!("{error}"));
+    assert!(file.scenario.faults.pause_inside_pass.is_some());
+    let seed = 259;
+    let report = sim::run(&file.scenario, seed);
+    let text = report.trace_text();
+    assert!(report.passed(), "{}", summary::render(&report));
+    let pauses: Vec<&str> = text.lines().filter(|line| line.split_whitespace().nth(2) == Some("pause")).collect();
+    assert!(!pauses.is_empty(), "{text}");
+    assert!(
+        pauses.iter().all(|line| line.contains(" inside-pass=") && !line.contains("inside-pass=none")),
+        "{pauses:?}"
+    );
+    let mut at_its_time = file.scenario.clone();
+    at_its_time.faults.pause_inside_pass = None;
+    let report = sim::run(&at_its_time, seed);
+    let unmet = report.violations.iter().map(|v| format!("{v:?}")).collect::<Vec<_>>().join("\n");
+    assert!(unmet.contains("held=false"), "pauses at their time should miss every pass of seed {seed}:\n{unmet}");
+}

@@ -45,11 +45,11 @@ const PROCESS_DEATH_WAIT_MAX: Duration = Duration::from_secs(2);
 /// out while it slept, before its jobs could run beside their replacements.
 const AGENT_WAKE_BEFORE_JOBS: Duration = Duration::from_millis(1000);
 
-/// How often a pause that waits for its replica to be inside a pass (`[chaos] pause_inside_pass`) looks.
+/// How often a pause that waits for its replica to be inside a pass (`[faults] pause_inside_pass`) looks.
 const PASS_POLL: Duration = Duration::from_millis(10);
 
 /// How old a lease must be (from the start of its fetch's transaction) before a pause counts its replica as
-/// working under it (`[chaos] pause_inside_pass`), besides its related locks: time for the fetch's reply to come
+/// working under it (`[faults] pause_inside_pass`), besides its related locks: time for the fetch's reply to come
 /// back over a slow proxy link, a worker to take the row and its refetch by token to come back. Paused before
 /// that, the replica drops the lease unused on waking (its local deadline passed, or the refetch finds the token
 /// superseded: a read, recorded nowhere), writing nothing stale. 1 s was too short on a loaded machine with 50 ms
@@ -95,11 +95,11 @@ pub struct ChaosRun {
     pub schema: String,
     /// Faults left out (`skip_refused`), each with its reason.
     pub skipped: Vec<String>,
-    /// Where each replica `pause` landed, with `[chaos] pause_inside_pass` (empty without), in pause order.
+    /// Where each replica `pause` landed, with `[faults] pause_inside_pass` (empty without), in pause order.
     pub landings: Vec<PauseLanding>,
 }
 
-/// Where a replica's `pause` landed under the scenario's `[chaos] pause_inside_pass`.
+/// Where a replica's `pause` landed under the scenario's `[faults] pause_inside_pass`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PauseLanding {
     /// The paused replica (`replica-0`).
@@ -205,7 +205,7 @@ pub async fn run(mut options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
         nodes: Mutex::default(),
         links,
         urls,
-        pause_inside_pass: file.chaos.pause_inside_pass,
+        pause_inside_pass: file.scenario.faults.pause_inside_pass,
         landings: Mutex::default(),
     };
     let world = Arc::new(world);
@@ -329,7 +329,7 @@ struct World {
     links: Links,
     /// Node `i`'s database URL: its proxy's listener.
     urls: Vec<String>,
-    /// The scenario file's `[chaos] pause_inside_pass`.
+    /// The scenario file's `[faults] pause_inside_pass`.
     pause_inside_pass: Option<Duration>,
     /// Where each replica pause landed, with `pause_inside_pass` on.
     landings: Mutex<Vec<PauseLanding>>,
@@ -498,7 +498,7 @@ impl World {
         true
     }
 
-    /// `[chaos] pause_inside_pass`: waits, at most `bound`, until replica `index` is inside a pass
+    /// `[faults] pause_inside_pass`: waits, at most `bound`, until replica `index` is inside a pass
     /// ([`PgStore::lease_in_pass`] of its sessions, leases at least [`PASS_SETTLE`] old, read on the harness's
     /// own session every [`PASS_POLL`]) while another replica runs unpaused to take its rows over: the lease it
     /// works under, or `None` past the bound (or once the replica is no longer free to pause), and how long it

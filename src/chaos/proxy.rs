@@ -371,7 +371,7 @@ impl ProxyHandle {
 
     /// Chunks the proxy read from its clients and has not yet forwarded to the server nor dropped: messages on
     /// their way up (delayed or held). `lockstep chaos run` SIGSTOPs a replica only when none of its messages is
-    /// (`[chaos] pause_inside_pass`): one arriving at the server afterwards would open a transaction that the
+    /// (`[faults] pause_inside_pass`): one arriving at the server afterwards would open a transaction that the
     /// server ends while the replica sleeps.
     pub fn requests_in_flight(&self) -> u64 {
         self.inner.up_in_flight.load(Ordering::SeqCst)

@@ -204,6 +204,34 @@ impl MemStore {
         self.lock().rows.values().all(pred)
     }
 
+    /// The lease `caller` works under inside a pass, if any: a live lease (its expiry after now) that one of
+    /// `caller`'s own fetches handed out, under which related rows are locked (a row other than the leased one
+    /// carries its token), so that its worker has the row and its next guarded write is a related lock, its
+    /// apply or its reset-and-retry. The simulator's `[faults] pause_inside_pass` waits for one before it pauses a
+    /// replica, as `lockstep chaos run` waits for `PgStore::lease_in_pass`. `None` without a history
+    /// ([`MemStore::with_history`]: the fetch's caller is known only from it).
+    pub fn lease_in_pass(&self, caller: &str) -> Option<Lease> {
+        let now = self.now();
+        let state = self.lock();
+        let history = state.history.as_ref()?;
+        let live = |lease: &Lease| {
+            state.rows.get(&lease.id).is_some_and(|row| {
+                row.lock_token == Some(lease.token) && row.lock_expires_at.is_some_and(|expiry| expiry > now)
+            })
+        };
+        // Tokens carried by more than one row; each was handed out by exactly one fetch, a recent one: look back
+        // to it.
+        state.by_token.iter().filter(|(_, ids)| ids.len() > 1).find_map(|(token, _)| {
+            history.iter().rev().find_map(|commit| match &commit.op {
+                CommitOp::Fetch { leases, .. } => leases
+                    .iter()
+                    .find(|lease| lease.token == *token)
+                    .map(|lease| (commit.caller.as_deref() == Some(caller) && live(lease)).then_some(*lease)),
+                _ => None,
+            })?
+        })
+    }
+
     /// Every event, in sequence order: a snapshot for checkers.
     pub fn all_events(&self) -> Vec<Event> {
         self.lock().events.clone()

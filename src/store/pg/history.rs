@@ -92,7 +92,7 @@ impl PgStore {
     /// related rows are locked (the pass took its `lock_related`: its worker has the row, its reads are done, and
     /// its next guarded write is a related lock or the apply), while none of its sessions is inside a transaction
     /// (one that wrote or locked a row, or an explicit one between or during its statements). `lockstep chaos
-    /// run` waits for one before it SIGSTOPs a replica (`[chaos] pause_inside_pass`), so that the pause lands
+    /// run` waits for one before it SIGSTOPs a replica (`[faults] pause_inside_pass`), so that the pause lands
     /// inside a pass whose next writes carry a token the others supersede meanwhile: not before its worker took
     /// the row (it would drop the lease unused on waking), not inside a transaction whose row locks would keep
     /// the others off the row, nor one the server would end for idling while the replica sleeps. Seeing other
@@ -219,9 +219,9 @@ impl PgStore {
                 .bind(lease.token.0)
                 .fetch_optional(&mut *tx)
                 .await?;
-            if reset.is_some() {
-                append(self, &mut tx, &CommitOp::Reset { lease, held: true }).await?;
-            }
+            // A refused reset (its token superseded) is recorded too, as MemStore records it: a paused pass's
+            // superseded write is often its reset-and-retry.
+            append(self, &mut tx, &CommitOp::Reset { lease, held: reset.is_some() }).await?;
             tx.commit().await?;
             Ok(reset.is_some())
         })

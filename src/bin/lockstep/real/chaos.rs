@@ -82,7 +82,7 @@ pub async fn execute(command: ChaosCommand) -> Result<u8, Failure> {
         println!("skipped fault: {skipped}");
     }
     print!("{}", lockstep::sim::summary::render(&done.report));
-    // `[chaos] pause_inside_pass`: every pause says where it landed; one not seen inside a pass was skipped.
+    // `[faults] pause_inside_pass`: every pause says where it landed; one not seen inside a pass was skipped.
     if !done.landings.is_empty() {
         let inside = done.landings.iter().filter(|landing| landing.lease.is_some()).count();
         println!("pauses inside a pass: {inside} of {}", done.landings.len());
