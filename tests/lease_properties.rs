@@ -231,7 +231,9 @@ impl Model {
                         if let Some((token, expires)) = &mut expected.lease
                             && *token == lease.token
                         {
-                            *expires = now.plus(lease_ttl);
+                            // A heartbeat extends a lease and never shortens it (`Store::heartbeat`): a
+                            // shorter ttl than the lease has left keeps the later expiry.
+                            *expires = (*expires).max(now.plus(lease_ttl));
                         }
                     }
                 }
