@@ -848,7 +848,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
                 break;
             }
             let row = NewRow::new(KIND_INBOX, INBOX_NEW, message.to_json()).with_parent(*operation);
-            self.store.insert(row).await?;
+            self.store.insert_id(row).await?;
             operations.insert(*operation);
             self.outbox.pop_front();
             sent += 1;

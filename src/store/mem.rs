@@ -376,6 +376,14 @@ impl State {
         id
     }
 
+    /// The insert of [`Store::insert`] at `now`, recorded as one commit.
+    fn insert_recorded(&mut self, caller: &Option<Arc<str>>, new: NewRow, now: Timestamp) -> RowId {
+        let kind = new.kind.clone();
+        let id = self.insert(new, now);
+        self.record(caller, now, CommitOp::Insert { id, kind });
+        id
+    }
+
     /// Sets row `id`'s `last_processed_at`, keeping its place in the fetch order of `by_status`.
     fn set_processed_at(&mut self, id: RowId, at: Timestamp) {
         let row = self.rows.get_mut(&id).expect("processed row");
@@ -709,10 +717,14 @@ impl Store for MemStore {
         check_new_row("insert", &new)?;
         let now = self.now();
         let mut state = self.lock();
-        let kind = new.kind.clone();
-        let id = state.insert(new, now);
-        state.record(&self.caller, now, CommitOp::Insert { id, kind });
+        let id = state.insert_recorded(&self.caller, new, now);
         Ok(state.rows[&id].clone())
+    }
+
+    async fn insert_id(&self, new: NewRow) -> Result<RowId, StoreError> {
+        check_new_row("insert", &new)?;
+        let now = self.now();
+        Ok(self.lock().insert_recorded(&self.caller, new, now))
     }
 
     async fn get(&self, id: RowId) -> Result<Option<Row>, StoreError> {
