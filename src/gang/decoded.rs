@@ -6,13 +6,15 @@
 use super::model::DecodeError;
 use crate::store::{Row, RowId, Timestamp};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// One decoded row, the version of the row it was decoded from, and the last pass that read it.
+/// One decoded row, the version of the row it was decoded from, and the last pass that read it (marked where the
+/// store reads the row, through a shared reference).
 #[derive(Debug)]
 pub(crate) struct Kept<T> {
     stamp: Stamp,
     value: T,
-    read_in: u64,
+    read_in: AtomicU64,
 }
 
 /// What identifies a row's status and data: its [`Row::version`] and `updated_at` (and the status, cheap to
@@ -34,23 +36,24 @@ impl Stamp {
     }
 }
 
-/// One row as a read hands it over: unchanged since the last pass decoded it, or decoded now (with the stamp of
-/// the row it came from, to compare the next pass's read with).
+/// One row as a read hands it over: unchanged since the last pass decoded it (a copy of the kept value), or
+/// decoded now (with the stamp of the row it came from, to compare the next pass's read with).
 #[derive(Debug)]
 pub(crate) enum Fresh<T> {
-    Unchanged,
+    Unchanged(T),
     Decoded(Result<(T, Stamp), DecodeError>),
 }
 
 /// The rows one reader (a controller pass over one operation, an agent) decoded, by row id, kept from one of its
 /// passes to the next. A pass calls [`KeptRows::begin`], reads each row through [`KeptRows::read`] (where the store
 /// reads it) and [`KeptRows::keep`], then [`KeptRows::end`], which drops the rows it did not read (a finished
-/// incarnation's leave with it). Entries stay in place from pass to pass and are boxed, so a pass that reads
-/// 10 000 unchanged rows moves none of them (issue 17: moving every entry between two maps was a tenth of a gang
-/// restart's passes).
+/// incarnation's leave with it). Entries stay in place from pass to pass, so a pass that reads 10 000 unchanged
+/// rows moves none of them and looks each up once (issue 17: moving every entry between two maps was a tenth of a
+/// gang restart's passes). Values are cheap to copy ([`super::model::Job`] and [`super::model::Allocation`] share
+/// their data).
 #[derive(Debug)]
 pub(crate) struct KeptRows<T> {
-    rows: BTreeMap<RowId, Box<Kept<T>>>,
+    rows: BTreeMap<RowId, Kept<T>>,
     /// The current pass, counted by [`KeptRows::begin`].
     pass: u64,
 }
@@ -67,31 +70,32 @@ impl<T: Clone> KeptRows<T> {
         self.pass += 1;
     }
 
-    /// Row `r` against what is kept: unchanged if its id is kept at the same stamp, else decoded by `decode`. Runs
-    /// where the store reads the row (under MemStore's lock), so it only compares and decodes.
+    /// Row `r` against what is kept: unchanged if its id is kept at the same stamp (then marked read by this pass),
+    /// else decoded by `decode`. Runs where the store reads the row (under MemStore's lock), so it only compares,
+    /// copies and decodes.
     pub(crate) fn read(&self, r: &Row, decode: impl Fn(&Row) -> Result<T, DecodeError>) -> Fresh<T> {
         match self.rows.get(&r.id) {
-            Some(kept) if kept.stamp.matches(r) => Fresh::Unchanged,
+            Some(kept) if kept.stamp.matches(r) => {
+                kept.read_in.store(self.pass, Ordering::Relaxed);
+                Fresh::Unchanged(kept.value.clone())
+            }
             _ => Fresh::Decoded(decode(r).map(|value| (value, Stamp::of(r)))),
         }
     }
 
-    /// The value of row `id` as `read` found it: the kept one if unchanged, else the one decoded now, which
-    /// replaces it (a row that did not decode is no longer kept). Either is kept for the next pass.
+    /// The value of row `id` as `read` found it: the kept one if unchanged (already marked by `read`), else the
+    /// one decoded now, which replaces it (a row that did not decode is no longer kept). Either is kept for the
+    /// next pass.
     pub(crate) fn keep(&mut self, id: RowId, read: Fresh<T>) -> Result<T, DecodeError> {
         match read {
-            Fresh::Unchanged => {
-                let kept = self.rows.get_mut(&id).expect("an unchanged row was kept");
-                kept.read_in = self.pass;
-                Ok(kept.value.clone())
-            }
+            Fresh::Unchanged(value) => Ok(value),
             Fresh::Decoded(Err(error)) => {
                 self.rows.remove(&id);
                 Err(error)
             }
             Fresh::Decoded(Ok((value, stamp))) => {
-                let kept = Kept { stamp, value: value.clone(), read_in: self.pass };
-                self.rows.insert(id, Box::new(kept));
+                let kept = Kept { stamp, value: value.clone(), read_in: AtomicU64::new(self.pass) };
+                self.rows.insert(id, kept);
                 Ok(value)
             }
         }
@@ -100,7 +104,7 @@ impl<T: Clone> KeptRows<T> {
     /// Ends the pass: drops the rows it did not read.
     pub(crate) fn end(&mut self) {
         let pass = self.pass;
-        self.rows.retain(|_, kept| kept.read_in == pass);
+        self.rows.retain(|_, kept| *kept.read_in.get_mut() == pass);
     }
 }
 
@@ -128,7 +132,7 @@ mod tests {
     fn a_kept_value_is_used_only_for_the_same_version_time_and_status() {
         let row = NewRow::new("job", "running", json!({"n": 1})).into_row(RowId(7), Timestamp(100));
         let unchanged = kept_after_reading(&row).read(&row, decode_n);
-        assert!(matches!(unchanged, Fresh::Unchanged), "the same row read again: {unchanged:?}");
+        assert!(matches!(unchanged, Fresh::Unchanged(1)), "the same row read again: {unchanged:?}");
         // Any write (another replica's, a pass's whose apply was stale, an agent's) changes the version, the time or
         // the status: the row is decoded again, whatever its data (only the stamp is compared).
         let written = [
@@ -143,7 +147,7 @@ mod tests {
             assert!(matches!(read, Fresh::Decoded(Ok((2, _)))), "{other:?} read as {read:?}");
             assert_eq!(kept.keep(other.id, read).unwrap(), 2);
             kept.end();
-            assert!(matches!(kept.read(&other, decode_n), Fresh::Unchanged), "{other:?} kept at its stamp");
+            assert!(matches!(kept.read(&other, decode_n), Fresh::Unchanged(2)), "{other:?} kept at its stamp");
         }
     }
 
@@ -164,6 +168,6 @@ mod tests {
         kept.keep(other.id, read).unwrap();
         kept.end();
         assert!(matches!(kept.read(&row, decode_n), Fresh::Decoded(_)), "row 7 was read by no completed pass");
-        assert!(matches!(kept.read(&other, decode_n), Fresh::Unchanged), "row 8 was read by the last pass");
+        assert!(matches!(kept.read(&other, decode_n), Fresh::Unchanged(1)), "row 8 was read by the last pass");
     }
 }

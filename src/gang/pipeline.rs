@@ -343,7 +343,7 @@ impl Decoded {
         id: RowId,
         read: Fresh<T>,
     ) -> Result<T, super::model::DecodeError> {
-        let counter = if matches!(read, Fresh::Unchanged) { &self.reused } else { &self.decoded };
+        let counter = if matches!(read, Fresh::Unchanged(_)) { &self.reused } else { &self.decoded };
         counter.fetch_add(1, Ordering::Relaxed);
         kept.keep(id, read)
     }
