@@ -496,9 +496,22 @@ impl State {
         };
         ids.sort_unstable();
         // The ids filter was applied by the lookup above; matching each row against the list again would cost
-        // the list's length per row.
-        let filters = RowQuery { ids: None, ..q.clone() };
-        ids.into_iter().filter_map(|id| self.rows.get(&id)).filter(move |row| filters.matches(row))
+        // the list's length per row. Without ids, the index read holds exactly the rows of the query's kind,
+        // parent, statuses and cursor, so no row is matched again: that reads each row's kind, a text apart from
+        // the row, which a reader that does not need it pays for with a cache miss per row (issue 17: 3 % of a
+        // 10 000-job gang restart).
+        let exact = q.ids.is_none();
+        let filters = RowQuery {
+            kind: q.kind.clone(),
+            parent: q.parent,
+            statuses: q.statuses.clone(),
+            after: q.after,
+            ids: None,
+        };
+        ids.into_iter().filter_map(|id| self.rows.get(&id)).filter(move |row| {
+            debug_assert!(!exact || filters.matches(row), "row {} read through an index that does not match", row.id);
+            exact || filters.matches(row)
+        })
     }
 
     /// The write of [`Store::record_failure`] at `now` for a lease still held; returns the row's new attempt count.
