@@ -229,24 +229,45 @@ mod scale {
         };
 
         // The gang restart, timed from the failing process's exit (the process log's time) to every job of
-        // incarnation 1 running; the wall clock starts when the harness sees the exit.
+        // incarnation 1 running. The wall clock starts `LEAD` before that exit: the process exits `FAIL_AFTER`
+        // after it started, and the restart can end within the simulated instant of the exit (no network), so a
+        // harness that waited to see the exit would miss the passes it times.
+        const LEAD: Duration = Duration::from_millis(1);
+        let view = api::status(&store, op).await.expect("the operation exists");
+        let failing = view
+            .jobs
+            .iter()
+            .find(|j| j.data.incarnation == 0 && j.data.task == "worker" && j.data.job_cookie == 0)
+            .expect("job cookie 0 of incarnation 0")
+            .data
+            .id;
+        let started = log
+            .events()
+            .into_iter()
+            .find(|e| e.job == failing && e.kind == ProcessEventKind::Started)
+            .expect("the failing job's process started")
+            .at;
+        tokio::time::sleep_until(started + FAIL_AFTER - LEAD).await;
+        let (wall, from) = (cpu_time(), passes.lock().expect("not poisoned").len());
+        let mut polling = Duration::ZERO;
         let exited = loop {
+            let poll = cpu_time();
             let exit = log.events().into_iter().find(|e| matches!(e.kind, ProcessEventKind::Exited(code) if code != 0));
+            polling += cpu_time() - poll;
             if let Some(exit) = exit {
                 // The process log keeps runtime instants; the store keeps store time: the same clock here.
                 let ago = exit.at.elapsed();
                 break Store::now(&store).await.expect("MemStore's clock").minus(ago);
             }
-            tokio::time::sleep(POLL).await;
+            tokio::time::sleep(LEAD).await;
         };
-        let (wall, from) = (cpu_time(), passes.lock().expect("not poisoned").len());
-        let (running, polling) = all_running(&store, op, 1, jobs).await;
+        let (running, polling_running) = all_running(&store, op, 1, jobs).await;
         let (count, pass_cpu) = passes_since(from);
         let view = api::status(&store, op).await.expect("the operation exists");
         assert_eq!(view.status, OperationStatus::Running, "the operation ended instead of restarting its gang");
         let restart = Span {
             simulated: micros(running.as_micros() - exited.as_micros()),
-            wall: cpu_time() - wall - polling,
+            wall: cpu_time() - wall - polling - polling_running,
             passes: count,
             pass_cpu,
         };

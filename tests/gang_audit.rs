@@ -35,7 +35,7 @@ fn a_rank_given_twice_in_an_incarnation_is_reported() {
     let world = clean();
     let mut bad = view(&world);
     let i = bad.jobs.iter().position(|j| j.data.incarnation == 1 && j.data.gang_rank == Some(2)).unwrap();
-    bad.jobs[i].data.gang_rank = Some(0);
+    bad.jobs[i].data_mut().gang_rank = Some(0);
     let found = audit::rank_uniqueness(&bad);
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].starts_with("rank 0 of task worker given twice in incarnation 1"), "{found:?}");
@@ -46,7 +46,7 @@ fn a_reused_allocation_that_changes_the_cookie_is_reported() {
     let world = clean();
     let mut bad = view(&world);
     let i = bad.jobs.iter().position(|j| j.data.incarnation == 1 && j.data.job_cookie == 0).unwrap();
-    bad.jobs[i].data.job_cookie = 7;
+    bad.jobs[i].data_mut().job_cookie = 7;
     let found = audit::reuse_keeps_identity(&bad);
     assert!(found.iter().any(|v| v.contains("changes its identity")), "{found:?}");
 }

@@ -65,7 +65,7 @@ impl Cluster {
         self.sessions.insert(node, token);
         let row = self.row();
         let data = AllocationData::free(node, format!("node-{}", node.0), 0);
-        self.allocations.insert(row, Allocation { row, allocated: false, data });
+        self.allocations.insert(row, Allocation { row, allocated: false, data: data.into() });
         node
     }
 

@@ -195,7 +195,7 @@ fn two_allocations_claiming_one_rank_is_a_bug() {
 }
 
 fn with_status(data: JobData, status: JobStatus) -> Job {
-    Job { row: Some(RowId(1)), status, data }
+    Job { row: Some(RowId(1)), status, data: data.into() }
 }
 
 #[test]

@@ -283,7 +283,7 @@ impl Cluster {
     /// The node name of each allocation row.
     async fn allocation_nodes(&self) -> BTreeMap<RowId, String> {
         let rows = self.store().list(KIND_ALLOCATION, None).await.unwrap();
-        rows.iter().map(|row| Allocation::from_row(row).unwrap()).map(|a| (a.row, a.data.node_name)).collect()
+        rows.iter().map(|row| Allocation::from_row(row).unwrap()).map(|a| (a.row, a.data.node_name.clone())).collect()
     }
 }
 

@@ -253,7 +253,8 @@ mod tests {
                     monitoring_descriptor: None,
                     exit_code: Some(0),
                     reason: None,
-                },
+                }
+                .into(),
             })
             .collect();
         OperationView { id: RowId(7), status: OperationStatus::Completed, data, jobs, events: Vec::new() }

@@ -34,7 +34,7 @@ pub use simulated::{
     Behaviour, End, JobScript, ProcessEvent, ProcessEventKind, ProcessLog, ProcessSink, Rule, SimulatedExecutor,
 };
 
-use crate::gang::decoded::{Fresh, Kept, keep};
+use crate::gang::decoded::KeptRows;
 use crate::gang::model::{
     ALLOCATION_FREE, Allocation, AllocationData, AllocationRef, INBOX_NEW, JobId, JobLaunch, JobOutcome,
     KIND_ALLOCATION, KIND_INBOX, KIND_NODE, KIND_OPERATION, Message, NodeData, node_lease_owner,
@@ -272,7 +272,7 @@ pub struct Agent<S: Store, E: Executor> {
     /// Its node's allocation rows as the last pass decoded them, by row, with the version they were decoded at: a
     /// pass decodes only the rows written since (issue 17: decoding every allocation, job launch and environment
     /// included, at every pass of every agent was most of a quiet gang world's CPU).
-    decoded: BTreeMap<RowId, Kept<Allocation>>,
+    decoded: KeptRows<Allocation>,
 }
 
 impl<S: Store, E: Executor> Agent<S, E> {
@@ -297,7 +297,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
             fence_killed: Vec::new(),
             extended: Arc::default(),
             warned_held: false,
-            decoded: BTreeMap::new(),
+            decoded: KeptRows::default(),
         }
     }
 
@@ -534,16 +534,18 @@ impl<S: Store, E: Executor> Agent<S, E> {
         self.collect_exits(&mut pass);
         if let (Some(session), Some(node)) = (self.session, self.node) {
             // Decoded where they are read, never copied whole, and only if written since the last pass (issue 17).
-            let mut last = std::mem::take(&mut self.decoded);
-            let read = |r: &Row| (r.id, Fresh::read(&last, r, Allocation::from_row));
+            self.decoded.begin();
+            let decoded = &self.decoded;
+            let read = |r: &Row| (r.id, decoded.read(r, Allocation::from_row));
             let rows = self.store.list_map(KIND_ALLOCATION, Some(node), read).await?;
             let mut allocations = Vec::with_capacity(rows.len());
             for (id, row) in rows {
-                match keep(&mut last, &mut self.decoded, id, row) {
+                match self.decoded.keep(id, row) {
                     Ok(allocation) => allocations.push(allocation),
                     Err(error) => tracing::warn!(node = %self.config.name, %error, "allocation row skipped"),
                 }
             }
+            self.decoded.end();
             self.reconcile(session, &allocations, &mut pass).await;
         }
         pass.reported = self.send_reports().await?;
@@ -846,7 +848,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
                 break;
             }
             let row = NewRow::new(KIND_INBOX, INBOX_NEW, message.to_json()).with_parent(*operation);
-            self.store.insert(row).await?;
+            self.store.insert_id(row).await?;
             operations.insert(*operation);
             self.outbox.pop_front();
             sent += 1;

@@ -636,7 +636,7 @@ impl Pass {
         let deferred: Vec<(usize, (AllocationRef, Option<String>))> =
             std::mem::take(&mut self.deferred).into_iter().collect();
         for (i, (allocation, descriptor)) in deferred {
-            self.jobs[i].data.monitoring_descriptor = descriptor;
+            self.jobs[i].data_mut().monitoring_descriptor = descriptor;
             self.place(i, allocation);
         }
         let mut pending: Vec<usize> =
@@ -691,7 +691,7 @@ impl Pass {
             let mut reused = 0;
             for &i in &ranked {
                 if let Some((allocation, descriptor)) = self.deferred.remove(&i) {
-                    self.jobs[i].data.monitoring_descriptor = descriptor;
+                    self.jobs[i].data_mut().monitoring_descriptor = descriptor;
                     self.place(i, allocation);
                     reused += 1;
                 }
@@ -793,15 +793,15 @@ impl Pass {
     fn grant(&mut self, i: usize, mut allocation: Allocation, session: LockToken) {
         assert!(!allocation.allocated, "allocation {} offered as free while allocated", allocation.row);
         allocation.allocated = true;
-        allocation.data.generation += 1;
-        allocation.data.operation = Some(self.operation);
-        allocation.data.node_session = Some(session);
+        allocation.data_mut().generation += 1;
+        allocation.data_mut().operation = Some(self.operation);
+        allocation.data_mut().node_session = Some(session);
         let row = allocation.row;
         let reference = allocation.current();
         self.allocations.insert(row, allocation);
         let descriptor = format!("{}/{}", self.operation, self.data.next_descriptor);
         self.data.next_descriptor += 1;
-        self.jobs[i].data.monitoring_descriptor = Some(descriptor);
+        self.jobs[i].data_mut().monitoring_descriptor = Some(descriptor);
         self.place(i, reference);
     }
 
@@ -885,7 +885,7 @@ impl Pass {
             exit_code: None,
             reason: None,
         };
-        self.jobs.push(Job { row: None, status: JobStatus::Pending, data });
+        self.jobs.push(Job { row: None, status: JobStatus::Pending, data: Arc::new(data) });
         let i = self.jobs.len() - 1;
         self.job_at.insert(id, i);
         self.job_event(i, None, None);
@@ -894,7 +894,7 @@ impl Pass {
                 self.deferred.insert(i, reuse);
             }
             Some((allocation, descriptor)) => {
-                self.jobs[i].data.monitoring_descriptor = descriptor;
+                self.jobs[i].data_mut().monitoring_descriptor = descriptor;
                 self.place(i, allocation);
             }
             None => {}
@@ -921,7 +921,7 @@ impl Pass {
         let held = self.allocations.get_mut(&allocation.row).expect("placing a job in an allocation not held");
         assert_eq!(held.current(), allocation, "placing job {} in a stale grant", self.jobs[i].data.id);
         let data = &self.jobs[i].data;
-        held.data.last = Some(LastJob {
+        held.data_mut().last = Some(LastJob {
             job: data.id,
             task: data.task.clone(),
             job_cookie: data.job_cookie,
@@ -938,16 +938,16 @@ impl Pass {
             environment: job_environment(&self.data.spec, data),
             file_paths: self.data.spec.tasks[&data.task].file_paths.clone(),
         };
-        held.data.job = Some(Arc::new(launch));
+        held.data_mut().job = Some(Arc::new(launch));
         self.dirty_allocations.insert(allocation.row);
-        self.jobs[i].data.allocation = Some(allocation);
+        self.jobs[i].data_mut().allocation = Some(allocation);
         self.set_job_status(i, JobStatus::Assigned, None);
     }
 
     /// The allocation stays granted with no job to run (its agent stops any process still in it).
     fn idle(&mut self, row: RowId) {
         if let Some(allocation) = self.allocations.get_mut(&row) {
-            allocation.data.job = None;
+            allocation.data_mut().job = None;
             self.dirty_allocations.insert(row);
         }
     }
@@ -956,10 +956,10 @@ impl Pass {
     fn release(&mut self, row: RowId) {
         if let Some(allocation) = self.allocations.get_mut(&row) {
             allocation.allocated = false;
-            allocation.data.operation = None;
-            allocation.data.node_session = None;
-            allocation.data.job = None;
-            allocation.data.last = None;
+            allocation.data_mut().operation = None;
+            allocation.data_mut().node_session = None;
+            allocation.data_mut().job = None;
+            allocation.data_mut().last = None;
             self.dirty_allocations.insert(row);
         }
     }
@@ -972,10 +972,10 @@ impl Pass {
             && allocation.current() == a
             && allocation.data.job.as_ref().is_some_and(|launch| launch.job == id)
         {
-            allocation.data.job = None;
+            allocation.data_mut().job = None;
             self.dirty_allocations.insert(a.row);
         }
-        self.jobs[i].data.exit_code = code;
+        self.jobs[i].data_mut().exit_code = code;
         self.set_job_status(i, status, reason);
     }
 
@@ -984,7 +984,7 @@ impl Pass {
         assert!(!from.is_terminal(), "job {} changes status after it ended ({from} → {to})", self.jobs[i].data.id);
         self.jobs[i].status = to;
         if reason.is_some() {
-            self.jobs[i].data.reason = reason.clone();
+            self.jobs[i].data_mut().reason = reason.clone();
         }
         self.dirty_jobs.insert(i);
         self.job_event(i, Some(from), reason);

@@ -316,8 +316,9 @@ pub struct Job {
     pub row: Option<RowId>,
     /// Status.
     pub status: JobStatus,
-    /// Fields.
-    pub data: JobData,
+    /// Fields, shared: a copy of a job (a controller pass copies every job it keeps decoded between passes) shares
+    /// them until one is changed ([`Arc::make_mut`]), issue 17.
+    pub data: Arc<JobData>,
 }
 
 /// A job row's data (DESIGN §4: job_cookie, gang_rank, reserved flag, incarnation, allocation, monitoring
@@ -356,12 +357,17 @@ impl Job {
             kind: row.kind.clone(),
             message: format!("unknown job status {:?}", row.status),
         })?;
-        Ok(Job { row: Some(row.id), status, data: decode(row)? })
+        Ok(Job { row: Some(row.id), status, data: Arc::new(decode(row)?) })
     }
 
     /// The data column's value.
     pub fn data_json(&self) -> serde_json::Value {
-        encode(&self.data)
+        encode(self.data.as_ref())
+    }
+
+    /// The fields, to change: copied first if another copy of the job shares them.
+    pub fn data_mut(&mut self) -> &mut JobData {
+        Arc::make_mut(&mut self.data)
     }
 
     /// Whether the job has ended.
@@ -469,14 +475,15 @@ pub struct Allocation {
     pub row: RowId,
     /// Whether it is granted (status `allocated`) or free.
     pub allocated: bool,
-    /// Fields.
-    pub data: AllocationData,
+    /// Fields, shared as [`Job::data`] is.
+    pub data: Arc<AllocationData>,
 }
 
 impl Allocation {
     /// Decodes an allocation row.
     pub fn from_row(row: &Row) -> Result<Allocation, DecodeError> {
-        Ok(Allocation { row: row.id, allocated: row.status == ALLOCATION_ALLOCATED, data: decode(row)? })
+        let data = Arc::new(decode(row)?);
+        Ok(Allocation { row: row.id, allocated: row.status == ALLOCATION_ALLOCATED, data })
     }
 
     /// The current grant.
@@ -491,7 +498,12 @@ impl Allocation {
 
     /// The data column's value.
     pub fn data_json(&self) -> serde_json::Value {
-        encode(&self.data)
+        encode(self.data.as_ref())
+    }
+
+    /// The fields, to change: copied first if another copy of the allocation shares them.
+    pub fn data_mut(&mut self) -> &mut AllocationData {
+        Arc::make_mut(&mut self.data)
     }
 }
 

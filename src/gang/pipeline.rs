@@ -23,7 +23,7 @@
 //! write APIs only insert inbox rows. Free allocations are the one resource operations contend for.
 
 use super::controller::{PassInput, PassOutput, run_pass};
-use super::decoded::{Fresh, Kept, keep};
+use super::decoded::{Fresh, KeptRows};
 use super::model::{
     ALLOCATION_FREE, Allocation, INBOX_DONE, INBOX_NEW, Job, JobStatus, KIND_ALLOCATION, KIND_INBOX, KIND_JOB,
     KIND_NODE, KIND_OPERATION, Message, NodeData, OperationData, OperationStatus, node_lease_owner,
@@ -129,18 +129,19 @@ impl<S: Store> Handler<S> for OperationHandler {
         let token = cx.lease().token;
         // Decoded rows of this replica's previous pass over the operation, taken out for this pass (a pass of
         // another operation never waits on it) and put back with what this pass read once its reads are done.
-        let mut last = self.decoded.take(operation);
-        let mut kept = OperationRows::default();
+        let mut kept = self.decoded.take(operation);
+        kept.jobs.begin();
+        kept.allocations.begin();
         let read_job = |r: &Row| {
             let live = JobStatus::parse(&r.status).is_some_and(|s| !s.is_terminal());
-            (r.id, live, self.locked_by_a_lost_pass(r, token), Fresh::read(&last.jobs, r, Job::from_row))
+            (r.id, live, self.locked_by_a_lost_pass(r, token), kept.jobs.read(r, Job::from_row))
         };
         let job_rows = store.query_map(vec![jobs_read], read_job).await?.pop().ok_or_else(no_answer)?;
         let revival = job_rows.iter().any(|(_, _, lost, _)| *lost);
         let mut jobs = Vec::with_capacity(job_rows.len());
         let mut children: Vec<RowId> = Vec::new();
         for (id, live, _, job) in job_rows {
-            jobs.push(self.decoded.keep(&mut last.jobs, &mut kept.jobs, id, job).map_err(failed)?);
+            jobs.push(self.decoded.keep(&mut kept.jobs, id, job).map_err(failed)?);
             if live {
                 children.push(id);
             }
@@ -173,18 +174,19 @@ impl<S: Store> Handler<S> for OperationHandler {
             row: r.id,
             free: r.status == ALLOCATION_FREE,
             lockable: lockable(r, &owner, now),
-            allocation: Fresh::read(&last.allocations, r, Allocation::from_row),
+            allocation: kept.allocations.read(r, Allocation::from_row),
         };
         let reads = allocation_rows(store, &data, read_allocation).await?;
         let reads: Vec<_> = reads
             .into_iter()
             .map(|read| {
-                let allocation =
-                    self.decoded.keep(&mut last.allocations, &mut kept.allocations, read.row, read.allocation);
+                let allocation = self.decoded.keep(&mut kept.allocations, read.row, read.allocation);
                 (read.free, read.lockable, allocation)
             })
             .collect();
         // Every read is done: what this pass read is what the next one compares with.
+        kept.jobs.end();
+        kept.allocations.end();
         self.decoded.put(operation, kept);
         for (free_now, lockable_now, allocation) in reads {
             let allocation = allocation.map_err(failed)?;
@@ -310,8 +312,8 @@ pub const OPERATIONS_DECODED_MAX: usize = 64;
 /// The decoded rows of one operation's last pass, by row id.
 #[derive(Debug, Default)]
 struct OperationRows {
-    jobs: BTreeMap<RowId, Kept<Job>>,
-    allocations: BTreeMap<RowId, Kept<Allocation>>,
+    jobs: KeptRows<Job>,
+    allocations: KeptRows<Allocation>,
 }
 
 impl Decoded {
@@ -334,17 +336,16 @@ impl Decoded {
         self.operations.lock().unwrap_or_else(PoisonError::into_inner).remove(&operation);
     }
 
-    /// The value of row `id` as `read` found it ([`keep`]), counted.
+    /// The value of row `id` as `read` found it ([`KeptRows::keep`]), counted.
     fn keep<T: Clone>(
         &self,
-        last: &mut BTreeMap<RowId, Kept<T>>,
-        kept: &mut BTreeMap<RowId, Kept<T>>,
+        kept: &mut KeptRows<T>,
         id: RowId,
         read: Fresh<T>,
     ) -> Result<T, super::model::DecodeError> {
-        let counter = if matches!(read, Fresh::Unchanged) { &self.reused } else { &self.decoded };
+        let counter = if matches!(read, Fresh::Unchanged(_)) { &self.reused } else { &self.decoded };
         counter.fetch_add(1, Ordering::Relaxed);
-        keep(last, kept, id, read)
+        kept.keep(id, read)
     }
 }
 

@@ -99,7 +99,7 @@ impl StatusReport {
         let mut nodes = BTreeMap::new();
         for row in store.list(KIND_ALLOCATION, None).await? {
             let allocation = Allocation::from_row(&row)?;
-            nodes.insert(allocation.row, allocation.data.node_name);
+            nodes.insert(allocation.row, allocation.data.node_name.clone());
         }
         let mut report = StatusReport::from_view(&view, &nodes, all_jobs);
         if let Some(waiting) = &mut report.waiting {

@@ -71,7 +71,7 @@ impl World {
             for slot in 0..slots {
                 let row = world.row();
                 let data = AllocationData::free(node, format!("node-{n}"), slot);
-                world.allocations.insert(row, Allocation { row, allocated: false, data });
+                world.allocations.insert(row, Allocation { row, allocated: false, data: data.into() });
             }
         }
         world

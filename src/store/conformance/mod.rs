@@ -180,6 +180,7 @@ macro_rules! __conformance_cases {
             rows {
                 insert_stores_an_unleased_unprocessed_row,
                 insert_assigns_increasing_ids,
+                insert_id_stores_the_row_insert_would,
                 get_of_a_missing_row_is_none,
                 list_filters_by_kind_and_parent_in_id_order,
                 query_filters_by_parent_status_cursor_and_ids_in_id_order,

@@ -25,6 +25,22 @@ pub async fn insert_stores_an_unleased_unprocessed_row<H: Harness>(h: H) {
     assert_eq!(get(&h, row.id).await, row, "insert returned row {} not as stored", row.id);
 }
 
+/// `insert_id` stores the row `insert` would, and refuses what `insert` refuses.
+pub async fn insert_id_stores_the_row_insert_would<H: Harness>(h: H) {
+    let parent = insert(&h, "operation").await;
+    let new = NewRow::new("inbox", "new", json!({"type": "job_started", "i": [1, 2]})).with_parent(parent.id);
+    let row = insert_new(&h, new.clone()).await;
+    let id = h.store().insert_id(new.clone()).await.expect("insert_id");
+    assert!(id > row.id, "id {id} after {}", row.id);
+    let stored = get(&h, id).await;
+    let (r, s) = (&row, &stored);
+    assert_eq!((&s.kind, s.parent_id, &s.status, &s.data), (&r.kind, r.parent_id, &r.status, &r.data), "row {id}");
+    assert_unlocked(&stored);
+    assert_eq!((stored.last_processed_at, stored.hinted), (None, false), "row {id} processed or hinted");
+    let bad = h.store().insert_id(NewRow::new("inbox", "new", json!({"m": "a\0b"}))).await;
+    assert!(matches!(&bad, Err(StoreError::Invalid(m)) if m.contains("data")), "{bad:?}");
+}
+
 /// Ids grow with every insert.
 pub async fn insert_assigns_increasing_ids<H: Harness>(h: H) {
     let mut last = None;
