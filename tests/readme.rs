@@ -571,6 +571,7 @@ const THIS_BUILD: Build = if cfg!(madsim) { Build::Sim } else { Build::Normal };
 /// Every `text` block of the README and `docs/`, by page and first line (a prefix of it).
 const TEXT_BLOCKS: &[(&str, &str, Sample)] = &[
     ("README.md", "scenarios/gang-seed-example.toml (", Sample::Output(Build::Sim)),
+    ("docs/chaos.md", "pauses inside a pass: ", Sample::NotOutput),
     ("docs/engine.md", "processed 200 images in 0.53 s", Sample::Output(Build::Normal)),
     ("docs/engine.md", "processed 200 images in 0.51 s", Sample::Output(Build::Sim)),
     ("docs/gang.md", "{tasks={trainer=", Sample::NotOutput),
