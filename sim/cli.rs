@@ -359,6 +359,16 @@ fn parse_jobs(text: &str) -> Result<usize, String> {
     }
 }
 
+/// Threads of a sweep or shrink: `--jobs`, else `LOCKSTEP_SIM_JOBS` (refused as `--jobs` is when it is not a whole
+/// number ≥ 1), else every core this process may use.
+fn threads(jobs: Option<usize>) -> Result<usize, String> {
+    match (jobs, std::env::var("LOCKSTEP_SIM_JOBS")) {
+        (Some(jobs), _) => Ok(jobs),
+        (None, Ok(text)) => parse_jobs(&text).map_err(|rule| format!("LOCKSTEP_SIM_JOBS: {rule}")),
+        (None, Err(_)) => Ok(sim::run::jobs()),
+    }
+}
+
 /// `n` and `word`, with an `s` unless `n` is 1: `1 shard`, `4 shards`.
 fn count(n: impl Into<u64>, word: &str) -> String {
     let n = n.into();
@@ -525,7 +535,13 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
         },
     };
     let seeds = args.seeds.seeds();
-    let jobs = args.jobs.unwrap_or_else(sim::run::jobs).max(1);
+    let jobs = match threads(args.jobs) {
+        Ok(jobs) => jobs,
+        Err(error) => {
+            eprintln!("{program} sweep: {error}");
+            return BAD_INPUT;
+        }
+    };
     let results_path = args.results.join(sweep::file_name(&file.scenario.name, seeds, shard));
     let results = match std::fs::create_dir_all(&args.results).and_then(|()| std::fs::File::create(&results_path)) {
         Ok(results) => results,
@@ -973,7 +989,13 @@ fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
         }
     };
     let origin = args.file.display().to_string();
-    let jobs = args.jobs.unwrap_or_else(sim::run::jobs).max(1);
+    let jobs = match threads(args.jobs) {
+        Ok(jobs) => jobs,
+        Err(error) => {
+            eprintln!("{program} shrink: {error}");
+            return BAD_INPUT;
+        }
+    };
     println!(
         "shrinking {origin} (seed {}) on {jobs} threads for at most {}, build {}",
         source.seed,

@@ -202,7 +202,8 @@ fn a_bad_scenario_file_exits_2_naming_the_file_line_and_key() {
 }
 
 /// A sweep refuses at parse time (exit 2, before anything runs or is listed in memory) a range of more than a
-/// million seeds, a seed past u64, and `--jobs 0`; the largest seed itself is a range of one seed.
+/// million seeds, a seed past u64, and `--jobs 0` or a `LOCKSTEP_SIM_JOBS` that is not a whole number ≥ 1; the
+/// largest seed itself is a range of one seed.
 #[test]
 fn sweep_refuses_huge_ranges_overflowing_seeds_and_zero_jobs_with_exit_2() {
     let dir = temp_dir("sweep-bounds");
@@ -218,6 +219,13 @@ fn sweep_refuses_huge_ranges_overflowing_seeds_and_zero_jobs_with_exit_2() {
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stdout}{stderr}");
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
         assert!(stdout.is_empty(), "{args:?} ran: {stdout}");
+    }
+    // `LOCKSTEP_SIM_JOBS` is refused as `--jobs` is (it was read as "the default" when it was not a number ≥ 1).
+    for (value, expected) in [("0", "LOCKSTEP_SIM_JOBS: 0 threads"), ("x", "LOCKSTEP_SIM_JOBS: \"x\" is not")] {
+        let output = lockstep_with(&["sim", "sweep", &quiet, "--seeds", "1..3"], &dir, &[("LOCKSTEP_SIM_JOBS", value)]);
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(2), "{value}: {stdout}{stderr}");
+        assert!(stderr.contains(expected), "{value}: {stderr}");
     }
     let max = "18446744073709551615";
     let output = lockstep(&["sim", "sweep", &quiet, "--seeds", &format!("{max}..={max}"), "--out", "q"], &dir);
