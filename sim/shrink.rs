@@ -197,6 +197,14 @@ pub enum ShrinkError {
         /// The seed.
         seed: u64,
     },
+    /// `--checker` names no checker that judges this scenario.
+    #[error("--checker {checker}: no checker of that name judges this scenario; its checkers are: {known}")]
+    UnknownChecker {
+        /// The name asked for.
+        checker: String,
+        /// The scenario's checkers, in the order they run.
+        known: String,
+    },
     /// `--checker` names a checker that did not fail.
     #[error("--checker {checker}: scenario {name} seed {seed} does not fail it; it fails: {failed}")]
     OtherChecker {
@@ -224,6 +232,12 @@ pub fn shrink(
     let started = Instant::now();
     let file = ScenarioFile::parse_in(input.text, input.origin, SpecSource::Files(input.spec_files), input.sets)?;
     let name = file.scenario.name.clone();
+    if let Some(checker) = input.checker {
+        let known = run::checker_names(&file.scenario);
+        if !known.contains(&checker) {
+            return Err(ShrinkError::UnknownChecker { checker: checker.to_string(), known: known.join(", ") });
+        }
+    }
     let report = run::run(&file.scenario, input.seed);
     let target = target(input, &report)?;
     let original = size_of(&file, &report);

@@ -99,6 +99,11 @@ fn a_passing_scenario_or_another_checker_is_refused() {
         "{error}"
     );
     assert!(error.contains("lease_exclusivity"), "{error}");
+    // A name no checker has is said to be unknown, with the scenario's checkers, before anything runs.
+    let input = Input { checker: Some("nosuch"), ..input };
+    let error = shrink::shrink(&input, options, &|_| {}).unwrap_err().to_string();
+    assert!(error.starts_with("--checker nosuch: no checker of that name judges this scenario"), "{error}");
+    assert!(error.contains("lease_exclusivity, liveness"), "{error}");
 }
 
 #[test]
