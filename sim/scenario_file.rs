@@ -700,8 +700,8 @@ fn check_name(name: &str) -> Result<(), Broken> {
         return Err((
             key(&["name"]),
             format!(
-                "\"{name}\" must be 1 to {NAME_LEN_MAX} letters, digits, '-', '_' or '.', not starting with '.' \
-                 (it names replay and trace files)"
+                "\"{name}\" must be 1 to {NAME_LEN_MAX} ASCII letters, digits, '-', '_' or '.', not starting \
+                 with '.' (it names replay and trace files)"
             ),
         ));
     }
@@ -760,15 +760,36 @@ fn strict(path: KeyPath, range: &DurationRange) -> Result<Range<Duration>, Broke
     if range.start == range.end {
         return Err((
             path,
-            format!("the range {:?}..{:?} is empty: its end must be past its start", range.start, range.end),
+            format!(
+                "the range {:?}..{:?} is empty: its end must be past its start (this key takes [\"from\", \"to\"] \
+                 with from < to, not one duration)",
+                range.start, range.end
+            ),
         ));
     }
     Ok(range)
 }
 
-fn rate(path: KeyPath, value: f64) -> Result<f64, Broken> {
+/// The highest rate of a workload's arrivals (`jobs_per_minute`, `claims_per_minute`): 1 000 per simulated second.
+pub const WORKLOAD_PER_MINUTE_MAX: f64 = 60_000.0;
+
+/// The highest rate of a random fault process (`[[faults.random]] per_minute`): 10 per simulated second. Faults
+/// hold their node or link for a span, so more would mostly be skipped as busy; a contention process at a million a
+/// minute grew to gigabytes before this bound.
+pub const FAULTS_PER_MINUTE_MAX: f64 = 600.0;
+
+/// The most rows a row workload inserts (`rows_max`); the largest built-in world (mixed-large) inserts 10 000.
+pub const ROWS_MAX_MAX: usize = 1_000_000;
+
+/// The most claim pipelines a workload runs (`claim_pipelines`), each with its own fetcher and workers.
+pub const CLAIM_PIPELINES_MAX: usize = 64;
+
+fn rate(path: KeyPath, value: f64, max: f64) -> Result<f64, Broken> {
     if !value.is_finite() || value < 0.0 {
         return Err((path, format!("{value} must be a finite rate ≥ 0 (events per simulated minute)")));
+    }
+    if value > max {
+        return Err((path, format!("{value} is more than {max}, the highest rate (events per simulated minute)")));
     }
     Ok(value)
 }
@@ -871,7 +892,7 @@ impl WorkloadDoc {
             spec.span = within_max(at("span"), span.0)?;
         }
         if let Some(value) = self.jobs_per_minute {
-            spec.jobs_per_minute = rate(at("jobs_per_minute"), value)?;
+            spec.jobs_per_minute = rate(at("jobs_per_minute"), value, WORKLOAD_PER_MINUTE_MAX)?;
         }
         if let Some([from, to]) = self.tasks_per_job {
             if from == 0 || from > to {
@@ -880,10 +901,13 @@ impl WorkloadDoc {
             spec.tasks_per_job = from..=to;
         }
         if let Some(value) = self.claims_per_minute {
-            spec.claims_per_minute = rate(at("claims_per_minute"), value)?;
+            spec.claims_per_minute = rate(at("claims_per_minute"), value, WORKLOAD_PER_MINUTE_MAX)?;
         }
         if let Some(value) = self.claim_pipelines {
             spec.claim_pipelines = at_least_one(at("claim_pipelines"), value)?;
+            if value > CLAIM_PIPELINES_MAX {
+                return Err((at("claim_pipelines"), format!("{value} must be at most {CLAIM_PIPELINES_MAX}")));
+            }
         }
         if let Some(value) = self.resources {
             spec.resources = at_least_one(at("resources"), value)?;
@@ -892,6 +916,9 @@ impl WorkloadDoc {
             spec.hot_share = chance(at("hot_share"), value)?;
         }
         if let Some(value) = self.rows_max {
+            if value > ROWS_MAX_MAX {
+                return Err((at("rows_max"), format!("{value} must be at most {ROWS_MAX_MAX}")));
+            }
             spec.rows_max = value;
         }
         if let Some(value) = self.task_slow_chance {
@@ -1126,7 +1153,7 @@ impl RandomDoc {
         if kind.targets_agents() && agents == 0 {
             return Err((at("kind"), format!("{} process needs agents: topology.agents is 0", article(kind.name()))));
         }
-        let per_minute = rate(at("per_minute"), self.per_minute)?;
+        let per_minute = rate(at("per_minute"), self.per_minute, FAULTS_PER_MINUTE_MAX)?;
         let span = match (&self.span, kind) {
             (Some(_), FaultKind::Contention) => {
                 return Err((at("span"), "a contention process takes no `span` (a burst has none)".into()));
@@ -1372,6 +1399,40 @@ apply_guard_disabled = true
         assert!(rule.contains("must be a finite rate ≥ 0"), "{rule}");
         let (_, key, _) = error("name = \"t\"\nversion = 1\n[workload]\njobs_per_minute = nan\n");
         assert_eq!(key, "workload.jobs_per_minute");
+    }
+
+    /// Values that would run out of time or memory are refused at their key, each with its bound (found by a new
+    /// user: a contention process at a million a minute grew to gigabytes, a billion slots never started).
+    #[test]
+    fn values_past_their_bound_are_refused_at_their_key() {
+        let head = "name = \"t\"\nversion = 1\n";
+        let faults = format!("{head}[[faults.random]]\nkind = \"contention\"\nper_minute = 1e6\n");
+        let (_, key, rule) = error(&faults);
+        assert_eq!(key, "faults.random[0].per_minute");
+        assert!(rule.contains("more than 600"), "{rule}");
+        assert!(parse(&faults.replace("1e6", "600.0")).is_ok());
+        for (field, value, bound) in [
+            ("jobs_per_minute", "1e9", "more than 60000"),
+            ("claims_per_minute", "60001.0", "more than 60000"),
+            ("claim_pipelines", "1000000", "at most 64"),
+            ("rows_max", "10000000", "at most 1000000"),
+        ] {
+            let (_, key, rule) = error(&format!("{head}[workload]\n{field} = {value}\n"));
+            assert_eq!(key, format!("workload.{field}"));
+            assert!(rule.contains(bound), "{field}: {rule}");
+        }
+        let (_, key, rule) = error(&GANG.replace("slots = 2", "slots = 1000000000"));
+        assert_eq!(key, "topology.slots");
+        assert!(rule.contains("1..=1024"), "{rule}");
+    }
+
+    /// A job rule naming a task no operation has would never match: refused at its key with the tasks there are.
+    #[test]
+    fn a_job_rule_for_a_task_no_operation_has_is_refused() {
+        let (_, key, rule) = error(&format!("{GANG}[[jobs.rule]]\ntask = \"nosuchtask\"\nexit_code = 1\n"));
+        assert_eq!(key, "jobs.rule[0].task");
+        assert!(rule.contains("no operation has a task \"nosuchtask\" (its tasks: \"w\")"), "{rule}");
+        assert!(parse(&format!("{GANG}[[jobs.rule]]\ntask = \"w\"\nexit_code = 1\n")).is_ok());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::sim::gang::{
     Submission, TraceExpectation, agent_name,
 };
 use serde::Deserialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -211,6 +211,10 @@ pub const JOB_DURATION_DEFAULT: (Duration, Duration) = (Duration::from_secs(5), 
 /// Slots per agent when `topology.slots` is left out.
 pub const SLOTS_DEFAULT: u32 = 1;
 
+/// The most allocations an agent offers (`[topology] slots`): each is a row the controller reads every pass, and
+/// 200 agents of this many are 204 800 rows; a value of a billion ran out of time and memory before this bound.
+pub const SLOTS_MAX: u32 = 1024;
+
 impl GangDocs {
     /// Whether the file has a gang part at all.
     pub fn present(&self) -> bool {
@@ -230,8 +234,9 @@ impl GangDocs {
             return Err((key(&["topology", "agents"]), format!("{agents} must be in 0..=200")));
         }
         let slots = self.slots.unwrap_or(SLOTS_DEFAULT);
-        if slots == 0 {
-            return Err((key(&["topology", "slots"]), "0 must be at least 1 (allocations per agent)".into()));
+        if !(1..=SLOTS_MAX).contains(&slots) {
+            let rule = format!("{slots} must be in 1..={SLOTS_MAX} (allocations per agent)");
+            return Err((key(&["topology", "slots"]), rule));
         }
         let mut files = BTreeMap::new();
         let mut operations: Vec<Submission> = Vec::new();
@@ -255,13 +260,14 @@ impl GangDocs {
         for (index, doc) in self.controls.iter().enumerate() {
             controls.push(control(doc, index, &operations, specs, &mut files)?);
         }
+        let jobs = job_script(self.jobs.unwrap_or_default(), &task_names(&operations, &controls))?;
         let gang = GangWorkload {
             agents,
             slots,
             agent: agent_tunables(self.agent.unwrap_or_default())?,
             controller: controller_tunables(self.controller.unwrap_or_default())?,
             operations,
-            jobs: job_script(self.jobs.unwrap_or_default())?,
+            jobs,
             controls,
         };
         Ok((gang, files))
@@ -342,7 +348,12 @@ fn control(
     if doc.at.0 < submission.at {
         return Err((
             at("at"),
-            format!("{:?} is before operation {:?} is submitted ({:?})", doc.at.0, doc.operation, submission.at),
+            format!(
+                "{} is before operation {:?} is submitted ({})",
+                crate::duration::format(doc.at.0),
+                doc.operation,
+                crate::duration::format(submission.at)
+            ),
         ));
     }
     let action = match doc.action.as_str() {
@@ -457,7 +468,21 @@ fn controller_tunables(doc: ControllerDoc) -> Result<ControllerTunables, Broken>
     Ok(tunables)
 }
 
-fn job_script(doc: JobsDoc) -> Result<JobScript, Broken> {
+/// Every task name of the operations' specs and of the specs their controls update to (each spec was checked at
+/// its key already).
+fn task_names(operations: &[Submission], controls: &[Control]) -> BTreeSet<String> {
+    let updates = controls.iter().filter_map(|control| match &control.action {
+        ControlAction::UpdateSpec { spec, format } => Some((spec, *format)),
+        _ => None,
+    });
+    let specs = operations.iter().map(|operation| (&operation.spec, operation.format)).chain(updates);
+    specs
+        .filter_map(|(text, format)| OperationSpec::parse(text, format).ok())
+        .flat_map(|spec| spec.tasks.into_keys())
+        .collect()
+}
+
+fn job_script(doc: JobsDoc, tasks: &BTreeSet<String>) -> Result<JobScript, Broken> {
     let duration = match &doc.duration {
         Some(range) => {
             let range = ordered(key(&["jobs", "duration"]), range)?;
@@ -499,6 +524,15 @@ fn job_script(doc: JobsDoc) -> Result<JobScript, Broken> {
             && task.is_empty()
         {
             return Err((at("task"), "must not be empty (leave it out to match every task)".into()));
+        }
+        if let Some(task) = &rule.task
+            && !tasks.contains(task)
+        {
+            let known = tasks.iter().map(|task| format!("{task:?}")).collect::<Vec<_>>().join(", ");
+            return Err((
+                at("task"),
+                format!("no operation has a task {task:?} (its tasks: {known}): the rule would never match"),
+            ));
         }
         rules.push(Rule {
             task: rule.task.clone(),
