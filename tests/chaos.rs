@@ -269,3 +269,159 @@ opt_in! {
         assert!(trace.lines().any(|line| line.contains("agent-1") && line.contains("proc-pause")), "{trace}");
     };
 }
+
+/// A process as `/proc/PID/stat` shows it: its parent, its state letter, and when it started (clock ticks after
+/// boot: with the pid, it tells the process from a later one that got its pid).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Proc {
+    pid: i32,
+    parent: i32,
+    state: char,
+    started: u64,
+}
+
+fn proc_of(pid: i32) -> Option<Proc> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) S ppid … starttime …`: the fields after the command's closing parenthesis, from the state on.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(Proc {
+        pid,
+        parent: fields[1].parse().ok()?,
+        state: fields[0].chars().next()?,
+        started: fields[19].parse().ok()?,
+    })
+}
+
+/// Every live process under `root` (children, grandchildren, …).
+fn descendants(root: i32) -> Vec<Proc> {
+    let all: Vec<Proc> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .filter_map(proc_of)
+        .filter(|proc| proc.state != 'Z')
+        .collect();
+    let mut found = Vec::new();
+    let mut parents = vec![root];
+    while let Some(parent) = parents.pop() {
+        for proc in all.iter().filter(|proc| proc.parent == parent) {
+            found.push(*proc);
+            parents.push(proc.pid);
+        }
+    }
+    found
+}
+
+/// Whether `proc` still runs (the same process: its pid and start time; a zombie does not).
+fn still_running(proc: &Proc) -> bool {
+    proc_of(proc.pid).is_some_and(|now| now.started == proc.started && now.state != 'Z')
+}
+
+/// Runs `query` (one text column) on the test database.
+fn texts(query: &str, bind: &str) -> Vec<String> {
+    use sqlx::Connection;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let mut conn = sqlx::PgConnection::connect(&database_url()).await.expect("connect to the test database");
+        sqlx::query_scalar(sqlx::AssertSqlSafe(query.to_string())).bind(bind).fetch_all(&mut conn).await.unwrap()
+    })
+}
+
+/// The schemas of the `lockstep chaos run` process `pid` (`chaos_<pid>_<n>`).
+fn schemas_of(pid: u32) -> Vec<String> {
+    let prefix = format!("chaos_{pid}_");
+    let all = texts("SELECT schema_name::text FROM information_schema.schemata WHERE schema_name LIKE $1", "chaos%");
+    all.into_iter().filter(|schema| schema.starts_with(&prefix)).collect()
+}
+
+/// Waits until `ready` (looked at every 50 ms) is true, at most a minute.
+fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !ready() {
+        assert!(std::time::Instant::now() < deadline, "not within a minute: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Starts `lockstep chaos run` of `fixture` in a process group of its own (as a shell starts a command), waits
+/// until `under_way` holds of its processes (given the harness's descendants, once its schema exists), sends
+/// `signal` (to the group when `group`: Ctrl-C at a terminal), and returns its exit, its output, its pid, its
+/// schema while it ran and the processes it had started.
+fn interrupted(
+    name: &str,
+    fixture: &str,
+    under_way: impl Fn(&[Proc]) -> bool,
+    signal: libc::c_int,
+    group: bool,
+) -> (Output, String, u32, String, Vec<Proc>) {
+    use std::os::unix::process::CommandExt;
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{name}-{}", std::process::id()));
+    let child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["chaos", "run", fixture, "--database-url", &database_url(), "--out", out.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("the binary runs");
+    let pid = child.id();
+    wait_for("the run's schema", || !schemas_of(pid).is_empty());
+    let schema = schemas_of(pid).remove(0);
+    let mut seen = Vec::new();
+    wait_for("the run under way", || {
+        let now = descendants(pid as i32);
+        seen.extend(now.iter().filter(|proc| !seen.contains(*proc)).copied().collect::<Vec<_>>());
+        under_way(&now)
+    });
+    let target = if group { -(pid as i32) } else { pid as i32 };
+    // SAFETY: kill(2) of the child this test started (or its process group, which holds it alone).
+    assert_eq!(unsafe { libc::kill(target, signal) }, 0);
+    let output = child.wait_with_output().expect("the run ends");
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output, text, pid, schema, seen)
+}
+
+/// Ctrl-C (SIGINT to the command's process group) while a replica is frozen: the run stops every replica (the
+/// frozen one continued and drained), writes its fault log and history, drops its schema, says so, and exits
+/// 130 as `sim sweep` does; no process of it is left. Before, it died at once: no output, no files but the
+/// replicas' logs, its schema left behind.
+#[test]
+fn ctrl_c_stops_the_run_drops_its_schema_and_says_where_its_files_are() {
+    // Under way: the killed replica started again and the paused one frozen (SIGSTOP, from 10 s on for 9 s).
+    let (output, text, pid, schema, seen) =
+        interrupted("ctrl-c", KILL_PAUSE, |now: &[Proc]| now.iter().any(|proc| proc.state == 'T'), libc::SIGINT, true);
+    assert_eq!(output.status.code(), Some(130), "{text}");
+    assert!(text.contains("interrupted (Ctrl-C): the run stopped at "), "{text}");
+    assert!(text.contains("every replica and agent stopped"), "{text}");
+    assert!(text.contains(&format!("schema dropped: {schema}")), "{text}");
+    assert!(schemas_of(pid).is_empty(), "the schema {schema} is left");
+    let left: Vec<&Proc> = seen.iter().filter(|proc| still_running(proc)).collect();
+    assert!(left.is_empty(), "processes left: {left:?}");
+    // The files are where the output says, with what the run did until then.
+    let line = text.lines().find(|line| line.starts_with("files: ")).expect("the files' line");
+    let dir = PathBuf::from(line.trim_start_matches("files: ").split(" (").next().unwrap());
+    let faults = std::fs::read_to_string(dir.join("faults.txt")).expect("the fault log");
+    assert!(faults.contains("kill") && faults.contains("pause"), "{faults}");
+    let history = std::fs::read_to_string(dir.join("history.txt")).expect("the history");
+    assert!(history.lines().any(|line| line.contains(" fetch ")), "no fetch recorded");
+}
+
+/// SIGTERM to the harness alone while the agents run their jobs: the agents stop on SIGTERM, killing their jobs'
+/// process trees, and the run ends as after Ctrl-C (exit 130, its schema dropped, no process left).
+#[test]
+fn sigterm_stops_a_gang_run_with_its_agents_and_their_jobs() {
+    let jobs = |now: &[Proc]| {
+        let children: Vec<i32> = now.iter().map(|proc| proc.pid).collect();
+        // A job runs: a process under an agent (replicas and agents are the harness's children).
+        now.iter().any(|proc| children.contains(&proc.parent))
+    };
+    let (output, text, pid, schema, seen) =
+        interrupted("sigterm", "tests/fixtures/chaos-gang-agent-kill.toml", jobs, libc::SIGTERM, false);
+    assert_eq!(output.status.code(), Some(130), "{text}");
+    assert!(text.contains("interrupted (SIGTERM): the run stopped at "), "{text}");
+    assert!(text.contains(&format!("schema dropped: {schema}")), "{text}");
+    assert!(schemas_of(pid).is_empty(), "the schema {schema} is left");
+    let left: Vec<&Proc> = seen.iter().filter(|proc| still_running(proc)).collect();
+    assert!(left.is_empty(), "processes left: {left:?}");
+    assert!(seen.len() > 5, "no job seen: {seen:?}");
+}

@@ -10,6 +10,12 @@
 //!    history;
 //! 5. run the simulator's checkers ([`RunReport::judge`]) and write the history and the fault log to the run's
 //!    directory; drop the schema unless kept.
+//!
+//! Interrupted (the `interrupt` future of [`run`] resolves: Ctrl-C or SIGTERM in `lockstep chaos run`), at any
+//! phase: no fault starts or goes on (the fault tasks are aborted, the links healed, no node starts again), every
+//! node stops on the normal end's path ([`World::stop_all`]: SIGCONT and SIGTERM, a wait within the drain budget,
+//! SIGKILL past it; an agent kills its jobs), the fault log and the trace are written, the history too if
+//! PostgreSQL still reads it, and the schema is dropped unless kept: an [`Ended::Interrupted`], without checkers.
 
 use super::gang;
 use super::jobs::{self, AgentRecord, RecordLog, RecordedEnd};
@@ -22,13 +28,14 @@ use crate::sim::run::{Outcome, unfinished_operations};
 use crate::sim::trace::{Trace, TraceEvent};
 use crate::sim::workload::{self, ClientReport, WorkloadSpec};
 use crate::sim::{Fault, RunReport, Scenario, ScenarioFile, rng};
-use crate::store::{Lease, NewRow, PgOptions, PgStore, Row, RowId, Store, StoreError};
+use crate::store::{Commit, Lease, NewRow, PgOptions, PgStore, Row, RowId, Store, StoreError};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::process::{Child, Command};
@@ -44,6 +51,9 @@ const PROCESS_DEATH_WAIT_MAX: Duration = Duration::from_secs(2);
 /// How long a paused agent runs before its jobs continue (`agent-pause`): time to fence, if its node lease ran
 /// out while it slept, before its jobs could run beside their replacements.
 const AGENT_WAKE_BEFORE_JOBS: Duration = Duration::from_millis(1000);
+
+/// How often a drain looks whether its nodes exited.
+const DRAIN_POLL: Duration = Duration::from_millis(20);
 
 /// How often a pause that waits for its replica to be inside a pass (`[faults] pause_inside_pass`) looks.
 const PASS_POLL: Duration = Duration::from_millis(10);
@@ -99,6 +109,35 @@ pub struct ChaosRun {
     pub landings: Vec<PauseLanding>,
 }
 
+/// How a run ended: it ran to its checkers, or a signal stopped it first.
+#[derive(Debug)]
+pub enum Ended {
+    /// The run ended and the checkers judged it.
+    Ran(Box<ChaosRun>),
+    /// The run's `interrupt` resolved before its end: it stopped without checkers.
+    Interrupted(Interrupted),
+}
+
+/// What an interrupted run did on its way out (`lockstep chaos run` prints it).
+#[derive(Debug)]
+pub struct Interrupted {
+    /// What interrupted it, as the `interrupt` future named it (`Ctrl-C`, `SIGTERM`).
+    pub signal: &'static str,
+    /// Wall time from the start of the run to the interrupt.
+    pub at: Duration,
+    /// How the nodes stopped: `Err` lists those that did not end cleanly on SIGTERM within the drain budget (each
+    /// was SIGKILLed then) or ended with a failure.
+    pub stopped: Result<(), String>,
+    /// The run's directory: `faults.txt`, `trace.txt`, `history.txt` (when read) and the nodes' logs.
+    pub dir: PathBuf,
+    /// The commits written to `history.txt`, or why the history could not be read (then no `history.txt`).
+    pub history: Result<usize, String>,
+    /// The run's schema.
+    pub schema: String,
+    /// Whether the schema is gone: false when kept (`keep`) or when its drop failed (said on stderr).
+    pub dropped: bool,
+}
+
 /// Where a replica's `pause` landed under the scenario's `[faults] pause_inside_pass`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PauseLanding {
@@ -138,11 +177,15 @@ fn runtime(message: impl Into<String>) -> ChaosError {
     ChaosError { code: 1, message: message.into() }
 }
 
-/// Runs the scenario file of `options` on real processes and PostgreSQL, and checks it.
+/// Runs the scenario file of `options` on real processes and PostgreSQL, and checks it; stops early, without
+/// checkers, when `interrupt` resolves (with the name of what interrupted it) before the run's end (module docs).
 ///
 /// Errors: a scenario the harness cannot run (gang parts, pipeline sets, faults without a real form), the
 /// database or a replica process that cannot be started.
-pub async fn run(mut options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
+pub async fn run(
+    mut options: ChaosOptions,
+    interrupt: impl std::future::Future<Output = &'static str>,
+) -> Result<Ended, ChaosError> {
     let file = ScenarioFile::load(&options.scenario).map_err(|error| usage(error.to_string()))?;
     let scenario = file.scenario.clone();
     if scenario.gang.is_some() && scenario.workload.rows_max > 0 {
@@ -207,10 +250,30 @@ pub async fn run(mut options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
         urls,
         pause_inside_pass: file.scenario.faults.pause_inside_pass,
         landings: Mutex::default(),
+        stopped: AtomicBool::new(false),
     };
     let world = Arc::new(world);
-    let outcome = world.clone().run(&store, faults).await;
-    world.stop_all().await;
+    let trace = Trace::new();
+    // Interrupted, the run's future is dropped where it was: its fault and client tasks are aborted with it.
+    let ended = tokio::select! {
+        outcome = world.clone().run(&store, faults, trace.clone()) => Ok(outcome),
+        signal = interrupt => Err(signal),
+    };
+    if let Err(signal) = ended {
+        trace.record(&Arc::from("world"), "interrupted", signal);
+    }
+    let at = trace.elapsed();
+    let stopped = world.stop_all().await;
+    let outcome = match ended {
+        Ok(outcome) => outcome,
+        Err(signal) => {
+            let history = store.history().await.map_err(|error| error.to_string());
+            write_files(&dir, history.as_deref().ok(), &trace.events());
+            let dropped = !options.keep && drop_schema(&options, &schema).await;
+            let history = history.map(|history| history.len());
+            return Ok(Ended::Interrupted(Interrupted { signal, at, stopped, dir, history, schema, dropped }));
+        }
+    };
     let (outcome, trace, wall) = match outcome {
         Ok(done) => done,
         Err(error) => {
@@ -218,19 +281,24 @@ pub async fn run(mut options: ChaosOptions) -> Result<ChaosRun, ChaosError> {
             return Err(error);
         }
     };
-    write_history(&dir, &outcome, &trace);
+    write_files(&dir, Some(&outcome.history), &trace);
     let mut report = RunReport { wall, simulated: wall, trace, ..RunReport::empty(&scenario, seed) };
     report.judge(&scenario, outcome);
     if !options.keep {
         drop_schema(&options, &schema).await;
     }
     let landings = std::mem::take(&mut *world.landings.lock().unwrap_or_else(|p| p.into_inner()));
-    Ok(ChaosRun { report, dir, schema, skipped, landings })
+    Ok(Ended::Ran(Box::new(ChaosRun { report, dir, schema, skipped, landings })))
 }
 
-async fn drop_schema(options: &ChaosOptions, schema: &str) {
-    if let Err(error) = PgStore::drop_schema(&options.database_url, schema).await {
-        eprintln!("lockstep chaos: the schema {schema} was not dropped: {error}");
+/// Drops the run's schema; false (said on stderr) when it could not.
+async fn drop_schema(options: &ChaosOptions, schema: &str) -> bool {
+    match PgStore::drop_schema(&options.database_url, schema).await {
+        Ok(()) => true,
+        Err(error) => {
+            eprintln!("lockstep chaos: the schema {schema} was not dropped: {error}");
+            false
+        }
     }
 }
 
@@ -313,6 +381,8 @@ async fn proxied_url(url: &str) -> Result<(SocketAddr, impl Fn(SocketAddr) -> St
 struct Node {
     child: Option<Child>,
     paused: bool,
+    /// SIGTERM was sent to the running process (a drain): another would end its drain at once.
+    stopping: bool,
     /// Processes started for this node (the first and every restart).
     starts: u32,
 }
@@ -333,6 +403,25 @@ struct World {
     pause_inside_pass: Option<Duration>,
     /// Where each replica pause landed, with `pause_inside_pass` on.
     landings: Mutex<Vec<PauseLanding>>,
+    /// The run is ending ([`World::stop_all`]): no node starts again, no fault begins.
+    stopped: AtomicBool,
+}
+
+/// Tasks of a run that must not outlive it: aborted when dropped (an interrupted run's future is dropped where it
+/// was, and a fault task would otherwise go on killing and starting nodes).
+#[derive(Default)]
+struct Tasks(Vec<tokio::task::AbortHandle>);
+
+impl Tasks {
+    fn add<T>(&mut self, task: &tokio::task::JoinHandle<T>) {
+        self.0.push(task.abort_handle());
+    }
+}
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        self.0.iter().for_each(tokio::task::AbortHandle::abort);
+    }
 }
 
 impl World {
@@ -369,7 +458,10 @@ impl World {
         self.dir.join(format!("agent-{agent}.records"))
     }
 
-    /// Starts a process for node `index` (its log appended to `replica-{i}.log` or `agent-{i}.log`).
+    /// Starts a process for node `index` (its log appended to `replica-{i}.log` or `agent-{i}.log`), in a process
+    /// group of its own: a Ctrl-C at the terminal reaches the harness alone, which stops the nodes in order.
+    ///
+    /// Errors: the run is ending ([`World::stop_all`]), the log or the process cannot be started.
     fn start(&self, index: usize) -> Result<(), ChaosError> {
         let name = self.node_name(index);
         let log = std::fs::OpenOptions::new()
@@ -394,24 +486,27 @@ impl World {
             .kill_on_drop(true);
         // A node must not outlive the harness (a harness ended by Ctrl-C or SIGKILL would leave it running on
         // the schema): the kernel SIGKILLs it when the harness's thread that started it ends.
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        // SAFETY: setpgid and prctl are async-signal-safe; nothing else runs between fork and exec.
         unsafe {
             command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                if libc::setpgid(0, 0) != 0 || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
             });
         }
+        // Started under the lock that `stop_all` takes after raising `stopped`: a fault's restart either sees the
+        // flag or gives `stop_all` its process to stop.
+        let mut nodes = self.lock();
+        if self.stopped.load(Ordering::SeqCst) {
+            return Err(runtime(format!("{name} not started: the run is ending")));
+        }
         let child =
             command.spawn().map_err(|e| runtime(format!("cannot start {}: {e}", self.options.exe.display())))?;
-        let mut nodes = self.lock();
         if nodes.len() <= index {
             nodes.resize_with(index + 1, Node::default);
         }
-        nodes[index].child = Some(child);
-        nodes[index].paused = false;
-        nodes[index].starts += 1;
+        nodes[index] = Node { child: Some(child), paused: false, stopping: false, starts: nodes[index].starts + 1 };
         Ok(())
     }
 
@@ -524,6 +619,9 @@ impl World {
     }
 
     async fn inject(self: Arc<Self>, fault: RealFault, store: PgStore, trace: Trace, client: Arc<Client>) {
+        if self.stopped.load(Ordering::SeqCst) {
+            return;
+        }
         match fault {
             RealFault::Kill { replica: index, down } | RealFault::AgentKill { agent: index, down } => {
                 let index = if matches!(fault, RealFault::AgentKill { .. }) { self.replicas() + index } else { index };
@@ -716,37 +814,66 @@ impl World {
         Ok(())
     }
 
-    /// SIGTERM nodes `indexes` and waits for each to stop and exit, within `budget`.
+    /// SIGTERM nodes `indexes` (each once: a second SIGTERM would end a replica's drain at once) and waits for
+    /// each to stop and exit, within `budget`; SIGKILLs the ones still running past it. The processes stay in
+    /// their nodes until they exited, so a drain cut short (an interrupted run) leaves them to [`World::stop_all`].
     async fn drain(&self, indexes: std::ops::Range<usize>, budget: Duration) -> Result<(), String> {
         for index in indexes.clone() {
             self.signal(index, libc::SIGCONT);
-            self.signal(index, libc::SIGTERM);
+            let first = match self.lock().get_mut(index) {
+                Some(node) if node.child.is_some() => !std::mem::replace(&mut node.stopping, true),
+                _ => false,
+            };
+            if first {
+                self.signal(index, libc::SIGTERM);
+            }
         }
         let deadline = Instant::now() + budget;
         let mut broken = Vec::new();
         for index in indexes {
             let node = self.node_name(index);
-            let child = self.lock().get_mut(index).and_then(|node| node.child.take());
-            let Some(mut child) = child else { continue };
-            match tokio::time::timeout_at(deadline, child.wait()).await {
-                Ok(Ok(status)) if status.success() => {}
-                Ok(Ok(status)) => broken.push(format!("{node} ended with {status}")),
-                Ok(Err(error)) => broken.push(format!("{node}: {error}")),
-                Err(_) => {
-                    let _ = child.start_kill();
-                    broken.push(format!("{node} did not drain within {budget:?}"));
+            let ended = loop {
+                let ended = {
+                    let mut nodes = self.lock();
+                    let Some(child) = nodes.get_mut(index).and_then(|node| node.child.as_mut()) else { break None };
+                    match child.try_wait() {
+                        Ok(None) if Instant::now() < deadline => None,
+                        Ok(None) => {
+                            let _ = child.start_kill();
+                            Some(Err(format!("{node} did not drain within {budget:?}")))
+                        }
+                        Ok(Some(status)) if status.success() => Some(Ok(())),
+                        Ok(Some(status)) => Some(Err(format!("{node} ended with {status}"))),
+                        Err(error) => Some(Err(format!("{node}: {error}"))),
+                    }
+                };
+                if ended.is_some() {
+                    break ended;
                 }
+                tokio::time::sleep(DRAIN_POLL).await;
+            };
+            if let Some(ended) = ended {
+                let child = self.lock().get_mut(index).and_then(|node| node.child.take());
+                if let Some(mut child) = child {
+                    let _ = child.wait().await;
+                }
+                broken.extend(ended.err());
             }
         }
         if broken.is_empty() { Ok(()) } else { Err(broken.join("; ")) }
     }
 
-    async fn stop_all(&self) {
-        let count = self.lock().len();
-        for index in 0..count {
-            self.signal(index, libc::SIGCONT);
-            self.kill(index).await;
-        }
+    /// The end of every run, normal, failed or interrupted: no node starts again and no fault begins, the links
+    /// pass, and every node still running drains ([`World::drain`]: SIGCONT, SIGTERM, SIGKILL past the drain
+    /// budget; an agent kills its jobs' process trees on SIGTERM). Returns how those nodes stopped.
+    async fn stop_all(&self) -> Result<(), String> {
+        let count = {
+            let nodes = self.lock();
+            self.stopped.store(true, Ordering::SeqCst);
+            nodes.len()
+        };
+        self.links.heal();
+        self.drain(0..count, self.scenario.drain_budget).await
     }
 
     /// Phases 1–4: returns what the checkers judge, the trace and the wall time.
@@ -754,6 +881,7 @@ impl World {
         self: Arc<Self>,
         store: &PgStore,
         faults: Vec<(Duration, RealFault)>,
+        trace: Trace,
     ) -> Result<(Outcome, Vec<TraceEvent>, Duration), ChaosError> {
         let scenario = self.scenario.clone();
         let now = |store: &PgStore| {
@@ -762,7 +890,7 @@ impl World {
         };
         let origin = gang::Origin { local: Instant::now(), wall_us: jobs::wall_now_us(), db: now(store).await? };
         let started = origin.local;
-        let trace = Trace::new();
+        let mut aborted = Tasks::default();
         for index in 0..self.urls.len() {
             self.start(index)?;
         }
@@ -772,11 +900,15 @@ impl World {
             let (client, store) = (client.clone(), store.clone());
             async move { client.run(&store).await }
         });
+        aborted.add(&insert);
         let gang_client = scenario.gang.clone().map(|gang| {
             let client = gang::GangClient::new(gang, self.options.time_scale, trace.clone());
             let store = store.clone();
             tokio::spawn(async move { client.run(&store, started).await })
         });
+        if let Some(task) = &gang_client {
+            aborted.add(task);
+        }
         let mut tasks = Vec::new();
         for (at, fault) in faults {
             let (world, store, trace, client) = (self.clone(), store.clone(), trace.clone(), client.clone());
@@ -784,6 +916,7 @@ impl World {
                 tokio::time::sleep_until(started + at).await;
                 world.inject(fault, store, trace, client).await;
             }));
+            aborted.add(tasks.last().expect("just pushed"));
         }
         let inserted = insert.await.map_err(|e| runtime(format!("the workload client failed: {e}")))??;
         let submitted = match gang_client {
@@ -987,14 +1120,15 @@ async fn insert(store: &PgStore, row: NewRow) -> Result<Row, ChaosError> {
     Err(runtime(format!("the workload client could not insert a {} row: {last:?}", row.kind)))
 }
 
-/// Writes the recorded history and the fault log to the run's directory (kept for reading after the schema is
-/// dropped).
-fn write_history(dir: &std::path::Path, outcome: &Outcome, trace: &[TraceEvent]) {
-    let history: String = outcome.history.iter().map(|commit| format!("{commit}\n")).collect();
+/// Writes the recorded history (unless `None`: not read), the fault log and the trace to the run's directory (kept
+/// for reading after the schema is dropped).
+fn write_files(dir: &std::path::Path, history: Option<&[Commit]>, trace: &[TraceEvent]) {
+    let history = history.map(|history| history.iter().map(|commit| format!("{commit}\n")).collect::<String>());
     let faults: String =
         trace.iter().filter(|event| !gang::RECORDED_KINDS.contains(&event.kind)).map(|e| format!("{e}\n")).collect();
     let whole: String = trace.iter().map(|event| format!("{event}\n")).collect();
-    for (name, text) in [("history.txt", history), ("faults.txt", faults), ("trace.txt", whole)] {
+    let files = [("history.txt", history), ("faults.txt", Some(faults)), ("trace.txt", Some(whole))];
+    for (name, text) in files.into_iter().filter_map(|(name, text)| Some((name, text?))) {
         if let Err(error) = std::fs::write(dir.join(name), text) {
             eprintln!("lockstep chaos: cannot write {}: {error}", dir.join(name).display());
         }

@@ -24,7 +24,7 @@ pub mod jobs;
 pub mod links;
 pub mod proxy;
 
-pub use harness::{ChaosError, ChaosOptions, ChaosRun, PauseLanding, run};
+pub use harness::{ChaosError, ChaosOptions, ChaosRun, Ended, Interrupted, PauseLanding, run};
 
 use crate::sim::Fault;
 use std::time::Duration;

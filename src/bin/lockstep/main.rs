@@ -5,7 +5,8 @@
 //!
 //! Exit codes: 0 success; 1 a failed check, expectation or operation (or nothing found); 2 bad input (clap's
 //! usage errors too); 3 a replay that did not reproduce its trace; 4 a merged sweep with seeds missing; 130 a
-//! sweep interrupted by Ctrl-C or SIGTERM (after printing the table of what finished).
+//! sweep interrupted by Ctrl-C or SIGTERM (after printing the table of what finished), or a `chaos run` (after
+//! stopping its processes and dropping its schema).
 
 #[cfg(not(madsim))]
 mod real;

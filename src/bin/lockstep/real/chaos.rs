@@ -1,11 +1,15 @@
 //! `lockstep chaos run FILE.toml`: a scenario file on real PostgreSQL and real replica processes, with real
 //! faults and the simulator's checkers (`lockstep::chaos`). Prints the same summary as `sim run`, plus the wall
 //! time and where the history is; exit codes as `sim run`: 0 passed, 1 a checker failed (or the world did), 2 bad
-//! input (a scenario or fault the harness refuses).
+//! input (a scenario or fault the harness refuses), and as `sim sweep`'s 130 when Ctrl-C or SIGTERM stopped the run
+//! (it stops every node, writes what it has and drops its schema first; a second signal ends it at once).
 
 use super::{DATABASE_URL_VAR, Database, Failure};
-use lockstep::chaos::{ChaosOptions, run};
+use lockstep::chaos::{ChaosOptions, Ended, Interrupted, run};
 use std::path::PathBuf;
+
+/// The exit code of a run stopped by Ctrl-C or SIGTERM: 128 + SIGINT, the shell's convention, as `sim sweep`'s.
+pub const INTERRUPTED: u8 = 130;
 
 /// `lockstep chaos …`.
 #[derive(clap::Subcommand, Debug)]
@@ -76,7 +80,16 @@ pub async fn execute(command: ChaosCommand) -> Result<u8, Failure> {
         out: args.out.clone(),
         apply_guard_off: args.apply_guard_off,
     };
-    let done = run(options).await.map_err(|error| Failure { code: error.code, message: error.message })?;
+    interrupt::catch();
+    let ended = run(options, interrupt::signalled()).await;
+    interrupt::release();
+    let done = match ended.map_err(|error| Failure { code: error.code, message: error.message })? {
+        Ended::Ran(done) => *done,
+        Ended::Interrupted(interrupted) => {
+            print_interrupted(&args, &interrupted);
+            return Ok(INTERRUPTED);
+        }
+    };
     println!("{} (chaos, real PostgreSQL), seed {}", args.scenario.display(), done.report.seed);
     for skipped in &done.skipped {
         println!("skipped fault: {skipped}");
@@ -105,4 +118,92 @@ pub async fn execute(command: ChaosCommand) -> Result<u8, Failure> {
         println!("schema kept: {}", done.schema);
     }
     Ok(if done.report.passed() { 0 } else { 1 })
+}
+
+/// What an interrupted run did, in `sim sweep`'s words: `interrupted (Ctrl-C): …`, the schema, the files.
+fn print_interrupted(args: &ChaosRunArgs, run: &Interrupted) {
+    println!("{} (chaos, real PostgreSQL)", args.scenario.display());
+    let stopped = match &run.stopped {
+        Ok(()) => "every replica and agent stopped".to_string(),
+        Err(broken) => format!("every replica and agent stopped ({broken})"),
+    };
+    println!(
+        "interrupted ({}): the run stopped at {:.1} s, before its checkers: no more faults; {stopped}",
+        run.signal,
+        run.at.as_secs_f64()
+    );
+    match (run.dropped, args.keep) {
+        (true, _) => println!("schema dropped: {}", run.schema),
+        (false, true) => println!("schema kept: {}", run.schema),
+        (false, false) => println!("schema NOT dropped: {} (the error is above)", run.schema),
+    }
+    let history = match &run.history {
+        Ok(commits) => format!("history.txt: {commits} commits, "),
+        Err(error) => {
+            println!("history not written: PostgreSQL did not read it: {error}");
+            String::new()
+        }
+    };
+    println!("files: {} ({history}faults.txt, trace.txt, the nodes' logs)", run.dir.display());
+}
+
+/// Ctrl-C (SIGINT) and SIGTERM during a run, as `sim sweep` takes them: the first stops the run (the harness stops
+/// every node, writes what it has and drops its schema, then the command prints what it did and exits 130); the
+/// handler is then reset, so a second one ends the process at once (its nodes die with it, `PR_SET_PDEATHSIG`;
+/// the schema stays).
+mod interrupt {
+    use std::sync::atomic::{AtomicI32, Ordering};
+    use std::time::Duration;
+
+    static SIGNAL: AtomicI32 = AtomicI32::new(0);
+    const SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+
+    /// How often [`signalled`] looks at the flag the handler sets.
+    const POLL: Duration = Duration::from_millis(20);
+
+    extern "C" fn on_signal(signal: libc::c_int) {
+        SIGNAL.store(signal, Ordering::SeqCst);
+        let message = b"\ninterrupted: stopping the run (interrupt again to stop at once)\n";
+        // SAFETY: write(2) is async-signal-safe; the buffer is a static byte string.
+        unsafe {
+            libc::write(2, message.as_ptr().cast(), message.len());
+        }
+    }
+
+    /// Installs the handler (SA_RESETHAND: once) for SIGINT and SIGTERM.
+    pub fn catch() {
+        SIGNAL.store(0, Ordering::SeqCst);
+        for signal in SIGNALS {
+            // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the handler only stores to an
+            // atomic and calls write(2), both async-signal-safe.
+            unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+                action.sa_flags = libc::SA_RESETHAND;
+                libc::sigemptyset(&mut action.sa_mask);
+                libc::sigaction(signal, &action, std::ptr::null_mut());
+            }
+        }
+    }
+
+    /// Resolves once a signal came, naming it (`Ctrl-C` or `SIGTERM`).
+    pub async fn signalled() -> &'static str {
+        loop {
+            match SIGNAL.load(Ordering::SeqCst) {
+                0 => tokio::time::sleep(POLL).await,
+                libc::SIGINT => return "Ctrl-C",
+                _ => return "SIGTERM",
+            }
+        }
+    }
+
+    /// Gives the signals back their default action.
+    pub fn release() {
+        for signal in SIGNALS {
+            // SAFETY: restores the default disposition.
+            unsafe {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+        }
+    }
 }

@@ -266,6 +266,8 @@ pub fn run(command: Command) -> ExitCode {
             Command::Migrate(args) => client::migrate(args).await,
             Command::Chaos(command) => match chaos::execute(command).await {
                 Ok(0) => Ok(()),
+                // The run said what it did on stdout.
+                Ok(code @ chaos::INTERRUPTED) => Err(Failure { code, message: String::new() }),
                 Ok(code) => Err(Failure { code, message: "a checker failed (see the summary)".into() }),
                 Err(failure) => Err(failure),
             },
@@ -277,7 +279,9 @@ pub fn run(command: Command) -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            eprintln!("lockstep: {}", failure.message);
+            if !failure.message.is_empty() {
+                eprintln!("lockstep: {}", failure.message);
+            }
             ExitCode::from(failure.code)
         }
     }
