@@ -602,7 +602,10 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
         .expect("a valid progress template");
     bar.set_style(style);
     bar.set_message("0 failed");
-    let stop = interrupt::catch();
+    // Ctrl-C or SIGTERM stops new seeds from starting: the runs under way finish, the sweep prints the table of
+    // what finished and ends its result file; a second signal ends the process (what finished is in that file).
+    let stop =
+        crate::interrupt::catch("\ninterrupted: finishing the runs under way (interrupt again to stop at once)\n");
     let started = std::time::Instant::now();
     let seed_at = |i: u64| seeds.nth(shard, i);
     sim::for_each_seed(&file.scenario, &seed_at, jobs, stop, &|report| {
@@ -631,7 +634,7 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
         bar.inc(1);
     });
     let wall = started.elapsed();
-    let interrupted = interrupt::release();
+    let interrupted = crate::interrupt::release();
     bar.finish_and_clear();
     let mut state = state.into_inner().unwrap_or_else(|p| p.into_inner());
     let finished = state.tally.seeds;
@@ -789,60 +792,6 @@ fn merge(args: MergeArgs, registry: &Registry) -> u8 {
         () if merged.tally.failed() > 0 => FAILED,
         () if !gaps.is_empty() => INCOMPLETE,
         () => PASSED,
-    }
-}
-
-/// Ctrl-C (SIGINT) and SIGTERM during a sweep: the first stops new seeds from starting (the runs under way
-/// finish, and the sweep prints the table of what finished and ends its result file); the handler is then reset,
-/// so a second one ends the process at once (what finished is in the result file already).
-mod interrupt {
-    use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-
-    static STOP: AtomicBool = AtomicBool::new(false);
-    static SIGNAL: AtomicI32 = AtomicI32::new(0);
-    const SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
-
-    extern "C" fn on_signal(signal: libc::c_int) {
-        SIGNAL.store(signal, Ordering::SeqCst);
-        STOP.store(true, Ordering::SeqCst);
-        let message = b"\ninterrupted: finishing the runs under way (interrupt again to stop at once)\n";
-        // SAFETY: write(2) is async-signal-safe; the buffer is a static byte string.
-        unsafe {
-            libc::write(2, message.as_ptr().cast(), message.len());
-        }
-    }
-
-    /// Installs the handler (SA_RESETHAND: once) for SIGINT and SIGTERM; returns the flag it sets.
-    pub fn catch() -> &'static AtomicBool {
-        STOP.store(false, Ordering::SeqCst);
-        SIGNAL.store(0, Ordering::SeqCst);
-        for signal in SIGNALS {
-            // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the handler only stores to
-            // atomics and calls write(2), both async-signal-safe.
-            unsafe {
-                let mut action: libc::sigaction = std::mem::zeroed();
-                action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-                action.sa_flags = libc::SA_RESETHAND;
-                libc::sigemptyset(&mut action.sa_mask);
-                libc::sigaction(signal, &action, std::ptr::null_mut());
-            }
-        }
-        &STOP
-    }
-
-    /// Gives the signals back their default action; returns the signal that interrupted the sweep, if one did.
-    pub fn release() -> Option<&'static str> {
-        for signal in SIGNALS {
-            // SAFETY: restores the default disposition.
-            unsafe {
-                libc::signal(signal, libc::SIG_DFL);
-            }
-        }
-        match SIGNAL.load(Ordering::SeqCst) {
-            0 => None,
-            libc::SIGINT => Some("Ctrl-C"),
-            _ => Some("SIGTERM"),
-        }
     }
 }
 

@@ -13,6 +13,7 @@ mod buggify;
 pub mod chaos;
 pub mod duration;
 pub mod gang;
+pub mod interrupt;
 pub mod pipeline;
 pub mod store;
 

@@ -80,9 +80,9 @@ pub async fn execute(command: ChaosCommand) -> Result<u8, Failure> {
         out: args.out.clone(),
         apply_guard_off: args.apply_guard_off,
     };
-    interrupt::catch();
-    let ended = run(options, interrupt::signalled()).await;
-    interrupt::release();
+    lockstep::interrupt::catch("\ninterrupted: stopping the run (interrupt again to stop at once)\n");
+    let ended = run(options, signalled()).await;
+    lockstep::interrupt::release();
     let done = match ended.map_err(|error| Failure { code: error.code, message: error.message })? {
         Ended::Ran(done) => *done,
         Ended::Interrupted(interrupted) => {
@@ -147,63 +147,14 @@ fn print_interrupted(args: &ChaosRunArgs, run: &Interrupted) {
     println!("files: {} ({history}faults.txt, trace.txt, the nodes' logs)", run.dir.display());
 }
 
-/// Ctrl-C (SIGINT) and SIGTERM during a run, as `sim sweep` takes them: the first stops the run (the harness stops
-/// every node, writes what it has and drops its schema, then the command prints what it did and exits 130); the
-/// handler is then reset, so a second one ends the process at once (its nodes die with it, `PR_SET_PDEATHSIG`;
-/// the schema stays).
-mod interrupt {
-    use std::sync::atomic::{AtomicI32, Ordering};
-    use std::time::Duration;
-
-    static SIGNAL: AtomicI32 = AtomicI32::new(0);
-    const SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
-
-    /// How often [`signalled`] looks at the flag the handler sets.
-    const POLL: Duration = Duration::from_millis(20);
-
-    extern "C" fn on_signal(signal: libc::c_int) {
-        SIGNAL.store(signal, Ordering::SeqCst);
-        let message = b"\ninterrupted: stopping the run (interrupt again to stop at once)\n";
-        // SAFETY: write(2) is async-signal-safe; the buffer is a static byte string.
-        unsafe {
-            libc::write(2, message.as_ptr().cast(), message.len());
-        }
-    }
-
-    /// Installs the handler (SA_RESETHAND: once) for SIGINT and SIGTERM.
-    pub fn catch() {
-        SIGNAL.store(0, Ordering::SeqCst);
-        for signal in SIGNALS {
-            // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the handler only stores to an
-            // atomic and calls write(2), both async-signal-safe.
-            unsafe {
-                let mut action: libc::sigaction = std::mem::zeroed();
-                action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-                action.sa_flags = libc::SA_RESETHAND;
-                libc::sigemptyset(&mut action.sa_mask);
-                libc::sigaction(signal, &action, std::ptr::null_mut());
-            }
-        }
-    }
-
-    /// Resolves once a signal came, naming it (`Ctrl-C` or `SIGTERM`).
-    pub async fn signalled() -> &'static str {
-        loop {
-            match SIGNAL.load(Ordering::SeqCst) {
-                0 => tokio::time::sleep(POLL).await,
-                libc::SIGINT => return "Ctrl-C",
-                _ => return "SIGTERM",
-            }
-        }
-    }
-
-    /// Gives the signals back their default action.
-    pub fn release() {
-        for signal in SIGNALS {
-            // SAFETY: restores the default disposition.
-            unsafe {
-                libc::signal(signal, libc::SIG_DFL);
-            }
+/// Resolves once Ctrl-C or SIGTERM came ([`lockstep::interrupt`]), naming it: the harness then stops every node,
+/// writes what it has and drops its schema, and the command prints what it did and exits 130; a second signal
+/// ends the process at once (its nodes die with it, `PR_SET_PDEATHSIG`; the schema stays).
+async fn signalled() -> &'static str {
+    loop {
+        match lockstep::interrupt::signal() {
+            Some(signal) => return signal,
+            None => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
         }
     }
 }
