@@ -248,6 +248,12 @@ pub struct OperationData {
     /// predates the field (its pass reads every allocation once, then keeps the list).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub granted: Option<Vec<RowId>>,
+    /// The lease token of the controller pass whose apply wrote this data (tokens are unique store-wide, and a
+    /// lease applies at most once): a replica that kept what that pass left knows that no job or granted allocation
+    /// of the operation was written since, and its next pass reads only what changed (issue 17,
+    /// `gang::last_pass`). `None` before the first pass and for data that predates the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_by: Option<LockToken>,
 }
 
 /// A ranked job aborted by a gang restart (or ended by the controller otherwise) while its process may still run:
@@ -295,6 +301,7 @@ impl OperationData {
             lingering: Vec::new(),
             jobs_after: None,
             granted: None,
+            written_by: None,
         }
     }
 
