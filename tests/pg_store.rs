@@ -589,6 +589,97 @@ async fn a_populated_schema_of_migration_0003_migrates_and_its_leases_fetch_and_
     PgStore::drop_schema(&url, &schema).await.unwrap();
 }
 
+/// A schema migrated only to 0004 and holding a lease with related locks (a deployment before the related-token
+/// index, issue 16) migrates to 0005 when a store connects: the token index holds related locks only and a lease
+/// enters none; the old lease's heartbeat extends its related rows, and its apply unlocks them; a lease and related
+/// lock made after the migration heartbeat and release the same way.
+#[tokio::test]
+async fn a_populated_schema_of_migration_0004_migrates_and_its_related_locks_heartbeat_and_unlock() {
+    let (url, schema, pool) = schema_migrated_to(4).await;
+    // n 0: a parent under a live lease of `parents`, holding n 1 and 2 as related rows (the same token, owner
+    // `parents`); n 3: a task under another live lease; n 4, 5: free children.
+    sqlx::query("SELECT setval('lock_tokens', 100)").execute(&pool).await.expect("tokens past the old leases'");
+    sqlx::query(
+        "INSERT INTO resources (kind, status, data, created_at, updated_at, lock_token, lock_owner, lock_expires_at)
+         VALUES ('parent', 'ready', '{\"n\": 0}', now(), now(), 7, 'parents', now() + interval '10 seconds'),
+                ('child', 'ready', '{\"n\": 1}', now(), now(), 7, 'parents', now() + interval '10 seconds'),
+                ('child', 'ready', '{\"n\": 2}', now(), now(), 7, 'parents', now() + interval '10 seconds'),
+                ('task', 'ready', '{\"n\": 3}', now(), now(), 8, 'tasks', now() + interval '10 seconds'),
+                ('child', 'ready', '{\"n\": 4}', now(), now(), NULL, NULL, NULL),
+                ('child', 'ready', '{\"n\": 5}', now(), now(), NULL, NULL, NULL)",
+    )
+    .execute(&pool)
+    .await
+    .expect("rows in the 0004 schema");
+    pool.close().await;
+
+    let store = store_with(|options| options.schema = schema.clone()).await;
+    let base: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
+    let mut conn = PgConnection::connect_with(&base.options([("search_path", schema.as_str())])).await.unwrap();
+    let indexes: Vec<(String, String)> = sqlx::query_as(
+        "SELECT indexname::text, indexdef FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%token%'",
+    )
+    .bind(&schema)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(indexes.len(), 1, "token indexes after 0005: {indexes:?}");
+    assert!(indexes[0].1.ends_with("(related_token) WHERE (related_token IS NOT NULL)"), "{indexes:?}");
+    let rows = store.list("child", None).await.unwrap();
+    let id = |n: i64| rows.iter().find(|row| row.data["n"] == n).map(|row| row.id).expect("a child");
+    let (parent, task) =
+        (store.list("parent", None).await.unwrap()[0].id, store.list("task", None).await.unwrap()[0].id);
+    let expiry = |row: &Row| row.lock_expires_at.expect("a lease expiry");
+    let before = expiry(&store.get(id(1)).await.unwrap().unwrap());
+
+    // The old lease: its heartbeat extends its related rows too, and its apply unlocks them.
+    let old = Lease { id: parent, token: lockstep::store::LockToken(7) };
+    let beat = HeartbeatParams { leases: vec![old], lease_ttl: Duration::from_secs(3600) };
+    assert_eq!(store.heartbeat(beat).await.unwrap(), vec![old], "the old lease is held");
+    for n in [1, 2] {
+        let row = store.get(id(n)).await.unwrap().unwrap();
+        assert!(expiry(&row) > before, "child {n} extended with its holder: {row:?}");
+    }
+    let applied = store.apply(ApplyParams::new(old, RowUpdate::status("done"))).await.unwrap();
+    assert!(matches!(applied, ApplyOutcome::Applied { .. }), "{applied:?}");
+    for n in [1, 2] {
+        let row = store.get(id(n)).await.unwrap().unwrap();
+        assert_eq!((row.lock_token, row.lock_owner.as_deref()), (None, None), "child {n} unlocked: {row:?}");
+    }
+    let released = store.release(vec![Lease { id: task, token: lockstep::store::LockToken(8) }]).await.unwrap();
+    assert_eq!(released, 1, "the other old lease is given back");
+
+    // A new lease and related lock: the lease's own row enters no token index, the related rows do.
+    let leased = store.fetch(ready_tasks()).await.unwrap();
+    assert_eq!(leased.len(), 1, "the released task is leased again");
+    let lease = lease_of(&leased[0]);
+    let lock = LockRelatedParams {
+        holder: lease,
+        related: vec![id(4), id(5)],
+        owner: "tasks".into(),
+        lease_ttl: Duration::from_secs(30),
+    };
+    assert_eq!(store.lock_related(lock).await.unwrap(), LockOutcome::Locked);
+    let related: Vec<(i64, Option<i64>)> =
+        sqlx::query_as("SELECT id, related_token FROM resources WHERE lock_token = $1 ORDER BY id")
+            .bind(lease.token.0)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    let token = Some(lease.token.0);
+    assert_eq!(related, vec![(task.0, None), (id(4).0, token), (id(5).0, token)], "only related rows carry it twice");
+    assert_eq!(store.release(vec![lease]).await.unwrap(), 1);
+    let locked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM resources WHERE lock_token IS NOT NULL OR related_token IS NOT NULL")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(locked, 0, "the release unlocked the lease and its related rows");
+    conn.close().await.unwrap();
+    drop(store);
+    PgStore::drop_schema(&url, &schema).await.unwrap();
+}
+
 /// Chaos mode's look at a replica from outside (`lockstep chaos run`'s `[faults] pause_inside_pass`): a live lease
 /// of the store's own fetch (made at least the given time ago) under which related rows are locked, and none while
 /// a session of the store's name is inside a transaction (read or write: a SIGSTOP there would keep its row locks,

@@ -15,8 +15,9 @@
 //! for the drain `LOCKSTEP_BENCH_DRAIN_ROWS` (200 000), `LOCKSTEP_BENCH_DRAIN_REPLICAS` (1),
 //! `LOCKSTEP_BENCH_DRAIN_MODE` (`batched` or `per_item`), `LOCKSTEP_BENCH_DRAIN_PROCESSING_MS` (0),
 //! `LOCKSTEP_BENCH_DRAIN_FETCHERS` and `LOCKSTEP_BENCH_DRAIN_APPLIES_IN_FLIGHT` (overrides of the config),
-//! `LOCKSTEP_BENCH_DRAIN_LABEL` (the `RESULT` line's label), and `LOCKSTEP_BENCH_EXPLAIN=1` to print the fetch's
-//! `EXPLAIN (ANALYZE, BUFFERS)` half-way and the index reads.
+//! `LOCKSTEP_BENCH_DRAIN_LABEL` (the `RESULT` line's label), `LOCKSTEP_BENCH_EXPLAIN=1` to print the fetch's
+//! `EXPLAIN (ANALYZE, BUFFERS)` half-way and the index reads, and `LOCKSTEP_BENCH_SCHEMA_SQL` (a file of SQL run in
+//! each schema after the migrations, before the rows are filled: experiments with the table's layout).
 //!
 //! Without `--bench`, which is how `cargo test --all-targets` runs a bench target, it is a smoke run of a few
 //! seconds with tiny sizes that writes to a temporary directory: the code cannot rot, and the tests never pay for

@@ -41,6 +41,12 @@ impl BenchDb {
         let store = connect_store(db.options("lockstep_bench_setup", 2)).await;
         store.insert(NewRow::new(KIND, READY, json!({}))).await.expect("insert a bench row");
         let mut conn = db.connect_raw().await;
+        if let Some(schema_sql) = &settings.schema_sql {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(schema_sql.as_str()))
+                .execute(&mut conn)
+                .await
+                .expect("LOCKSTEP_BENCH_SCHEMA_SQL runs");
+        }
         let more = rows.saturating_sub(1) as i64;
         sqlx::query(raw_sql::FILL).bind(more).execute(&mut conn).await.expect("fill the bench rows");
         sqlx::raw_sql(raw_sql::VACUUM_ANALYZE).execute(&mut conn).await.expect("vacuum analyze");

@@ -60,6 +60,9 @@ pub struct Settings {
     pub drain_label: Option<String>,
     /// Sample where the first replica's pipeline waits ([`crate::measure::Waits`]); the drain section does.
     pub sample_waits: bool,
+    /// SQL run in each PostgreSQL schema after lockstep's migrations and before the rows are filled
+    /// (`LOCKSTEP_BENCH_SCHEMA_SQL`, a file's path; for experiments with the table's layout, e.g. a fillfactor).
+    pub schema_sql: Option<String>,
 }
 
 /// How the drain's pipeline is configured.
@@ -138,6 +141,7 @@ impl Settings {
                 drain_label: None,
                 sample_waits: false,
                 explain_fetch: true,
+                schema_sql: None,
                 out_dir: std::env::temp_dir().join(format!("lockstep-bench-smoke-{}", std::process::id())),
             };
         }
@@ -161,6 +165,9 @@ impl Settings {
             drain_label: std::env::var("LOCKSTEP_BENCH_DRAIN_LABEL").ok(),
             sample_waits: false,
             explain_fetch: env_or("LOCKSTEP_BENCH_EXPLAIN", 0) == 1,
+            schema_sql: std::env::var("LOCKSTEP_BENCH_SCHEMA_SQL").ok().map(|path| {
+                std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("LOCKSTEP_BENCH_SCHEMA_SQL {path}: {e}"))
+            }),
         }
     }
 

@@ -103,8 +103,11 @@ impl Applying {
     /// (a bad value) is the item's failure.
     async fn finish<S: Store, H: Handler<S>>(self, core: &Core<S>, handler: &H) -> ItemOutcome {
         let name = &core.config.name;
+        // The store calls below are boxed: their futures (a PgStore call's is kilobytes) would otherwise be part
+        // of this one's, which a handed-over apply's task carries, and tokio copies a task's future when it spawns
+        // it. The common path (a pending apply that applies, no hints) awaits only the small `outcome`.
         let applied = match self.apply {
-            Apply::Direct(params) => core.batcher.apply(params).await,
+            Apply::Direct(params) => Box::pin(core.batcher.apply(params)).await,
             Apply::Pending(pending) => pending.outcome().await,
         };
         core.metrics.apply_latency.record(core.clock.now().duration_since(self.started));
@@ -113,17 +116,17 @@ impl Applying {
                 if let Some(params) = self.repeat {
                     // A retried apply: the first one cleared the token, so this one must be stale. The simulator's
                     // checkers, not this worker, judge what the store did with it.
-                    let _ = core.store.apply(params).await;
+                    let _ = Box::pin(core.store.apply(params)).await;
                 }
                 for kind in self.hints {
-                    if let Err(error) = core.store.hint(&kind, None).await {
+                    if let Err(error) = Box::pin(core.store.hint(&kind, None)).await {
                         tracing::warn!(pipeline = %name, %kind, %error, "fetch hint after apply failed");
                     }
                 }
                 ItemOutcome::Applied
             }
             Ok(ApplyOutcome::Stale) => ItemOutcome::Stale,
-            Err(error) => fail(core, handler, self.lease, self.attempts, WorkError::Store(error)).await,
+            Err(error) => Box::pin(fail(core, handler, self.lease, self.attempts, WorkError::Store(error))).await,
         }
     }
 }
@@ -296,10 +299,13 @@ pub async fn run<S: Store, H: Handler<S>>(core: Core<S>, handler: Arc<H>) {
             Step::Applying(applying) => {
                 finishing.retain(|task| !task.0.is_finished());
                 let (core, handler) = (core.clone(), handler.clone());
-                finishing.push(Finishing(tokio::spawn(async move {
+                let finish = async move {
                     let outcome = applying.finish(&core, handler.as_ref()).await;
                     record(&core, lease, outcome);
-                })));
+                };
+                let size = std::mem::size_of_val(&finish);
+                debug_assert!(size <= FINISH_FUTURE_BYTES_MAX, "a handed-over apply's task is {size} bytes");
+                finishing.push(Finishing(tokio::spawn(finish)));
             }
         }
     }
@@ -307,6 +313,12 @@ pub async fn run<S: Store, H: Handler<S>>(core: Core<S>, handler: Arc<H>) {
         let _ = (&mut task.0).await;
     }
 }
+
+/// Largest a handed-over apply's task may be, in bytes (debug builds assert it at every spawn). tokio copies a
+/// task's future as it spawns it, once per item here: with the store calls of `Applying::finish` inline, a PgStore
+/// pipeline's task was 20 392 bytes and its copies a tenth of the replica's CPU (issue 16, BENCHMARKS.md); boxed,
+/// 984.
+const FINISH_FUTURE_BYTES_MAX: usize = 2048;
 
 /// The task finishing one handed-over apply; aborted if dropped unfinished (the worker was aborted, as a crash
 /// would end it), so nothing of an aborted pipeline runs on.

@@ -49,7 +49,7 @@ WHERE r.lock_token IS NOT NULL AND r.lock_expires_at > lockstep_now($1)
       SELECT 1 FROM history h
       WHERE h.caller = $2 AND h.at <= lockstep_now($1) - $3
         AND h.op -> 'Fetch' -> 'leases' @> jsonb_build_array(jsonb_build_object('id', r.id, 'token', r.lock_token)))
-  AND EXISTS (SELECT 1 FROM resources x WHERE x.lock_token = r.lock_token AND x.id <> r.id)
+  AND EXISTS (SELECT 1 FROM resources x WHERE x.related_token = r.lock_token AND x.id <> r.id)
   AND NOT EXISTS (
       SELECT 1 FROM pg_stat_activity a
       WHERE a.datname = current_database() AND a.application_name = $2 AND a.pid <> pg_backend_pid()

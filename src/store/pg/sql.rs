@@ -10,8 +10,13 @@
 //! order, in a `locked` CTE (`ORDER BY id FOR NO KEY UPDATE`), and writes only rows of that CTE. PostgreSQL does
 //! not fold a CTE with a locking clause into the query, and a row is written only once the CTE has returned it,
 //! that is, locked it; so every row lock a statement waits for is taken in id order, and two calls can never wait
-//! for each other in a circle. The rows a lease writes besides its own are found by its token (related rows);
-//! `locked` finds them the same way. The fetch locks in its own order but with `SKIP LOCKED`: it never waits.
+//! for each other in a circle. The fetch locks in its own order but with `SKIP LOCKED`: it never waits.
+//!
+//! The rows of a lease: its own row, found by id (every lease call knows it) and the token it carries, and the
+//! rows it locked as related, which carry its token in `lock_token` and again in `related_token`, found through
+//! `resources_related_token_idx` (`migrations/0005_related_token.sql`: a lease itself enters no token index, one
+//! index entry fewer per lease). Every statement keeps `related_token` NULL or equal to `lock_token`: only a
+//! related lock sets it, and every write that clears or replaces a token clears it.
 
 use crate::store::{FetchParams, duration_micros};
 
@@ -109,7 +114,8 @@ UPDATE resources AS r
 SET lock_token = tokened.token,
     lock_owner = $4,
     lock_expires_at = lockstep_ts_plus(lockstep_now($1), $5),
-    hinted = false
+    hinted = false,
+    related_token = NULL
 FROM tokened
 WHERE r.id = tokened.id
 RETURNING ",
@@ -200,7 +206,7 @@ pub(super) const REFETCH: &str =
 /// given twice returns its row twice. The rows come in no particular order; the caller places them by position.
 /// `$1` ids (`int8[]`), `$2` tokens (`int8[]`, same length), padded to [`REFETCH_BATCH_LEN_MIN`].
 ///
-/// The plan is a nested loop of `lock_token` index lookups, the same for any number of leases.
+/// The plan is a nested loop of primary key lookups, the same for any number of leases.
 pub(super) const REFETCH_BATCH: &str = concat!(
     "SELECT lease.input_order, ",
     row_columns!(),
@@ -233,7 +239,7 @@ pub(super) const PREPARED_PLANS: &str =
 pub(super) const HEARTBEAT: &str = "WITH locked AS (
     SELECT id, lock_token, lock_expires_at
     FROM resources
-    WHERE lock_token = ANY($3)
+    WHERE (id = ANY($2) AND lock_token = ANY($3)) OR related_token = ANY($3)
     ORDER BY id
     FOR NO KEY UPDATE
 ), held AS (
@@ -268,7 +274,7 @@ FOR NO KEY UPDATE";
 /// the owner with no token as it is (mem.rs `own_mark`): a retry never pushes a mark's expiry back. `$2` ids, `$3`
 /// token or NULL, `$4` owner, `$5` lease ttl.
 pub(super) const LOCK_RELATED_WRITE: &str = "UPDATE resources
-SET lock_token = $3, lock_owner = $4, lock_expires_at = lockstep_ts_plus(lockstep_now($1), $5)
+SET lock_token = $3, related_token = $3, lock_owner = $4, lock_expires_at = lockstep_ts_plus(lockstep_now($1), $5)
 WHERE id = ANY($2)
   AND ($3::int8 IS NOT NULL OR lock_token IS NOT NULL OR lock_owner IS DISTINCT FROM $4)";
 
@@ -279,7 +285,7 @@ WHERE id = ANY($2)
 ///
 /// `$2` ids, `$3` statuses (`text[]`, NULL = keep), `$4` data (`jsonb[]`, NULL = keep), `$5` token.
 pub(super) const APPLY_RELATED: &str = "WITH locked AS (
-    SELECT id FROM resources WHERE lock_token = $5 ORDER BY id FOR NO KEY UPDATE
+    SELECT id FROM resources WHERE (id = $6 AND lock_token = $5) OR related_token = $5 ORDER BY id FOR NO KEY UPDATE
 )
 UPDATE resources AS r
 SET status = COALESCE(u.status, r.status),
@@ -300,7 +306,7 @@ RETURNING r.id";
 /// [`PgOptions::apply_guard_disabled_for_mutation_test`](super::PgOptions::apply_guard_disabled_for_mutation_test)
 /// (mutation testing only). The row is written whoever holds it.
 pub(super) const APPLY_MAIN_UNGUARDED: &str = "WITH locked AS (
-    SELECT id FROM resources WHERE lock_token = $3 OR id = $2 ORDER BY id FOR NO KEY UPDATE
+    SELECT id FROM resources WHERE id = $2 OR related_token = $3 ORDER BY id FOR NO KEY UPDATE
 ), main AS (
     UPDATE resources
     SET status = COALESCE($4, status),
@@ -308,18 +314,18 @@ pub(super) const APPLY_MAIN_UNGUARDED: &str = "WITH locked AS (
         updated_at = lockstep_now($1),
         last_processed_at = lockstep_now($1),
         attempts = 0,
-        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
     WHERE id = $2
     RETURNING id
 ), unlocked AS (
     UPDATE resources
-    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
     WHERE id IN (SELECT id FROM locked) AND id <> $2 AND lock_token = $3 AND EXISTS (SELECT 1 FROM main)
 )
 SELECT lockstep_now($1) FROM main";
 
 pub(super) const APPLY_MAIN: &str = "WITH locked AS (
-    SELECT id FROM resources WHERE lock_token = $3 ORDER BY id FOR NO KEY UPDATE
+    SELECT id FROM resources WHERE (id = $2 AND lock_token = $3) OR related_token = $3 ORDER BY id FOR NO KEY UPDATE
 ), main AS (
     UPDATE resources
     SET status = COALESCE($4, status),
@@ -327,12 +333,12 @@ pub(super) const APPLY_MAIN: &str = "WITH locked AS (
         updated_at = lockstep_now($1),
         last_processed_at = lockstep_now($1),
         attempts = 0,
-        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
     WHERE id = $2 AND lock_token = $3 AND id IN (SELECT id FROM locked)
     RETURNING id
 ), unlocked AS (
     UPDATE resources
-    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
     WHERE id IN (SELECT id FROM locked) AND id <> $2 AND EXISTS (SELECT 1 FROM main)
 )
 SELECT lockstep_now($1) FROM main";
@@ -343,6 +349,12 @@ SELECT lockstep_now($1) FROM main";
 /// unlocked. A row whose token changed is left alone, and so are the related rows of its token. Returns the
 /// applied `(id, token)` pairs with the one `now`; no row when nothing applied.
 ///
+/// `main` takes the locked ids as one array (`ARRAY(SELECT id FROM locked)`, an init plan, run once before the first
+/// row is written): as a semi join (`r.id IN (SELECT id FROM locked)`) the planner, which cannot estimate how many
+/// rows `locked` finds, chose a nested loop that rescanned `locked` for every written row (a batch of 70 items
+/// cost 2.5 × its PostgreSQL CPU; issue 16, BENCHMARKS.md). The array is scanned per written row: 100 × 100
+/// comparisons of `int8` at most.
+///
 /// `unlocked` filters the locked rows by "not a main row written" first (a hashed lookup per locked row): in the
 /// common batch, where no lease holds related rows, that leaves none, and nothing else of it runs. Filtering by
 /// token first joined every locked row with every written one and looked each up by id (about a third of a 60-item
@@ -351,7 +363,10 @@ SELECT lockstep_now($1) FROM main";
 /// `$2` ids, `$3` tokens (distinct), `$4` statuses (`text[]`, NULL = keep), `$5` data (`jsonb[]`, NULL = keep),
 /// all the same length.
 pub(super) const APPLY_BATCH_MAIN: &str = "WITH locked AS (
-    SELECT id, lock_token FROM resources WHERE lock_token = ANY($3) ORDER BY id FOR NO KEY UPDATE
+    SELECT id, lock_token FROM resources
+    WHERE (id = ANY($2) AND lock_token = ANY($3)) OR related_token = ANY($3)
+    ORDER BY id
+    FOR NO KEY UPDATE
 ), main AS (
     UPDATE resources AS r
     SET status = COALESCE(u.status, r.status),
@@ -359,13 +374,13 @@ pub(super) const APPLY_BATCH_MAIN: &str = "WITH locked AS (
         updated_at = lockstep_now($1),
         last_processed_at = lockstep_now($1),
         attempts = 0,
-        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
     FROM unnest($2::int8[], $3::int8[], $4::text[], $5::jsonb[]) AS u(id, token, status, data)
-    WHERE r.id = u.id AND r.lock_token = u.token AND r.id IN (SELECT id FROM locked)
+    WHERE r.id = u.id AND r.lock_token = u.token AND r.id = ANY(ARRAY(SELECT id FROM locked))
     RETURNING r.id, u.token
 ), unlocked AS (
     UPDATE resources AS r
-    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
     FROM locked
     WHERE r.id = locked.id
       AND locked.id NOT IN (SELECT id FROM main)
@@ -378,7 +393,7 @@ SELECT id, token, lockstep_now($1) AS now FROM main";
 /// tokens, so the caller can tell which items are held whole before writing anything; the later steps write only
 /// rows locked here. `$1` ids, `$2` tokens.
 pub(super) const APPLY_BATCH_LOCK: &str = "SELECT id, lock_token FROM resources
-WHERE id = ANY($1) OR lock_token = ANY($2)
+WHERE id = ANY($1) OR related_token = ANY($2)
 ORDER BY id
 FOR NO KEY UPDATE";
 
@@ -403,7 +418,7 @@ RETURNING r.id";
 /// `$2` id, `$3` token, `$4` error text (bounded by the caller), `$5` delay, `$6` give-up status or NULL, `$7` errors
 /// kept.
 pub(super) const RECORD_FAILURE: &str = "WITH locked AS (
-    SELECT id FROM resources WHERE lock_token = $3 ORDER BY id FOR NO KEY UPDATE
+    SELECT id FROM resources WHERE (id = $2 AND lock_token = $3) OR related_token = $3 ORDER BY id FOR NO KEY UPDATE
 ), main AS (
     UPDATE resources
     SET attempts = attempts + 1,
@@ -418,12 +433,12 @@ pub(super) const RECORD_FAILURE: &str = "WITH locked AS (
         status = COALESCE($6::text, status),
         not_before = CASE WHEN $6::text IS NULL THEN lockstep_ts_plus(lockstep_now($1), $5) END,
         updated_at = lockstep_now($1),
-        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
     WHERE id = $2 AND lock_token = $3 AND id IN (SELECT id FROM locked)
     RETURNING attempts
 ), unlocked AS (
     UPDATE resources
-    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
     WHERE id IN (SELECT id FROM locked) AND id <> $2 AND EXISTS (SELECT 1 FROM main)
 )
 SELECT attempts FROM main";
@@ -432,15 +447,15 @@ SELECT attempts FROM main";
 /// clear token and expiry, set `last_processed_at = now`, and unlock related rows. Returns one row when the lease
 /// was held. `$2` id, `$3` token.
 pub(super) const RESET_FOR_RETRY: &str = "WITH locked AS (
-    SELECT id FROM resources WHERE lock_token = $3 ORDER BY id FOR NO KEY UPDATE
+    SELECT id FROM resources WHERE (id = $2 AND lock_token = $3) OR related_token = $3 ORDER BY id FOR NO KEY UPDATE
 ), main AS (
     UPDATE resources
-    SET lock_token = NULL, lock_expires_at = NULL, last_processed_at = lockstep_now($1)
+    SET lock_token = NULL, lock_expires_at = NULL, related_token = NULL, last_processed_at = lockstep_now($1)
     WHERE id = $2 AND lock_token = $3 AND id IN (SELECT id FROM locked)
     RETURNING id
 ), unlocked AS (
     UPDATE resources
-    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
     WHERE id IN (SELECT id FROM locked) AND id <> $2 AND EXISTS (SELECT 1 FROM main)
 )
 SELECT id FROM main";
@@ -449,7 +464,10 @@ SELECT id FROM main";
 /// columns of those whose token's main row still carries it. Returns the `(id, token)` pairs that were held. `$1`
 /// ids, `$2` tokens. Writes no timestamp, so it takes no clock offset.
 pub(super) const RELEASE: &str = "WITH locked AS (
-    SELECT id, lock_token FROM resources WHERE lock_token = ANY($2) ORDER BY id FOR NO KEY UPDATE
+    SELECT id, lock_token FROM resources
+    WHERE (id = ANY($1) AND lock_token = ANY($2)) OR related_token = ANY($2)
+    ORDER BY id
+    FOR NO KEY UPDATE
 ), held AS (
     SELECT locked.id, locked.lock_token
     FROM locked
@@ -457,7 +475,7 @@ pub(super) const RELEASE: &str = "WITH locked AS (
       ON locked.id = lease.id AND locked.lock_token = lease.token
 ), unlocked AS (
     UPDATE resources AS r
-    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
     FROM locked
     WHERE r.id = locked.id AND locked.lock_token IN (SELECT lock_token FROM held)
 )
@@ -545,7 +563,7 @@ pub(super) const EVENTS: &str = "SELECT seq, row_id, kind, data, at FROM events 
 pub(super) const UPDATE_UNLEASED: &str = "WITH locked AS (
     SELECT id, lock_token, lock_expires_at, lock_owner
     FROM resources
-    WHERE id = $2 OR lock_token = (SELECT lock_token FROM resources WHERE id = $2)
+    WHERE id = $2 OR related_token = (SELECT lock_token FROM resources WHERE id = $2)
     ORDER BY id
     FOR NO KEY UPDATE
 ), target AS (
@@ -559,12 +577,12 @@ pub(super) const UPDATE_UNLEASED: &str = "WITH locked AS (
     SET status = COALESCE($3, r.status),
         data = COALESCE($4, r.data),
         updated_at = lockstep_now($1),
-        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
     FROM target
     WHERE r.id = target.id AND NOT target.busy
 ), unlocked AS (
     UPDATE resources AS r
-    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
     FROM locked, target
     WHERE r.id = locked.id AND locked.lock_token = target.lock_token AND r.id <> target.id AND NOT target.busy
 )

@@ -43,6 +43,7 @@ pub(super) async fn apply_in_transaction(
             .bind(statuses)
             .bind(data)
             .bind(token)
+            .bind(p.lease.id.0)
             .execute(&mut *tx)
             .await?;
         if written.rows_affected() != related.len() as u64 {
