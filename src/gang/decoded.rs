@@ -101,6 +101,14 @@ impl<T: Clone> KeptRows<T> {
         }
     }
 
+    /// Drops the rows with ids up to `last` (no bound when `None`: none is dropped): a pass that does not read every
+    /// row ([`super::last_pass`]) drops those of finished incarnations this way.
+    pub(crate) fn forget_through(&mut self, last: Option<RowId>) {
+        if let Some(last) = last {
+            self.rows = self.rows.split_off(&RowId(last.0.saturating_add(1)));
+        }
+    }
+
     /// Ends the pass: drops the rows it did not read.
     pub(crate) fn end(&mut self) {
         let pass = self.pass;

@@ -14,6 +14,7 @@ pub mod audit;
 pub mod controller;
 pub(crate) mod decoded;
 pub mod env;
+mod last_pass;
 mod lingering;
 pub mod model;
 pub mod pipeline;
