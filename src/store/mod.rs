@@ -79,6 +79,33 @@ pub trait Store: Send + Sync + 'static {
         async { Ok(None) }
     }
 
+    /// A fetch and, when it leased nothing, the [`Store::next_expiry`] of the same rows: what a fetcher needs
+    /// after every fetch (an empty one waits for the first lease it had to skip). Returns the leased rows and,
+    /// only when there are none, the expiry (`None` after a fetch that leased rows).
+    ///
+    /// The default makes the two calls one after the other, as PgStore runs two statements; a backend whose
+    /// calls cross a network overrides it with one round trip (the simulator's network store: an empty fetch
+    /// and its expiry cost one call, issue 17). A failed [`Store::next_expiry`] is logged and answers `None`: the
+    /// fetch itself succeeded.
+    fn fetch_with_expiry(
+        &self,
+        params: FetchParams,
+    ) -> impl Future<Output = Result<(Vec<Row>, Option<Duration>), StoreError>> + Send {
+        async move {
+            let rows = self.fetch(params.clone()).await?;
+            if !rows.is_empty() {
+                return Ok((rows, None));
+            }
+            match self.next_expiry(params.clone()).await {
+                Ok(expiry) => Ok((rows, expiry)),
+                Err(error) => {
+                    tracing::warn!(pipeline = %params.pipeline, %error, "next expiry failed");
+                    Ok((rows, None))
+                }
+            }
+        }
+    }
+
     /// Reads the row if it still carries `lease.token`; `None` means the lease is stale.
     fn refetch(&self, lease: Lease) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send;
 
