@@ -163,16 +163,9 @@ impl Database {
         Some(name)
     }
 
-    /// The operation a commit concerns, if exactly one (for `op=` on its trace line).
-    fn commit_operation(&self, op: &CommitOp) -> Option<RowId> {
-        let row = match op {
-            CommitOp::Apply { lease, .. } | CommitOp::Reset { lease, .. } | CommitOp::Failure { lease, .. } => lease.id,
-            CommitOp::LockRelated { holder, .. } => holder.id,
-            CommitOp::Insert { id, .. } => *id,
-            CommitOp::Fetch { leases, .. } if leases.len() == 1 => leases[0].id,
-            _ => return None,
-        };
-        self.store.read_row(row, gang::commit_operation).flatten()
+    /// The operation of the row a commit concerns ([`commit_row`]), if any (for `op=` on its trace line).
+    fn commit_operation(&self, row: Option<RowId>) -> Option<RowId> {
+        self.store.read_row(row?, gang::commit_operation).flatten()
     }
 
     /// How many times the node started.
@@ -307,11 +300,13 @@ async fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
     let gang_trace = db.gang_trace.load(Ordering::SeqCst);
     let events_before = if gang_trace { store.events_len() } else { 0 };
     let response = dispatch(db, &store, call).await;
-    for commit in store.history_from(before) {
+    // Each commit's text is written in place, without a copy of the commit.
+    let commits = store.map_history_from(before, |commit| (commit.op.to_string(), commit_row(&commit.op)));
+    for (text, row) in commits {
         // The operation is looked up only when traced: the lookup reads a row per commit.
-        match gang_trace.then(|| db.commit_operation(&commit.op)).flatten() {
-            Some(op) => db.trace.record(caller, "commit", format!("{} op={op}", commit.op)),
-            None => db.trace.record(caller, "commit", commit.op.to_string()),
+        match gang_trace.then(|| db.commit_operation(row)).flatten() {
+            Some(op) => db.trace.record(caller, "commit", format!("{text} op={op}")),
+            None => db.trace.record(caller, "commit", text),
         }
     }
     if gang_trace {
@@ -324,6 +319,19 @@ async fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
         }
     }
     response
+}
+
+/// The row a commit concerns, if exactly one.
+fn commit_row(op: &CommitOp) -> Option<RowId> {
+    match op {
+        CommitOp::Apply { lease, .. } | CommitOp::Reset { lease, .. } | CommitOp::Failure { lease, .. } => {
+            Some(lease.id)
+        }
+        CommitOp::LockRelated { holder, .. } => Some(holder.id),
+        CommitOp::Insert { id, .. } => Some(*id),
+        CommitOp::Fetch { leases, .. } if leases.len() == 1 => Some(leases[0].id),
+        _ => None,
+    }
 }
 
 async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
