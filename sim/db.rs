@@ -346,6 +346,7 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
         Call::RefetchBatch(leases) => Reply::MaybeRows(store.refetch_batch(leases).await?),
         Call::Heartbeat(params) => Reply::Leases(store.heartbeat(params).await?),
         Call::LockRelated(params) => Reply::Lock(store.lock_related(params).await?),
+        Call::LockRelatedOrReset(params) => Reply::LockAttempt(store.lock_related_or_reset(params).await?),
         Call::Apply(params) => Reply::Apply(store.apply(params).await?),
         Call::ApplyBatch(batch) => Reply::Applies(store.apply_batch(batch).await?),
         Call::RecordFailure(params) => Reply::Failure(store.record_failure(params).await?),

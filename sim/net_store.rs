@@ -17,8 +17,8 @@ use super::rpc::{Call, InsertHint, Reply, Request, Response};
 use super::trace::Trace;
 use crate::store::{
     ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HINT_BUFFER_LEN_MAX, HeartbeatParams,
-    Hint, Lease, LockOutcome, LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp,
-    WriteOutcome,
+    Hint, Lease, LockAttempt, LockOutcome, LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, Store,
+    StoreError, Timestamp, WriteOutcome,
 };
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -203,6 +203,14 @@ impl Store for NetStore {
         match self.call(Call::LockRelated(params)).await? {
             Reply::Lock(outcome) => Ok(outcome),
             other => unexpected("lock_related", other),
+        }
+    }
+
+    async fn lock_related_or_reset(&self, params: LockRelatedParams) -> Result<LockAttempt, StoreError> {
+        // One round trip for what the default makes two calls of.
+        match self.call(Call::LockRelatedOrReset(params)).await? {
+            Reply::LockAttempt(attempt) => Ok(attempt),
+            other => unexpected("lock_related_or_reset", other),
         }
     }
 

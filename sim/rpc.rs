@@ -4,8 +4,8 @@
 //! values, so nothing is serialized.
 
 use crate::store::{
-    ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HeartbeatParams, Lease, LockOutcome,
-    LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, StoreError, Timestamp, WriteOutcome,
+    ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HeartbeatParams, Lease, LockAttempt,
+    LockOutcome, LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, StoreError, Timestamp, WriteOutcome,
 };
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -54,6 +54,9 @@ pub enum Call {
     RefetchBatch(Vec<Lease>),
     Heartbeat(HeartbeatParams),
     LockRelated(LockRelatedParams),
+    /// [`Store::lock_related_or_reset`](crate::store::Store::lock_related_or_reset): a contended lock and its
+    /// reset in one round trip.
+    LockRelatedOrReset(LockRelatedParams),
     Apply(ApplyParams),
     ApplyBatch(Vec<ApplyParams>),
     RecordFailure(FailureParams),
@@ -97,6 +100,7 @@ impl Call {
             Call::RefetchBatch(_) => "refetch_batch",
             Call::Heartbeat(_) => "heartbeat",
             Call::LockRelated(_) => "lock_related",
+            Call::LockRelatedOrReset(_) => "lock_related_or_reset",
             Call::Apply(_) => "apply",
             Call::ApplyBatch(_) => "apply_batch",
             Call::RecordFailure(_) => "record_failure",
@@ -136,6 +140,7 @@ pub enum Reply {
     Row(Row),
     Leases(Vec<Lease>),
     Lock(LockOutcome),
+    LockAttempt(LockAttempt),
     Apply(ApplyOutcome),
     Applies(Vec<ApplyOutcome>),
     Failure(FailureOutcome),

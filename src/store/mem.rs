@@ -951,4 +951,25 @@ mod tests {
         assert!(rows.is_empty());
         assert_eq!(expiry, Some(Duration::from_secs(20)), "the lease it skipped ends 30 s after the first fetch");
     }
+
+    #[tokio::test]
+    async fn a_contended_lock_or_reset_resets_the_holder_and_records_both_calls() {
+        let store = MemStore::with_history(ManualClock::new(Timestamp(0)));
+        for kind in ["k", "child"] {
+            store.insert(NewRow::new(kind, "ready", serde_json::json!({}))).await.unwrap();
+        }
+        let parent = store.fetch(params(1)).await.unwrap().remove(0);
+        let child = FetchParams { kind: "child".into(), pipeline: "c".into(), ..params(1) };
+        store.fetch(child).await.unwrap();
+        let holder = Lease { id: parent.id, token: parent.lock_token.unwrap() };
+        let lock = LockRelatedParams {
+            holder,
+            related: vec![RowId(2)],
+            owner: "p".into(),
+            lease_ttl: Duration::from_secs(30),
+        };
+        assert_eq!(store.lock_related_or_reset(lock).await.unwrap(), LockAttempt::Reset { held: true });
+        let texts = store.map_history_from(4, |commit| commit.op.to_string());
+        assert_eq!(texts, ["lock_related 1#1 p [2] Contended", "reset 1#1 held=true"]);
+    }
 }
