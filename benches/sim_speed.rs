@@ -4,7 +4,10 @@
 //! wall second and seeds per minute.
 //!
 //! Run (release, simulator build): `env -u RUSTFLAGS cargo sim-bench --bench sim_speed`.
-//! `LOCKSTEP_BENCH_SEEDS` sets how many large seeds run (default 5).
+//! `LOCKSTEP_BENCH_SEEDS` sets how many large seeds run (default 5). `LOCKSTEP_BENCH_HASHES=1` also prints every
+//! seed's trace identity (`sim::replay::trace_identity`: FNV-1a of the trace text, and its length in events), so
+//! that binaries of two commits can be compared seed by seed: same hash, same trace. `LOCKSTEP_BENCH_WORLDS` (names
+//! separated by commas, e.g. `mixed-large`) runs only those worlds (for a profiler).
 //! Without `--bench` (as `cargo test --all-targets` runs every bench) and in the normal build it only says so.
 
 #[cfg(madsim)]
@@ -16,12 +19,23 @@ fn main() {
         return;
     }
     let seeds: u64 = std::env::var("LOCKSTEP_BENCH_SEEDS").ok().and_then(|n| n.parse().ok()).unwrap_or(5);
-    let measure = |scenario: &Scenario, seeds: &[u64], verbose: bool| -> Vec<RunReport> {
+    let hashes = std::env::var("LOCKSTEP_BENCH_HASHES").is_ok_and(|value| value == "1");
+    let worlds = std::env::var("LOCKSTEP_BENCH_WORLDS").ok();
+    let runs = |name: &str| worlds.as_deref().is_none_or(|worlds| worlds.split(',').any(|world| world == name));
+    let measure = |scenario: &Scenario, what: &str, seeds: &[u64], verbose: bool| -> Vec<RunReport> {
+        if !runs(&scenario.name) {
+            return Vec::new();
+        }
+        println!("sim_speed: {} ({what}), one thread:", scenario.name);
         let reports: Vec<RunReport> = seeds
             .iter()
             .map(|&seed| {
                 let report = sim::run(scenario, seed);
                 assert!(report.passed(), "{}", sim::run::summary(&report));
+                if hashes {
+                    let identity = sim::replay::trace_identity(&report);
+                    println!("  hash {} seed {seed}: {} events, {}", scenario.name, identity.events, identity.hash);
+                }
                 if verbose {
                     println!(
                         "  seed {seed}: {} rows, {} commits, {:.0} simulated s in {:.2} wall s ({:.0}x)",
@@ -46,16 +60,11 @@ fn main() {
         );
         reports
     };
-    println!("sim_speed: {} (3 replicas, 10 000 rows, every fault), one thread:", Scenario::mixed_large().name);
-    measure(&Scenario::mixed_large(), &(1..=seeds).collect::<Vec<_>>(), true);
-    println!("sim_speed: {} (the CI sweep's world), one thread:", Scenario::mixed().name);
-    measure(&Scenario::mixed(), &(1..=100).collect::<Vec<_>>(), false);
-    let gang = Scenario::gang_mixed();
-    println!(
-        "sim_speed: {} (replicas, agents, gang operations, every fault incl. agent faults), one thread:",
-        gang.name
-    );
-    measure(&gang, &(1..=20).collect::<Vec<_>>(), false);
+    let large = "3 replicas, 10 000 rows, every fault";
+    measure(&Scenario::mixed_large(), large, &(1..=seeds).collect::<Vec<_>>(), true);
+    measure(&Scenario::mixed(), "the CI sweep's world", &(1..=100).collect::<Vec<_>>(), false);
+    let gang = "replicas, agents, gang operations, every fault incl. agent faults";
+    measure(&Scenario::gang_mixed(), gang, &(1..=20).collect::<Vec<_>>(), false);
 }
 
 #[cfg(not(madsim))]

@@ -11,12 +11,13 @@
 //! [`ProcessLog`]: crate::agent::ProcessLog
 //! [`ProcessLog::node_died`]: crate::agent::ProcessLog::node_died
 
+use super::db::Database;
 use super::gang;
 use super::net_store::{NetStore, NetStoreOptions};
 use super::trace::Trace;
 use crate::agent::{Agent, AgentConfig, SimulatedExecutor};
 use crate::pipeline::LocalClock;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -30,7 +31,7 @@ pub struct AgentContext {
     /// Node address.
     pub ip: IpAddr,
     /// The database node's call address.
-    pub db: SocketAddr,
+    pub db: Arc<Database>,
     /// The agent's configuration.
     pub config: AgentConfig,
     /// The world's simulated executor (clones share the script, attempt counts and process log).
@@ -41,8 +42,6 @@ pub struct AgentContext {
     pub clock: LocalClock,
     /// The run's trace.
     pub trace: Trace,
-    /// The world's allocator of reply-tag ranges.
-    pub clients: Arc<AtomicU64>,
     /// Incarnations started so far.
     pub incarnations: AtomicU64,
 }
@@ -51,7 +50,13 @@ pub struct AgentContext {
 pub async fn run(ctx: Arc<AgentContext>) {
     let incarnation = ctx.incarnations.fetch_add(1, Ordering::SeqCst) + 1;
     ctx.trace.record(&ctx.name, "start", format!("incarnation={incarnation}"));
-    let options = NetStoreOptions::next_client(ctx.name.clone(), ctx.ip, ctx.db, ctx.call_timeout, true, &ctx.clients);
+    let options = NetStoreOptions {
+        node: ctx.name.clone(),
+        ip: ctx.ip,
+        db: ctx.db.clone(),
+        call_timeout: ctx.call_timeout,
+        hints: true,
+    };
     let store = NetStore::connect(options, ctx.trace.clone()).await;
     let (trace, name) = (ctx.trace.clone(), ctx.name.clone());
     let observer = Arc::new(move |pass: &crate::agent::AgentPass| gang::trace_pass(&trace, &name, pass));

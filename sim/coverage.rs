@@ -71,7 +71,13 @@ impl Coverage {
     }
 
     fn bump(&mut self, key: &str) {
-        *self.counts.entry(key.to_string()).or_default() += 1;
+        // A run bumps a key per commit: a new string only for a key not seen before (issue 17).
+        match self.counts.get_mut(key) {
+            Some(count) => *count += 1,
+            None => {
+                self.counts.insert(key.to_string(), 1);
+            }
+        }
     }
 
     /// The count of `key` (0 if never seen).

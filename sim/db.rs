@@ -1,12 +1,13 @@
-//! The database node: serves a [`MemStore`] over simulated RPC (DESIGN §5). Every store call of every other node
-//! crosses the network to it.
+//! The database node: serves a [`MemStore`] to the other nodes over the simulated links of [`Wire`] (DESIGN §5).
+//! Every store call of every other node crosses the network to it.
 //!
 //! The [`Database`] (the MemStore with its commit history, and the unique index of keyed inserts) lives outside
 //! the node, so a database restart loses what was in flight but keeps what committed, as PostgreSQL's WAL does.
-//! The node itself holds only connections: its endpoint, its hint subscribers, its calls in progress. A call
-//! spends a short random time queued before it executes and another after it commits, so a restart can cut a
-//! call off on either side of its commit. For [`STARTUP`] after each start the node answers every call with
-//! `Unavailable`, as PostgreSQL does while it recovers. A fault can make it drop replies after commit.
+//! The node itself holds only connections: its hint subscribers and its calls in progress, each a task of the
+//! node, so a kill of the node drops them. A call spends a short random time queued before it executes and another
+//! after it commits, so a restart can cut a call off on either side of its commit. For [`STARTUP`] after each
+//! start the node answers every call with `Unavailable`, as PostgreSQL does while it recovers. A fault can make it
+//! drop replies after commit.
 //!
 //! In a gang scenario ([`Database::enable_gang_trace`]) the node also traces what the gang controller recorded:
 //! a commit on one operation's row (or on a row of its inbox or jobs) carries `op=<id>`, and every event a commit
@@ -14,20 +15,23 @@
 
 use super::gang;
 use super::rng;
-use super::rpc::{CALL_PORT, Call, Reply, Request, Response, TAG_CALL, TAG_HINT, TAG_SUBSCRIBE};
+use super::rpc::{Call, Delivery, InsertHint, Reply, Request, Response};
 use super::trace::Trace;
+use super::wire::Wire;
 use crate::gang::model::{AllocationData, KIND_ALLOCATION};
-use crate::store::{Clock, CommitOp, MemStore, RowId, Store, StoreError, Timestamp, TokioClock};
-use madsim::net::Endpoint;
+use crate::store::{Clock, CommitOp, Hint, MemStore, RowId, Store, StoreError, Timestamp, TokioClock};
+use madsim::runtime::{Handle, NodeHandle};
+use madsim::task::NodeId;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// Store time when a world is built: 2023-11-14, an arbitrary fixed origin.
@@ -36,12 +40,11 @@ pub const ORIGIN: Timestamp = Timestamp(1_700_000_000_000_000);
 pub const STARTUP: Duration = Duration::from_millis(300);
 /// Longest time a call waits before it executes, and again between its commit and its reply.
 pub const QUEUE_DELAY_MAX: Duration = Duration::from_micros(500);
-/// Tasks receiving calls at once. Under `buggify` madsim delays one receive in ten by 1–5 s, and a receiving task
-/// takes no other call meanwhile; with 8 receivers the database then served about 25 calls per second and a
-/// run with buggify on throughout fell minutes behind its schedule. 64 keep it at several hundred.
-pub const RECEIVERS: usize = 64;
 /// A hint subscription lapses unless renewed within this span (subscribers renew every second).
 pub const SUBSCRIPTION_TTL: Duration = Duration::from_secs(5);
+
+/// Where a subscriber's hints go: each with the instant it arrives (simulated).
+pub type HintSender = mpsc::UnboundedSender<(Instant, Hint)>;
 
 /// The database: what survives a restart of its node.
 pub struct Database {
@@ -60,13 +63,33 @@ pub struct Database {
     allocation_nodes: Mutex<BTreeMap<RowId, String>>,
     trace: Trace,
     node: Arc<str>,
-    addr: SocketAddr,
+    ip: IpAddr,
     seed: u64,
+    /// The links every call and hint crosses.
+    wire: Arc<Wire>,
+    /// The node's id, once the world built it.
+    node_id: OnceLock<NodeId>,
+    /// The node's current incarnation, while it runs (`None` while it is down).
+    serving: Mutex<Option<Serving>>,
+    /// Instants the node was killed (simulated), oldest first: a reply still held by the node when it died is
+    /// lost.
+    kills: Mutex<Vec<Instant>>,
+}
+
+/// One incarnation of the node: lost at a restart.
+struct Serving {
+    /// Spawns the incarnation's tasks on the node (a kill drops them).
+    node: NodeHandle,
+    started: Instant,
+    rng: Arc<Mutex<ChaCha8Rng>>,
+    /// Hint subscribers by address: where their hints go and when each last renewed its subscription.
+    subscribers: BTreeMap<IpAddr, (HintSender, Instant)>,
 }
 
 impl Database {
-    /// An empty database whose node listens on `ip`; its store's clock starts at [`ORIGIN`] now.
-    pub fn new(seed: u64, ip: IpAddr, trace: Trace) -> Arc<Database> {
+    /// An empty database whose node listens on `ip` behind the links of `wire`; its store's clock starts at
+    /// [`ORIGIN`] now.
+    pub fn new(seed: u64, ip: IpAddr, wire: Arc<Wire>, trace: Trace) -> Arc<Database> {
         let clock = TokioClock::new(ORIGIN);
         Arc::new(Database {
             store: MemStore::with_history(clock.clone()),
@@ -78,9 +101,19 @@ impl Database {
             allocation_nodes: Mutex::new(BTreeMap::new()),
             trace,
             node: Arc::from("db"),
-            addr: SocketAddr::new(ip, CALL_PORT),
+            ip,
             seed,
+            wire,
+            node_id: OnceLock::new(),
+            serving: Mutex::new(None),
+            kills: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Records the id of the node that serves the database (the world calls it once, right after building the
+    /// node and before its init function runs).
+    pub fn set_node_id(&self, id: NodeId) {
+        self.node_id.set(id).expect("the database node is built once");
     }
 
     /// The store's time now.
@@ -88,9 +121,14 @@ impl Database {
         self.clock.now()
     }
 
-    /// Where store calls go.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    /// The node's address.
+    pub fn ip(&self) -> IpAddr {
+        self.ip
+    }
+
+    /// The links every call and hint crosses.
+    pub fn wire(&self) -> &Arc<Wire> {
+        &self.wire
     }
 
     /// Sets the chance in [0, 1] that a reply is dropped after its call committed (0 heals the fault).
@@ -125,16 +163,9 @@ impl Database {
         Some(name)
     }
 
-    /// The operation a commit concerns, if exactly one (for `op=` on its trace line).
-    fn commit_operation(&self, op: &CommitOp) -> Option<RowId> {
-        let row = match op {
-            CommitOp::Apply { lease, .. } | CommitOp::Reset { lease, .. } | CommitOp::Failure { lease, .. } => lease.id,
-            CommitOp::LockRelated { holder, .. } => holder.id,
-            CommitOp::Insert { id, .. } => *id,
-            CommitOp::Fetch { leases, .. } if leases.len() == 1 => leases[0].id,
-            _ => return None,
-        };
-        self.store.read_row(row, gang::commit_operation).flatten()
+    /// The operation of the row a commit concerns ([`commit_row`]), if any (for `op=` on its trace line).
+    fn commit_operation(&self, row: Option<RowId>) -> Option<RowId> {
+        self.store.read_row(row?, gang::commit_operation).flatten()
     }
 
     /// How many times the node started.
@@ -142,110 +173,121 @@ impl Database {
         self.incarnations.load(Ordering::SeqCst)
     }
 
+    /// The world is about to kill the node: from now on it takes no call and no subscription, and a reply it still
+    /// holds is lost.
+    pub fn killed(&self) {
+        *self.serving() = None;
+        self.kills.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(Instant::now());
+    }
+
+    /// Whether the node was killed at an instant in `[from, until)`.
+    fn killed_within(&self, from: Instant, until: Instant) -> bool {
+        let kills = self.kills.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        kills.iter().rev().take_while(|kill| **kill >= from).any(|kill| *kill < until)
+    }
+
+    /// Hands `request` (already across the link) to the node: a task of the node's current incarnation waits out
+    /// the request's latency and runs it. While the node is down the request is lost (its reply sender dropped).
+    pub fn submit(self: &Arc<Self>, request: Request) {
+        let serving = self.serving();
+        let Some(serving) = serving.as_ref() else { return };
+        let (started, rng) = (serving.started, serving.rng.clone());
+        serving.node.spawn(handle(self.clone(), request, started, rng));
+    }
+
+    /// Subscribes (or renews the subscription of) the node at `ip` to every fetch hint, sent to `hints`. While
+    /// the node is down the subscription is lost; a restart forgets every subscription.
+    pub fn subscribe(&self, ip: IpAddr, hints: HintSender) {
+        if let Some(serving) = self.serving().as_mut() {
+            serving.subscribers.insert(ip, (hints, Instant::now()));
+        }
+    }
+
+    /// The reply `delivery` of a call, once it arrived: lost if the node died between handing it over and sending
+    /// it.
+    pub fn delivered(&self, delivery: Delivery) -> Option<Response> {
+        (!self.killed_within(delivery.handed, delivery.leaves)).then_some(delivery.response)
+    }
+
+    fn serving(&self) -> MutexGuard<'_, Option<Serving>> {
+        self.serving.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn keys(&self) -> MutexGuard<'_, BTreeMap<String, RowId>> {
         self.keys.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
-/// The node's life: bind, forward hints, serve calls, until the node is killed. Its init function.
+/// The node's life: a new incarnation that takes calls and subscriptions and forwards hints, until the node is
+/// killed. Its init function.
 pub async fn serve(db: Arc<Database>) {
     let incarnation = db.incarnations.fetch_add(1, Ordering::SeqCst) + 1;
     db.trace.record(&db.node, "start", format!("incarnation={incarnation}"));
-    let endpoint = Endpoint::bind(db.addr).await.expect("db: the call port is free after a kill");
-    let node = Arc::new(Node {
-        db: db.clone(),
-        endpoint,
+    let id = *db.node_id.get().expect("the world records the database node's id before it starts");
+    let node = Handle::current().get_node(id).expect("the database node exists");
+    *db.serving() = Some(Serving {
+        node,
         started: Instant::now(),
-        rng: Mutex::new(rng::keyed(db.seed, "db", incarnation)),
-        subscribers: Mutex::new(BTreeMap::new()),
+        rng: Arc::new(Mutex::new(rng::keyed(db.seed, "db", incarnation))),
+        subscribers: BTreeMap::new(),
     });
-    tokio::spawn(node.clone().forward_hints());
-    tokio::spawn(node.clone().accept_subscriptions());
-    for _ in 0..RECEIVERS {
-        tokio::spawn(node.clone().receive_calls());
-    }
-    std::future::pending::<()>().await;
+    forward_hints(&db).await;
 }
 
-/// One incarnation of the node: lost at a restart.
-struct Node {
-    db: Arc<Database>,
-    endpoint: Endpoint,
-    started: Instant,
-    rng: Mutex<ChaCha8Rng>,
-    /// Hint addresses and when each last renewed its subscription.
-    subscribers: Mutex<BTreeMap<SocketAddr, Instant>>,
+/// Runs one request on the node: it waits its latency and a queue delay, executes (or, while the node starts
+/// up, answers `Unavailable`), and hands the reply over to cross the link back after another queue delay.
+async fn handle(db: Arc<Database>, request: Request, started: Instant, rng: Arc<Mutex<ChaCha8Rng>>) {
+    let name = request.call.name();
+    tokio::time::sleep(request.latency + queue_delay(&rng)).await;
+    let response = if started.elapsed() < STARTUP {
+        Err(StoreError::Unavailable("the database system is starting up".into()))
+    } else {
+        execute(&db, &request.caller, request.call).await
+    };
+    let handed = Instant::now();
+    let leaves = handed + queue_delay(&rng);
+    if drops_reply(&db, &rng) {
+        db.trace.record(&request.caller, "reply-dropped", name);
+        return;
+    }
+    let Some(latency) = db.wire.send(db.ip, request.from) else { return };
+    // A caller that went away (its node killed) needs no answer.
+    let _ = request.reply.send(Delivery { response, handed, leaves, arrives: leaves + latency });
 }
 
-impl Node {
-    async fn receive_calls(self: Arc<Self>) {
-        while let Ok((payload, from)) = self.endpoint.recv_from_raw(TAG_CALL).await {
-            let request = *payload.downcast::<Request>().expect("a call datagram carries a Request");
-            tokio::spawn(self.clone().handle(request, from));
-        }
-    }
+fn queue_delay(rng: &Mutex<ChaCha8Rng>) -> Duration {
+    let micros = lock(rng).random_range(0..QUEUE_DELAY_MAX.as_micros() as u64);
+    Duration::from_micros(micros)
+}
 
-    async fn handle(self: Arc<Self>, request: Request, from: SocketAddr) {
-        let name = request.call.name();
-        tokio::time::sleep(self.queue_delay()).await;
-        let response = if self.started.elapsed() < STARTUP {
-            Err(StoreError::Unavailable("the database system is starting up".into()))
-        } else {
-            execute(&self.db, &request.caller, request.call).await
+fn drops_reply(db: &Database, rng: &Mutex<ChaCha8Rng>) -> bool {
+    let ppm = db.reply_loss_ppm.load(Ordering::SeqCst);
+    ppm > 0 && lock(rng).random_range(0..1_000_000) < ppm
+}
+
+fn lock(rng: &Mutex<ChaCha8Rng>) -> MutexGuard<'_, ChaCha8Rng> {
+    rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Pushes every hint the store publishes to every live subscriber across its link (PostgreSQL's `NOTIFY` to each
+/// `LISTEN` connection). A lost hint costs a fetcher at most its backoff.
+async fn forward_hints(db: &Database) {
+    let mut hints = db.store.subscribe_hints();
+    loop {
+        let kind = match hints.recv().await {
+            Ok(kind) => kind,
+            Err(RecvError::Lagged(_)) => continue,
+            Err(RecvError::Closed) => return,
         };
-        tokio::time::sleep(self.queue_delay()).await;
-        if self.drops_reply() {
-            self.db.trace.record(&request.caller, "reply-dropped", name);
-            return;
-        }
-        // A send error means the network refused the datagram: the same as losing it.
-        let _ = self.endpoint.send_to_raw(from, request.reply_tag, Box::new(response)).await;
-    }
-
-    fn queue_delay(&self) -> Duration {
-        let micros = self.rng().random_range(0..QUEUE_DELAY_MAX.as_micros() as u64);
-        Duration::from_micros(micros)
-    }
-
-    fn drops_reply(&self) -> bool {
-        let ppm = self.db.reply_loss_ppm.load(Ordering::SeqCst);
-        ppm > 0 && self.rng().random_range(0..1_000_000) < ppm
-    }
-
-    fn rng(&self) -> MutexGuard<'_, ChaCha8Rng> {
-        self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn subscribers(&self) -> MutexGuard<'_, BTreeMap<SocketAddr, Instant>> {
-        self.subscribers.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Pushes every hint the store publishes to every live subscriber, one datagram each (PostgreSQL's
-    /// `NOTIFY` to each `LISTEN` connection). A lost hint costs a fetcher at most its backoff.
-    async fn forward_hints(self: Arc<Self>) {
-        let mut hints = self.db.store.subscribe_hints();
-        loop {
-            let kind = match hints.recv().await {
-                Ok(kind) => kind,
-                Err(RecvError::Lagged(_)) => continue,
-                Err(RecvError::Closed) => return,
-            };
-            let now = Instant::now();
-            let targets: Vec<SocketAddr> = {
-                let mut subscribers = self.subscribers();
-                subscribers.retain(|_, renewed| now.duration_since(*renewed) < SUBSCRIPTION_TTL);
-                subscribers.keys().copied().collect()
-            };
-            for target in targets {
-                let _ = self.endpoint.send_to_raw(target, TAG_HINT, Box::new(kind.clone())).await;
+        let now = Instant::now();
+        let mut serving = db.serving();
+        let Some(serving) = serving.as_mut() else { return };
+        serving.subscribers.retain(|_, (_, renewed)| now.duration_since(*renewed) < SUBSCRIPTION_TTL);
+        for (ip, (sender, _)) in &serving.subscribers {
+            if let Some(latency) = db.wire.send(db.ip, *ip) {
+                // A subscriber whose node died is gone until it subscribes again.
+                let _ = sender.send((now + latency, kind.clone()));
             }
-        }
-    }
-
-    async fn accept_subscriptions(self: Arc<Self>) {
-        while let Ok((payload, _)) = self.endpoint.recv_from_raw(TAG_SUBSCRIBE).await {
-            let hint_addr = *payload.downcast::<SocketAddr>().expect("a subscription carries the hint address");
-            self.subscribers().insert(hint_addr, Instant::now());
         }
     }
 }
@@ -258,11 +300,13 @@ async fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
     let gang_trace = db.gang_trace.load(Ordering::SeqCst);
     let events_before = if gang_trace { store.events_len() } else { 0 };
     let response = dispatch(db, &store, call).await;
-    for commit in store.history_from(before) {
+    // Each commit's text is written in place, without a copy of the commit.
+    let commits = store.map_history_from(before, |commit| (commit.op.to_string(), commit_row(&commit.op)));
+    for (text, row) in commits {
         // The operation is looked up only when traced: the lookup reads a row per commit.
-        match gang_trace.then(|| db.commit_operation(&commit.op)).flatten() {
-            Some(op) => db.trace.record(caller, "commit", format!("{} op={op}", commit.op)),
-            None => db.trace.record(caller, "commit", commit.op.to_string()),
+        match gang_trace.then(|| db.commit_operation(row)).flatten() {
+            Some(op) => db.trace.record(caller, "commit", format!("{text} op={op}")),
+            None => db.trace.record(caller, "commit", text),
         }
     }
     if gang_trace {
@@ -277,30 +321,54 @@ async fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
     response
 }
 
+/// The row a commit concerns, if exactly one.
+fn commit_row(op: &CommitOp) -> Option<RowId> {
+    match op {
+        CommitOp::Apply { lease, .. } | CommitOp::Reset { lease, .. } | CommitOp::Failure { lease, .. } => {
+            Some(lease.id)
+        }
+        CommitOp::LockRelated { holder, .. } => Some(holder.id),
+        CommitOp::Insert { id, .. } => Some(*id),
+        CommitOp::Fetch { leases, .. } if leases.len() == 1 => Some(leases[0].id),
+        _ => None,
+    }
+}
+
 async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
     Ok(match call {
         Call::Fetch(params) => Reply::Rows(store.fetch(params).await?),
         Call::NextExpiry(params) => Reply::Expiry(store.next_expiry(params).await?),
+        Call::FetchWithExpiry(params) => {
+            let (rows, expiry) = store.fetch_with_expiry(params).await?;
+            Reply::RowsAndExpiry(rows, expiry)
+        }
         Call::Refetch(lease) => Reply::MaybeRow(store.refetch(lease).await?),
         Call::RefetchBatch(leases) => Reply::MaybeRows(store.refetch_batch(leases).await?),
         Call::Heartbeat(params) => Reply::Leases(store.heartbeat(params).await?),
         Call::LockRelated(params) => Reply::Lock(store.lock_related(params).await?),
+        Call::LockRelatedOrReset(params) => Reply::LockAttempt(store.lock_related_or_reset(params).await?),
         Call::Apply(params) => Reply::Apply(store.apply(params).await?),
         Call::ApplyBatch(batch) => Reply::Applies(store.apply_batch(batch).await?),
         Call::RecordFailure(params) => Reply::Failure(store.record_failure(params).await?),
         Call::Reset(lease) => Reply::Held(store.reset_for_retry(lease).await?),
         Call::Release(leases) => Reply::Count(store.release(leases).await?),
         Call::Insert(row) => Reply::Row(store.insert(row).await?),
-        Call::InsertKeyed { key, row } => {
+        Call::InsertKeyed { key, row, hint } => {
             let existing = db.keys().get(&key).copied();
-            match existing {
-                Some(id) => Reply::Row(store.get(id).await?.expect("a keyed row is never deleted")),
+            let row = match existing {
+                Some(id) => store.get(id).await?.expect("a keyed row is never deleted"),
                 None => {
                     let row = store.insert(row).await?;
                     db.keys().insert(key, row.id);
-                    Reply::Row(row)
+                    row
                 }
+            };
+            match hint {
+                None => {}
+                Some(InsertHint::Kind) => store.hint(&row.kind, None).await?,
+                Some(InsertHint::Row) => store.hint(&row.kind, Some(row.id)).await?,
             }
+            Reply::Row(row)
         }
         Call::Get(id) => Reply::MaybeRow(store.get(id).await?),
         Call::List { kind, parent } => Reply::Rows(store.list(&kind, parent).await?),

@@ -5,8 +5,8 @@
 //!
 //! - [`world`]: the nodes (a database node serving MemStore over simulated RPC, N replica nodes running a
 //!   `PipelineManager`, in gang scenarios M agent nodes, a workload client) and the handles faults act through;
-//! - [`db`], [`net_store`], [`rpc`]: the database node, the `Store` that crosses the network to it, and their
-//!   wire protocol;
+//! - [`db`], [`net_store`], [`rpc`], [`wire`]: the database node, the `Store` that crosses the network to it,
+//!   their protocol, and the simulated links both cross;
 //! - [`replica`], [`workload`]: what replicas run and what the client inserts;
 //! - [`user`], [`service`]: users' own pipelines in the world ([`PipelineSet`]: their handlers, workload, final
 //!   statuses, checkers) and the simulated external services their handlers call;
@@ -66,6 +66,8 @@ pub mod timeline;
 pub mod trace;
 #[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod user;
+#[cfg_attr(not(madsim), allow(dead_code))]
+pub mod wire;
 #[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod workload;
 #[cfg(madsim)]

@@ -1,68 +1,52 @@
 //! A [`Store`] whose every call crosses the simulated network to the database node (DESIGN §5).
 //!
-//! A call is one request datagram and one reply datagram; either can be delayed, lost, or cut off by a
-//! partition, and the database may die or drop the reply after committing. The client waits at most its call
-//! time-out and then returns [`StoreError::Timeout`]: the outcome is unknown, as with a PostgreSQL connection
-//! that broke mid-call. Fetch hints reach every replica: each subscribes its hint port at the database node
-//! (and renews the subscription every second, so it survives database restarts and healed partitions), and the
-//! node pushes every hint to every subscriber.
+//! A call is one request and one reply, each crossing the link between the client's node and the database node
+//! ([`Wire`](super::wire::Wire)): either can be delayed, lost, or cut off by a partition, and the database may die
+//! or drop the reply after committing. The client waits at most its call time-out and then returns
+//! [`StoreError::Timeout`]: the outcome is unknown, as with a PostgreSQL connection that broke mid-call. Fetch
+//! hints reach every replica: each subscribes at the database node (and renews the subscription every second
+//! across its link, so it survives database restarts and healed partitions), and the node pushes every hint to
+//! every subscriber.
+//!
+//! A call takes two timers of the simulator: the database node's task waits out the request's latency and its
+//! queue delay, and the caller waits until the reply arrives, or until its time-out when the reply will not come
+//! (a lost request or reply is known when it is lost, so no time-out timer waits beside every call).
 
-use super::rpc::{Call, HINT_PORT, REPLY_TAG_MIN, Reply, Request, Response, TAG_HINT, TAG_SUBSCRIBE};
+use super::db::Database;
+use super::rpc::{Call, InsertHint, Reply, Request, Response};
 use super::trace::Trace;
 use crate::store::{
     ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HINT_BUFFER_LEN_MAX, HeartbeatParams,
-    Hint, Lease, LockOutcome, LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp,
-    WriteOutcome,
+    Hint, Lease, LockAttempt, LockOutcome, LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, Store,
+    StoreError, Timestamp, WriteOutcome,
 };
-use madsim::net::Endpoint;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// How often a subscriber renews its hint subscription.
 pub const HINT_RENEW_INTERVAL: Duration = Duration::from_secs(1);
-/// Calls that timed out before a client rebinds its call endpoint. A reply that arrives after its call gave up
-/// stays in the endpoint's mailbox for good (madsim keeps unclaimed datagrams), and every later call scans the
-/// mailbox, so a long run with many time-outs would slow down quadratically without a fresh endpoint now and then.
-pub const ABANDONED_CALLS_MAX: usize = 64;
 
 /// How to connect a [`NetStore`].
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct NetStoreOptions {
     /// The node this client runs on, as traces and commits name it.
     pub node: Arc<str>,
     /// That node's IP address.
     pub ip: IpAddr,
-    /// The database node's call address.
-    pub db: SocketAddr,
+    /// The database.
+    pub db: Arc<Database>,
     /// How long a call waits for its reply (simulated time).
     pub call_timeout: Duration,
     /// Whether to subscribe to fetch hints (replicas do; the workload client does not).
     pub hints: bool,
-    /// First reply tag of this client: unique per client in the run, so a late reply to a call of an earlier
-    /// incarnation of the node can never be taken for the reply to a new call.
-    pub tag_base: u64,
 }
 
-impl NetStoreOptions {
-    /// Options for a new client on `node` (at `ip`) of the database at `db`, with the next reply-tag range of the
-    /// run's allocator `clients` (see [`tag_base`]).
-    pub fn next_client(
-        node: Arc<str>,
-        ip: IpAddr,
-        db: SocketAddr,
-        call_timeout: Duration,
-        hints: bool,
-        clients: &AtomicU64,
-    ) -> NetStoreOptions {
-        NetStoreOptions { node, ip, db, call_timeout, hints, tag_base: tag_base(clients) }
-    }
-}
-
-/// A reply-tag range for a new store client: `(n + 1) << 32` for the n-th client of the run.
+/// A reply-tag range for a new client of the world's services: `(n + 1) << 32` for the n-th client of the run.
 pub fn tag_base(clients: &AtomicU64) -> u64 {
     (clients.fetch_add(1, Ordering::SeqCst) + 1) << 32
 }
@@ -70,43 +54,38 @@ pub fn tag_base(clients: &AtomicU64) -> u64 {
 /// A store client on a simulated node. Dropping it stops its hint tasks.
 pub struct NetStore {
     options: NetStoreOptions,
-    endpoint: Mutex<Endpoint>,
-    next_tag: AtomicU64,
-    abandoned: AtomicUsize,
     hints: broadcast::Sender<Hint>,
     trace: Trace,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl NetStore {
-    /// Binds the client's endpoints on the current node and, with `options.hints`, starts receiving hints.
+    /// A client on the current node; with `options.hints`, it starts receiving hints.
     pub async fn connect(options: NetStoreOptions, trace: Trace) -> NetStore {
-        assert!(options.tag_base >= REPLY_TAG_MIN, "reply tags must not collide with the fixed tags");
-        let endpoint = Endpoint::bind(SocketAddr::new(options.ip, 0)).await.expect("an ephemeral port is free");
         let (hints, _) = broadcast::channel(HINT_BUFFER_LEN_MAX);
         let mut tasks = Vec::new();
         if options.hints {
-            let hint_addr = SocketAddr::new(options.ip, HINT_PORT);
-            let hint_endpoint =
-                Endpoint::bind(hint_addr).await.expect("the hint port is free (a restarted node was killed first)");
-            tasks.push(tokio::spawn(receive_hints(hint_endpoint, hints.clone())));
-            tasks.push(tokio::spawn(renew_subscription(endpoint.clone(), options.db, hint_addr)));
+            let (sender, received) = mpsc::unbounded_channel();
+            tasks.push(tokio::spawn(receive_hints(received, hints.clone())));
+            tasks.push(tokio::spawn(renew_subscription(options.db.clone(), options.ip, sender)));
         }
-        NetStore {
-            next_tag: AtomicU64::new(options.tag_base),
-            options,
-            endpoint: Mutex::new(endpoint),
-            abandoned: AtomicUsize::new(0),
-            hints,
-            trace,
-            tasks,
-        }
+        NetStore { options, hints, trace, tasks }
     }
 
     /// Inserts `row` unless one was inserted under `key` already; returns the row either way. Safe to retry
     /// after an error whose outcome is unknown.
     pub async fn insert_keyed(&self, key: String, row: NewRow) -> Result<Row, StoreError> {
-        match self.call(Call::InsertKeyed { key, row }).await? {
+        self.insert_keyed_hinting(key, row, None).await
+    }
+
+    /// [`NetStore::insert_keyed`], then, in the same call, the fetch hint `hint` (if any) for the row's kind.
+    pub async fn insert_keyed_hinting(
+        &self,
+        key: String,
+        row: NewRow,
+        hint: Option<InsertHint>,
+    ) -> Result<Row, StoreError> {
+        match self.call(Call::InsertKeyed { key, row, hint }).await? {
             Reply::Row(row) => Ok(row),
             other => unexpected("insert_keyed", other),
         }
@@ -114,38 +93,29 @@ impl NetStore {
 
     /// One call: send the request, wait for the reply within the call time-out.
     async fn call(&self, call: Call) -> Response {
+        let options = &self.options;
         let name = call.name();
-        let reply_tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-        let endpoint = self.endpoint().clone();
-        let request = Request { reply_tag, caller: self.options.node.clone(), call };
-        let exchange = async {
-            endpoint.send_to_raw(self.options.db, super::rpc::TAG_CALL, Box::new(request)).await?;
-            endpoint.recv_from_raw(reply_tag).await
-        };
-        match tokio::time::timeout(self.options.call_timeout, exchange).await {
-            Ok(Ok((payload, _))) => *payload.downcast::<Response>().expect("a reply datagram carries a Response"),
-            Ok(Err(error)) => Err(StoreError::Unavailable(format!("{name}: {error}"))),
-            Err(_) => {
-                self.trace.record(&self.options.node, "call-timeout", name);
-                self.abandon().await;
-                Err(StoreError::Timeout(self.options.call_timeout))
+        let deadline = Instant::now() + options.call_timeout;
+        let (reply, replied) = oneshot::channel();
+        // The reply sender is dropped (here, or by the database node) when the request is lost, when the node dies
+        // or when it drops the reply: the call then times out.
+        match options.db.wire().send(options.ip, options.db.ip()) {
+            Some(latency) => {
+                options.db.submit(Request { caller: options.node.clone(), from: options.ip, latency, call, reply })
+            }
+            None => drop(reply),
+        }
+        if let Ok(delivery) = replied.await
+            && delivery.arrives <= deadline
+        {
+            tokio::time::sleep_until(delivery.arrives).await;
+            if let Some(response) = options.db.delivered(delivery) {
+                return response;
             }
         }
-    }
-
-    /// Counts a call that gave up, and rebinds the call endpoint after [`ABANDONED_CALLS_MAX`] of them. Calls
-    /// in flight keep the old endpoint until they finish.
-    async fn abandon(&self) {
-        if self.abandoned.fetch_add(1, Ordering::Relaxed) + 1 < ABANDONED_CALLS_MAX {
-            return;
-        }
-        self.abandoned.store(0, Ordering::Relaxed);
-        let fresh = Endpoint::bind(SocketAddr::new(self.options.ip, 0)).await.expect("an ephemeral port is free");
-        *self.endpoint() = fresh;
-    }
-
-    fn endpoint(&self) -> MutexGuard<'_, Endpoint> {
-        self.endpoint.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        tokio::time::sleep_until(deadline).await;
+        self.trace.record(&options.node, "call-timeout", name);
+        Err(StoreError::Timeout(options.call_timeout))
     }
 }
 
@@ -157,19 +127,22 @@ impl Drop for NetStore {
     }
 }
 
-/// Hands every hint datagram to the local subscribers.
-async fn receive_hints(endpoint: Endpoint, hints: broadcast::Sender<Hint>) {
-    while let Ok((payload, _)) = endpoint.recv_from_raw(TAG_HINT).await {
-        let kind = *payload.downcast::<Hint>().expect("a hint datagram carries a Hint");
+/// Hands every hint to the local subscribers once it arrives.
+async fn receive_hints(mut received: mpsc::UnboundedReceiver<(Instant, Hint)>, hints: broadcast::Sender<Hint>) {
+    while let Some((arrives, kind)) = received.recv().await {
+        tokio::time::sleep_until(arrives).await;
         // No local subscriber yet is not an error.
         let _ = hints.send(kind);
     }
 }
 
-/// Renews the hint subscription every [`HINT_RENEW_INTERVAL`], forever.
-async fn renew_subscription(endpoint: Endpoint, db: SocketAddr, hint_addr: SocketAddr) {
+/// Renews the hint subscription of the node at `ip` every [`HINT_RENEW_INTERVAL`], forever; a renewal crosses
+/// the link to the database (a lost one is not retried before the next).
+async fn renew_subscription(db: Arc<Database>, ip: IpAddr, hints: super::db::HintSender) {
     loop {
-        let _ = endpoint.send_to_raw(db, TAG_SUBSCRIBE, Box::new(hint_addr)).await;
+        if db.wire().send(ip, db.ip()).is_some() {
+            db.subscribe(ip, hints.clone());
+        }
         tokio::time::sleep(HINT_RENEW_INTERVAL).await;
     }
 }
@@ -190,6 +163,14 @@ impl Store for NetStore {
         match self.call(Call::NextExpiry(params)).await? {
             Reply::Expiry(span) => Ok(span),
             other => unexpected("next_expiry", other),
+        }
+    }
+
+    async fn fetch_with_expiry(&self, params: FetchParams) -> Result<(Vec<Row>, Option<Duration>), StoreError> {
+        // One round trip for what the default makes two calls of.
+        match self.call(Call::FetchWithExpiry(params)).await? {
+            Reply::RowsAndExpiry(rows, expiry) => Ok((rows, expiry)),
+            other => unexpected("fetch_with_expiry", other),
         }
     }
 
@@ -222,6 +203,14 @@ impl Store for NetStore {
         match self.call(Call::LockRelated(params)).await? {
             Reply::Lock(outcome) => Ok(outcome),
             other => unexpected("lock_related", other),
+        }
+    }
+
+    async fn lock_related_or_reset(&self, params: LockRelatedParams) -> Result<LockAttempt, StoreError> {
+        // One round trip for what the default makes two calls of.
+        match self.call(Call::LockRelatedOrReset(params)).await? {
+            Reply::LockAttempt(attempt) => Ok(attempt),
+            other => unexpected("lock_related_or_reset", other),
         }
     }
 

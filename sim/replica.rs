@@ -6,6 +6,7 @@
 //! its own between incarnations, only what the database holds. Its local clock belongs to the machine and
 //! survives restarts, so a drift fault outlives a crash.
 
+use super::db::Database;
 use super::net_store::{NetStore, NetStoreOptions};
 use super::service::Service;
 use super::trace::Trace;
@@ -14,7 +15,7 @@ use super::workload::{self, WorkloadSpec};
 use crate::gang::pipeline::OperationHandler;
 use crate::gang::placement::PlacementSettings;
 use crate::pipeline::{LocalClock, ManagerOptions, PipelineConfig, PipelineManager, ShutdownReport};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -59,7 +60,7 @@ pub struct ReplicaContext {
     /// Node address.
     pub ip: IpAddr,
     /// The database node's call address.
-    pub db: SocketAddr,
+    pub db: Arc<Database>,
     /// The run's seed.
     pub seed: u64,
     /// The workload.
@@ -84,7 +85,7 @@ pub struct ReplicaContext {
     pub stop: Arc<Stop>,
     /// The run's trace.
     pub trace: Trace,
-    /// The world's allocator of reply-tag ranges, one per store client.
+    /// The world's allocator of reply-tag ranges, one per client of a service.
     pub clients: Arc<AtomicU64>,
     /// Incarnations started so far.
     pub incarnations: AtomicU64,
@@ -103,7 +104,13 @@ impl ReplicaContext {
 pub async fn run(ctx: Arc<ReplicaContext>) {
     let incarnation = ctx.incarnations.fetch_add(1, Ordering::SeqCst) + 1;
     ctx.trace.record(&ctx.name, "start", format!("incarnation={incarnation} clock_ppm={}", ctx.clock.rate_ppm()));
-    let options = NetStoreOptions::next_client(ctx.name.clone(), ctx.ip, ctx.db, ctx.call_timeout, true, &ctx.clients);
+    let options = NetStoreOptions {
+        node: ctx.name.clone(),
+        ip: ctx.ip,
+        db: ctx.db.clone(),
+        call_timeout: ctx.call_timeout,
+        hints: true,
+    };
     let store = NetStore::connect(options, ctx.trace.clone()).await;
     // Every incarnation draws fresh engine jitter: a restarted process does not replay its predecessor.
     let seed = ctx.seed ^ (ctx.index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ incarnation;

@@ -1,37 +1,44 @@
-//! The wire protocol between store clients ([`NetStore`](super::net_store::NetStore)) and the database node
-//! ([`db`](super::db)): one request datagram per store call, one reply datagram per request, over
-//! `madsim::net::Endpoint`. Payloads travel as Rust values (the simulator passes `Box<dyn Any>`), so nothing is
-//! serialized; every message can be delayed, lost or cut off by a partition like any packet.
+//! The protocol between store clients ([`NetStore`](super::net_store::NetStore)) and the database node
+//! ([`db`](super::db)): one request per store call, one reply per request, each crossing the simulated links of
+//! [`Wire`](super::wire::Wire) (delayed, lost, or cut off by a partition like any packet). Payloads travel as Rust
+//! values, so nothing is serialized.
 
 use crate::store::{
-    ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HeartbeatParams, Lease, LockOutcome,
-    LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, StoreError, Timestamp, WriteOutcome,
+    ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HeartbeatParams, Lease, LockAttempt,
+    LockOutcome, LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, StoreError, Timestamp, WriteOutcome,
 };
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The database node's port for store calls (PostgreSQL's, for familiarity).
-pub const CALL_PORT: u16 = 5432;
-/// A replica's port for fetch hints pushed by the database node.
-pub const HINT_PORT: u16 = 5433;
-/// Tag of request datagrams on [`CALL_PORT`].
-pub const TAG_CALL: u64 = 1;
-/// Tag of hint-subscription datagrams on [`CALL_PORT`]: the payload is the subscriber's hint address.
-pub const TAG_SUBSCRIBE: u64 = 2;
-/// Tag of hint datagrams on [`HINT_PORT`]: the payload is a [`Hint`](crate::store::Hint).
-pub const TAG_HINT: u64 = 3;
-/// Reply tags are at least this, so they never collide with the fixed tags above.
-pub const REPLY_TAG_MIN: u64 = 1 << 32;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 /// One store call on its way to the database.
 #[derive(Debug)]
 pub struct Request {
-    /// Tag the reply must carry: unique per call in the run.
-    pub reply_tag: u64,
     /// The node that sent it, recorded in the commits it makes.
     pub caller: Arc<str>,
+    /// That node's address, where the reply goes.
+    pub from: IpAddr,
+    /// How long the request takes to reach the database (simulated time, drawn when it was sent).
+    pub latency: Duration,
     /// The call.
     pub call: Call,
+    /// Where the reply goes; dropped unanswered when the request, the database node or the reply is lost.
+    pub reply: oneshot::Sender<Delivery>,
+}
+
+/// A reply on its way back to the caller.
+#[derive(Debug)]
+pub struct Delivery {
+    /// What the call returned.
+    pub response: Response,
+    /// When the database node handed the reply over (simulated): it holds the reply until `leaves`.
+    pub handed: Instant,
+    /// When the reply leaves the database node: a kill of the node before then loses it.
+    pub leaves: Instant,
+    /// When the reply reaches the caller.
+    pub arrives: Instant,
 }
 
 /// A store call: one variant per [`Store`](crate::store::Store) method, plus the keyed insert the client
@@ -40,10 +47,16 @@ pub struct Request {
 pub enum Call {
     Fetch(FetchParams),
     NextExpiry(FetchParams),
+    /// [`Store::fetch_with_expiry`](crate::store::Store::fetch_with_expiry): an empty fetch and its expiry in one
+    /// round trip.
+    FetchWithExpiry(FetchParams),
     Refetch(Lease),
     RefetchBatch(Vec<Lease>),
     Heartbeat(HeartbeatParams),
     LockRelated(LockRelatedParams),
+    /// [`Store::lock_related_or_reset`](crate::store::Store::lock_related_or_reset): a contended lock and its
+    /// reset in one round trip.
+    LockRelatedOrReset(LockRelatedParams),
     Apply(ApplyParams),
     ApplyBatch(Vec<ApplyParams>),
     RecordFailure(FailureParams),
@@ -51,10 +64,11 @@ pub enum Call {
     Release(Vec<Lease>),
     Insert(NewRow),
     /// Inserts `row` unless a row was already inserted under `key` (a unique index the database keeps), and
-    /// returns the row either way: an insert whose reply was lost can be retried.
+    /// returns the row either way: an insert whose reply was lost can be retried. Then sends `hint`, if any.
     InsertKeyed {
         key: String,
         row: NewRow,
+        hint: Option<InsertHint>,
     },
     Get(RowId),
     List {
@@ -81,10 +95,12 @@ impl Call {
         match self {
             Call::Fetch(_) => "fetch",
             Call::NextExpiry(_) => "next_expiry",
+            Call::FetchWithExpiry(_) => "fetch_with_expiry",
             Call::Refetch(_) => "refetch",
             Call::RefetchBatch(_) => "refetch_batch",
             Call::Heartbeat(_) => "heartbeat",
             Call::LockRelated(_) => "lock_related",
+            Call::LockRelatedOrReset(_) => "lock_related_or_reset",
             Call::Apply(_) => "apply",
             Call::ApplyBatch(_) => "apply_batch",
             Call::RecordFailure(_) => "record_failure",
@@ -103,16 +119,28 @@ impl Call {
     }
 }
 
+/// The fetch hint a keyed insert sends once its row is in, in the same call (as a trigger's `NOTIFY` in the
+/// insert's transaction): the workload client's inserts and their hints cost one round trip, not two (issue 17).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InsertHint {
+    /// A hint for the row's kind.
+    Kind,
+    /// A hint for the row's kind that marks the row hinted (it skips `min_processing_interval` once).
+    Row,
+}
+
 /// What a call returned, one variant per result shape.
 #[derive(Debug)]
 pub enum Reply {
     Rows(Vec<Row>),
+    RowsAndExpiry(Vec<Row>, Option<Duration>),
     RowSets(Vec<Vec<Row>>),
     MaybeRow(Option<Row>),
     MaybeRows(Vec<Option<Row>>),
     Row(Row),
     Leases(Vec<Lease>),
     Lock(LockOutcome),
+    LockAttempt(LockAttempt),
     Apply(ApplyOutcome),
     Applies(Vec<ApplyOutcome>),
     Failure(FailureOutcome),

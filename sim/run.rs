@@ -285,8 +285,12 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
         }
     };
     let wall = wall.elapsed();
-    let trace =
-        trace_slot.lock().unwrap_or_else(|p| p.into_inner()).take().map(|trace| trace.events()).unwrap_or_default();
+    let trace = trace_slot
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .map(|trace| trace.take_events())
+        .unwrap_or_default();
     // A panicked run has no end time of its own: the last trace event is as far as it got (not zero).
     let simulated = match &result {
         Ok(_) => simulated,
@@ -462,7 +466,8 @@ async fn simulate(
     // their agents, which never drain.
     let gang_part = scenario.gang.is_some();
     Outcome {
-        history: store.history(),
+        // Moved, not copied: the run is over (issue 17: about 10⁵ commits a 10 000-row run).
+        history: store.take_history(),
         events: store.all_events(),
         rows_at_liveness: rows_at_liveness.into_iter().filter(|row| !(gang_part && gang::is_gang_row(row))).collect(),
         rows_final: rows_final.into_iter().filter(|row| !(gang_part && row.kind == KIND_NODE)).collect(),

@@ -94,6 +94,12 @@ impl Trace {
         self.lock().events.clone()
     }
 
+    /// Moves the events out, leaving the trace empty (for a run's report once the run is over: no copy of
+    /// every event).
+    pub fn take_events(&self) -> Vec<TraceEvent> {
+        std::mem::take(&mut self.lock().events)
+    }
+
     /// A copy of the events from index `start` on (what was recorded since a caller last looked).
     pub fn events_from(&self, start: usize) -> Vec<TraceEvent> {
         self.lock().events.get(start..).unwrap_or(&[]).to_vec()

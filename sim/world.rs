@@ -31,6 +31,7 @@ use super::scenario::Scenario;
 use super::service::{self, Effect, Service};
 use super::trace::Trace;
 use super::user::WorkloadClient;
+use super::wire::Wire;
 use super::workload::{Client, ClientReport};
 use crate::agent::{ProcessEvent, ProcessLog, SimulatedExecutor};
 use crate::pipeline::LocalClock;
@@ -103,7 +104,6 @@ struct Inner {
     submitted: Submitted,
     faults_on: Arc<AtomicBool>,
     stop: Arc<Stop>,
-    clients: Arc<AtomicU64>,
     services: Arc<Vec<Arc<Service>>>,
     /// The longest lease ttl a user's pipeline registered, in microseconds.
     lease_ttl_max: Arc<AtomicU64>,
@@ -144,7 +144,8 @@ impl World {
         });
         let name: Arc<str> = Arc::from("world");
         trace.record(&name, "build", format!("scenario={} seed={seed} replicas={}", scenario.name, scenario.replicas));
-        let db = Database::new(seed, IpAddr::V4(DB_IP), trace.clone());
+        let wire = Arc::new(Wire::new(seed, scenario.net_latency.clone()));
+        let db = Database::new(seed, IpAddr::V4(DB_IP), wire, trace.clone());
         if scenario.gang.is_some() {
             db.enable_gang_trace();
         }
@@ -156,6 +157,7 @@ impl World {
             let db = db.clone();
             handle.create_node().name("db").ip(IpAddr::V4(DB_IP)).init(move || db::serve(db.clone())).build()
         };
+        db.set_node_id(db_node.id());
         tokio::time::sleep(db::STARTUP).await;
         let client_node = handle.create_node().name("client").ip(IpAddr::V4(CLIENT_IP)).build();
         let faults_on = Arc::new(AtomicBool::new(true));
@@ -183,7 +185,7 @@ impl World {
                     index,
                     name: Arc::from(format!("replica-{index}")),
                     ip,
-                    db: db.addr(),
+                    db: db.clone(),
                     seed,
                     spec: spec.clone(),
                     operations: operations.clone(),
@@ -229,13 +231,12 @@ impl World {
                             index,
                             name: Arc::from(gang::agent_name(index)),
                             ip: agent_ip(index),
-                            db: db.addr(),
+                            db: db.clone(),
                             config: gang.agent_config(index),
                             executor: executor.clone(),
                             call_timeout: scenario.call_timeout,
                             clock: LocalClock::drifting(),
                             trace: trace.clone(),
-                            clients: clients.clone(),
                             incarnations: AtomicU64::new(0),
                         });
                         let init = ctx.clone();
@@ -266,7 +267,6 @@ impl World {
             submitted: Submitted::default(),
             faults_on,
             stop,
-            clients,
             services,
             lease_ttl_max,
             bursts: AtomicU64::new(0),
@@ -426,9 +426,13 @@ impl World {
     }
 
     async fn connect_client(&self) -> NetStore {
-        let (ip, db, call_timeout) = (self.inner.client_ip, self.inner.db.addr(), self.scenario().call_timeout);
-        let options =
-            NetStoreOptions::next_client(Arc::from("client"), ip, db, call_timeout, false, &self.inner.clients);
+        let options = NetStoreOptions {
+            node: Arc::from("client"),
+            ip: self.inner.client_ip,
+            db: self.inner.db.clone(),
+            call_timeout: self.scenario().call_timeout,
+            hints: false,
+        };
         let trace = self.inner.trace.clone();
         self.inner.client_node.spawn(NetStore::connect(options, trace)).await.expect("client connects")
     }
@@ -458,6 +462,7 @@ impl World {
         let mut nodes = vec![inner.db_node.id(), inner.client_node.id()];
         nodes.extend(inner.replicas.iter().map(|slot| slot.node.id()));
         nodes.extend(inner.agents.iter().map(|slot| slot.node.id()));
+        inner.db.killed();
         for node in nodes {
             inner.handle.kill(node);
         }
@@ -507,6 +512,7 @@ impl World {
             net.unclog_node(node);
         }
         let latency = inner.scenario.net_latency.clone();
+        inner.db.wire().heal(latency.clone());
         net.update_config(|config| {
             config.send_latency = latency;
             config.packet_loss_rate = 0.0;
@@ -564,6 +570,16 @@ impl World {
 
     fn release(&self, slot: Slot) {
         self.state().busy.remove(&slot);
+    }
+
+    /// The address of `target`'s node.
+    fn ip(&self, target: Target) -> IpAddr {
+        match target {
+            Target::Db => self.inner.db.ip(),
+            Target::Client => self.inner.client_ip,
+            Target::Replica(index) => self.inner.replicas[index].ctx.ip,
+            Target::Agent(index) => self.inner.agents[index].ctx.ip,
+        }
     }
 
     fn node_id(&self, target: Target) -> NodeId {
@@ -811,6 +827,7 @@ impl DbHandle<'_> {
             return;
         }
         self.record("kill", format!("down={down:?}"));
+        self.world.inner.db.killed();
         self.world.inner.handle.kill(self.world.inner.db_node.id());
         self.world.state().db_down = true;
         tokio::time::sleep(down).await;
@@ -846,12 +863,15 @@ impl NetHandle<'_> {
         }
         self.world.record("degrade", format!("latency={latency:?} loss={loss:.3} span={span:?}"));
         let net = NetSim::current();
+        let wire = self.world.inner.db.wire();
+        wire.set_conditions(latency.clone(), loss);
         net.update_config(|config| {
             config.send_latency = latency;
             config.packet_loss_rate = loss;
         });
         tokio::time::sleep(span).await;
         let baseline = self.world.scenario().net_latency.clone();
+        wire.set_conditions(baseline.clone(), 0.0);
         net.update_config(|config| {
             config.send_latency = baseline;
             config.packet_loss_rate = 0.0;
@@ -863,18 +883,19 @@ impl NetHandle<'_> {
     /// Cuts the link between `a` and `b`, both ways, for `span`.
     pub async fn partition(&self, a: Target, b: Target, span: Duration) {
         let (a_id, b_id) = (self.world.node_id(a), self.world.node_id(b));
+        let (a_ip, b_ip) = (self.world.ip(a), self.world.ip(b));
         self.world.record("partition", format!("{a:?}<->{b:?} span={span:?}"));
-        self.clog(a_id, b_id);
-        self.clog(b_id, a_id);
+        self.clog((a_id, a_ip), (b_id, b_ip));
+        self.clog((b_id, b_ip), (a_id, a_ip));
         tokio::time::sleep(span).await;
-        self.unclog(a_id, b_id);
-        self.unclog(b_id, a_id);
+        self.unclog((a_id, a_ip), (b_id, b_ip));
+        self.unclog((b_id, b_ip), (a_id, a_ip));
         self.world.record("partition-end", format!("{a:?}<->{b:?}"));
     }
 
     /// Cuts every link of `node` for `span`.
     pub async fn isolate(&self, node: Target, span: Duration) {
-        let id = self.world.node_id(node);
+        let (id, ip) = (self.world.node_id(node), self.world.ip(node));
         self.world.record("isolate", format!("{node:?} span={span:?}"));
         let first = {
             let mut state = self.world.state();
@@ -884,6 +905,7 @@ impl NetHandle<'_> {
         };
         if first {
             NetSim::current().clog_node(id);
+            self.world.inner.db.wire().isolate(ip);
         }
         tokio::time::sleep(span).await;
         let last = {
@@ -895,26 +917,31 @@ impl NetHandle<'_> {
         };
         if last {
             NetSim::current().unclog_node(id);
+            self.world.inner.db.wire().rejoin(ip);
         }
         self.world.record("isolate-end", format!("{node:?}"));
     }
 
-    fn clog(&self, src: NodeId, dst: NodeId) {
+    /// Cuts the directed link from `src` to `dst` (each a node and its address), in madsim's network (the
+    /// services' datagrams) and on the wire (store calls and hints).
+    fn clog(&self, (src, src_ip): (NodeId, IpAddr), (dst, dst_ip): (NodeId, IpAddr)) {
         let mut state = self.world.state();
         let count = state.links.entry((src, dst)).or_default();
         *count += 1;
         if *count == 1 {
             NetSim::current().clog_link(src, dst);
+            self.world.inner.db.wire().cut(src_ip, dst_ip);
         }
     }
 
-    fn unclog(&self, src: NodeId, dst: NodeId) {
+    fn unclog(&self, (src, src_ip): (NodeId, IpAddr), (dst, dst_ip): (NodeId, IpAddr)) {
         let mut state = self.world.state();
         let Some(count) = state.links.get_mut(&(src, dst)) else { return };
         *count -= 1;
         if *count == 0 {
             state.links.remove(&(src, dst));
             NetSim::current().unclog_link(src, dst);
+            self.world.inner.db.wire().join(src_ip, dst_ip);
         }
     }
 }

@@ -39,8 +39,11 @@ fn assert_fails(shrunk: &Shrunk, checker: &str) {
 
 #[test]
 fn the_apply_guard_off_shrinks_to_one_fault_and_a_handful_of_rows() {
+    // Seed 2: since the simulated network of issue 17 changed every run's timing, seed 1's shrink keeps all three
+    // replicas, and this test shows a shrink that drops replicas too.
+    let seed = 2;
     let text = guard_off();
-    let shrunk = shrunk(&text, 1, 2).unwrap();
+    let shrunk = shrunk(&text, seed, 2).unwrap();
     assert_eq!(shrunk.target, Target::Checker("lease_exclusivity".into()));
     assert!(shrunk.complete, "stopped by the time bound:\n{}", shrunk.text);
     assert_eq!((shrunk.original.faults, shrunk.size.faults), (2, 1), "{}", shrunk.text);
@@ -49,10 +52,10 @@ fn the_apply_guard_off_shrinks_to_one_fault_and_a_handful_of_rows() {
     assert!(shrunk.text.contains("kind = \"pause\""), "the pause is the cause:\n{}", shrunk.text);
     assert!(!shrunk.text.contains("clock-drift\""), "the drift is not:\n{}", shrunk.text);
     assert!(
-        shrunk.text.starts_with(
-            "# Shrunk by `lockstep sim shrink` from planted.toml (scenario guard-off, seed 1), which fails checker \
-             lease_exclusivity."
-        ),
+        shrunk.text.starts_with(&format!(
+            "# Shrunk by `lockstep sim shrink` from planted.toml (scenario guard-off, seed {seed}), which fails \
+             checker lease_exclusivity."
+        )),
         "{}",
         shrunk.text
     );

@@ -27,6 +27,9 @@ pub struct Fetcher<S: Store> {
     core: Core<S>,
     rng: ChaCha8Rng,
     empty_streak: u32,
+    /// What the last fetch found out about the rows it had to skip: how long until the first of their leases ends
+    /// (only after a fetch that leased nothing; [`Store::fetch_with_expiry`]).
+    expiry: Option<Duration>,
 }
 
 /// The delay after the `empty_streak`-th consecutive empty fetch (1-based): the backoff sequence by streak, the
@@ -46,7 +49,7 @@ pub fn fetch_backoff(config: &PipelineConfig, empty_streak: u32, rng: &mut impl 
 
 impl<S: Store> Fetcher<S> {
     pub(crate) fn new(core: Core<S>, rng: ChaCha8Rng) -> Fetcher<S> {
-        Fetcher { core, rng, empty_streak: 0 }
+        Fetcher { core, rng, empty_streak: 0, expiry: None }
     }
 
     /// Consecutive empty fetches so far.
@@ -63,7 +66,9 @@ impl<S: Store> Fetcher<S> {
     ///
     /// Errors: the store's, with nothing queued (a fetch whose reply was lost leaves its leases to expire).
     pub async fn run_once(&mut self) -> Result<FetchPass, StoreError> {
-        let pass = fetch(&self.core, 0).await?;
+        self.expiry = None;
+        let (pass, expiry) = fetch(&self.core, 0).await?;
+        self.expiry = expiry;
         match pass {
             FetchPass::Fetched { fetched: 0, .. } => {
                 self.empty_streak += 1;
@@ -93,7 +98,7 @@ impl<S: Store> Fetcher<S> {
             let wait = match self.run_once().await {
                 Ok(FetchPass::Full) => None,
                 Ok(FetchPass::Fetched { fetched, limit }) if fetched == limit => continue,
-                Ok(FetchPass::Fetched { fetched: 0, .. }) => Some(self.empty_wait().await),
+                Ok(FetchPass::Fetched { fetched: 0, .. }) => Some(self.empty_wait()),
                 Ok(FetchPass::Fetched { .. }) => Some(self.core.config.fetch_backoff[0]),
                 Err(error) => {
                     tracing::warn!(pipeline = %self.core.config.name, %error, "fetch failed");
@@ -127,18 +132,14 @@ impl<S: Store> Fetcher<S> {
     }
 
     /// The wait after an empty fetch: the backoff, or, if a lease or intent mark the fetch had to skip expires
-    /// sooner ([`Store::next_expiry`]), until `fetch_expiry_slack` after that, so that a dead holder's rows are
-    /// taken over at once rather than a backoff later (issue 14). A store error keeps the backoff.
-    pub async fn empty_wait(&mut self) -> Duration {
+    /// sooner (the expiry the fetch brought back, [`Store::fetch_with_expiry`]), until `fetch_expiry_slack` after
+    /// that, so that a dead holder's rows are taken over at once rather than a backoff later (issue 14). No expiry
+    /// known (none, or the store could not tell) keeps the backoff.
+    pub fn empty_wait(&mut self) -> Duration {
         let backoff = self.backoff();
-        let config = &self.core.config;
-        match self.core.store.next_expiry(fetch_params(config, 0)).await {
-            Ok(Some(expiry)) => backoff.min(expiry + config.fetch_expiry_slack),
-            Ok(None) => backoff,
-            Err(error) => {
-                tracing::warn!(pipeline = %config.name, %error, "next expiry failed");
-                backoff
-            }
+        match self.expiry {
+            Some(expiry) => backoff.min(expiry + self.core.config.fetch_expiry_slack),
+            None => backoff,
         }
     }
 }
@@ -157,18 +158,23 @@ fn fetch_params(config: &PipelineConfig, limit: usize) -> FetchParams {
 }
 
 /// One fetch by fetcher `fetcher` (0 is the first): reserve room, lease up to its rows, queue them, adapt the
-/// queue's size. Errors: the store's, with nothing queued and the room given back.
-async fn fetch<S: Store>(core: &Core<S>, fetcher: usize) -> Result<FetchPass, StoreError> {
+/// queue's size. The first fetcher also learns, from an empty fetch, when the first lease it skipped ends
+/// ([`Store::fetch_with_expiry`]; the others never back off). Errors: the store's, with nothing queued and the
+/// room given back.
+async fn fetch<S: Store>(core: &Core<S>, fetcher: usize) -> Result<(FetchPass, Option<Duration>), StoreError> {
     let shared = &core.shared;
     let Some(reservation) = shared.reserve(fetcher, core.clock.now()) else {
-        return Ok(FetchPass::Full);
+        return Ok((FetchPass::Full, None));
     };
     let (limit, capped) = (reservation.limit(), reservation.capped());
     let config = &core.config;
     let params = fetch_params(config, limit);
     let clock = &core.clock;
     let sent = clock.now();
-    let rows = core.store.fetch(params).await?;
+    let (rows, expiry) = match fetcher {
+        0 => core.store.fetch_with_expiry(params).await?,
+        _ => (core.store.fetch(params).await?, None),
+    };
     core.metrics.fetch_latency.record(clock.now().duration_since(sent));
     if buggify::fires(Point::FetchStall) {
         // The rows arrive with a lease ttl gone: their local deadlines (from `sent`) have passed, so the
@@ -189,7 +195,7 @@ async fn fetch<S: Store>(core: &Core<S>, fetcher: usize) -> Result<FetchPass, St
     if !capped {
         shared.adapt(fetched, limit);
     }
-    Ok(FetchPass::Fetched { fetched, limit })
+    Ok((FetchPass::Fetched { fetched, limit }, expiry))
 }
 
 /// The loop of a fetcher other than the first: while the queue is grown, it fetches whenever the queue is below its
@@ -200,8 +206,8 @@ async fn run_more<S: Store>(core: &Core<S>, fetcher: usize) {
     let shared = &core.shared;
     while !shared.is_stopping() {
         match fetch(core, fetcher).await {
-            Ok(FetchPass::Fetched { .. }) => continue,
-            Ok(FetchPass::Full) => {}
+            Ok((FetchPass::Fetched { .. }, _)) => continue,
+            Ok((FetchPass::Full, _)) => {}
             Err(error) => tracing::warn!(pipeline = %core.config.name, fetcher, %error, "fetch failed"),
         }
         // `biased`: see `Fetcher::run_first`.

@@ -2,7 +2,7 @@
 //! (dstack PIPELINES, "Typical worker structure": load → process → apply).
 
 use crate::store::{
-    Lease, LockOutcome, LockRelatedParams, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowUpdate, Store, StoreError,
+    Lease, LockAttempt, LockRelatedParams, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowUpdate, Store, StoreError,
 };
 use std::future::Future;
 use std::time::Duration;
@@ -15,6 +15,11 @@ pub enum WorkError {
     /// clears token and expiry) so the same pipeline retries on a later fetch (dstack PIPELINES, checklist 7).
     #[error("related lock contended")]
     Contended,
+    /// A related row was held by someone else and the store already reset the main lease for retry in the same
+    /// call ([`Store::lock_related_or_reset`], what [`LoadCx`]'s locks make); `held`: whether the lease was still
+    /// held at the reset. The engine writes nothing more.
+    #[error("related lock contended; lease reset for retry (held={held})")]
+    ContendedReset { held: bool },
     /// The lease was lost: nothing is written.
     #[error("lease lost")]
     Stale,
@@ -111,8 +116,8 @@ impl<'a, S: Store> LoadCx<'a, S> {
     }
 
     /// Locks `related` rows the parent must hold all of, with the pipeline name as owner (their own pipelines
-    /// skip them while fresh). Errors: [`WorkError::Contended`] if any is held elsewhere, [`WorkError::Stale`] if
-    /// this lease is gone.
+    /// skip them while fresh). Errors: [`WorkError::ContendedReset`] if any is held elsewhere (the lease was reset
+    /// for retry in the same store call), [`WorkError::Stale`] if this lease is gone.
     pub async fn lock_related(&self, related: Vec<RowId>) -> Result<(), WorkError> {
         self.lock(related, self.pipeline.to_string()).await
     }
@@ -126,10 +131,10 @@ impl<'a, S: Store> LoadCx<'a, S> {
 
     async fn lock(&self, related: Vec<RowId>, owner: String) -> Result<(), WorkError> {
         let params = LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl };
-        match self.store.lock_related(params).await? {
-            LockOutcome::Locked => Ok(()),
-            LockOutcome::Contended => Err(WorkError::Contended),
-            LockOutcome::Stale => Err(WorkError::Stale),
+        match self.store.lock_related_or_reset(params).await? {
+            LockAttempt::Locked => Ok(()),
+            LockAttempt::Reset { held } => Err(WorkError::ContendedReset { held }),
+            LockAttempt::Stale => Err(WorkError::Stale),
         }
     }
 }

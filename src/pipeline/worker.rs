@@ -231,7 +231,8 @@ async fn stopped<S: Store, H: Handler<S>>(
             Ok(false) => ItemOutcome::Stale,
             Err(error) => failed(&core.config.name, lease, WorkError::Store(error)),
         },
-        WorkError::Stale => ItemOutcome::Stale,
+        WorkError::ContendedReset { held: true } => ItemOutcome::Retried,
+        WorkError::ContendedReset { held: false } | WorkError::Stale => ItemOutcome::Stale,
         error => fail(core, handler, lease, attempts, error).await,
     }
 }

@@ -106,10 +106,37 @@ impl fmt::Display for Commit {
     }
 }
 
+/// `id#token` of each lease, joined by commas, written straight to `f` (a trace writes one per commit: no
+/// string per lease, issue 17).
+struct Leases<'a>(&'a [Lease]);
+
+impl fmt::Display for Leases<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, lease) in self.0.iter().enumerate() {
+            let comma = if index == 0 { "" } else { "," };
+            write!(f, "{comma}{}#{}", lease.id, lease.token)?;
+        }
+        Ok(())
+    }
+}
+
+/// Row ids joined by commas, written straight to `f`.
+struct Ids<'a>(&'a [RowId]);
+
+impl fmt::Display for Ids<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, id) in self.0.iter().enumerate() {
+            let comma = if index == 0 { "" } else { "," };
+            write!(f, "{comma}{id}")?;
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for CommitOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let leases = |l: &[Lease]| l.iter().map(|l| format!("{}#{}", l.id, l.token)).collect::<Vec<_>>().join(",");
-        let ids = |l: &[RowId]| l.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        let leases = Leases;
+        let ids = Ids;
         match self {
             CommitOp::Fetch { pipeline, leases: l } => write!(f, "fetch {pipeline} [{}]", leases(l)),
             CommitOp::Heartbeat { held } => write!(f, "heartbeat [{}]", leases(held)),
@@ -192,6 +219,22 @@ impl MemStore {
     /// The commits recorded from index `start` on, oldest first: the tail a caller's last call added.
     pub fn history_from(&self, start: usize) -> Vec<Commit> {
         self.lock().history.as_ref().map_or_else(Vec::new, |history| history.get(start..).unwrap_or(&[]).to_vec())
+    }
+
+    /// What `read` makes of each commit recorded from index `start` on, oldest first, read in place (no copy of
+    /// the commits; `read` must not call the store).
+    pub fn map_history_from<T>(&self, start: usize, read: impl FnMut(&Commit) -> T) -> Vec<T> {
+        let state = self.lock();
+        state
+            .history
+            .as_ref()
+            .map_or_else(Vec::new, |history| history.get(start..).unwrap_or(&[]).iter().map(read).collect())
+    }
+
+    /// Moves the commit history out, leaving it empty (recording goes on): for a run's checkers once the run is
+    /// over, instead of a copy of every commit ([`MemStore::history`]).
+    pub fn take_history(&self) -> Vec<Commit> {
+        self.lock().history.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Every row, by id: a snapshot for checkers and tests.
@@ -861,5 +904,72 @@ impl Store for MemStore {
 
     async fn now(&self) -> Result<Timestamp, StoreError> {
         Ok(MemStore::now(self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(limit: usize) -> FetchParams {
+        FetchParams {
+            pipeline: "p".into(),
+            kind: "k".into(),
+            statuses: vec!["ready".into()],
+            limit,
+            lease_ttl: Duration::from_secs(30),
+            min_processing_interval: Duration::ZERO,
+            retry_delay: Duration::ZERO,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_taken_history_holds_every_commit_and_recording_goes_on() {
+        let store = MemStore::with_history(ManualClock::new(Timestamp(0)));
+        for _ in 0..2 {
+            store.insert(NewRow::new("k", "ready", serde_json::json!({}))).await.unwrap();
+        }
+        store.fetch(params(2)).await.unwrap();
+        let texts = store.map_history_from(1, |commit| commit.op.to_string());
+        assert_eq!(texts, ["insert 2 k", "fetch p [1#1,2#2]"], "commits from index 1, as the trace writes them");
+        assert_eq!(store.take_history().len(), 3);
+        assert_eq!(store.history_len(), 0, "taken, not copied");
+        store.hint("k", None).await.unwrap();
+        assert_eq!(store.history_len(), 1, "recording goes on after a take");
+    }
+
+    #[tokio::test]
+    async fn an_empty_fetch_brings_back_the_first_expiry_it_skipped_and_a_fetch_that_leased_none() {
+        let clock = ManualClock::new(Timestamp(0));
+        let store = MemStore::new(clock.clone());
+        store.insert(NewRow::new("k", "ready", serde_json::json!({}))).await.unwrap();
+        let (rows, expiry) = store.fetch_with_expiry(params(1)).await.unwrap();
+        assert_eq!((rows.len(), expiry), (1, None), "a fetch that leased rows brings back no expiry");
+        clock.advance(Duration::from_secs(10));
+        let other = FetchParams { pipeline: "q".into(), ..params(1) };
+        let (rows, expiry) = store.fetch_with_expiry(other).await.unwrap();
+        assert!(rows.is_empty());
+        assert_eq!(expiry, Some(Duration::from_secs(20)), "the lease it skipped ends 30 s after the first fetch");
+    }
+
+    #[tokio::test]
+    async fn a_contended_lock_or_reset_resets_the_holder_and_records_both_calls() {
+        let store = MemStore::with_history(ManualClock::new(Timestamp(0)));
+        for kind in ["k", "child"] {
+            store.insert(NewRow::new(kind, "ready", serde_json::json!({}))).await.unwrap();
+        }
+        let parent = store.fetch(params(1)).await.unwrap().remove(0);
+        let child = FetchParams { kind: "child".into(), pipeline: "c".into(), ..params(1) };
+        store.fetch(child).await.unwrap();
+        let holder = Lease { id: parent.id, token: parent.lock_token.unwrap() };
+        let lock = LockRelatedParams {
+            holder,
+            related: vec![RowId(2)],
+            owner: "p".into(),
+            lease_ttl: Duration::from_secs(30),
+        };
+        assert_eq!(store.lock_related_or_reset(lock).await.unwrap(), LockAttempt::Reset { held: true });
+        let texts = store.map_history_from(4, |commit| commit.op.to_string());
+        assert_eq!(texts, ["lock_related 1#1 p [2] Contended", "reset 1#1 held=true"]);
     }
 }

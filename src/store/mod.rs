@@ -79,6 +79,33 @@ pub trait Store: Send + Sync + 'static {
         async { Ok(None) }
     }
 
+    /// A fetch and, when it leased nothing, the [`Store::next_expiry`] of the same rows: what a fetcher needs
+    /// after every fetch (an empty one waits for the first lease it had to skip). Returns the leased rows and,
+    /// only when there are none, the expiry (`None` after a fetch that leased rows).
+    ///
+    /// The default makes the two calls one after the other, as PgStore runs two statements; a backend whose
+    /// calls cross a network overrides it with one round trip (the simulator's network store: an empty fetch
+    /// and its expiry cost one call, issue 17). A failed [`Store::next_expiry`] is logged and answers `None`: the
+    /// fetch itself succeeded.
+    fn fetch_with_expiry(
+        &self,
+        params: FetchParams,
+    ) -> impl Future<Output = Result<(Vec<Row>, Option<Duration>), StoreError>> + Send {
+        async move {
+            let rows = self.fetch(params.clone()).await?;
+            if !rows.is_empty() {
+                return Ok((rows, None));
+            }
+            match self.next_expiry(params.clone()).await {
+                Ok(expiry) => Ok((rows, expiry)),
+                Err(error) => {
+                    tracing::warn!(pipeline = %params.pipeline, %error, "next expiry failed");
+                    Ok((rows, None))
+                }
+            }
+        }
+    }
+
     /// Reads the row if it still carries `lease.token`; `None` means the lease is stale.
     fn refetch(&self, lease: Lease) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send;
 
@@ -126,6 +153,29 @@ pub trait Store: Send + Sync + 'static {
     /// that re-marked its children at every retry kept their pipeline off them for minutes). A row is marked again
     /// only after someone took it (its own pipeline's apply or release clears the mark).
     fn lock_related(&self, params: LockRelatedParams) -> impl Future<Output = Result<LockOutcome, StoreError>> + Send;
+
+    /// A related lock and, if it is contended, the reset-and-retry of the holder's lease that follows it
+    /// (DESIGN §3: reset-and-retry when a related lock is unavailable): [`Store::lock_related`] of `params`, then,
+    /// on [`LockOutcome::Contended`], [`Store::reset_for_retry`] of `params.holder`. Both are recorded as the two
+    /// calls would record them.
+    ///
+    /// The default makes the two calls one after the other, as PgStore runs two statements; a backend whose
+    /// calls cross a network overrides it with one round trip (the simulator's network store: a contended lock
+    /// and its reset cost one call, issue 17). Errors: the store's; after a contended lock, the reset's (the
+    /// lease is then left to expire).
+    fn lock_related_or_reset(
+        &self,
+        params: LockRelatedParams,
+    ) -> impl Future<Output = Result<LockAttempt, StoreError>> + Send {
+        async move {
+            let holder = params.holder;
+            Ok(match self.lock_related(params).await? {
+                LockOutcome::Locked => LockAttempt::Locked,
+                LockOutcome::Stale => LockAttempt::Stale,
+                LockOutcome::Contended => LockAttempt::Reset { held: self.reset_for_retry(holder).await? },
+            })
+        }
+    }
 
     /// The guarded apply: if the main row and every row of `params.related` still carry `params.lease.token`,
     /// writes the update, the related updates, the inserts and the events; clears the lease columns of the main

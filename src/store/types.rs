@@ -352,6 +352,19 @@ pub enum LockOutcome {
     Stale,
 }
 
+/// What [`Store::lock_related_or_reset`](super::Store::lock_related_or_reset) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockAttempt {
+    /// Every related row is now locked with the holder's token.
+    Locked,
+    /// A related row was held by someone else (the lock was contended, and marked the free rows as
+    /// [`LockOutcome::Contended`] says); then the holder's lease was reset for retry. `held`: whether the lease
+    /// was still held at the reset (else nothing was reset).
+    Reset { held: bool },
+    /// The holder's lease is no longer current: nothing was written.
+    Stale,
+}
+
 /// Parameters of [`Store::record_failure`](super::Store::record_failure): a leased item failed, and how it goes on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FailureParams {
