@@ -351,8 +351,8 @@ SELECT lockstep_now($1) FROM main";
 ///
 /// `main` takes the locked ids as one array (`ARRAY(SELECT id FROM locked)`, an init plan, run once before the first
 /// row is written): as a semi join (`r.id IN (SELECT id FROM locked)`) the planner, which cannot estimate how many
-/// rows `locked` finds, chose a nested loop that rescanned `locked` for every written row (a batch of 70 items
-/// cost 2.5 × its PostgreSQL CPU; issue 16, BENCHMARKS.md). The array is scanned per written row: 100 × 100
+/// rows `locked` finds, chose a nested loop that rescanned `locked` for every written row (the drain bench's
+/// PostgreSQL CPU was 1.5 × until this; issue 16, BENCHMARKS.md). The array is scanned per written row: 100 × 100
 /// comparisons of `int8` at most.
 ///
 /// `unlocked` filters the locked rows by "not a main row written" first (a hashed lookup per locked row): in the
