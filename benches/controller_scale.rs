@@ -150,6 +150,8 @@ mod scale {
     /// Runs the world for a gang of `jobs` jobs; panics if it does not reach every phase (the bench is wrong).
     pub fn measure(jobs: u32) -> Measurement {
         let agents = jobs.div_ceil(SLOTS).max(1);
+        // The simulator's runs allocate from one malloc arena (`sim::share_one_malloc_arena`); so does this one.
+        lockstep::sim::share_one_malloc_arena();
         std::thread::spawn(move || {
             let mut runtime = Runtime::with_seed_and_config(1, madsim::Config::default());
             runtime.set_time_limit(Duration::from_secs(4 * 3_600));
@@ -348,6 +350,8 @@ mod scale {
     /// on one agent: in incarnation 0, and in incarnation `restarts` after that many gang restarts (job cookie 0
     /// fails in every incarnation before it).
     pub fn pass_cpu(jobs: u32, restarts: u32) -> (Vec<Duration>, Vec<Duration>) {
+        // The simulator's runs allocate from one malloc arena (`sim::share_one_malloc_arena`); so does this one.
+        lockstep::sim::share_one_malloc_arena();
         std::thread::spawn(move || {
             let mut runtime = Runtime::with_seed_and_config(1, madsim::Config::default());
             runtime.set_time_limit(Duration::from_secs(24 * 3_600));

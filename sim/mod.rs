@@ -81,7 +81,9 @@ pub use gang::{
 };
 pub use run::{Replay, RunReport, seeds};
 #[cfg(madsim)]
-pub use run::{Script, check_seeds, for_each_seed, run, run_seeds, run_seeds_with, run_with, script};
+pub use run::{
+    Script, check_seeds, for_each_seed, run, run_seeds, run_seeds_with, run_with, script, share_one_malloc_arena,
+};
 pub use scenario::{Mutation, Scenario};
 pub use scenario_file::{ScenarioError, ScenarioFile};
 pub use user::PipelineSet;

@@ -250,6 +250,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
 /// panic says the run is stuck (simulated time stood still) and the run's thread is left behind.
 pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit: std::time::Duration) -> RunReport {
     quiet_planted_panics();
+    share_one_malloc_arena();
     if let Err(error) = scenario.check() {
         return RunReport { panic: Some(error.to_string()), ..RunReport::empty(scenario, seed) };
     }
@@ -710,17 +711,21 @@ pub fn for_each_seed(
     });
 }
 
-/// Makes glibc's malloc serve every thread from one arena, once per process (a no-op elsewhere).
+/// Makes glibc's malloc serve every thread from one arena, once per process (a no-op elsewhere). Every simulator
+/// run calls it ([`run_within`], [`for_each_seed`]), and so do harnesses that build a runtime of their own
+/// (`benches/controller_scale.rs`), so that every world allocates as the simulator's runs do.
 ///
 /// Each run has a fresh OS thread (see the module docs), and glibc gives threads arenas of their own, up to eight
 /// per core: a sweep's threads end up spread over many arenas, each keeping its own freed but fragmented pages,
 /// and the peak resident set grew with the number of seeds, not with the largest world (issue 17, BENCHMARKS.md
 /// "Sweep memory": rows-mixed at `--jobs 2` peaked at 26.9 MB for 1 000 seeds and 34.6 MB for 30 000). With one
 /// arena the same sweeps peak at 16.1 MB for 1 000 seeds and 17.9 MB for 5 000, at the same speed: a run spends
-/// its time in the simulation, not in the allocator's lock. Changes no run: allocation addresses never reach a
-/// trace.
+/// its time in the simulation, not in the allocator's lock. A thread's own arena also grows its heap by a system
+/// call per page past its peak, with none of the main arena's padding: a third of a 10 000-job gang restart's CPU
+/// in `benches/controller_scale.rs` (issue 17, BENCHMARKS.md (4)). Changes no run: allocation addresses never
+/// reach a trace.
 #[cfg(madsim)]
-fn share_one_malloc_arena() {
+pub fn share_one_malloc_arena() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         static ONCE: std::sync::Once = std::sync::Once::new();
