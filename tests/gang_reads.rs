@@ -297,13 +297,7 @@ async fn a_gang_restarts_passes_read_what_they_consume_not_every_job_each() {
         let store = MemStore::new(TokioClock::new(START));
         let counting = Counting { inner: store.clone(), passes: Arc::default() };
         let _manager = start_replica(&counting, replica);
-        let rule = Rule {
-            task: Some("worker".into()),
-            job_cookie: Some(0),
-            attempt: Some(0),
-            behaviour: Behaviour::exit_after(FAIL_AFTER, 1),
-        };
-        let (agent, op) = start_gang(&store, jobs, vec![rule]).await;
+        let (agent, op) = start_gang(&store, jobs, vec![first_job_fails()]).await;
         all_running(&store, op, 0, jobs).await;
         let from = counting.passes_len();
         all_running(&store, op, 1, jobs).await;
@@ -367,13 +361,7 @@ async fn passes_of_the_replica_that_applied_the_last_decode_nothing_they_kept() 
     let handler = PerPass { inner: OperationHandler::default(), passes: passes.clone() };
     manager.register(operation_pipeline_config(), handler).unwrap();
     manager.start();
-    let rule = Rule {
-        task: Some("worker".into()),
-        job_cookie: Some(0),
-        attempt: Some(0),
-        behaviour: Behaviour::exit_after(FAIL_AFTER, 1),
-    };
-    let (agent, op) = start_gang(&store, jobs, vec![rule]).await;
+    let (agent, op) = start_gang(&store, jobs, vec![first_job_fails()]).await;
     let passes_len = || passes.lock().unwrap().len();
     let since = |from: usize| passes.lock().unwrap()[from..].to_vec();
     let n = u64::from(jobs);
@@ -440,5 +428,15 @@ async fn passes_alternating_between_two_replicas_decode_only_the_rows_written_si
             assert_eq!(pass.known, 0, "replica {r} took rows from its last pass, which another pass followed");
             assert_eq!(*pass, DecodeCounts { decoded: 0, reused: 2 * n, known: 0 }, "replica {r}: {counts:?}");
         }
+    }
+}
+
+/// Job cookie 0 of incarnation 0 exits with code 1 after [`FAIL_AFTER`]: the gang restarts once.
+fn first_job_fails() -> Rule {
+    Rule {
+        task: Some("worker".into()),
+        job_cookie: Some(0),
+        attempt: Some(0),
+        behaviour: Behaviour::exit_after(FAIL_AFTER, 1),
     }
 }

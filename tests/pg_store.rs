@@ -416,6 +416,12 @@ async fn stores_connecting_at_once_to_a_new_schema_all_create_and_migrate_it() {
     }
 }
 
+/// A plain connection to `url` with `schema` as its `search_path`.
+async fn connect_to_schema(url: &str, schema: &str) -> PgConnection {
+    let base: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
+    PgConnection::connect_with(&base.options([("search_path", schema)])).await.expect("PostgreSQL is reachable")
+}
+
 /// A new schema of this run migrated only up to migration `version` (a deployment of an older lockstep), with a
 /// one-connection pool on it: (database URL, schema, pool).
 async fn schema_migrated_to(version: i64) -> (String, String, sqlx::PgPool) {
@@ -502,8 +508,7 @@ async fn a_populated_schema_of_migration_0002_migrates_and_its_inbox_is_queried_
     pool.close().await;
 
     let store = store_with(|options| options.schema = schema.clone()).await;
-    let base: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
-    let mut conn = sqlx::PgConnection::connect_with(&base.options([("search_path", schema.as_str())])).await.unwrap();
+    let mut conn = connect_to_schema(&url, &schema).await;
     let indexes: Vec<String> =
         sqlx::query_scalar("SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY indexname")
             .bind(&schema)
@@ -554,8 +559,7 @@ async fn a_populated_schema_of_migration_0003_migrates_and_its_leases_fetch_and_
     pool.close().await;
 
     let store = store_with(|options| options.schema = schema.clone()).await;
-    let base: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
-    let mut conn = PgConnection::connect_with(&base.options([("search_path", schema.as_str())])).await.unwrap();
+    let mut conn = connect_to_schema(&url, &schema).await;
     let indexes: Vec<(String, String)> = sqlx::query_as(
         "SELECT indexname::text, indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname IN
          ('resources_fetch_idx', 'resources_lease_expiry_idx') ORDER BY indexname",
@@ -614,8 +618,7 @@ async fn a_populated_schema_of_migration_0004_migrates_and_its_related_locks_hea
     pool.close().await;
 
     let store = store_with(|options| options.schema = schema.clone()).await;
-    let base: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
-    let mut conn = PgConnection::connect_with(&base.options([("search_path", schema.as_str())])).await.unwrap();
+    let mut conn = connect_to_schema(&url, &schema).await;
     let indexes: Vec<(String, String)> = sqlx::query_as(
         "SELECT indexname::text, indexdef FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%token%'",
     )
