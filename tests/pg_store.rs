@@ -594,8 +594,8 @@ async fn a_populated_schema_of_migration_0003_migrates_and_its_leases_fetch_and_
 }
 
 /// A schema migrated only to 0004 and holding a lease with related locks (a deployment before the related-token
-/// index, issue 16) migrates to 0005 when a store connects: the token index holds related locks only and a lease
-/// enters none; the old lease's heartbeat extends its related rows, and its apply unlocks them; a lease and related
+/// index, issue 16) migrates to 0005 and 0006 when a store connects: the token index holds related locks only and
+/// a lease enters none, and the table's pages are filled to half; the old lease's heartbeat extends its related rows, and its apply unlocks them; a lease and related
 /// lock made after the migration heartbeat and release the same way.
 #[tokio::test]
 async fn a_populated_schema_of_migration_0004_migrates_and_its_related_locks_heartbeat_and_unlock() {
@@ -628,6 +628,15 @@ async fn a_populated_schema_of_migration_0004_migrates_and_its_related_locks_hea
     .unwrap();
     assert_eq!(indexes.len(), 1, "token indexes after 0005: {indexes:?}");
     assert!(indexes[0].1.ends_with("(related_token) WHERE (related_token IS NOT NULL)"), "{indexes:?}");
+    let options: Option<Vec<String>> = sqlx::query_scalar(
+        "SELECT c.reloptions::text[] FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND c.relname = 'resources'",
+    )
+    .bind(&schema)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(options, Some(vec!["fillfactor=50".to_string()]), "the table's options after 0006");
     let rows = store.list("child", None).await.unwrap();
     let id = |n: i64| rows.iter().find(|row| row.data["n"] == n).map(|row| row.id).expect("a child");
     let (parent, task) =
