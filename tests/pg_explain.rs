@@ -1,14 +1,16 @@
 //! The fetch query uses an index, not a sequential scan of the resource table, when most rows are finished
-//! (DESIGN §2: "Indexes serve the fetch"), its index scan does not walk leased rows, and a batched refetch reuses
-//! its cached plan. Needs PostgreSQL (see
-//! `support::pg`; never skips).
+//! (DESIGN §2: "Indexes serve the fetch"), its index scan does not walk leased rows, a batched refetch reuses
+//! its cached plan, and an apply locks rows before writing them only when its lease holds related rows. Needs
+//! PostgreSQL (see `support::pg`; never skips).
 
 #![cfg(not(madsim))]
 
 mod support;
 
 use lockstep::store::conformance::Harness;
-use lockstep::store::{FetchParams, NewRow, Store};
+use lockstep::store::{
+    ApplyOutcome, ApplyParams, FetchParams, Lease, LockOutcome, LockRelatedParams, NewRow, RowUpdate, Store,
+};
 use std::time::Duration;
 use support::pg::PgHarness;
 
@@ -139,4 +141,48 @@ async fn refetch_batch_of_a_few_leases_reuses_a_generic_plan() {
     let (generic, custom) = store.refetch_batch_plans().await.expect("plan counts").expect("the statement prepared");
     assert_eq!(generic + custom, CALLS, "plans of {CALLS} calls");
     assert!(generic >= CALLS - 5, "{generic} generic and {custom} custom plans in {CALLS} calls");
+}
+
+/// The rows the apply's `locked` step locked before any write (its `LockRows` node), from `EXPLAIN ANALYZE`.
+fn rows_locked_first(plan: &[String]) -> usize {
+    let plan = plan.join("\n");
+    let node = plan.lines().find(|line| line.contains("LockRows")).unwrap_or_else(|| panic!("no LockRows:\n{plan}"));
+    let rows = node.split("rows=").nth(1).and_then(|rest| rest.split(' ').next());
+    rows.and_then(|rows| rows.parse().ok()).unwrap_or_else(|| panic!("no actual rows in {node:?}:\n{plan}"))
+}
+
+/// An apply of a lease that holds no related rows (every apply of the per-item mode) writes its row with one
+/// `UPDATE`, which locks the row itself: no separate row lock first (a heap write and a WAL record per item; issue
+/// 16). A lease that holds related rows still locks every row it holds in id order before writing any (DESIGN §2,
+/// one lock order). Both applies then write what they did before.
+#[tokio::test]
+async fn an_apply_locks_first_only_the_rows_of_a_lease_that_holds_related_rows() {
+    let h = PgHarness::new().await;
+    let store = h.store();
+    let rows = (0..4).map(|_| NewRow::new("job", "ready", serde_json::json!({}))).collect();
+    let ids = store.insert_many(rows).await.expect("insert rows");
+    let leased = store.fetch(FetchParams { limit: 2, ..fetch_params() }).await.expect("lease two rows");
+    let lease = |i: usize| Lease { id: leased[i].id, token: leased[i].lock_token.expect("a leased row has a token") };
+    let (alone, parent) = (lease(0), lease(1));
+    let related = vec![ids[2], ids[3]];
+    let lock = LockRelatedParams { holder: parent, related, owner: "jobs".into(), lease_ttl: Duration::from_secs(30) };
+    assert_eq!(store.lock_related(lock).await.expect("lock related rows"), LockOutcome::Locked);
+    let done = || RowUpdate { status: Some("done".into()), data: None };
+
+    let plan = store.explain_analyze_apply(alone, done()).await.expect("explain the apply of a lone lease");
+    assert_eq!(rows_locked_first(&plan), 0, "the lone lease's apply locked its row before writing it:\n{plan:#?}");
+    let plan = store.explain_analyze_apply(parent, done()).await.expect("explain the apply of the parent");
+    assert_eq!(rows_locked_first(&plan), 3, "the parent's apply did not lock its three rows first:\n{plan:#?}");
+
+    // The explained applies were rolled back; the applies themselves write and unlock as before.
+    for lease in [alone, parent] {
+        let outcome = store.apply(ApplyParams::new(lease, done())).await.expect("apply");
+        assert!(matches!(outcome, ApplyOutcome::Applied { .. }), "{lease:?}: {outcome:?}");
+        let row = store.get(lease.id).await.expect("get").expect("the row");
+        assert_eq!((row.status.as_str(), row.lock_token), ("done", None));
+    }
+    for id in &ids[2..] {
+        let row = store.get(*id).await.expect("get").expect("a related row");
+        assert_eq!((row.status.as_str(), row.lock_token), ("ready", None), "a related row is still locked");
+    }
 }

@@ -289,6 +289,27 @@ impl PgStore {
         lines.iter().map(|line| line.try_get::<String, _>(0)).collect::<Result<_, _>>().map_err(|e| self.fail(e))
     }
 
+    /// `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF)` of the single apply's guarded statement (`Store::apply` of a
+    /// lease with no related updates, inserts or events) for `lease` and `update`, run in a transaction that is
+    /// rolled back: nothing is written. One plan line per element (tests that check which rows it locks first).
+    #[doc(hidden)]
+    pub async fn explain_analyze_apply(&self, lease: Lease, update: RowUpdate) -> Result<Vec<String>, StoreError> {
+        let mut session = Session::acquire(&self.inner.pool).await.map_err(|e| self.fail(e))?;
+        let mut tx = session.begin().await.map_err(|e| self.fail(e))?;
+        let explain = AssertSqlSafe(format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {}", sql::APPLY_MAIN));
+        let lines = sqlx::query(explain)
+            .bind(self.offset())
+            .bind(lease.id.0)
+            .bind(lease.token.0)
+            .bind(update.status)
+            .bind(update.data.map(Json))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| self.fail(e))?;
+        tx.rollback().await.map_err(|e| self.fail(e))?;
+        lines.iter().map(|line| line.try_get::<String, _>(0)).collect::<Result<_, _>>().map_err(|e| self.fail(e))
+    }
+
     /// How often this store's connection planned the batched refetch: `(generic, custom)` plans, `None` before
     /// its first call (tests that check a connection reuses the generic plan; run them on a pool of one
     /// connection, as the counts are per session).

@@ -295,13 +295,47 @@ FROM unnest($2::int8[], $3::text[], $4::jsonb[]) AS u(id, status, data)
 WHERE r.id = u.id AND r.lock_token = $5 AND r.id IN (SELECT id FROM locked)
 RETURNING r.id";
 
-/// Apply, the guarded main write: lock every row carrying the token in id order; if the main row is among them,
-/// write it, set `last_processed_at = updated_at = now`, clear its lease, and unlock the others (related rows).
-/// `hinted` is left alone: a hint that arrived during the lease must survive the apply (conformance
-/// `hint_during_a_lease_survives_the_apply`; the fetch already cleared hints older than the lease). Returns the one
-/// `now`, or no row when stale (then nothing was written).
+/// The shape of the writes of one lease ([`APPLY_MAIN`], [`RECORD_FAILURE`], [`RESET_FOR_RETRY`]): if the main row
+/// `$2` still carries the token `$3`, set `$set` on it, unlock the related rows locked with the token, and select
+/// `$select` from the main row's `RETURNING $returning`; no row when stale (then nothing was written).
 ///
-/// `$2` id, `$3` token, `$4` status (NULL = keep), `$5` data (NULL = keep).
+/// The rows are locked in id order before any is written (DESIGN §2, one lock order; `tests/pg_lock_order.rs`) only
+/// when the lease holds related rows: when no row carries `related_token = $3` in the statement's snapshot (a probe
+/// of the small partial index `resources_related_token_idx`; the common case, and every apply of the per-item mode)
+/// the `UPDATE` locks its one row itself, so there is no order to keep, and a row lock, a heap write and a WAL
+/// record per item are saved (issue 16, BENCHMARKS.md). Either way the related rows are those of the statement's
+/// snapshot, as they were when every call locked first.
+macro_rules! one_lease_write {
+    ($set:literal, $returning:literal, $select:literal) => {
+        concat!(
+            "WITH related AS (
+    SELECT EXISTS (SELECT 1 FROM resources WHERE related_token = $3) AS held
+), locked AS (
+    SELECT id FROM resources
+    WHERE ((id = $2 AND lock_token = $3) OR related_token = $3) AND (SELECT held FROM related)
+    ORDER BY id
+    FOR NO KEY UPDATE
+), main AS (
+    UPDATE resources
+    SET ",
+            $set,
+            "
+    WHERE id = $2 AND lock_token = $3 AND (NOT (SELECT held FROM related) OR id IN (SELECT id FROM locked))
+    RETURNING ",
+            $returning,
+            "
+), unlocked AS (
+    UPDATE resources
+    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
+    WHERE id IN (SELECT id FROM locked) AND id <> $2 AND EXISTS (SELECT 1 FROM main)
+)
+SELECT ",
+            $select,
+            " FROM main"
+        )
+    };
+}
+
 /// [`APPLY_MAIN`] without its token guard on the main row: the planted bug of
 /// [`PgOptions::apply_guard_disabled_for_mutation_test`](super::PgOptions::apply_guard_disabled_for_mutation_test)
 /// (mutation testing only). The row is written whoever holds it.
@@ -324,24 +358,23 @@ pub(super) const APPLY_MAIN_UNGUARDED: &str = "WITH locked AS (
 )
 SELECT lockstep_now($1) FROM main";
 
-pub(super) const APPLY_MAIN: &str = "WITH locked AS (
-    SELECT id FROM resources WHERE (id = $2 AND lock_token = $3) OR related_token = $3 ORDER BY id FOR NO KEY UPDATE
-), main AS (
-    UPDATE resources
-    SET status = COALESCE($4, status),
+/// Apply, the guarded main write (`one_lease_write!`): if the main row carries the token, write it, set
+/// `last_processed_at = updated_at = now`, clear its lease, and unlock the others (related rows).
+/// `hinted` is left alone: a hint that arrived during the lease must survive the apply (conformance
+/// `hint_during_a_lease_survives_the_apply`; the fetch already cleared hints older than the lease). Returns the one
+/// `now`, or no row when stale (then nothing was written).
+///
+/// `$2` id, `$3` token, `$4` status (NULL = keep), `$5` data (NULL = keep).
+pub(super) const APPLY_MAIN: &str = one_lease_write!(
+    "status = COALESCE($4, status),
         data = COALESCE($5, data),
         updated_at = lockstep_now($1),
         last_processed_at = lockstep_now($1),
         attempts = 0,
-        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
-    WHERE id = $2 AND lock_token = $3 AND id IN (SELECT id FROM locked)
-    RETURNING id
-), unlocked AS (
-    UPDATE resources
-    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
-    WHERE id IN (SELECT id FROM locked) AND id <> $2 AND EXISTS (SELECT 1 FROM main)
-)
-SELECT lockstep_now($1) FROM main";
+        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL",
+    "id",
+    "lockstep_now($1)"
+);
 
 /// Batched apply, the guarded main writes (mem.rs `State::apply`, once per item; `Store::apply_batch`): every row
 /// carrying one of the tokens is locked in id order; every input row that still carries its token is written as
@@ -409,19 +442,16 @@ FROM unnest($2::int8[], $3::int8[], $4::text[], $5::jsonb[]) AS u(id, token, sta
 WHERE r.id = u.id AND r.lock_token = u.token
 RETURNING r.id";
 
-/// A failure (mem.rs `record_failure`, `State::record_failure`): lock every row carrying the token in id order;
-/// if the row still carries the token, count the attempt, append the error (with the attempt and the store time as
-/// Unix microseconds) and keep the last `$7`, clear the lease and unlock related rows locked with the token, then
+/// A failure (mem.rs `record_failure`, `State::record_failure`; `one_lease_write!`): if the row still carries the
+/// token, count the attempt, append the error (with the attempt and the store time as Unix microseconds) and keep
+/// the last `$7`, clear the lease and unlock related rows locked with the token, then
 /// either set `not_before = now + $5` (retry) or, with a give-up status `$6`, set the status and clear
 /// `not_before`. Returns the new attempt count, or no row when stale (then nothing was written).
 ///
 /// `$2` id, `$3` token, `$4` error text (bounded by the caller), `$5` delay, `$6` give-up status or NULL, `$7` errors
 /// kept.
-pub(super) const RECORD_FAILURE: &str = "WITH locked AS (
-    SELECT id FROM resources WHERE (id = $2 AND lock_token = $3) OR related_token = $3 ORDER BY id FOR NO KEY UPDATE
-), main AS (
-    UPDATE resources
-    SET attempts = attempts + 1,
+pub(super) const RECORD_FAILURE: &str = one_lease_write!(
+    "attempts = attempts + 1,
         errors = (
             SELECT COALESCE(jsonb_agg(kept.e ORDER BY kept.n), '[]'::jsonb)
             FROM jsonb_array_elements(errors || jsonb_build_array(jsonb_build_object(
@@ -433,32 +463,19 @@ pub(super) const RECORD_FAILURE: &str = "WITH locked AS (
         status = COALESCE($6::text, status),
         not_before = CASE WHEN $6::text IS NULL THEN lockstep_ts_plus(lockstep_now($1), $5) END,
         updated_at = lockstep_now($1),
-        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
-    WHERE id = $2 AND lock_token = $3 AND id IN (SELECT id FROM locked)
-    RETURNING attempts
-), unlocked AS (
-    UPDATE resources
-    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
-    WHERE id IN (SELECT id FROM locked) AND id <> $2 AND EXISTS (SELECT 1 FROM main)
-)
-SELECT attempts FROM main";
+        lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL",
+    "attempts",
+    "attempts"
+);
 
-/// Reset-and-retry (mem.rs `reset_for_retry`): lock every row carrying the token in id order; keep the owner,
-/// clear token and expiry, set `last_processed_at = now`, and unlock related rows. Returns one row when the lease
-/// was held. `$2` id, `$3` token.
-pub(super) const RESET_FOR_RETRY: &str = "WITH locked AS (
-    SELECT id FROM resources WHERE (id = $2 AND lock_token = $3) OR related_token = $3 ORDER BY id FOR NO KEY UPDATE
-), main AS (
-    UPDATE resources
-    SET lock_token = NULL, lock_expires_at = NULL, related_token = NULL, last_processed_at = lockstep_now($1)
-    WHERE id = $2 AND lock_token = $3 AND id IN (SELECT id FROM locked)
-    RETURNING id
-), unlocked AS (
-    UPDATE resources
-    SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
-    WHERE id IN (SELECT id FROM locked) AND id <> $2 AND EXISTS (SELECT 1 FROM main)
-)
-SELECT id FROM main";
+/// Reset-and-retry (mem.rs `reset_for_retry`; `one_lease_write!`): keep the owner, clear token and expiry, set
+/// `last_processed_at = now`, and unlock related rows. Returns one row when the lease was held. `$2` id, `$3`
+/// token.
+pub(super) const RESET_FOR_RETRY: &str = one_lease_write!(
+    "lock_token = NULL, lock_expires_at = NULL, related_token = NULL, last_processed_at = lockstep_now($1)",
+    "id",
+    "id"
+);
 
 /// Release (mem.rs `release`): lock every row carrying one of the tokens in id order, then clear the lease
 /// columns of those whose token's main row still carries it. Returns the `(id, token)` pairs that were held. `$1`
