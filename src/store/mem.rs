@@ -33,9 +33,49 @@ struct Inner {
 /// A row's place in fetch order: `last_processed_at` (never-processed first), then id.
 type FetchKey = (Option<Timestamp>, RowId);
 
+/// The rows, by id. Ids are given in insert order from 1 and rows are never deleted, so row `id` is at index
+/// `id − 1` of a vector: a lookup is an index, not a search of a map (issue 17: a fetch reads a row per candidate
+/// it scans, and every call reads or writes rows by id).
+#[derive(Default)]
+struct Rows(Vec<Row>);
+
+impl Rows {
+    /// Row `id`, if the store gave that id.
+    fn get(&self, id: &RowId) -> Option<&Row> {
+        let index = usize::try_from(id.0).ok()?.checked_sub(1)?;
+        self.0.get(index)
+    }
+
+    /// Row `id` to write, if the store gave that id.
+    fn get_mut(&mut self, id: &RowId) -> Option<&mut Row> {
+        let index = usize::try_from(id.0).ok()?.checked_sub(1)?;
+        self.0.get_mut(index)
+    }
+
+    /// Appends `row`, which must carry the next id.
+    fn push(&mut self, row: Row) {
+        let next = RowId(self.0.len() as i64 + 1);
+        assert_eq!(row.id, next, "row {} inserted where the next id is {next}", row.id);
+        self.0.push(row);
+    }
+
+    /// Every row, by id.
+    fn values(&self) -> std::slice::Iter<'_, Row> {
+        self.0.iter()
+    }
+}
+
+impl std::ops::Index<&RowId> for Rows {
+    type Output = Row;
+
+    fn index(&self, id: &RowId) -> &Row {
+        self.get(id).unwrap_or_else(|| panic!("row {id} does not exist"))
+    }
+}
+
 #[derive(Default)]
 struct State {
-    rows: BTreeMap<RowId, Row>,
+    rows: Rows,
     /// Rows of each kind, so a list scans one kind.
     by_kind: BTreeMap<String, BTreeSet<RowId>>,
     /// Rows of each (kind, status) in fetch order (`last_processed_at`, never-processed first, then `id`), so a
@@ -336,6 +376,11 @@ pub(crate) fn fetch_eligible(row: &Row, p: &FetchParams, now: Timestamp) -> bool
     }
 }
 
+/// How long from `now` until `expires` (a store time after `now`).
+fn expires_in(expires: Timestamp, now: Timestamp) -> Duration {
+    Duration::from_micros((expires.as_micros() - now.as_micros()) as u64)
+}
+
 /// Whether a related row is available to `holder` with `owner` at `now` (the rule of [`Store::lock_related`]).
 fn related_available(row: &Row, holder: Lease, owner: &str, now: Timestamp) -> bool {
     let live = row.lock_expires_at.is_none_or(|expires| expires > now);
@@ -443,7 +488,7 @@ impl State {
         let mut row = new.into_row(id, now);
         self.version += 1;
         row.version = self.version;
-        self.rows.insert(id, row);
+        self.rows.push(row);
         id
     }
 
@@ -536,6 +581,49 @@ impl State {
 }
 
 impl State {
+    /// The fetch of [`Store::fetch`] at `now`, recorded as one commit: the leased rows and, when it leased none,
+    /// the first expiry after `now` of a lease or mark on the rows it scanned (every row of the fetch's kind and
+    /// statuses: [`Store::next_expiry`]), found by the same scan.
+    fn fetch(&mut self, caller: &Option<Arc<str>>, p: FetchParams, now: Timestamp) -> (Vec<Row>, Option<Timestamp>) {
+        let statuses: BTreeSet<&String> = p.statuses.iter().collect();
+        // Each status's rows are in fetch order (`None < Some(_)`: never-processed rows first, as `ORDER BY
+        // last_processed_at NULLS FIRST, id`), so the first `limit` eligible rows of each, merged, hold the answer.
+        let mut eligible: Vec<FetchKey> = Vec::new();
+        let mut first: Option<Timestamp> = None;
+        for rows in statuses.into_iter().filter_map(|status| self.by_status.get(&(p.kind.clone(), status.clone()))) {
+            let mut taken = 0;
+            for (at, id) in rows {
+                let row = &self.rows[id];
+                if taken < p.limit && fetch_eligible(row, &p, now) {
+                    eligible.push((*at, *id));
+                    taken += 1;
+                    if taken == p.limit {
+                        break;
+                    }
+                } else if eligible.is_empty()
+                    && let Some(expires) = row.lock_expires_at.filter(|expires| *expires > now)
+                {
+                    // Only an empty fetch brings an expiry back, so the scan stops looking once a row is eligible.
+                    first = Some(first.map_or(expires, |first| first.min(expires)));
+                }
+            }
+        }
+        eligible.sort_unstable();
+        eligible.truncate(p.limit);
+        let first = if eligible.is_empty() { first } else { None };
+        let mut leased = Vec::with_capacity(eligible.len());
+        for (_, id) in eligible {
+            let token = self.fresh_token();
+            self.set_lease(id, Some(token), Some(p.pipeline.clone()), Some(now.plus(p.lease_ttl)));
+            let row = self.rows.get_mut(&id).expect("eligible row vanished");
+            row.hinted = false;
+            leased.push(row.clone());
+        }
+        let leases = leased.iter().map(|row| Lease { id: row.id, token: row.lock_token.expect("leased") }).collect();
+        self.record(caller, now, CommitOp::Fetch { pipeline: p.pipeline, leases });
+        (leased, first)
+    }
+
     /// The rows of one [`Store::query`], by id, read through the narrowest index its filters allow.
     fn query(&self, q: &RowQuery) -> Vec<Row> {
         self.query_rows(q).cloned().collect()
@@ -614,29 +702,16 @@ impl Store for MemStore {
     async fn fetch(&self, p: FetchParams) -> Result<Vec<Row>, StoreError> {
         check_fetch(&p)?;
         let now = self.now();
-        let mut state = self.lock();
-        let statuses: BTreeSet<&String> = p.statuses.iter().collect();
-        // Each status's rows are in fetch order (`None < Some(_)`: never-processed rows first, as `ORDER BY
-        // last_processed_at NULLS FIRST, id`), so the first `limit` eligible rows of each, merged, hold the answer.
-        let mut eligible: Vec<(Option<Timestamp>, RowId)> = statuses
-            .into_iter()
-            .filter_map(|status| state.by_status.get(&(p.kind.clone(), status.clone())))
-            .flat_map(|rows| rows.iter().filter(|(_, id)| fetch_eligible(&state.rows[id], &p, now)).take(p.limit))
-            .copied()
-            .collect();
-        eligible.sort_unstable();
-        eligible.truncate(p.limit);
-        let mut leased = Vec::with_capacity(eligible.len());
-        for (_, id) in eligible {
-            let token = state.fresh_token();
-            state.set_lease(id, Some(token), Some(p.pipeline.clone()), Some(now.plus(p.lease_ttl)));
-            let row = state.rows.get_mut(&id).expect("eligible row vanished");
-            row.hinted = false;
-            leased.push(row.clone());
-        }
-        let leases = leased.iter().map(|row| Lease { id: row.id, token: row.lock_token.expect("leased") }).collect();
-        state.record(&self.caller, now, CommitOp::Fetch { pipeline: p.pipeline, leases });
-        Ok(leased)
+        Ok(self.lock().fetch(&self.caller, p, now).0)
+    }
+
+    async fn fetch_with_expiry(&self, p: FetchParams) -> Result<(Vec<Row>, Option<Duration>), StoreError> {
+        // One lock and one scan: the fetch's own scan of an empty fetch's rows finds their first expiry (the
+        // default runs the fetch and then `next_expiry`, which scans the same rows again).
+        check_fetch(&p)?;
+        let now = self.now();
+        let (rows, first) = self.lock().fetch(&self.caller, p, now);
+        Ok((rows, first.map(|expires| expires_in(expires, now))))
     }
 
     async fn next_expiry(&self, p: FetchParams) -> Result<Option<Duration>, StoreError> {
@@ -649,7 +724,7 @@ impl Store for MemStore {
             .flatten()
             .filter_map(|(_, id)| state.rows[id].lock_expires_at.filter(|expires| *expires > now))
             .min();
-        Ok(first.map(|expires| Duration::from_micros((expires.as_micros() - now.as_micros()) as u64)))
+        Ok(first.map(|expires| expires_in(expires, now)))
     }
 
     async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
@@ -950,6 +1025,34 @@ mod tests {
         let (rows, expiry) = store.fetch_with_expiry(other).await.unwrap();
         assert!(rows.is_empty());
         assert_eq!(expiry, Some(Duration::from_secs(20)), "the lease it skipped ends 30 s after the first fetch");
+    }
+
+    #[tokio::test]
+    async fn ids_the_store_never_gave_read_no_row() {
+        let store = MemStore::new(ManualClock::new(Timestamp(0)));
+        store.insert(NewRow::new("k", "ready", serde_json::json!({}))).await.unwrap();
+        assert!(store.get(RowId(1)).await.unwrap().is_some());
+        for id in [0, -1, 2, i64::MIN, i64::MAX] {
+            assert!(store.get(RowId(id)).await.unwrap().is_none(), "row {id} was never inserted");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fetch_of_no_rows_brings_back_the_expiry_next_expiry_reads() {
+        let clock = ManualClock::new(Timestamp(0));
+        let store = MemStore::new(clock.clone());
+        for status in ["ready", "waiting"] {
+            store.insert(NewRow::new("k", status, serde_json::json!({}))).await.unwrap();
+        }
+        let both = FetchParams { statuses: vec!["waiting".into(), "ready".into()], ..params(2) };
+        store.fetch(both.clone()).await.unwrap();
+        clock.advance(Duration::from_secs(5));
+        let expiry = store.next_expiry(both.clone()).await.unwrap();
+        assert_eq!(expiry, Some(Duration::from_secs(25)));
+        let nothing = FetchParams { limit: 0, ..both.clone() };
+        assert_eq!(store.fetch_with_expiry(nothing).await.unwrap(), (Vec::new(), expiry), "a fetch of limit 0");
+        let other = FetchParams { pipeline: "q".into(), ..both };
+        assert_eq!(store.fetch_with_expiry(other).await.unwrap(), (Vec::new(), expiry), "every row leased");
     }
 
     #[tokio::test]
