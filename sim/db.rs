@@ -74,6 +74,8 @@ pub struct Database {
     /// Instants the node was killed (simulated), oldest first: a reply still held by the node when it died is
     /// lost.
     kills: Mutex<Vec<Instant>>,
+    /// The buffer a call's commit texts are written into ([`CommitOp::write_text`]), kept from call to call.
+    commit_text: Mutex<String>,
 }
 
 /// One incarnation of the node: lost at a restart.
@@ -107,6 +109,7 @@ impl Database {
             node_id: OnceLock::new(),
             serving: Mutex::new(None),
             kills: Mutex::new(Vec::new()),
+            commit_text: Mutex::new(String::new()),
         })
     }
 
@@ -300,15 +303,25 @@ async fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
     let gang_trace = db.gang_trace.load(Ordering::SeqCst);
     let events_before = if gang_trace { store.events_len() } else { 0 };
     let response = dispatch(db, &store, call).await;
-    // Each commit's text is written in place, without a copy of the commit.
-    let commits = store.map_history_from(before, |commit| (commit.op.to_string(), commit_row(&commit.op)));
-    for (text, row) in commits {
+    // Each commit's text is written in place (no copy of the commit), into one buffer: each trace line is then
+    // the one string it needs, of its final length.
+    let mut text = db.commit_text.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    text.clear();
+    let commits = store.map_history_from(before, |commit| {
+        commit.op.write_text(&mut text);
+        (text.len(), commit_row(&commit.op))
+    });
+    let mut start = 0;
+    for (end, row) in commits {
+        let op_text = &text[start..end];
+        start = end;
         // The operation is looked up only when traced: the lookup reads a row per commit.
         match gang_trace.then(|| db.commit_operation(row)).flatten() {
-            Some(op) => db.trace.record(caller, "commit", format!("{text} op={op}")),
-            None => db.trace.record(caller, "commit", text),
+            Some(op) => db.trace.record(caller, "commit", format!("{op_text} op={op}")),
+            None => db.trace.record(caller, "commit", op_text),
         }
     }
+    drop(text);
     if gang_trace {
         let on_operation = |event: &crate::store::Event| {
             db.store.read_row(event.row_id, |row| row.kind == crate::gang::model::KIND_OPERATION).unwrap_or(false)

@@ -146,70 +146,156 @@ impl fmt::Display for Commit {
     }
 }
 
-/// `id#token` of each lease, joined by commas, written straight to `f` (a trace writes one per commit: no
-/// string per lease, issue 17).
-struct Leases<'a>(&'a [Lease]);
-
-impl fmt::Display for Leases<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, lease) in self.0.iter().enumerate() {
-            let comma = if index == 0 { "" } else { "," };
-            write!(f, "{comma}{}#{}", lease.id, lease.token)?;
-        }
-        Ok(())
-    }
-}
-
-/// Row ids joined by commas, written straight to `f`.
-struct Ids<'a>(&'a [RowId]);
-
-impl fmt::Display for Ids<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, id) in self.0.iter().enumerate() {
-            let comma = if index == 0 { "" } else { "," };
-            write!(f, "{comma}{id}")?;
-        }
-        Ok(())
-    }
-}
-
 impl fmt::Display for CommitOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let leases = Leases;
-        let ids = Ids;
+        let mut text = String::new();
+        self.write_text(&mut text);
+        f.write_str(&text)
+    }
+}
+
+impl CommitOp {
+    /// Appends the commit's text to `out`, as its `Display` writes it: `fetch p [1#1,2#2]`,
+    /// `lock_related 3#7 p [4,5] Contended`, `apply 3#7 applied related=[4,5] inserted=[]`, `hint k Some(RowId(3))`.
+    ///
+    /// The simulator's database node writes the texts of a call's commits into one buffer that it keeps from call
+    /// to call, rather than a new `String` per commit grown as `Display` writes it; numbers are written digit by
+    /// digit, without the formatting machinery (issue 17: every trace line is byte for byte the text `Display`
+    /// wrote before, and `Display` now calls this).
+    pub fn write_text(&self, out: &mut String) {
         match self {
-            CommitOp::Fetch { pipeline, leases: l } => write!(f, "fetch {pipeline} [{}]", leases(l)),
-            CommitOp::Heartbeat { held } => write!(f, "heartbeat [{}]", leases(held)),
+            CommitOp::Fetch { pipeline, leases } => {
+                out.push_str("fetch ");
+                out.push_str(pipeline);
+                push_leases(out, leases);
+            }
+            CommitOp::Heartbeat { held } => {
+                out.push_str("heartbeat");
+                push_leases(out, held);
+            }
             CommitOp::LockRelated { holder, related, owner, outcome } => {
-                write!(f, "lock_related {}#{} {owner} [{}] {outcome:?}", holder.id, holder.token, ids(related))
+                out.push_str("lock_related ");
+                push_lease(out, holder);
+                out.push(' ');
+                out.push_str(owner);
+                out.push(' ');
+                push_ids(out, related);
+                out.push(' ');
+                out.push_str(match outcome {
+                    LockOutcome::Locked => "Locked",
+                    LockOutcome::Contended => "Contended",
+                    LockOutcome::Stale => "Stale",
+                });
             }
-            CommitOp::Apply { lease, applied, related, inserted } => write!(
-                f,
-                "apply {}#{} {} related=[{}] inserted=[{}]",
-                lease.id,
-                lease.token,
-                if *applied { "applied" } else { "stale" },
-                ids(related),
-                ids(inserted)
-            ),
-            CommitOp::Failure { lease, attempts, gave_up } => match attempts {
-                None => write!(f, "failure {}#{} stale", lease.id, lease.token),
-                Some(n) => {
-                    let next = if *gave_up { "gave-up" } else { "retry" };
-                    write!(f, "failure {}#{} attempt={n} {next}", lease.id, lease.token)
+            CommitOp::Apply { lease, applied, related, inserted } => {
+                out.push_str("apply ");
+                push_lease(out, lease);
+                out.push_str(if *applied { " applied related=" } else { " stale related=" });
+                push_ids(out, related);
+                out.push_str(" inserted=");
+                push_ids(out, inserted);
+            }
+            CommitOp::Failure { lease, attempts, gave_up } => {
+                out.push_str("failure ");
+                push_lease(out, lease);
+                match attempts {
+                    None => out.push_str(" stale"),
+                    Some(n) => {
+                        out.push_str(" attempt=");
+                        push_number(out, i64::from(*n));
+                        out.push_str(if *gave_up { " gave-up" } else { " retry" });
+                    }
                 }
-            },
+            }
             CommitOp::Reset { lease, held } => {
-                write!(f, "reset {}#{} held={held}", lease.id, lease.token)
+                out.push_str("reset ");
+                push_lease(out, lease);
+                out.push_str(if *held { " held=true" } else { " held=false" });
             }
-            CommitOp::Release { released } => write!(f, "release [{}]", leases(released)),
-            CommitOp::Insert { id, kind } => write!(f, "insert {id} {kind}"),
+            CommitOp::Release { released } => {
+                out.push_str("release");
+                push_leases(out, released);
+            }
+            CommitOp::Insert { id, kind } => {
+                out.push_str("insert ");
+                push_number(out, id.0);
+                out.push(' ');
+                out.push_str(kind);
+            }
             CommitOp::UpdateUnleased { id, outcome } => {
-                write!(f, "update_unleased {id} {outcome:?}")
+                out.push_str("update_unleased ");
+                push_number(out, id.0);
+                out.push_str(match outcome {
+                    WriteOutcome::Written => " Written",
+                    WriteOutcome::Busy => " Busy",
+                    WriteOutcome::Missing => " Missing",
+                });
             }
-            CommitOp::Hint { kind, row } => write!(f, "hint {kind} {row:?}"),
+            CommitOp::Hint { kind, row } => {
+                out.push_str("hint ");
+                out.push_str(kind);
+                match row {
+                    None => out.push_str(" None"),
+                    Some(id) => {
+                        out.push_str(" Some(RowId(");
+                        push_number(out, id.0);
+                        out.push_str("))");
+                    }
+                }
+            }
         }
     }
+}
+
+/// ` [id#token,…]`: a space, then each lease's `id#token` joined by commas in brackets.
+fn push_leases(out: &mut String, leases: &[Lease]) {
+    out.push_str(" [");
+    for (index, lease) in leases.iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        push_lease(out, lease);
+    }
+    out.push(']');
+}
+
+/// `id#token`.
+fn push_lease(out: &mut String, lease: &Lease) {
+    push_number(out, lease.id.0);
+    out.push('#');
+    push_number(out, lease.token.0);
+}
+
+/// `[id,…]`: row ids joined by commas in brackets.
+fn push_ids(out: &mut String, ids: &[RowId]) {
+    out.push('[');
+    for (index, id) in ids.iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        push_number(out, id.0);
+    }
+    out.push(']');
+}
+
+/// `n` in decimal, as `Display` writes it (a `-` before a negative number).
+fn push_number(out: &mut String, n: i64) {
+    // 20 digits hold every `u64`, so every `i64`'s magnitude.
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    let mut rest = n.unsigned_abs();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        out.push('-');
+    }
+    out.push_str(std::str::from_utf8(&digits[start..]).expect("decimal digits are ASCII"));
 }
 
 impl MemStore {
@@ -1025,6 +1111,83 @@ mod tests {
         let (rows, expiry) = store.fetch_with_expiry(other).await.unwrap();
         assert!(rows.is_empty());
         assert_eq!(expiry, Some(Duration::from_secs(20)), "the lease it skipped ends 30 s after the first fetch");
+    }
+
+    /// The text of `op` as `Display` wrote it before [`CommitOp::write_text`] (with `format!`): the traces'
+    /// format, which the written text must keep byte for byte.
+    fn text_by_format(op: &CommitOp) -> String {
+        let leases = |l: &[Lease]| l.iter().map(|l| format!("{}#{}", l.id, l.token)).collect::<Vec<_>>().join(",");
+        let ids = |ids: &[RowId]| ids.iter().map(|id| id.to_string()).collect::<Vec<_>>().join(",");
+        match op {
+            CommitOp::Fetch { pipeline, leases: l } => format!("fetch {pipeline} [{}]", leases(l)),
+            CommitOp::Heartbeat { held } => format!("heartbeat [{}]", leases(held)),
+            CommitOp::LockRelated { holder, related, owner, outcome } => {
+                format!("lock_related {}#{} {owner} [{}] {outcome:?}", holder.id, holder.token, ids(related))
+            }
+            CommitOp::Apply { lease, applied, related, inserted } => format!(
+                "apply {}#{} {} related=[{}] inserted=[{}]",
+                lease.id,
+                lease.token,
+                if *applied { "applied" } else { "stale" },
+                ids(related),
+                ids(inserted)
+            ),
+            CommitOp::Failure { lease, attempts: None, .. } => format!("failure {}#{} stale", lease.id, lease.token),
+            CommitOp::Failure { lease, attempts: Some(n), gave_up } => {
+                let next = if *gave_up { "gave-up" } else { "retry" };
+                format!("failure {}#{} attempt={n} {next}", lease.id, lease.token)
+            }
+            CommitOp::Reset { lease, held } => format!("reset {}#{} held={held}", lease.id, lease.token),
+            CommitOp::Release { released } => format!("release [{}]", leases(released)),
+            CommitOp::Insert { id, kind } => format!("insert {id} {kind}"),
+            CommitOp::UpdateUnleased { id, outcome } => format!("update_unleased {id} {outcome:?}"),
+            CommitOp::Hint { kind, row } => format!("hint {kind} {row:?}"),
+        }
+    }
+
+    #[test]
+    fn a_commits_written_text_is_the_text_format_wrote() {
+        let lease = |id: i64, token: i64| Lease { id: RowId(id), token: LockToken(token) };
+        let many: Vec<Lease> = [(1, 1), (20, 305), (4_000, 99_999_999), (i64::MAX, i64::MIN)]
+            .into_iter()
+            .map(|(id, token)| lease(id, token))
+            .collect();
+        let ids = vec![RowId(0), RowId(-7), RowId(10), RowId(1_234_567)];
+        let mut ops = vec![
+            CommitOp::Fetch { pipeline: "jobs".into(), leases: Vec::new() },
+            CommitOp::Fetch { pipeline: "jobs".into(), leases: many.clone() },
+            CommitOp::Heartbeat { held: many.clone() },
+            CommitOp::Heartbeat { held: Vec::new() },
+            CommitOp::Release { released: many },
+            CommitOp::Insert { id: RowId(42), kind: "job".into() },
+            CommitOp::Hint { kind: "job".into(), row: None },
+            CommitOp::Hint { kind: "job".into(), row: Some(RowId(9)) },
+        ];
+        for outcome in [LockOutcome::Locked, LockOutcome::Contended, LockOutcome::Stale] {
+            ops.push(CommitOp::LockRelated {
+                holder: lease(3, 7),
+                related: ids.clone(),
+                owner: "op:3".into(),
+                outcome,
+            });
+        }
+        for applied in [true, false] {
+            ops.push(CommitOp::Apply { lease: lease(5, 8), applied, related: ids.clone(), inserted: Vec::new() });
+            ops.push(CommitOp::Reset { lease: lease(5, 8), held: applied });
+        }
+        for (attempts, gave_up) in [(None, false), (Some(1), false), (Some(u32::MAX), true)] {
+            ops.push(CommitOp::Failure { lease: lease(6, 11), attempts, gave_up });
+        }
+        for outcome in [WriteOutcome::Written, WriteOutcome::Busy, WriteOutcome::Missing] {
+            ops.push(CommitOp::UpdateUnleased { id: RowId(12), outcome });
+        }
+        let mut buffer = String::from("before ");
+        for op in &ops {
+            let start = buffer.len();
+            op.write_text(&mut buffer);
+            assert_eq!(&buffer[start..], text_by_format(op), "written after other text");
+            assert_eq!(op.to_string(), text_by_format(op), "Display");
+        }
     }
 
     #[tokio::test]
