@@ -20,6 +20,7 @@ use super::trace::Trace;
 use super::wire::Wire;
 use crate::gang::model::{AllocationData, KIND_ALLOCATION};
 use crate::store::{Clock, CommitOp, Hint, MemStore, RowId, Store, StoreError, Timestamp, TokioClock};
+use futures_util::FutureExt;
 use madsim::runtime::{Handle, NodeHandle};
 use madsim::task::NodeId;
 use rand::Rng;
@@ -245,7 +246,7 @@ async fn handle(db: Arc<Database>, request: Request, started: Instant, rng: Arc<
     let response = if started.elapsed() < STARTUP {
         Err(StoreError::Unavailable("the database system is starting up".into()))
     } else {
-        execute(&db, &request.caller, request.call).await
+        execute(&db, &request.caller, request.call)
     };
     let handed = Instant::now();
     let leaves = handed + queue_delay(&rng);
@@ -296,13 +297,22 @@ async fn forward_hints(db: &Database) {
 }
 
 /// Runs one call on the store as `caller`, and traces the commit it made, if any.
-async fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
+///
+/// MemStore's calls never wait (each takes the store's lock, does its work and returns), so a call finishes in its
+/// first poll: it is polled once here ([`FutureExt::now_or_never`]) instead of awaited, and the node's task for
+/// the call (one per call, [`Database::submit`]) no longer holds the state of every store call's future, which
+/// madsim copied into each new task. Polled once or awaited, a ready call runs the same code at the same simulated
+/// instant and the simulator schedules no task more or less, so every trace stays the same (issue 17).
+fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
     let store = db.store.as_caller(caller.clone());
-    // MemStore's calls finish in their first poll, so no other call commits between these two reads.
+    // The call finishes in its first poll, so no other call commits between these two reads.
     let before = store.history_len();
     let gang_trace = db.gang_trace.load(Ordering::SeqCst);
     let events_before = if gang_trace { store.events_len() } else { 0 };
-    let response = dispatch(db, &store, call).await;
+    let name = call.name();
+    let response = dispatch(db, &store, call)
+        .now_or_never()
+        .unwrap_or_else(|| panic!("the store call {name} did not finish in its first poll"));
     // Each commit's text is written in place (no copy of the commit), into one buffer: each trace line is then
     // the one string it needs, of its final length.
     let mut text = db.commit_text.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
