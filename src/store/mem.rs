@@ -73,16 +73,57 @@ impl std::ops::Index<&RowId> for Rows {
     }
 }
 
+/// Rows by kind, then status, each set in fetch order: [`State::by_status`]. Nested rather than keyed by a
+/// `(kind, status)` pair, so that a lookup borrows the caller's strings: a pair key is two new strings per lookup,
+/// and every fetch, apply and status write looks up (issue 17).
+#[derive(Default)]
+struct StatusIndex(BTreeMap<String, BTreeMap<String, BTreeSet<FetchKey>>>);
+
+impl StatusIndex {
+    /// The rows of `kind` in `status`, if there are any.
+    fn get(&self, kind: &str, status: &str) -> Option<&BTreeSet<FetchKey>> {
+        self.0.get(kind)?.get(status)
+    }
+
+    /// The rows of `kind` in `status` to change, if there are any.
+    fn get_mut(&mut self, kind: &str, status: &str) -> Option<&mut BTreeSet<FetchKey>> {
+        self.0.get_mut(kind)?.get_mut(status)
+    }
+
+    /// Adds `key` to the rows of `kind` in `status` (new strings only for a kind or status not seen before).
+    fn insert(&mut self, kind: &str, status: &str, key: FetchKey) {
+        if !self.0.contains_key(kind) {
+            self.0.insert(kind.to_string(), BTreeMap::new());
+        }
+        let statuses = self.0.get_mut(kind).expect("kind just added");
+        if !statuses.contains_key(status) {
+            statuses.insert(status.to_string(), BTreeSet::new());
+        }
+        statuses.get_mut(status).expect("status just added").insert(key);
+    }
+
+    /// Removes `key` from the rows of `kind` in `status`, and the status once it holds none; whether it was there.
+    fn remove(&mut self, kind: &str, status: &str, key: FetchKey) -> bool {
+        let Some(statuses) = self.0.get_mut(kind) else { return false };
+        let Some(rows) = statuses.get_mut(status) else { return false };
+        let removed = rows.remove(&key);
+        if rows.is_empty() {
+            statuses.remove(status);
+        }
+        removed
+    }
+}
+
 #[derive(Default)]
 struct State {
     rows: Rows,
     /// Rows of each kind, so a list scans one kind.
     by_kind: BTreeMap<String, BTreeSet<RowId>>,
-    /// Rows of each (kind, status) in fetch order (`last_processed_at`, never-processed first, then `id`), so a
+    /// Rows of each kind and status in fetch order (`last_processed_at`, never-processed first, then `id`), so a
     /// fetch reads only rows its status filter admits and stops after `limit` eligible ones, as the index of a
     /// PostgreSQL fetch lets it (without it the simulator spends most of its time in fetch scans, and a backlog of
     /// ready rows makes every fetch sort all of them).
-    by_status: BTreeMap<(String, String), BTreeSet<FetchKey>>,
+    by_status: StatusIndex,
     /// Rows carrying each token: a main row and the related rows locked with its token.
     by_token: BTreeMap<LockToken, BTreeSet<RowId>>,
     /// Children of each (parent, kind), by id: a parent's `list` and `query` read only its children, as
@@ -566,7 +607,7 @@ impl State {
         self.next_id += 1;
         let id = RowId(self.next_id);
         self.by_kind.entry(new.kind.clone()).or_default().insert(id);
-        self.by_status.entry((new.kind.clone(), new.status.clone())).or_default().insert((None, id));
+        self.by_status.insert(&new.kind, &new.status, (None, id));
         if let Some(parent) = new.parent_id {
             self.by_parent.entry((parent, new.kind.clone())).or_default().insert(id);
             self.by_parent_status.entry((parent, new.kind.clone(), new.status.clone())).or_default().insert(id);
@@ -589,7 +630,7 @@ impl State {
     /// Sets row `id`'s `last_processed_at`, keeping its place in the fetch order of `by_status`.
     fn set_processed_at(&mut self, id: RowId, at: Timestamp) {
         let row = self.rows.get_mut(&id).expect("processed row");
-        let rows = self.by_status.get_mut(&(row.kind.clone(), row.status.clone())).expect("status index lost a row");
+        let rows = self.by_status.get_mut(&row.kind, &row.status).expect("status index lost a row");
         assert!(rows.remove(&(row.last_processed_at, id)), "row {id} missing from the status index");
         row.last_processed_at = Some(at);
         rows.insert((row.last_processed_at, id));
@@ -600,16 +641,12 @@ impl State {
         if let Some(status) = update.status
             && status != row.status
         {
-            let old = (row.kind.clone(), std::mem::replace(&mut row.status, status));
-            let rows = self.by_status.get_mut(&old).expect("status index lost a status");
-            rows.remove(&(row.last_processed_at, id));
-            if rows.is_empty() {
-                self.by_status.remove(&old);
-            }
+            let old = std::mem::replace(&mut row.status, status);
             let key = (row.last_processed_at, id);
-            self.by_status.entry((row.kind.clone(), row.status.clone())).or_default().insert(key);
+            assert!(self.by_status.remove(&row.kind, &old, key), "row {id} missing from the status index");
+            self.by_status.insert(&row.kind, &row.status, key);
             if let Some(parent) = row.parent_id {
-                let old = (parent, old.0, old.1);
+                let old = (parent, row.kind.clone(), old);
                 let rows = self.by_parent_status.get_mut(&old).expect("parent status index lost a status");
                 rows.remove(&id);
                 if rows.is_empty() {
@@ -676,7 +713,7 @@ impl State {
         // last_processed_at NULLS FIRST, id`), so the first `limit` eligible rows of each, merged, hold the answer.
         let mut eligible: Vec<FetchKey> = Vec::new();
         let mut first: Option<Timestamp> = None;
-        for rows in statuses.into_iter().filter_map(|status| self.by_status.get(&(p.kind.clone(), status.clone()))) {
+        for rows in statuses.into_iter().filter_map(|status| self.by_status.get(&p.kind, status)) {
             let mut taken = 0;
             for (at, id) in rows {
                 let row = &self.rows[id];
@@ -733,8 +770,7 @@ impl State {
             (None, Some(parent), None) => self.by_parent.get(&(parent, q.kind.clone())).map(range).unwrap_or_default(),
             (None, None, Some(statuses)) => {
                 let statuses: BTreeSet<&String> = statuses.iter().collect();
-                let key = |status: &String| (q.kind.clone(), status.clone());
-                let rows = statuses.into_iter().filter_map(|status| self.by_status.get(&key(status)));
+                let rows = statuses.into_iter().filter_map(|status| self.by_status.get(&q.kind, status));
                 rows.flatten().map(|(_, id)| *id).filter(|id| q.after.is_none_or(|after| *id > after)).collect()
             }
             (None, None, None) => self.by_kind.get(&q.kind).map(range).unwrap_or_default(),
@@ -806,7 +842,7 @@ impl Store for MemStore {
         let statuses: BTreeSet<&String> = p.statuses.iter().collect();
         let first = statuses
             .into_iter()
-            .filter_map(|status| state.by_status.get(&(p.kind.clone(), status.clone())))
+            .filter_map(|status| state.by_status.get(&p.kind, status))
             .flatten()
             .filter_map(|(_, id)| state.rows[id].lock_expires_at.filter(|expires| *expires > now))
             .min();
