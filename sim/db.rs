@@ -20,6 +20,7 @@ use super::trace::Trace;
 use super::wire::Wire;
 use crate::gang::model::{AllocationData, KIND_ALLOCATION};
 use crate::store::{Clock, CommitOp, Hint, MemStore, RowId, Store, StoreError, Timestamp, TokioClock};
+use futures_util::FutureExt;
 use madsim::runtime::{Handle, NodeHandle};
 use madsim::task::NodeId;
 use rand::Rng;
@@ -74,6 +75,8 @@ pub struct Database {
     /// Instants the node was killed (simulated), oldest first: a reply still held by the node when it died is
     /// lost.
     kills: Mutex<Vec<Instant>>,
+    /// The buffer a call's commit texts are written into ([`CommitOp::write_text`]), kept from call to call.
+    commit_text: Mutex<String>,
 }
 
 /// One incarnation of the node: lost at a restart.
@@ -107,6 +110,7 @@ impl Database {
             node_id: OnceLock::new(),
             serving: Mutex::new(None),
             kills: Mutex::new(Vec::new()),
+            commit_text: Mutex::new(String::new()),
         })
     }
 
@@ -242,7 +246,7 @@ async fn handle(db: Arc<Database>, request: Request, started: Instant, rng: Arc<
     let response = if started.elapsed() < STARTUP {
         Err(StoreError::Unavailable("the database system is starting up".into()))
     } else {
-        execute(&db, &request.caller, request.call).await
+        execute(&db, &request.caller, request.call)
     };
     let handed = Instant::now();
     let leaves = handed + queue_delay(&rng);
@@ -293,22 +297,41 @@ async fn forward_hints(db: &Database) {
 }
 
 /// Runs one call on the store as `caller`, and traces the commit it made, if any.
-async fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
+///
+/// MemStore's calls never wait (each takes the store's lock, does its work and returns), so a call finishes in its
+/// first poll: it is polled once here ([`FutureExt::now_or_never`]) instead of awaited, and the node's task for
+/// the call (one per call, [`Database::submit`]) no longer holds the state of every store call's future, which
+/// madsim copied into each new task. Polled once or awaited, a ready call runs the same code at the same simulated
+/// instant and the simulator schedules no task more or less, so every trace stays the same (issue 17).
+fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
     let store = db.store.as_caller(caller.clone());
-    // MemStore's calls finish in their first poll, so no other call commits between these two reads.
+    // The call finishes in its first poll, so no other call commits between these two reads.
     let before = store.history_len();
     let gang_trace = db.gang_trace.load(Ordering::SeqCst);
     let events_before = if gang_trace { store.events_len() } else { 0 };
-    let response = dispatch(db, &store, call).await;
-    // Each commit's text is written in place, without a copy of the commit.
-    let commits = store.map_history_from(before, |commit| (commit.op.to_string(), commit_row(&commit.op)));
-    for (text, row) in commits {
+    let name = call.name();
+    let response = dispatch(db, &store, call)
+        .now_or_never()
+        .unwrap_or_else(|| panic!("the store call {name} did not finish in its first poll"));
+    // Each commit's text is written in place (no copy of the commit), into one buffer: each trace line is then
+    // the one string it needs, of its final length.
+    let mut text = db.commit_text.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    text.clear();
+    let commits = store.map_history_from(before, |commit| {
+        commit.op.write_text(&mut text);
+        (text.len(), commit_row(&commit.op))
+    });
+    let mut start = 0;
+    for (end, row) in commits {
+        let op_text = &text[start..end];
+        start = end;
         // The operation is looked up only when traced: the lookup reads a row per commit.
         match gang_trace.then(|| db.commit_operation(row)).flatten() {
-            Some(op) => db.trace.record(caller, "commit", format!("{text} op={op}")),
-            None => db.trace.record(caller, "commit", text),
+            Some(op) => db.trace.record(caller, "commit", format!("{op_text} op={op}")),
+            None => db.trace.record(caller, "commit", op_text),
         }
     }
+    drop(text);
     if gang_trace {
         let on_operation = |event: &crate::store::Event| {
             db.store.read_row(event.row_id, |row| row.kind == crate::gang::model::KIND_OPERATION).unwrap_or(false)

@@ -33,16 +33,97 @@ struct Inner {
 /// A row's place in fetch order: `last_processed_at` (never-processed first), then id.
 type FetchKey = (Option<Timestamp>, RowId);
 
+/// The rows, by id. Ids are given in insert order from 1 and rows are never deleted, so row `id` is at index
+/// `id − 1` of a vector: a lookup is an index, not a search of a map (issue 17: a fetch reads a row per candidate
+/// it scans, and every call reads or writes rows by id).
+#[derive(Default)]
+struct Rows(Vec<Row>);
+
+impl Rows {
+    /// Row `id`, if the store gave that id.
+    fn get(&self, id: &RowId) -> Option<&Row> {
+        let index = usize::try_from(id.0).ok()?.checked_sub(1)?;
+        self.0.get(index)
+    }
+
+    /// Row `id` to write, if the store gave that id.
+    fn get_mut(&mut self, id: &RowId) -> Option<&mut Row> {
+        let index = usize::try_from(id.0).ok()?.checked_sub(1)?;
+        self.0.get_mut(index)
+    }
+
+    /// Appends `row`, which must carry the next id.
+    fn push(&mut self, row: Row) {
+        let next = RowId(self.0.len() as i64 + 1);
+        assert_eq!(row.id, next, "row {} inserted where the next id is {next}", row.id);
+        self.0.push(row);
+    }
+
+    /// Every row, by id.
+    fn values(&self) -> std::slice::Iter<'_, Row> {
+        self.0.iter()
+    }
+}
+
+impl std::ops::Index<&RowId> for Rows {
+    type Output = Row;
+
+    fn index(&self, id: &RowId) -> &Row {
+        self.get(id).unwrap_or_else(|| panic!("row {id} does not exist"))
+    }
+}
+
+/// Rows by kind, then status, each set in fetch order: [`State::by_status`]. Nested rather than keyed by a
+/// `(kind, status)` pair, so that a lookup borrows the caller's strings: a pair key is two new strings per lookup,
+/// and every fetch, apply and status write looks up (issue 17).
+#[derive(Default)]
+struct StatusIndex(BTreeMap<String, BTreeMap<String, BTreeSet<FetchKey>>>);
+
+impl StatusIndex {
+    /// The rows of `kind` in `status`, if there are any.
+    fn get(&self, kind: &str, status: &str) -> Option<&BTreeSet<FetchKey>> {
+        self.0.get(kind)?.get(status)
+    }
+
+    /// The rows of `kind` in `status` to change, if there are any.
+    fn get_mut(&mut self, kind: &str, status: &str) -> Option<&mut BTreeSet<FetchKey>> {
+        self.0.get_mut(kind)?.get_mut(status)
+    }
+
+    /// Adds `key` to the rows of `kind` in `status` (new strings only for a kind or status not seen before).
+    fn insert(&mut self, kind: &str, status: &str, key: FetchKey) {
+        if !self.0.contains_key(kind) {
+            self.0.insert(kind.to_string(), BTreeMap::new());
+        }
+        let statuses = self.0.get_mut(kind).expect("kind just added");
+        if !statuses.contains_key(status) {
+            statuses.insert(status.to_string(), BTreeSet::new());
+        }
+        statuses.get_mut(status).expect("status just added").insert(key);
+    }
+
+    /// Removes `key` from the rows of `kind` in `status`, and the status once it holds none; whether it was there.
+    fn remove(&mut self, kind: &str, status: &str, key: FetchKey) -> bool {
+        let Some(statuses) = self.0.get_mut(kind) else { return false };
+        let Some(rows) = statuses.get_mut(status) else { return false };
+        let removed = rows.remove(&key);
+        if rows.is_empty() {
+            statuses.remove(status);
+        }
+        removed
+    }
+}
+
 #[derive(Default)]
 struct State {
-    rows: BTreeMap<RowId, Row>,
+    rows: Rows,
     /// Rows of each kind, so a list scans one kind.
     by_kind: BTreeMap<String, BTreeSet<RowId>>,
-    /// Rows of each (kind, status) in fetch order (`last_processed_at`, never-processed first, then `id`), so a
+    /// Rows of each kind and status in fetch order (`last_processed_at`, never-processed first, then `id`), so a
     /// fetch reads only rows its status filter admits and stops after `limit` eligible ones, as the index of a
     /// PostgreSQL fetch lets it (without it the simulator spends most of its time in fetch scans, and a backlog of
     /// ready rows makes every fetch sort all of them).
-    by_status: BTreeMap<(String, String), BTreeSet<FetchKey>>,
+    by_status: StatusIndex,
     /// Rows carrying each token: a main row and the related rows locked with its token.
     by_token: BTreeMap<LockToken, BTreeSet<RowId>>,
     /// Children of each (parent, kind), by id: a parent's `list` and `query` read only its children, as
@@ -106,70 +187,156 @@ impl fmt::Display for Commit {
     }
 }
 
-/// `id#token` of each lease, joined by commas, written straight to `f` (a trace writes one per commit: no
-/// string per lease, issue 17).
-struct Leases<'a>(&'a [Lease]);
-
-impl fmt::Display for Leases<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, lease) in self.0.iter().enumerate() {
-            let comma = if index == 0 { "" } else { "," };
-            write!(f, "{comma}{}#{}", lease.id, lease.token)?;
-        }
-        Ok(())
-    }
-}
-
-/// Row ids joined by commas, written straight to `f`.
-struct Ids<'a>(&'a [RowId]);
-
-impl fmt::Display for Ids<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, id) in self.0.iter().enumerate() {
-            let comma = if index == 0 { "" } else { "," };
-            write!(f, "{comma}{id}")?;
-        }
-        Ok(())
-    }
-}
-
 impl fmt::Display for CommitOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let leases = Leases;
-        let ids = Ids;
+        let mut text = String::new();
+        self.write_text(&mut text);
+        f.write_str(&text)
+    }
+}
+
+impl CommitOp {
+    /// Appends the commit's text to `out`, as its `Display` writes it: `fetch p [1#1,2#2]`,
+    /// `lock_related 3#7 p [4,5] Contended`, `apply 3#7 applied related=[4,5] inserted=[]`, `hint k Some(RowId(3))`.
+    ///
+    /// The simulator's database node writes the texts of a call's commits into one buffer that it keeps from call
+    /// to call, rather than a new `String` per commit grown as `Display` writes it; numbers are written digit by
+    /// digit, without the formatting machinery (issue 17: every trace line is byte for byte the text `Display`
+    /// wrote before, and `Display` now calls this).
+    pub fn write_text(&self, out: &mut String) {
         match self {
-            CommitOp::Fetch { pipeline, leases: l } => write!(f, "fetch {pipeline} [{}]", leases(l)),
-            CommitOp::Heartbeat { held } => write!(f, "heartbeat [{}]", leases(held)),
+            CommitOp::Fetch { pipeline, leases } => {
+                out.push_str("fetch ");
+                out.push_str(pipeline);
+                push_leases(out, leases);
+            }
+            CommitOp::Heartbeat { held } => {
+                out.push_str("heartbeat");
+                push_leases(out, held);
+            }
             CommitOp::LockRelated { holder, related, owner, outcome } => {
-                write!(f, "lock_related {}#{} {owner} [{}] {outcome:?}", holder.id, holder.token, ids(related))
+                out.push_str("lock_related ");
+                push_lease(out, holder);
+                out.push(' ');
+                out.push_str(owner);
+                out.push(' ');
+                push_ids(out, related);
+                out.push(' ');
+                out.push_str(match outcome {
+                    LockOutcome::Locked => "Locked",
+                    LockOutcome::Contended => "Contended",
+                    LockOutcome::Stale => "Stale",
+                });
             }
-            CommitOp::Apply { lease, applied, related, inserted } => write!(
-                f,
-                "apply {}#{} {} related=[{}] inserted=[{}]",
-                lease.id,
-                lease.token,
-                if *applied { "applied" } else { "stale" },
-                ids(related),
-                ids(inserted)
-            ),
-            CommitOp::Failure { lease, attempts, gave_up } => match attempts {
-                None => write!(f, "failure {}#{} stale", lease.id, lease.token),
-                Some(n) => {
-                    let next = if *gave_up { "gave-up" } else { "retry" };
-                    write!(f, "failure {}#{} attempt={n} {next}", lease.id, lease.token)
+            CommitOp::Apply { lease, applied, related, inserted } => {
+                out.push_str("apply ");
+                push_lease(out, lease);
+                out.push_str(if *applied { " applied related=" } else { " stale related=" });
+                push_ids(out, related);
+                out.push_str(" inserted=");
+                push_ids(out, inserted);
+            }
+            CommitOp::Failure { lease, attempts, gave_up } => {
+                out.push_str("failure ");
+                push_lease(out, lease);
+                match attempts {
+                    None => out.push_str(" stale"),
+                    Some(n) => {
+                        out.push_str(" attempt=");
+                        push_number(out, i64::from(*n));
+                        out.push_str(if *gave_up { " gave-up" } else { " retry" });
+                    }
                 }
-            },
+            }
             CommitOp::Reset { lease, held } => {
-                write!(f, "reset {}#{} held={held}", lease.id, lease.token)
+                out.push_str("reset ");
+                push_lease(out, lease);
+                out.push_str(if *held { " held=true" } else { " held=false" });
             }
-            CommitOp::Release { released } => write!(f, "release [{}]", leases(released)),
-            CommitOp::Insert { id, kind } => write!(f, "insert {id} {kind}"),
+            CommitOp::Release { released } => {
+                out.push_str("release");
+                push_leases(out, released);
+            }
+            CommitOp::Insert { id, kind } => {
+                out.push_str("insert ");
+                push_number(out, id.0);
+                out.push(' ');
+                out.push_str(kind);
+            }
             CommitOp::UpdateUnleased { id, outcome } => {
-                write!(f, "update_unleased {id} {outcome:?}")
+                out.push_str("update_unleased ");
+                push_number(out, id.0);
+                out.push_str(match outcome {
+                    WriteOutcome::Written => " Written",
+                    WriteOutcome::Busy => " Busy",
+                    WriteOutcome::Missing => " Missing",
+                });
             }
-            CommitOp::Hint { kind, row } => write!(f, "hint {kind} {row:?}"),
+            CommitOp::Hint { kind, row } => {
+                out.push_str("hint ");
+                out.push_str(kind);
+                match row {
+                    None => out.push_str(" None"),
+                    Some(id) => {
+                        out.push_str(" Some(RowId(");
+                        push_number(out, id.0);
+                        out.push_str("))");
+                    }
+                }
+            }
         }
     }
+}
+
+/// ` [id#token,…]`: a space, then each lease's `id#token` joined by commas in brackets.
+fn push_leases(out: &mut String, leases: &[Lease]) {
+    out.push_str(" [");
+    for (index, lease) in leases.iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        push_lease(out, lease);
+    }
+    out.push(']');
+}
+
+/// `id#token`.
+fn push_lease(out: &mut String, lease: &Lease) {
+    push_number(out, lease.id.0);
+    out.push('#');
+    push_number(out, lease.token.0);
+}
+
+/// `[id,…]`: row ids joined by commas in brackets.
+fn push_ids(out: &mut String, ids: &[RowId]) {
+    out.push('[');
+    for (index, id) in ids.iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        push_number(out, id.0);
+    }
+    out.push(']');
+}
+
+/// `n` in decimal, as `Display` writes it (a `-` before a negative number).
+fn push_number(out: &mut String, n: i64) {
+    // 20 digits hold every `u64`, so every `i64`'s magnitude.
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    let mut rest = n.unsigned_abs();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        out.push('-');
+    }
+    out.push_str(std::str::from_utf8(&digits[start..]).expect("decimal digits are ASCII"));
 }
 
 impl MemStore {
@@ -336,6 +503,11 @@ pub(crate) fn fetch_eligible(row: &Row, p: &FetchParams, now: Timestamp) -> bool
     }
 }
 
+/// How long from `now` until `expires` (a store time after `now`).
+fn expires_in(expires: Timestamp, now: Timestamp) -> Duration {
+    Duration::from_micros((expires.as_micros() - now.as_micros()) as u64)
+}
+
 /// Whether a related row is available to `holder` with `owner` at `now` (the rule of [`Store::lock_related`]).
 fn related_available(row: &Row, holder: Lease, owner: &str, now: Timestamp) -> bool {
     let live = row.lock_expires_at.is_none_or(|expires| expires > now);
@@ -435,7 +607,7 @@ impl State {
         self.next_id += 1;
         let id = RowId(self.next_id);
         self.by_kind.entry(new.kind.clone()).or_default().insert(id);
-        self.by_status.entry((new.kind.clone(), new.status.clone())).or_default().insert((None, id));
+        self.by_status.insert(&new.kind, &new.status, (None, id));
         if let Some(parent) = new.parent_id {
             self.by_parent.entry((parent, new.kind.clone())).or_default().insert(id);
             self.by_parent_status.entry((parent, new.kind.clone(), new.status.clone())).or_default().insert(id);
@@ -443,7 +615,7 @@ impl State {
         let mut row = new.into_row(id, now);
         self.version += 1;
         row.version = self.version;
-        self.rows.insert(id, row);
+        self.rows.push(row);
         id
     }
 
@@ -458,7 +630,7 @@ impl State {
     /// Sets row `id`'s `last_processed_at`, keeping its place in the fetch order of `by_status`.
     fn set_processed_at(&mut self, id: RowId, at: Timestamp) {
         let row = self.rows.get_mut(&id).expect("processed row");
-        let rows = self.by_status.get_mut(&(row.kind.clone(), row.status.clone())).expect("status index lost a row");
+        let rows = self.by_status.get_mut(&row.kind, &row.status).expect("status index lost a row");
         assert!(rows.remove(&(row.last_processed_at, id)), "row {id} missing from the status index");
         row.last_processed_at = Some(at);
         rows.insert((row.last_processed_at, id));
@@ -469,16 +641,12 @@ impl State {
         if let Some(status) = update.status
             && status != row.status
         {
-            let old = (row.kind.clone(), std::mem::replace(&mut row.status, status));
-            let rows = self.by_status.get_mut(&old).expect("status index lost a status");
-            rows.remove(&(row.last_processed_at, id));
-            if rows.is_empty() {
-                self.by_status.remove(&old);
-            }
+            let old = std::mem::replace(&mut row.status, status);
             let key = (row.last_processed_at, id);
-            self.by_status.entry((row.kind.clone(), row.status.clone())).or_default().insert(key);
+            assert!(self.by_status.remove(&row.kind, &old, key), "row {id} missing from the status index");
+            self.by_status.insert(&row.kind, &row.status, key);
             if let Some(parent) = row.parent_id {
-                let old = (parent, old.0, old.1);
+                let old = (parent, row.kind.clone(), old);
                 let rows = self.by_parent_status.get_mut(&old).expect("parent status index lost a status");
                 rows.remove(&id);
                 if rows.is_empty() {
@@ -536,6 +704,49 @@ impl State {
 }
 
 impl State {
+    /// The fetch of [`Store::fetch`] at `now`, recorded as one commit: the leased rows and, when it leased none,
+    /// the first expiry after `now` of a lease or mark on the rows it scanned (every row of the fetch's kind and
+    /// statuses: [`Store::next_expiry`]), found by the same scan.
+    fn fetch(&mut self, caller: &Option<Arc<str>>, p: FetchParams, now: Timestamp) -> (Vec<Row>, Option<Timestamp>) {
+        let statuses: BTreeSet<&String> = p.statuses.iter().collect();
+        // Each status's rows are in fetch order (`None < Some(_)`: never-processed rows first, as `ORDER BY
+        // last_processed_at NULLS FIRST, id`), so the first `limit` eligible rows of each, merged, hold the answer.
+        let mut eligible: Vec<FetchKey> = Vec::new();
+        let mut first: Option<Timestamp> = None;
+        for rows in statuses.into_iter().filter_map(|status| self.by_status.get(&p.kind, status)) {
+            let mut taken = 0;
+            for (at, id) in rows {
+                let row = &self.rows[id];
+                if taken < p.limit && fetch_eligible(row, &p, now) {
+                    eligible.push((*at, *id));
+                    taken += 1;
+                    if taken == p.limit {
+                        break;
+                    }
+                } else if eligible.is_empty()
+                    && let Some(expires) = row.lock_expires_at.filter(|expires| *expires > now)
+                {
+                    // Only an empty fetch brings an expiry back, so the scan stops looking once a row is eligible.
+                    first = Some(first.map_or(expires, |first| first.min(expires)));
+                }
+            }
+        }
+        eligible.sort_unstable();
+        eligible.truncate(p.limit);
+        let first = if eligible.is_empty() { first } else { None };
+        let mut leased = Vec::with_capacity(eligible.len());
+        for (_, id) in eligible {
+            let token = self.fresh_token();
+            self.set_lease(id, Some(token), Some(p.pipeline.clone()), Some(now.plus(p.lease_ttl)));
+            let row = self.rows.get_mut(&id).expect("eligible row vanished");
+            row.hinted = false;
+            leased.push(row.clone());
+        }
+        let leases = leased.iter().map(|row| Lease { id: row.id, token: row.lock_token.expect("leased") }).collect();
+        self.record(caller, now, CommitOp::Fetch { pipeline: p.pipeline, leases });
+        (leased, first)
+    }
+
     /// The rows of one [`Store::query`], by id, read through the narrowest index its filters allow.
     fn query(&self, q: &RowQuery) -> Vec<Row> {
         self.query_rows(q).cloned().collect()
@@ -559,8 +770,7 @@ impl State {
             (None, Some(parent), None) => self.by_parent.get(&(parent, q.kind.clone())).map(range).unwrap_or_default(),
             (None, None, Some(statuses)) => {
                 let statuses: BTreeSet<&String> = statuses.iter().collect();
-                let key = |status: &String| (q.kind.clone(), status.clone());
-                let rows = statuses.into_iter().filter_map(|status| self.by_status.get(&key(status)));
+                let rows = statuses.into_iter().filter_map(|status| self.by_status.get(&q.kind, status));
                 rows.flatten().map(|(_, id)| *id).filter(|id| q.after.is_none_or(|after| *id > after)).collect()
             }
             (None, None, None) => self.by_kind.get(&q.kind).map(range).unwrap_or_default(),
@@ -614,29 +824,16 @@ impl Store for MemStore {
     async fn fetch(&self, p: FetchParams) -> Result<Vec<Row>, StoreError> {
         check_fetch(&p)?;
         let now = self.now();
-        let mut state = self.lock();
-        let statuses: BTreeSet<&String> = p.statuses.iter().collect();
-        // Each status's rows are in fetch order (`None < Some(_)`: never-processed rows first, as `ORDER BY
-        // last_processed_at NULLS FIRST, id`), so the first `limit` eligible rows of each, merged, hold the answer.
-        let mut eligible: Vec<(Option<Timestamp>, RowId)> = statuses
-            .into_iter()
-            .filter_map(|status| state.by_status.get(&(p.kind.clone(), status.clone())))
-            .flat_map(|rows| rows.iter().filter(|(_, id)| fetch_eligible(&state.rows[id], &p, now)).take(p.limit))
-            .copied()
-            .collect();
-        eligible.sort_unstable();
-        eligible.truncate(p.limit);
-        let mut leased = Vec::with_capacity(eligible.len());
-        for (_, id) in eligible {
-            let token = state.fresh_token();
-            state.set_lease(id, Some(token), Some(p.pipeline.clone()), Some(now.plus(p.lease_ttl)));
-            let row = state.rows.get_mut(&id).expect("eligible row vanished");
-            row.hinted = false;
-            leased.push(row.clone());
-        }
-        let leases = leased.iter().map(|row| Lease { id: row.id, token: row.lock_token.expect("leased") }).collect();
-        state.record(&self.caller, now, CommitOp::Fetch { pipeline: p.pipeline, leases });
-        Ok(leased)
+        Ok(self.lock().fetch(&self.caller, p, now).0)
+    }
+
+    async fn fetch_with_expiry(&self, p: FetchParams) -> Result<(Vec<Row>, Option<Duration>), StoreError> {
+        // One lock and one scan: the fetch's own scan of an empty fetch's rows finds their first expiry (the
+        // default runs the fetch and then `next_expiry`, which scans the same rows again).
+        check_fetch(&p)?;
+        let now = self.now();
+        let (rows, first) = self.lock().fetch(&self.caller, p, now);
+        Ok((rows, first.map(|expires| expires_in(expires, now))))
     }
 
     async fn next_expiry(&self, p: FetchParams) -> Result<Option<Duration>, StoreError> {
@@ -645,11 +842,11 @@ impl Store for MemStore {
         let statuses: BTreeSet<&String> = p.statuses.iter().collect();
         let first = statuses
             .into_iter()
-            .filter_map(|status| state.by_status.get(&(p.kind.clone(), status.clone())))
+            .filter_map(|status| state.by_status.get(&p.kind, status))
             .flatten()
             .filter_map(|(_, id)| state.rows[id].lock_expires_at.filter(|expires| *expires > now))
             .min();
-        Ok(first.map(|expires| Duration::from_micros((expires.as_micros() - now.as_micros()) as u64)))
+        Ok(first.map(|expires| expires_in(expires, now)))
     }
 
     async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
@@ -950,6 +1147,111 @@ mod tests {
         let (rows, expiry) = store.fetch_with_expiry(other).await.unwrap();
         assert!(rows.is_empty());
         assert_eq!(expiry, Some(Duration::from_secs(20)), "the lease it skipped ends 30 s after the first fetch");
+    }
+
+    /// The text of `op` as `Display` wrote it before [`CommitOp::write_text`] (with `format!`): the traces'
+    /// format, which the written text must keep byte for byte.
+    fn text_by_format(op: &CommitOp) -> String {
+        let leases = |l: &[Lease]| l.iter().map(|l| format!("{}#{}", l.id, l.token)).collect::<Vec<_>>().join(",");
+        let ids = |ids: &[RowId]| ids.iter().map(|id| id.to_string()).collect::<Vec<_>>().join(",");
+        match op {
+            CommitOp::Fetch { pipeline, leases: l } => format!("fetch {pipeline} [{}]", leases(l)),
+            CommitOp::Heartbeat { held } => format!("heartbeat [{}]", leases(held)),
+            CommitOp::LockRelated { holder, related, owner, outcome } => {
+                format!("lock_related {}#{} {owner} [{}] {outcome:?}", holder.id, holder.token, ids(related))
+            }
+            CommitOp::Apply { lease, applied, related, inserted } => format!(
+                "apply {}#{} {} related=[{}] inserted=[{}]",
+                lease.id,
+                lease.token,
+                if *applied { "applied" } else { "stale" },
+                ids(related),
+                ids(inserted)
+            ),
+            CommitOp::Failure { lease, attempts: None, .. } => format!("failure {}#{} stale", lease.id, lease.token),
+            CommitOp::Failure { lease, attempts: Some(n), gave_up } => {
+                let next = if *gave_up { "gave-up" } else { "retry" };
+                format!("failure {}#{} attempt={n} {next}", lease.id, lease.token)
+            }
+            CommitOp::Reset { lease, held } => format!("reset {}#{} held={held}", lease.id, lease.token),
+            CommitOp::Release { released } => format!("release [{}]", leases(released)),
+            CommitOp::Insert { id, kind } => format!("insert {id} {kind}"),
+            CommitOp::UpdateUnleased { id, outcome } => format!("update_unleased {id} {outcome:?}"),
+            CommitOp::Hint { kind, row } => format!("hint {kind} {row:?}"),
+        }
+    }
+
+    #[test]
+    fn a_commits_written_text_is_the_text_format_wrote() {
+        let lease = |id: i64, token: i64| Lease { id: RowId(id), token: LockToken(token) };
+        let many: Vec<Lease> = [(1, 1), (20, 305), (4_000, 99_999_999), (i64::MAX, i64::MIN)]
+            .into_iter()
+            .map(|(id, token)| lease(id, token))
+            .collect();
+        let ids = vec![RowId(0), RowId(-7), RowId(10), RowId(1_234_567)];
+        let mut ops = vec![
+            CommitOp::Fetch { pipeline: "jobs".into(), leases: Vec::new() },
+            CommitOp::Fetch { pipeline: "jobs".into(), leases: many.clone() },
+            CommitOp::Heartbeat { held: many.clone() },
+            CommitOp::Heartbeat { held: Vec::new() },
+            CommitOp::Release { released: many },
+            CommitOp::Insert { id: RowId(42), kind: "job".into() },
+            CommitOp::Hint { kind: "job".into(), row: None },
+            CommitOp::Hint { kind: "job".into(), row: Some(RowId(9)) },
+        ];
+        for outcome in [LockOutcome::Locked, LockOutcome::Contended, LockOutcome::Stale] {
+            ops.push(CommitOp::LockRelated {
+                holder: lease(3, 7),
+                related: ids.clone(),
+                owner: "op:3".into(),
+                outcome,
+            });
+        }
+        for applied in [true, false] {
+            ops.push(CommitOp::Apply { lease: lease(5, 8), applied, related: ids.clone(), inserted: Vec::new() });
+            ops.push(CommitOp::Reset { lease: lease(5, 8), held: applied });
+        }
+        for (attempts, gave_up) in [(None, false), (Some(1), false), (Some(u32::MAX), true)] {
+            ops.push(CommitOp::Failure { lease: lease(6, 11), attempts, gave_up });
+        }
+        for outcome in [WriteOutcome::Written, WriteOutcome::Busy, WriteOutcome::Missing] {
+            ops.push(CommitOp::UpdateUnleased { id: RowId(12), outcome });
+        }
+        let mut buffer = String::from("before ");
+        for op in &ops {
+            let start = buffer.len();
+            op.write_text(&mut buffer);
+            assert_eq!(&buffer[start..], text_by_format(op), "written after other text");
+            assert_eq!(op.to_string(), text_by_format(op), "Display");
+        }
+    }
+
+    #[tokio::test]
+    async fn ids_the_store_never_gave_read_no_row() {
+        let store = MemStore::new(ManualClock::new(Timestamp(0)));
+        store.insert(NewRow::new("k", "ready", serde_json::json!({}))).await.unwrap();
+        assert!(store.get(RowId(1)).await.unwrap().is_some());
+        for id in [0, -1, 2, i64::MIN, i64::MAX] {
+            assert!(store.get(RowId(id)).await.unwrap().is_none(), "row {id} was never inserted");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fetch_of_no_rows_brings_back_the_expiry_next_expiry_reads() {
+        let clock = ManualClock::new(Timestamp(0));
+        let store = MemStore::new(clock.clone());
+        for status in ["ready", "waiting"] {
+            store.insert(NewRow::new("k", status, serde_json::json!({}))).await.unwrap();
+        }
+        let both = FetchParams { statuses: vec!["waiting".into(), "ready".into()], ..params(2) };
+        store.fetch(both.clone()).await.unwrap();
+        clock.advance(Duration::from_secs(5));
+        let expiry = store.next_expiry(both.clone()).await.unwrap();
+        assert_eq!(expiry, Some(Duration::from_secs(25)));
+        let nothing = FetchParams { limit: 0, ..both.clone() };
+        assert_eq!(store.fetch_with_expiry(nothing).await.unwrap(), (Vec::new(), expiry), "a fetch of limit 0");
+        let other = FetchParams { pipeline: "q".into(), ..both };
+        assert_eq!(store.fetch_with_expiry(other).await.unwrap(), (Vec::new(), expiry), "every row leased");
     }
 
     #[tokio::test]
