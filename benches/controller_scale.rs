@@ -17,6 +17,11 @@
 //! Run (release, simulator build): `env -u RUSTFLAGS cargo sim-bench --bench controller_scale`.
 //! `LOCKSTEP_BENCH_JOBS=1,64` picks the sizes; `LOCKSTEP_BENCH_RESTARTS=0` skips the passes' part. Without `--bench` (as `cargo test --all-targets` runs every bench)
 //! it runs the smallest size only, as a smoke test; in the normal build it only says how to run it.
+//!
+//! Two knobs for profiling (issue 17): `LOCKSTEP_BENCH_PASS_LIST=1` prints the CPU of each operation pass of the
+//! submit and of the restart; `LOCKSTEP_BENCH_CALLGRIND=restart` has callgrind count only the restart, without the
+//! harness's own polls (run under `valgrind --tool=callgrind --collect-atstart=no`: the bench toggles collection with
+//! callgrind's client request, a no-op outside valgrind).
 
 #[cfg(madsim)]
 fn main() {
@@ -34,8 +39,11 @@ fn main() {
          | restart: passes | their load + process, CPU s |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let pass_list = std::env::var("LOCKSTEP_BENCH_PASS_LIST").is_ok_and(|v| v == "1");
+    let mut lists = Vec::new();
     for jobs in sizes {
         let m = scale::measure(jobs);
+        lists.push((jobs, m.start.pass_list.clone(), m.restart.pass_list.clone()));
         println!(
             "| {jobs} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {:.3} |",
             m.agents,
@@ -46,6 +54,16 @@ fn main() {
             m.restart.passes,
             m.restart.pass_cpu.as_secs_f64()
         );
+    }
+    if pass_list {
+        for (jobs, start, restart) in lists {
+            println!();
+            println!("controller_scale: the operation passes of {jobs} jobs, load + process CPU µs each");
+            for (span, passes) in [("submit", start), ("restart", restart)] {
+                let list: Vec<String> = passes.iter().map(|cpu| format!("{:.0}", cpu.as_secs_f64() * 1e6)).collect();
+                println!("{span}: {} passes: {}", passes.len(), list.join(", "));
+            }
+        }
     }
     let restarts: u32 = match std::env::var("LOCKSTEP_BENCH_RESTARTS") {
         Ok(n) => n.trim().parse().expect("LOCKSTEP_BENCH_RESTARTS: a number"),
@@ -122,13 +140,14 @@ mod scale {
     const POLL: Duration = Duration::from_millis(100);
 
     /// One span: simulated and wall time, and the operation passes within it with the CPU of their load and
-    /// process phases (part of the wall time).
-    #[derive(Clone, Copy, Debug, Default)]
+    /// process phases (part of the wall time), in all and each.
+    #[derive(Clone, Debug, Default)]
     pub struct Span {
         pub simulated: Duration,
         pub wall: Duration,
         pub passes: usize,
         pub pass_cpu: Duration,
+        pub pass_list: Vec<Duration>,
     }
 
     /// What one size measured.
@@ -145,6 +164,58 @@ mod scale {
         let rc = unsafe { libc::syscall(libc::SYS_clock_gettime, libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
         assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
         Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+    }
+
+    /// Callgrind's collection of the restart (`LOCKSTEP_BENCH_CALLGRIND=restart`): on from the restart's start to its
+    /// end, off during the harness's own polls.
+    struct Collect {
+        enabled: bool,
+        on: bool,
+    }
+
+    impl Collect {
+        fn from_env() -> Collect {
+            let enabled = std::env::var("LOCKSTEP_BENCH_CALLGRIND").is_ok_and(|v| v == "restart");
+            Collect { enabled, on: false }
+        }
+
+        /// Never collects (the submit's span).
+        fn off() -> Collect {
+            Collect { enabled: false, on: false }
+        }
+
+        /// Collects from now (`true`) or stops (`false`); nothing if the knob is unset or it already does.
+        fn set(&mut self, on: bool) {
+            if self.enabled && self.on != on {
+                toggle_collect();
+                self.on = on;
+            }
+        }
+    }
+
+    /// Callgrind's `CALLGRIND_TOGGLE_COLLECT` client request (valgrind's `callgrind.h`, amd64): the instruction
+    /// sequence valgrind recognises, which does nothing on a real CPU (four rotations of `rdi` by 128 bits in all,
+    /// and an exchange of `rbx` with itself). Elsewhere a no-op.
+    fn toggle_collect() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            /// `VG_USERREQ_TOOL_BASE('C', 'T') + 2`.
+            const TOGGLE_COLLECT: u64 = ((b'C' as u64) << 24 | (b'T' as u64) << 16) + 2;
+            let args: [u64; 6] = [TOGGLE_COLLECT, 0, 0, 0, 0, 0];
+            let mut result: u64 = 0;
+            // SAFETY: the sequence leaves every register as it found it but `rdx` (the request's result, declared)
+            // and reads `args`, which lives across the call.
+            unsafe {
+                std::arch::asm!(
+                    "rol rdi, 3", "rol rdi, 13", "rol rdi, 61", "rol rdi, 51",
+                    "xchg rbx, rbx",
+                    inout("rdx") result,
+                    in("rax") args.as_ptr(),
+                    options(nostack),
+                );
+            }
+            let _ = result;
+        }
     }
 
     /// Runs the world for a gang of `jobs` jobs; panics if it does not reach every phase (the bench is wrong).
@@ -216,18 +287,19 @@ mod scale {
         let spec = format!("{{tasks={{worker={{job_count={jobs};command=w;gang_options={{}}}}}}}}");
         let passes_since = |from: usize| {
             let passes = passes.lock().expect("not poisoned");
-            (passes.len() - from, passes[from..].iter().sum::<Duration>())
+            (passes.len() - from, passes[from..].iter().sum::<Duration>(), passes[from..].to_vec())
         };
         let (submitted, wall) = (Store::now(&store).await.expect("MemStore's clock"), cpu_time());
         let from = passes.lock().expect("not poisoned").len();
         let op = api::submit_text(&store, &spec, SpecFormat::Yson).await.expect("a valid spec");
-        let (running, polling) = all_running(&store, op, 0, jobs).await;
-        let (count, pass_cpu) = passes_since(from);
+        let (running, polling) = all_running(&store, op, 0, jobs, &mut Collect::off()).await;
+        let (count, pass_cpu, pass_list) = passes_since(from);
         let start = Span {
             simulated: micros(running.as_micros() - submitted.as_micros()),
             wall: cpu_time() - wall - polling,
             passes: count,
             pass_cpu,
+            pass_list,
         };
 
         // The gang restart, timed from the failing process's exit (the process log's time) to every job of
@@ -250,21 +322,26 @@ mod scale {
             .expect("the failing job's process started")
             .at;
         tokio::time::sleep_until(started + FAIL_AFTER - LEAD).await;
+        let mut collect = Collect::from_env();
         let (wall, from) = (cpu_time(), passes.lock().expect("not poisoned").len());
         let mut polling = Duration::ZERO;
         let exited = loop {
             let poll = cpu_time();
             let exit = log.events().into_iter().find(|e| matches!(e.kind, ProcessEventKind::Exited(code) if code != 0));
             polling += cpu_time() - poll;
+            collect.set(true);
             if let Some(exit) = exit {
                 // The process log keeps runtime instants; the store keeps store time: the same clock here.
                 let ago = exit.at.elapsed();
                 break Store::now(&store).await.expect("MemStore's clock").minus(ago);
             }
             tokio::time::sleep(LEAD).await;
+            collect.set(false);
         };
-        let (running, polling_running) = all_running(&store, op, 1, jobs).await;
-        let (count, pass_cpu) = passes_since(from);
+        collect.set(false);
+        let (running, polling_running) = all_running(&store, op, 1, jobs, &mut collect).await;
+        collect.set(false);
+        let (count, pass_cpu, pass_list) = passes_since(from);
         let view = api::status(&store, op).await.expect("the operation exists");
         assert_eq!(view.status, OperationStatus::Running, "the operation ended instead of restarting its gang");
         let restart = Span {
@@ -272,6 +349,7 @@ mod scale {
             wall: cpu_time() - wall - polling - polling_running,
             passes: count,
             pass_cpu,
+            pass_list,
         };
         drop(nodes);
         (start, restart)
@@ -283,10 +361,18 @@ mod scale {
 
     /// Waits until `jobs` jobs of `incarnation` run; returns when the last of them started running (store time of
     /// its `job_state_changed` event, so the harness's poll interval does not round it), and the CPU time the
-    /// harness's own reads took (not the controller's: the caller subtracts it).
-    async fn all_running(store: &MemStore, op: RowId, incarnation: u32, jobs: u32) -> (Timestamp, Duration) {
+    /// harness's own reads took (not the controller's: the caller subtracts it). `collect` is off during those reads
+    /// and on between them.
+    async fn all_running(
+        store: &MemStore,
+        op: RowId,
+        incarnation: u32,
+        jobs: u32,
+        collect: &mut Collect,
+    ) -> (Timestamp, Duration) {
         let mut polling = Duration::ZERO;
         loop {
+            collect.set(false);
             let poll = cpu_time();
             let view = api::status(store, op).await.expect("the operation exists");
             assert!(
@@ -317,6 +403,7 @@ mod scale {
                 return (last, polling + (cpu_time() - poll));
             }
             polling += cpu_time() - poll;
+            collect.set(true);
             tokio::time::sleep(POLL).await;
         }
     }

@@ -15,7 +15,7 @@
 //!    gangs ahead; an all-or-nothing incarnation not yet placed is placed whole or waits in the queue holding
 //!    nothing ([`super::placement`]).
 
-use super::env::job_environment;
+use super::env::job_environment_of;
 use super::lingering::LingeringSet;
 use super::model::{
     Allocation, AllocationRef, Job, JobData, JobId, JobLaunch, JobOutcome, JobStatus, LastJob, Lingering, Message,
@@ -115,6 +115,20 @@ pub struct PassOutput {
     /// gangs waited: written under the queue row's lock, version raised, only if the version is still the one
     /// read ([`super::placement`]). `None`: the pass neither changed nor relied on the queue.
     pub queue: Option<Vec<QueueEntry>>,
+    /// What the pass leaves of the operation's jobs and allocations, should its apply apply: what the replica's
+    /// next pass is given without reading them (`gang::last_pass`, issue 17).
+    pub left: PassLeft,
+}
+
+/// The jobs and allocations of an operation after a pass, as its writes leave them (with [`PassOutput::new_jobs`],
+/// which the pass's apply inserts).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PassLeft {
+    /// The jobs with rows after the written data's [`OperationData::jobs_after`] (the current incarnation's), as
+    /// the pass left them, by row id.
+    pub jobs: Vec<Job>,
+    /// The allocations granted to the operation after the pass, by row id.
+    pub allocations: Vec<Allocation>,
 }
 
 /// Runs one pass (see the module docs for its order).
@@ -148,8 +162,11 @@ struct Pass {
     operation: RowId,
     status: OperationStatus,
     data: OperationData,
+    /// The jobs by index (also by row: the store gives an operation's jobs rows in the order the controller
+    /// created them), those this pass creates last.
     jobs: Vec<Job>,
-    dirty_jobs: BTreeSet<usize>,
+    /// Whether the pass changed job `i` (of `jobs`).
+    dirty_jobs: Vec<bool>,
     allocations: BTreeMap<RowId, Allocation>,
     dirty_allocations: BTreeSet<RowId>,
     messages: Vec<(RowId, Message)>,
@@ -176,25 +193,30 @@ struct Pass {
     deferred: BTreeMap<usize, (AllocationRef, Option<String>)>,
     /// The operation's [`Lingering`] entries, indexed; written back to its data at the end of the pass.
     lingering: LingeringSet,
-    /// Each job's position in `jobs`.
-    job_at: BTreeMap<JobId, usize>,
+    /// An incarnation's index and id ([`incarnation_id`]), written into every job event and launch: formatted
+    /// once for the incarnation of the jobs a pass handles in a row, not once per job.
+    incarnation: (u32, String),
 }
 
 impl Pass {
     fn new(input: PassInput) -> Pass {
         let mut jobs = input.jobs;
+        // Already in order when they come from the store (row order is index order), which a sort checks in one
+        // walk.
         jobs.sort_by_key(|job| job.data.id.index);
-        let job_at = jobs.iter().enumerate().map(|(i, job)| (job.data.id, i)).collect();
+        let dirty_jobs = vec![false; jobs.len()];
         let mut data = input.data;
         let lingering = LingeringSet::new(std::mem::take(&mut data.lingering));
         let mut free = input.free;
         free.reverse(); // popped from the back
+        let incarnation = (data.incarnation, incarnation_id(input.operation, data.incarnation));
+        let messages = input.messages.len();
         Pass {
             operation: input.operation,
             status: input.status,
             data,
             jobs,
-            dirty_jobs: BTreeSet::new(),
+            dirty_jobs,
             allocations: input.allocations.into_iter().map(|a| (a.row, a)).collect(),
             dirty_allocations: BTreeSet::new(),
             messages: input.messages,
@@ -203,8 +225,9 @@ impl Pass {
             node_sessions: input.node_sessions,
             node_expiries: input.node_expiries,
             revival: input.revival,
-            consumed: Vec::new(),
-            events: Vec::new(),
+            consumed: Vec::with_capacity(messages),
+            // About one event per message (a job started, a job ended); a gang restart reserves its own.
+            events: Vec::with_capacity(messages),
             now: input.now,
             queue: input.queue,
             queue_changed: false,
@@ -214,35 +237,70 @@ impl Pass {
             defer_reuse: false,
             deferred: BTreeMap::new(),
             lingering,
-            job_at,
+            incarnation,
         }
     }
 
     fn finish(self) -> PassOutput {
-        let mut updated_jobs = Vec::new();
+        let after = self.data.jobs_after;
+        let dirty = self.dirty_jobs.iter().filter(|d| **d).count();
+        let mut updated_jobs = Vec::with_capacity(dirty);
         let mut new_jobs = Vec::new();
-        for (i, job) in self.jobs.into_iter().enumerate() {
-            match job.row {
-                None => new_jobs.push(job),
-                Some(_) if self.dirty_jobs.contains(&i) => updated_jobs.push(job),
-                Some(_) => {}
+        let mut left_jobs = Vec::with_capacity(self.jobs.len());
+        for (job, dirty) in self.jobs.into_iter().zip(self.dirty_jobs) {
+            let Some(row) = job.row else {
+                new_jobs.push(job);
+                continue;
+            };
+            let left = after.is_none_or(|after| row > after);
+            match (dirty, left) {
+                (true, true) => {
+                    updated_jobs.push(job.clone());
+                    left_jobs.push(job);
+                }
+                (true, false) => updated_jobs.push(job),
+                (false, true) => left_jobs.push(job),
+                (false, false) => {}
             }
         }
+        // By row: index order is row order (see `jobs`), which the sort checks in one walk.
+        left_jobs.sort_by_key(|job| job.row);
         let mut data = self.data;
         data.lingering = self.lingering.into_vec();
-        data.granted = Some(self.allocations.values().filter(|a| a.allocated).map(|a| a.row).collect());
-        let mut allocations = self.allocations;
-        let allocations = self.dirty_allocations.iter().filter_map(|row| allocations.remove(row)).collect();
+        // One walk over the allocations by row: those written (the dirty ones), those granted now (the data's
+        // list) and those left granted to the operation (each input allocation is, or was taken from the free ones).
+        let mut written = Vec::with_capacity(self.dirty_allocations.len());
+        let (mut granted_rows, mut granted) = (Vec::new(), Vec::new());
+        let mut dirty = self.dirty_allocations.into_iter().peekable();
+        for (row, allocation) in self.allocations {
+            while dirty.next_if(|d| *d < row).is_some() {}
+            let is_dirty = dirty.next_if_eq(&row).is_some();
+            if allocation.allocated {
+                granted_rows.push(row);
+            }
+            let left = allocation.allocated && allocation.data.operation == Some(self.operation);
+            match (is_dirty, left) {
+                (true, true) => {
+                    written.push(allocation.clone());
+                    granted.push(allocation);
+                }
+                (true, false) => written.push(allocation),
+                (false, true) => granted.push(allocation),
+                (false, false) => {}
+            }
+        }
+        data.granted = Some(granted_rows);
         let queue = (self.queue_changed || self.queue_relied_on).then_some(self.queue);
         PassOutput {
             status: self.status,
             data,
             updated_jobs,
             new_jobs,
-            allocations,
+            allocations: written,
             consumed: self.consumed,
             events: self.events,
             queue,
+            left: PassLeft { jobs: left_jobs, allocations: granted },
         }
     }
 
@@ -296,11 +354,18 @@ impl Pass {
     /// Starts an incarnation: index 0 at the start, else the next one after aborting every live job. Jobs are
     /// planned per task by [`rules::plan_task`] over the allocations that may be reused.
     fn begin_incarnation(&mut self, reason: SwitchReason, trigger: Option<usize>) {
+        // Sized up front (issue 17): each job of the new incarnation is created and, most often, placed (two
+        // events), and each live job of the old one aborted (one).
+        let live = self.live_jobs();
+        let created = usize::try_from(self.data.spec.job_count()).unwrap_or(0);
+        self.events.reserve(live.len() + 2 * created + 2);
+        self.jobs.reserve(created);
+        self.dirty_jobs.reserve(created);
         if reason != SwitchReason::OperationStarted {
             // The new incarnation's jobs get rows after every job read (see `OperationData::jobs_after`).
             self.data.jobs_after = self.jobs.iter().filter_map(|job| job.row).max().or(self.data.jobs_after);
             self.data.incarnation += 1;
-            for i in self.live_jobs() {
+            for i in live {
                 self.linger(i);
                 self.end_job(i, JobStatus::Aborted, None, Some(REASON_INCARNATION_CHANGED.into()));
             }
@@ -473,8 +538,12 @@ impl Pass {
     /// The live job `id` of the current incarnation placed in `allocation`; `None` means the message is about a
     /// job that ended, an older incarnation or an older placement, and is ignored (DESIGN §4).
     fn current_job(&self, id: JobId, allocation: AllocationRef) -> Option<usize> {
-        let i = *self.job_at.get(&id)?;
+        // `jobs` are in index order: found by binary search.
+        let i = self.jobs.binary_search_by_key(&id.index, |job| job.data.id.index).ok()?;
         let job = &self.jobs[i];
+        if job.data.id != id {
+            return None;
+        }
         let current = !job.is_terminal()
             && job.data.incarnation == self.data.incarnation
             && job.data.allocation == Some(allocation);
@@ -886,8 +955,8 @@ impl Pass {
             reason: None,
         };
         self.jobs.push(Job { row: None, status: JobStatus::Pending, data: Arc::new(data) });
+        self.dirty_jobs.push(false);
         let i = self.jobs.len() - 1;
-        self.job_at.insert(id, i);
         self.job_event(i, None, None);
         match planned.reuse {
             Some(reuse) if self.defer_reuse => {
@@ -918,6 +987,7 @@ impl Pass {
                 self.lingering.remove_rank(&task, rank);
             }
         }
+        let incarnation = self.incarnation_id(self.jobs[i].data.incarnation);
         let held = self.allocations.get_mut(&allocation.row).expect("placing a job in an allocation not held");
         assert_eq!(held.current(), allocation, "placing job {} in a stale grant", self.jobs[i].data.id);
         let data = &self.jobs[i].data;
@@ -930,12 +1000,12 @@ impl Pass {
         });
         let launch = JobLaunch {
             job: data.id,
-            incarnation: incarnation_id(self.operation, data.incarnation),
+            environment: job_environment_of(&self.data.spec, data, incarnation.clone()),
+            incarnation,
             task: data.task.clone(),
             job_cookie: data.job_cookie,
             gang_rank: data.gang_rank,
             command: self.data.spec.tasks[&data.task].command.clone(),
-            environment: job_environment(&self.data.spec, data),
             file_paths: self.data.spec.tasks[&data.task].file_paths.clone(),
         };
         held.data_mut().job = Some(Arc::new(launch));
@@ -986,17 +1056,27 @@ impl Pass {
         if reason.is_some() {
             self.jobs[i].data_mut().reason = reason.clone();
         }
-        self.dirty_jobs.insert(i);
+        self.dirty_jobs[i] = true;
         self.job_event(i, Some(from), reason);
     }
 
+    /// The id of incarnation `index` of the operation ([`incarnation_id`]), formatted only when it is not the one
+    /// asked for last.
+    fn incarnation_id(&mut self, index: u32) -> String {
+        if self.incarnation.0 != index {
+            self.incarnation = (index, incarnation_id(self.operation, index));
+        }
+        self.incarnation.1.clone()
+    }
+
     fn job_event(&mut self, i: usize, from: Option<JobStatus>, reason: Option<String>) {
+        let incarnation = self.incarnation_id(self.jobs[i].data.incarnation);
         let job = &self.jobs[i];
         let data = json!({
-            "job": job.data.id.to_string(), "task": job.data.task, "job_cookie": job.data.job_cookie,
+            "job": job.data.id.to_text(), "task": job.data.task, "job_cookie": job.data.job_cookie,
             "gang_rank": job.data.gang_rank, "reserved": job.data.reserved,
-            "incarnation": incarnation_id(self.operation, job.data.incarnation),
-            "allocation": job.data.allocation.map(|a| a.to_string()),
+            "incarnation": incarnation,
+            "allocation": job.data.allocation.map(|a| a.to_text()),
             "from": from, "to": job.status, "reason": reason,
         });
         self.events.push((EVENT_JOB_STATE.into(), data));

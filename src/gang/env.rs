@@ -17,24 +17,31 @@ use std::collections::BTreeMap;
 ///
 /// Panics if `job.task` is not a task of `spec` (a controller bug).
 pub fn job_environment(spec: &OperationSpec, job: &JobData) -> BTreeMap<String, String> {
+    job_environment_of(spec, job, incarnation_id(job.id.operation, job.incarnation))
+}
+
+/// [`job_environment`] with the id of the job's incarnation given (a controller pass formats it once for the
+/// jobs it places; issue 17). Numbers are written with `itoa`, not the formatting machinery.
+pub(crate) fn job_environment_of(spec: &OperationSpec, job: &JobData, incarnation: String) -> BTreeMap<String, String> {
     let task = spec.tasks.get(&job.task).unwrap_or_else(|| panic!("job {} of unknown task {:?}", job.id, job.task));
     let mut env = task.environment.clone();
     let mut set = |name: &str, value: String| {
         env.insert(name.to_string(), value);
     };
-    set("YT_OPERATION_ID", job.id.operation.to_string());
-    set("YT_JOB_ID", job.id.to_string());
+    let number = |n: u64| itoa::Buffer::new().format(n).to_string();
+    set("YT_OPERATION_ID", itoa::Buffer::new().format(job.id.operation.0).to_string());
+    set("YT_JOB_ID", job.id.to_text());
     set("YT_TASK_NAME", job.task.clone());
-    set("YT_JOB_COOKIE", job.job_cookie.to_string());
-    set("YT_OPERATION_INCARNATION", incarnation_id(job.id.operation, job.incarnation));
-    set("YT_TASK_JOB_COUNT", task.job_count.to_string());
-    set("YT_JOB_COUNT", spec.job_count().to_string());
+    set("YT_JOB_COOKIE", number(job.job_cookie.into()));
+    set("YT_OPERATION_INCARNATION", incarnation);
+    set("YT_TASK_JOB_COUNT", number(task.job_count.into()));
+    set("YT_JOB_COUNT", number(spec.job_count()));
     if spec.is_gang() {
-        set("YT_GANG_SIZE", spec.gang_size().to_string());
-        set("YT_TASK_GANG_SIZE", spec.task_gang_size(task).to_string());
+        set("YT_GANG_SIZE", number(spec.gang_size()));
+        set("YT_TASK_GANG_SIZE", number(spec.task_gang_size(task).into()));
     }
     if let Some(rank) = job.gang_rank {
-        set("YT_GANG_RANK", rank.to_string());
+        set("YT_GANG_RANK", number(rank.into()));
     }
     env
 }

@@ -13,7 +13,6 @@
 use super::controller::PassOutput;
 use super::model::{Allocation, Job};
 use crate::store::{LockToken, RowId};
-use std::collections::BTreeMap;
 
 /// The state one pass over an operation leaves, if its apply applies: the pass's lease token, the jobs after the
 /// pass (those with rows after its `jobs_after`, and those its apply inserts) and the allocations granted to the
@@ -33,38 +32,12 @@ pub(crate) struct LastPass {
 }
 
 impl LastPass {
-    /// The state after the pass under lease `token` of `operation` that was given `jobs` and `allocations` (those
-    /// granted to it) and wrote `output`.
-    pub(crate) fn after(
-        token: LockToken,
-        operation: RowId,
-        jobs: Vec<Job>,
-        allocations: Vec<Allocation>,
-        output: &PassOutput,
-    ) -> LastPass {
-        let updated: BTreeMap<RowId, &Job> =
-            output.updated_jobs.iter().map(|job| (job.row.expect("an updated job has a row"), job)).collect();
-        let after = output.data.jobs_after;
-        let mut jobs: Vec<Job> = jobs
-            .into_iter()
-            .filter_map(|job| {
-                let row = job.row.expect("a job read has a row");
-                after.is_none_or(|after| row > after).then(|| match updated.get(&row) {
-                    Some(updated) => (*updated).clone(),
-                    None => job,
-                })
-            })
-            .collect();
-        jobs.sort_by_key(|job| job.row);
-        let mut granted: BTreeMap<RowId, Allocation> = allocations.into_iter().map(|a| (a.row, a)).collect();
-        for allocation in &output.allocations {
-            if allocation.allocated && allocation.data.operation == Some(operation) {
-                granted.insert(allocation.row, allocation.clone());
-            } else {
-                granted.remove(&allocation.row);
-            }
-        }
-        LastPass { token, jobs, inserted: output.new_jobs.clone(), allocations: granted.into_values().collect() }
+    /// The state after the pass under lease `token` that wrote `output`: what it left ([`PassOutput::left`], taken
+    /// out of `output`; the pass handed it back rather than this merging its writes into what it was given) and the
+    /// jobs its apply inserts.
+    pub(crate) fn after(token: LockToken, output: &mut PassOutput) -> LastPass {
+        let left = std::mem::take(&mut output.left);
+        LastPass { token, jobs: left.jobs, inserted: output.new_jobs.clone(), allocations: left.allocations }
     }
 
     /// The row after which the job rows inserted since this pass are: its last job row, else the operation's
@@ -94,7 +67,7 @@ impl LastPass {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gang::controller::PassOutput;
+    use crate::gang::controller::{PassLeft, PassOutput};
     use crate::gang::model::{AllocationData, JobData, JobId, JobStatus, OperationData, OperationStatus};
     use crate::gang::spec::{OperationSpec, SpecFormat};
     use std::sync::Arc;
@@ -134,20 +107,18 @@ mod tests {
             consumed: Vec::new(),
             events: Vec::new(),
             queue: None,
+            left: PassLeft::default(),
         }
     }
 
     #[test]
-    fn what_a_pass_leaves_holds_its_writes_over_what_it_was_given() {
-        let given = vec![job(Some(10), 0, JobStatus::Assigned), job(Some(11), 1, JobStatus::Running)];
-        let granted = vec![allocation(20, Some(OP)), allocation(21, Some(OP))];
+    fn what_a_pass_leaves_is_what_it_handed_back_and_the_jobs_it_inserts() {
         let mut out = output(None);
-        out.updated_jobs = vec![job(Some(10), 0, JobStatus::Running)];
+        out.left.jobs = vec![job(Some(10), 0, JobStatus::Running), job(Some(11), 1, JobStatus::Running)];
+        out.left.allocations = vec![allocation(20, Some(OP)), allocation(22, Some(OP))];
         out.new_jobs = vec![job(None, 2, JobStatus::Pending)];
-        // Allocation 21 released, 22 granted from the free ones, 23 granted to another operation meanwhile (never
-        // one of this operation's writes, but it must not count as held).
-        out.allocations = vec![allocation(21, None), allocation(22, Some(OP)), allocation(23, Some(RowId(2)))];
-        let last = LastPass::after(LockToken(7), OP, given, granted, &out);
+        let last = LastPass::after(LockToken(7), &mut out);
+        assert_eq!(out.left, PassLeft::default(), "taken out of the output");
         let statuses: Vec<_> = last.jobs.iter().map(|j| (j.row, j.status)).collect();
         assert_eq!(statuses, [(Some(RowId(10)), JobStatus::Running), (Some(RowId(11)), JobStatus::Running)]);
         let held: Vec<RowId> = last.allocations.iter().map(|a| a.row).collect();
@@ -160,15 +131,14 @@ mod tests {
 
     #[test]
     fn a_restart_leaves_only_the_jobs_it_inserts_and_another_count_of_rows_is_not_trusted() {
-        let given = vec![job(Some(10), 0, JobStatus::Running)];
         // A gang restart: the job read is aborted, a new one inserted, and the rows after 10 are the new ones.
         let mut out = output(Some(RowId(10)));
         out.updated_jobs = vec![job(Some(10), 0, JobStatus::Aborted)];
         out.new_jobs = vec![job(None, 1, JobStatus::Pending)];
-        let last = LastPass::after(LockToken(7), OP, given, Vec::new(), &out);
+        let last = LastPass::after(LockToken(7), &mut out);
         assert!(last.jobs.is_empty(), "the finished incarnation's job was kept: {:?}", last.jobs);
         assert_eq!((last.rows_after(Some(RowId(10))), last.first_job()), (Some(RowId(10)), None));
-        assert!(LastPass::after(LockToken(7), OP, vec![], vec![], &out).into_jobs(&[]).is_none());
+        assert!(LastPass::after(LockToken(7), &mut out).into_jobs(&[]).is_none(), "no row where one was inserted");
         assert!(last.into_jobs(&[RowId(12), RowId(13)]).is_none(), "two rows where one was inserted");
     }
 }

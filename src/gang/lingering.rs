@@ -11,14 +11,16 @@ use crate::store::RowId;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The lingering entries of one pass. At most one entry per (task, gang rank), as [`LingeringSet::push`] keeps it.
+/// The indexes are looked up by the task's name and the job without allocating a key (issue 17: a gang restart of
+/// 10 000 ranks pushes 10 000 entries and looks up each rank as it places the new incarnation).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LingeringSet {
     /// Entries by the order they were added.
     entries: BTreeMap<u64, Lingering>,
-    /// The entry of each (task, gang rank).
-    by_rank: BTreeMap<(String, u32), u64>,
-    /// The entries of each job (one, as a job has one rank).
-    by_job: BTreeMap<JobId, BTreeSet<u64>>,
+    /// The entry of each gang rank, by task.
+    by_rank: BTreeMap<String, BTreeMap<u32, u64>>,
+    /// The entries of each job (one, as a job has one rank), as (job, entry).
+    by_job: BTreeSet<(JobId, u64)>,
     next: u64,
 }
 
@@ -37,36 +39,50 @@ impl LingeringSet {
         self.remove_rank(&lingering.task, lingering.gang_rank);
         let seq = self.next;
         self.next += 1;
-        self.by_rank.insert((lingering.task.clone(), lingering.gang_rank), seq);
-        self.by_job.entry(lingering.job).or_default().insert(seq);
+        match self.by_rank.get_mut(&lingering.task) {
+            Some(ranks) => {
+                ranks.insert(lingering.gang_rank, seq);
+            }
+            None => {
+                self.by_rank.insert(lingering.task.clone(), BTreeMap::from([(lingering.gang_rank, seq)]));
+            }
+        }
+        self.by_job.insert((lingering.job, seq));
         self.entries.insert(seq, lingering);
     }
 
     /// The allocation row where a process of (`task`, `rank`) may still run.
     pub(crate) fn allocation_of(&self, task: &str, rank: u32) -> Option<RowId> {
-        let seq = self.by_rank.get(&(task.to_string(), rank))?;
+        let seq = self.by_rank.get(task)?.get(&rank)?;
         Some(self.entries[seq].allocation)
     }
 
     /// Drops the entry of (`task`, `rank`), if any.
     pub(crate) fn remove_rank(&mut self, task: &str, rank: u32) {
-        if let Some(seq) = self.by_rank.remove(&(task.to_string(), rank)) {
+        if let Some(seq) = self.by_rank.get_mut(task).and_then(|ranks| ranks.remove(&rank)) {
             self.forget(seq);
         }
     }
 
+    /// The entries of `job`, in the order they were added.
+    fn of_job(&self, job: JobId) -> impl Iterator<Item = u64> + '_ {
+        self.by_job.range((job, 0)..=(job, u64::MAX)).map(|(_, seq)| *seq)
+    }
+
     /// Drops the entries of `job`.
     pub(crate) fn remove_job(&mut self, job: JobId) {
-        for seq in self.by_job.remove(&job).unwrap_or_default() {
-            let lingering = self.entries.remove(&seq).expect("indexed entry");
-            self.by_rank.remove(&(lingering.task, lingering.gang_rank));
+        let seqs: Vec<u64> = self.of_job(job).collect();
+        for seq in seqs {
+            let lingering = self.forget(seq);
+            self.unrank(&lingering);
         }
     }
 
     /// Records that `job`'s start was reported.
     pub(crate) fn mark_started(&mut self, job: JobId) {
-        for seq in self.by_job.get(&job).into_iter().flatten() {
-            self.entries.get_mut(seq).expect("indexed entry").started = true;
+        let seqs: Vec<u64> = self.of_job(job).collect();
+        for seq in seqs {
+            self.entries.get_mut(&seq).expect("indexed entry").started = true;
         }
     }
 
@@ -74,9 +90,8 @@ impl LingeringSet {
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Lingering) -> bool) {
         let dropped: Vec<u64> = self.entries.iter().filter(|(_, l)| !keep(l)).map(|(seq, _)| *seq).collect();
         for seq in dropped {
-            let lingering = &self.entries[&seq];
-            self.by_rank.remove(&(lingering.task.clone(), lingering.gang_rank));
-            self.forget(seq);
+            let lingering = self.forget(seq);
+            self.unrank(&lingering);
         }
     }
 
@@ -91,15 +106,18 @@ impl LingeringSet {
         self.entries.into_values().collect()
     }
 
-    /// Removes entry `seq` from the entries and the job index (the caller updated `by_rank`).
-    fn forget(&mut self, seq: u64) {
-        let lingering = self.entries.remove(&seq).expect("indexed entry");
-        if let Some(seqs) = self.by_job.get_mut(&lingering.job) {
-            seqs.remove(&seq);
-            if seqs.is_empty() {
-                self.by_job.remove(&lingering.job);
-            }
+    /// Removes the rank index's entry of `lingering`'s (task, gang rank).
+    fn unrank(&mut self, lingering: &Lingering) {
+        if let Some(ranks) = self.by_rank.get_mut(&lingering.task) {
+            ranks.remove(&lingering.gang_rank);
         }
+    }
+
+    /// Removes entry `seq` from the entries and the job index, and returns it (the caller updates `by_rank`).
+    fn forget(&mut self, seq: u64) -> Lingering {
+        let lingering = self.entries.remove(&seq).expect("indexed entry");
+        self.by_job.remove(&(lingering.job, seq));
+        lingering
     }
 }
 

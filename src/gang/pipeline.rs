@@ -208,8 +208,8 @@ impl<S: Store> Handler<S> for OperationHandler {
         }
         let offered: BTreeMap<RowId, u64> = free.iter().map(|(a, _)| (a.row, a.data.generation)).collect();
         let JobsRead { jobs, revival } = jobs;
-        // What the pass leaves, should its apply apply, is made of what it was given and what it writes.
-        let (jobs_given, allocations_given) = (jobs.clone(), allocations.clone());
+        // The rows of what the pass was given that it locks whatever it writes (`children`).
+        let given = JobsGiven::of(&jobs, revival);
         let input = PassInput {
             operation,
             status,
@@ -226,9 +226,9 @@ impl<S: Store> Handler<S> for OperationHandler {
             cluster_slots,
             settings: self.settings.clone(),
         };
-        let output = run_pass(input);
+        let mut output = run_pass(input);
 
-        let children = children(&jobs_given, revival, &output);
+        let children = children(given, &output);
         if !children.is_empty() {
             cx.lock_related(children).await?;
         }
@@ -251,7 +251,7 @@ impl<S: Store> Handler<S> for OperationHandler {
                 return Err(WorkError::Contended);
             }
         }
-        let last = LastPass::after(token, operation, jobs_given, allocations_given, &output);
+        let last = LastPass::after(token, &mut output);
         self.decoded.stage(operation, last);
         Ok(Pass { operation, token, output, queue })
     }
@@ -483,18 +483,36 @@ async fn allocation_rows<S: Store, T: Send>(
     Ok(rows.into_iter().map(|(_, read)| read).collect())
 }
 
-/// The rows a pass locks as its children (owner: the pipeline; DESIGN §3, related locks): the jobs it writes; the
-/// first job of the incarnation (`jobs`' lowest row), so that a pass that dies after its locks leaves its token
-/// where every later pass looks (revival, [`OperationHandler::locked_by_a_lost_pass`]); in a revival every live
-/// job too, so that none keeps the dead pass's token (it locked only the jobs it wrote, all live when it read them);
-/// and the messages it consumes. By id. A pass locks no job it does not write (issue 17: a gang restart's passes
-/// locked and unlocked 10 000 jobs each).
-fn children(jobs: &[Job], revival: bool, output: &PassOutput) -> Vec<RowId> {
-    let mut rows: Vec<RowId> = output.updated_jobs.iter().filter_map(|job| job.row).collect();
-    rows.extend(jobs.iter().filter_map(|job| job.row).min());
-    if revival {
-        rows.extend(jobs.iter().filter(|job| !job.is_terminal()).filter_map(|job| job.row));
+/// The job rows a pass locks whatever it writes, from the jobs it was given (taken before [`run_pass`] consumes
+/// them): the first job of the incarnation (their lowest row) and, in a revival, every live one.
+struct JobsGiven {
+    first: Option<RowId>,
+    live: Vec<RowId>,
+}
+
+impl JobsGiven {
+    fn of(jobs: &[Job], revival: bool) -> JobsGiven {
+        let first = jobs.iter().filter_map(|job| job.row).min();
+        let live = match revival {
+            true => jobs.iter().filter(|job| !job.is_terminal()).filter_map(|job| job.row).collect(),
+            false => Vec::new(),
+        };
+        JobsGiven { first, live }
     }
+}
+
+/// The rows a pass locks as its children (owner: the pipeline; DESIGN §3, related locks): the jobs it writes; the
+/// first job of the incarnation (`given.first`), so that a pass that dies after its locks leaves its token where
+/// every later pass looks (revival, [`OperationHandler::locked_by_a_lost_pass`]); in a revival every live job too
+/// (`given.live`), so that none keeps the dead pass's token (it locked only the jobs it wrote, all live when it read
+/// them); and the messages it consumes. By id. A pass locks no job it does not write (issue 17: a gang restart's
+/// passes locked and unlocked 10 000 jobs each).
+fn children(given: JobsGiven, output: &PassOutput) -> Vec<RowId> {
+    let mut rows: Vec<RowId> =
+        Vec::with_capacity(output.updated_jobs.len() + 1 + given.live.len() + output.consumed.len());
+    rows.extend(output.updated_jobs.iter().filter_map(|job| job.row));
+    rows.extend(given.first);
+    rows.extend(given.live);
     rows.extend(output.consumed.iter().copied());
     rows.sort_unstable();
     rows.dedup();
@@ -558,6 +576,10 @@ fn changes(pass: Pass) -> Changes {
     output.data.written_by = Some(token);
     let update = RowUpdate { status: Some(output.status.as_str().into()), data: Some(output.data.to_json()) };
     let mut changes = Changes { update, ..Changes::default() };
+    let related = output.updated_jobs.len() + output.allocations.len() + output.consumed.len() + 1;
+    changes.related.reserve_exact(related);
+    changes.inserts.reserve_exact(output.new_jobs.len());
+    changes.events.reserve_exact(output.events.len());
     for job in &output.updated_jobs {
         let id = job.row.expect("an updated job has a row");
         let update = RowUpdate { status: Some(job.status.as_str().into()), data: Some(job.data_json()) };

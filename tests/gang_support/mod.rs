@@ -157,13 +157,22 @@ impl World {
             assert!(!self.jobs[at].is_terminal(), "terminal job {} rewritten", job.data.id);
             self.jobs[at] = job.clone();
         }
+        for allocation in &output.allocations {
+            self.allocations.insert(allocation.row, allocation.clone());
+        }
+        // What the pass hands back as left is the world after its writes: the jobs after `jobs_after` with rows,
+        // and the allocations granted to the operation, by row (what a replica's next pass is given).
+        let mut left_jobs: Vec<Job> =
+            self.jobs.iter().filter(|j| j.row > self.data.jobs_after && j.row.is_some()).cloned().collect();
+        left_jobs.sort_by_key(|j| j.row);
+        assert_eq!(output.left.jobs, left_jobs, "the jobs a pass leaves");
+        let held: Vec<Allocation> =
+            self.allocations.values().filter(|a| a.allocated && a.data.operation == Some(OP)).cloned().collect();
+        assert_eq!(output.left.allocations, held, "the allocations a pass leaves");
         for job in &output.new_jobs {
             let mut job = job.clone();
             job.row = Some(self.row());
             self.jobs.push(job);
-        }
-        for allocation in &output.allocations {
-            self.allocations.insert(allocation.row, allocation.clone());
         }
         self.events.extend(output.events.iter().cloned());
         self.check_invariants();
