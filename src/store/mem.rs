@@ -73,40 +73,54 @@ impl std::ops::Index<&RowId> for Rows {
     }
 }
 
-/// Rows by kind, then status, each set in fetch order: [`State::by_status`]. Nested rather than keyed by a
-/// `(kind, status)` pair, so that a lookup borrows the caller's strings: a pair key is two new strings per lookup,
-/// and every fetch, apply and status write looks up (issue 17).
-#[derive(Default)]
-struct StatusIndex(BTreeMap<String, BTreeMap<String, BTreeSet<FetchKey>>>);
+/// The set under `key` in `map`, added empty if there is none: a new string only for a key not seen before (a map
+/// keyed by `String` otherwise takes one per `entry`, and every insert and status write goes through here, issue 17).
+fn set_for<'a, K: Ord>(map: &'a mut BTreeMap<String, BTreeSet<K>>, key: &str) -> &'a mut BTreeSet<K> {
+    if !map.contains_key(key) {
+        map.insert(key.to_string(), BTreeSet::new());
+    }
+    map.get_mut(key).expect("key just added")
+}
 
-impl StatusIndex {
+/// Rows by kind, then status: in fetch order ([`FetchKey`]) for [`State::by_status`], by id for each parent's
+/// [`State::by_parent_status`]. Nested rather than keyed by a `(kind, status)` pair, so that a lookup borrows the
+/// caller's strings: a pair key is two new strings per lookup, and every fetch, apply and status write looks up
+/// (issue 17).
+struct StatusIndex<K>(BTreeMap<String, BTreeMap<String, BTreeSet<K>>>);
+
+impl<K> Default for StatusIndex<K> {
+    fn default() -> Self {
+        Self(BTreeMap::new())
+    }
+}
+
+impl<K: Ord> StatusIndex<K> {
     /// The rows of `kind` in `status`, if there are any.
-    fn get(&self, kind: &str, status: &str) -> Option<&BTreeSet<FetchKey>> {
+    fn get(&self, kind: &str, status: &str) -> Option<&BTreeSet<K>> {
         self.0.get(kind)?.get(status)
     }
 
     /// The rows of `kind` in `status` to change, if there are any.
-    fn get_mut(&mut self, kind: &str, status: &str) -> Option<&mut BTreeSet<FetchKey>> {
+    fn get_mut(&mut self, kind: &str, status: &str) -> Option<&mut BTreeSet<K>> {
         self.0.get_mut(kind)?.get_mut(status)
     }
 
     /// Adds `key` to the rows of `kind` in `status` (new strings only for a kind or status not seen before).
-    fn insert(&mut self, kind: &str, status: &str, key: FetchKey) {
+    fn insert(&mut self, kind: &str, status: &str, key: K) {
         if !self.0.contains_key(kind) {
             self.0.insert(kind.to_string(), BTreeMap::new());
         }
         let statuses = self.0.get_mut(kind).expect("kind just added");
-        if !statuses.contains_key(status) {
-            statuses.insert(status.to_string(), BTreeSet::new());
-        }
-        statuses.get_mut(status).expect("status just added").insert(key);
+        set_for(statuses, status).insert(key);
     }
 
     /// Removes `key` from the rows of `kind` in `status`, and the status once it holds none; whether it was there.
-    fn remove(&mut self, kind: &str, status: &str, key: FetchKey) -> bool {
+    /// The kind stays, even empty: a row moving between statuses removes before it inserts, and dropping the last
+    /// row's kind would make the insert allocate it again.
+    fn remove(&mut self, kind: &str, status: &str, key: &K) -> bool {
         let Some(statuses) = self.0.get_mut(kind) else { return false };
         let Some(rows) = statuses.get_mut(status) else { return false };
-        let removed = rows.remove(&key);
+        let removed = rows.remove(key);
         if rows.is_empty() {
             statuses.remove(status);
         }
@@ -123,15 +137,16 @@ struct State {
     /// fetch reads only rows its status filter admits and stops after `limit` eligible ones, as the index of a
     /// PostgreSQL fetch lets it (without it the simulator spends most of its time in fetch scans, and a backlog of
     /// ready rows makes every fetch sort all of them).
-    by_status: StatusIndex,
+    by_status: StatusIndex<FetchKey>,
     /// Rows carrying each token: a main row and the related rows locked with its token.
     by_token: BTreeMap<LockToken, BTreeSet<RowId>>,
-    /// Children of each (parent, kind), by id: a parent's `list` and `query` read only its children, as
-    /// PostgreSQL's `resources_parent_idx` lets them (issue 17).
-    by_parent: BTreeMap<(RowId, String), BTreeSet<RowId>>,
-    /// Children of each (parent, kind, status), by id: a query for a parent's rows in some statuses (an operation's
-    /// undone inbox) reads only those, as `resources_parent_status_idx` lets PostgreSQL.
-    by_parent_status: BTreeMap<(RowId, String, String), BTreeSet<RowId>>,
+    /// Children of each parent, then kind, by id: a parent's `list` and `query` read only its children, as
+    /// PostgreSQL's `resources_parent_idx` lets them (issue 17). Nested like [`StatusIndex`], so that a lookup
+    /// borrows the kind.
+    by_parent: BTreeMap<RowId, BTreeMap<String, BTreeSet<RowId>>>,
+    /// Children of each parent, then kind and status, by id: a query for a parent's rows in some statuses (an
+    /// operation's undone inbox) reads only those, as `resources_parent_status_idx` lets PostgreSQL.
+    by_parent_status: BTreeMap<RowId, StatusIndex<RowId>>,
     events: Vec<Event>,
     next_id: i64,
     next_token: i64,
@@ -606,11 +621,11 @@ impl State {
     fn insert(&mut self, new: NewRow, now: Timestamp) -> RowId {
         self.next_id += 1;
         let id = RowId(self.next_id);
-        self.by_kind.entry(new.kind.clone()).or_default().insert(id);
+        set_for(&mut self.by_kind, &new.kind).insert(id);
         self.by_status.insert(&new.kind, &new.status, (None, id));
         if let Some(parent) = new.parent_id {
-            self.by_parent.entry((parent, new.kind.clone())).or_default().insert(id);
-            self.by_parent_status.entry((parent, new.kind.clone(), new.status.clone())).or_default().insert(id);
+            set_for(self.by_parent.entry(parent).or_default(), &new.kind).insert(id);
+            self.by_parent_status.entry(parent).or_default().insert(&new.kind, &new.status, id);
         }
         let mut row = new.into_row(id, now);
         self.version += 1;
@@ -643,16 +658,15 @@ impl State {
         {
             let old = std::mem::replace(&mut row.status, status);
             let key = (row.last_processed_at, id);
-            assert!(self.by_status.remove(&row.kind, &old, key), "row {id} missing from the status index");
+            assert!(self.by_status.remove(&row.kind, &old, &key), "row {id} missing from the status index");
             self.by_status.insert(&row.kind, &row.status, key);
             if let Some(parent) = row.parent_id {
-                let old = (parent, row.kind.clone(), old);
-                let rows = self.by_parent_status.get_mut(&old).expect("parent status index lost a status");
-                rows.remove(&id);
-                if rows.is_empty() {
-                    self.by_parent_status.remove(&old);
-                }
-                self.by_parent_status.entry((parent, row.kind.clone(), row.status.clone())).or_default().insert(id);
+                let children = self.by_parent_status.get_mut(&parent).expect("parent status index lost a parent");
+                assert!(
+                    children.remove(&row.kind, &old, &id),
+                    "row {id} missing from its parent {parent}'s status index"
+                );
+                children.insert(&row.kind, &row.status, id);
             }
         }
         if let Some(data) = update.data {
@@ -752,6 +766,11 @@ impl State {
         self.query_rows(q).cloned().collect()
     }
 
+    /// The children of `parent` of `kind`, by id, if it has any.
+    fn children(&self, parent: RowId, kind: &str) -> Option<&BTreeSet<RowId>> {
+        self.by_parent.get(&parent)?.get(kind)
+    }
+
     /// The rows of one [`Store::query`], by id, borrowed.
     fn query_rows<'a>(&'a self, q: &RowQuery) -> impl Iterator<Item = &'a Row> + 'a {
         let after = q.after.map_or(Bound::Unbounded, Bound::Excluded);
@@ -760,14 +779,10 @@ impl State {
             (Some(ids), _, _) => ids.iter().copied().collect::<BTreeSet<_>>().into_iter().collect(),
             (None, Some(parent), Some(statuses)) => {
                 let statuses: BTreeSet<&String> = statuses.iter().collect();
-                let key = |status: &String| (parent, q.kind.clone(), status.clone());
-                statuses
-                    .into_iter()
-                    .filter_map(|status| self.by_parent_status.get(&key(status)))
-                    .flat_map(range)
-                    .collect()
+                let children = self.by_parent_status.get(&parent);
+                statuses.into_iter().filter_map(|status| children?.get(&q.kind, status)).flat_map(range).collect()
             }
-            (None, Some(parent), None) => self.by_parent.get(&(parent, q.kind.clone())).map(range).unwrap_or_default(),
+            (None, Some(parent), None) => self.children(parent, &q.kind).map(range).unwrap_or_default(),
             (None, None, Some(statuses)) => {
                 let statuses: BTreeSet<&String> = statuses.iter().collect();
                 let rows = statuses.into_iter().filter_map(|status| self.by_status.get(&q.kind, status));
@@ -1015,7 +1030,7 @@ impl Store for MemStore {
     async fn list(&self, kind: &str, parent: Option<RowId>) -> Result<Vec<Row>, StoreError> {
         let state = self.lock();
         let ids = match parent {
-            Some(parent) => state.by_parent.get(&(parent, kind.to_string())),
+            Some(parent) => state.children(parent, kind),
             None => state.by_kind.get(kind),
         };
         Ok(ids.into_iter().flatten().map(|id| state.rows[id].clone()).collect())
@@ -1028,7 +1043,7 @@ impl Store for MemStore {
     {
         let state = self.lock();
         let ids = match parent {
-            Some(parent) => state.by_parent.get(&(parent, kind.to_string())),
+            Some(parent) => state.children(parent, kind),
             None => state.by_kind.get(kind),
         };
         Ok(ids.into_iter().flatten().map(|id| read(&state.rows[id])).collect())
