@@ -253,15 +253,7 @@ impl Pass {
                 continue;
             };
             let left = after.is_none_or(|after| row > after);
-            match (dirty, left) {
-                (true, true) => {
-                    updated_jobs.push(job.clone());
-                    left_jobs.push(job);
-                }
-                (true, false) => updated_jobs.push(job),
-                (false, true) => left_jobs.push(job),
-                (false, false) => {}
-            }
+            written_and_left(job, dirty, left, &mut updated_jobs, &mut left_jobs);
         }
         // By row: index order is row order (see `jobs`), which the sort checks in one walk.
         left_jobs.sort_by_key(|job| job.row);
@@ -279,15 +271,7 @@ impl Pass {
                 granted_rows.push(row);
             }
             let left = allocation.allocated && allocation.data.operation == Some(self.operation);
-            match (is_dirty, left) {
-                (true, true) => {
-                    written.push(allocation.clone());
-                    granted.push(allocation);
-                }
-                (true, false) => written.push(allocation),
-                (false, true) => granted.push(allocation),
-                (false, false) => {}
-            }
+            written_and_left(allocation, is_dirty, left, &mut written, &mut granted);
         }
         data.granted = Some(granted_rows);
         let queue = (self.queue_changed || self.queue_relied_on).then_some(self.queue);
@@ -1080,6 +1064,21 @@ impl Pass {
             "from": from, "to": job.status, "reason": reason,
         });
         self.events.push((EVENT_JOB_STATE.into(), data));
+    }
+}
+
+/// Routes one of a pass's rows at its end (`Pass::finish`): into `written` when the pass `dirty`-ed it (its
+/// apply writes it), into `kept` when `left` (it stays in what the pass leaves, `PassOutput::left`); a clone only
+/// when both.
+fn written_and_left<T: Clone>(item: T, dirty: bool, left: bool, written: &mut Vec<T>, kept: &mut Vec<T>) {
+    match (dirty, left) {
+        (true, true) => {
+            written.push(item.clone());
+            kept.push(item);
+        }
+        (true, false) => written.push(item),
+        (false, true) => kept.push(item),
+        (false, false) => {}
     }
 }
 
