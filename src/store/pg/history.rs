@@ -16,6 +16,7 @@
 
 use super::codec::{PgTime, interval};
 use super::session::Session;
+use super::write::lease_write;
 use super::{PgStore, fetch_query, split_leases, sql, still_held};
 use crate::store::{
     Commit, CommitOp, Event, FAILURE_ERRORS_KEPT, FailureOutcome, FailureParams, FetchParams, HeartbeatParams, Lease,
@@ -179,16 +180,17 @@ impl PgStore {
             .run_again_on_conflict("record_failure", || async {
                 let mut session = Session::acquire(&self.inner.pool).await?;
                 let mut tx = session.begin().await?;
-                let attempts: Option<i32> = sqlx::query_scalar(sql::RECORD_FAILURE)
-                    .bind(self.offset())
-                    .bind(p.lease.id.0)
-                    .bind(p.lease.token.0)
-                    .bind(error.clone())
-                    .bind(interval(delay))
-                    .bind(status.clone())
-                    .bind(FAILURE_ERRORS_KEPT as i32)
-                    .fetch_optional(&mut *tx)
-                    .await?;
+                let query = |statement| {
+                    sqlx::query_scalar(statement)
+                        .bind(self.offset())
+                        .bind(p.lease.id.0)
+                        .bind(p.lease.token.0)
+                        .bind(error.as_str())
+                        .bind(interval(delay))
+                        .bind(status.as_deref())
+                        .bind(FAILURE_ERRORS_KEPT as i32)
+                };
+                let attempts: Option<i32> = lease_write(&mut tx, &sql::RECORD_FAILURE, query).await?;
                 if let Some(count) = attempts {
                     let op = CommitOp::Failure {
                         lease: p.lease,
@@ -213,12 +215,9 @@ impl PgStore {
         self.run_again_on_conflict("reset_for_retry", || async {
             let mut session = Session::acquire(&self.inner.pool).await?;
             let mut tx = session.begin().await?;
-            let reset = sqlx::query(sql::RESET_FOR_RETRY)
-                .bind(self.offset())
-                .bind(lease.id.0)
-                .bind(lease.token.0)
-                .fetch_optional(&mut *tx)
-                .await?;
+            let query =
+                |statement| sqlx::query_scalar(statement).bind(self.offset()).bind(lease.id.0).bind(lease.token.0);
+            let reset: Option<i64> = lease_write(&mut tx, &sql::RESET_FOR_RETRY, query).await?;
             // A refused reset (its token superseded) is recorded too, as MemStore records it: a paused pass's
             // superseded write is often its reset-and-retry.
             append(self, &mut tx, &CommitOp::Reset { lease, held: reset.is_some() }).await?;

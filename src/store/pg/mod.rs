@@ -289,25 +289,37 @@ impl PgStore {
         lines.iter().map(|line| line.try_get::<String, _>(0)).collect::<Result<_, _>>().map_err(|e| self.fail(e))
     }
 
-    /// `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF)` of the single apply's guarded statement (`Store::apply` of a
-    /// lease with no related updates, inserts or events) for `lease` and `update`, run in a transaction that is
-    /// rolled back: nothing is written. One plan line per element (tests that check which rows it locks first).
+    /// `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF)` of the single apply's guarded statements (`Store::apply` of a
+    /// lease with no related updates, inserts or events) for `lease` and `update`, as the apply runs them: in order
+    /// until one writes (its plan's top node returns a row). Run in a transaction that is rolled back: nothing is
+    /// written. One plan per statement run, one line per plan element (tests that check which statements an apply
+    /// runs and which rows it locks first).
     #[doc(hidden)]
-    pub async fn explain_analyze_apply(&self, lease: Lease, update: RowUpdate) -> Result<Vec<String>, StoreError> {
+    pub async fn explain_analyze_apply(&self, lease: Lease, update: RowUpdate) -> Result<Vec<Vec<String>>, StoreError> {
         let mut session = Session::acquire(&self.inner.pool).await.map_err(|e| self.fail(e))?;
         let mut tx = session.begin().await.map_err(|e| self.fail(e))?;
-        let explain = AssertSqlSafe(format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {}", sql::APPLY_MAIN));
-        let lines = sqlx::query(explain)
-            .bind(self.offset())
-            .bind(lease.id.0)
-            .bind(lease.token.0)
-            .bind(update.status)
-            .bind(update.data.map(Json))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| self.fail(e))?;
+        let mut plans = Vec::new();
+        for statement in sql::APPLY_MAIN.statements() {
+            let explain = AssertSqlSafe(format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {statement}"));
+            let lines = sqlx::query(explain)
+                .bind(self.offset())
+                .bind(lease.id.0)
+                .bind(lease.token.0)
+                .bind(update.status.as_deref())
+                .bind(update.data.as_ref().map(Json))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| self.fail(e))?;
+            let plan: Vec<String> =
+                lines.iter().map(|line| line.try_get(0)).collect::<Result<_, _>>().map_err(|e| self.fail(e))?;
+            let wrote = plan.first().is_some_and(|top| !top.contains("actual rows=0 "));
+            plans.push(plan);
+            if wrote {
+                break;
+            }
+        }
         tx.rollback().await.map_err(|e| self.fail(e))?;
-        lines.iter().map(|line| line.try_get::<String, _>(0)).collect::<Result<_, _>>().map_err(|e| self.fail(e))
+        Ok(plans)
     }
 
     /// How often this store's connection planned the batched refetch: `(generic, custom)` plans, `None` before
@@ -730,16 +742,18 @@ impl Store for PgStore {
             };
             let error = bounded_error(&p.error);
             let attempts: Option<i32> = self
-                .run_again_on_conflict("record_failure", || {
-                    sqlx::query_scalar(sql::RECORD_FAILURE)
-                        .bind(self.offset())
-                        .bind(p.lease.id.0)
-                        .bind(p.lease.token.0)
-                        .bind(error.clone())
-                        .bind(interval(delay))
-                        .bind(status.clone())
-                        .bind(FAILURE_ERRORS_KEPT as i32)
-                        .fetch_optional(&self.inner.pool)
+                .run_again_on_conflict("record_failure", || async {
+                    let query = |statement| {
+                        sqlx::query_scalar(statement)
+                            .bind(self.offset())
+                            .bind(p.lease.id.0)
+                            .bind(p.lease.token.0)
+                            .bind(error.as_str())
+                            .bind(interval(delay))
+                            .bind(status.as_deref())
+                            .bind(FAILURE_ERRORS_KEPT as i32)
+                    };
+                    write::lease_write(&mut *self.inner.pool.acquire().await?, &sql::RECORD_FAILURE, query).await
                 })
                 .await?;
             Ok(match attempts {
@@ -758,12 +772,11 @@ impl Store for PgStore {
                 return self.reset_recorded(lease).await;
             }
             let reset = self
-                .run_again_on_conflict("reset_for_retry", || {
-                    sqlx::query(sql::RESET_FOR_RETRY)
-                        .bind(self.offset())
-                        .bind(lease.id.0)
-                        .bind(lease.token.0)
-                        .fetch_optional(&self.inner.pool)
+                .run_again_on_conflict("reset_for_retry", || async {
+                    let query = |statement| {
+                        sqlx::query_scalar::<_, i64>(statement).bind(self.offset()).bind(lease.id.0).bind(lease.token.0)
+                    };
+                    write::lease_write(&mut *self.inner.pool.acquire().await?, &sql::RESET_FOR_RETRY, query).await
                 })
                 .await?;
             Ok(reset.is_some())

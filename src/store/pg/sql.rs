@@ -295,20 +295,38 @@ FROM unnest($2::int8[], $3::text[], $4::jsonb[]) AS u(id, status, data)
 WHERE r.id = u.id AND r.lock_token = $5 AND r.id IN (SELECT id FROM locked)
 RETURNING r.id";
 
-/// The shape of the writes of one lease ([`APPLY_MAIN`], [`RECORD_FAILURE`], [`RESET_FOR_RETRY`]): if the main row
-/// `$2` still carries the token `$3`, set `$set` on it, unlock the related rows locked with the token, and select
-/// `$select` from the main row's `RETURNING $returning`; no row when stale (then nothing was written).
+/// A write of one lease ([`APPLY_MAIN`], [`RECORD_FAILURE`], [`RESET_FOR_RETRY`]) in its two statements, run in
+/// this order until one returns a row ([`LeaseWrite::statements`]): if the main row `$2` still carries the token
+/// `$3`, set `$set` on it, unlock the related rows locked with the token, and return `$select` (of the main row as
+/// written); no row from either when stale (then nothing was written).
 ///
-/// The rows are locked in id order before any is written (DESIGN §2, one lock order; `tests/pg_lock_order.rs`) only
-/// when the lease holds related rows: when no row carries `related_token = $3` in the statement's snapshot (a probe
-/// of the small partial index `resources_related_token_idx`; the common case, and every apply of the per-item mode)
-/// the `UPDATE` locks its one row itself, so there is no order to keep, and a row lock, a heap write and a WAL
-/// record per item are saved (issue 16, BENCHMARKS.md). Either way the related rows are those of the statement's
-/// snapshot, as they were when every call locked first.
-macro_rules! one_lease_write {
+/// - `alone`, for a lease that holds no related rows (the common case, and every apply of the per-item mode): one
+///   `UPDATE` of the main row by id and token, guarded by a probe of the small partial index
+///   `resources_related_token_idx` (no row carries `related_token = $3` in the statement's snapshot). It locks its
+///   one row itself, so there is no order to keep. Compared with one statement for both cases, this saves the
+///   CTEs' second `UPDATE` node and lock step: 0.75 × the apply's execution time in PostgreSQL on this machine
+///   (issue 16, BENCHMARKS.md), and with the previous round's change a row lock, a heap write and a WAL record.
+/// - `with_related`, when `alone` wrote nothing (the lease holds related rows, or is stale: a stale write costs a
+///   second statement, which a stale lease can afford): every row of the lease is locked in id order before any is
+///   written (DESIGN §2, one lock order; `tests/pg_lock_order.rs`), then the main row is written and the related
+///   rows unlocked. Its own probe keeps it from locking first when a concurrent change (none can add a related row
+///   with this token but its holder) left no related rows.
+///
+/// Either way the related rows are those of the statement's snapshot, as they were when every call locked first.
+macro_rules! lease_write {
     ($set:literal, $returning:literal, $select:literal) => {
-        concat!(
-            "WITH related AS (
+        LeaseWrite {
+            alone: concat!(
+                "UPDATE resources
+    SET ",
+                $set,
+                "
+    WHERE id = $2 AND lock_token = $3 AND NOT EXISTS (SELECT 1 FROM resources WHERE related_token = $3)
+    RETURNING ",
+                $select
+            ),
+            with_related: concat!(
+                "WITH related AS (
     SELECT EXISTS (SELECT 1 FROM resources WHERE related_token = $3) AS held
 ), locked AS (
     SELECT id FROM resources
@@ -318,22 +336,38 @@ macro_rules! one_lease_write {
 ), main AS (
     UPDATE resources
     SET ",
-            $set,
-            "
+                $set,
+                "
     WHERE id = $2 AND lock_token = $3 AND (NOT (SELECT held FROM related) OR id IN (SELECT id FROM locked))
     RETURNING ",
-            $returning,
-            "
+                $returning,
+                "
 ), unlocked AS (
     UPDATE resources
     SET lock_token = NULL, lock_owner = NULL, lock_expires_at = NULL, related_token = NULL
     WHERE id IN (SELECT id FROM locked) AND id <> $2 AND EXISTS (SELECT 1 FROM main)
 )
 SELECT ",
-            $select,
-            " FROM main"
-        )
+                $select,
+                " FROM main"
+            ),
+        }
     };
+}
+
+/// The two statements of a write of one lease (see `lease_write!`).
+pub(super) struct LeaseWrite {
+    /// For a lease that holds no related rows: one `UPDATE`, no row when the lease holds some (or is stale).
+    pub alone: &'static str,
+    /// For a lease that holds related rows: lock them all in id order, then write.
+    pub with_related: &'static str,
+}
+
+impl LeaseWrite {
+    /// The statements in the order a write runs them, until one returns a row.
+    pub(super) fn statements(&self) -> [&'static str; 2] {
+        [self.alone, self.with_related]
+    }
 }
 
 /// [`APPLY_MAIN`] without its token guard on the main row: the planted bug of
@@ -358,14 +392,14 @@ pub(super) const APPLY_MAIN_UNGUARDED: &str = "WITH locked AS (
 )
 SELECT lockstep_now($1) FROM main";
 
-/// Apply, the guarded main write (`one_lease_write!`): if the main row carries the token, write it, set
+/// Apply, the guarded main write (`lease_write!`): if the main row carries the token, write it, set
 /// `last_processed_at = updated_at = now`, clear its lease, and unlock the others (related rows).
 /// `hinted` is left alone: a hint that arrived during the lease must survive the apply (conformance
 /// `hint_during_a_lease_survives_the_apply`; the fetch already cleared hints older than the lease). Returns the one
 /// `now`, or no row when stale (then nothing was written).
 ///
 /// `$2` id, `$3` token, `$4` status (NULL = keep), `$5` data (NULL = keep).
-pub(super) const APPLY_MAIN: &str = one_lease_write!(
+pub(super) const APPLY_MAIN: LeaseWrite = lease_write!(
     "status = COALESCE($4, status),
         data = COALESCE($5, data),
         updated_at = lockstep_now($1),
@@ -442,7 +476,7 @@ FROM unnest($2::int8[], $3::int8[], $4::text[], $5::jsonb[]) AS u(id, token, sta
 WHERE r.id = u.id AND r.lock_token = u.token
 RETURNING r.id";
 
-/// A failure (mem.rs `record_failure`, `State::record_failure`; `one_lease_write!`): if the row still carries the
+/// A failure (mem.rs `record_failure`, `State::record_failure`; `lease_write!`): if the row still carries the
 /// token, count the attempt, append the error (with the attempt and the store time as Unix microseconds) and keep
 /// the last `$7`, clear the lease and unlock related rows locked with the token, then
 /// either set `not_before = now + $5` (retry) or, with a give-up status `$6`, set the status and clear
@@ -450,7 +484,7 @@ RETURNING r.id";
 ///
 /// `$2` id, `$3` token, `$4` error text (bounded by the caller), `$5` delay, `$6` give-up status or NULL, `$7` errors
 /// kept.
-pub(super) const RECORD_FAILURE: &str = one_lease_write!(
+pub(super) const RECORD_FAILURE: LeaseWrite = lease_write!(
     "attempts = attempts + 1,
         errors = (
             SELECT COALESCE(jsonb_agg(kept.e ORDER BY kept.n), '[]'::jsonb)
@@ -468,10 +502,10 @@ pub(super) const RECORD_FAILURE: &str = one_lease_write!(
     "attempts"
 );
 
-/// Reset-and-retry (mem.rs `reset_for_retry`; `one_lease_write!`): keep the owner, clear token and expiry, set
+/// Reset-and-retry (mem.rs `reset_for_retry`; `lease_write!`): keep the owner, clear token and expiry, set
 /// `last_processed_at = now`, and unlock related rows. Returns one row when the lease was held. `$2` id, `$3`
 /// token.
-pub(super) const RESET_FOR_RETRY: &str = one_lease_write!(
+pub(super) const RESET_FOR_RETRY: LeaseWrite = lease_write!(
     "lock_token = NULL, lock_expires_at = NULL, related_token = NULL, last_processed_at = lockstep_now($1)",
     "id",
     "id"

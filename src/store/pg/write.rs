@@ -9,10 +9,11 @@ use crate::store::{
     ApplyOutcome, ApplyParams, CommitOp, Lease, LockOutcome, LockRelatedParams, NewEvent, NewRow, RelatedUpdate, RowId,
     RowUpdate, StoreError, Timestamp,
 };
-use sqlx::PgConnection;
-use sqlx::postgres::PgPool;
 use sqlx::postgres::types::PgInterval;
+use sqlx::postgres::{PgArguments, PgPool, PgRow};
+use sqlx::query::QueryScalar;
 use sqlx::types::Json;
+use sqlx::{FromRow, PgConnection, Postgres};
 use std::collections::BTreeMap;
 
 /// The general apply: one transaction of related writes, the guarded main write, inserts and events.
@@ -123,7 +124,8 @@ pub(super) async fn lock_related_in_transaction(
     Ok(Ok(outcome))
 }
 
-/// The guarded main write of an apply; `None` when the row no longer carries the token (nothing written).
+/// The guarded main write of an apply ([`sql::APPLY_MAIN`]); `None` when the row no longer carries the token (nothing
+/// written).
 pub(super) async fn apply_main(
     conn: &mut PgConnection,
     offset: PgInterval,
@@ -131,16 +133,41 @@ pub(super) async fn apply_main(
     update: RowUpdate,
     guarded: bool,
 ) -> Result<Option<Timestamp>, sqlx::Error> {
-    let statement = if guarded { sql::APPLY_MAIN } else { sql::APPLY_MAIN_UNGUARDED };
-    let now: Option<PgTime> = sqlx::query_scalar(statement)
-        .bind(offset)
-        .bind(lease.id.0)
-        .bind(lease.token.0)
-        .bind(update.status)
-        .bind(update.data.map(Json))
-        .fetch_optional(conn)
-        .await?;
+    let data = update.data.map(Json);
+    let query = |statement| {
+        sqlx::query_scalar(statement)
+            .bind(offset)
+            .bind(lease.id.0)
+            .bind(lease.token.0)
+            .bind(update.status.as_deref())
+            .bind(data.as_ref())
+    };
+    let now: Option<PgTime> = if guarded {
+        lease_write(conn, &sql::APPLY_MAIN, query).await?
+    } else {
+        query(sql::APPLY_MAIN_UNGUARDED).fetch_optional(conn).await?
+    };
     Ok(now.map(|t| t.0))
+}
+
+/// Runs a write of one lease ([`sql::LeaseWrite`]): its statements in order, each built by `query` from its text
+/// (the same parameters for both), until one returns a row; `None` when neither does (the lease is stale: nothing
+/// was written).
+pub(super) async fn lease_write<'q, T>(
+    conn: &mut PgConnection,
+    write: &sql::LeaseWrite,
+    query: impl Fn(&'static str) -> QueryScalar<'q, Postgres, T, PgArguments>,
+) -> Result<Option<T>, sqlx::Error>
+where
+    T: Send + Unpin,
+    (T,): for<'r> FromRow<'r, PgRow>,
+{
+    for statement in write.statements() {
+        if let Some(out) = query(statement).fetch_optional(&mut *conn).await? {
+            return Ok(Some(out));
+        }
+    }
+    Ok(None)
 }
 
 /// Related updates folded per row in order, as MemStore writes them one after another: a later `Some` wins.
