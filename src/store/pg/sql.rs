@@ -303,9 +303,9 @@ RETURNING r.id";
 /// - `alone`, for a lease that holds no related rows (the common case, and every apply of the per-item mode): one
 ///   `UPDATE` of the main row by id and token, guarded by a probe of the small partial index
 ///   `resources_related_token_idx` (no row carries `related_token = $3` in the statement's snapshot). It locks its
-///   one row itself, so there is no order to keep. Compared with one statement for both cases, this saves the
-///   CTEs' second `UPDATE` node and lock step: 0.75 × the apply's execution time in PostgreSQL on this machine
-///   (issue 16, BENCHMARKS.md), and with the previous round's change a row lock, a heap write and a WAL record.
+///   one row itself, so there is no order to keep, and it runs none of the CTEs' lock step, second `UPDATE` node
+///   and init plans: per-item mode's PostgreSQL CPU per item went from 382 to 307 µs (issue 16, BENCHMARKS.md,
+///   "Fifth round"). Not locking first also saves a row lock, a heap write and a WAL record (the fourth round).
 /// - `with_related`, when `alone` wrote nothing (the lease holds related rows, or is stale: a stale write costs a
 ///   second statement, which a stale lease can afford): every row of the lease is locked in id order before any is
 ///   written (DESIGN §2, one lock order; `tests/pg_lock_order.rs`), then the main row is written and the related
