@@ -23,6 +23,10 @@
 //! harness's own polls (run under `valgrind --tool=callgrind --collect-atstart=no`: the bench toggles collection with
 //! callgrind's client request, a no-op outside valgrind).
 
+/// The allocator (issue 17): mimalloc, as the `lockstep` binary uses (see Cargo.toml).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[cfg(madsim)]
 fn main() {
     let bench = std::env::args().any(|arg| arg == "--bench");

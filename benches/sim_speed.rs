@@ -10,6 +10,10 @@
 //! separated by commas, e.g. `mixed-large`) runs only those worlds (for a profiler).
 //! Without `--bench` (as `cargo test --all-targets` runs every bench) and in the normal build it only says so.
 
+/// The allocator (issue 17): mimalloc, as the `lockstep` binary uses (see Cargo.toml).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[cfg(madsim)]
 fn main() {
     use lockstep::sim::{self, RunReport, Scenario};

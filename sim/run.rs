@@ -723,7 +723,8 @@ pub fn for_each_seed(
 /// its time in the simulation, not in the allocator's lock. A thread's own arena also grows its heap by a system
 /// call per page past its peak, with none of the main arena's padding: a third of a 10 000-job gang restart's CPU
 /// in `benches/controller_scale.rs` (issue 17, BENCHMARKS.md (4)). Changes no run: allocation addresses never
-/// reach a trace.
+/// reach a trace. The `lockstep` binary and the benches allocate with mimalloc instead (Cargo.toml), for which
+/// this does nothing; it still serves the tests and a user's own simulator binary on glibc's allocator.
 #[cfg(madsim)]
 pub fn share_one_malloc_arena() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -23,6 +23,10 @@
 //! seconds with tiny sizes that writes to a temporary directory: the code cannot rot, and the tests never pay for
 //! the measurement. The simulator build has nothing to run here (PostgreSQL and real time only).
 
+/// The allocator (issue 17): mimalloc, as the `lockstep` binary uses (see Cargo.toml).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[cfg(not(madsim))]
 mod measure;
 #[cfg(not(madsim))]

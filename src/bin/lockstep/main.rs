@@ -11,6 +11,12 @@
 #[cfg(not(madsim))]
 mod real;
 
+/// The allocator: mimalloc, for both builds (issue 17: glibc's malloc and free were a third of the controller's
+/// and the simulator's instructions; see Cargo.toml). No run of the simulator depends on it: allocation addresses
+/// never reach a trace.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::Parser;
 use std::process::ExitCode;
 
