@@ -61,7 +61,8 @@ pub struct ChaosRunArgs {
 /// Runs `command`; the exit code.
 pub async fn execute(command: ChaosCommand) -> Result<u8, Failure> {
     let ChaosCommand::Run(args) = command;
-    // Real mode's rule: --database-url-file, else --database-url, else DATABASE_URL; checked to be PostgreSQL's.
+    // Real mode's rule: --database-url-file or --database-url (clap refuses both), else DATABASE_URL; checked to be
+    // PostgreSQL's.
     let database = Database {
         database_url: args.database_url.clone(),
         database_url_file: args.database_url_file.clone(),

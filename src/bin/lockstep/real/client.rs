@@ -192,20 +192,16 @@ async fn follow(store: &PgStore, operation: RowId, args: &SubmitArgs) -> Result<
     }
 }
 
-/// One line: `operation 5: running, incarnation 5-i1, jobs: 2 running, 1 completed`.
+/// One line: `operation 5: running, incarnation 5-i1, jobs: 2 running, 1 completed`; `jobs: none yet` before a
+/// replica's first pass has created the incarnation's jobs.
 fn summary(report: &StatusReport) -> String {
     let mut counts = std::collections::BTreeMap::new();
     for job in report.tasks.iter().flat_map(|t| &t.jobs) {
         *counts.entry(job.state).or_insert(0usize) += 1;
     }
     let jobs: Vec<String> = counts.iter().map(|(state, n)| format!("{n} {state}")).collect();
-    format!(
-        "operation {}: {}, incarnation {}, jobs: {}",
-        report.operation,
-        report.state,
-        report.incarnation,
-        jobs.join(", ")
-    )
+    let jobs = if jobs.is_empty() { "none yet".to_string() } else { jobs.join(", ") };
+    format!("operation {}: {}, incarnation {}, jobs: {jobs}", report.operation, report.state, report.incarnation)
 }
 
 /// `status`: the report as a table, or as JSON with `--json`.
@@ -240,6 +236,8 @@ pub async fn migrate(args: MigrateArgs) -> Result<(), Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lockstep::gang::model::JobStatus;
+    use lockstep::gang::status::{JobStatusLine, TaskStatus};
 
     #[test]
     fn the_format_comes_from_the_flag_then_the_extension() {
@@ -250,5 +248,39 @@ mod tests {
         let error = spec_format(Path::new("spec"), None).unwrap_err();
         assert_eq!(error.code, 2);
         assert!(error.message.contains("--format"), "{}", error.message);
+    }
+
+    #[test]
+    fn a_progress_line_says_so_when_no_job_exists_yet() {
+        let job = |state| JobStatusLine {
+            job: "5-0".into(),
+            gang_rank: Some(0),
+            job_cookie: 0,
+            reserved: false,
+            state,
+            node: None,
+            incarnation: "5-i0".into(),
+            reason: None,
+        };
+        let task = |jobs| TaskStatus { name: "w".into(), job_count: 2, gang_size: Some(2), jobs };
+        let mut report = StatusReport {
+            operation: RowId(5),
+            state: OperationStatus::Starting,
+            incarnation: "5-i0".into(),
+            incarnation_index: 0,
+            gang_restarts: 0,
+            failed_job_count: 0,
+            max_failed_job_count: 0,
+            result: None,
+            placement: None,
+            waiting: None,
+            tasks: vec![task(Vec::new())],
+        };
+        assert_eq!(summary(&report), "operation 5: starting, incarnation 5-i0, jobs: none yet");
+        report.state = OperationStatus::Running;
+        report.tasks = vec![task(vec![job(JobStatus::Running), job(JobStatus::Running), job(JobStatus::Pending)])];
+        let line = summary(&report);
+        assert!(line.starts_with("operation 5: running, incarnation 5-i0, jobs: "), "{line}");
+        assert!(line.contains("2 running") && line.contains("1 pending") && !line.contains("none"), "{line}");
     }
 }

@@ -85,8 +85,9 @@ impl Command {
     }
 }
 
-/// Where the database is. Every command takes these. The URL comes from `--database-url-file`, else
-/// `--database-url`, else the `DATABASE_URL` environment variable (the two flags together are refused).
+/// Where the database is. Every command takes these. The URL comes from `--database-url-file` or
+/// `--database-url` (one or the other: clap refuses the two together, exit 2), else the `DATABASE_URL`
+/// environment variable.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Database {
     /// PostgreSQL connection URL, postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE. Every local user can read it in
