@@ -491,6 +491,11 @@ fn finish(
     if report.passed() {
         return written.err().unwrap_or(PASSED);
     }
+    if report.outgrown.is_some() {
+        // Not a failure to replay: the scenario is too large for one run (the summary above says which keys).
+        eprintln!("{} run: {}", registry.program, summary(report));
+        return BAD_INPUT;
+    }
     match write_replay(file, report, out, registry) {
         Ok(path) => {
             println!(
@@ -588,8 +593,13 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
         shard,
         jobs,
     };
-    let state =
-        Mutex::new(SweepState { results, tally: Tally::default(), failures: Failures::default(), write_error: None });
+    let state = Mutex::new(SweepState {
+        results,
+        tally: Tally::default(),
+        failures: Failures::default(),
+        write_error: None,
+        outgrown: None,
+    });
     let header_written = state.lock().unwrap_or_else(|p| p.into_inner()).write(&Line::Sweep(header));
     if let Err(error) = header_written {
         eprintln!("{program} sweep: cannot write the result file {}: {error}", results_path.display());
@@ -609,6 +619,13 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
     let started = std::time::Instant::now();
     let seed_at = |i: u64| seeds.nth(shard, i);
     sim::for_each_seed(&file.scenario, &seed_at, jobs, stop, &|report| {
+        if report.outgrown.is_some() {
+            // The scenario is too large for one run: no seed of it says anything, so the sweep stops (bad input).
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            state.outgrown.get_or_insert_with(|| summary(&report));
+            stop.store(true, Ordering::SeqCst);
+            return;
+        }
         // The replay file and timeline are written as the failure is found (outside the lock), and the report,
         // with its trace, dropped: the sweep keeps counts and the lowest failures' lines only.
         let (replay, listing) = match report.passed() {
@@ -641,6 +658,9 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
     if let Some(signal) = interrupted {
         println!("interrupted ({signal}): {finished} of {count} seeds finished; the table counts them");
     }
+    if let Some(outgrown) = &state.outgrown {
+        eprintln!("{program} sweep: stopped after {finished} seeds: {outgrown}");
+    }
     print!("{}{}", state.tally.table(), sweep::wall_line(finished, wall));
     let end = sweep::End {
         shard,
@@ -658,7 +678,7 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
     print_failures(&state.failures, |listing| listing.lines(registry), &results_path);
     match () {
         () if interrupted.is_some() => INTERRUPTED,
-        () if state.write_error.is_some() => BAD_INPUT,
+        () if state.write_error.is_some() || state.outgrown.is_some() => BAD_INPUT,
         () if state.failures.count > 0 => FAILED,
         () => PASSED,
     }
@@ -670,6 +690,8 @@ struct SweepState {
     tally: Tally,
     failures: Failures<FailureListing>,
     write_error: Option<String>,
+    /// The first seed that outgrew one run ([`RunReport::outgrown`]), as [`summary`] words it.
+    outgrown: Option<String>,
 }
 
 impl SweepState {

@@ -69,6 +69,10 @@ pub struct RunReport {
     /// The panic that ended the run early (an engine assertion, a hang past the time limit, a client that gave
     /// up), if any.
     pub panic: Option<String>,
+    /// What the run outgrew, if it ended early because its scenario is too large for one run
+    /// ([`trace::Outgrown`]: its trace reached its most events). Such a run is neither passed nor judged, and
+    /// says nothing of the system under test: `sim run` and `sim sweep` report it as bad input (exit 2).
+    pub outgrown: Option<String>,
     /// Broken invariants.
     pub violations: Vec<Violation>,
     /// The trace (empty after [`RunReport::slim`]).
@@ -108,7 +112,7 @@ pub struct RunReport {
 impl RunReport {
     /// Whether the run ended normally and every checker passed.
     pub fn passed(&self) -> bool {
-        self.panic.is_none() && self.violations.is_empty()
+        self.panic.is_none() && self.outgrown.is_none() && self.violations.is_empty()
     }
 
     /// Whether `checker` found a violation.
@@ -128,6 +132,7 @@ impl RunReport {
             seed,
             scenario: scenario.name.clone(),
             panic: None,
+            outgrown: None,
             violations: Vec::new(),
             trace: Vec::new(),
             coverage: Coverage::default(),
@@ -255,6 +260,7 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
         return RunReport { panic: Some(error.to_string()), ..RunReport::empty(scenario, seed) };
     }
     let scenario = Arc::new(scenario.clone());
+    let trace_len_max = trace::trace_len_max();
     let trace_slot: Arc<Mutex<Option<Trace>>> = Arc::default();
     let wall = std::time::Instant::now();
     let (result, simulated, world_leaked) = {
@@ -265,16 +271,23 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
             runtime.set_time_limit(scenario.time_limit());
             let world_slot = WorldSlot::default();
             let simulate = async {
-                let trace = Trace::new();
+                let trace = Trace::with_len_max(trace_len_max);
                 *trace_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(trace.clone());
-                let outcome = simulate(scenario.clone(), seed, script, trace.clone(), world_slot.clone()).await;
-                (outcome, trace.elapsed())
+                let world = simulate(scenario.clone(), seed, script, trace.clone(), world_slot.clone());
+                // A run that outgrows its trace ends there (the teardown stops the world); `biased` polls the
+                // world first, so a run within the bound never depends on the race.
+                tokio::select! {
+                    biased;
+                    outcome = world => Ok((outcome, trace.elapsed())),
+                    outgrown = trace.outgrown() => Err(outgrown),
+                }
             };
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(simulate)));
             let leaked = tear_down(runtime, &world_slot, &trace_slot);
             let result = match result {
-                Ok((outcome, simulated)) => (Ok(outcome), simulated, leaked),
-                Err(panic) => (Err(panic_message(panic)), Duration::ZERO, leaked),
+                Ok(Ok((outcome, simulated))) => (Ok(outcome), simulated, leaked),
+                Ok(Err(outgrown)) => (Err(Ended::Outgrown(outgrown.what)), Duration::ZERO, leaked),
+                Err(panic) => (Err(Ended::Panic(panic_message(panic))), Duration::ZERO, leaked),
             };
             // The receiver is gone only if the run passed its wall-clock limit; nobody waits for it then.
             let _ = done.send(result);
@@ -282,7 +295,7 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
         match finished.recv_timeout(limit) {
             Ok(result) => result,
             // The run's thread is left to spin: a thread cannot be stopped from outside. The process ends it.
-            Err(_) => (Err(stuck(limit)), Duration::ZERO, false),
+            Err(_) => (Err(Ended::Panic(stuck(limit))), Duration::ZERO, false),
         }
     };
     let wall = wall.elapsed();
@@ -299,7 +312,8 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
     };
     let mut report = RunReport { simulated, wall, trace, world_leaked, ..RunReport::empty(&scenario, seed) };
     match result {
-        Err(panic) => report.panic = Some(panic),
+        Err(Ended::Panic(panic)) => report.panic = Some(panic),
+        Err(Ended::Outgrown(what)) => report.outgrown = Some(what),
         Ok(outcome) => report.judge(&scenario, outcome),
     }
     if let Ok(dir) = std::env::var("LOCKSTEP_SIM_TRACE_DIR") {
@@ -521,6 +535,12 @@ async fn gang_outcome(world: &World, unfinished: Vec<String>) -> GangOutcome {
     }
 }
 
+/// How a run that did not reach its end ended: a panic (its message), or it outgrew one run ([`trace::Outgrown`]).
+enum Ended {
+    Panic(String),
+    Outgrown(String),
+}
+
 fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
     match panic.downcast::<String>() {
         Ok(message) => *message,
@@ -738,8 +758,17 @@ pub fn share_one_malloc_arena() {
     }
 }
 
+/// What a run that outgrew one run ([`RunReport::outgrown`]) tells its user to change: the scenario's keys that
+/// make a run large.
+pub const OUTGROWN_ADVICE: &str = "the scenario is too large for one run (not a failure of the system under test): \
+     shorten workload.span, lower workload.jobs_per_minute, workload.claims_per_minute or workload.rows_max, or \
+     run fewer topology.replicas (every hint wakes every replica's fetchers)";
+
 /// One line: what failed in `report`.
 pub fn summary(report: &RunReport) -> String {
+    if let Some(what) = &report.outgrown {
+        return format!("seed {}: the run outgrew one run: {what}; {OUTGROWN_ADVICE}", report.seed);
+    }
     match &report.panic {
         Some(panic) => format!("seed {}: the run panicked: {panic}", report.seed),
         None => {

@@ -197,6 +197,17 @@ pub enum ShrinkError {
         /// The seed.
         seed: u64,
     },
+    /// The run outgrew one run ([`RunReport::outgrown`]): nothing judged it, so there is no failure to keep.
+    #[error("scenario {name} seed {seed} outgrew one run ({what}): there is no judged failure to shrink; {advice}",
+        advice = super::run::OUTGROWN_ADVICE)]
+    Outgrown {
+        /// The scenario's name.
+        name: String,
+        /// The seed.
+        seed: u64,
+        /// What it outgrew.
+        what: String,
+    },
     /// `--checker` names no checker that judges this scenario.
     #[error("--checker {checker}: no checker of that name judges this scenario; its checkers are: {known}")]
     UnknownChecker {
@@ -318,6 +329,9 @@ fn target(input: &Input<'_>, report: &RunReport) -> Result<Target, ShrinkError> 
     };
     if report.passed() {
         return Err(ShrinkError::Passes { name: report.scenario.clone(), seed: input.seed });
+    }
+    if let Some(what) = &report.outgrown {
+        return Err(ShrinkError::Outgrown { name: report.scenario.clone(), seed: input.seed, what: what.clone() });
     }
     match input.checker {
         Some(checker) if !report.violated(checker) => Err(ShrinkError::OtherChecker {

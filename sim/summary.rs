@@ -43,14 +43,18 @@ const DRAIN: &str = "drain";
 /// The summary of `report`, several lines, each ending in a newline.
 pub fn render(report: &RunReport) -> String {
     let mut text = String::new();
-    let verdict = if report.passed() { "PASSED" } else { "FAILED" };
+    let verdict = match (report.passed(), report.outgrown.is_some()) {
+        (_, true) => "NOT JUDGED",
+        (true, false) => "PASSED",
+        (false, false) => "FAILED",
+    };
     let _ = writeln!(text, "scenario {} seed {}: {verdict}", report.scenario, report.seed);
     let c = &report.client;
-    if report.panic.is_some() {
+    if report.panic.is_some() || report.outgrown.is_some() {
         // The run never reached its end: its client, database and engine-path counts were never read.
-        let _ =
-            writeln!(text, "simulated time: {} (its last trace event: the run panicked)", seconds(report.simulated));
-        let _ = writeln!(text, "client, rows and commits: not known (the run panicked before its end)");
+        let why = if report.panic.is_some() { "the run panicked" } else { "the run outgrew one run" };
+        let _ = writeln!(text, "simulated time: {} (its last trace event: {why})", seconds(report.simulated));
+        let _ = writeln!(text, "client, rows and commits: not known ({why} before its end)");
     } else if report.gang && c.rows() == 0 {
         let _ = writeln!(text, "simulated time: {}", seconds(report.simulated));
         let refused = report.operations.iter().filter(|o| o.refused.is_some()).count();
@@ -92,7 +96,7 @@ pub fn render(report: &RunReport) -> String {
         }
     }
     let _ = writeln!(text, "faults injected: {}", counted(&fault_counts(&report.trace)));
-    if report.panic.is_none() {
+    if report.panic.is_none() && report.outgrown.is_none() {
         let paths: BTreeMap<String, u64> =
             PATHS.iter().map(|path| (path.to_string(), report.coverage.get(path))).collect();
         let _ = writeln!(text, "engine paths: {}", counted(&paths));
@@ -100,13 +104,17 @@ pub fn render(report: &RunReport) -> String {
     if report.gang {
         push_operations(&mut text, &report.operations);
     }
-    match &report.panic {
-        Some(panic) => {
+    match (&report.panic, &report.outgrown) {
+        (None, Some(what)) => {
+            let _ = writeln!(text, "the run outgrew one run before the checkers ran: {what}");
+            let _ = writeln!(text, "  {}", super::run::OUTGROWN_ADVICE);
+        }
+        (Some(panic), _) => {
             let _ = writeln!(text, "the run panicked before the checkers ran: {panic}");
             let _ = writeln!(text, "  last {EVENTS_SHOWN} trace events:");
             push_events(&mut text, tail(&report.trace, EVENTS_SHOWN));
         }
-        None => push_checkers(&mut text, report),
+        (None, None) => push_checkers(&mut text, report),
     }
     text
 }

@@ -65,7 +65,9 @@ impl Verdicts {
                 None => checkers.push((checker.to_string(), vec![message.clone()])),
             }
         }
-        Verdicts { checkers, panic: report.panic.clone() }
+        // A run that outgrew one run was never judged: the page shows it as a run that ended early, not a pass.
+        let outgrown = || report.outgrown.as_ref().map(|what| format!("it outgrew one run, unjudged: {what}"));
+        Verdicts { checkers, panic: report.panic.clone().or_else(outgrown) }
     }
 
     fn passed(&self) -> bool {

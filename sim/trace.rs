@@ -11,9 +11,35 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Most events a trace keeps; a run that produces more is a runaway and fails loudly (STYLE: every growing
-/// thing has a bound). A 10-minute, 10 000-row run writes about 10⁵.
+/// Most events a trace keeps (STYLE: every growing thing has a bound). A 10-minute, 10 000-row run writes about
+/// 10⁵. A run that would write more ends there, [`Outgrown`]: its scenario is too large for one run.
 pub const TRACE_LEN_MAX: usize = 5_000_000;
+
+/// Why a run ended before its end without being judged: it outgrew a bound of one run (its trace reached
+/// [`TRACE_LEN_MAX`] events). The scenario is too large to simulate in one run (a long span at high rates, or
+/// many replicas each woken by every hint), which says nothing of the system under test: the run's report carries
+/// it as [`RunReport::outgrown`](super::run::RunReport::outgrown), `sim run` and `sim sweep` exit 2 naming the keys
+/// to change, and no replay file is written. The trace records nothing past its bound and wakes
+/// [`Trace::outgrown`], which the run races against the world.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outgrown {
+    /// What was outgrown and when, one line: `its trace reached 5000000 events at 1234.5 s of simulated time`.
+    pub what: String,
+}
+
+/// The most events a run's trace holds: `LOCKSTEP_SIM_TRACE_LEN_MAX` (a lower bound, so that a test can see a run
+/// outgrow it quickly), else [`TRACE_LEN_MAX`].
+///
+/// Panics if the variable is set to something other than a whole number in `1..=TRACE_LEN_MAX`.
+pub fn trace_len_max() -> usize {
+    match std::env::var("LOCKSTEP_SIM_TRACE_LEN_MAX") {
+        Err(_) => TRACE_LEN_MAX,
+        Ok(text) => match text.parse::<usize>() {
+            Ok(max) if (1..=TRACE_LEN_MAX).contains(&max) => max,
+            _ => panic!("LOCKSTEP_SIM_TRACE_LEN_MAX={text:?} must be a whole number in 1..={TRACE_LEN_MAX}"),
+        },
+    }
+}
 
 /// One event of a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,20 +78,61 @@ pub struct Trace {
 struct Inner {
     start: Instant,
     events: Vec<TraceEvent>,
+    len_max: usize,
+    /// Set by the first event past `len_max` (and `outgrown_notify` woken).
+    outgrown: Option<Outgrown>,
+    outgrown_notify: Arc<tokio::sync::Notify>,
 }
 
 impl Trace {
-    /// An empty trace whose clock starts now (simulated time).
+    /// An empty trace whose clock starts now (simulated time), holding at most [`TRACE_LEN_MAX`] events.
     pub fn new() -> Trace {
-        Trace { inner: Arc::new(Mutex::new(Inner { start: Instant::now(), events: Vec::new() })) }
+        Trace::with_len_max(TRACE_LEN_MAX)
+    }
+
+    /// An empty trace holding at most `len_max` events (at most [`TRACE_LEN_MAX`]): recording one more ends the
+    /// run, [`Outgrown`]. The simulator's runs take it from `LOCKSTEP_SIM_TRACE_LEN_MAX` ([`trace_len_max`]).
+    pub fn with_len_max(len_max: usize) -> Trace {
+        let len_max = len_max.min(TRACE_LEN_MAX);
+        let inner = Inner {
+            start: Instant::now(),
+            events: Vec::new(),
+            len_max,
+            outgrown: None,
+            outgrown_notify: Arc::default(),
+        };
+        Trace { inner: Arc::new(Mutex::new(inner)) }
     }
 
     /// Appends an event at the current simulated time.
     pub fn record(&self, node: &Arc<str>, kind: &'static str, fields: impl Into<String>) {
         let mut inner = self.lock();
-        assert!(inner.events.len() < TRACE_LEN_MAX, "trace passed {TRACE_LEN_MAX} events: a runaway run");
         let at = inner.start.elapsed();
+        if inner.events.len() >= inner.len_max {
+            if inner.outgrown.is_none() {
+                let what = format!(
+                    "its trace reached {} events at {:.1} s of simulated time",
+                    inner.len_max,
+                    at.as_secs_f64()
+                );
+                inner.outgrown = Some(Outgrown { what });
+                inner.outgrown_notify.notify_one();
+            }
+            return;
+        }
         inner.events.push(TraceEvent { at, node: node.clone(), kind, fields: fields.into() });
+    }
+
+    /// Waits until an event is recorded past the trace's bound ([`Trace::with_len_max`]), then says what was
+    /// outgrown; never returns for a run that stays within it. Events past the bound are not recorded.
+    pub async fn outgrown(&self) -> Outgrown {
+        let notify = self.lock().outgrown_notify.clone();
+        loop {
+            if let Some(outgrown) = self.lock().outgrown.clone() {
+                return outgrown;
+            }
+            notify.notified().await;
+        }
     }
 
     /// Simulated time since the trace started.
@@ -135,4 +202,23 @@ pub fn render(events: &[TraceEvent]) -> String {
         text.push('\n');
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_trace_past_its_bound_records_nothing_more_and_says_so_once() {
+        let trace = Trace::with_len_max(2);
+        let node: Arc<str> = Arc::from("db");
+        for i in 0..5 {
+            trace.record(&node, "commit", format!("n={i}"));
+        }
+        assert_eq!(trace.len(), 2, "events past the bound were recorded");
+        let outgrown = trace.outgrown().await;
+        assert!(outgrown.what.starts_with("its trace reached 2 events at "), "{}", outgrown.what);
+        assert_eq!(trace.outgrown().await, outgrown, "the first event past the bound is the one reported");
+        assert_eq!(Trace::with_len_max(usize::MAX).inner.lock().unwrap().len_max, TRACE_LEN_MAX);
+    }
 }

@@ -345,7 +345,7 @@ impl World {
             trace: self.inner.trace.clone(),
             outcomes: self.inner.submitted.clone(),
         };
-        self.inner.client_node.spawn(client.run()).await.expect("the client node is never killed")
+        on_client(self.inner.client_node.spawn(client.run())).await
     }
 
     /// Handle on replica `index`.
@@ -416,13 +416,13 @@ impl World {
             let client = WorkloadClient::new(store, self.seed(), self.inner.trace.clone(), Arc::from("client"));
             let counted = client.clone();
             if let Some(workload) = set.run_workload(client) {
-                self.inner.client_node.spawn(workload).await.expect("the client node is never killed");
+                on_client(self.inner.client_node.spawn(workload)).await;
             }
             return ClientReport { user_rows: counted.inserted(), ..ClientReport::default() };
         }
         let spec = Arc::new(self.scenario().workload.clone());
         let client = Client::new(store, spec, self.seed(), self.inner.trace.clone(), Arc::from("client"));
-        self.inner.client_node.spawn(client.run()).await.expect("the client node is never killed")
+        on_client(self.inner.client_node.spawn(client.run())).await
     }
 
     async fn connect_client(&self) -> NetStore {
@@ -962,5 +962,15 @@ impl ClientHandle<'_> {
         let client = Client::new(store, spec, world.seed(), world.inner.trace.clone(), Arc::from("client"));
         // Aborting this fault (at heal) leaves the burst running on the client node, which is what a client does.
         let _ = world.inner.client_node.spawn(client.burst(burst, claims)).await;
+    }
+}
+
+/// Awaits `task`, spawned on the client node. Only the world's teardown kills that node, and by then nobody needs
+/// what the task returns: a join that fails waits forever (the teardown drops the waiter) instead of panicking,
+/// which would bury what ended the run (a panic of its own, or a run that outgrew one run) under a second panic.
+async fn on_client<T, E>(task: impl std::future::Future<Output = Result<T, E>>) -> T {
+    match task.await {
+        Ok(value) => value,
+        Err(_) => std::future::pending().await,
     }
 }

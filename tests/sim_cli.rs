@@ -666,3 +666,39 @@ fn ctrl_c_prints_the_table_of_what_finished_and_keeps_the_failures_replay_files(
         );
     }
 }
+
+/// A run that outgrows one run (its trace reaches its most events: here lowered by `LOCKSTEP_SIM_TRACE_LEN_MAX`
+/// so the test is quick; in use, a scenario within each key's limit whose rates, span and replicas together make
+/// millions of events) is bad input, not a failure: exit 2 naming the keys to change, no replay file, no panic
+/// printed; a sweep of it stops at once, exit 2.
+#[test]
+fn a_run_that_outgrows_one_run_exits_2_naming_the_keys_and_writes_no_replay_file() {
+    let dir = temp_dir("outgrown");
+    let small = [("LOCKSTEP_SIM_TRACE_LEN_MAX", "300")];
+    let run = lockstep_with(&["sim", "run", &scenario("rows-quiet.toml"), "--seed", "2"], &dir, &small);
+    let (stdout, stderr) = text(&run);
+    assert_eq!(run.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stdout.contains("scenario rows-quiet seed 2: NOT JUDGED"), "{stdout}");
+    assert!(
+        stdout.contains("the run outgrew one run before the checkers ran: its trace reached 300 events"),
+        "{stdout}"
+    );
+    for key in ["workload.span", "workload.jobs_per_minute", "workload.rows_max", "topology.replicas"] {
+        assert!(stderr.contains(key), "the error names no {key}: {stderr}");
+    }
+    assert!(!stderr.contains("panicked"), "a panic was printed: {stderr}");
+    assert!(!dir.join("lockstep-replays").exists(), "an outgrown run wrote a replay file");
+
+    let sweep = lockstep_with(
+        &["sim", "sweep", &scenario("rows-quiet.toml"), "--seeds", "1..40", "--jobs", "2", "--results", "results"],
+        &dir,
+        &small,
+    );
+    let (stdout, stderr) = text(&sweep);
+    assert_eq!(sweep.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("sweep: stopped after 0 seeds: seed "), "{stderr}");
+    assert!(stderr.contains("the run outgrew one run") && stderr.contains("workload.span"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "a panic was printed: {stderr}");
+    assert!(!dir.join("lockstep-replays").exists(), "an outgrown sweep wrote a replay file");
+    let _ = std::fs::remove_dir_all(&dir);
+}
