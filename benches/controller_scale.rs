@@ -21,7 +21,10 @@
 //! Two knobs for profiling (issue 17): `LOCKSTEP_BENCH_PASS_LIST=1` prints the CPU of each operation pass of the
 //! submit and of the restart; `LOCKSTEP_BENCH_CALLGRIND=restart` has callgrind count only the restart, without the
 //! harness's own polls (run under `valgrind --tool=callgrind --collect-atstart=no`: the bench toggles collection with
-//! callgrind's client request, a no-op outside valgrind).
+//! callgrind's client request, a no-op outside valgrind); `LOCKSTEP_BENCH_CALLGRIND=quiet-first` (or `quiet-later`)
+//! counts only the load and process of the quiet passes timed in incarnation 0 (or in incarnation
+//! `LOCKSTEP_BENCH_RESTARTS`), so that instructions per pass, which a loaded machine does not move, compare the two
+//! (with `LOCKSTEP_BENCH_JOBS=1`, the smallest restart, uncounted).
 
 /// The allocator (issue 17): mimalloc, as the `lockstep` binary uses (see Cargo.toml).
 #[global_allocator]
@@ -133,6 +136,7 @@ mod scale {
     use madsim::runtime::{Handle, Runtime};
     use std::collections::BTreeSet;
     use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
@@ -258,7 +262,7 @@ mod scale {
                 let (store, passes) = (replica_store.clone(), replica_passes.clone());
                 async move {
                     let mut manager = PipelineManager::new(Arc::new(store), ManagerOptions { seed: 1 });
-                    let handler = Timed { inner: OperationHandler::default(), passes };
+                    let handler = Timed::new(passes, Arc::default());
                     manager.register(operation_pipeline_config(), handler).expect("valid config");
                     manager.start();
                     std::future::pending::<()>().await;
@@ -418,22 +422,51 @@ mod scale {
     struct Timed {
         inner: OperationHandler,
         passes: Arc<Mutex<Vec<Duration>>>,
+        /// While set, callgrind counts each pass's load and process (and nothing between them).
+        collect: Arc<AtomicBool>,
+    }
+
+    impl Timed {
+        fn new(passes: Arc<Mutex<Vec<Duration>>>, collect: Arc<AtomicBool>) -> Timed {
+            Timed { inner: OperationHandler::default(), passes, collect }
+        }
+
+        /// Callgrind counts from here to [`Timed::uncounted`] if the window is on (a no-op outside valgrind).
+        fn counted(&self) -> bool {
+            let on = self.collect.load(Ordering::SeqCst);
+            if on {
+                toggle_collect();
+            }
+            on
+        }
+
+        fn uncounted(on: bool) {
+            if on {
+                toggle_collect();
+            }
+        }
     }
 
     impl<S: Store> Handler<S> for Timed {
         type Context = (Pass, Duration);
 
         async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<(Pass, Duration), WorkError> {
+            let counted = self.counted();
             let start = cpu_time();
-            let pass = self.inner.load(row, cx).await?;
-            Ok((pass, cpu_time() - start))
+            let pass = self.inner.load(row, cx).await;
+            let cpu = cpu_time() - start;
+            Timed::uncounted(counted);
+            Ok((pass?, cpu))
         }
 
         async fn process(&self, row: Row, (pass, load): (Pass, Duration)) -> Result<Changes, WorkError> {
+            let counted = self.counted();
             let start = cpu_time();
-            let changes = Handler::<S>::process(&self.inner, row, pass).await?;
-            self.passes.lock().expect("not poisoned").push(load + (cpu_time() - start));
-            Ok(changes)
+            let changes = Handler::<S>::process(&self.inner, row, pass).await;
+            let cpu = cpu_time() - start;
+            Timed::uncounted(counted);
+            self.passes.lock().expect("not poisoned").push(load + cpu);
+            changes
         }
     }
 
@@ -470,16 +503,23 @@ mod scale {
             .collect();
         let script = JobScript { seed: 1, default: Behaviour::exit_after(Duration::from_secs(1_000_000), 0), rules };
         let executor = SimulatedExecutor::new(script, ProcessLog::default());
-        let (replica_store, replica_passes) = (store.clone(), passes.clone());
+        // `LOCKSTEP_BENCH_CALLGRIND=quiet-first` or `quiet-later`: callgrind counts that window's passes only.
+        let counted_window = match std::env::var("LOCKSTEP_BENCH_CALLGRIND").as_deref() {
+            Ok("quiet-first") => Some(0),
+            Ok("quiet-later") => Some(restarts),
+            _ => None,
+        };
+        let collect: Arc<AtomicBool> = Arc::default();
+        let (replica_store, replica_passes, replica_collect) = (store.clone(), passes.clone(), collect.clone());
         let _replica = handle
             .create_node()
             .name("replica-0")
             .ip(IpAddr::V4(Ipv4Addr::new(10, 0, 1, 1)))
             .init(move || {
-                let (store, passes) = (replica_store.clone(), replica_passes.clone());
+                let (store, passes, collect) = (replica_store.clone(), replica_passes.clone(), replica_collect.clone());
                 async move {
                     let mut manager = PipelineManager::new(Arc::new(store), ManagerOptions { seed: 1 });
-                    let handler = Timed { inner: OperationHandler::default(), passes };
+                    let handler = Timed::new(passes, collect);
                     manager.register(operation_pipeline_config(), handler).expect("valid config");
                     manager.start();
                     std::future::pending::<()>().await;
@@ -517,7 +557,10 @@ mod scale {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             let from = passes.lock().expect("not poisoned").len();
+            let counted = counted_window == Some(incarnation);
+            collect.store(counted, Ordering::SeqCst);
             tokio::time::sleep(QUIET).await;
+            collect.store(false, Ordering::SeqCst);
             timed.push(passes.lock().expect("not poisoned")[from..].to_vec());
         }
         let later = timed.pop().expect("two windows");
