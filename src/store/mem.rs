@@ -429,6 +429,12 @@ impl MemStore {
         self.lock().rows.values().all(pred)
     }
 
+    /// The rows for which `pred` holds, by id (copies of those only): a snapshot of the few rows a check needs,
+    /// e.g. the simulator's rows not yet final when its liveness wait ends (issue 17).
+    pub fn rows_where(&self, mut pred: impl FnMut(&Row) -> bool) -> Vec<Row> {
+        self.lock().rows.values().filter(|row| pred(row)).cloned().collect()
+    }
+
     /// The lease `caller` works under inside a pass, if any: a live lease (its expiry after now) that one of
     /// `caller`'s own fetches handed out, under which related rows are locked (a row other than the leased one
     /// carries its token), so that its worker has the row and its next guarded write is a related lock, its
