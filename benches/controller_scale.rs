@@ -28,7 +28,7 @@
 
 /// The allocator (issue 17): mimalloc, as the `lockstep` binary uses (see Cargo.toml).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: lockstep::alloc::Mimalloc = lockstep::alloc::Mimalloc;
 
 #[cfg(madsim)]
 fn main() {

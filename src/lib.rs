@@ -8,6 +8,7 @@
 //! and checkers on real PostgreSQL and processes.
 
 pub mod agent;
+pub mod alloc;
 mod buggify;
 #[cfg(not(madsim))]
 pub mod chaos;

@@ -429,6 +429,12 @@ impl MemStore {
         self.lock().rows.values().all(pred)
     }
 
+    /// The rows for which `pred` holds, by id (copies of those only): a snapshot of the few rows a check needs,
+    /// e.g. the simulator's rows not yet final when its liveness wait ends (issue 17).
+    pub fn rows_where(&self, mut pred: impl FnMut(&Row) -> bool) -> Vec<Row> {
+        self.lock().rows.values().filter(|row| pred(row)).cloned().collect()
+    }
+
     /// The lease `caller` works under inside a pass, if any: a live lease (its expiry after now) that one of
     /// `caller`'s own fetches handed out, under which related rows are locked (a row other than the leased one
     /// carries its token), so that its worker has the row and its next guarded write is a related lock, its
@@ -492,11 +498,11 @@ impl MemStore {
     }
 }
 
-/// Whether `row` may be leased by the fetch `p` at `now` (the rule of [`Store::fetch`]).
+/// Whether `row`, a row of `p`'s kind in one of `p`'s statuses, may be leased by the fetch `p` at `now` (the rule
+/// of [`Store::fetch`], with its kind and status filter). The fetch reads such rows through its status index, so
+/// neither text is compared again here (issue 17: a fetch scans every leased row of its statuses).
 pub(crate) fn fetch_eligible(row: &Row, p: &FetchParams, now: Timestamp) -> bool {
-    if row.kind != p.kind || !p.statuses.contains(&row.status) {
-        return false;
-    }
+    debug_assert!(row.kind == p.kind && p.statuses.contains(&row.status), "row {} is not of the fetch", row.id);
     let lease_live = row.lock_expires_at.is_some_and(|expires| expires > now);
     if lease_live {
         return false;
@@ -722,12 +728,14 @@ impl State {
     /// the first expiry after `now` of a lease or mark on the rows it scanned (every row of the fetch's kind and
     /// statuses: [`Store::next_expiry`]), found by the same scan.
     fn fetch(&mut self, caller: &Option<Arc<str>>, p: FetchParams, now: Timestamp) -> (Vec<Row>, Option<Timestamp>) {
-        let statuses: BTreeSet<&String> = p.statuses.iter().collect();
+        // Each status once, in the order given (no set built per fetch: issue 17). The answer does not depend on
+        // the order: the eligible rows are sorted below, and an expiry is kept only when no status had one.
+        let statuses = p.statuses.iter().enumerate().filter(|(i, status)| !p.statuses[..*i].contains(status));
         // Each status's rows are in fetch order (`None < Some(_)`: never-processed rows first, as `ORDER BY
         // last_processed_at NULLS FIRST, id`), so the first `limit` eligible rows of each, merged, hold the answer.
         let mut eligible: Vec<FetchKey> = Vec::new();
         let mut first: Option<Timestamp> = None;
-        for rows in statuses.into_iter().filter_map(|status| self.by_status.get(&p.kind, status)) {
+        for rows in statuses.filter_map(|(_, status)| self.by_status.get(&p.kind, status)) {
             let mut taken = 0;
             for (at, id) in rows {
                 let row = &self.rows[id];

@@ -12,10 +12,11 @@
 mod real;
 
 /// The allocator: mimalloc, for both builds (issue 17: glibc's malloc and free were a third of the controller's
-/// and the simulator's instructions; see Cargo.toml). No run of the simulator depends on it: allocation addresses
+/// and the simulator's instructions; see Cargo.toml), through its plain entry points where they give the alignment
+/// asked for (`lockstep::alloc`). No run of the simulator depends on it: allocation addresses
 /// never reach a trace.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: lockstep::alloc::Mimalloc = lockstep::alloc::Mimalloc;
 
 use clap::Parser;
 use std::process::ExitCode;
