@@ -406,3 +406,34 @@ fn an_agent_clock_beyond_the_margin_rule_is_refused_unless_planted_and_then_rank
     let message = &report.violations.iter().find(|v| v.checker == "rank_exclusivity").unwrap().message;
     assert!(message.contains("(incarnation ") && message.contains(" runs on agent-"), "{message}");
 }
+
+/// A gang of `jobs` jobs on `agents` agents of 1 024 slots, one replica, no faults: the operation must complete in
+/// its first incarnation, every job started once.
+fn large_gang(agents: usize, jobs: u32) -> Scenario {
+    let text = format!(
+        "name = \"large-gang\"\nversion = 1\n[topology]\nreplicas = 1\nagents = {agents}\nslots = 1024\n\
+         [jobs]\nduration = [\"30s\", \"60s\"]\n[[operations]]\nname = \"big\"\nat = \"1s\"\n\
+         spec = \"{{tasks={{w={{job_count={jobs};command=x;gang_options={{}}}}}}}}\"\n\
+         [[expect.operation]]\nname = \"big\"\nstate = \"completed\"\nincarnations = {{ min = 1, max = 1 }}\n\
+         [[expect.trace]]\nkind = \"proc-start\"\nat_least = {jobs}\nat_most = {jobs}\n"
+    );
+    sim::ScenarioFile::parse(&text, "large_gang").expect("a valid scenario").scenario
+}
+
+/// A new user's trial: an agent reported a thousand starts one round trip at a time within one pass, outlasted
+/// its node lease (10 s) doing so, fenced itself and killed the gang, in every incarnation, for ever. The agent
+/// now stops reporting when its heartbeat falls due and goes on after it.
+#[test]
+fn a_gang_of_a_thousand_jobs_on_one_agent_completes_in_its_first_incarnation() {
+    let report = sim::run(&large_gang(1, 1000), 1);
+    assert_passed(&report, "a_gang_of_a_thousand_jobs_on_one_agent_completes_in_its_first_incarnation");
+    assert!(!report.trace.iter().any(|e| e.kind == "fence"), "an agent fenced itself");
+}
+
+/// The same trial: the first pass of a 10 000-job gang read back each allocation it took from the free list with
+/// a get of its own, a round trip each, and outlasted the liveness bound waiting for them. One query now.
+#[test]
+fn a_gang_of_ten_thousand_jobs_on_ten_agents_completes_in_its_first_incarnation() {
+    let report = sim::run(&large_gang(10, 10_000), 1);
+    assert_passed(&report, "a_gang_of_ten_thousand_jobs_on_ten_agents_completes_in_its_first_incarnation");
+}

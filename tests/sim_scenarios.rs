@@ -53,10 +53,11 @@ fn every_scenario_passes_its_first_default_seed_with_a_pinned_summary() {
     }
 }
 
-/// `[faults] pause_inside_pass` (docs/scenarios.md): in seed 57 of `gang-paused-replica-stale-tokens`, no pause
+/// `[faults] pause_inside_pass` (docs/scenarios.md): in seed 88 of `gang-paused-replica-stale-tokens`, no pause
 /// of a replica lands inside one of its passes at its time, so with pauses that land at their time none of the
 /// replicas' writes comes back stale and the scenario's expectation fails (seed 259 did so until the simulated
-/// network of issue 17 changed every run's timing); with the file as it is, each pause waits until replica 0
+/// network of issue 17 changed every run's timing, seed 57 until a pass read back its allocations in one query;
+/// 3 of the first 300 seeds miss every pass); with the file as it is, each pause waits until replica 0
 /// works inside a pass, says where it landed, and the pass's next guarded write is refused for its superseded
 /// token.
 #[test]
@@ -64,7 +65,7 @@ fn a_pause_inside_a_pass_waits_for_the_replica_to_hold_a_lease_past_its_related_
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/gang-paused-replica-stale-tokens.toml");
     let file = ScenarioFile::load(&path).unwrap_or_else(|error| panic!("{error}"));
     assert!(file.scenario.faults.pause_inside_pass.is_some());
-    let seed = 57;
+    let seed = 88;
     let report = sim::run(&file.scenario, seed);
     let text = report.trace_text();
     assert!(report.passed(), "{}", summary::render(&report));

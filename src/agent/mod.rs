@@ -840,11 +840,23 @@ impl<S: Store, E: Executor> Agent<S, E> {
 
     /// Inserts queued reports in order, then hints each operation reported to. A report leaves the queue only once
     /// inserted, so a failed or abandoned pass loses none (a report sent twice is ignored by the controller).
+    ///
+    /// Each report is a store round trip, so a pass stops sending once its lease's heartbeat falls due (the local
+    /// deadline within `heartbeat_trigger`), leaving the rest to the next pass, which heartbeats first: a thousand
+    /// starts of one gang at 10 ms a round trip outlasted the node lease, and the agent fenced itself and killed
+    /// the gang, in every incarnation (a new user's trial; `tests/sim_gang.rs`). At most
+    /// [`REPORTS_PER_PASS_MAX`] a pass.
     async fn send_reports(&mut self) -> Result<usize, StoreError> {
         let mut sent = 0;
         let mut operations = BTreeSet::new();
+        let heartbeat_due = self.session.map(|session| session.deadline.checked_sub(self.config.heartbeat_trigger));
         while let Some((operation, message)) = self.outbox.front() {
             if sent == REPORTS_PER_PASS_MAX {
+                break;
+            }
+            if let Some(due) = heartbeat_due
+                && due.is_none_or(|due| self.clock.now() >= due)
+            {
                 break;
             }
             let row = NewRow::new(KIND_INBOX, INBOX_NEW, message.to_json()).with_parent(*operation);
