@@ -120,6 +120,7 @@ pub fn main(registry: Registry) -> ExitCode {
         #[command(subcommand)]
         command: Command,
     }
+    crate::interrupt::end_quietly_on_a_closed_pipe();
     let cli = Cli::parse();
     execute(cli.command, &registry)
 }
@@ -377,6 +378,10 @@ fn count(n: impl Into<u64>, word: &str) -> String {
 
 /// Runs one simulator command with `registry`; returns the exit code.
 pub fn execute(command: Command, registry: &Registry) -> ExitCode {
+    if let Err(rule) = sim::run::check_environment() {
+        eprintln!("{}: {rule}", registry.program);
+        return ExitCode::from(BAD_INPUT);
+    }
     ExitCode::from(match command {
         Command::Run(args) => run(args, registry),
         Command::Sweep(args) => sweep(args, registry),
@@ -547,6 +552,21 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
             return BAD_INPUT;
         }
     };
+    // The failures' directories are made now, so that one that cannot be is refused before any seed runs (not
+    // found out at every failure); each made here and left empty is removed at the end.
+    let mut made = Vec::new();
+    for (dir, what) in std::iter::once((&args.out, "--out")).chain(args.html.iter().map(|dir| (dir, "--html"))) {
+        match dir.is_dir() {
+            true => {}
+            false => match std::fs::create_dir_all(dir) {
+                Ok(()) => made.push(dir.clone()),
+                Err(error) => {
+                    eprintln!("{program} sweep: {what} {}: cannot create the directory: {error}", dir.display());
+                    return BAD_INPUT;
+                }
+            },
+        }
+    }
     let results_path = args.results.join(sweep::file_name(&file.scenario.name, seeds, shard));
     let results = match std::fs::create_dir_all(&args.results).and_then(|()| std::fs::File::create(&results_path)) {
         Ok(results) => results,
@@ -676,6 +696,10 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
         );
     }
     print_failures(&state.failures, |listing| listing.lines(registry), &results_path);
+    for dir in made {
+        // Only if empty: a directory that now holds a failure's file stays.
+        let _ = std::fs::remove_dir(dir);
+    }
     match () {
         () if interrupted.is_some() => INTERRUPTED,
         () if state.write_error.is_some() || state.outgrown.is_some() => BAD_INPUT,

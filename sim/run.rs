@@ -569,15 +569,39 @@ pub const WALL_LIMIT_DEFAULT: std::time::Duration = std::time::Duration::from_se
 /// busy loop, a blocking call in a handler) stops the clock for good: the run's own time limit (simulated) never
 /// comes, and without this guard the test would hang with no message (shared/notes/madsim.md, pitfall 5).
 ///
-/// Panics if the variable is set to something other than a whole number of seconds, at least 1.
+/// Panics if the variable is set to something other than a whole number of seconds, at least 1 (the simulator's
+/// commands refuse that first, exit 2: [`check_environment`]).
 pub fn wall_limit() -> std::time::Duration {
+    try_wall_limit().unwrap_or_else(|rule| panic!("{rule}"))
+}
+
+fn try_wall_limit() -> Result<std::time::Duration, String> {
     match std::env::var("LOCKSTEP_SIM_WALL_LIMIT_SECS") {
-        Err(_) => WALL_LIMIT_DEFAULT,
+        Err(_) => Ok(WALL_LIMIT_DEFAULT),
         Ok(text) => match text.parse::<u64>() {
-            Ok(secs) if secs > 0 => std::time::Duration::from_secs(secs),
-            _ => panic!("LOCKSTEP_SIM_WALL_LIMIT_SECS={text:?} must be a whole number of seconds, at least 1"),
+            Ok(secs) if secs > 0 => Ok(std::time::Duration::from_secs(secs)),
+            _ => Err(format!("LOCKSTEP_SIM_WALL_LIMIT_SECS={text:?} must be a whole number of seconds, at least 1")),
         },
     }
+}
+
+/// Checks the variables every run reads: `LOCKSTEP_SIM_WALL_LIMIT_SECS` ([`wall_limit`]),
+/// `LOCKSTEP_SIM_TRACE_LEN_MAX` ([`trace::trace_len_max`]) and `LOCKSTEP_SIM_TRACE_DIR` (an existing directory,
+/// where every run writes its trace). The simulator's commands call it before any run: a bad value is bad input
+/// (exit 2) naming the variable, not a panic in the middle of a sweep.
+pub fn check_environment() -> Result<(), String> {
+    try_wall_limit()?;
+    trace::try_trace_len_max()?;
+    if let Some(dir) = std::env::var_os("LOCKSTEP_SIM_TRACE_DIR") {
+        let path = std::path::Path::new(&dir);
+        if !path.is_dir() {
+            return Err(format!(
+                "LOCKSTEP_SIM_TRACE_DIR={}: not a directory (every run writes its trace there)",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What a run that passed its wall-clock limit reports as its panic.

@@ -30,13 +30,19 @@ pub struct Outgrown {
 /// The most events a run's trace holds: `LOCKSTEP_SIM_TRACE_LEN_MAX` (a lower bound, so that a test can see a run
 /// outgrow it quickly), else [`TRACE_LEN_MAX`].
 ///
-/// Panics if the variable is set to something other than a whole number in `1..=TRACE_LEN_MAX`.
+/// Panics if the variable is set to something other than a whole number in `1..=TRACE_LEN_MAX` (the simulator's
+/// commands refuse that first, exit 2: [`try_trace_len_max`]).
 pub fn trace_len_max() -> usize {
+    try_trace_len_max().unwrap_or_else(|rule| panic!("{rule}"))
+}
+
+/// As [`trace_len_max`]; a bad value is the broken rule, naming the variable.
+pub fn try_trace_len_max() -> Result<usize, String> {
     match std::env::var("LOCKSTEP_SIM_TRACE_LEN_MAX") {
-        Err(_) => TRACE_LEN_MAX,
+        Err(_) => Ok(TRACE_LEN_MAX),
         Ok(text) => match text.parse::<usize>() {
-            Ok(max) if (1..=TRACE_LEN_MAX).contains(&max) => max,
-            _ => panic!("LOCKSTEP_SIM_TRACE_LEN_MAX={text:?} must be a whole number in 1..={TRACE_LEN_MAX}"),
+            Ok(max) if (1..=TRACE_LEN_MAX).contains(&max) => Ok(max),
+            _ => Err(format!("LOCKSTEP_SIM_TRACE_LEN_MAX={text:?} must be a whole number in 1..={TRACE_LEN_MAX}")),
         },
     }
 }

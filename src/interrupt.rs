@@ -2,6 +2,7 @@
 //! flag the command polls (it then finishes what is under way, reports and exits 130) and writes the command's
 //! message to stderr at once; the handler resets itself (`SA_RESETHAND`), so a second signal ends the process at
 //! once. One handler for the process: a command calls [`catch`] once and [`release`] when it is done.
+//! And SIGPIPE for commands whose output is only printed ([`end_quietly_on_a_closed_pipe`]).
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
 
@@ -63,4 +64,17 @@ pub fn release() -> Option<&'static str> {
         }
     }
     signal()
+}
+
+/// Gives SIGPIPE back its default action (end the process, silently) for a command whose output is only printed:
+/// `lockstep sim run … | head -1` (or a project's own simulator binary's) then stops at the closed pipe instead of
+/// panicking in `println!` (Rust ignores SIGPIPE by default, so each write fails with EPIPE). Not for `serve` and
+/// `agent`: they write to their job processes' pipes and must outlive a closed one. Call it first thing in `main`,
+/// before any thread exists.
+pub fn end_quietly_on_a_closed_pipe() {
+    // SAFETY: sets a signal's disposition to its default; the callers do so before any thread exists.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }

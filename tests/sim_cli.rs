@@ -702,3 +702,51 @@ fn a_run_that_outgrows_one_run_exits_2_naming_the_keys_and_writes_no_replay_file
     assert!(!dir.join("lockstep-replays").exists(), "an outgrown sweep wrote a replay file");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The variables every run reads are checked before any run (a new user's trial: each panicked, and in a sweep
+/// left a result file without its end line): a bad value exits 2 naming the variable, for `run` and `sweep`.
+#[test]
+fn bad_simulator_variables_exit_2_naming_them_before_any_run() {
+    let dir = temp_dir("bad-vars");
+    let cases = [
+        ("LOCKSTEP_SIM_TRACE_LEN_MAX", "abc"),
+        ("LOCKSTEP_SIM_TRACE_LEN_MAX", "0"),
+        ("LOCKSTEP_SIM_WALL_LIMIT_SECS", "abc"),
+        ("LOCKSTEP_SIM_TRACE_DIR", "/nonexistent/lockstep-trace-dir"),
+    ];
+    for (name, value) in cases {
+        for args in [
+            vec!["sim", "run", &scenario("rows-quiet.toml")],
+            vec!["sim", "sweep", &scenario("rows-quiet.toml"), "--seeds", "1..3", "--results", "results"],
+        ] {
+            let output = lockstep_with(&args, &dir, &[(name, value)]);
+            let (stdout, stderr) = text(&output);
+            assert_eq!(output.status.code(), Some(2), "{name}={value} {args:?}: {stdout}{stderr}");
+            assert!(stderr.contains(name) && !stderr.contains("panicked"), "{name}={value}: {stderr}");
+            assert!(!dir.join("results").exists(), "{name}={value}: a sweep started");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A sweep whose failures' directories (`--out`, `--html`) cannot be made is refused before any seed runs (it
+/// found out at every failing seed, writing none of their files); a passing sweep leaves no empty directory.
+#[test]
+fn a_sweep_refuses_an_out_or_html_directory_it_cannot_make_before_any_seed() {
+    let dir = temp_dir("sweep-out");
+    std::fs::write(dir.join("a-file"), "").unwrap();
+    for flag in ["--out", "--html"] {
+        let bad = "a-file/replays";
+        let args = ["sim", "sweep", &scenario("rows-quiet.toml"), "--seeds", "1..3", flag, bad];
+        let output = lockstep(&args, &dir);
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(2), "{flag}: {stdout}{stderr}");
+        assert!(stderr.contains(&format!("{flag} {bad}: cannot create the directory")), "{stderr}");
+        assert!(!stdout.contains("passed "), "{flag}: seeds ran: {stdout}");
+    }
+    let ok = ["sim", "sweep", &scenario("rows-quiet.toml"), "--seeds", "1..3", "--out", "r", "--html", "h"];
+    let output = lockstep(&ok, &dir);
+    assert_eq!(output.status.code(), Some(0), "{:?}", text(&output));
+    assert!(!dir.join("r").exists() && !dir.join("h").exists(), "a passing sweep left its empty directories");
+    let _ = std::fs::remove_dir_all(&dir);
+}

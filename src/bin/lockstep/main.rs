@@ -81,18 +81,6 @@ impl NeedsSimBuild {
     }
 }
 
-/// Gives SIGPIPE back its default action (end the process, silently) for a command whose output is only printed:
-/// `lockstep sim run … | head -1` then stops at the closed pipe instead of panicking in `println!` (Rust ignores
-/// SIGPIPE by default, so each write fails with EPIPE). Not for `serve` and `agent`: they write to their job
-/// processes' pipes and must outlive a closed one.
-fn end_quietly_on_a_closed_pipe() {
-    // SAFETY: called first thing in `main`, before any thread exists; sets a signal disposition to its default.
-    #[cfg(unix)]
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     #[cfg(not(madsim))]
@@ -100,7 +88,7 @@ fn main() -> ExitCode {
     #[cfg(madsim)]
     let long_running = false;
     if !long_running {
-        end_quietly_on_a_closed_pipe();
+        lockstep::interrupt::end_quietly_on_a_closed_pipe();
     }
     match cli.command {
         #[cfg(not(madsim))]
