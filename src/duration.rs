@@ -4,6 +4,17 @@
 
 use std::time::Duration;
 
+/// As [`parse`], refusing zero: for a pause between polls, which at zero would spin (`submit --poll-interval`).
+///
+/// # Errors
+/// As [`parse`], and a zero duration.
+pub fn parse_nonzero(text: &str) -> Result<Duration, String> {
+    match parse(text)? {
+        span if span.is_zero() => Err(format!("\"{text}\" must not be zero")),
+        span => Ok(span),
+    }
+}
+
 /// Parses a duration: one or more `<number><unit>` parts (`"90s"`, `"1.5s"`, `"1m30s"`), units `us`, `ms`,
 /// `s`, `m`, `h`. Exact to the nanosecond.
 ///
@@ -94,6 +105,13 @@ pub fn format(span: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nonzero_duration_refuses_zero_only() {
+        assert_eq!(parse_nonzero("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_nonzero("0s").unwrap_err(), "\"0s\" must not be zero");
+        assert!(parse_nonzero("abc").unwrap_err().contains("invalid duration"));
+    }
 
     #[test]
     fn durations_read_with_their_units_exactly() {

@@ -213,7 +213,8 @@ pub const SLOTS_DEFAULT: u32 = 1;
 
 /// The most allocations an agent offers (`[topology] slots`): each is a row the controller reads every pass, and
 /// 200 agents of this many are 204 800 rows; a value of a billion ran out of time and memory before this bound.
-pub const SLOTS_MAX: u32 = 1024;
+/// The real agent's bound ([`crate::agent::SLOTS_MAX`]).
+pub const SLOTS_MAX: u32 = crate::agent::SLOTS_MAX;
 
 impl GangDocs {
     /// Whether the file has a gang part at all.

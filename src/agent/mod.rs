@@ -59,6 +59,10 @@ pub const NODE_LEASE_TTL_DEFAULT: Duration = Duration::from_secs(10);
 pub const NODE_LEASE_MARGIN_DEFAULT: Duration = Duration::from_secs(2);
 /// Default pause between passes, local clock; an `allocation` fetch hint ends it early.
 pub const POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+/// The most allocations (slots) one node offers: each is a row every operation pass may read, and the agent
+/// inserts them all before it takes its lease (a new user's `--slots 100000000` wrote 11 000 rows in 6 s and never
+/// took it). Scenario files keep the same bound (`topology.slots`).
+pub const SLOTS_MAX: u32 = 1024;
 /// Most reports one pass sends; the rest wait for the next pass.
 pub const REPORTS_PER_PASS_MAX: usize = 1000;
 
@@ -112,7 +116,7 @@ pub struct AgentConfigError {
 
 impl AgentConfig {
     /// Checks the rules; the first broken one is returned:
-    /// - `name` is not empty and `slots` is at least 1;
+    /// - `name` is not empty and `slots` is in 1..=[`SLOTS_MAX`];
     /// - `lease_margin` is shorter than `lease_ttl` (the agent must hold its lease a while on its own clock);
     /// - `poll_interval` is not zero;
     /// - `heartbeat_trigger` leaves at least two passes (`2 × poll_interval`) to extend the lease before its local
@@ -126,6 +130,9 @@ impl AgentConfig {
         }
         if self.slots == 0 {
             return fail("slots", "0 must be at least 1".into());
+        }
+        if self.slots > SLOTS_MAX {
+            return fail("slots", format!("{} must be at most {SLOTS_MAX}", self.slots));
         }
         if self.lease_margin >= self.lease_ttl {
             return fail(

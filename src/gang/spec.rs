@@ -6,7 +6,7 @@
 //! controller does not know (`stderr_table_path`, `title`, `memory_limit`, …) are kept as *unrecognized*, as
 //! YTsaurus does with its `unrecognized_spec` alert, so the seed's examples parse as written.
 
-use super::validate;
+use super::validate::{self, JOB_COUNT_MAX};
 use super::yson;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -463,7 +463,8 @@ impl Decoder {
         };
         let task = TaskSpec {
             // 0 is kept and reported by validation; a negative count cannot be kept and is reported below.
-            job_count: job_count.map_or(1, |n| u32::try_from(n.max(0)).unwrap_or(u32::MAX)),
+            // A count past u32 is reported below and kept at the limit, so that no message shows a clamped value.
+            job_count: job_count.map_or(1, |n| u32::try_from(n.max(0)).unwrap_or(JOB_COUNT_MAX as u32)),
             command,
             file_paths: self.file_paths(map.get("file_paths"), &at("file_paths")),
             environment: self.environment(map.get("environment"), &at("environment")),
@@ -474,6 +475,11 @@ impl Decoder {
         };
         if let Some(n) = job_count.filter(|n| *n < 0) {
             self.fail(at("job_count"), format!("{n} is less than 1"));
+        }
+        if job_count.is_some_and(|n| n > 0 && u32::try_from(n).is_err()) {
+            // The value as written (a count past i64 is read saturated).
+            let written = map.get("job_count").map(Value::to_string).unwrap_or_default();
+            self.fail(at("job_count"), format!("{written} exceeds the limit of {JOB_COUNT_MAX} jobs in all tasks"));
         }
         Some(task)
     }
@@ -727,6 +733,17 @@ mod tests {
             "{error}"
         );
         assert!(!error.contains("tasks.main.foo"), "a key close to no known one is kept quietly: {error}");
+    }
+
+    #[test]
+    fn a_job_count_past_u32_is_named_as_written() {
+        for (written, format) in [("100000000000", SpecFormat::Yson), ("18446744073709551615u", SpecFormat::Yson)] {
+            let text = format!("{{tasks={{t={{job_count={written}; command=\"true\"}}}}}}");
+            let error = OperationSpec::parse(&text, format).unwrap_err().to_string();
+            let shown = written.trim_end_matches('u');
+            assert!(error.contains(&format!("tasks.t.job_count: {shown} exceeds the limit of 100000")), "{error}");
+            assert!(!error.contains("4294967295"), "a clamped value is shown: {error}");
+        }
     }
 
     #[test]

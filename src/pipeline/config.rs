@@ -347,6 +347,10 @@ impl PipelineConfig {
             );
             return fail("queue_lower_factor", rule);
         }
+        if self.heartbeat_interval.is_zero() {
+            // A heartbeater that never waits spins; under the simulator it stops simulated time for good.
+            return fail("heartbeat_interval", "must not be zero".into());
+        }
         if self.lease_margin + self.heartbeat_interval * 2 > self.heartbeat_trigger {
             let rule = format!(
                 "{} leaves less than two heartbeats ({}) plus the lease margin ({}) to extend a lease",
@@ -450,6 +454,13 @@ mod tests {
     #[test]
     fn defaults_validate() {
         PipelineConfig::new("p", "k", &["ready"]).validate().unwrap();
+    }
+
+    #[test]
+    fn a_zero_heartbeat_interval_is_refused_naming_it() {
+        let config = PipelineConfig { heartbeat_interval: Duration::ZERO, ..PipelineConfig::new("p", "k", &["ready"]) };
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("heartbeat_interval") && error.contains("must not be zero"), "{error}");
     }
 
     #[test]

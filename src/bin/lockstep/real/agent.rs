@@ -26,7 +26,7 @@ pub struct AgentArgs {
     /// The node's name, unique in the cluster. A restarted agent with the same name takes the node back.
     #[arg(long)]
     pub node: String,
-    /// Allocations (job slots) the node offers.
+    /// Allocations (job slots) the node offers, 1 to 1024.
     #[arg(long)]
     pub slots: u32,
     /// Directory of the job sandboxes (`WORK_DIR/{job id}`, holding the job's stdout and stderr); created if
@@ -204,6 +204,18 @@ mod tests {
         let config = Cli::try_parse_from(args).unwrap().agent.agent_config();
         assert_eq!(config, AgentConfig::new("n1", 2));
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn slots_past_the_bound_are_refused_naming_the_flag() {
+        let base = ["agent", "--database-url", "postgres://h/db", "--node", "n1", "--work-dir", "/w", "--slots"];
+        let config = |slots: &str| {
+            let args: Vec<&str> = base.iter().copied().chain([slots]).collect();
+            Cli::try_parse_from(args).unwrap().agent.agent_config()
+        };
+        config("1024").validate().unwrap();
+        let error = config("100000000").validate().unwrap_err();
+        assert_eq!(flag_error(&error), "--slots: 100000000 must be at most 1024");
     }
 
     #[test]

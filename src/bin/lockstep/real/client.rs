@@ -47,8 +47,8 @@ pub struct SubmitArgs {
     /// failed or was aborted.
     #[arg(long)]
     pub wait: bool,
-    /// With --wait: pause between two reads of the operation.
-    #[arg(long, value_parser = duration::parse, default_value = "500ms")]
+    /// With --wait: pause between two reads of the operation (not zero).
+    #[arg(long, value_parser = duration::parse_nonzero, default_value = "500ms")]
     pub poll_interval: Duration,
     /// With --wait: how long the operation may stay `starting` before a note says no replica seems to run (tests
     /// shorten it).

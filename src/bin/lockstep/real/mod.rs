@@ -361,6 +361,15 @@ mod tests {
     }
 
     #[test]
+    fn submit_refuses_a_zero_poll_interval() {
+        let args =
+            ["lockstep", "submit", "spec.yson", "--wait", "--poll-interval", "0s", "--database-url", "postgres://h/d"];
+        let Err(error) = Cli::try_parse_from(args) else { panic!("a zero --poll-interval was accepted") };
+        let error = error.to_string();
+        assert!(error.contains("--poll-interval") && error.contains("must not be zero"), "{error}");
+    }
+
+    #[test]
     fn a_url_of_another_scheme_is_refused_without_showing_it() {
         let error = database(&["--database-url", "mysql://root:secret@h/db"]).url(None).unwrap_err();
         assert_eq!(error.code, 2);

@@ -231,6 +231,14 @@ mod tests {
     }
 
     #[test]
+    fn zero_poll_intervals_are_refused_naming_the_flag() {
+        let args = ["serve", "--database-url", "postgres://h/db", "--heartbeat-interval", "0s"];
+        let cli = Cli::try_parse_from(args).unwrap();
+        let error = cli.serve.replica_config().pipeline_config().validate().unwrap_err();
+        assert_eq!(config_rule(&cli.serve, &error), "--heartbeat-interval: must not be zero");
+    }
+
+    #[test]
     fn a_lease_too_short_is_said_in_serves_flags() {
         let cli = Cli::try_parse_from(["serve", "--database-url", "postgres://h/db", "--lease-ttl", "1s"]).unwrap();
         let error = cli.serve.replica_config().pipeline_config().validate().unwrap_err();
