@@ -372,3 +372,16 @@ async fn a_long_file_copy_does_not_stop_the_agents_heartbeats() {
     stop.send(()).unwrap();
     agent.await.unwrap();
 }
+
+/// The job's own `PATH` does not decide where its shell is (a new user's trial: `PATH = "/nonexistent"` made
+/// every start fail with "cannot spawn sh"); the command itself still sees that `PATH`.
+#[tokio::test]
+async fn a_jobs_path_does_not_hide_its_shell() {
+    let dir = TempDir::new("path");
+    let executor = OsExecutor::open(&dir.0, None).await.unwrap();
+    let env = [("YT_JOB_ID", "5-3"), ("PATH", "/nonexistent")];
+    let handle = executor.start(request(r#"echo "$PATH"; exit 4"#, &env, Vec::new())).await.unwrap();
+    assert_eq!(wait(&handle).await, ExitStatus::Exited(4));
+    let stdout = std::fs::read_to_string(executor.sandbox("5-3").join("stdout")).unwrap();
+    assert_eq!(stdout, "/nonexistent\n");
+}

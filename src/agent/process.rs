@@ -31,6 +31,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 
+/// The shell a job's command runs in, `SHELL -c COMMAND` (POSIX puts `sh` at /bin/sh).
+pub const SHELL: &str = "/bin/sh";
+
 /// The agent's environment variables a job inherits (docs/real-mode.md); every other one is withheld.
 pub const ENV_ALLOWED: [&str; 5] = ["PATH", "HOME", "LANG", "TZ", "USER"];
 
@@ -260,7 +263,10 @@ impl Executor for OsExecutor {
     }
 
     fn spawn(&self, mut prepared: PreparedJob) -> Result<ProcessHandle, ExecutorError> {
-        let mut command = tokio::process::Command::new("sh");
+        // By its path: a program named without one is looked up in the child's own PATH when the environment sets
+        // it, so a job's `PATH` without /bin (or one written as "/opt/x:$PATH", which nothing expands) made every
+        // start fail with "cannot spawn sh" (a new user's trial).
+        let mut command = tokio::process::Command::new(SHELL);
         command.arg("-c").arg(&prepared.command).current_dir(&prepared.sandbox);
         command.env_clear().envs(prepared.environment.iter().map(|(name, value)| (name, value)));
         let stdout = prepared.stdout.try_clone().map_err(|e| ExecutorError(format!("cannot pass stdout: {e}")))?;
@@ -268,7 +274,7 @@ impl Executor for OsExecutor {
         command.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
         command.kill_on_drop(true);
         lead_a_session_and_die_with_agent(&mut command);
-        let mut child = command.spawn().map_err(|e| ExecutorError(format!("cannot spawn sh: {e}")))?;
+        let mut child = command.spawn().map_err(|e| ExecutorError(format!("cannot spawn {SHELL}: {e}")))?;
         let pid = child.id().ok_or_else(|| ExecutorError("process exited before it could be tracked".into()))?;
         // Not yet reaped (no wait has run), so the pid is still the shell's, even if it already exited.
         let leader = i32::try_from(pid).ok().and_then(Leader::read);

@@ -747,6 +747,14 @@ mod tests {
     }
 
     #[test]
+    fn a_task_name_with_control_characters_is_refused_and_shown_escaped() {
+        let text = "{tasks={\"w\\nstate       completed\\x1b[31m\"={job_count=1; command=\"true\"}}}";
+        let error = OperationSpec::parse(text, SpecFormat::Yson).unwrap_err().to_string();
+        assert!(error.contains("task name must not hold control characters"), "{error}");
+        assert!(!error.contains('\n') && !error.contains('\x1b'), "the name is printed raw: {error:?}");
+    }
+
+    #[test]
     fn field_paths_quote_keys_that_are_not_identifiers() {
         assert_eq!(field("tasks", "trainer"), "tasks.trainer");
         assert_eq!(field("tasks", ""), "tasks.\"\"");

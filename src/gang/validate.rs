@@ -45,6 +45,10 @@ pub fn violations(spec: &OperationSpec) -> Vec<Violation> {
         if name.is_empty() {
             fail(path.clone(), "task name must not be empty".into());
         }
+        if name.chars().any(char::is_control) {
+            // `status` prints task names as they are: a newline or a terminal escape would forge its lines.
+            fail(path.clone(), "task name must not hold control characters (newlines, escapes)".into());
+        }
         if task.job_count < 1 {
             fail(at("job_count"), format!("{} is less than 1", task.job_count));
         }
