@@ -1833,6 +1833,14 @@ span = ["5s", "10s"]
         assert!(rule.contains("below at_least 2"), "{rule}");
         let (_, key, _) = error(&trace("kind = \"two words\""));
         assert_eq!(key, "expect.trace[0].kind");
+        // A misspelt kind or node prefix would make `at_most` pass whatever happens (a new user's trial).
+        let (_, key, rule) = error(&trace("kind = \"fnce\"\nat_most = 0"));
+        assert_eq!(key, "expect.trace[0].kind");
+        assert!(rule.contains("\"fnce\" is not a kind of trace line; did you mean \"fence\"?"), "{rule}");
+        let (_, key, rule) = error(&trace("kind = \"fence\"\nnode = \"agnt-*\"\nat_most = 0"));
+        assert_eq!(key, "expect.trace[0].node");
+        assert!(rule.contains("\"agnt-*\" matches no node"), "{rule}");
+        parse(&trace("kind = \"proc-start\"\nnode = \"a*\"")).unwrap();
         let file = parse(&trace("kind = \"fence\"\nnode = \"agent-*\"")).unwrap();
         assert_eq!(file.scenario.expect.trace[0].at_least, 1, "at_least defaults to 1");
     }

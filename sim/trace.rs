@@ -47,6 +47,69 @@ pub fn try_trace_len_max() -> Result<usize, String> {
     }
 }
 
+/// Every kind of event a trace holds, sorted: what `[[expect.trace]] kind` may name (a kind no event has would
+/// make an `at_most` expectation pass whatever happens: a new user's trial). Debug builds check every recorded
+/// event against it ([`Trace::record`]), so a new kind that is not added here fails the tests that reach it.
+pub const KINDS: &[&str] = &[
+    "abort",
+    "buggify",
+    "buggify-end",
+    "build",
+    "call-timeout",
+    "clock-drift",
+    "clock-exact",
+    "commit",
+    "contention",
+    "control-refused",
+    "degrade",
+    "degrade-end",
+    "drain",
+    "drained",
+    "effect",
+    "fence",
+    "fence-kill",
+    "gang-placed",
+    "gang-wait",
+    "heal",
+    "incarnation",
+    "interrupted",
+    "isolate",
+    "isolate-end",
+    "job",
+    "job-kill",
+    "kill",
+    "link-heal",
+    "lost-replies",
+    "lost-replies-end",
+    "mutation",
+    "node-lost",
+    "note",
+    "op-event",
+    "op-state",
+    "partition",
+    "partition-end",
+    "pause",
+    "proc-exit",
+    "proc-kill",
+    "proc-pause",
+    "proc-resume",
+    "proc-start",
+    "proc-start-failed",
+    "records-unreadable",
+    "reply-dropped",
+    "restart",
+    "restart-failed",
+    "resume",
+    "session",
+    "skipped",
+    "spec-update",
+    "start",
+    "submit",
+    "submit-refused",
+    "update-spec",
+    "workload-done",
+];
+
 /// One event of a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TraceEvent {
@@ -112,6 +175,7 @@ impl Trace {
 
     /// Appends an event at the current simulated time.
     pub fn record(&self, node: &Arc<str>, kind: &'static str, fields: impl Into<String>) {
+        debug_assert!(KINDS.binary_search(&kind).is_ok(), "trace kind {kind:?} is not in trace::KINDS");
         let mut inner = self.lock();
         let at = inner.start.elapsed();
         if inner.events.len() >= inner.len_max {
@@ -226,5 +290,10 @@ mod tests {
         assert!(outgrown.what.starts_with("its trace reached 2 events at "), "{}", outgrown.what);
         assert_eq!(trace.outgrown().await, outgrown, "the first event past the bound is the one reported");
         assert_eq!(Trace::with_len_max(usize::MAX).inner.lock().unwrap().len_max, TRACE_LEN_MAX);
+    }
+
+    #[test]
+    fn the_kinds_are_sorted_once_each() {
+        assert!(KINDS.windows(2).all(|pair| pair[0] < pair[1]), "KINDS must be sorted, each once: {KINDS:?}");
     }
 }

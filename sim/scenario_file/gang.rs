@@ -590,10 +590,17 @@ pub(super) fn expectations(
     let agents = gang.map_or(0, |g| g.agents);
     for (index, doc) in trace.iter().enumerate() {
         let at = |field: &str| item(&["expect", "trace"], index, field);
-        if doc.kind.is_empty() || doc.kind.contains(char::is_whitespace) {
+        if crate::sim::trace::KINDS.binary_search(&doc.kind.as_str()).is_err() {
+            // A kind no line has would make an `at_most` expectation pass whatever the run does.
+            let hint = crate::gang::spec::closest(&doc.kind, crate::sim::trace::KINDS)
+                .map_or(String::new(), |kind| format!("did you mean {kind:?}? "));
             return Err((
                 at("kind"),
-                format!("{:?} is not a trace line kind (one word: fence, incarnation, …)", doc.kind),
+                format!(
+                    "{:?} is not a kind of trace line; {hint}the kinds are: {}",
+                    doc.kind,
+                    crate::sim::trace::KINDS.join(", ")
+                ),
             ));
         }
         if let Some(node) = &doc.node {
@@ -627,8 +634,19 @@ pub(super) fn expectations(
 
 /// A trace node: `db`, `client`, `world`, `replica-N`, `agent-N` of the topology, or a prefix ending in `*`.
 fn check_node(node: &str, replicas: usize, agents: usize) -> Result<(), String> {
-    if node.ends_with('*') || matches!(node, "db" | "client" | "world") {
+    if matches!(node, "db" | "client" | "world") {
         return Ok(());
+    }
+    if let Some(prefix) = node.strip_suffix('*') {
+        // A prefix must name some node, or an `at_most` expectation on it could never fail (a new user's trial).
+        let nodes = ["db", "client", "world", "replica-", "agent-", "svc-"];
+        return match nodes.iter().any(|name| name.starts_with(prefix) || prefix.starts_with(name)) {
+            true => Ok(()),
+            false => Err(format!(
+                "{node:?} matches no node: a prefix of \"db\", \"client\", \"world\", \"replica-N\", \"agent-N\" or \
+                 \"svc-NAME\" (a service's node), ending in '*'"
+            )),
+        };
     }
     let numbered = |prefix: &str| node.strip_prefix(prefix).and_then(|index| index.parse::<usize>().ok());
     match (numbered("replica-"), numbered("agent-")) {

@@ -367,9 +367,15 @@ pub const IGNORED_KEYS: [&str; 1] = ["stderr_table_path"];
 pub fn did_you_mean(path: &str) -> Option<&'static str> {
     let last = path.rsplit('.').next().unwrap_or(path);
     let known: &[&'static str] = if path.starts_with("tasks.") { &TASK_KEYS } else { &OPERATION_KEYS };
+    closest(last, known)
+}
+
+/// The word of `known` within two edits of `word`, the closest first (the first of equals); `None` if none is that
+/// close. What "did you mean" suggests for a misspelt key or name.
+pub fn closest<'a>(word: &str, known: &[&'a str]) -> Option<&'a str> {
     known
         .iter()
-        .map(|key| (edit_distance(last, key), *key))
+        .map(|key| (edit_distance(word, key), *key))
         .filter(|(distance, _)| *distance <= 2)
         .min_by_key(|(distance, _)| *distance)
         .map(|(_, key)| key)
