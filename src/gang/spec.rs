@@ -193,8 +193,11 @@ impl OperationSpec {
                 yson_to_json(&yson::parse(text).map_err(|e| syntax(format, e.line, e.column, e.message))?)
                     .map_err(|violation| SpecError::Invalid { violations: vec![violation] })?
             }
-            SpecFormat::Json => serde_json::from_str(text)
-                .map_err(|e| syntax(format, e.line(), e.column(), strip_position(e.to_string())))?,
+            SpecFormat::Json => {
+                serde_json::from_str::<UniqueKeys>(text)
+                    .map_err(|e| syntax(format, e.line(), e.column(), strip_position(e.to_string())))?
+                    .0
+            }
             SpecFormat::Yaml => serde_norway::from_str(text).map_err(|e| {
                 let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
                 syntax(format, line, column, strip_position(e.to_string()))
@@ -360,6 +363,75 @@ struct Decoder {
 /// does not interpret: there are no stderr tables here. Kept in [`OperationSpec::unrecognized`] like any other
 /// unknown key, but not reported by [`OperationSpec::unknown_keys`].
 pub const IGNORED_KEYS: [&str; 1] = ["stderr_table_path"];
+
+/// A JSON value read as `serde_json::Value` is, but refusing a key given twice in one object: serde_json keeps the
+/// last one silently (a spec naming `job_count` twice ran the second, a new user's trial), where YSON and YAML
+/// refuse it. The error carries the key and, from serde_json, its line and column.
+struct UniqueKeys(Value);
+
+impl<'de> Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<UniqueKeys, D::Error> {
+        deserializer.deserialize_any(UniqueKeysVisitor).map(UniqueKeys)
+    }
+}
+
+struct UniqueKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(UniqueKeys(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!("duplicate key {key:?}")));
+            }
+            let UniqueKeys(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
+}
 
 /// The key lockstep knows that an unrecognized key path (`tasks.t.gang_option`, `max_failed_jobs`) was most
 /// likely meant to be: the known key of the same level (operation or task) within two edits of its last part,
@@ -758,6 +830,18 @@ mod tests {
         let error = OperationSpec::parse(text, SpecFormat::Yson).unwrap_err().to_string();
         assert!(error.contains("task name must not hold control characters"), "{error}");
         assert!(!error.contains('\n') && !error.contains('\x1b'), "the name is printed raw: {error:?}");
+    }
+
+    #[test]
+    fn a_json_key_given_twice_is_refused_as_yson_refuses_it() {
+        let text = "{\"tasks\": {\"w\": {\"job_count\": 2,\n \"job_count\": 3, \"command\": \"true\"}}}";
+        let error = OperationSpec::parse(text, SpecFormat::Json).unwrap_err().to_string();
+        assert!(error.contains("duplicate key \"job_count\""), "{error}");
+        assert!(error.contains("line 2"), "the error names no line: {error}");
+        let yson = OperationSpec::parse("{tasks={w={job_count=2;job_count=3;command=x}}}", SpecFormat::Yson);
+        assert!(yson.unwrap_err().to_string().contains("duplicate key \"job_count\""));
+        let fine = "{\"tasks\": {\"w\": {\"job_count\": 2, \"command\": \"true\", \"environment\": {\"A\": \"1.5\"}}}}";
+        assert_eq!(OperationSpec::parse(fine, SpecFormat::Json).unwrap().tasks["w"].job_count, 2);
     }
 
     #[test]
