@@ -92,6 +92,33 @@ async fn client_commands_refuse_a_schema_that_is_not_migrated_and_create_nothing
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A schema a newer lockstep migrated (it holds a migration this build does not have) is named as such by every
+/// command, exit 1 (the schema cannot be opened), with no advice to run `migrate`, which cannot help (a new
+/// user's trial was told to, and it failed with sqlx's "previously applied but is missing").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_a_newer_lockstep_is_named_so_by_every_command() {
+    let schema = unique_schema();
+    let output = lockstep(&["migrate"], &schema);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let newer = 99_999_999_999_999_i64;
+    execute(format!(
+        "INSERT INTO {schema}._sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES ({newer}, 'from a newer lockstep', true, '\\x00', 0)"
+    ))
+    .await;
+    for args in [&["status", "70"][..], &["migrate"]] {
+        let output = lockstep(args, &schema);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        let said = format!("cannot open schema {schema} on PostgreSQL: ");
+        assert!(stderr.contains(&said), "{args:?}: {stderr}");
+        let said = format!("holds migration {newer}, which this build of lockstep does not have");
+        assert!(stderr.contains(&said), "{args:?}: {stderr}");
+        assert!(!stderr.contains("run `lockstep migrate"), "{args:?}: {stderr}");
+    }
+    PgStore::drop_schema(&database_url(), &schema).await.expect("drop the test schema");
+}
+
 /// `submit` keeps a spec's unknown keys (as YTsaurus does) but warns on stderr about each, naming its path and the
 /// known key it is closest to; a YTsaurus key lockstep knowingly ignores (`stderr_table_path`) is not warned about.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -41,7 +41,13 @@ const LIMIT_EXCEEDED: &str = "54000";
 pub(super) fn store_error(err: sqlx::Error, waits: Waits) -> StoreError {
     match err {
         sqlx::Error::PoolTimedOut => StoreError::Timeout(waits.acquire),
-        sqlx::Error::Configuration(_) => StoreError::Invalid(scrub(&err.to_string())),
+        sqlx::Error::Configuration(_) => {
+            // sqlx wraps a URL option it refuses in a second configuration error: say "error with configuration" once.
+            let text = err.to_string();
+            const PREFIX: &str = "error with configuration: ";
+            let once = text.strip_prefix(PREFIX).filter(|rest| rest.starts_with(PREFIX)).unwrap_or(&text);
+            StoreError::Invalid(scrub(once))
+        }
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
             StoreError::Unavailable(scrub(&err.to_string()))
         }
@@ -67,6 +73,8 @@ pub(super) fn store_error(err: sqlx::Error, waits: Waits) -> StoreError {
         }
         sqlx::Error::Migrate(migrate) => match *migrate {
             MigrateError::Execute(inner) => store_error(inner, waits),
+            // The schema holds a migration this build does not have: `migrate` cannot help, a newer build can.
+            MigrateError::VersionMissing(version) => StoreError::Other(super::newer_schema(None, version)),
             other => StoreError::Other(scrub(&format!("migration: {other}"))),
         },
         other => StoreError::Other(scrub(&other.to_string())),
@@ -142,6 +150,16 @@ mod tests {
     fn scrub_keeps_plain_messages() {
         let text = "relation \"resources\" does not exist";
         assert_eq!(scrub(text), text);
+    }
+
+    #[test]
+    fn a_refused_url_option_says_error_with_configuration_once() {
+        let inner = sqlx::Error::Configuration("unknown value \"bogus\" for sslmode".into());
+        let error = store_error(sqlx::Error::Configuration(Box::new(inner)), Waits::DEFAULT);
+        let StoreError::Invalid(message) = error else { panic!("not Invalid: {error:?}") };
+        assert_eq!(message, "error with configuration: unknown value \"bogus\" for sslmode");
+        let plain = store_error(sqlx::Error::Configuration("no host".into()), Waits::DEFAULT);
+        assert!(matches!(plain, StoreError::Invalid(m) if m == "error with configuration: no host"));
     }
 
     #[test]

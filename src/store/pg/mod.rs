@@ -486,9 +486,20 @@ async fn migrate_schema(
     lock.close().await
 }
 
+/// What a schema holding migration `version`, which this build does not have, is: one a newer lockstep migrated.
+/// `schema`: its name, where known.
+fn newer_schema(schema: Option<&str>, version: i64) -> String {
+    let schema = schema.map_or("the schema".to_string(), |schema| format!("schema {schema}"));
+    format!(
+        "{schema} holds migration {version}, which this build of lockstep does not have: a newer lockstep migrated \
+         it; use that build (or a schema of its own for this one)"
+    )
+}
+
 /// Checks, without changing anything, that `schema` exists and holds every migration of this build (for
 /// [`PgOptions::migrate`] = false). Errors: [`StoreError::Invalid`] naming the schema if it is missing or not
-/// fully migrated; `Unavailable`/`Timeout` if PostgreSQL cannot be reached.
+/// fully migrated; `Other` if it holds a migration this build does not have (a newer lockstep migrated it, so
+/// `migrate` cannot help); `Unavailable`/`Timeout` if PostgreSQL cannot be reached.
 async fn check_migrated(options: &PgConnectOptions, schema: &str) -> Result<(), StoreError> {
     let fail = |err| error::store_error(err, options::Waits::DEFAULT);
     let mut conn = PgConnection::connect_with(options).await.map_err(fail)?;
@@ -503,6 +514,11 @@ async fn check_migrated(options: &PgConnectOptions, schema: &str) -> Result<(), 
         };
     conn.close().await.map_err(fail)?;
     let migrator = sqlx::migrate!("./migrations");
+    let known: Vec<i64> = migrator.iter().map(|m| m.version).collect();
+    if let Some(newer) = applied.iter().find(|version| !known.contains(version)) {
+        // `migrate` cannot help here (sqlx refuses a schema holding a migration it does not know).
+        return Err(StoreError::Other(newer_schema(Some(schema), *newer)));
+    }
     let missing = migrator
         .iter()
         .filter(|m| !m.migration_type.is_down_migration())
