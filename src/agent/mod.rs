@@ -649,7 +649,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
     async fn heartbeat_if_due(&mut self) -> Result<Option<(String, Vec<JobId>)>, StoreError> {
         let Some(session) = self.session else { return Ok(None) };
         let sent = self.clock.now();
-        if session.deadline.saturating_duration_since(sent) > self.config.heartbeat_trigger {
+        if !self.heartbeat_due(session, sent) {
             return Ok(None);
         }
         let params = HeartbeatParams { leases: vec![session.lease], lease_ttl: self.config.lease_ttl };
@@ -664,6 +664,12 @@ impl<S: Store, E: Executor> Agent<S, E> {
             let killed = self.fence(&reason).await;
             Ok(Some((reason, killed)))
         }
+    }
+
+    /// Whether `session`'s lease needs its heartbeat at local time `now`: its deadline is within
+    /// `heartbeat_trigger`.
+    fn heartbeat_due(&self, session: Session, now: Instant) -> bool {
+        session.deadline.saturating_duration_since(now) <= self.config.heartbeat_trigger
     }
 
     /// Self-fencing: kills every process, then ends the session (giving the lease back if the store answers, so
@@ -856,13 +862,9 @@ impl<S: Store, E: Executor> Agent<S, E> {
     async fn send_reports(&mut self) -> Result<usize, StoreError> {
         let mut sent = 0;
         let mut operations = BTreeSet::new();
-        let heartbeat_due = self.session.map(|session| session.deadline.checked_sub(self.config.heartbeat_trigger));
         while let Some((operation, message)) = self.outbox.front() {
-            if sent == REPORTS_PER_PASS_MAX {
-                break;
-            }
-            if let Some(due) = heartbeat_due
-                && due.is_none_or(|due| self.clock.now() >= due)
+            if sent == REPORTS_PER_PASS_MAX
+                || self.session.is_some_and(|session| self.heartbeat_due(session, self.clock.now()))
             {
                 break;
             }
