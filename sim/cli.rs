@@ -556,16 +556,14 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
     // found out at every failure); each made here and left empty is removed at the end.
     let mut made = Vec::new();
     for (dir, what) in std::iter::once((&args.out, "--out")).chain(args.html.iter().map(|dir| (dir, "--html"))) {
-        match dir.is_dir() {
-            true => {}
-            false => match std::fs::create_dir_all(dir) {
-                Ok(()) => made.push(dir.clone()),
-                Err(error) => {
-                    eprintln!("{program} sweep: {what} {}: cannot create the directory: {error}", dir.display());
-                    return BAD_INPUT;
-                }
-            },
+        if dir.is_dir() {
+            continue;
         }
+        if let Err(error) = std::fs::create_dir_all(dir) {
+            eprintln!("{program} sweep: {what} {}: cannot create the directory: {error}", dir.display());
+            return BAD_INPUT;
+        }
+        made.push(dir.clone());
     }
     let results_path = args.results.join(sweep::file_name(&file.scenario.name, seeds, shard));
     let results = match std::fs::create_dir_all(&args.results).and_then(|()| std::fs::File::create(&results_path)) {
