@@ -249,7 +249,7 @@ async fn handle(db: Arc<Database>, request: Request, started: Instant, rng: Arc<
     let response = if handed.duration_since(started) < STARTUP {
         Err(StoreError::Unavailable("the database system is starting up".into()))
     } else {
-        execute(&db, &request.caller, request.call)
+        execute(&db, &request.caller, *request.call)
     };
     let leaves = handed + queue_delay(&rng);
     if drops_reply(&db, &rng) {
@@ -367,7 +367,7 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
             let (rows, expiry) = store.fetch_with_expiry(params).await?;
             Reply::RowsAndExpiry(rows, expiry)
         }
-        Call::Refetch(lease) => Reply::MaybeRow(store.refetch(lease).await?),
+        Call::Refetch(lease) => Reply::MaybeRow(store.refetch(lease).await?.map(Box::new)),
         Call::RefetchBatch(leases) => Reply::MaybeRows(store.refetch_batch(leases).await?),
         Call::Heartbeat(params) => Reply::Leases(store.heartbeat(params).await?),
         Call::LockRelated(params) => Reply::Lock(store.lock_related(params).await?),
@@ -377,7 +377,7 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
         Call::RecordFailure(params) => Reply::Failure(store.record_failure(params).await?),
         Call::Reset(lease) => Reply::Held(store.reset_for_retry(lease).await?),
         Call::Release(leases) => Reply::Count(store.release(leases).await?),
-        Call::Insert(row) => Reply::Row(store.insert(row).await?),
+        Call::Insert(row) => Reply::Row(Box::new(store.insert(row).await?)),
         Call::InsertKeyed { key, row, hint } => {
             let existing = db.keys().get(&key).copied();
             let row = match existing {
@@ -393,9 +393,9 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
                 Some(InsertHint::Kind) => store.hint(&row.kind, None).await?,
                 Some(InsertHint::Row) => store.hint(&row.kind, Some(row.id)).await?,
             }
-            Reply::Row(row)
+            Reply::Row(Box::new(row))
         }
-        Call::Get(id) => Reply::MaybeRow(store.get(id).await?),
+        Call::Get(id) => Reply::MaybeRow(store.get(id).await?.map(Box::new)),
         Call::List { kind, parent } => Reply::Rows(store.list(&kind, parent).await?),
         Call::Query(queries) => Reply::RowSets(store.query(queries).await?),
         Call::Events(id) => Reply::Events(store.events(id).await?),

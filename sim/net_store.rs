@@ -86,7 +86,7 @@ impl NetStore {
         hint: Option<InsertHint>,
     ) -> Result<Row, StoreError> {
         match self.call(Call::InsertKeyed { key, row, hint }).await? {
-            Reply::Row(row) => Ok(row),
+            Reply::Row(row) => Ok(*row),
             other => unexpected("insert_keyed", other),
         }
     }
@@ -100,9 +100,13 @@ impl NetStore {
         // The reply sender is dropped (here, or by the database node) when the request is lost, when the node dies
         // or when it drops the reply: the call then times out.
         match options.db.wire().send(options.ip, options.db.ip()) {
-            Some(latency) => {
-                options.db.submit(Request { caller: options.node.clone(), from: options.ip, latency, call, reply })
-            }
+            Some(latency) => options.db.submit(Request {
+                caller: options.node.clone(),
+                from: options.ip,
+                latency,
+                call: Box::new(call),
+                reply,
+            }),
             None => drop(reply),
         }
         if let Ok(delivery) = replied.await
@@ -176,7 +180,7 @@ impl Store for NetStore {
 
     async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
         match self.call(Call::Refetch(lease)).await? {
-            Reply::MaybeRow(row) => Ok(row),
+            Reply::MaybeRow(row) => Ok(row.map(|row| *row)),
             other => unexpected("refetch", other),
         }
     }
@@ -255,14 +259,14 @@ impl Store for NetStore {
 
     async fn insert(&self, row: NewRow) -> Result<Row, StoreError> {
         match self.call(Call::Insert(row)).await? {
-            Reply::Row(row) => Ok(row),
+            Reply::Row(row) => Ok(*row),
             other => unexpected("insert", other),
         }
     }
 
     async fn get(&self, id: RowId) -> Result<Option<Row>, StoreError> {
         match self.call(Call::Get(id)).await? {
-            Reply::MaybeRow(row) => Ok(row),
+            Reply::MaybeRow(row) => Ok(row.map(|row| *row)),
             other => unexpected("get", other),
         }
     }

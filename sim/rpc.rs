@@ -22,8 +22,9 @@ pub struct Request {
     pub from: IpAddr,
     /// How long the request takes to reach the database (simulated time, drawn when it was sent).
     pub latency: Duration,
-    /// The call.
-    pub call: Call,
+    /// The call (boxed: a request moves from the caller's future into the database node's task, and a call's
+    /// parameters are over a hundred bytes).
+    pub call: Box<Call>,
     /// Where the reply goes; dropped unanswered when the request, the database node or the reply is lost.
     pub reply: oneshot::Sender<Delivery>,
 }
@@ -135,9 +136,11 @@ pub enum Reply {
     Rows(Vec<Row>),
     RowsAndExpiry(Vec<Row>, Option<Duration>),
     RowSets(Vec<Vec<Row>>),
-    MaybeRow(Option<Row>),
+    /// A row is boxed, here and in `Row`: a reply moves by value from the database node's task through the reply
+    /// channel into the caller's future, and an inline `Row` (248 bytes) made every reply that large (issue 17).
+    MaybeRow(Option<Box<Row>>),
     MaybeRows(Vec<Option<Row>>),
-    Row(Row),
+    Row(Box<Row>),
     Leases(Vec<Lease>),
     Lock(LockOutcome),
     LockAttempt(LockAttempt),
