@@ -372,6 +372,7 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
         Call::Heartbeat(params) => Reply::Leases(store.heartbeat(params).await?),
         Call::LockRelated(params) => Reply::Lock(store.lock_related(params).await?),
         Call::LockRelatedOrReset(params) => Reply::LockAttempt(store.lock_related_or_reset(params).await?),
+        Call::LockRelatedAndRead(params) => Reply::LockRead(store.lock_related_and_read(params).await?),
         Call::Apply(params) => Reply::Apply(store.apply(params).await?),
         Call::ApplyBatch(batch) => Reply::Applies(store.apply_batch(batch).await?),
         Call::RecordFailure(params) => Reply::Failure(store.record_failure(params).await?),

@@ -17,7 +17,7 @@ use super::rpc::{Call, InsertHint, Reply, Request, Response};
 use super::trace::Trace;
 use crate::store::{
     ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HINT_BUFFER_LEN_MAX, HeartbeatParams,
-    Hint, Lease, LockAttempt, LockOutcome, LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, Store,
+    Hint, Lease, LockAttempt, LockOutcome, LockRead, LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, Store,
     StoreError, Timestamp, WriteOutcome,
 };
 use std::net::IpAddr;
@@ -215,6 +215,14 @@ impl Store for NetStore {
         match self.call(Call::LockRelatedOrReset(params)).await? {
             Reply::LockAttempt(attempt) => Ok(attempt),
             other => unexpected("lock_related_or_reset", other),
+        }
+    }
+
+    async fn lock_related_and_read(&self, params: LockRelatedParams) -> Result<LockRead, StoreError> {
+        // One round trip for what the default makes a call and a read per row of.
+        match self.call(Call::LockRelatedAndRead(params)).await? {
+            Reply::LockRead(read) => Ok(read),
+            other => unexpected("lock_related_and_read", other),
         }
     }
 

@@ -5,7 +5,8 @@
 
 use crate::store::{
     ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HeartbeatParams, Lease, LockAttempt,
-    LockOutcome, LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, StoreError, Timestamp, WriteOutcome,
+    LockOutcome, LockRead, LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, StoreError, Timestamp,
+    WriteOutcome,
 };
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -58,6 +59,9 @@ pub enum Call {
     /// [`Store::lock_related_or_reset`](crate::store::Store::lock_related_or_reset): a contended lock and its
     /// reset in one round trip.
     LockRelatedOrReset(LockRelatedParams),
+    /// [`Store::lock_related_and_read`](crate::store::Store::lock_related_and_read): the lock (and its reset) and
+    /// the rows it locked in one round trip.
+    LockRelatedAndRead(LockRelatedParams),
     Apply(ApplyParams),
     ApplyBatch(Vec<ApplyParams>),
     RecordFailure(FailureParams),
@@ -102,6 +106,7 @@ impl Call {
             Call::Heartbeat(_) => "heartbeat",
             Call::LockRelated(_) => "lock_related",
             Call::LockRelatedOrReset(_) => "lock_related_or_reset",
+            Call::LockRelatedAndRead(_) => "lock_related_and_read",
             Call::Apply(_) => "apply",
             Call::ApplyBatch(_) => "apply_batch",
             Call::RecordFailure(_) => "record_failure",
@@ -144,6 +149,7 @@ pub enum Reply {
     Leases(Vec<Lease>),
     Lock(LockOutcome),
     LockAttempt(LockAttempt),
+    LockRead(LockRead),
     Apply(ApplyOutcome),
     Applies(Vec<ApplyOutcome>),
     Failure(FailureOutcome),

@@ -39,9 +39,10 @@ fn assert_fails(shrunk: &Shrunk, checker: &str) {
 
 #[test]
 fn the_apply_guard_off_shrinks_to_one_fault_and_a_handful_of_rows() {
-    // Seed 2: since the simulated network of issue 17 changed every run's timing, seed 1's shrink keeps all three
-    // replicas, and this test shows a shrink that drops replicas too.
-    let seed = 2;
+    // Seed 4: since the simulated network of issue 17 changed every run's timing, seed 1's shrink keeps all three
+    // replicas, and this test shows a shrink that drops replicas too (seed 2 did until the hints went into the
+    // applies and the related locks read their rows: its shrink now keeps 10 rows).
+    let seed = 4;
     let text = guard_off();
     let shrunk = shrunk(&text, seed, 2).unwrap();
     assert_eq!(shrunk.target, Target::Checker("lease_exclusivity".into()));

@@ -41,8 +41,8 @@ use crate::gang::model::{
 };
 use crate::pipeline::LocalClock;
 use crate::store::{
-    ApplyOutcome, ApplyParams, FetchParams, HINT_EVERY_KIND, HeartbeatParams, Lease, LockToken, NewRow, Row, RowId,
-    RowUpdate, Store, StoreError, WriteOutcome,
+    ApplyOutcome, ApplyParams, FetchParams, HINT_EVERY_KIND, HeartbeatParams, Lease, LockToken, NewHint, NewRow, Row,
+    RowId, RowUpdate, Store, StoreError, WriteOutcome,
 };
 use futures_util::FutureExt;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -495,26 +495,19 @@ impl<S: Store, E: Executor> Agent<S, E> {
         stop
     }
 
-    /// Inserts every queued report and gives the node lease back in one guarded apply, then hints the operations
-    /// reported to (a hint that fails is logged: the operations' next passes read the reports anyway). Returns
-    /// whether it applied (false: the lease was already lost, nothing written).
+    /// Inserts every queued report, gives the node lease back and hints the operations reported to, in one
+    /// guarded apply (its hints are published once it commits: [`ApplyParams::hints`]). Returns whether it applied
+    /// (false: the lease was already lost, nothing written).
     async fn report_and_release(&self, lease: Lease) -> Result<bool, StoreError> {
         let inserts = self
             .outbox
             .iter()
             .map(|(operation, message)| NewRow::new(KIND_INBOX, INBOX_NEW, message.to_json()).with_parent(*operation))
             .collect();
-        let params = ApplyParams { inserts, ..ApplyParams::new(lease, RowUpdate::default()) };
-        if self.store.apply(params).await? == ApplyOutcome::Stale {
-            return Ok(false);
-        }
         let operations: BTreeSet<RowId> = self.outbox.iter().map(|(operation, _)| *operation).collect();
-        for operation in operations {
-            if let Err(error) = self.store.hint(KIND_OPERATION, Some(operation)).await {
-                tracing::warn!(node = %self.config.name, %operation, %error, "fetch hint after stop failed");
-            }
-        }
-        Ok(true)
+        let hints = operations.into_iter().map(|operation| NewHint::row(KIND_OPERATION, operation)).collect();
+        let params = ApplyParams { inserts, hints, ..ApplyParams::new(lease, RowUpdate::default()) };
+        Ok(self.store.apply(params).await? != ApplyOutcome::Stale)
     }
 
     /// One pass (see the module docs). Errors: the store's; state stays consistent and the next pass retries.

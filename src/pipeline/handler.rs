@@ -2,7 +2,8 @@
 //! (dstack PIPELINES, "Typical worker structure": load → process → apply).
 
 use crate::store::{
-    Lease, LockAttempt, LockRelatedParams, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowUpdate, Store, StoreError,
+    Lease, LockAttempt, LockRead, LockRelatedParams, NewEvent, NewHint, NewRow, RelatedUpdate, Row, RowId, RowUpdate,
+    Store, StoreError,
 };
 use std::future::Future;
 use std::time::Duration;
@@ -81,8 +82,13 @@ pub struct Changes {
     pub inserts: Vec<NewRow>,
     /// Events to append.
     pub events: Vec<NewEvent>,
-    /// Kinds to send a fetch hint for after the apply commits (dstack PIPELINES, checklist 8).
-    pub hints: Vec<String>,
+    /// Fetch hints the apply publishes when it commits, in its transaction (dstack PIPELINES, checklist 8):
+    /// `vec!["job".into()]` wakes the fetchers of `job` rows on every replica, [`NewHint::row`] also marks one row
+    /// hinted. A stale apply publishes none ([`ApplyParams::hints`]).
+    ///
+    /// [`NewHint::row`]: crate::store::NewHint::row
+    /// [`ApplyParams::hints`]: crate::store::ApplyParams::hints
+    pub hints: Vec<NewHint>,
 }
 
 impl Changes {
@@ -127,6 +133,27 @@ impl<'a, S: Store> LoadCx<'a, S> {
     /// [`LoadCx::lock_related`].
     pub async fn lock_shared(&self, related: Vec<RowId>) -> Result<(), WorkError> {
         self.lock(related, format!("{}:{}", self.pipeline, self.lease.id)).await
+    }
+
+    /// [`LoadCx::lock_related`], and the rows it locked, as they are under the locks (by id, each once), in the
+    /// same store call ([`Store::lock_related_and_read`]): for a handler that reads what it locks. Errors as
+    /// [`LoadCx::lock_related`].
+    pub async fn lock_and_read_related(&self, related: Vec<RowId>) -> Result<Vec<Row>, WorkError> {
+        self.lock_and_read(related, self.pipeline.to_string()).await
+    }
+
+    /// [`LoadCx::lock_shared`], and the rows it locked, as [`LoadCx::lock_and_read_related`] reads them.
+    pub async fn lock_and_read_shared(&self, related: Vec<RowId>) -> Result<Vec<Row>, WorkError> {
+        self.lock_and_read(related, format!("{}:{}", self.pipeline, self.lease.id)).await
+    }
+
+    async fn lock_and_read(&self, related: Vec<RowId>, owner: String) -> Result<Vec<Row>, WorkError> {
+        let params = LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl };
+        match self.store.lock_related_and_read(params).await? {
+            LockRead::Locked(rows) => Ok(rows),
+            LockRead::Reset { held } => Err(WorkError::ContendedReset { held }),
+            LockRead::Stale => Err(WorkError::Stale),
+        }
     }
 
     async fn lock(&self, related: Vec<RowId>, owner: String) -> Result<(), WorkError> {

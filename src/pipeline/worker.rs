@@ -4,7 +4,7 @@
 //! The refetch goes to the pipeline's refetch batcher, which may read it in one store call with other workers'
 //! refetches; the worker waits for its row. With apply batching on, the worker hands its apply to the pipeline's
 //! apply batcher and takes its next item while the apply waits for its batch and the store; a small task of its own
-//! finishes the item (hints, counters, and the lease leaves the ledger) once the outcome arrives. The worker's loop
+//! finishes the item (counters, and the lease leaves the ledger) once the outcome arrives. The worker's loop
 //! ends only after every such task has: a drain waits for the applies of the items the worker started.
 //!
 //! An item that fails (its handler returns `WorkError::Failed`, panics, or writes a value the store refuses) fails
@@ -84,7 +84,6 @@ struct Applying {
     lease: Lease,
     /// The row's failures in a row when it was loaded (for the attempt number should the apply be refused).
     attempts: u32,
-    hints: Vec<String>,
     /// A copy of the apply to send again after it succeeds (buggify).
     repeat: Option<ApplyParams>,
     started: Instant,
@@ -99,13 +98,12 @@ enum Apply {
 }
 
 impl Applying {
-    /// Waits for the apply's outcome and sends the fetch hints of an applied item; an apply the store refused
-    /// (a bad value) is the item's failure.
+    /// Waits for the apply's outcome (an apply that applied published the item's fetch hints); an apply the store
+    /// refused (a bad value) is the item's failure.
     async fn finish<S: Store, H: Handler<S>>(self, core: &Core<S>, handler: &H) -> ItemOutcome {
-        let name = &core.config.name;
         // The store calls below are boxed: their futures (a PgStore call's is kilobytes) would otherwise be part
         // of this one's, which a handed-over apply's task carries, and tokio copies a task's future when it spawns
-        // it. The common path (a pending apply that applies, no hints) awaits only the small `outcome`.
+        // it. The common path (a pending apply that applies) awaits only the small `outcome`.
         let applied = match self.apply {
             Apply::Direct(params) => Box::pin(core.batcher.apply(params)).await,
             Apply::Pending(pending) => pending.outcome().await,
@@ -117,11 +115,6 @@ impl Applying {
                     // A retried apply: the first one cleared the token, so this one must be stale. The simulator's
                     // checkers, not this worker, judge what the store did with it.
                     let _ = Box::pin(core.store.apply(params)).await;
-                }
-                for kind in self.hints {
-                    if let Err(error) = Box::pin(core.store.hint(&kind, None)).await {
-                        tracing::warn!(pipeline = %name, %kind, %error, "fetch hint after apply failed");
-                    }
                 }
                 ItemOutcome::Applied
             }
@@ -167,13 +160,13 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
         Err(error) => return Step::Done(stopped(core, handler, lease, attempts, error).await),
     };
     // 4. Guarded apply, batched with other workers' applies (each still guarded by its own token).
-    let hints = changes.hints;
     let params = ApplyParams {
         lease,
         update: changes.update,
         related: changes.related,
         inserts: changes.inserts,
         events: changes.events,
+        hints: changes.hints,
     };
     if buggify::fires(Point::ApplyStall) {
         // A worker stalled before its apply: only the heartbeater keeps the lease meanwhile.
@@ -186,7 +179,7 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
     } else {
         Apply::Direct(params)
     };
-    Step::Applying(Box::new(Applying { lease, attempts, hints, repeat, started, apply }))
+    Step::Applying(Box::new(Applying { lease, attempts, repeat, started, apply }))
 }
 
 /// `call` (a handler's `load` or `process`), with a panic in it turned into [`WorkError::Panicked`]: the panic

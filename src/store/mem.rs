@@ -686,6 +686,15 @@ impl State {
 }
 
 impl State {
+    /// The write of a fetch hint at `now`: marks its row hinted (if it names one that exists) and records the
+    /// commit. The caller publishes the kind once the call's lock is released.
+    fn hint(&mut self, caller: &Option<Arc<str>>, now: Timestamp, hint: &NewHint) {
+        if let Some(row) = hint.row.and_then(|id| self.rows.get_mut(&id)) {
+            row.hinted = true;
+        }
+        self.record(caller, now, CommitOp::Hint { kind: hint.kind.clone(), row: hint.row });
+    }
+
     /// The guarded apply of [`Store::apply`] at `now`, recorded as one commit; `guard_disabled` is the mutation
     /// switch of [`MemStore::disable_apply_guard_for_mutation_test`].
     fn apply(
@@ -953,10 +962,7 @@ impl Store for MemStore {
     }
 
     async fn apply(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
-        check_apply(&p)?;
-        let now = self.now();
-        let guard_disabled = self.inner.apply_guard_disabled.load(Ordering::SeqCst);
-        Ok(self.lock().apply(&self.caller, p, now, guard_disabled))
+        self.apply_batch(vec![p]).await.map(|mut outcomes| outcomes.pop().expect("one outcome per item"))
     }
 
     async fn apply_batch(&self, batch: Vec<ApplyParams>) -> Result<Vec<ApplyOutcome>, StoreError> {
@@ -968,8 +974,37 @@ impl Store for MemStore {
         // One lock and one `now` for every item: the batch is one transaction, its items applied in order.
         let now = self.now();
         let guard_disabled = self.inner.apply_guard_disabled.load(Ordering::SeqCst);
-        let mut state = self.lock();
-        Ok(batch.into_iter().map(|p| state.apply(&self.caller, p, now, guard_disabled)).collect())
+        let mut published = Vec::new();
+        let outcomes = {
+            let mut state = self.lock();
+            let mut outcomes = Vec::with_capacity(batch.len());
+            for mut p in batch {
+                let hints = std::mem::take(&mut p.hints);
+                let outcome = state.apply(&self.caller, p, now, guard_disabled);
+                if matches!(outcome, ApplyOutcome::Applied { .. }) {
+                    for hint in hints {
+                        if !published.contains(&hint) {
+                            state.hint(&self.caller, now, &hint);
+                            published.push(hint);
+                        }
+                    }
+                }
+                outcomes.push(outcome);
+            }
+            outcomes
+        };
+        // After commit, each kind once (PostgreSQL's one `NOTIFY` per payload and transaction).
+        let mut kinds: Vec<&str> = Vec::new();
+        for hint in &published {
+            if !kinds.contains(&hint.kind.as_str()) {
+                kinds.push(&hint.kind);
+            }
+        }
+        for kind in kinds {
+            // No subscriber is not an error.
+            let _ = self.inner.hints.send(kind.to_string());
+        }
+        Ok(outcomes)
     }
 
     async fn record_failure(&self, p: FailureParams) -> Result<FailureOutcome, StoreError> {
@@ -1106,13 +1141,7 @@ impl Store for MemStore {
 
     async fn hint(&self, kind: &str, row: Option<RowId>) -> Result<(), StoreError> {
         let now = self.now();
-        {
-            let mut state = self.lock();
-            if let Some(row) = row.and_then(|id| state.rows.get_mut(&id)) {
-                row.hinted = true;
-            }
-            state.record(&self.caller, now, CommitOp::Hint { kind: kind.to_string(), row });
-        }
+        self.lock().hint(&self.caller, now, &NewHint { kind: kind.to_string(), row });
         // After commit; no subscriber is not an error.
         let _ = self.inner.hints.send(kind.to_string());
         Ok(())

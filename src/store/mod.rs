@@ -177,13 +177,45 @@ pub trait Store: Send + Sync + 'static {
         }
     }
 
+    /// [`Store::lock_related_or_reset`], and when the lock is taken, the related rows as it left them, read in the
+    /// same call: what a handler that locks rows in order to read them needs, in one round trip (issue 17: a
+    /// lock and then a read of what it locked were two). Nobody else writes a row while it carries the holder's
+    /// token, so the rows read are the rows the holder will apply to. Errors as `lock_related_or_reset`'s.
+    ///
+    /// The default makes the lock (and reset) calls, then reads each row with [`Store::get`]; backends override it
+    /// with one transaction (PgStore) or one round trip (the simulator's network store).
+    fn lock_related_and_read(
+        &self,
+        params: LockRelatedParams,
+    ) -> impl Future<Output = Result<LockRead, StoreError>> + Send {
+        async move {
+            let mut ids = params.related.clone();
+            Ok(match self.lock_related_or_reset(params).await? {
+                LockAttempt::Locked => {
+                    ids.sort_unstable();
+                    ids.dedup();
+                    let mut rows = Vec::with_capacity(ids.len());
+                    for id in ids {
+                        let row = self.get(id).await?;
+                        rows.push(row.ok_or_else(|| StoreError::Other(format!("locked related row {id} is gone")))?);
+                    }
+                    LockRead::Locked(rows)
+                }
+                LockAttempt::Reset { held } => LockRead::Reset { held },
+                LockAttempt::Stale => LockRead::Stale,
+            })
+        }
+    }
+
     /// The guarded apply: if the main row and every row of `params.related` still carry `params.lease.token`,
     /// writes the update, the related updates, the inserts and the events; clears the lease columns of the main
     /// row and of every related row locked with the token; sets the main row's `last_processed_at` and every
     /// written row's `updated_at` to one `now`, and the main row's `attempts` to 0 (a success ends a streak of
     /// failures; `errors` stay). It leaves `hinted` as it is: only a fetch consumes a hint, and one
-    /// that arrived during the lease may announce a change the worker never read. Otherwise writes nothing and
-    /// returns `Stale` (dstack PIPELINES, checklist 5 and 6, "Bulk apply with one consistent current time").
+    /// that arrived during the lease may announce a change the worker never read. Once it commits, it publishes
+    /// `params.hints` as [`Store::hint`] would (the rows they name are marked hinted in the same transaction where
+    /// the backend can). Otherwise writes nothing, publishes nothing and returns `Stale` (dstack PIPELINES,
+    /// checklist 5, 6 and 8, "Bulk apply with one consistent current time").
     fn apply(&self, params: ApplyParams) -> impl Future<Output = Result<ApplyOutcome, StoreError>> + Send;
 
     /// Several guarded applies in one transaction (DESIGN §3, Batching): the outcome of each item, in input
@@ -191,7 +223,9 @@ pub trait Store: Send + Sync + 'static {
     /// order. Each item is guarded by its own `id + lock_token` (and its related rows by the same token): a stale
     /// item writes nothing and is reported `Stale` alone, without affecting the others. Every applied item shares
     /// the transaction's one `now`; inserted rows get ids in item order, then in each item's order, and events are
-    /// appended in the same order. A lease given twice applies at most once (the later copy is stale).
+    /// appended in the same order. A lease given twice applies at most once (the later copy is stale). The hints
+    /// of the applied items are published after the commit, each kind once per call in the backends that
+    /// override this (PostgreSQL delivers one `NOTIFY` per payload and transaction); a stale item's are not.
     ///
     /// `Err` means the store failed and no outcome is known for any item: some, all or none may have been
     /// written (a failed commit, or the default's sequential calls stopping half-way).

@@ -308,6 +308,38 @@ pub struct RelatedUpdate {
     pub update: RowUpdate,
 }
 
+/// A fetch hint that a write publishes when it commits ([`ApplyParams::hints`], a handler's `Changes::hints`): it
+/// wakes the fetchers of `kind` on every replica, and with `row` it also marks that row hinted, so that its next
+/// fetch takes it without waiting `min_processing_interval`, as [`Store::hint`](super::Store::hint) does.
+///
+/// `"job".into()` makes a hint of a kind alone; [`NewHint::row`] one that names a row.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NewHint {
+    /// The kind whose fetchers wake.
+    pub kind: String,
+    /// The row to mark hinted, if any.
+    pub row: Option<RowId>,
+}
+
+impl NewHint {
+    /// A hint of `kind` that marks row `id` hinted.
+    pub fn row(kind: impl Into<String>, id: RowId) -> NewHint {
+        NewHint { kind: kind.into(), row: Some(id) }
+    }
+}
+
+impl From<&str> for NewHint {
+    fn from(kind: &str) -> NewHint {
+        NewHint { kind: kind.to_string(), row: None }
+    }
+}
+
+impl From<String> for NewHint {
+    fn from(kind: String) -> NewHint {
+        NewHint { kind, row: None }
+    }
+}
+
 /// Parameters of [`Store::apply`](super::Store::apply): the result of processing one leased row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApplyParams {
@@ -321,12 +353,18 @@ pub struct ApplyParams {
     pub inserts: Vec<NewRow>,
     /// Events to append in the same transaction.
     pub events: Vec<NewEvent>,
+    /// Fetch hints to publish if, and once, the apply commits: each as [`Store::hint`](super::Store::hint) would
+    /// (a row named is marked hinted in the apply's transaction), each kind published once per call however many
+    /// items of a batch name it, as PostgreSQL delivers one `NOTIFY` per channel and payload per transaction. A
+    /// stale apply publishes none (dstack PIPELINES, checklist 8: hint the pipelines a change concerns; issue 17:
+    /// in the apply, not in a call of its own after it).
+    pub hints: Vec<NewHint>,
 }
 
 impl ApplyParams {
-    /// An apply of `update` to the leased row with no related rows, inserts or events.
+    /// An apply of `update` to the leased row with no related rows, inserts, events or hints.
     pub fn new(lease: Lease, update: RowUpdate) -> ApplyParams {
-        ApplyParams { lease, update, related: Vec::new(), inserts: Vec::new(), events: Vec::new() }
+        ApplyParams { lease, update, related: Vec::new(), inserts: Vec::new(), events: Vec::new(), hints: Vec::new() }
     }
 }
 
@@ -362,6 +400,19 @@ pub enum LockAttempt {
     /// was still held at the reset (else nothing was reset).
     Reset { held: bool },
     /// The holder's lease is no longer current: nothing was written.
+    Stale,
+}
+
+/// What [`Store::lock_related_and_read`](super::Store::lock_related_and_read) did: a
+/// [`Store::lock_related_or_reset`](super::Store::lock_related_or_reset) that brings back the rows it locked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockRead {
+    /// Every related row is now locked with the holder's token; here they are as the lock left them (the lock
+    /// columns written, nothing else changed since), by id, each once.
+    Locked(Vec<Row>),
+    /// As [`LockAttempt::Reset`]: contended, and the holder's lease reset for retry (`held`: whether it still was).
+    Reset { held: bool },
+    /// As [`LockAttempt::Stale`]: the holder's lease is no longer current, nothing was written.
     Stale,
 }
 

@@ -126,6 +126,9 @@ pub fn check_apply(p: &ApplyParams) -> Result<(), StoreError> {
     for (i, event) in p.events.iter().enumerate() {
         check_event(&format!("{what}: events[{i}]"), event)?;
     }
+    for (i, hint) in p.hints.iter().enumerate() {
+        check_key(&format!("{what}: hints[{i}]"), "kind", &hint.kind)?;
+    }
     Ok(())
 }
 
@@ -137,6 +140,7 @@ fn apply_clean(p: &ApplyParams) -> bool {
         && p.related.iter().all(|related| update(&related.update))
         && p.inserts.iter().all(|row| key(&row.kind) && key(&row.status) && json_clean(&row.data))
         && p.events.iter().all(|event| !event.kind.contains('\0') && json_clean(&event.data))
+        && p.hints.iter().all(|hint| key(&hint.kind))
 }
 
 /// Checks a fetch's parameters: a pipeline name and at least one status, none with a NUL, statuses as index keys.

@@ -77,12 +77,11 @@ impl<S: Store> Handler<S> for Orders {
 
     async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<Vec<Row>, WorkError> {
         let ids = line_ids(row)?;
-        cx.lock_related(ids.clone()).await?;
-        // Read under the locks: a line may have been charged between the fetch and the lock.
-        let mut lines = Vec::with_capacity(ids.len());
-        for id in ids {
-            let line = cx.store().get(id).await?;
-            lines.push(line.ok_or_else(|| WorkError::Failed(format!("order {}: line {id} missing", row.id)))?);
+        // Lock every line and read it under the lock, in one store call: a line may have been charged between
+        // the fetch and the lock.
+        let lines = cx.lock_and_read_related(ids.clone()).await?;
+        if let Some(id) = ids.iter().find(|id| !lines.iter().any(|line| line.id == **id)) {
+            return Err(WorkError::Failed(format!("order {}: line {id} missing", row.id)));
         }
         Ok(lines)
     }

@@ -71,6 +71,7 @@ pub async fn apply_stamps_every_row_it_writes_with_one_now<H: Harness>(h: H) {
             NewEvent { row_id: parent.id, kind: "started".into(), data: json!({}) },
             NewEvent { row_id: children[0].id, kind: "started".into(), data: json!({}) },
         ],
+        hints: Vec::new(),
     };
     let before = now(&h).await;
     let outcome = apply(&h, params).await;
@@ -222,6 +223,7 @@ pub async fn stale_apply_writes_no_related_update_insert_or_event<H: Harness>(h:
             .collect(),
         inserts: vec![NewRow::new("allocation", "new", json!({})).with_parent(parent.id)],
         events: vec![NewEvent { row_id: children[0].id, kind: "started".into(), data: json!({}) }],
+        hints: Vec::new(),
     };
     assert_eq!(apply(&h, params).await, ApplyOutcome::Stale, "apply of superseded {}#{}", old.id, old.token);
     assert_eq!(get(&h, parent.id).await, parent_before, "a stale apply wrote main row {}", parent.id);

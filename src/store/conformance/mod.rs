@@ -164,6 +164,8 @@ macro_rules! __conformance_cases {
                 lock_related_with_a_stale_holder_is_stale_and_writes_nothing,
                 reset_for_retry_keeps_the_owner_and_releases_the_lease_and_related_locks,
                 reset_for_retry_of_a_lease_no_longer_held_writes_nothing,
+                lock_related_and_read_returns_the_rows_it_locked,
+                lock_related_and_read_resets_when_contended_and_is_stale_for_a_stale_holder,
             }
             heartbeat {
                 heartbeat_extends_held_leases_to_now_plus_ttl,
@@ -201,6 +203,9 @@ macro_rules! __conformance_cases {
                 hint_with_a_row_marks_only_that_row_hinted,
                 hint_reaches_every_subscriber_after_commit,
                 hint_during_a_lease_survives_the_apply,
+                apply_publishes_its_hints_after_commit,
+                stale_apply_publishes_no_hint,
+                apply_batch_publishes_the_hints_of_its_applied_items_once_per_kind,
             }
             failure {
                 record_failure_counts_the_attempt_records_the_error_and_clears_the_lease,

@@ -3,7 +3,7 @@
 //! DESIGN §3, related locks).
 
 use super::*;
-use crate::store::{HeartbeatParams, RelatedUpdate, RowUpdate};
+use crate::store::{HeartbeatParams, LockRead, LockRelatedParams, RelatedUpdate, RowUpdate};
 
 /// Owner of a shared related row locked for item `id` (dstack: `f"{Pipeline.__name__}:{item.id}"`).
 fn shared_owner(id: RowId) -> String {
@@ -314,4 +314,45 @@ pub async fn reset_for_retry_of_a_lease_no_longer_held_writes_nothing<H: Harness
     let reset = get(&h, row.id).await;
     assert!(!reset_for_retry(&h, new).await, "a second reset of {}#{}", new.id, new.token);
     assert_eq!(get(&h, row.id).await, reset, "a second reset wrote row {}", row.id);
+}
+
+async fn lock_and_read<H: Harness>(h: &H, holder: Lease, related: &[RowId], owner: &str) -> LockRead {
+    let params =
+        LockRelatedParams { holder, related: related.to_vec(), owner: owner.to_string(), lease_ttl: LEASE_TTL };
+    let what = format!("lock_related_and_read {}#{} {owner}", holder.id, holder.token);
+    h.store().lock_related_and_read(params).await.expect(&what)
+}
+
+/// A lock that is taken brings back the related rows as it left them: by id, each once however often named,
+/// each as a read of it right after returns it (locked with the holder's token and owner).
+pub async fn lock_related_and_read_returns_the_rows_it_locked<H: Harness>(h: H) {
+    let (parent, children) = family(&h, 3).await;
+    let lease = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    let related = [children[2].id, children[0].id, children[1].id, children[0].id];
+    let LockRead::Locked(rows) = lock_and_read(&h, lease, &related, PARENT_PIPELINE).await else {
+        panic!("children of {} are free", parent.id)
+    };
+    assert_eq!(ids(&rows), sorted(ids(&children)), "the locked rows, by id, each once");
+    for row in &rows {
+        assert_eq!(*row, get(&h, row.id).await, "row {} as the lock left it", row.id);
+        assert_eq!(row.lock_token, Some(lease.token), "token of related row {}", row.id);
+        assert_eq!(row.lock_owner.as_deref(), Some(PARENT_PIPELINE), "owner of related row {}", row.id);
+    }
+}
+
+/// A contended lock reads nothing and resets the holder's lease for retry, as `lock_related_or_reset` does; a
+/// stale holder's reads nothing and writes nothing.
+pub async fn lock_related_and_read_resets_when_contended_and_is_stale_for_a_stale_holder<H: Harness>(h: H) {
+    let parent = insert(&h, "operation").await;
+    let (busy_lease, free) = busy_child_then_free_ones(&h, &parent, 1).await;
+    let lease = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    let outcome = lock_and_read(&h, lease, &[free[0].id, busy_lease.id], PARENT_PIPELINE).await;
+    assert_eq!(outcome, LockRead::Reset { held: true }, "row {} is leased by {CHILD_PIPELINE}", busy_lease.id);
+    let reset = get(&h, parent.id).await;
+    assert_eq!(reset.lock_token, None, "the contended holder {} was not reset", parent.id);
+    assert_eq!(reset.lock_owner.as_deref(), Some(PARENT_PIPELINE), "a reset keeps the owner of {}", parent.id);
+    let free_before = get(&h, free[0].id).await;
+    let outcome = lock_and_read(&h, lease, &[free[0].id], PARENT_PIPELINE).await;
+    assert_eq!(outcome, LockRead::Stale, "lock by {}#{}, reset already", lease.id, lease.token);
+    assert_eq!(get(&h, free[0].id).await, free_before, "a stale holder wrote row {}", free[0].id);
 }

@@ -24,9 +24,9 @@ pub use options::PgOptions;
 
 use crate::store::{
     ApplyOutcome, ApplyParams, CommitOp, Event, FAILURE_ERRORS_KEPT, FailureOutcome, FailureParams, FetchParams,
-    HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, Lease, LockOutcome, LockRelatedParams, NewRow, Retry, Row, RowId,
-    RowQuery, RowUpdate, Store, StoreError, Timestamp, WriteOutcome, bounded_error, check_apply, check_failure,
-    check_fetch, check_new_row, check_query, check_text, check_update, duration_micros,
+    HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, Lease, LockOutcome, LockRead, LockRelatedParams, NewHint, NewRow,
+    Retry, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp, WriteOutcome, bounded_error, check_apply,
+    check_failure, check_fetch, check_new_row, check_query, check_text, check_update, duration_micros,
 };
 use codec::{PgTime, interval};
 use session::Session;
@@ -82,6 +82,139 @@ impl fmt::Debug for PgStore {
 }
 
 impl PgStore {
+    /// [`Store::apply`] without its hints: the guarded write alone.
+    async fn apply_unhinted(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
+        self.bounded(async {
+            check_apply(&p)?;
+            let simple = p.related.is_empty() && p.inserts.is_empty() && p.events.is_empty();
+            let guarded = !self.inner.apply_guard_disabled;
+            if !simple || self.inner.history.is_some() {
+                let record = self.inner.history.is_some().then_some(self);
+                let outcome = self
+                    .run_again_on_conflict("apply", || {
+                        write::apply_in_transaction(&self.inner.pool, self.offset(), p.clone(), record, guarded)
+                    })
+                    .await?;
+                if record.is_some() && outcome == ApplyOutcome::Stale {
+                    self.record_stale_apply(p.lease).await;
+                }
+                return Ok(outcome);
+            }
+            // One statement, so no explicit transaction (saves the BEGIN and COMMIT round trips).
+            let now = self
+                .run_again_on_conflict("apply", || {
+                    let (pool, offset, lease, update) = (&self.inner.pool, self.offset(), p.lease, p.update.clone());
+                    async move {
+                        let mut conn = pool.acquire().await?;
+                        write::apply_main(&mut conn, offset, lease, update, guarded).await
+                    }
+                })
+                .await?;
+            Ok(match now {
+                Some(now) => ApplyOutcome::Applied { inserted: Vec::new(), now },
+                None => ApplyOutcome::Stale,
+            })
+        })
+        .await
+    }
+
+    /// [`Store::apply_batch`] without its hints: the guarded writes alone.
+    async fn apply_batch_unhinted(&self, mut batch: Vec<ApplyParams>) -> Result<Vec<ApplyOutcome>, StoreError> {
+        self.bounded(async {
+            // A bad value would fail the whole transaction in PostgreSQL; refuse it before SQL, as MemStore does.
+            batch.iter().try_for_each(check_apply)?;
+            match batch.len() {
+                0 => Ok(Vec::new()),
+                // One item: the single apply's statement is the same work without the batch's bookkeeping.
+                1 => Ok(vec![self.apply_unhinted(batch.pop().expect("one item")).await?]),
+                // The planted bug lives in the single apply's statement: one item at a time.
+                _ if self.inner.apply_guard_disabled => {
+                    let mut outcomes = Vec::with_capacity(batch.len());
+                    for p in batch {
+                        outcomes.push(self.apply_unhinted(p).await?);
+                    }
+                    Ok(outcomes)
+                }
+                _ => {
+                    let outcomes = self
+                        .run_again_on_conflict("apply_batch", || {
+                            let record = self.inner.history.is_some().then_some(self);
+                            apply_batch::apply_batch(&self.inner.pool, self.offset(), batch.clone(), record)
+                        })
+                        .await?;
+                    if self.inner.history.is_some() {
+                        let stale = batch.iter().zip(&outcomes).filter(|(_, o)| **o == ApplyOutcome::Stale);
+                        for (p, _) in stale {
+                            self.record_stale_apply(p.lease).await;
+                        }
+                    }
+                    Ok(outcomes)
+                }
+            }
+        })
+        .await
+    }
+
+    /// [`Store::lock_related`] in one transaction; with `read`, a lock that is taken also reads the related rows
+    /// before it commits (`write::lock_related_in_transaction`).
+    async fn lock_related_reading(
+        &self,
+        p: LockRelatedParams,
+        read: bool,
+    ) -> Result<(LockOutcome, Vec<Row>), StoreError> {
+        self.bounded(async {
+            check_text(&format!("lock_related {}#{}", p.holder.id, p.holder.token), "owner", &p.owner)?;
+            let outcome = self
+                .run_again_on_conflict("lock_related", || {
+                    let record = self.inner.history.is_some().then_some(self);
+                    write::lock_related_in_transaction(&self.inner.pool, self.offset(), p.clone(), record, read)
+                })
+                .await?;
+            if self.inner.history.is_some() && matches!(outcome, Ok((LockOutcome::Stale, _))) {
+                let LockRelatedParams { holder, related, owner, .. } = p;
+                self.record_stale(CommitOp::LockRelated { holder, related, owner, outcome: LockOutcome::Stale }).await;
+            }
+            outcome
+        })
+        .await
+    }
+
+    /// Publishes the fetch hints of a call's applied items once the call committed: one statement marks the rows
+    /// they name and sends one `NOTIFY` per kind, then this store's own subscribers hear each kind at once. A hint
+    /// that fails is logged, not returned: the apply committed, and a lost hint costs a fetcher at most its backoff.
+    async fn publish_hints(&self, hints: Vec<NewHint>) {
+        if hints.is_empty() {
+            return;
+        }
+        let rows: Vec<i64> = hints.iter().filter_map(|hint| hint.row).map(|id| id.0).collect();
+        let mut kinds: Vec<&str> = Vec::new();
+        for hint in &hints {
+            if !kinds.contains(&hint.kind.as_str()) {
+                kinds.push(&hint.kind);
+            }
+        }
+        let payloads: Vec<String> = kinds.iter().map(|kind| listen::payload(self.inner.instance, kind)).collect();
+        let sent = self
+            .bounded(async {
+                sqlx::query(sql::HINTS)
+                    .bind(&rows)
+                    .bind(&self.inner.channel)
+                    .bind(&payloads)
+                    .execute(&self.inner.pool)
+                    .await
+                    .map_err(|e| self.fail(e))
+            })
+            .await;
+        if let Err(error) = sent {
+            tracing::warn!(?kinds, %error, "fetch hints after an apply failed");
+            return;
+        }
+        for kind in kinds {
+            // No subscriber is not an error.
+            let _ = self.inner.hints.send(kind.to_string());
+        }
+    }
+
     /// Connects to `url` with default [`PgOptions`] and runs the migrations.
     ///
     /// Errors: `Invalid` for a malformed URL or a role, password or database the server refuses (SQLSTATE class
@@ -658,92 +791,33 @@ impl Store for PgStore {
     }
 
     async fn lock_related(&self, p: LockRelatedParams) -> Result<LockOutcome, StoreError> {
-        self.bounded(async {
-            check_text(&format!("lock_related {}#{}", p.holder.id, p.holder.token), "owner", &p.owner)?;
-            let outcome = self
-                .run_again_on_conflict("lock_related", || {
-                    let record = self.inner.history.is_some().then_some(self);
-                    write::lock_related_in_transaction(&self.inner.pool, self.offset(), p.clone(), record)
-                })
-                .await?;
-            if self.inner.history.is_some() && matches!(outcome, Ok(LockOutcome::Stale)) {
-                let LockRelatedParams { holder, related, owner, .. } = p;
-                self.record_stale(CommitOp::LockRelated { holder, related, owner, outcome: LockOutcome::Stale }).await;
-            }
-            outcome
-        })
-        .await
+        Ok(self.lock_related_reading(p, false).await?.0)
     }
 
-    async fn apply(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
-        self.bounded(async {
-            check_apply(&p)?;
-            let simple = p.related.is_empty() && p.inserts.is_empty() && p.events.is_empty();
-            let guarded = !self.inner.apply_guard_disabled;
-            if !simple || self.inner.history.is_some() {
-                let record = self.inner.history.is_some().then_some(self);
-                let outcome = self
-                    .run_again_on_conflict("apply", || {
-                        write::apply_in_transaction(&self.inner.pool, self.offset(), p.clone(), record, guarded)
-                    })
-                    .await?;
-                if record.is_some() && outcome == ApplyOutcome::Stale {
-                    self.record_stale_apply(p.lease).await;
-                }
-                return Ok(outcome);
-            }
-            // One statement, so no explicit transaction (saves the BEGIN and COMMIT round trips).
-            let now = self
-                .run_again_on_conflict("apply", || {
-                    let (pool, offset, lease, update) = (&self.inner.pool, self.offset(), p.lease, p.update.clone());
-                    async move {
-                        let mut conn = pool.acquire().await?;
-                        write::apply_main(&mut conn, offset, lease, update, guarded).await
-                    }
-                })
-                .await?;
-            Ok(match now {
-                Some(now) => ApplyOutcome::Applied { inserted: Vec::new(), now },
-                None => ApplyOutcome::Stale,
-            })
+    async fn lock_related_and_read(&self, p: LockRelatedParams) -> Result<LockRead, StoreError> {
+        let holder = p.holder;
+        Ok(match self.lock_related_reading(p, true).await? {
+            (LockOutcome::Locked, rows) => LockRead::Locked(rows),
+            (LockOutcome::Stale, _) => LockRead::Stale,
+            (LockOutcome::Contended, _) => LockRead::Reset { held: self.reset_for_retry(holder).await? },
         })
-        .await
+    }
+
+    async fn apply(&self, mut p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
+        let hints = std::mem::take(&mut p.hints);
+        let outcome = self.apply_unhinted(p).await?;
+        if matches!(outcome, ApplyOutcome::Applied { .. }) {
+            self.publish_hints(hints).await;
+        }
+        Ok(outcome)
     }
 
     async fn apply_batch(&self, mut batch: Vec<ApplyParams>) -> Result<Vec<ApplyOutcome>, StoreError> {
-        self.bounded(async {
-            // A bad value would fail the whole transaction in PostgreSQL; refuse it before SQL, as MemStore does.
-            batch.iter().try_for_each(check_apply)?;
-            match batch.len() {
-                0 => Ok(Vec::new()),
-                // One item: the single apply's statement is the same work without the batch's bookkeeping.
-                1 => Ok(vec![self.apply(batch.pop().expect("one item")).await?]),
-                // The planted bug lives in the single apply's statement: one item at a time.
-                _ if self.inner.apply_guard_disabled => {
-                    let mut outcomes = Vec::with_capacity(batch.len());
-                    for p in batch {
-                        outcomes.push(self.apply(p).await?);
-                    }
-                    Ok(outcomes)
-                }
-                _ => {
-                    let outcomes = self
-                        .run_again_on_conflict("apply_batch", || {
-                            let record = self.inner.history.is_some().then_some(self);
-                            apply_batch::apply_batch(&self.inner.pool, self.offset(), batch.clone(), record)
-                        })
-                        .await?;
-                    if self.inner.history.is_some() {
-                        let stale = batch.iter().zip(&outcomes).filter(|(_, o)| **o == ApplyOutcome::Stale);
-                        for (p, _) in stale {
-                            self.record_stale_apply(p.lease).await;
-                        }
-                    }
-                    Ok(outcomes)
-                }
-            }
-        })
-        .await
+        let hints: Vec<Vec<NewHint>> = batch.iter_mut().map(|p| std::mem::take(&mut p.hints)).collect();
+        let outcomes = self.apply_batch_unhinted(batch).await?;
+        let applied = hints.into_iter().zip(&outcomes).filter(|(_, o)| matches!(o, ApplyOutcome::Applied { .. }));
+        self.publish_hints(applied.flat_map(|(hints, _)| hints).collect()).await;
+        Ok(outcomes)
     }
 
     async fn record_failure(&self, p: FailureParams) -> Result<FailureOutcome, StoreError> {

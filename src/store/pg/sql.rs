@@ -559,6 +559,10 @@ RETURNING seq";
 /// Reads a row. `$1` id.
 pub(super) const GET: &str = concat!("SELECT ", row_columns!(), " FROM resources AS r WHERE r.id = $1");
 
+/// Rows by id, each once, in id order. `$1` ids.
+pub(super) const ROWS_BY_ID: &str =
+    concat!("SELECT ", row_columns!(), " FROM resources AS r WHERE r.id = ANY($1::int8[]) ORDER BY r.id");
+
 /// Rows of a kind, all or one parent's, by id. `$1` kind, `$2` parent or NULL.
 pub(super) const LIST: &str = concat!(
     "SELECT ",
@@ -638,6 +642,14 @@ pub(super) const UPDATE_UNLEASED: &str = "WITH locked AS (
     WHERE r.id = locked.id AND locked.lock_token = target.lock_token AND r.id <> target.id AND NOT target.busy
 )
 SELECT busy FROM target";
+
+/// The fetch hints of a call's applied items ([`ApplyParams::hints`](crate::store::ApplyParams::hints)), in one
+/// statement: mark the rows named and `NOTIFY` each payload once. `$1` row ids, `$2` channel, `$3` payloads (one
+/// per kind).
+pub(super) const HINTS: &str = "WITH marked AS (
+    UPDATE resources SET hinted = true WHERE id = ANY($1::int8[])
+)
+SELECT pg_notify($2, payload) FROM unnest($3::text[]) AS payload";
 
 /// A fetch hint: mark the row (if any) and `NOTIFY` (delivered at commit). `$1` row id or NULL, `$2` channel,
 /// `$3` payload.

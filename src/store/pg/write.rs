@@ -6,8 +6,8 @@ use super::codec::{PgTime, interval};
 use super::session::Session;
 use super::sql;
 use crate::store::{
-    ApplyOutcome, ApplyParams, CommitOp, Lease, LockOutcome, LockRelatedParams, NewEvent, NewRow, RelatedUpdate, RowId,
-    RowUpdate, StoreError, Timestamp,
+    ApplyOutcome, ApplyParams, CommitOp, Lease, LockOutcome, LockRelatedParams, NewEvent, NewRow, RelatedUpdate, Row,
+    RowId, RowUpdate, StoreError, Timestamp,
 };
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgArguments, PgPool, PgRow};
@@ -70,13 +70,16 @@ pub(super) async fn apply_in_transaction(
 /// availability, and writes the locks (or, on contention, the intent marks). The inner `Err` is the call's own
 /// `Invalid` error (a related row does not exist); the outer one a database failure.
 ///
-/// `record`: the store whose history (chaos mode) gets the lock or contention, in this transaction.
+/// `record`: the store whose history (chaos mode) gets the lock or contention, in this transaction. With `read`,
+/// a lock that is taken also reads the related rows in the transaction, before it commits ([`sql::ROWS_BY_ID`]:
+/// by id, each once); otherwise, and on any other outcome, the rows returned are none.
 pub(super) async fn lock_related_in_transaction(
     pool: &PgPool,
     offset: PgInterval,
     p: LockRelatedParams,
     record: Option<&super::PgStore>,
-) -> Result<Result<LockOutcome, StoreError>, sqlx::Error> {
+    read: bool,
+) -> Result<Result<(LockOutcome, Vec<Row>), StoreError>, sqlx::Error> {
     let token = p.holder.token.0;
     let mut ids: Vec<i64> = p.related.iter().map(|id| id.0).collect();
     ids.push(p.holder.id.0);
@@ -100,7 +103,7 @@ pub(super) async fn lock_related_in_transaction(
     let holds = found.get(&p.holder.id.0).is_some_and(|(lock_token, _)| *lock_token == Some(token));
     if !holds {
         tx.rollback().await?;
-        return Ok(Ok(LockOutcome::Stale));
+        return Ok(Ok((LockOutcome::Stale, Vec::new())));
     }
     let available: Vec<i64> = p.related.iter().map(|id| id.0).filter(|id| found[id].1).collect();
     let locked = available.len() == p.related.len();
@@ -120,8 +123,16 @@ pub(super) async fn lock_related_in_transaction(
         let op = CommitOp::LockRelated { holder: p.holder, related, owner: p.owner.clone(), outcome };
         super::history::append(store, &mut tx, &op).await?;
     }
+    let mut rows = Vec::new();
+    if locked && read {
+        let mut related: Vec<i64> = p.related.iter().map(|id| id.0).collect();
+        related.sort_unstable();
+        related.dedup();
+        let read = sqlx::query(sql::ROWS_BY_ID).bind(&related).fetch_all(&mut *tx).await?;
+        rows = read.iter().map(super::codec::row).collect::<Result<_, _>>()?;
+    }
     tx.commit().await?;
-    Ok(Ok(outcome))
+    Ok(Ok((outcome, rows)))
 }
 
 /// The guarded main write of an apply ([`sql::APPLY_MAIN`]); `None` when the row no longer carries the token (nothing
