@@ -207,6 +207,24 @@ async fn spans_past_the_end_of_time_saturate_as_in_memstore() {
     }
 }
 
+/// A lease whose expiry saturated at `'infinity'` never ends, and the next expiry leaves it out (`NEXT_EXPIRY` in
+/// src/store/pg/sql.rs): `None` while only such leases are live, and the span to the finite lease once there is
+/// one (the read's range of `resources_lease_expiry_idx` ends before `'infinity'`, so it never walks them).
+#[tokio::test]
+async fn next_expiry_leaves_out_leases_that_end_at_infinity() {
+    let h = PgHarness::new().await;
+    let pg = h.store();
+    pg.insert_many((0..3).map(|_| ready_job()).collect()).await.expect("insert_many");
+    let forever = FetchParams { limit: 2, ..params(Duration::MAX, Duration::ZERO) };
+    let leased = pg.fetch(forever.clone()).await.expect("fetch");
+    assert_eq!(leased.len(), 2, "leases that never end: {leased:?}");
+    assert_eq!(pg.next_expiry(forever.clone()).await.expect("next_expiry"), None, "only leases that never end");
+    let ttl = Duration::from_secs(30);
+    assert_eq!(pg.fetch(params(ttl, Duration::ZERO)).await.expect("fetch").len(), 1, "the third row");
+    let span = pg.next_expiry(forever).await.expect("next_expiry").expect("a lease that ends");
+    assert!(span <= ttl, "next expiry {span:?} past the finite lease's ttl {ttl:?}");
+}
+
 fn clock_now(clock: &ManualClock) -> Timestamp {
     use lockstep::store::Clock;
     clock.now()

@@ -70,8 +70,9 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// A fetcher that found nothing to lease asks it so that it can fetch again when a lease it had to skip
     /// expires, rather than at the end of its backoff (issue 14: a dead replica's rows are taken over within
-    /// the lease ttl plus a small slack). It reads the rows an empty fetch has just scanned, so it costs about
-    /// that fetch again.
+    /// the lease ttl plus a small slack). MemStore finds it in the empty fetch's own scan
+    /// ([`Store::fetch_with_expiry`]); PgStore reads one entry of its lease-expiry index per status, however many
+    /// leases are live (issue 16).
     ///
     /// The default answers `None` (no expiry known: the fetcher keeps its backoff); backends override it.
     fn next_expiry(&self, params: FetchParams) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {

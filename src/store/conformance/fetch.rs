@@ -307,6 +307,51 @@ pub async fn next_expiry_is_the_span_to_the_first_lease_or_mark_on_the_rows_a_fe
     assert_span(span, marked, before, after, "an intent mark");
 }
 
+/// `next_expiry` over several statuses is the least over the rows of each, whichever status holds it and in
+/// whatever order the statuses are listed; a status listed twice, or one no row has, changes nothing (PgStore
+/// reads one indexed minimum per status, issue 16).
+pub async fn next_expiry_over_several_statuses_is_the_least_over_each<H: Harness>(h: H) {
+    let running = insert_new(&h, NewRow::new("job", "running", serde_json::json!({}))).await;
+    let pending = insert_new(&h, NewRow::new("job", "pending", serde_json::json!({}))).await;
+    let of_status = |status: &str| FetchParams { statuses: vec![status.into()], ..fetch_params("jobs", "job") };
+    assert_eq!(ids(&fetch_with(&h, of_status("running")).await), vec![running.id]);
+    h.advance(Duration::from_secs(5));
+    assert_eq!(ids(&fetch_with(&h, of_status("pending")).await), vec![pending.id]);
+    let first = get(&h, running.id).await.lock_expires_at.expect("a leased row has an expiry");
+    let second = get(&h, pending.id).await.lock_expires_at.expect("a leased row has an expiry");
+    assert!(first < second, "the running row's lease ({first:?}) does not end first ({second:?})");
+
+    let cases: [(&[&str], Timestamp); 4] = [
+        (&["pending", "running"], first),
+        (&["running", "pending"], first),
+        (&["pending", "pending"], second),
+        (&["missing", "pending", "running", "running"], first),
+    ];
+    for (statuses, expires) in cases {
+        let before = now(&h).await;
+        let span = next_expiry_of(&h, statuses).await.unwrap_or_else(|| panic!("no next expiry for {statuses:?}"));
+        let after = now(&h).await;
+        assert_span(span, expires, before, after, &format!("statuses {statuses:?}"));
+    }
+    assert_eq!(next_expiry_of(&h, &["missing"]).await, None, "a status no row has");
+
+    // Once the running row's lease expired, the least is the pending row's, asked for first or second.
+    h.advance(LEASE_TTL - Duration::from_secs(2));
+    for statuses in [&["running", "pending"][..], &["pending", "running"]] {
+        let before = now(&h).await;
+        let span = next_expiry_of(&h, statuses).await.unwrap_or_else(|| panic!("no next expiry for {statuses:?}"));
+        let after = now(&h).await;
+        assert_span(span, second, before, after, &format!("statuses {statuses:?}, the first lease expired"));
+    }
+}
+
+/// [`Store::next_expiry`] for the rows of kind `job` in `statuses`.
+async fn next_expiry_of<H: Harness>(h: &H, statuses: &[&str]) -> Option<Duration> {
+    let statuses = statuses.iter().map(|s| s.to_string()).collect();
+    let params = FetchParams { statuses, ..fetch_params(CHILD_PIPELINE, "job") };
+    h.store().next_expiry(params).await.expect("next_expiry")
+}
+
 /// [`Store::next_expiry`] for the rows of `kind` [`CHILD_PIPELINE`] fetches.
 async fn next_expiry<H: Harness>(h: &H, kind: &str) -> Option<Duration> {
     h.store().next_expiry(fetch_params(CHILD_PIPELINE, kind)).await.expect("next_expiry")

@@ -122,6 +122,7 @@ macro_rules! __conformance_cases {
                 concurrent_fetches_never_lease_one_row_twice,
                 tokens_strictly_increase_from_fetch_to_fetch,
                 next_expiry_is_the_span_to_the_first_lease_or_mark_on_the_rows_a_fetch_looks_at,
+                next_expiry_over_several_statuses_is_the_least_over_each,
             }
             apply {
                 apply_writes_the_update_and_unlocks_the_row,

@@ -422,6 +422,24 @@ impl PgStore {
         lines.iter().map(|line| line.try_get::<String, _>(0)).collect::<Result<_, _>>().map_err(|e| self.fail(e))
     }
 
+    /// `EXPLAIN (ANALYZE, BUFFERS)` of the generic plan of [`Store::next_expiry`] with `params`' kind and statuses,
+    /// the plan a connection reuses once it has run the statement five times, one plan line per element (tests
+    /// that check how many index entries and pages the read visits). The statement writes nothing; it runs in a
+    /// transaction that is rolled back.
+    #[doc(hidden)]
+    pub async fn explain_analyze_next_expiry_generic(&self, params: &FetchParams) -> Result<Vec<String>, StoreError> {
+        let mut session = Session::acquire(&self.inner.pool).await.map_err(|e| self.fail(e))?;
+        let mut tx = session.begin().await.map_err(|e| self.fail(e))?;
+        sqlx::query(sql::FORCE_GENERIC_PLAN).execute(&mut *tx).await.map_err(|e| self.fail(e))?;
+        let prepare = AssertSqlSafe(sql::prepare_next_expiry());
+        sqlx::query(prepare).execute(&mut *tx).await.map_err(|e| self.fail(e))?;
+        let explain = AssertSqlSafe(sql::explain_analyze_prepared_next_expiry(params, self.offset().microseconds));
+        let lines = sqlx::query(explain).fetch_all(&mut *tx).await.map_err(|e| self.fail(e))?;
+        sqlx::query(sql::DEALLOCATE_NEXT_EXPIRY).execute(&mut *tx).await.map_err(|e| self.fail(e))?;
+        tx.rollback().await.map_err(|e| self.fail(e))?;
+        lines.iter().map(|line| line.try_get::<String, _>(0)).collect::<Result<_, _>>().map_err(|e| self.fail(e))
+    }
+
     /// `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF)` of the single apply's guarded statements (`Store::apply` of a
     /// lease with no related updates, inserts or events) for `lease` and `update`, as the apply runs them: in order
     /// until one writes (its plan's top node returns a row). Run in a transaction that is rolled back: nothing is

@@ -190,12 +190,53 @@ pub(super) const DEALLOCATE_FETCH: &str = "DEALLOCATE lockstep_explain_fetch";
 
 /// The next expiry (mem.rs `next_expiry`): microseconds from the store's now to the least future
 /// `lock_expires_at` of the rows of a kind in some statuses, NULL when none (an infinite expiry never ends and is
-/// left out). The rows come from `resources_lease_expiry_idx`, which holds only rows with an expiry. `$1` clock
-/// offset, `$2` kind, `$3` statuses (`text[]`).
+/// left out). `$1` clock offset, `$2` kind, `$3` statuses (`text[]`).
+///
+/// One indexed min per status: for each status asked (`unnest($3)`, a nested loop over the statuses), the first
+/// entry of `resources_lease_expiry_idx` (kind, status, lock_expires_at; only rows with an expiry) after the
+/// store's now and before `'infinity'`, then the least of those. Each is a descent of the index that reads one
+/// entry, so a call reads O(statuses × log n) index pages, however many leases are live. `lock_expires_at <
+/// 'infinity'` is `isfinite(lock_expires_at)` for an expiry after now (the only other non-finite value,
+/// `-infinity`, is never after now), written as a bound of the index range: as a filter, a kind whose only
+/// future expiries are infinite would walk them all. A status given twice is read twice and changes no minimum.
+///
+/// It was `min(lock_expires_at) … WHERE status = ANY($3)`: PostgreSQL 15 does not read an index in order under
+/// `= ANY(array)`, so that statement's plan read every entry of the kind's statuses after now, every live lease
+/// (3.7–4.2 ms a call with 30 000 live leases; issue 16, BENCHMARKS.md, "Seventh round"), and a fetcher runs it
+/// after every empty fetch (`Store::fetch_with_expiry`). `tests/pg_explain.rs` checks the plan.
 pub(super) const NEXT_EXPIRY: &str =
-    "SELECT (extract(epoch FROM min(lock_expires_at) - lockstep_now($1)) * 1000000)::int8
-FROM resources
-WHERE kind = $2 AND status = ANY($3) AND lock_expires_at > lockstep_now($1) AND isfinite(lock_expires_at)";
+    "SELECT (extract(epoch FROM min(first.lock_expires_at) - lockstep_now($1)) * 1000000)::int8
+FROM unnest($3::text[]) AS asked(status)
+CROSS JOIN LATERAL (
+    SELECT r.lock_expires_at
+    FROM resources AS r
+    WHERE r.kind = $2
+      AND r.status = asked.status
+      AND r.lock_expires_at > lockstep_now($1)
+      AND r.lock_expires_at < 'infinity'::timestamptz
+    ORDER BY r.lock_expires_at
+    LIMIT 1
+) AS first";
+
+/// Explaining the next expiry's generic plan (tests), after [`FORCE_GENERIC_PLAN`] in a transaction: prepare
+/// [`NEXT_EXPIRY`] as `lockstep_explain_next_expiry`.
+pub(super) fn prepare_next_expiry() -> String {
+    format!("PREPARE lockstep_explain_next_expiry(interval, text, text[]) AS {NEXT_EXPIRY}")
+}
+
+/// Then `EXPLAIN (ANALYZE, BUFFERS)` of it with the parameters [`NEXT_EXPIRY`] takes, as literals: the clock offset
+/// `offset_micros`, `p`'s kind and statuses.
+pub(super) fn explain_analyze_prepared_next_expiry(p: &FetchParams, offset_micros: i64) -> String {
+    let statuses = p.statuses.iter().map(|s| quote(s)).collect::<Vec<_>>().join(", ");
+    format!(
+        "EXPLAIN (ANALYZE, BUFFERS) EXECUTE lockstep_explain_next_expiry('{offset_micros} microseconds'::interval, {}, \
+         ARRAY[{statuses}]::text[])",
+        quote(&p.kind)
+    )
+}
+
+/// Then forget it (a prepared statement outlives the transaction).
+pub(super) const DEALLOCATE_NEXT_EXPIRY: &str = "DEALLOCATE lockstep_explain_next_expiry";
 
 /// The refetch: the row if it still carries the token. `$1` id, `$2` token.
 pub(super) const REFETCH: &str =
