@@ -19,7 +19,7 @@ use super::rpc::{Call, Delivery, InsertHint, Reply, Request, Response};
 use super::trace::Trace;
 use super::wire::Wire;
 use crate::gang::model::{AllocationData, KIND_ALLOCATION};
-use crate::store::{Clock, CommitOp, Hint, MemStore, RowId, Store, StoreError, Timestamp, TokioClock};
+use crate::store::{Clock, CommitOp, Hint, MemStore, NewRow, Row, RowId, Store, StoreError, Timestamp, TokioClock};
 use futures_util::FutureExt;
 use madsim::runtime::{Handle, NodeHandle};
 use madsim::task::NodeId;
@@ -359,6 +359,20 @@ fn commit_row(op: &CommitOp) -> Option<RowId> {
     }
 }
 
+/// Inserts `row` unless a row was inserted under `key` already (the database's unique index of keyed inserts);
+/// returns the row either way.
+async fn insert_keyed(db: &Database, store: &MemStore, key: String, row: NewRow) -> Result<Row, StoreError> {
+    let existing = db.keys().get(&key).copied();
+    Ok(match existing {
+        Some(id) => store.get(id).await?.expect("a keyed row is never deleted"),
+        None => {
+            let row = store.insert(row).await?;
+            db.keys().insert(key, row.id);
+            row
+        }
+    })
+}
+
 async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
     Ok(match call {
         Call::Fetch(params) => Reply::Rows(store.fetch(params).await?),
@@ -380,21 +394,31 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
         Call::Release(leases) => Reply::Count(store.release(leases).await?),
         Call::Insert(row) => Reply::Row(Box::new(store.insert(row).await?)),
         Call::InsertKeyed { key, row, hint } => {
-            let existing = db.keys().get(&key).copied();
-            let row = match existing {
-                Some(id) => store.get(id).await?.expect("a keyed row is never deleted"),
-                None => {
-                    let row = store.insert(row).await?;
-                    db.keys().insert(key, row.id);
-                    row
-                }
-            };
+            let row = insert_keyed(db, store, key, row).await?;
             match hint {
                 None => {}
                 Some(InsertHint::Kind) => store.hint(&row.kind, None).await?,
                 Some(InsertHint::Row) => store.hint(&row.kind, Some(row.id)).await?,
             }
             Reply::Row(Box::new(row))
+        }
+        Call::InsertJob { key, tasks, mut job } => {
+            let mut ids = Vec::with_capacity(tasks.len());
+            let mut kinds = Vec::new();
+            for (index, task) in tasks.into_iter().enumerate() {
+                let task = insert_keyed(db, store, format!("{key}-task-{index}"), task).await?;
+                if !kinds.contains(&task.kind) {
+                    kinds.push(task.kind);
+                }
+                ids.push(task.id.0);
+            }
+            job.data["tasks"] = serde_json::json!(ids);
+            let job = insert_keyed(db, store, key, job).await?;
+            for kind in kinds {
+                store.hint(&kind, None).await?;
+            }
+            store.hint(&job.kind, Some(job.id)).await?;
+            Reply::Row(Box::new(job))
         }
         Call::Get(id) => Reply::MaybeRow(store.get(id).await?.map(Box::new)),
         Call::List { kind, parent } => Reply::Rows(store.list(&kind, parent).await?),

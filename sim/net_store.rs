@@ -91,6 +91,15 @@ impl NetStore {
         }
     }
 
+    /// Inserts a workload job and its tasks in one call ([`Call::InsertJob`]); returns the job. Safe to retry after
+    /// an error whose outcome is unknown: every row is keyed.
+    pub async fn insert_job(&self, key: String, tasks: Vec<NewRow>, job: NewRow) -> Result<Row, StoreError> {
+        match self.call(Call::InsertJob { key, tasks, job }).await? {
+            Reply::Row(row) => Ok(*row),
+            other => unexpected("insert_job", other),
+        }
+    }
+
     /// One call: send the request, wait for the reply within the call time-out.
     async fn call(&self, call: Call) -> Response {
         let options = &self.options;

@@ -75,6 +75,15 @@ pub enum Call {
         row: NewRow,
         hint: Option<InsertHint>,
     },
+    /// The workload's job and its tasks in one call, as a service's endpoint that creates a job with its tasks in
+    /// one transaction: each of `tasks` keyed `{key}-task-{index}`, then `job` keyed `key` with its data's
+    /// `tasks` set to the tasks' ids, each a [`Call::InsertKeyed`] (so a retry inserts nothing twice); then a hint
+    /// for the tasks' kind and one that marks the job hinted. Returns the job.
+    InsertJob {
+        key: String,
+        tasks: Vec<NewRow>,
+        job: NewRow,
+    },
     Get(RowId),
     List {
         kind: String,
@@ -114,6 +123,7 @@ impl Call {
             Call::Release(_) => "release",
             Call::Insert(_) => "insert",
             Call::InsertKeyed { .. } => "insert_keyed",
+            Call::InsertJob { .. } => "insert_job",
             Call::Get(_) => "get",
             Call::List { .. } => "list",
             Call::Query(_) => "query",

@@ -39,10 +39,10 @@ fn assert_fails(shrunk: &Shrunk, checker: &str) {
 
 #[test]
 fn the_apply_guard_off_shrinks_to_one_fault_and_a_handful_of_rows() {
-    // Seed 4: since the simulated network of issue 17 changed every run's timing, seed 1's shrink keeps all three
-    // replicas, and this test shows a shrink that drops replicas too (seed 2 did until the hints went into the
-    // applies and the related locks read their rows: its shrink now keeps 10 rows).
-    let seed = 4;
+    // A seed whose shrink drops replicas too. What a shrink keeps depends on the run's timing: seed 2 was the one
+    // from the simulated network of issue 17 until the hints went into the applies (its shrink then kept 10
+    // rows), seed 4 until the client inserted a job with its tasks in one call; seed 1 is again.
+    let seed = 1;
     let text = guard_off();
     let shrunk = shrunk(&text, seed, 2).unwrap();
     assert_eq!(shrunk.target, Target::Checker("lease_exclusivity".into()));
