@@ -393,6 +393,7 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
         Call::Reset(lease) => Reply::Held(store.reset_for_retry(lease).await?),
         Call::Release(leases) => Reply::Count(store.release(leases).await?),
         Call::Insert(row) => Reply::Row(Box::new(store.insert(row).await?)),
+        Call::InsertMany { rows, hints } => Reply::Ids(store.insert_many(rows, hints).await?),
         Call::InsertKeyed { key, row, hint } => {
             let row = insert_keyed(db, store, key, row).await?;
             match hint {

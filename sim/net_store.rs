@@ -17,8 +17,8 @@ use super::rpc::{Call, InsertHint, Reply, Request, Response};
 use super::trace::Trace;
 use crate::store::{
     ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HINT_BUFFER_LEN_MAX, HeartbeatParams,
-    Hint, Lease, LockAttempt, LockOutcome, LockRead, LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, Store,
-    StoreError, Timestamp, WriteOutcome,
+    Hint, Lease, LockAttempt, LockOutcome, LockRead, LockRelatedParams, NewHint, NewRow, Row, RowId, RowQuery,
+    RowUpdate, Store, StoreError, Timestamp, WriteOutcome,
 };
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -278,6 +278,13 @@ impl Store for NetStore {
         match self.call(Call::Insert(row)).await? {
             Reply::Row(row) => Ok(*row),
             other => unexpected("insert", other),
+        }
+    }
+
+    async fn insert_many(&self, rows: Vec<NewRow>, hints: Vec<NewHint>) -> Result<Vec<RowId>, StoreError> {
+        match self.call(Call::InsertMany { rows, hints }).await? {
+            Reply::Ids(ids) => Ok(ids),
+            other => unexpected("insert_many", other),
         }
     }
 

@@ -5,7 +5,7 @@
 
 use crate::store::{
     ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HeartbeatParams, Lease, LockAttempt,
-    LockOutcome, LockRead, LockRelatedParams, NewRow, Row, RowId, RowQuery, RowUpdate, StoreError, Timestamp,
+    LockOutcome, LockRead, LockRelatedParams, NewHint, NewRow, Row, RowId, RowQuery, RowUpdate, StoreError, Timestamp,
     WriteOutcome,
 };
 use std::net::IpAddr;
@@ -68,6 +68,11 @@ pub enum Call {
     Reset(Lease),
     Release(Vec<Lease>),
     Insert(NewRow),
+    /// [`Store::insert_many`](crate::store::Store::insert_many): rows and their hints in one round trip.
+    InsertMany {
+        rows: Vec<NewRow>,
+        hints: Vec<NewHint>,
+    },
     /// Inserts `row` unless a row was already inserted under `key` (a unique index the database keeps), and
     /// returns the row either way: an insert whose reply was lost can be retried. Then sends `hint`, if any.
     InsertKeyed {
@@ -122,6 +127,7 @@ impl Call {
             Call::Reset(_) => "reset_for_retry",
             Call::Release(_) => "release",
             Call::Insert(_) => "insert",
+            Call::InsertMany { .. } => "insert_many",
             Call::InsertKeyed { .. } => "insert_keyed",
             Call::InsertJob { .. } => "insert_job",
             Call::Get(_) => "get",
@@ -157,6 +163,7 @@ pub enum Reply {
     MaybeRows(Vec<Option<Row>>),
     Row(Box<Row>),
     Leases(Vec<Lease>),
+    Ids(Vec<RowId>),
     Lock(LockOutcome),
     LockAttempt(LockAttempt),
     LockRead(LockRead),

@@ -53,31 +53,37 @@ fn every_scenario_passes_its_first_default_seed_with_a_pinned_summary() {
     }
 }
 
-/// `[faults] pause_inside_pass` (docs/scenarios.md): in seed 44 of `gang-paused-replica-stale-tokens`, no pause
+/// `[faults] pause_inside_pass` (docs/scenarios.md): in some seeds of `gang-paused-replica-stale-tokens` no pause
 /// of a replica lands inside one of its passes at its time, so with pauses that land at their time none of the
-/// replicas' writes comes back stale and the scenario's expectation fails (seed 259 did so until the simulated
-/// network of issue 17 changed every run's timing, seed 57 until a pass read back its allocations in one query,
-/// seed 88 until an agent's stop sent its hints in its apply; seeds 44, 47 and 57 are the first three that miss
-/// every pass now); with the file as it is, each pause waits until replica 0 works inside a pass, says where it
-/// landed, and the pass's next guarded write is refused for its superseded token.
+/// replicas' writes comes back stale and the scenario's expectation fails; with the file as it is, in such a seed
+/// each pause waits until replica 0 works inside a pass, says where it landed, and the pass's next guarded write
+/// is refused for its superseded token. Which seeds miss every pass depends on the run's timing (seed 259, then
+/// 57, 88 and 44 were the first until a change of the engine's or the simulator's timing moved them; about one
+/// seed in twenty does), so the test takes the first of [`PAUSE_SEEDS_SEARCHED`] rather than pinning one.
 #[test]
 fn a_pause_inside_a_pass_waits_for_the_replica_to_hold_a_lease_past_its_related_locks() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/gang-paused-replica-stale-tokens.toml");
     let file = ScenarioFile::load(&path).unwrap_or_else(|error| panic!("{error}"));
     assert!(file.scenario.faults.pause_inside_pass.is_some());
-    let seed = 44;
-    let report = sim::run(&file.scenario, seed);
-    let text = report.trace_text();
-    assert!(report.passed(), "{}", summary::render(&report));
-    let pauses: Vec<&str> = text.lines().filter(|line| line.split_whitespace().nth(2) == Some("pause")).collect();
-    assert!(!pauses.is_empty(), "{text}");
-    assert!(
-        pauses.iter().all(|line| line.contains(" inside-pass=") && !line.contains("inside-pass=none")),
-        "{pauses:?}"
-    );
     let mut at_its_time = file.scenario.clone();
     at_its_time.faults.pause_inside_pass = None;
-    let report = sim::run(&at_its_time, seed);
-    let unmet = report.violations.iter().map(|v| format!("{v:?}")).collect::<Vec<_>>().join("\n");
-    assert!(unmet.contains("held=false"), "pauses at their time should miss every pass of seed {seed}:\n{unmet}");
+    let misses_every_pass = |seed: u64| {
+        let report = sim::run(&at_its_time, seed);
+        report.violations.iter().any(|violation| format!("{violation:?}").contains("held=false"))
+    };
+    let seed = (1..=PAUSE_SEEDS_SEARCHED).find(|seed| misses_every_pass(*seed)).unwrap_or_else(|| {
+        panic!("pauses at their time land inside a pass in each of the first {PAUSE_SEEDS_SEARCHED} seeds")
+    });
+    let report = sim::run(&file.scenario, seed);
+    let text = report.trace_text();
+    assert!(report.passed(), "seed {seed}: {}", summary::render(&report));
+    let pauses: Vec<&str> = text.lines().filter(|line| line.split_whitespace().nth(2) == Some("pause")).collect();
+    assert!(!pauses.is_empty(), "seed {seed}: {text}");
+    assert!(
+        pauses.iter().all(|line| line.contains(" inside-pass=") && !line.contains("inside-pass=none")),
+        "seed {seed}: {pauses:?}"
+    );
 }
+
+/// How many seeds [`a_pause_inside_a_pass_waits_for_the_replica_to_hold_a_lease_past_its_related_locks`] tries.
+const PAUSE_SEEDS_SEARCHED: u64 = 200;

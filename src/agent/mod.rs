@@ -844,33 +844,28 @@ impl<S: Store, E: Executor> Agent<S, E> {
         None
     }
 
-    /// Inserts queued reports in order, then hints each operation reported to. A report leaves the queue only once
-    /// inserted, so a failed or abandoned pass loses none (a report sent twice is ignored by the controller).
-    ///
-    /// Each report is a store round trip, so a pass stops sending once its lease's heartbeat falls due (the local
-    /// deadline within `heartbeat_trigger`), leaving the rest to the next pass, which heartbeats first: a thousand
-    /// starts of one gang at 10 ms a round trip outlasted the node lease, and the agent fenced itself and killed
-    /// the gang, in every incarnation (a new user's trial; `tests/sim_gang.rs`). At most
-    /// [`REPORTS_PER_PASS_MAX`] a pass.
+    /// Inserts the queued reports, at most [`REPORTS_PER_PASS_MAX`] of them in order, and hints each operation
+    /// reported to, in one store call ([`Store::insert_many`]): a thousand starts of one gang are one round trip,
+    /// not a thousand (issue 17; a thousand round trips outlasted the node lease, and the agent fenced itself and
+    /// killed the gang in every incarnation: a new user's trial, `tests/sim_gang.rs`). A report leaves the queue
+    /// only once inserted, so a failed or abandoned pass loses none (a report sent twice is ignored by the
+    /// controller). A pass whose lease's heartbeat fell due (the local deadline within `heartbeat_trigger`) sends
+    /// nothing, leaving the reports to the next pass, which heartbeats first.
     async fn send_reports(&mut self) -> Result<usize, StoreError> {
-        let mut sent = 0;
-        let mut operations = BTreeSet::new();
-        while let Some((operation, message)) = self.outbox.front() {
-            if sent == REPORTS_PER_PASS_MAX
-                || self.session.is_some_and(|session| self.heartbeat_due(session, self.clock.now()))
-            {
-                break;
-            }
-            let row = NewRow::new(KIND_INBOX, INBOX_NEW, message.to_json()).with_parent(*operation);
-            self.store.insert_id(row).await?;
-            operations.insert(*operation);
-            self.outbox.pop_front();
-            sent += 1;
+        if self.outbox.is_empty() || self.session.is_some_and(|session| self.heartbeat_due(session, self.clock.now())) {
+            return Ok(0);
         }
-        for operation in operations {
-            self.store.hint(KIND_OPERATION, Some(operation)).await?;
-        }
-        Ok(sent)
+        let count = self.outbox.len().min(REPORTS_PER_PASS_MAX);
+        let reports = self.outbox.iter().take(count);
+        let rows = reports
+            .clone()
+            .map(|(operation, message)| NewRow::new(KIND_INBOX, INBOX_NEW, message.to_json()).with_parent(*operation))
+            .collect();
+        let operations: BTreeSet<RowId> = reports.map(|(operation, _)| *operation).collect();
+        let hints = operations.into_iter().map(|operation| NewHint::row(KIND_OPERATION, operation)).collect();
+        self.store.insert_many(rows, hints).await?;
+        self.outbox.drain(..count);
+        Ok(count)
     }
 }
 

@@ -355,6 +355,20 @@ fn push_number(out: &mut String, n: i64) {
 }
 
 impl MemStore {
+    /// Publishes the kinds of `hints` to the subscribers, each once, in order: after the call that wrote them
+    /// committed (PostgreSQL's one `NOTIFY` per payload and transaction). No subscriber is not an error.
+    fn publish_kinds(&self, hints: &[NewHint]) {
+        let mut kinds: Vec<&str> = Vec::new();
+        for hint in hints {
+            if !kinds.contains(&hint.kind.as_str()) {
+                kinds.push(&hint.kind);
+            }
+        }
+        for kind in kinds {
+            let _ = self.inner.hints.send(kind.to_string());
+        }
+    }
+
     /// An empty store on `clock`.
     pub fn new(clock: impl Clock) -> MemStore {
         let (hints, _) = broadcast::channel(HINT_BUFFER_LEN_MAX);
@@ -993,17 +1007,7 @@ impl Store for MemStore {
             }
             outcomes
         };
-        // After commit, each kind once (PostgreSQL's one `NOTIFY` per payload and transaction).
-        let mut kinds: Vec<&str> = Vec::new();
-        for hint in &published {
-            if !kinds.contains(&hint.kind.as_str()) {
-                kinds.push(&hint.kind);
-            }
-        }
-        for kind in kinds {
-            // No subscriber is not an error.
-            let _ = self.inner.hints.send(kind.to_string());
-        }
+        self.publish_kinds(&published);
         Ok(outcomes)
     }
 
@@ -1064,6 +1068,30 @@ impl Store for MemStore {
         check_new_row("insert", &new)?;
         let now = self.now();
         Ok(self.lock().insert_recorded(&self.caller, new, now))
+    }
+
+    async fn insert_many(&self, rows: Vec<NewRow>, hints: Vec<NewHint>) -> Result<Vec<RowId>, StoreError> {
+        for (i, row) in rows.iter().enumerate() {
+            check_new_row(&format!("insert_many: rows[{i}]"), row)?;
+        }
+        for (i, hint) in hints.iter().enumerate() {
+            check_key(&format!("insert_many: hints[{i}]"), "kind", &hint.kind)?;
+        }
+        let now = self.now();
+        let ids = {
+            let mut state = self.lock();
+            let ids = rows.into_iter().map(|new| state.insert_recorded(&self.caller, new, now)).collect();
+            let mut published: Vec<&NewHint> = Vec::new();
+            for hint in &hints {
+                if !published.contains(&hint) {
+                    state.hint(&self.caller, now, hint);
+                    published.push(hint);
+                }
+            }
+            ids
+        };
+        self.publish_kinds(&hints);
+        Ok(ids)
     }
 
     async fn get(&self, id: RowId) -> Result<Option<Row>, StoreError> {

@@ -2,20 +2,10 @@
 //! checklist 8; DESIGN §2, PgStore `LISTEN/NOTIFY`).
 
 use super::*;
-use crate::store::{Hint, NewHint, RowUpdate};
-use tokio::sync::broadcast;
+use crate::store::{NewHint, RowUpdate};
 
 async fn hint<H: Harness>(h: &H, kind: &str, row: Option<RowId>) {
     h.store().hint(kind, row).await.expect("hint");
-}
-
-/// The next hint a subscriber receives, within [`HINT_WAIT`].
-async fn next_hint(rx: &mut broadcast::Receiver<Hint>, which: &str) -> Hint {
-    match tokio::time::timeout(HINT_WAIT, rx.recv()).await {
-        Ok(Ok(kind)) => kind,
-        Ok(Err(e)) => panic!("{which} subscriber: {e}"),
-        Err(_) => panic!("{which} subscriber got no hint within {HINT_WAIT:?}"),
-    }
 }
 
 /// A hint naming a row marks that row hinted and no other; a hint naming no row marks none.

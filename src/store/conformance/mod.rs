@@ -184,6 +184,8 @@ macro_rules! __conformance_cases {
                 insert_stores_an_unleased_unprocessed_row,
                 insert_assigns_increasing_ids,
                 insert_id_stores_the_row_insert_would,
+                insert_many_stores_every_row_in_order_and_publishes_its_hints,
+                insert_many_with_a_bad_row_stores_none,
                 get_of_a_missing_row_is_none,
                 list_filters_by_kind_and_parent_in_id_order,
                 query_filters_by_parent_status_cursor_and_ids_in_id_order,
@@ -266,6 +268,15 @@ const MARGIN: Duration = Duration::from_secs(1);
 /// Longest wait for a fetch hint to arrive (a real-time bound for PostgreSQL's `NOTIFY`; no case waits for a hint
 /// that should not come).
 const HINT_WAIT: Duration = Duration::from_secs(10);
+
+/// The next hint a subscriber receives, within [`HINT_WAIT`]; `which` names the subscriber in a failure.
+async fn next_hint(rx: &mut tokio::sync::broadcast::Receiver<crate::store::Hint>, which: &str) -> crate::store::Hint {
+    match tokio::time::timeout(HINT_WAIT, rx.recv()).await {
+        Ok(Ok(kind)) => kind,
+        Ok(Err(e)) => panic!("{which} subscriber: {e}"),
+        Err(_) => panic!("{which} subscriber got no hint within {HINT_WAIT:?}"),
+    }
+}
 
 // A reset row is retried before `min_processing_interval` would allow, and while its intent marks are still fresh.
 const _: () = assert!(RETRY_DELAY.as_secs() + MARGIN.as_secs() < LEASE_TTL.as_secs());

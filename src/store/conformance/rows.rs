@@ -2,7 +2,7 @@
 //! [`Store::list`], [`Store::now`]; DESIGN §2, Schema).
 
 use super::*;
-use crate::store::{FailureParams, RelatedUpdate, Retry, RowQuery, RowUpdate, StoreError, WriteOutcome};
+use crate::store::{FailureParams, NewHint, RelatedUpdate, Retry, RowQuery, RowUpdate, StoreError, WriteOutcome};
 use serde_json::json;
 
 /// An inserted row is stored as given, unleased, unprocessed and not hinted, created and updated at the
@@ -229,4 +229,40 @@ pub async fn now_moves_forward_by_at_least_the_advanced_span<H: Harness>(h: H) {
     assert!(later >= start.plus(Duration::from_secs(3600)), "now {later} after advancing an hour from {start}");
     let again = now(&h).await;
     assert!(again >= later, "now went back from {later} to {again}");
+}
+
+/// `insert_many` stores every row as `insert` would, with increasing ids in input order, and once it commits
+/// publishes its hints: the rows they name are marked hinted and each kind is heard once.
+pub async fn insert_many_stores_every_row_in_order_and_publishes_its_hints<H: Harness>(h: H) {
+    let parent = insert(&h, "operation").await;
+    let new = vec![
+        NewRow::new("inbox", "new", json!({"report": 1})).with_parent(parent.id),
+        NewRow::new("inbox", "new", json!({"report": 2})).with_parent(parent.id),
+        NewRow::new("inbox", "new", json!({"report": 3})),
+    ];
+    let mut rx = h.store().subscribe_hints();
+    let hints = vec![NewHint::row("operation", parent.id), "operation".into(), NewHint::row("operation", parent.id)];
+    let ids = h.store().insert_many(new.clone(), hints).await.expect("insert_many");
+    assert_eq!(ids.len(), new.len(), "one id per row");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids not increasing in input order: {ids:?}");
+    for (id, new) in ids.iter().zip(&new) {
+        let row = get(&h, *id).await;
+        assert_eq!((&row.kind, &row.status, &row.data), (&new.kind, &new.status, &new.data), "row {id}");
+        assert_eq!(row.parent_id, new.parent_id, "parent of row {id}");
+        assert_unlocked(&row);
+    }
+    h.store().hint("marker", None).await.expect("hint");
+    assert_eq!(next_hint(&mut rx, "the subscriber").await, "operation", "the kind of insert_many's hints");
+    assert_eq!(next_hint(&mut rx, "the subscriber").await, "marker", "a kind published twice by one insert_many");
+    assert!(get(&h, parent.id).await.hinted, "row {} named by a hint is not hinted", parent.id);
+}
+
+/// `insert_many` refuses a row `insert` would refuse, naming it, and then stores none of the rows.
+pub async fn insert_many_with_a_bad_row_stores_none<H: Harness>(h: H) {
+    let rows = vec![NewRow::new("inbox", "new", json!({})), NewRow::new("inbox", "new", json!({"bad": "a\u{0}b"}))];
+    match h.store().insert_many(rows, Vec::new()).await {
+        Err(StoreError::Invalid(message)) => assert!(message.contains("rows[1]"), "names the bad row: {message}"),
+        other => panic!("insert_many of a row with a NUL: {other:?}"),
+    }
+    assert_eq!(h.store().list("inbox", None).await.expect("list"), vec![], "a refused insert_many stored rows");
 }

@@ -26,7 +26,7 @@ use crate::store::{
     ApplyOutcome, ApplyParams, CommitOp, Event, FAILURE_ERRORS_KEPT, FailureOutcome, FailureParams, FetchParams,
     HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, Lease, LockOutcome, LockRead, LockRelatedParams, NewHint, NewRow,
     Retry, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp, WriteOutcome, bounded_error, check_apply,
-    check_failure, check_fetch, check_new_row, check_query, check_text, check_update, duration_micros,
+    check_failure, check_fetch, check_key, check_new_row, check_query, check_text, check_update, duration_micros,
 };
 use codec::{PgTime, interval};
 use session::Session;
@@ -926,6 +926,24 @@ impl Store for PgStore {
             codec::row(&row).map_err(|e| self.fail(e))
         })
         .await
+    }
+
+    async fn insert_many(&self, rows: Vec<NewRow>, hints: Vec<NewHint>) -> Result<Vec<RowId>, StoreError> {
+        for (i, row) in rows.iter().enumerate() {
+            check_new_row(&format!("insert_many: rows[{i}]"), row)?;
+        }
+        for (i, hint) in hints.iter().enumerate() {
+            check_key(&format!("insert_many: hints[{i}]"), "kind", &hint.kind)?;
+        }
+        // One statement (`INSERT … SELECT FROM unnest(…)`): all rows or none, without a transaction's round trips.
+        let ids = self
+            .bounded(async {
+                let mut conn = self.inner.pool.acquire().await.map_err(|e| self.fail(e))?;
+                write::insert_rows(&mut conn, self.offset(), rows).await.map_err(|e| self.fail(e))
+            })
+            .await?;
+        self.publish_hints(hints).await;
+        Ok(ids)
     }
 
     async fn get(&self, id: RowId) -> Result<Option<Row>, StoreError> {
