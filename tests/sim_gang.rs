@@ -422,12 +422,22 @@ fn large_gang(agents: usize, jobs: u32) -> Scenario {
 
 /// A new user's trial: an agent reported a thousand starts one round trip at a time within one pass, outlasted
 /// its node lease (10 s) doing so, fenced itself and killed the gang, in every incarnation, for ever. The agent
-/// now stops reporting when its heartbeat falls due and goes on after it.
+/// now sends a pass's reports in one store call (`Store::insert_many`), none when its heartbeat is due: its two
+/// thousand reports (a start and an exit per job) commit at a couple of hundred instants (one per pass that had
+/// reports to send), not two thousand.
 #[test]
 fn a_gang_of_a_thousand_jobs_on_one_agent_completes_in_its_first_incarnation() {
     let report = sim::run(&large_gang(1, 1000), 1);
     assert_passed(&report, "a_gang_of_a_thousand_jobs_on_one_agent_completes_in_its_first_incarnation");
     assert!(!report.trace.iter().any(|e| e.kind == "fence"), "an agent fenced itself");
+    let reports =
+        report.trace.iter().filter(|e| e.kind == "commit" && &*e.node == "agent-0" && e.fields.contains(" inbox"));
+    let (count, instants) = reports.fold((0, BTreeSet::new()), |(count, mut instants), e| {
+        instants.insert(e.at);
+        (count + 1, instants)
+    });
+    assert!(count >= 2_000, "{count} reports committed by agent-0");
+    assert!(instants.len() <= count / 4, "agent-0's {count} reports took {} store calls", instants.len());
 }
 
 /// The same trial: the first pass of a 10 000-job gang read back each allocation it took from the free list with
