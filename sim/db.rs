@@ -13,13 +13,14 @@
 //! a commit on one operation's row (or on a row of its inbox or jobs) carries `op=<id>`, and every event a commit
 //! appended to an operation becomes a trace line of its own ([`gang::event_line`]).
 
+use super::clock::{SimStoreClock, SimTime};
 use super::gang;
 use super::rng;
 use super::rpc::{Call, Delivery, InsertHint, Reply, Request, Response};
 use super::trace::Trace;
 use super::wire::Wire;
 use crate::gang::model::{AllocationData, KIND_ALLOCATION};
-use crate::store::{Clock, CommitOp, Hint, MemStore, NewRow, Row, RowId, Store, StoreError, Timestamp, TokioClock};
+use crate::store::{Clock, CommitOp, Hint, MemStore, NewRow, Row, RowId, Store, StoreError, Timestamp};
 use futures_util::FutureExt;
 use madsim::runtime::{Handle, NodeHandle};
 use madsim::task::NodeId;
@@ -51,8 +52,8 @@ pub type HintSender = mpsc::UnboundedSender<(Instant, Hint)>;
 pub struct Database {
     /// The store, with its commit history (the checkers' record).
     pub store: MemStore,
-    /// The store's clock.
-    clock: TokioClock,
+    /// The store's clock (simulated time, read through madsim's handle: [`SimTime`]).
+    clock: SimStoreClock,
     /// The unique index of [`Call::InsertKeyed`].
     keys: Mutex<BTreeMap<String, RowId>>,
     /// Chance, in parts per million, that the node drops a reply after its call committed.
@@ -93,7 +94,7 @@ impl Database {
     /// An empty database whose node listens on `ip` behind the links of `wire`; its store's clock starts at
     /// [`ORIGIN`] now.
     pub fn new(seed: u64, ip: IpAddr, wire: Arc<Wire>, trace: Trace) -> Arc<Database> {
-        let clock = TokioClock::new(ORIGIN);
+        let clock = SimStoreClock::new(ORIGIN);
         Arc::new(Database {
             store: MemStore::with_history(clock.clone()),
             clock,
@@ -123,6 +124,11 @@ impl Database {
     /// The store's time now.
     pub fn now(&self) -> Timestamp {
         self.clock.now()
+    }
+
+    /// The simulated clock, read without `Instant::now()`'s detour through libc ([`SimTime`]).
+    pub fn time(&self) -> &SimTime {
+        self.clock.time()
     }
 
     /// The node's address.
@@ -181,7 +187,7 @@ impl Database {
     /// holds is lost.
     pub fn killed(&self) {
         *self.serving() = None;
-        self.kills.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(Instant::now());
+        self.kills.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(self.time().now());
     }
 
     /// Whether the node was killed at an instant in `[from, until)`.
@@ -203,7 +209,7 @@ impl Database {
     /// the node is down the subscription is lost; a restart forgets every subscription.
     pub fn subscribe(&self, ip: IpAddr, hints: HintSender) {
         if let Some(serving) = self.serving().as_mut() {
-            serving.subscribers.insert(ip, (hints, Instant::now()));
+            serving.subscribers.insert(ip, (hints, self.time().now()));
         }
     }
 
@@ -231,7 +237,7 @@ pub async fn serve(db: Arc<Database>) {
     let node = Handle::current().get_node(id).expect("the database node exists");
     *db.serving() = Some(Serving {
         node,
-        started: Instant::now(),
+        started: db.time().now(),
         rng: Arc::new(Mutex::new(rng::keyed(db.seed, "db", incarnation))),
         subscribers: BTreeMap::new(),
     });
@@ -245,7 +251,7 @@ async fn handle(db: Arc<Database>, request: Request, started: Instant, rng: Arc<
     tokio::time::sleep(request.latency + queue_delay(&rng)).await;
     // One read of the clock for the start-up check and the hand-over: the call runs in one poll (see `execute`), so
     // both are this instant. Each read goes through madsim's `clock_gettime` (issue 17).
-    let handed = Instant::now();
+    let handed = db.time().now();
     let response = if handed.duration_since(started) < STARTUP {
         Err(StoreError::Unavailable("the database system is starting up".into()))
     } else {
@@ -285,7 +291,7 @@ async fn forward_hints(db: &Database) {
             Err(RecvError::Lagged(_)) => continue,
             Err(RecvError::Closed) => return,
         };
-        let now = Instant::now();
+        let now = db.time().now();
         let mut serving = db.serving();
         let Some(serving) = serving.as_mut() else { return };
         serving.subscribers.retain(|_, (_, renewed)| now.duration_since(*renewed) < SUBSCRIPTION_TTL);

@@ -34,6 +34,8 @@ pub mod agents;
 pub mod checkers;
 #[cfg(madsim)]
 pub mod cli;
+#[cfg(madsim)]
+pub mod clock;
 pub mod coverage;
 #[cfg(madsim)]
 pub mod db;

@@ -104,7 +104,7 @@ impl NetStore {
     async fn call(&self, call: Call) -> Response {
         let options = &self.options;
         let name = call.name();
-        let deadline = Instant::now() + options.call_timeout;
+        let deadline = options.db.time().now() + options.call_timeout;
         let (reply, replied) = oneshot::channel();
         // The reply sender is dropped (here, or by the database node) when the request is lost, when the node dies
         // or when it drops the reply: the call then times out.

@@ -194,7 +194,7 @@ impl World {
                     lease_ttl_max: lease_ttl_max.clone(),
                     placement: placement.clone(),
                     call_timeout: scenario.call_timeout,
-                    clock: LocalClock::drifting(),
+                    clock: LocalClock::drifting().with_reader(db.time().reader()),
                     faults_on: faults_on.clone(),
                     stop: stop.clone(),
                     trace: trace.clone(),
@@ -235,7 +235,7 @@ impl World {
                             config: gang.agent_config(index),
                             executor: executor.clone(),
                             call_timeout: scenario.call_timeout,
-                            clock: LocalClock::drifting(),
+                            clock: LocalClock::drifting().with_reader(db.time().reader()),
                             trace: trace.clone(),
                             incarnations: AtomicU64::new(0),
                         });

@@ -27,7 +27,7 @@ pub mod queue;
 pub mod worker;
 
 pub use batcher::{ApplyBatcher, PendingApply, RefetchBatcher};
-pub use clock::LocalClock;
+pub use clock::{LocalClock, RuntimeReader};
 pub use config::{ConfigError, PipelineConfig, RetryPolicy};
 pub use fetcher::{FetchPass, Fetcher};
 pub use handler::{Changes, Failure, Handler, LoadCx, RetryDecision, WorkError};
