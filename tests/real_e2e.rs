@@ -179,7 +179,8 @@ impl Cluster {
     }
 
     fn start_replica_with(&mut self, name: &str, extra: &[&str]) {
-        let mut args = vec!["serve", "--replica", name];
+        let application = self.application_name(name);
+        let mut args = vec!["serve", "--replica", &application];
         args.extend(REPLICA_FLAGS);
         args.extend(extra);
         self.spawn(name, &args);
@@ -205,6 +206,37 @@ impl Cluster {
 
     fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.processes.logs.join(format!("{name}.log"))).unwrap()
+    }
+
+    /// The `--replica` name, and so PostgreSQL's `application_name`, of replica `name`: scoped to this run's
+    /// schema, so that [`Cluster::wait_until_idle`] never looks at another test run's sessions.
+    fn application_name(&self, name: &str) -> String {
+        format!("{name}@{}", self.store().schema())
+    }
+
+    /// Waits until no session of replica `name` is running a statement (`pg_stat_activity`, state `active`): a
+    /// statement it sent before it froze has committed or failed by then (a transaction it left open, `idle in
+    /// transaction`, never commits: its holder is frozen, then killed). Bounded: panics after 30 s.
+    async fn wait_until_idle(&self, name: &str) {
+        use sqlx::Connection;
+        let application = self.application_name(name);
+        let mut connection = sqlx::PgConnection::connect(&support::pg::database_url()).await.unwrap();
+        let started = Instant::now();
+        loop {
+            let active: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND application_name = $1 AND state = 'active'",
+            )
+            .bind(&application)
+            .fetch_one(&mut connection)
+            .await
+            .unwrap();
+            if active == 0 {
+                return;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "{name} still runs a statement after 30 s frozen");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     fn child(&mut self, name: &str) -> &mut Child {
@@ -271,8 +303,10 @@ impl Cluster {
             let now = self.store().now().await.unwrap();
             let Some((token, expires)) = live(&row, now) else { continue };
             signal(self.child(name), libc::SIGSTOP);
-            // A statement the holder sent before it froze may still commit.
+            // A statement the holder sent before it froze may still commit: wait until it has (on a loaded machine
+            // that took more than the 100 ms this waited before, and the holder's apply landed after its kill).
             tokio::time::sleep(Duration::from_millis(100)).await;
+            self.wait_until_idle(name).await;
             if self.store().get(op).await.unwrap().unwrap().lock_token == Some(token) {
                 return (token, expires);
             }
