@@ -161,7 +161,17 @@ impl RunReport {
         self.rows = outcome.rows_final.len();
         self.keyed_rows = outcome.keyed_rows;
         for row in &outcome.rows_final {
-            *self.statuses.entry(row.kind.clone()).or_default().entry(row.status.clone()).or_default() += 1;
+            // New strings only for a kind or status not seen before (issue 17: two per row before).
+            if !self.statuses.contains_key(&row.kind) {
+                self.statuses.insert(row.kind.clone(), BTreeMap::new());
+            }
+            let statuses = self.statuses.get_mut(&row.kind).expect("kind just added");
+            match statuses.get_mut(&row.status) {
+                Some(count) => *count += 1,
+                None => {
+                    statuses.insert(row.status.clone(), 1);
+                }
+            }
         }
         self.operations = outcome.gang.map(|gang| gang.reports).unwrap_or_default();
     }
