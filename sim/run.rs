@@ -161,7 +161,17 @@ impl RunReport {
         self.rows = outcome.rows_final.len();
         self.keyed_rows = outcome.keyed_rows;
         for row in &outcome.rows_final {
-            *self.statuses.entry(row.kind.clone()).or_default().entry(row.status.clone()).or_default() += 1;
+            // New strings only for a kind or status not seen before (issue 17: two per row before).
+            if !self.statuses.contains_key(&row.kind) {
+                self.statuses.insert(row.kind.clone(), BTreeMap::new());
+            }
+            let statuses = self.statuses.get_mut(&row.kind).expect("kind just added");
+            match statuses.get_mut(&row.status) {
+                Some(count) => *count += 1,
+                None => {
+                    statuses.insert(row.status.clone(), 1);
+                }
+            }
         }
         self.operations = outcome.gang.map(|gang| gang.reports).unwrap_or_default();
     }
@@ -264,9 +274,9 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
     let trace_len_max = trace::trace_len_max();
     let trace_slot: Arc<Mutex<Option<Trace>>> = Arc::default();
     let wall = std::time::Instant::now();
-    let (result, simulated, world_leaked) = {
+    let (done, finished) = std::sync::mpsc::channel();
+    {
         let (scenario, trace_slot) = (scenario.clone(), trace_slot.clone());
-        let (done, finished) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut runtime = Runtime::with_seed_and_config(seed, madsim::Config::default());
             runtime.set_time_limit(scenario.time_limit());
@@ -286,40 +296,67 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(simulate)));
             let leaked = tear_down(runtime, &world_slot, &trace_slot);
             let result = match result {
-                Ok(Ok((outcome, simulated))) => (Ok(outcome), simulated, leaked),
-                Ok(Err(outgrown)) => (Err(Ended::Outgrown(outgrown.what)), Duration::ZERO, leaked),
-                Err(panic) => (Err(Ended::Panic(panic_message(panic))), Duration::ZERO, leaked),
+                Ok(Ok((outcome, simulated))) => (Ok(outcome), simulated),
+                Ok(Err(outgrown)) => (Err(Ended::Outgrown(outgrown.what)), Duration::ZERO),
+                Err(panic) => (Err(Ended::Panic(panic_message(panic))), Duration::ZERO),
             };
+            // The wall time of the simulation, as before judging moved here: the checkers' time is not in it.
+            let wall = wall.elapsed();
+            // Judged on this thread, which allocated the run's history and rows: freeing them here is
+            // mimalloc's local free, where the caller's thread took its cross-thread path for every block (issue
+            // 17: 2 % of a 10 000-row run's instructions).
+            // A checker's panic is our own bug: it goes on in the caller's thread, as when judging was there.
+            let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                report_of(&scenario, seed, result, take_trace(&trace_slot), leaked)
+            }));
             // The receiver is gone only if the run passed its wall-clock limit; nobody waits for it then.
-            let _ = done.send(result);
+            let _ = done.send(report.map(|report| RunReport { wall, ..report }));
         });
-        match finished.recv_timeout(limit) {
-            Ok(result) => result,
-            // The run's thread is left to spin: a thread cannot be stopped from outside. The process ends it.
-            Err(_) => (Err(Ended::Panic(stuck(limit))), Duration::ZERO, false),
+    }
+    let report = match finished.recv_timeout(limit) {
+        Ok(Ok(report)) => report,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        // The run's thread is left to spin: a thread cannot be stopped from outside. The process ends it.
+        Err(_) => {
+            let stuck = (Err(Ended::Panic(stuck(limit))), Duration::ZERO);
+            RunReport { wall: wall.elapsed(), ..report_of(&scenario, seed, stuck, take_trace(&trace_slot), false) }
         }
     };
-    let wall = wall.elapsed();
-    let trace = trace_slot
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-        .map(|trace| trace.take_events())
-        .unwrap_or_default();
+    if let Ok(dir) = std::env::var("LOCKSTEP_SIM_TRACE_DIR") {
+        let path = std::path::Path::new(&dir).join(format!("{}-seed-{seed}.trace", report.scenario));
+        std::fs::write(&path, report.trace_text()).expect("LOCKSTEP_SIM_TRACE_DIR must be a writable directory");
+    }
+    report
+}
+
+#[cfg(madsim)]
+/// The events of the run's trace, taken out of `trace_slot` (none if it holds no trace).
+fn take_trace(trace_slot: &Mutex<Option<Trace>>) -> Vec<TraceEvent> {
+    let trace = trace_slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+    trace.map(|trace| trace.take_events()).unwrap_or_default()
+}
+
+#[cfg(madsim)]
+/// The report of a run of `scenario` under `seed` that ended with `result` (its outcome and simulated time, or
+/// why it ended early) and wrote `trace`: judged when it ended normally. Its wall time is left zero.
+fn report_of(
+    scenario: &Scenario,
+    seed: u64,
+    result: (Result<Outcome, Ended>, Duration),
+    trace: Vec<TraceEvent>,
+    world_leaked: bool,
+) -> RunReport {
+    let (result, simulated) = result;
     // A panicked run has no end time of its own: the last trace event is as far as it got (not zero).
     let simulated = match &result {
         Ok(_) => simulated,
         Err(_) => trace.last().map_or(Duration::ZERO, |event| event.at),
     };
-    let mut report = RunReport { simulated, wall, trace, world_leaked, ..RunReport::empty(&scenario, seed) };
+    let mut report = RunReport { simulated, trace, world_leaked, ..RunReport::empty(scenario, seed) };
     match result {
         Err(Ended::Panic(panic)) => report.panic = Some(panic),
         Err(Ended::Outgrown(what)) => report.outgrown = Some(what),
-        Ok(outcome) => report.judge(&scenario, outcome),
-    }
-    if let Ok(dir) = std::env::var("LOCKSTEP_SIM_TRACE_DIR") {
-        let path = std::path::Path::new(&dir).join(format!("{}-seed-{seed}.trace", report.scenario));
-        std::fs::write(&path, report.trace_text()).expect("LOCKSTEP_SIM_TRACE_DIR must be a writable directory");
+        Ok(outcome) => report.judge(scenario, outcome),
     }
     report
 }

@@ -21,10 +21,11 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
         // are the services' (`external_exactly_once`), their own invariants their checkers'.
         return Ok(());
     }
-    let mut effects: BTreeMap<(RowId, String), usize> = BTreeMap::new();
+    // Keyed by the pipeline's name as the event holds it: no new string per effect (issue 17).
+    let mut effects: BTreeMap<(RowId, &str), usize> = BTreeMap::new();
     let mut increments: BTreeMap<RowId, u64> = BTreeMap::new();
     for event in input.events.iter().filter(|event| event.kind == EFFECT_EVENT) {
-        let pipeline = event.data["pipeline"].as_str().unwrap_or("?").to_string();
+        let pipeline = event.data["pipeline"].as_str().unwrap_or("?");
         *effects.entry((event.row_id, pipeline)).or_default() += 1;
         if let Some(counter) = event.data["counter"].as_i64() {
             *increments.entry(RowId(counter)).or_default() += 1;
@@ -38,14 +39,13 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
     }
     for row in input.rows_final.iter().filter(|row| workload::is_terminal(row)) {
         if let Some(pipeline) = workload::expected_effect(row)
-            && !effects.contains_key(&(row.id, pipeline.clone()))
+            && !effects.contains_key(&(row.id, pipeline.as_str()))
         {
             let (id, kind, status) = (row.id, &row.kind, &row.status);
             broken.push(format!("row {id} ({kind} {status}) is final without an effect of {pipeline}"));
         }
         if row.status == FAILED_STATUS
-            && let Some(((_, pipeline), _)) =
-                effects.range((row.id, String::new())..).next().filter(|((id, _), _)| *id == row.id)
+            && let Some(((_, pipeline), _)) = effects.range((row.id, "")..).next().filter(|((id, _), _)| *id == row.id)
         {
             broken.push(format!("row {} ({} failed) took an effect of {pipeline}", row.id, row.kind));
         }

@@ -9,8 +9,8 @@
 //! no fence.
 
 use super::CheckInput;
+use super::row_map::RowMap;
 use crate::store::{Commit, CommitOp, LockOutcome, LockToken, RowId, WriteOutcome};
-use std::collections::BTreeMap;
 
 /// A row's last handed-out token.
 #[derive(Clone, Copy, Debug)]
@@ -24,10 +24,11 @@ struct Latest {
 
 /// The check; the error names the first offending commit.
 pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
-    let mut latest: BTreeMap<RowId, Latest> = BTreeMap::new();
+    // By row id: a lookup per lease of every commit (issue 17).
+    let mut latest: RowMap<Latest> = RowMap::new();
     for (index, commit) in input.history.iter().enumerate() {
-        let uses = |latest: &BTreeMap<RowId, Latest>, id: RowId, token: LockToken| -> Result<(), String> {
-            match latest.get(&id) {
+        let uses = |latest: &RowMap<Latest>, id: RowId, token: LockToken| -> Result<(), String> {
+            match latest.get(id) {
                 Some(held) if held.token == token && held.current => Ok(()),
                 Some(held) => Err(format!(
                     "commit {index} `{}`: row {id} written with token {token}, but its latest token is {} ({}), \
@@ -44,15 +45,15 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
                 )),
             }
         };
-        let consume = |latest: &mut BTreeMap<RowId, Latest>, id: RowId| {
-            if let Some(held) = latest.get_mut(&id) {
+        let consume = |latest: &mut RowMap<Latest>, id: RowId| {
+            if let Some(held) = latest.get_mut(id) {
                 held.current = false;
             }
         };
         match &commit.op {
             CommitOp::Fetch { leases, .. } => {
                 for lease in leases {
-                    if let Some(previous) = latest.get(&lease.id).filter(|previous| previous.token >= lease.token) {
+                    if let Some(previous) = latest.get(lease.id).filter(|previous| previous.token >= lease.token) {
                         return Err(format!(
                             "commit {index} `{}`: token {} of row {} is not above its previous token {}",
                             describe(commit),

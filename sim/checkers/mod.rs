@@ -10,6 +10,7 @@ pub mod liveness;
 pub mod locked_forever;
 pub mod ranks;
 pub mod retries;
+pub mod row_map;
 pub mod starvation;
 
 use super::service::Effect;

@@ -8,11 +8,12 @@
 //! 3. no fetch leases a row after it gave up, and a row that gave up ends in the failed status, and only such a
 //!    row does.
 
+use super::row_map::RowMap;
 use super::{CheckInput, RowModel, listed};
 use crate::sim::gang::is_gang_row;
 use crate::sim::workload::{self, FAILED_STATUS};
 use crate::store::{CommitOp, Row, RowId};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// The check; the error lists every row that broke a rule (the first break of each).
 pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
@@ -20,24 +21,23 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
         // A user's pipelines set their own retry policies; the built-in workload's limit says nothing of them.
         return Ok(());
     }
-    let rows: BTreeMap<RowId, &Row> = input
+    // By row id: a lookup per failure, apply and leased row of the history (issue 17).
+    let rows: RowMap<&Row> = input
         .rows_final
         .iter()
         .filter(|row| workload::is_processed(row) && !is_gang_row(row))
         .map(|row| (row.id, row))
         .collect();
-    let mut streaks: BTreeMap<RowId, u32> = BTreeMap::new();
-    let mut gave_up: BTreeSet<RowId> = BTreeSet::new();
+    let mut streaks: RowMap<u32> = RowMap::new();
+    let mut gave_up: RowMap<()> = RowMap::new();
     let mut broken: BTreeMap<RowId, String> = BTreeMap::new();
     let mut fail = |id: RowId, index: usize, what: String| {
         broken.entry(id).or_insert_with(|| format!("row {id}: commit {index}: {what}"));
     };
     for (index, commit) in input.history.iter().enumerate() {
         match &commit.op {
-            CommitOp::Failure { lease, attempts: Some(attempt), gave_up: giving_up }
-                if rows.contains_key(&lease.id) =>
-            {
-                let streak = streaks.entry(lease.id).or_default();
+            CommitOp::Failure { lease, attempts: Some(attempt), gave_up: giving_up } if rows.contains(lease.id) => {
+                let streak = streaks.get_or_insert_with(lease.id, u32::default);
                 if *attempt != *streak + 1 {
                     fail(lease.id, index, format!("attempt {attempt} recorded after {streak} failures in a row"));
                 }
@@ -50,25 +50,25 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
                     fail(lease.id, index, format!("{what} at attempt {attempt} of {}", input.attempts_max));
                 }
                 if *giving_up {
-                    gave_up.insert(lease.id);
+                    gave_up.insert(lease.id, ());
                 }
             }
             CommitOp::Apply { lease, applied: true, .. } => {
                 streaks.insert(lease.id, 0);
             }
             CommitOp::Fetch { leases, .. } => {
-                for lease in leases.iter().filter(|lease| gave_up.contains(&lease.id)) {
+                for lease in leases.iter().filter(|lease| gave_up.contains(lease.id)) {
                     fail(lease.id, index, "leased again after it gave up".into());
                 }
             }
             _ => {}
         }
     }
-    for (id, row) in &rows {
+    for (id, row) in rows.iter() {
         let failed = row.status == FAILED_STATUS;
         if failed != gave_up.contains(id) {
             let what = if failed { "is failed but never gave up" } else { "gave up but ends" };
-            fail(*id, input.history.len(), format!("{what} in status {}", row.status));
+            fail(id, input.history.len(), format!("{what} in status {}", row.status));
         }
     }
     if broken.is_empty() {

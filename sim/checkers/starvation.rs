@@ -7,14 +7,14 @@
 //! not exceed the bound: children that keep taking their rows back, or intent marks that never let the parent
 //! in, show up here long before a parent hangs for good.
 
+use super::row_map::RowMap;
 use super::{CheckInput, listed};
 use crate::store::{CommitOp, LockOutcome, RowId, Timestamp};
-use std::collections::BTreeMap;
 
 /// The check; the error lists the starved parents and how long each waited.
 pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
     let bound = crate::store::duration_micros(input.starvation_bound);
-    let mut open: BTreeMap<RowId, (Timestamp, usize)> = BTreeMap::new();
+    let mut open: RowMap<(Timestamp, usize)> = RowMap::new();
     let mut starved = Vec::new();
     let mut measure = |id: RowId, start: Timestamp, attempts: usize, end: Timestamp, resolved: bool| {
         let waited = end.as_micros() - start.max(input.heal_at).as_micros();
@@ -32,17 +32,17 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
             continue;
         }
         match outcome {
-            LockOutcome::Contended => open.entry(holder.id).or_insert((commit.at, 0)).1 += 1,
+            LockOutcome::Contended => open.get_or_insert_with(holder.id, || (commit.at, 0)).1 += 1,
             LockOutcome::Locked => {
-                if let Some((start, attempts)) = open.remove(&holder.id) {
+                if let Some((start, attempts)) = open.remove(holder.id) {
                     measure(holder.id, start, attempts, commit.at, true);
                 }
             }
             LockOutcome::Stale => {}
         }
     }
-    for (id, (start, attempts)) in open {
-        measure(id, start, attempts, input.liveness_at, false);
+    for (id, (start, attempts)) in open.iter() {
+        measure(id, *start, *attempts, input.liveness_at, false);
     }
     if starved.is_empty() {
         return Ok(());
