@@ -42,6 +42,12 @@ pub struct Mutation {
     /// Fixed `agent-clock-drift` faults may run an agent's clock slower than the margin rule of DESIGN §2 allows,
     /// so it keeps its processes past its node lease's expiry: checker `rank_exclusivity` must fire.
     pub agent_drift_beyond_margin: bool,
+    /// A related lock treats every other owner's fresh intent mark as taken, items' age aside
+    /// ([`MemStore::disable_related_age_rule_for_mutation_test`]): in scenarios/rows-shared-pairs.toml claims
+    /// hold each other off in cycles of marks, and checker `starvation` must fire.
+    ///
+    /// [`MemStore::disable_related_age_rule_for_mutation_test`]: crate::store::MemStore::disable_related_age_rule_for_mutation_test
+    pub related_age_rule_disabled: bool,
 }
 
 /// Everything a run needs besides its seed.
@@ -325,6 +331,7 @@ pub fn small_workload() -> WorkloadSpec {
         claim_pipelines: 2,
         resources: 3,
         hot_share: 0.5,
+        claim_resources: 1,
         rows_max: 2_000,
         task_process: Duration::from_millis(20)..Duration::from_millis(1_000),
         task_slow_chance: 0.05,

@@ -429,6 +429,7 @@ struct WorkloadDoc {
     claim_pipelines: Option<usize>,
     resources: Option<usize>,
     hot_share: Option<f64>,
+    claim_resources: Option<usize>,
     rows_max: Option<usize>,
     task_process: Option<DurationRange>,
     task_slow_chance: Option<f64>,
@@ -499,6 +500,7 @@ struct MutationDoc {
     apply_guard_disabled: Option<bool>,
     gang_gate_disabled: Option<bool>,
     agent_drift_beyond_margin: Option<bool>,
+    related_age_rule_disabled: Option<bool>,
 }
 
 // ---- values ----
@@ -640,6 +642,7 @@ impl FileDoc {
             apply_guard_disabled: self.mutation.apply_guard_disabled.unwrap_or(false),
             gang_gate_disabled: self.mutation.gang_gate_disabled.unwrap_or(false),
             agent_drift_beyond_margin: self.mutation.agent_drift_beyond_margin.unwrap_or(false),
+            related_age_rule_disabled: self.mutation.related_age_rule_disabled.unwrap_or(false),
         };
         self.faults.apply(&mut scenario)?;
         // Every rule above is checked at its key; the scenario's own check is the last word (a rule only it knows
@@ -914,6 +917,13 @@ impl WorkloadDoc {
         }
         if let Some(value) = self.hot_share {
             spec.hot_share = chance(at("hot_share"), value)?;
+        }
+        if let Some(value) = self.claim_resources {
+            spec.claim_resources = at_least_one(at("claim_resources"), value)?;
+            if value > spec.resources {
+                let rule = format!("{value} must be at most resources ({})", spec.resources);
+                return Err((at("claim_resources"), rule));
+            }
         }
         if let Some(value) = self.rows_max {
             if value > ROWS_MAX_MAX {
@@ -1315,6 +1325,7 @@ claims_per_minute = 0.0
 claim_pipelines = 1
 resources = 2
 hot_share = 0.2
+claim_resources = 2
 rows_max = 100
 task_process = ["10ms", "20ms"]
 task_slow_chance = 0.0
@@ -1358,6 +1369,7 @@ apply_guard_disabled = true
         assert_eq!(s.workload.lease_ttl, Duration::from_secs(8));
         assert_eq!(s.workload.workers.tasks, 4);
         assert_eq!(s.workload.tasks_per_job, 2..=3);
+        assert_eq!(s.workload.claim_resources, 2);
         assert_eq!(s.workload.task_slow, Duration::from_secs(9)..Duration::from_secs(9));
         assert_eq!(s.faults.until, Duration::from_secs(30));
         assert_eq!(
@@ -1501,6 +1513,8 @@ apply_guard_disabled = true
         assert!(rule.contains("is empty"), "{rule}");
         assert_eq!(error(&format!("{head}[network]\nlatency = [\"1ms\", \"1ms\"]\n")).1, "network.latency");
         assert_eq!(error(&format!("{head}[workload]\nhot_share = 1.5\n")).1, "workload.hot_share");
+        let (_, key, rule) = error(&format!("{head}[workload]\nresources = 2\nclaim_resources = 3\n"));
+        assert_eq!((key.as_str(), rule.as_str()), ("workload.claim_resources", "3 must be at most resources (2)"));
         assert_eq!(error(&format!("{head}[workload]\ntasks_per_job = [3, 1]\n")).1, "workload.tasks_per_job");
         assert_eq!(error(&format!("{head}[pipeline.workers]\ntasks = 0\n")).1, "pipeline.workers.tasks");
         assert_eq!(

@@ -12,7 +12,8 @@
 //! - `resource` rows are shared counters. Each `claims-{p}` pipeline (the extra pipelines competing for shared
 //!   related rows) takes `claim-{p}` rows (`ready` → `done`), locks the claim's resource with `lock_shared` (owner
 //!   `claims-{p}:{claim}`), and increments the resource's `count` in its guarded apply. A share of the claims
-//!   goes to resource 0, a hot row.
+//!   goes to resource 0, a hot row. With `claim_resources` above 1 a claim locks that many resources at once, in
+//!   a random order, and increments each.
 //!
 //! Every apply that does a row's work appends one `effect` event naming the pipeline (and the counter it
 //! incremented), so the exactly-once checker can count effects against the rows and counters.
@@ -84,6 +85,12 @@ pub struct WorkloadSpec {
     pub resources: usize,
     /// Share of claims that go to resource 0.
     pub hot_share: f64,
+    /// Resources each claim locks together with `lock_and_read_shared` (distinct, in a random order), at least 1
+    /// and at most `resources`. With 2 or more, claims of one pipeline can each hold an intent mark on a row
+    /// another needs: a cycle of marks that only related locks' age rule breaks (a younger item's mark gives way
+    /// to an older item; `store::related_available`). A new user's trial found that livelock outside the
+    /// simulator, whose claims then all locked one row.
+    pub claim_resources: usize,
     /// Most rows the client inserts; the processes stop there. 0 turns the row workload off: the client inserts
     /// nothing (not even resources) and replicas run no row pipelines (a gang-only scenario).
     pub rows_max: usize,
@@ -204,10 +211,13 @@ pub fn connections_needed(spec: &WorkloadSpec) -> usize {
     configs.iter().map(PipelineConfig::connections_needed).sum()
 }
 
-fn effect(row: RowId, pipeline: &str, counter: Option<RowId>) -> NewEvent {
-    let data = match counter {
-        Some(counter) => json!({ "pipeline": pipeline, "counter": counter.0 }),
-        None => json!({ "pipeline": pipeline }),
+/// The effect event of `row`'s apply by `pipeline`, naming the `counters` it incremented: `counter` for one,
+/// `counters` for several.
+fn effect(row: RowId, pipeline: &str, counters: &[RowId]) -> NewEvent {
+    let data = match counters {
+        [] => json!({ "pipeline": pipeline }),
+        [counter] => json!({ "pipeline": pipeline, "counter": counter.0 }),
+        counters => json!({ "pipeline": pipeline, "counters": counters.iter().map(|id| id.0).collect::<Vec<_>>() }),
     };
     NewEvent { row_id: row, kind: EFFECT_EVENT.into(), data }
 }
@@ -257,7 +267,7 @@ impl<S: Store> Handler<S> for Tasks {
             }
             Fate::FailsFirst | Fate::Succeeds => {}
         }
-        let events = vec![effect(row.id, "tasks", None)];
+        let events = vec![effect(row.id, "tasks", &[])];
         Ok(Changes { events, hints: vec!["job".into()], ..Changes::status("finished") })
     }
 }
@@ -316,7 +326,7 @@ impl<S: Store> Handler<S> for Jobs {
         }
         let finished = tasks.iter().filter(|task| task.status == "finished");
         let related = finished.map(|task| RelatedUpdate { id: task.id, update: RowUpdate::status("done") }).collect();
-        Ok(Changes { related, events: vec![effect(row.id, "jobs", None)], ..Changes::status("done") })
+        Ok(Changes { related, events: vec![effect(row.id, "jobs", &[])], ..Changes::status("done") })
     }
 }
 
@@ -333,26 +343,41 @@ struct Claims {
 }
 
 impl<S: Store> Handler<S> for Claims {
-    type Context = (Lease, Row);
+    type Context = (Lease, Vec<Row>);
 
-    async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<(Lease, Row), WorkError> {
-        let resource = row.data["resource"].as_i64().map(RowId);
-        let resource = resource.ok_or_else(|| WorkError::Failed(format!("claim {}: no resource", row.id)))?;
-        let resource = cx.lock_and_read_shared(vec![resource]).await?.pop();
-        let resource = resource.ok_or_else(|| WorkError::Failed(format!("claim {}: resource missing", row.id)))?;
-        Ok((cx.lease(), resource))
+    async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<(Lease, Vec<Row>), WorkError> {
+        let wanted = claim_resources(row);
+        if wanted.is_empty() {
+            return Err(WorkError::Failed(format!("claim {}: no resource", row.id)));
+        }
+        let resources = cx.lock_and_read_shared(wanted.clone()).await?;
+        if resources.len() != wanted.len() {
+            return Err(WorkError::Failed(format!("claim {}: a resource is missing", row.id)));
+        }
+        Ok((cx.lease(), resources))
     }
 
-    async fn process(&self, row: Row, (lease, resource): (Lease, Row)) -> Result<Changes, WorkError> {
+    async fn process(&self, row: Row, (lease, resources): (Lease, Vec<Row>)) -> Result<Changes, WorkError> {
         let mut rng = pass_rng(self.seed, "claim", lease);
         tokio::time::sleep(draw(&mut rng, &self.spec.claim_process)).await;
-        let count = resource.data["count"].as_u64().unwrap_or(0) + 1;
-        let update = RowUpdate { status: None, data: Some(json!({ "count": count })) };
+        let increment = |resource: &Row| {
+            let count = resource.data["count"].as_u64().unwrap_or(0) + 1;
+            RelatedUpdate { id: resource.id, update: RowUpdate { status: None, data: Some(json!({ "count": count })) } }
+        };
+        let counters: Vec<RowId> = resources.iter().map(|resource| resource.id).collect();
         Ok(Changes {
-            related: vec![RelatedUpdate { id: resource.id, update }],
-            events: vec![effect(row.id, &self.name, Some(resource.id))],
+            related: resources.iter().map(increment).collect(),
+            events: vec![effect(row.id, &self.name, &counters)],
             ..Changes::status("done")
         })
+    }
+}
+
+/// The resources a claim locks: its data's `resource`, or its `resources` when it locks several.
+fn claim_resources(row: &Row) -> Vec<RowId> {
+    match row.data.get("resources").and_then(|ids| ids.as_array()) {
+        Some(ids) => ids.iter().filter_map(|id| id.as_i64()).map(RowId).collect(),
+        None => row.data["resource"].as_i64().map(RowId).into_iter().collect(),
     }
 }
 
@@ -425,9 +450,9 @@ impl Client {
                 self.insert_job(&mut jobs_rng).await;
                 next_job += exponential(&mut jobs_rng, self.spec.jobs_per_minute);
             } else {
-                let resource = self.pick_resource(&mut claims_rng);
+                let resources = self.pick_resources(&mut claims_rng);
                 let pipeline = claims_rng.random_range(0..self.spec.claim_pipelines.max(1));
-                self.insert_claim(format!("claim-{}", self.report.claims), pipeline, resource).await;
+                self.insert_claim(format!("claim-{}", self.report.claims), pipeline, &resources).await;
                 next_claim += exponential(&mut claims_rng, self.spec.claims_per_minute);
             }
         }
@@ -441,7 +466,7 @@ impl Client {
         let hot = self.retry("find resource 0", || self.store.insert_keyed("resource-0".into(), row.clone())).await;
         for index in 0..claims {
             let pipeline = index % self.spec.claim_pipelines.max(1);
-            self.insert_claim(format!("burst-{burst}-{index}"), pipeline, hot.id).await;
+            self.insert_claim(format!("burst-{burst}-{index}"), pipeline, &[hot.id]).await;
         }
         self.report
     }
@@ -451,6 +476,20 @@ impl Client {
             return self.resources[0];
         }
         self.resources[rng.random_range(0..self.resources.len())]
+    }
+
+    /// A claim's `claim_resources` distinct resources: the first as [`Client::pick_resource`] picks it, the others
+    /// uniform among the rest, in the order drawn (so claims lock the same rows in different orders).
+    fn pick_resources(&self, rng: &mut ChaCha8Rng) -> Vec<RowId> {
+        let mut picked = vec![self.pick_resource(rng)];
+        let wanted = self.spec.claim_resources.min(self.resources.len()).max(1);
+        while picked.len() < wanted {
+            let resource = self.resources[rng.random_range(0..self.resources.len())];
+            if !picked.contains(&resource) {
+                picked.push(resource);
+            }
+        }
+        picked
     }
 
     async fn insert_job(&mut self, rng: &mut ChaCha8Rng) {
@@ -470,9 +509,13 @@ impl Client {
         self.report.tasks += tasks.len();
     }
 
-    async fn insert_claim(&mut self, key: String, pipeline: usize, resource: RowId) {
+    async fn insert_claim(&mut self, key: String, pipeline: usize, resources: &[RowId]) {
         let kind = format!("claim-{pipeline}");
-        let claim = NewRow::new(kind, "ready", json!({ "resource": resource.0 }));
+        let data = match resources {
+            [resource] => json!({ "resource": resource.0 }),
+            resources => json!({ "resources": resources.iter().map(|id| id.0).collect::<Vec<_>>() }),
+        };
+        let claim = NewRow::new(kind, "ready", data);
         let insert = || self.store.insert_keyed_hinting(key.clone(), claim.clone(), Some(InsertHint::Kind));
         self.retry("insert claim", insert).await;
         self.report.claims += 1;

@@ -153,6 +153,10 @@ impl World {
             db.store.disable_apply_guard_for_mutation_test();
             trace.record(&name, "mutation", "apply_guard_disabled");
         }
+        if scenario.mutation.related_age_rule_disabled {
+            db.store.disable_related_age_rule_for_mutation_test();
+            trace.record(&name, "mutation", "related_age_rule_disabled");
+        }
         let db_node = {
             let db = db.clone();
             handle.create_node().name("db").ip(IpAddr::V4(DB_IP)).init(move || db::serve(db.clone())).build()

@@ -5,8 +5,9 @@
 //! 1. no row has two effects of one pipeline (a stale holder's apply, or a retried apply, wrote again);
 //! 2. every final row that the workload processes has exactly one effect of its pipeline (no final row without
 //!    its work);
-//! 3. every counter row's `count` equals the number of effects that name it (no lost or doubled increment of a
-//!    shared row, whatever interleaving of claim pipelines);
+//! 3. every counter row's `count` equals the number of effects that name it (`counter`, or one of `counters` for
+//!    a claim of several resources: no lost or doubled increment of a shared row, whatever interleaving of claim
+//!    pipelines);
 //! 4. a row its pipeline gave up on (`failed`) took no effect: no apply of it ever succeeded.
 
 use super::{CheckInput, RowModel, listed};
@@ -29,6 +30,9 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
         *effects.entry((event.row_id, pipeline)).or_default() += 1;
         if let Some(counter) = event.data["counter"].as_i64() {
             *increments.entry(RowId(counter)).or_default() += 1;
+        }
+        for counter in event.data.get("counters").and_then(|ids| ids.as_array()).into_iter().flatten() {
+            *increments.entry(RowId(counter.as_i64().unwrap_or(0))).or_default() += 1;
         }
     }
     let mut broken = Vec::new();
@@ -97,6 +101,16 @@ mod tests {
         let violation = check(&input(&[], &events, &rows)).expect_err("the checker missed a doubled effect");
         assert!(violation.contains("row 1: pipeline tasks took effect 2 times"), "{violation}");
         assert!(violation.contains("counter row 3 holds 0 but 1 effects incremented it"), "{violation}");
+    }
+
+    #[test]
+    fn an_effect_on_several_counters_counts_once_on_each() {
+        let data = json!({ "pipeline": "claims-0", "counters": [3, 4] });
+        let events = [Event { seq: 1, row_id: RowId(2), kind: EFFECT_EVENT.into(), data, at: T0 }];
+        let rows = [row(2, "claim-0", "done"), counter(3, 1), counter(4, 0)];
+        let violation = check(&input(&[], &events, &rows)).expect_err("missed a lost increment of counter 4");
+        assert!(violation.contains("counter row 4 holds 0 but 1 effects incremented it"), "{violation}");
+        assert!(!violation.contains("counter row 3"), "{violation}");
     }
 
     #[test]

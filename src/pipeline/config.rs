@@ -331,6 +331,10 @@ impl PipelineConfig {
         if self.name.is_empty() {
             return fail("name", "must not be empty".into());
         }
+        if self.name.contains(':') {
+            let rule = format!("{:?} must not contain ':' (a shared lock's owner is `name:item_id`)", self.name);
+            return fail("name", rule);
+        }
         if self.kind.is_empty() {
             return fail("kind", "must not be empty".into());
         }
@@ -510,6 +514,11 @@ mod tests {
         );
         let config = PipelineConfig::new("p", "k", &[]);
         assert!(config.validate().unwrap_err().to_string().contains("statuses"));
+        let config = PipelineConfig::new("jobs:2", "k", &["ready"]);
+        assert_eq!(
+            config.validate().unwrap_err().to_string(),
+            "pipeline jobs:2: name: \"jobs:2\" must not contain ':' (a shared lock's owner is `name:item_id`)"
+        );
         let config = PipelineConfig {
             refetch_batch_window: std::time::Duration::from_secs(2),
             ..PipelineConfig::new("p", "k", &["ready"])

@@ -3,7 +3,7 @@
 
 use crate::store::{
     Lease, LockAttempt, LockRead, LockRelatedParams, NewEvent, NewHint, NewRow, RelatedUpdate, Row, RowId, RowUpdate,
-    Store, StoreError,
+    Store, StoreError, shared_owner,
 };
 use std::future::Future;
 use std::time::Duration;
@@ -128,11 +128,13 @@ impl<'a, S: Store> LoadCx<'a, S> {
         self.lock(related, self.pipeline.to_string()).await
     }
 
-    /// Locks a resource shared by several items with owner `Pipeline:{item_id}`, so two items of the same
-    /// pipeline never both hold it (dstack PIPELINES, "Locking a shared related resource"). Errors as
+    /// Locks a resource shared by several items with owner `Pipeline:{item_id}` ([`shared_owner`]), so two items of
+    /// the same pipeline never both hold it (dstack PIPELINES, "Locking a shared related resource"). Items that
+    /// contend for several shared rows give way by age: a younger item's intent mark does not hold off an older
+    /// item of the pipeline, so the oldest contender always gets all its rows (no cycle of marks). Errors as
     /// [`LoadCx::lock_related`].
     pub async fn lock_shared(&self, related: Vec<RowId>) -> Result<(), WorkError> {
-        self.lock(related, format!("{}:{}", self.pipeline, self.lease.id)).await
+        self.lock(related, shared_owner(self.pipeline, self.lease.id)).await
     }
 
     /// [`LoadCx::lock_related`], and the rows it locked, as they are under the locks (by id, each once), in the
@@ -144,7 +146,7 @@ impl<'a, S: Store> LoadCx<'a, S> {
 
     /// [`LoadCx::lock_shared`], and the rows it locked, as [`LoadCx::lock_and_read_related`] reads them.
     pub async fn lock_and_read_shared(&self, related: Vec<RowId>) -> Result<Vec<Row>, WorkError> {
-        self.lock_and_read(related, format!("{}:{}", self.pipeline, self.lease.id)).await
+        self.lock_and_read(related, shared_owner(self.pipeline, self.lease.id)).await
     }
 
     async fn lock_and_read(&self, related: Vec<RowId>, owner: String) -> Result<Vec<Row>, WorkError> {

@@ -28,6 +28,8 @@ struct Inner {
     hints: broadcast::Sender<Hint>,
     /// The mutation switch of [`MemStore::disable_apply_guard_for_mutation_test`].
     apply_guard_disabled: AtomicBool,
+    /// The mutation switch of [`MemStore::disable_related_age_rule_for_mutation_test`].
+    related_age_rule_disabled: AtomicBool,
 }
 
 /// A row's place in fetch order: `last_processed_at` (never-processed first), then id.
@@ -377,6 +379,7 @@ impl MemStore {
             state: Mutex::new(State::default()),
             hints,
             apply_guard_disabled: AtomicBool::new(false),
+            related_age_rule_disabled: AtomicBool::new(false),
         };
         MemStore { inner: Arc::new(inner), caller: None }
     }
@@ -393,6 +396,15 @@ impl MemStore {
     #[doc(hidden)]
     pub fn disable_apply_guard_for_mutation_test(&self) {
         self.inner.apply_guard_disabled.store(true, Ordering::SeqCst);
+    }
+
+    /// Mutation testing only: from now on a related lock treats every other owner's fresh intent mark as taken,
+    /// as before related locks' age rule (`store::related_available`): items of one pipeline that lock several
+    /// shared rows can hold each other off in a cycle of marks. The simulator's mutation check flips it to prove
+    /// that scenarios/rows-shared-pairs.toml's starvation checker catches that livelock. Never call it elsewhere.
+    #[doc(hidden)]
+    pub fn disable_related_age_rule_for_mutation_test(&self) {
+        self.inner.related_age_rule_disabled.store(true, Ordering::SeqCst);
     }
 
     /// An empty store on `clock` that records every commit (see [`MemStore::history`]).
@@ -544,13 +556,14 @@ fn expires_in(expires: Timestamp, now: Timestamp) -> Duration {
 }
 
 /// Whether a related row is available to `holder` with `owner` at `now` (the rule of [`Store::lock_related`]).
-fn related_available(row: &Row, holder: Lease, owner: &str, now: Timestamp) -> bool {
+/// `age_rule` false: the planted bug of [`MemStore::disable_related_age_rule_for_mutation_test`].
+fn related_available(row: &Row, holder: Lease, owner: &str, now: Timestamp, age_rule: bool) -> bool {
     let live = row.lock_expires_at.is_none_or(|expires| expires > now);
-    match row.lock_token {
-        Some(token) if token == holder.token => true,
-        Some(_) => !live,
-        None => row.lock_owner.as_deref().is_none_or(|o| o == owner) || !live,
+    let mark = row.lock_owner.as_deref();
+    if !age_rule && row.lock_token.is_none() && live && mark.is_some_and(|mark| mark != owner) {
+        return false;
     }
+    super::types::related_available(row.lock_token, mark, live, holder.token, owner)
 }
 
 /// Whether `row` carries `owner`'s mark with no token (an intent mark, fresh or expired, or `owner`'s reset
@@ -934,6 +947,7 @@ impl Store for MemStore {
     async fn lock_related(&self, p: LockRelatedParams) -> Result<LockOutcome, StoreError> {
         check_text(&format!("lock_related {}#{}", p.holder.id, p.holder.token), "owner", &p.owner)?;
         let now = self.now();
+        let age_rule = !self.inner.related_age_rule_disabled.load(Ordering::Relaxed);
         let mut state = self.lock();
         // Each related row is looked up once: whether it exists and whether it is available (a gang restart's
         // passes lock 10 000 jobs each, issue 17).
@@ -943,7 +957,7 @@ impl Store for MemStore {
             let Some(row) = state.rows.get(id) else {
                 return Err(StoreError::Invalid(format!("lock_related: related row {id} does not exist")));
             };
-            if related_available(row, p.holder, &p.owner, now) {
+            if related_available(row, p.holder, &p.owner, now, age_rule) {
                 available.push(*id);
             } else {
                 taken = true;

@@ -299,6 +299,54 @@ pub struct LockRelatedParams {
     pub lease_ttl: Duration,
 }
 
+/// The owner of a related row shared by several items of one pipeline, `{pipeline}:{item}` (dstack PIPELINES,
+/// "Locking a shared related resource"), as [`LoadCx::lock_shared`](crate::pipeline::LoadCx::lock_shared) writes
+/// it. Pipeline names hold no `:` ([`PipelineConfig::validate`](crate::pipeline::PipelineConfig::validate)), so
+/// [`parse_shared_owner`] reads it back one way.
+pub fn shared_owner(pipeline: &str, item: RowId) -> String {
+    format!("{pipeline}:{item}")
+}
+
+/// The pipeline and item of a [`shared_owner`] text; `None` for any other owner (a pipeline name).
+pub fn parse_shared_owner(owner: &str) -> Option<(&str, RowId)> {
+    let (pipeline, item) = owner.split_once(':')?;
+    Some((pipeline, RowId(item.parse().ok()?)))
+}
+
+/// Whether a related row is available to a related lock by `owner` for the lease with token `holder`: the one
+/// rule of both backends (MemStore's `lock_related`, PgStore's availability read). `live`: the row's
+/// `lock_expires_at` is unset or still ahead of the store's clock.
+///
+/// - a row locked with `holder` is available; one locked with another token only once that lock expired;
+/// - a row with no token (free, an intent mark, a reset mark) is available when it carries no owner, `owner`
+///   itself, or an expired mark;
+/// - and a fresh intent mark of a younger item of the same pipeline (a shared owner whose item id is larger)
+///   yields to an older one: without it two items that each need two shared rows can mark one each and hold each
+///   other off until the marks expire, again and again (a livelock a new user's trial found). Ordered by item id,
+///   the oldest contender's marks are never taken from it, so it locks all its rows once their leases end, and
+///   marks form no cycle.
+pub(crate) fn related_available(
+    lock_token: Option<LockToken>,
+    lock_owner: Option<&str>,
+    live: bool,
+    holder: LockToken,
+    owner: &str,
+) -> bool {
+    match (lock_token, lock_owner) {
+        (Some(token), _) => token == holder || !live,
+        (None, None) => true,
+        (None, Some(mark)) => mark == owner || !live || younger_mark(mark, owner),
+    }
+}
+
+/// Whether `mark` is the shared owner of an item younger than `owner`'s, of the same pipeline.
+fn younger_mark(mark: &str, owner: &str) -> bool {
+    match (parse_shared_owner(mark), parse_shared_owner(owner)) {
+        (Some((marked_by, marked_item)), Some((pipeline, item))) => marked_by == pipeline && marked_item > item,
+        _ => false,
+    }
+}
+
 /// A change to a related row, applied under the main lease's guard.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RelatedUpdate {
@@ -472,6 +520,30 @@ mod tests {
         assert_eq!(Timestamp(1_796_093_096_567_662).utc(), "2026-12-01 02:44:56.567 UTC");
         assert_eq!(Timestamp(951_782_400_000_000).utc(), "2000-02-29 00:00:00.000 UTC");
         assert_eq!(Timestamp(-1_000).utc(), "1969-12-31 23:59:59.999 UTC");
+    }
+
+    #[test]
+    fn a_shared_owner_reads_back_and_nothing_else_does() {
+        assert_eq!(shared_owner("jobs", RowId(42)), "jobs:42");
+        assert_eq!(parse_shared_owner("jobs:42"), Some(("jobs", RowId(42))));
+        assert_eq!(parse_shared_owner("jobs"), None);
+        assert_eq!(parse_shared_owner("jobs:x"), None);
+    }
+
+    #[test]
+    fn only_a_younger_items_fresh_mark_of_the_same_pipeline_gives_way() {
+        let (holder, other) = (LockToken(7), LockToken(8));
+        let available = |token, owner, live| related_available(token, owner, live, holder, "jobs:5");
+        assert!(available(None, None, true), "a free row");
+        assert!(available(None, Some("jobs:5"), true), "its own mark");
+        assert!(available(None, Some("jobs:6"), true), "a younger item's mark");
+        assert!(!available(None, Some("jobs:4"), true), "an older item's mark");
+        assert!(available(None, Some("jobs:4"), false), "an older item's expired mark");
+        assert!(!available(None, Some("nodes:6"), true), "another pipeline's item's mark");
+        assert!(!available(None, Some("jobs"), true), "the pipeline's own reset or parent mark");
+        assert!(available(Some(holder), Some("jobs:5"), true), "its own lock");
+        assert!(!available(Some(other), Some("jobs:6"), true), "a younger item's lock");
+        assert!(available(Some(other), Some("jobs:6"), false), "an expired lock");
     }
 }
 

@@ -5,9 +5,10 @@
 use super::*;
 use crate::store::{HeartbeatParams, LockRead, LockRelatedParams, RelatedUpdate, RowUpdate};
 
-/// Owner of a shared related row locked for item `id` (dstack: `f"{Pipeline.__name__}:{item.id}"`).
+/// Owner of a shared related row locked for item `id` of [`CHILD_PIPELINE`] (dstack:
+/// `f"{Pipeline.__name__}:{item.id}"`).
 fn shared_owner(id: RowId) -> String {
-    format!("{CHILD_PIPELINE}:{id}")
+    crate::store::shared_owner(CHILD_PIPELINE, id)
 }
 
 /// Leases the `job` items `a` and `b` for [`CHILD_PIPELINE`] in one fetch.
@@ -205,6 +206,40 @@ pub async fn a_shared_owners_intent_mark_holds_off_another_item<H: Harness>(h: H
     applied_now(&apply(&h, ApplyParams::new(busy_lease, RowUpdate::default())).await, busy_lease);
     let outcome = lock_related(&h, lease_a, &[free.id, busy.id], &shared_owner(a.id)).await;
     assert_eq!(outcome, LockOutcome::Locked, "a's own mark on row {} holds it for a", free.id);
+}
+
+/// Items of one pipeline that each need two shared rows give way by age (`related_available`): an older item's
+/// fresh intent mark holds off a younger one, and a younger item's does not hold off an older one, which takes the
+/// row. Without the rule the two below hold each other off (each has marked one row the other needs) until the
+/// marks expire, and then again: the livelock a new user's trial found.
+pub async fn a_younger_items_intent_mark_gives_way_to_an_older_item<H: Harness>(h: H) {
+    let older = insert(&h, "job").await;
+    let younger = insert(&h, "job").await;
+    let (lease_older, lease_younger) = lease_both(&h, &older, &younger).await;
+    let (owner_older, owner_younger) = (shared_owner(older.id), shared_owner(younger.id));
+    let second = insert(&h, "node").await;
+    let busy = lease_single(&h, "nodes", &second).await;
+    let first = insert(&h, "node").await;
+    let both = [first.id, second.id];
+    let outcome = lock_related(&h, lease_older, &both, &owner_older).await;
+    assert_eq!(outcome, LockOutcome::Contended, "row {} is leased by nodes", second.id);
+    applied_now(&apply(&h, ApplyParams::new(busy, RowUpdate::default())).await, busy);
+    let marked = get(&h, first.id).await;
+    let outcome = lock_related(&h, lease_younger, &[second.id, first.id], &owner_younger).await;
+    assert_eq!(outcome, LockOutcome::Contended, "the younger item took row {} marked by the older", first.id);
+    assert_eq!(get(&h, first.id).await, marked, "the younger item rewrote the older's mark on row {}", first.id);
+    let younger_mark = get(&h, second.id).await;
+    assert_eq!(younger_mark.lock_owner.as_deref(), Some(owner_younger.as_str()), "mark on row {}", second.id);
+    assert_eq!(younger_mark.lock_token, None, "a contended lock left a token on row {}", second.id);
+    let outcome = lock_related(&h, lease_older, &both, &owner_older).await;
+    assert_eq!(outcome, LockOutcome::Locked, "the younger item's mark on row {} held off the older", second.id);
+    for id in both {
+        let stored = get(&h, id).await;
+        assert_eq!(stored.lock_token, Some(lease_older.token), "token of row {id}");
+        assert_eq!(stored.lock_owner.as_deref(), Some(owner_older.as_str()), "owner of row {id}");
+    }
+    let outcome = lock_related(&h, lease_younger, &[second.id, first.id], &owner_younger).await;
+    assert_eq!(outcome, LockOutcome::Contended, "the younger item locked rows the older holds");
 }
 
 /// A related row whose lease expired is available, whoever held it; its old holder's apply is then stale.

@@ -296,16 +296,12 @@ FROM locked
 WHERE r.id = locked.id AND locked.lock_token IN (SELECT lock_token FROM held)
 RETURNING r.id, r.lock_token";
 
-/// Related locks, step 1 (mem.rs `lock_related`, `related_available`): lock the holder and the related rows in
-/// id order and say which are available to the holder. Step 2 writes only rows this step locked. `$2` ids
-/// (related and holder), `$3` holder token, `$4` owner.
-pub(super) const LOCK_RELATED_READ: &str = "SELECT id, lock_token,
-    CASE
-        WHEN lock_token = $3 THEN true
-        WHEN lock_expires_at IS NOT NULL AND lock_expires_at <= lockstep_now($1) THEN true
-        WHEN lock_token IS NOT NULL THEN false
-        ELSE lock_owner IS NULL OR lock_owner = $4
-    END AS available
+/// Related locks, step 1: lock the holder and the related rows in id order and read what decides whether each is
+/// available to the holder (`related_available` in store/types.rs, the rule MemStore applies too): its token, its
+/// owner, and whether its lock or mark is live. Step 2 writes only rows this step locked. `$2` ids (related and
+/// holder).
+pub(super) const LOCK_RELATED_READ: &str = "SELECT id, lock_token, lock_owner,
+    lock_expires_at IS NULL OR lock_expires_at > lockstep_now($1) AS live
 FROM resources
 WHERE id = ANY($2)
 ORDER BY id

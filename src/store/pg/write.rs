@@ -6,8 +6,8 @@ use super::codec::{PgTime, interval};
 use super::session::Session;
 use super::sql;
 use crate::store::{
-    ApplyOutcome, ApplyParams, CommitOp, Lease, LockOutcome, LockRelatedParams, NewEvent, NewRow, RelatedUpdate, Row,
-    RowId, RowUpdate, StoreError, Timestamp,
+    ApplyOutcome, ApplyParams, CommitOp, Lease, LockOutcome, LockRelatedParams, LockToken, NewEvent, NewRow,
+    RelatedUpdate, Row, RowId, RowUpdate, StoreError, Timestamp, related_available,
 };
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgArguments, PgPool, PgRow};
@@ -87,15 +87,17 @@ pub(super) async fn lock_related_in_transaction(
     ids.dedup();
     let mut session = Session::acquire(pool).await?;
     let mut tx = session.begin().await?;
-    let rows: Vec<(i64, Option<i64>, bool)> = sqlx::query_as(sql::LOCK_RELATED_READ)
-        .bind(offset)
-        .bind(&ids)
-        .bind(token)
-        .bind(&p.owner)
-        .fetch_all(&mut *tx)
-        .await?;
-    let found: BTreeMap<i64, (Option<i64>, bool)> =
-        rows.into_iter().map(|(id, lock_token, available)| (id, (lock_token, available))).collect();
+    let rows: Vec<(i64, Option<i64>, Option<String>, bool)> =
+        sqlx::query_as(sql::LOCK_RELATED_READ).bind(offset).bind(&ids).fetch_all(&mut *tx).await?;
+    let found: BTreeMap<i64, (Option<i64>, bool)> = rows
+        .into_iter()
+        .map(|(id, lock_token, lock_owner, live)| {
+            let holder = p.holder.token;
+            let owner = lock_owner.as_deref();
+            let available = related_available(lock_token.map(LockToken), owner, live, holder, &p.owner);
+            (id, (lock_token, available))
+        })
+        .collect();
     if let Some(missing) = p.related.iter().find(|id| !found.contains_key(&id.0)) {
         tx.rollback().await?;
         return Ok(Err(StoreError::Invalid(format!("lock_related: related row {missing} does not exist"))));
