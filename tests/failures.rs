@@ -11,7 +11,9 @@ use lockstep::pipeline::{
     Changes, Failure, Handler, ItemOutcome, LoadCx, ManagerOptions, Pipeline, PipelineConfig, PipelineManager,
     RetryDecision, RetryPolicy, WorkError,
 };
-use lockstep::store::{CommitOp, ManualClock, MemStore, NewRow, Row, RowId, RowUpdate, Store, Timestamp, TokioClock};
+use lockstep::store::{
+    CommitOp, ManualClock, MemStore, NewRow, RelatedUpdate, Row, RowId, RowUpdate, Store, Timestamp, TokioClock,
+};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -38,8 +40,8 @@ async fn get<S: Store>(store: &S, id: RowId) -> Row {
 }
 
 /// What a row's pass does, by the row's `data.do`: `"fail"`, `"panic"`, `"nul"` (writes a value PostgreSQL cannot
-/// store) or `"hopeless"` (fails with an error its [`Handler::retry`] gives up on at once); anything else marks the
-/// row done. Counts its passes.
+/// store), `"hopeless"` (fails with an error its [`Handler::retry`] gives up on at once) or `"unlocked"` (updates
+/// the row `data.other` without having locked it); anything else marks the row done. Counts its passes.
 #[derive(Default)]
 struct Scripted {
     passes: AtomicUsize,
@@ -61,6 +63,13 @@ impl<S: Store> Handler<S> for Scripted {
             Some("nul") => Ok(Changes {
                 update: RowUpdate { status: Some("done".into()), data: Some(json!({ "log": "a\u{0}b" })) },
                 ..Changes::default()
+            }),
+            Some("unlocked") => Ok(Changes {
+                related: vec![RelatedUpdate {
+                    id: RowId(row.data["other"].as_i64().unwrap()),
+                    update: RowUpdate::status("x"),
+                }],
+                ..Changes::status("done")
             }),
             _ => Ok(Changes::status("done")),
         }
@@ -162,6 +171,27 @@ async fn an_apply_the_store_refuses_fails_its_item_and_keeps_no_lease() {
     let row = get(&store, id).await;
     assert_eq!((row.status.as_str(), row.attempts, row.lock_token), ("ready", 1, None));
     assert!(row.errors[0].error.contains("\\u0000"), "{:?}", row.errors);
+}
+
+/// A handler that updates a related row it never locked fails its item with an error that names the row, instead
+/// of an apply the store refuses as stale at every pass, with nothing recorded (a new user's trial).
+#[tokio::test(start_paused = true)]
+async fn a_related_update_of_a_row_not_locked_fails_its_item_naming_the_row() {
+    let (_clock, store, id, p) = one_row("unlocked").await;
+    let other = store.insert(NewRow::new("note", "free", json!({}))).await.unwrap().id;
+    store
+        .update_unleased(id, RowUpdate { status: None, data: Some(json!({ "do": "unlocked", "other": other.0 })) })
+        .await
+        .unwrap();
+    assert_eq!(fetch_and_work(&p, &Scripted::default()).await, Some(ItemOutcome::BackedOff));
+    let row = get(&store, id).await;
+    assert_eq!((row.status.as_str(), row.attempts, row.lock_token), ("ready", 1, None));
+    assert!(
+        row.errors[0].error.starts_with(&format!("related row {other} is not locked by this lease")),
+        "{:?}",
+        row.errors
+    );
+    assert_eq!(get(&store, other).await.status, "free", "row {other} was written");
 }
 
 /// A manager of `workers` workers (apply batching on, as by default) over `store`, running `handler`.

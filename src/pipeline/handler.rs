@@ -6,6 +6,7 @@ use crate::store::{
     Store, StoreError, shared_owner,
 };
 use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Why a worker stopped short of a guarded apply.
@@ -76,7 +77,8 @@ pub enum RetryDecision {
 pub struct Changes {
     /// Changes to the leased row.
     pub update: RowUpdate,
-    /// Changes to related rows locked in the load phase (they must still carry the lease's token).
+    /// Changes to related rows locked in the load phase through [`LoadCx`] (they must still carry the lease's
+    /// token); an update of a row no lock of the item's `LoadCx` covers fails the item.
     pub related: Vec<RelatedUpdate>,
     /// Rows to create.
     pub inserts: Vec<NewRow>,
@@ -99,16 +101,41 @@ impl Changes {
 }
 
 /// The load phase's access to the store: short reads and related locks, all on behalf of one lease.
+///
+/// [`Changes::related`] may update only rows locked through this context: the engine fails an item whose
+/// handler updates any other row ([`WorkError::Failed`], "related row … is not locked by this lease"), where the
+/// store would find the row not carrying the lease's token and refuse the apply as stale, again at every retry
+/// (a new user's trial: an item that never finished and never said why).
 pub struct LoadCx<'a, S: Store> {
     store: &'a S,
     lease: Lease,
     pipeline: &'a str,
     lease_ttl: Duration,
+    /// Rows locked by this context's calls, in the order locked.
+    locked: Mutex<Vec<RowId>>,
 }
 
 impl<'a, S: Store> LoadCx<'a, S> {
     pub(crate) fn new(store: &'a S, lease: Lease, pipeline: &'a str, lease_ttl: Duration) -> Self {
-        LoadCx { store, lease, pipeline, lease_ttl }
+        LoadCx { store, lease, pipeline, lease_ttl, locked: Mutex::new(Vec::new()) }
+    }
+
+    /// The first of `related` (a handler's related updates) that no lock of this context covers, as the item's
+    /// failure.
+    pub(crate) fn unlocked(&self, related: &[RelatedUpdate]) -> Result<(), WorkError> {
+        let locked = self.locked.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match related.iter().find(|update| !locked.contains(&update.id)) {
+            None => Ok(()),
+            Some(update) => Err(WorkError::Failed(format!(
+                "related row {} is not locked by this lease (lease {}#{}): lock it in load with LoadCx::lock_related \
+                 or LoadCx::lock_shared before updating it",
+                update.id, self.lease.id, self.lease.token
+            ))),
+        }
+    }
+
+    fn record_locked(&self, related: &[RowId]) {
+        self.locked.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).extend_from_slice(related);
     }
 
     /// The store, for reads.
@@ -151,8 +178,12 @@ impl<'a, S: Store> LoadCx<'a, S> {
 
     async fn lock_and_read(&self, related: Vec<RowId>, owner: String) -> Result<Vec<Row>, WorkError> {
         let params = LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl };
+        let related = params.related.clone();
         match self.store.lock_related_and_read(params).await? {
-            LockRead::Locked(rows) => Ok(rows),
+            LockRead::Locked(rows) => {
+                self.record_locked(&related);
+                Ok(rows)
+            }
             LockRead::Reset { held } => Err(WorkError::ContendedReset { held }),
             LockRead::Stale => Err(WorkError::Stale),
         }
@@ -160,8 +191,12 @@ impl<'a, S: Store> LoadCx<'a, S> {
 
     async fn lock(&self, related: Vec<RowId>, owner: String) -> Result<(), WorkError> {
         let params = LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl };
+        let related = params.related.clone();
         match self.store.lock_related_or_reset(params).await? {
-            LockAttempt::Locked => Ok(()),
+            LockAttempt::Locked => {
+                self.record_locked(&related);
+                Ok(())
+            }
             LockAttempt::Reset { held } => Err(WorkError::ContendedReset { held }),
             LockAttempt::Stale => Err(WorkError::Stale),
         }

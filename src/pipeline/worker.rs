@@ -155,7 +155,9 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
     let started = clock.now();
     let changes = unwound(core, lease, handler.process(row, context)).await;
     core.metrics.process_latency.record(clock.now().duration_since(started));
-    let changes = match changes {
+    // A related update must be of a row this item locked: else the store finds it not carrying the token and
+    // refuses the apply as stale, at every pass, with nothing recorded on the row.
+    let changes = match changes.and_then(|changes| cx.unlocked(&changes.related).map(|()| changes)) {
         Ok(changes) => changes,
         Err(error) => return Step::Done(stopped(core, handler, lease, attempts, error).await),
     };
