@@ -373,6 +373,32 @@ impl<S: Store> Handler<S> for Claims {
     }
 }
 
+/// A claim's `claim_resources` distinct rows of `resources` (at least one): the first the hot one (the first) with
+/// chance `hot_share`, else uniform, the others uniform among the rest, in the order drawn (so claims lock the same
+/// rows in different orders). The simulator's client and `lockstep chaos run`'s draw the same.
+pub fn pick_resources(spec: &WorkloadSpec, resources: &[RowId], rng: &mut ChaCha8Rng) -> Vec<RowId> {
+    let uniform = |rng: &mut ChaCha8Rng| resources[rng.random_range(0..resources.len())];
+    let first = if rng.random_bool(spec.hot_share) { resources[0] } else { uniform(rng) };
+    let mut picked = vec![first];
+    let wanted = spec.claim_resources.min(resources.len()).max(1);
+    while picked.len() < wanted {
+        let resource = uniform(rng);
+        if !picked.contains(&resource) {
+            picked.push(resource);
+        }
+    }
+    picked
+}
+
+/// A `claim-{pipeline}` row over `resources`: data `resource` for one, `resources` for several.
+pub fn claim_row(pipeline: usize, resources: &[RowId]) -> NewRow {
+    let data = match resources {
+        [resource] => json!({ "resource": resource.0 }),
+        resources => json!({ "resources": resources.iter().map(|id| id.0).collect::<Vec<_>>() }),
+    };
+    NewRow::new(format!("claim-{pipeline}"), "ready", data)
+}
+
 /// The resources a claim locks: its data's `resource`, or its `resources` when it locks several.
 fn claim_resources(row: &Row) -> Vec<RowId> {
     match row.data.get("resources").and_then(|ids| ids.as_array()) {
@@ -450,7 +476,7 @@ impl Client {
                 self.insert_job(&mut jobs_rng).await;
                 next_job += exponential(&mut jobs_rng, self.spec.jobs_per_minute);
             } else {
-                let resources = self.pick_resources(&mut claims_rng);
+                let resources = pick_resources(&self.spec, &self.resources, &mut claims_rng);
                 let pipeline = claims_rng.random_range(0..self.spec.claim_pipelines.max(1));
                 self.insert_claim(format!("claim-{}", self.report.claims), pipeline, &resources).await;
                 next_claim += exponential(&mut claims_rng, self.spec.claims_per_minute);
@@ -471,27 +497,6 @@ impl Client {
         self.report
     }
 
-    fn pick_resource(&self, rng: &mut ChaCha8Rng) -> RowId {
-        if rng.random_bool(self.spec.hot_share) {
-            return self.resources[0];
-        }
-        self.resources[rng.random_range(0..self.resources.len())]
-    }
-
-    /// A claim's `claim_resources` distinct resources: the first as [`Client::pick_resource`] picks it, the others
-    /// uniform among the rest, in the order drawn (so claims lock the same rows in different orders).
-    fn pick_resources(&self, rng: &mut ChaCha8Rng) -> Vec<RowId> {
-        let mut picked = vec![self.pick_resource(rng)];
-        let wanted = self.spec.claim_resources.min(self.resources.len()).max(1);
-        while picked.len() < wanted {
-            let resource = self.resources[rng.random_range(0..self.resources.len())];
-            if !picked.contains(&resource) {
-                picked.push(resource);
-            }
-        }
-        picked
-    }
-
     async fn insert_job(&mut self, rng: &mut ChaCha8Rng) {
         let key = format!("job-{}", self.report.jobs);
         let count = rng.random_range(self.spec.tasks_per_job.clone());
@@ -510,12 +515,7 @@ impl Client {
     }
 
     async fn insert_claim(&mut self, key: String, pipeline: usize, resources: &[RowId]) {
-        let kind = format!("claim-{pipeline}");
-        let data = match resources {
-            [resource] => json!({ "resource": resource.0 }),
-            resources => json!({ "resources": resources.iter().map(|id| id.0).collect::<Vec<_>>() }),
-        };
-        let claim = NewRow::new(kind, "ready", data);
+        let claim = claim_row(pipeline, resources);
         let insert = || self.store.insert_keyed_hinting(key.clone(), claim.clone(), Some(InsertHint::Kind));
         self.retry("insert claim", insert).await;
         self.report.claims += 1;

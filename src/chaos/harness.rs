@@ -1050,21 +1050,16 @@ impl Client {
                 self.insert_job(store, &mut jobs_rng).await?;
                 next_job += workload::exponential(&mut jobs_rng, self.spec.jobs_per_minute);
             } else {
-                let resource = self.pick_resource(&mut claims_rng);
+                let resources = {
+                    let resources = self.resources.lock().unwrap_or_else(|p| p.into_inner());
+                    workload::pick_resources(&self.spec, &resources, &mut claims_rng)
+                };
                 let pipeline = claims_rng.random_range(0..self.spec.claim_pipelines.max(1));
-                self.insert_claim(store, pipeline, resource).await?;
+                self.insert_claim(store, pipeline, &resources).await?;
                 next_claim += workload::exponential(&mut claims_rng, self.spec.claims_per_minute);
             }
         }
         Ok(self.report().clone())
-    }
-
-    fn pick_resource(&self, rng: &mut ChaCha8Rng) -> RowId {
-        let resources = self.resources.lock().unwrap_or_else(|p| p.into_inner());
-        if rng.random_bool(self.spec.hot_share) {
-            return resources[0];
-        }
-        resources[rng.random_range(0..resources.len())]
     }
 
     async fn insert_job(&self, store: &PgStore, rng: &mut ChaCha8Rng) -> Result<(), ChaosError> {
@@ -1086,9 +1081,10 @@ impl Client {
         Ok(())
     }
 
-    async fn insert_claim(&self, store: &PgStore, pipeline: usize, resource: RowId) -> Result<(), ChaosError> {
-        let kind = format!("claim-{pipeline}");
-        insert(store, NewRow::new(kind.clone(), "ready", json!({ "resource": resource.0 }))).await?;
+    async fn insert_claim(&self, store: &PgStore, pipeline: usize, resources: &[RowId]) -> Result<(), ChaosError> {
+        let claim = workload::claim_row(pipeline, resources);
+        let kind = claim.kind.clone();
+        insert(store, claim).await?;
         self.report().claims += 1;
         let _ = store.hint(&kind, None).await;
         Ok(())
@@ -1099,7 +1095,7 @@ impl Client {
         let hot = self.resources.lock().unwrap_or_else(|p| p.into_inner()).first().copied();
         let Some(hot) = hot else { return };
         for index in 0..claims {
-            let _ = self.insert_claim(store, index % self.spec.claim_pipelines.max(1), hot).await;
+            let _ = self.insert_claim(store, index % self.spec.claim_pipelines.max(1), &[hot]).await;
         }
     }
 }
