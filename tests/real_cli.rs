@@ -192,6 +192,24 @@ fn help_says_the_url_flag_is_visible_in_the_process_list_and_names_the_other_way
     }
 }
 
+/// The default `--help` gives for `serve --max-connections` is the rule the flag is checked against: one session
+/// fewer is refused (before any connection is tried).
+#[test]
+fn serve_help_states_the_max_connections_rule_that_serve_checks() {
+    let output = lockstep_bare(&["serve", "--help"]);
+    let help = String::from_utf8_lossy(&output.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+    let stated = "Default, and the least accepted: workers + 3 (the workers, two fetch loops, the heartbeater)";
+    assert!(help.contains(stated), "{help}");
+    let workers = 5;
+    let needed = workers + 3;
+    let args = ["serve", "--database-url", "postgres://nobody@127.0.0.1:1/x", "--workers", &workers.to_string()];
+    let fewer = (needed - 1).to_string();
+    usage_error(
+        &lockstep_bare(&[&args[..], &["--max-connections", &fewer]].concat()),
+        &[&format!("--max-connections: {fewer} is fewer than the {needed} sessions --workers {workers} needs")],
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_url_may_come_from_a_file_and_migrates_started_at_once_all_succeed() {
     let schema = unique_schema();

@@ -35,7 +35,8 @@ pub struct ServeArgs {
     /// how soon a lost node is noticed.
     #[arg(long, value_parser = duration::parse, default_value = "5s")]
     pub min_processing_interval: Duration,
-    /// Pooled PostgreSQL sessions. Default: workers + 2 (the workers, the fetcher, the heartbeater).
+    /// Pooled PostgreSQL sessions. Default, and the least accepted: workers + 3 (the workers, two fetch loops,
+    /// the heartbeater).
     #[arg(long)]
     pub max_connections: Option<u32>,
     /// Placement of gang operations whose spec has no `gang_placement` (lockstep's own spec key), fixed at each
@@ -88,6 +89,10 @@ impl ServeArgs {
         }
     }
 }
+
+// `--max-connections`'s help states the rule, `ReplicaConfig::connections_needed`, as workers + 3: one per worker,
+// per fetch loop and the heartbeater.
+const _: () = assert!(lockstep::pipeline::config::FETCHERS_DEFAULT + 1 == 3, "update --max-connections' help");
 
 /// A pipeline-config rule that `serve`'s flags broke, said in terms of those flags (the pipeline's own field
 /// names, such as `heartbeat_trigger`, are not flags of `serve`).
