@@ -24,6 +24,7 @@ use super::explain;
 use super::replay::{ReplayFile, trace_identity};
 use super::run::summary;
 use super::scenario_file::PipelineSets;
+use super::shell;
 use super::shrink;
 use super::summary::render;
 use super::sweep::{self, Failures, Line, SeedRecord, Seeds, Shard, Tally};
@@ -108,18 +109,37 @@ impl Registry {
     pub fn sets(&self) -> &PipelineSets {
         &self.sets
     }
+
+    /// The command a user pastes to run this binary's simulator command `args` ("replay it with: …"): the
+    /// invocation ([`Registry::with_invocation`]), then `args`, quoted for the shell ([`shell::command`]).
+    pub fn command<S: AsRef<str>>(&self, args: &[S]) -> String {
+        shell::command(&self.invocation, args)
+    }
+}
+
+/// The arguments of a simulator binary: `PROGRAM run | sweep | merge | replay | explain | shrink …`.
+#[derive(clap::Parser)]
+#[command(about = "Scenario files of this project's pipelines under lockstep's deterministic simulator")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The simulator command `args` name (the program's name first), as [`main`] parses a binary's own arguments
+/// and `lockstep sim` parses what follows `sim`. Errors: clap's, as it would print them. Tests check the commands
+/// the binaries print ([`Registry::command`]) with it.
+pub fn try_parse_from<I, T>(args: I) -> Result<Command, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    Cli::try_parse_from(args).map(|cli| cli.command)
 }
 
 /// A user's simulator binary: parses the process's arguments as `PROGRAM run | sweep | merge | replay | explain |
 /// shrink …`, runs the command with `registry`, and returns the exit code (0 passed, 1 a check failed, 2 bad
 /// input, 3 a replay that did not reproduce, 4 a merged sweep with seeds missing, 130 an interrupted sweep).
 pub fn main(registry: Registry) -> ExitCode {
-    #[derive(clap::Parser)]
-    #[command(about = "Scenario files of this project's pipelines under lockstep's deterministic simulator")]
-    struct Cli {
-        #[command(subcommand)]
-        command: Command,
-    }
     crate::interrupt::end_quietly_on_a_closed_pipe();
     let cli = Cli::parse();
     execute(cli.command, &registry)
@@ -503,12 +523,8 @@ fn finish(
     }
     match write_replay(file, report, out, registry) {
         Ok(path) => {
-            println!(
-                "replay file: {}\nreplay it with: {} replay {}",
-                path.display(),
-                registry.invocation,
-                path.display()
-            )
+            let command = registry.command(&["replay", &path.display().to_string()]);
+            println!("replay file: {}\nreplay it with: {command}", path.display())
         }
         Err(error) => eprintln!("{}: {error}", registry.program),
     }
@@ -735,7 +751,10 @@ impl FailureListing {
     fn lines(&self, registry: &Registry) -> String {
         let mut text = format!("  {}\n", self.summary);
         match &self.replay {
-            Ok(path) => text.push_str(&format!("    replay: {} replay {}\n", registry.invocation, path.display())),
+            Ok(path) => {
+                let command = registry.command(&["replay", &path.display().to_string()]);
+                text.push_str(&format!("    replay: {command}\n"))
+            }
             Err(error) => text.push_str(&format!("    {error}\n")),
         }
         match &self.timeline {
@@ -823,7 +842,7 @@ fn merge(args: MergeArgs, registry: &Registry) -> u8 {
     let lines = |(summary, replay): &(String, Option<ReplayFile>)| {
         let written = match replay {
             Some(replay) => match write_replay_file(replay, &args.out) {
-                Ok(path) => format!("replay: {} replay {}", registry.invocation, path.display()),
+                Ok(path) => format!("replay: {}", registry.command(&["replay", &path.display().to_string()])),
                 Err(error) => error,
             },
             None => "no replay file in the result file".to_string(),
@@ -858,7 +877,7 @@ fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
     let (replay, file) = match ReplayFile::check_in(&text, &path, &registry.build_id, &registry.sets) {
         Ok(checked) => checked,
         Err(error) => {
-            eprintln!("{program} replay: refused: {error}");
+            eprintln!("{program} replay: refused: {}", with_rerun(&error, registry));
             return BAD_INPUT;
         }
     };
@@ -893,6 +912,17 @@ fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
     }
     println!("reproduced: trace hash {} ({} events) matches the replay file", identity.hash, identity.events);
     if report.passed() { written.err().unwrap_or(PASSED) } else { FAILED }
+}
+
+/// `error`, followed for a replay file of another build or an edited one by the command that runs its scenario
+/// file under its seed ([`ReplayError::rerun`](super::replay::ReplayError::rerun)).
+fn with_rerun(error: &super::replay::ReplayError, registry: &Registry) -> String {
+    match error.rerun() {
+        Some((scenario, seed)) => {
+            format!("{error}\nrun it with: {}", registry.command(&["run", scenario, "--seed", &seed.to_string()]))
+        }
+        None => error.to_string(),
+    }
 }
 
 /// Says so when the scenario file a replay came from has changed since (the replay uses the text it carries).
@@ -954,6 +984,8 @@ struct ShrinkSource {
     text: String,
     spec_files: BTreeMap<String, String>,
     seed: u64,
+    /// Read from a replay file (else from a scenario file).
+    from_replay: bool,
 }
 
 fn shrink_source(args: &ShrinkArgs, registry: &Registry) -> Result<ShrinkSource, String> {
@@ -964,12 +996,13 @@ fn shrink_source(args: &ShrinkArgs, registry: &Registry) -> Result<ShrinkSource,
             return Err(format!("--seed is for a scenario file; {path} is a replay file, which names its seed"));
         }
         let (replay, _) = ReplayFile::check_in(&text, &path, &registry.build_id, &registry.sets)
-            .map_err(|error| error.to_string())?;
-        return Ok(ShrinkSource { text: replay.scenario_text, spec_files: replay.spec_files, seed: replay.seed });
+            .map_err(|error| with_rerun(&error, registry))?;
+        let (text, spec_files, seed) = (replay.scenario_text, replay.spec_files, replay.seed);
+        return Ok(ShrinkSource { text, spec_files, seed, from_replay: true });
     }
     let file = ScenarioFile::load_in(&args.file, &registry.sets).map_err(|error| error.to_string())?;
     let seed = args.seed.unwrap_or(file.seeds[0]);
-    Ok(ShrinkSource { text: file.text, spec_files: file.spec_files, seed })
+    Ok(ShrinkSource { text: file.text, spec_files: file.spec_files, seed, from_replay: false })
 }
 
 fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
@@ -1002,6 +1035,8 @@ fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
         seed: source.seed,
         sets: &registry.sets,
         checker: args.checker.as_deref(),
+        invocation: &registry.invocation,
+        out: &args.out,
     };
     let options = shrink::Options { jobs, time_bound: args.time, other_seeds: args.other_seeds };
     let target =
@@ -1026,6 +1061,9 @@ fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
         Ok(shrunk) => shrunk,
         Err(error) => {
             eprintln!("{program} shrink: refused: {error}");
+            if matches!(error, shrink::ShrinkError::Passes { .. }) && !source.from_replay {
+                eprintln!("find a failing seed with: {}", registry.command(&["sweep", &origin, "--seeds", "1..101"]));
+            }
             return BAD_INPUT;
         }
     };
@@ -1042,7 +1080,9 @@ fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
             );
             println!("  before: {}\n  after:  {}", shrunk.original, shrunk.size);
             println!("scenario: {}\nreplay file: {}", scenario.display(), replay.display());
-            println!("run it with: {program} run {} --seed {}", scenario.display(), shrunk.seed);
+            let command =
+                registry.command(&["run", &scenario.display().to_string(), "--seed", &shrunk.seed.to_string()]);
+            println!("run it with: {command}");
             PASSED
         }
         Err(error) => {
@@ -1055,7 +1095,7 @@ fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
 /// Writes the shrunk scenario file and its replay file into `out`; returns their paths.
 fn write_shrunk(shrunk: &shrink::Shrunk, out: &Path, registry: &Registry) -> Result<(PathBuf, PathBuf), String> {
     std::fs::create_dir_all(out).map_err(|error| format!("cannot create {}: {error}", out.display()))?;
-    let path = out.join(format!("{}.toml", shrunk.file.scenario.name));
+    let path = shrink::file_path(out, &shrunk.file.scenario.name);
     std::fs::write(&path, &shrunk.text).map_err(|error| format!("cannot write {}: {error}", path.display()))?;
     let file = ScenarioFile::parse_in(
         &shrunk.text,

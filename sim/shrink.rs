@@ -23,7 +23,7 @@ use super::scenario_file::{NAME_LEN_MAX, PipelineSets, ScenarioError, ScenarioFi
 use moves::{Candidate, Current};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -82,6 +82,16 @@ pub struct Input<'a> {
     pub sets: &'a PipelineSets,
     /// The checker to keep failing; default the first that failed (or the panic).
     pub checker: Option<&'a str>,
+    /// How a user runs the binary's simulator commands (`env -u RUSTFLAGS cargo sim`,
+    /// [`Registry::with_invocation`](super::cli::Registry::with_invocation)), for the command the header gives.
+    pub invocation: &'a str,
+    /// The directory the shrunk file is written to ([`file_path`]), for the command the header gives.
+    pub out: &'a Path,
+}
+
+/// Where the shrunk scenario named `name` is written in directory `out`: `{out}/{name}.toml`.
+pub fn file_path(out: &Path, name: &str) -> PathBuf {
+    out.join(format!("{name}.toml"))
 }
 
 /// How to search.
@@ -305,7 +315,11 @@ pub fn shrink(
         steps.push(step);
     }
     table.insert("seeds".into(), Value::Array(vec![Value::Integer(best.seed as i64)]));
-    let text = render(&table, &header(input, &name, &target, best.seed, &steps, &original, complete));
+    let shrunk_name = table.get("name").and_then(Value::as_str).unwrap_or(&name);
+    let path = file_path(input.out, shrunk_name).display().to_string();
+    let run = super::shell::command(input.invocation, &["run", &path, "--seed", &best.seed.to_string()]);
+    let rerun = format!("under seed {}: `{run}`", best.seed);
+    let text = render(&table, &header(input, &name, &target, &rerun, &steps, &original, complete));
     let file = ScenarioFile::parse_in(&text, input.origin, SpecSource::Files(&BTreeMap::new()), input.sets)?;
     let size = size_of(&file, &best.report);
     Ok(Shrunk { target, seed: best.seed, text, file, report: best.report, steps, original, size, runs, complete })
@@ -453,21 +467,23 @@ fn first_failing(
     Found { winner: winner.map(|(index, (file, report))| (index, file, report)), runs, timed_out }
 }
 
-/// The comment header of the shrunk file.
+/// The comment header of the shrunk file; `rerun` says under which seed it fails, with the command that runs it.
 fn header(
     input: &Input<'_>,
     name: &str,
     target: &Target,
-    seed: u64,
+    rerun: &str,
     steps: &[Step],
     original: &Size,
     complete: bool,
 ) -> String {
     let mut text = format!(
-        "# Shrunk by `lockstep sim shrink` from {} (scenario {name}, seed {}), which fails {target}.\n\
-         # This scenario fails {target} too, under seed {seed}: `lockstep sim run FILE --seed {seed}`.\n\
+        "# Shrunk by `{}` from {} (scenario {name}, seed {}), which fails {target}.\n\
+         # This scenario fails {target} too, {rerun}.\n\
          # Before: {original}.\n",
-        input.origin, input.seed
+        super::shell::command(input.invocation, &["shrink"]),
+        input.origin,
+        input.seed
     );
     match steps.len() {
         0 => text.push_str("# No smaller scenario failed the same way.\n"),

@@ -7,7 +7,7 @@ use lockstep::sim::scenario_file::PipelineSets;
 use lockstep::sim::shrink::{self, Input, Options, ShrinkError, Shrunk, Target};
 use lockstep::sim::{self, ScenarioFile};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn root() -> PathBuf {
@@ -24,7 +24,16 @@ fn guard_off() -> String {
 
 fn shrunk(text: &str, seed: u64, jobs: usize) -> Result<Shrunk, ShrinkError> {
     let (specs, sets) = (BTreeMap::new(), PipelineSets::new());
-    let input = Input { text, spec_files: &specs, origin: "planted.toml", seed, sets: &sets, checker: None };
+    let input = Input {
+        text,
+        spec_files: &specs,
+        origin: "planted.toml",
+        seed,
+        sets: &sets,
+        checker: None,
+        invocation: "env -u RUSTFLAGS cargo sim",
+        out: Path::new("shrunk"),
+    };
     let options = Options { jobs, time_bound: Duration::from_secs(600), other_seeds: 0 };
     shrink::shrink(&input, options, &|_| {})
 }
@@ -54,8 +63,10 @@ fn the_apply_guard_off_shrinks_to_one_fault_and_a_handful_of_rows() {
     assert!(!shrunk.text.contains("clock-drift\""), "the drift is not:\n{}", shrunk.text);
     assert!(
         shrunk.text.starts_with(&format!(
-            "# Shrunk by `lockstep sim shrink` from planted.toml (scenario guard-off, seed {seed}), which fails \
-             checker lease_exclusivity."
+            "# Shrunk by `env -u RUSTFLAGS cargo sim shrink` from planted.toml (scenario guard-off, seed {seed}), \
+             which fails checker lease_exclusivity.\n\
+             # This scenario fails checker lease_exclusivity too, under seed {seed}: `env -u RUSTFLAGS cargo sim run \
+             shrunk/guard-off-shrunk.toml --seed {seed}`.\n"
         )),
         "{}",
         shrunk.text
@@ -94,8 +105,16 @@ fn a_passing_scenario_or_another_checker_is_refused() {
     );
     let (specs, sets) = (BTreeMap::new(), PipelineSets::new());
     let text = guard_off();
-    let input =
-        Input { text: &text, spec_files: &specs, origin: "g.toml", seed: 1, sets: &sets, checker: Some("starvation") };
+    let input = Input {
+        text: &text,
+        spec_files: &specs,
+        origin: "g.toml",
+        seed: 1,
+        sets: &sets,
+        checker: Some("starvation"),
+        invocation: "lockstep sim",
+        out: Path::new("."),
+    };
     let options = Options { jobs: 1, time_bound: Duration::from_secs(60), other_seeds: 0 };
     let error = shrink::shrink(&input, options, &|_| {}).unwrap_err().to_string();
     assert!(
