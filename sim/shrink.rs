@@ -20,6 +20,7 @@ pub mod moves;
 use super::run::{self, RunReport};
 use super::scenario_file::gang::SpecSource;
 use super::scenario_file::{NAME_LEN_MAX, PipelineSets, ScenarioError, ScenarioFile};
+use super::summary::count;
 use moves::{Candidate, Current};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -89,6 +90,13 @@ pub struct Input<'a> {
     pub out: &'a Path,
 }
 
+/// The name of scenario `name` shrunk: `{name}-shrunk`, cut to the longest name a scenario may have.
+pub fn shrunk_name(name: &str) -> String {
+    let mut shrunk = format!("{name}-shrunk");
+    shrunk.truncate(NAME_LEN_MAX);
+    shrunk
+}
+
 /// Where the shrunk scenario named `name` is written in directory `out`: `{out}/{name}.toml`.
 pub fn file_path(out: &Path, name: &str) -> PathBuf {
     out.join(format!("{name}.toml"))
@@ -126,12 +134,12 @@ impl fmt::Display for Size {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} faults, {} operations, {} rows, {} replicas, {} agents, {:.1} s simulated",
-            self.faults,
-            self.operations,
-            self.rows,
-            self.replicas,
-            self.agents,
+            "{}, {}, {}, {}, {}, {:.1} s simulated",
+            count(self.faults as u64, "fault"),
+            count(self.operations as u64, "operation"),
+            count(self.rows as u64, "row"),
+            count(self.replicas as u64, "replica"),
+            count(self.agents as u64, "agent"),
             self.simulated.as_secs_f64()
         )
     }
@@ -378,9 +386,7 @@ fn normalized(input: &Input<'_>, file: &ScenarioFile) -> Result<Table, ShrinkErr
         origin: input.origin.to_string(),
         message: error.to_string(),
     })?;
-    let mut name = format!("{}-shrunk", file.scenario.name);
-    name.truncate(NAME_LEN_MAX);
-    table.insert("name".into(), Value::String(name));
+    table.insert("name".into(), Value::String(shrunk_name(&file.scenario.name)));
     table.insert("seeds".into(), Value::Array(vec![Value::Integer(input.seed as i64)]));
     for key in ["operations", "controls"] {
         let Some(list) = table.get_mut(key).and_then(Value::as_array_mut) else { continue };
@@ -487,7 +493,7 @@ fn header(
     );
     match steps.len() {
         0 => text.push_str("# No smaller scenario failed the same way.\n"),
-        count => text.push_str(&format!("# {count} steps:\n")),
+        steps => text.push_str(&format!("# {}:\n", count(steps as u64, "step"))),
     }
     for (index, step) in steps.iter().enumerate() {
         let seed = if step.seed == input.seed { String::new() } else { format!(" [seed {}]", step.seed) };

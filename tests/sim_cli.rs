@@ -465,6 +465,26 @@ fn shrink_writes_a_smaller_failing_scenario_and_its_replay_file() {
     assert_eq!(replay.status.code(), Some(1), "{replay_out}{replay_err}");
     assert!(replay_out.contains("reproduced: trace hash"), "{replay_out}");
 
+    // The same shrink again refuses, before searching, to replace what it wrote; --force replaces it.
+    std::fs::write(dir.join(shrunk), "edited").unwrap();
+    let again = lockstep(&["sim", "shrink", replay_file, "--out", "s", "--other-seeds", "0"], &dir);
+    let (stdout, stderr) = text(&again);
+    assert_eq!(again.status.code(), Some(2), "{stdout}{stderr}");
+    assert_eq!(
+        stderr,
+        format!("lockstep sim shrink: refused: {shrunk} exists: give --force to replace it, or another --out\n")
+    );
+    assert!(stdout.is_empty(), "it searched: {stdout}");
+    assert_eq!(std::fs::read_to_string(dir.join(shrunk)).unwrap(), "edited");
+    std::fs::remove_file(dir.join(shrunk)).unwrap();
+    let again = lockstep(&["sim", "shrink", replay_file, "--out", "s", "--other-seeds", "0"], &dir);
+    let stderr = text(&again).1;
+    assert_eq!(again.status.code(), Some(2), "a replay file of the shrunk scenario is refused too: {stderr}");
+    assert!(stderr.contains("refused: s/timeline-planted-shrunk-seed-1.replay.json exists"), "{stderr}");
+    let forced = lockstep(&["sim", "shrink", replay_file, "--out", "s", "--other-seeds", "0", "--force"], &dir);
+    assert_eq!(forced.status.code(), Some(0), "{:?}", text(&forced));
+    assert_eq!(std::fs::read_to_string(dir.join(shrunk)).unwrap(), written, "the same search, the same file");
+
     let passing = lockstep(&["sim", "shrink", &scenario("rows-quiet.toml"), "--out", "q"], &dir);
     let (stdout, stderr) = text(&passing);
     assert_eq!(passing.status.code(), Some(2), "{stdout}{stderr}");
@@ -547,7 +567,11 @@ fn four_shards_merge_to_the_table_of_the_unsharded_sweep() {
             &[("SLURM_ARRAY_TASK_ID", "3"), ("SLURM_ARRAY_TASK_MIN", "1"), ("SLURM_ARRAY_TASK_COUNT", "4")],
             "shard 2/4 (from SLURM_ARRAY_TASK_ID=3",
         ),
-        (&[], &[("YT_JOB_COOKIE", "3"), ("YT_TASK_JOB_COUNT", "4")], "shard 3/4 (from YT_JOB_COOKIE=3"),
+        (
+            &[],
+            &[("YT_JOB_COOKIE", "3"), ("YT_TASK_JOB_COUNT", "4")],
+            "shard 3/4 (from YT_JOB_COOKIE=3, YT_TASK_JOB_COUNT=4): 1 seed, those with",
+        ),
     ];
     for (flags, vars, says) in shards {
         let output = sweep(&[&["--results", "shards", "--out", "r-shards"], flags].concat(), vars);

@@ -142,3 +142,32 @@ fn counts_in_a_spec_are_halved_in_any_format() {
     assert_eq!(shrink::moves::format_duration(Duration::from_secs(90)), "90s");
     assert_eq!(shrink::moves::format_duration(Duration::from_micros(12)), "12us");
 }
+
+/// A step says what it sets and the count it compares with, plainly, and counts of one are singular: the rows a
+/// step allows beside what the failing run inserted (it said "at most 2 rows (the run inserted 3)"), "1 replica"
+/// (it said "1 replicas").
+#[test]
+fn steps_name_the_limit_they_set_and_the_count_and_say_one_in_the_singular() {
+    let table: toml::Table = "[workload]\nrows_max = 10\n[topology]\nreplicas = 2\nagents = 2\n".parse().unwrap();
+    let current = shrink::moves::Current {
+        table: &table,
+        trace: "",
+        rows_inserted: 3,
+        replicas: 2,
+        agents: 2,
+        slots: 2,
+        keep_expectations: false,
+    };
+    let steps: Vec<String> = shrink::moves::candidates(&current, "").into_iter().map(|c| c.what).collect();
+    for step in [
+        "workload.rows_max 1: at most 1 row (the failing run inserted 3)",
+        "workload.rows_max 2: at most 2 rows (the failing run inserted 3)",
+        "1 replica (was 2)",
+        "1 agent (was 2)",
+        "1 slot per agent (was 2)",
+    ] {
+        assert!(steps.iter().any(|s| s == step), "{step:?} not among {steps:#?}");
+    }
+    let size = shrink::Size { faults: 1, operations: 0, rows: 1, replicas: 1, agents: 2, simulated: Duration::ZERO };
+    assert_eq!(size.to_string(), "1 fault, 0 operations, 1 row, 1 replica, 2 agents, 0.0 s simulated");
+}
