@@ -357,6 +357,68 @@ async fn times_out<T: std::fmt::Debug>(
     assert!(started.elapsed() >= expected, "{what} gave up after {:?}, before its time-out", started.elapsed());
 }
 
+/// The log lines (without colours) written while the returned guard is the thread's default subscriber, at
+/// INFO and above.
+fn capture_logs() -> (std::sync::Arc<std::sync::Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
+    struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let captured = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writer = std::sync::Arc::clone(&captured);
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || Lines(std::sync::Arc::clone(&writer)))
+        .finish();
+    (captured, tracing::subscriber::set_default(subscriber))
+}
+
+/// The lines of `captured` that sqlx wrote about a slow statement.
+fn slow_statement_lines(captured: &std::sync::Mutex<Vec<u8>>) -> Vec<String> {
+    let text = String::from_utf8_lossy(&captured.lock().unwrap()).into_owned();
+    text.lines().filter(|line| line.contains("slow statement")).map(str::to_string).collect()
+}
+
+/// A store call that waits on another session's row lock for `wait` (within its lock time-out) and then goes
+/// through.
+async fn update_behind_a_row_lock(store: &PgStore, wait: Duration) {
+    let row = store.insert(NewRow::new("task", "waiting", serde_json::json!({}))).await.expect("insert");
+    let mut other = hold_row_lock(store, row.id).await;
+    let release = async {
+        tokio::time::sleep(wait).await;
+        sqlx::query("COMMIT").execute(&mut other).await.expect("commit")
+    };
+    let (updated, _) = tokio::join!(store.update_unleased(row.id, RowUpdate::status("blocked")), release);
+    updated.expect("the update goes through once the lock is released");
+}
+
+/// A statement that waited 1.2 s on a row lock (routine: well within `lock_timeout`, which ends a longer wait
+/// with an error of its own) logs no warning with its SQL text, as sqlx does by default past 1 s; one past
+/// `slow_statement_threshold` is logged at INFO, which `lockstep`'s default filter (`sqlx=warn`) leaves out.
+#[tokio::test]
+async fn a_statement_slower_than_a_second_is_no_warning_and_one_past_the_threshold_is_logged_at_info() {
+    let h = PgHarness::new().await;
+    let (captured, guard) = capture_logs();
+    update_behind_a_row_lock(h.store(), Duration::from_millis(1200)).await;
+    drop(guard);
+    assert_eq!(slow_statement_lines(&captured), Vec::<String>::new());
+
+    let h = PgHarness::with(|o| o.slow_statement_threshold = Duration::from_millis(100)).await;
+    let (captured, guard) = capture_logs();
+    update_behind_a_row_lock(h.store(), Duration::from_millis(300)).await;
+    drop(guard);
+    let lines = slow_statement_lines(&captured);
+    assert!(!lines.is_empty(), "the slow update was not logged");
+    assert!(lines.iter().all(|line| line.contains(" INFO sqlx::query")), "{lines:#?}");
+}
+
 #[tokio::test]
 async fn a_call_waiting_on_a_row_lock_past_lock_timeout_fails_with_a_timeout_and_writes_nothing() {
     let lock_timeout = Duration::from_millis(300);

@@ -33,7 +33,7 @@ use session::Session;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::types::Json;
-use sqlx::{AssertSqlSafe, Connection, PgConnection, Row as _};
+use sqlx::{AssertSqlSafe, ConnectOptions as _, Connection, PgConnection, Row as _};
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
@@ -237,7 +237,11 @@ impl PgStore {
         let waits = options.waits();
         let fail = |err| error::store_error(err, waits);
         let base: PgConnectOptions = options.url.parse().map_err(fail)?;
-        let base = base.application_name(&options.application_name);
+        // Every session of the store (pool, listener, migration) logs a slow statement at INFO, not sqlx's WARN
+        // past 1 s with the statement's whole text (see `PgOptions::slow_statement_threshold`).
+        let base = base
+            .application_name(&options.application_name)
+            .log_slow_statements(log::LevelFilter::Info, options.slow_statement_threshold);
         let migration = base.clone().options(options.session_settings(true)?);
         if options.migrate {
             migrate_schema(&migration, &options.schema, options.acquire_timeout).await.map_err(fail)?;
