@@ -24,8 +24,9 @@ use super::explain;
 use super::replay::{ReplayFile, trace_identity};
 use super::run::summary;
 use super::scenario_file::PipelineSets;
+use super::shell;
 use super::shrink;
-use super::summary::render;
+use super::summary::{count, render};
 use super::sweep::{self, Failures, Line, SeedRecord, Seeds, Shard, Tally};
 use super::timeline;
 use super::user::PipelineSet;
@@ -108,18 +109,37 @@ impl Registry {
     pub fn sets(&self) -> &PipelineSets {
         &self.sets
     }
+
+    /// The command a user pastes to run this binary's simulator command `args` ("replay it with: …"): the
+    /// invocation ([`Registry::with_invocation`]), then `args`, quoted for the shell ([`shell::command`]).
+    pub fn command<S: AsRef<str>>(&self, args: &[S]) -> String {
+        shell::command(&self.invocation, args)
+    }
+}
+
+/// The arguments of a simulator binary: `PROGRAM run | sweep | merge | replay | explain | shrink …`.
+#[derive(clap::Parser)]
+#[command(about = "Scenario files of this project's pipelines under lockstep's deterministic simulator")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The simulator command `args` name (the program's name first), as [`main`] parses a binary's own arguments
+/// and `lockstep sim` parses what follows `sim`. Errors: clap's, as it would print them. Tests check the commands
+/// the binaries print ([`Registry::command`]) with it.
+pub fn try_parse_from<I, T>(args: I) -> Result<Command, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    Cli::try_parse_from(args).map(|cli| cli.command)
 }
 
 /// A user's simulator binary: parses the process's arguments as `PROGRAM run | sweep | merge | replay | explain |
 /// shrink …`, runs the command with `registry`, and returns the exit code (0 passed, 1 a check failed, 2 bad
 /// input, 3 a replay that did not reproduce, 4 a merged sweep with seeds missing, 130 an interrupted sweep).
 pub fn main(registry: Registry) -> ExitCode {
-    #[derive(clap::Parser)]
-    #[command(about = "Scenario files of this project's pipelines under lockstep's deterministic simulator")]
-    struct Cli {
-        #[command(subcommand)]
-        command: Command,
-    }
     crate::interrupt::end_quietly_on_a_closed_pipe();
     let cli = Cli::parse();
     execute(cli.command, &registry)
@@ -281,9 +301,14 @@ pub struct ShrinkArgs {
     /// When no candidate fails under the current seed, try them under seeds 1..=N too (0: never another seed).
     #[arg(long, default_value_t = shrink::OTHER_SEEDS_DEFAULT)]
     other_seeds: u64,
-    /// Directory for the shrunk scenario file and its replay file.
+    /// Directory for the shrunk scenario file, `{name}-shrunk.toml`, and its replay file,
+    /// `{name}-shrunk-seed-{seed}.replay.json`. If it holds either already (of any seed), shrink refuses before
+    /// searching (exit 2), unless --force.
     #[arg(long, default_value = SHRUNK_DIR)]
     out: PathBuf,
+    /// Replace the shrunk scenario file and its replay file if --out holds them already.
+    #[arg(long)]
+    force: bool,
 }
 
 /// Where `shrink` writes unless `--out` says otherwise.
@@ -368,12 +393,6 @@ fn threads(jobs: Option<usize>) -> Result<usize, String> {
         (None, Ok(text)) => parse_jobs(&text).map_err(|rule| format!("LOCKSTEP_SIM_JOBS: {rule}")),
         (None, Err(_)) => Ok(sim::run::jobs()),
     }
-}
-
-/// `n` and `word`, with an `s` unless `n` is 1: `1 shard`, `4 shards`.
-fn count(n: impl Into<u64>, word: &str) -> String {
-    let n = n.into();
-    if n == 1 { format!("{n} {word}") } else { format!("{n} {word}s") }
 }
 
 /// Runs one simulator command with `registry`; returns the exit code.
@@ -503,12 +522,8 @@ fn finish(
     }
     match write_replay(file, report, out, registry) {
         Ok(path) => {
-            println!(
-                "replay file: {}\nreplay it with: {} replay {}",
-                path.display(),
-                registry.invocation,
-                path.display()
-            )
+            let command = registry.command(&["replay", &path.display().to_string()]);
+            println!("replay file: {}\nreplay it with: {command}", path.display())
         }
         Err(error) => eprintln!("{}: {error}", registry.program),
     }
@@ -573,29 +588,30 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
             return BAD_INPUT;
         }
     };
-    let count = seeds.len(shard);
+    let slice_len = seeds.len(shard);
     let slice = match (shard == Shard::WHOLE, &origin) {
         (true, _) => String::new(),
         (false, origin) => format!(
-            ", shard {shard}{}: {count} seeds, those with (seed - {}) % {} == {}",
+            ", shard {shard}{}: {}, those with (seed - {}) % {} == {}",
             origin.as_ref().map(|origin| format!(" (from {origin})")).unwrap_or_default(),
+            count(slice_len, "seed"),
             seeds.first,
             shard.count,
             shard.index
         ),
     };
     println!(
-        "{} ({}), seeds {}..={} ({}){slice} on {jobs} thread{}, build {}",
+        "{} ({}), seeds {}..={} ({}){slice} on {}, build {}",
         args.scenario.display(),
         file.version_label(),
         seeds.first,
         seeds.last,
         seeds.range_len(),
-        if jobs == 1 { "" } else { "s" },
+        count(jobs as u64, "thread"),
         registry.build_id
     );
     println!("results: {}", results_path.display());
-    if count == 0 {
+    if slice_len == 0 {
         // Still a result file: `merge` counts this shard as present (and complete).
         eprintln!(
             "{program} sweep: shard {shard} holds no seed: more shards ({}) than seeds ({})",
@@ -625,7 +641,7 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
     }
     let target =
         if std::io::stderr().is_terminal() { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
-    let bar = ProgressBar::with_draw_target(Some(count), target);
+    let bar = ProgressBar::with_draw_target(Some(slice_len), target);
     let style = ProgressStyle::with_template("{bar:40} {pos}/{len} seeds, {msg} [{elapsed} < {eta}]")
         .expect("a valid progress template");
     bar.set_style(style);
@@ -674,23 +690,25 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
     let mut state = state.into_inner().unwrap_or_else(|p| p.into_inner());
     let finished = state.tally.seeds;
     if let Some(signal) = interrupted {
-        println!("interrupted ({signal}): {finished} of {count} seeds finished; the table counts them");
+        let of = count(slice_len, "seed");
+        println!("interrupted ({signal}): {finished} of {of} finished; the table counts them");
     }
     if let Some(outgrown) = &state.outgrown {
-        eprintln!("{program} sweep: stopped after {finished} seeds: {outgrown}");
+        eprintln!("{program} sweep: stopped after {}: {outgrown}", count(finished, "seed"));
     }
     print!("{}{}", state.tally.table(), sweep::wall_line(finished, wall));
     let end = sweep::End {
         shard,
         seeds: finished,
-        interrupted: finished < count,
+        interrupted: finished < slice_len,
         wall_ms: u64::try_from(wall.as_millis()).unwrap_or(u64::MAX),
     };
     let ended = state.write(&Line::End(end));
     if let Some(error) = state.write_error.clone().or(ended.err().map(|error| error.to_string())) {
         eprintln!(
-            "{program} sweep: cannot write the result file {}: {error}; the sweep stopped after {finished} seeds",
-            results_path.display()
+            "{program} sweep: cannot write the result file {}: {error}; the sweep stopped after {}",
+            results_path.display(),
+            count(finished, "seed")
         );
     }
     print_failures(&state.failures, |listing| listing.lines(registry), &results_path);
@@ -735,7 +753,10 @@ impl FailureListing {
     fn lines(&self, registry: &Registry) -> String {
         let mut text = format!("  {}\n", self.summary);
         match &self.replay {
-            Ok(path) => text.push_str(&format!("    replay: {} replay {}\n", registry.invocation, path.display())),
+            Ok(path) => {
+                let command = registry.command(&["replay", &path.display().to_string()]);
+                text.push_str(&format!("    replay: {command}\n"))
+            }
             Err(error) => text.push_str(&format!("    {error}\n")),
         }
         match &self.timeline {
@@ -779,8 +800,8 @@ fn print_failures<T>(failures: &Failures<T>, lines: impl Fn(&T) -> String, resul
     }
     if failures.unlisted() > 0 {
         println!(
-            "  and {} more failing seeds (the lowest {} are listed): each is a line of {}, its replay file inside",
-            failures.unlisted(),
+            "  and {} more (the lowest {} are listed): each is a line of {}, its replay file inside",
+            count(failures.unlisted(), "failing seed"),
             sweep::FAILURES_LISTED_MAX,
             results.display()
         );
@@ -823,7 +844,7 @@ fn merge(args: MergeArgs, registry: &Registry) -> u8 {
     let lines = |(summary, replay): &(String, Option<ReplayFile>)| {
         let written = match replay {
             Some(replay) => match write_replay_file(replay, &args.out) {
-                Ok(path) => format!("replay: {} replay {}", registry.invocation, path.display()),
+                Ok(path) => format!("replay: {}", registry.command(&["replay", &path.display().to_string()])),
                 Err(error) => error,
             },
             None => "no replay file in the result file".to_string(),
@@ -858,7 +879,7 @@ fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
     let (replay, file) = match ReplayFile::check_in(&text, &path, &registry.build_id, &registry.sets) {
         Ok(checked) => checked,
         Err(error) => {
-            eprintln!("{program} replay: refused: {error}");
+            eprintln!("{program} replay: refused: {}", with_rerun(&error, registry));
             return BAD_INPUT;
         }
     };
@@ -893,6 +914,17 @@ fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
     }
     println!("reproduced: trace hash {} ({} events) matches the replay file", identity.hash, identity.events);
     if report.passed() { written.err().unwrap_or(PASSED) } else { FAILED }
+}
+
+/// `error`, followed for a replay file of another build or an edited one by the command that runs its scenario
+/// file under its seed ([`ReplayError::rerun`](super::replay::ReplayError::rerun)).
+fn with_rerun(error: &super::replay::ReplayError, registry: &Registry) -> String {
+    match error.rerun() {
+        Some((scenario, seed)) => {
+            format!("{error}\nrun it with: {}", registry.command(&["run", scenario, "--seed", &seed.to_string()]))
+        }
+        None => error.to_string(),
+    }
 }
 
 /// Says so when the scenario file a replay came from has changed since (the replay uses the text it carries).
@@ -938,13 +970,13 @@ fn explain(args: ExplainArgs, registry: &Registry) -> u8 {
     };
     if lines.is_empty() {
         eprintln!(
-            "{program} explain: no line of {path} ({} lines) is about {subject} (none has {how})",
-            text.lines().count()
+            "{program} explain: no line of {path} ({}) is about {subject} (none has {how})",
+            count(text.lines().count() as u64, "line")
         );
         return FAILED;
     }
     let (first, last) = (lines[0].at, lines[lines.len() - 1].at);
-    println!("{subject}: {} events from {first} s to {last} s (simulated), from {path}", lines.len());
+    println!("{subject}: {} from {first} s to {last} s (simulated), from {path}", count(lines.len() as u64, "event"));
     print!("{}", explain::render_timeline(&lines));
     PASSED
 }
@@ -954,6 +986,10 @@ struct ShrinkSource {
     text: String,
     spec_files: BTreeMap<String, String>,
     seed: u64,
+    /// The scenario's name (the shrunk files are named after it).
+    name: String,
+    /// Read from a replay file (else from a scenario file).
+    from_replay: bool,
 }
 
 fn shrink_source(args: &ShrinkArgs, registry: &Registry) -> Result<ShrinkSource, String> {
@@ -964,12 +1000,15 @@ fn shrink_source(args: &ShrinkArgs, registry: &Registry) -> Result<ShrinkSource,
             return Err(format!("--seed is for a scenario file; {path} is a replay file, which names its seed"));
         }
         let (replay, _) = ReplayFile::check_in(&text, &path, &registry.build_id, &registry.sets)
-            .map_err(|error| error.to_string())?;
-        return Ok(ShrinkSource { text: replay.scenario_text, spec_files: replay.spec_files, seed: replay.seed });
+            .map_err(|error| with_rerun(&error, registry))?;
+        let (text, spec_files, seed, name) =
+            (replay.scenario_text, replay.spec_files, replay.seed, replay.scenario.name);
+        return Ok(ShrinkSource { text, spec_files, seed, name, from_replay: true });
     }
     let file = ScenarioFile::load_in(&args.file, &registry.sets).map_err(|error| error.to_string())?;
     let seed = args.seed.unwrap_or(file.seeds[0]);
-    Ok(ShrinkSource { text: file.text, spec_files: file.spec_files, seed })
+    let name = file.scenario.name.clone();
+    Ok(ShrinkSource { text: file.text, spec_files: file.spec_files, seed, name, from_replay: false })
 }
 
 fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
@@ -981,6 +1020,17 @@ fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
             return BAD_INPUT;
         }
     };
+    if !args.force {
+        // Before the search, not after it: a refusal then would throw away minutes of runs.
+        let existing = shrunk_files(&args.out, &shrink::shrunk_name(&source.name));
+        if let Some(path) = existing.first() {
+            eprintln!(
+                "{program} shrink: refused: {} exists: give --force to replace it, or another --out",
+                path.display()
+            );
+            return BAD_INPUT;
+        }
+    }
     let origin = args.file.display().to_string();
     let jobs = match threads(args.jobs) {
         Ok(jobs) => jobs,
@@ -990,8 +1040,9 @@ fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
         }
     };
     println!(
-        "shrinking {origin} (seed {}) on {jobs} threads for at most {}, build {}",
+        "shrinking {origin} (seed {}) on {} for at most {}, build {}",
         source.seed,
+        count(jobs as u64, "thread"),
         shrink::moves::format_duration(args.time),
         registry.build_id
     );
@@ -1002,6 +1053,8 @@ fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
         seed: source.seed,
         sets: &registry.sets,
         checker: args.checker.as_deref(),
+        invocation: &registry.invocation,
+        out: &args.out,
     };
     let options = shrink::Options { jobs, time_bound: args.time, other_seeds: args.other_seeds };
     let target =
@@ -1026,15 +1079,18 @@ fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
         Ok(shrunk) => shrunk,
         Err(error) => {
             eprintln!("{program} shrink: refused: {error}");
+            if matches!(error, shrink::ShrinkError::Passes { .. }) && !source.from_replay {
+                eprintln!("find a failing seed with: {}", registry.command(&["sweep", &origin, "--seeds", "1..101"]));
+            }
             return BAD_INPUT;
         }
     };
-    match write_shrunk(&shrunk, &args.out, registry) {
+    match write_shrunk(&shrunk, &args.out, args.force, registry) {
         Ok((scenario, replay)) => {
             println!(
-                "shrunk in {} steps ({} runs, {:.1} s){}: it fails {} under seed {}",
-                shrunk.steps.len(),
-                shrunk.runs,
+                "shrunk in {} ({}, {:.1} s){}: it fails {} under seed {}",
+                count(shrunk.steps.len() as u64, "step"),
+                count(shrunk.runs as u64, "run"),
                 started.elapsed().as_secs_f64(),
                 if shrunk.complete { "" } else { ", stopped by the time bound" },
                 shrunk.target,
@@ -1042,7 +1098,9 @@ fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
             );
             println!("  before: {}\n  after:  {}", shrunk.original, shrunk.size);
             println!("scenario: {}\nreplay file: {}", scenario.display(), replay.display());
-            println!("run it with: {program} run {} --seed {}", scenario.display(), shrunk.seed);
+            let command =
+                registry.command(&["run", &scenario.display().to_string(), "--seed", &shrunk.seed.to_string()]);
+            println!("run it with: {command}");
             PASSED
         }
         Err(error) => {
@@ -1052,11 +1110,34 @@ fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
     }
 }
 
-/// Writes the shrunk scenario file and its replay file into `out`; returns their paths.
-fn write_shrunk(shrunk: &shrink::Shrunk, out: &Path, registry: &Registry) -> Result<(PathBuf, PathBuf), String> {
+/// The files of the shrunk scenario `name` that `out` holds: its scenario file and its replay files of any seed
+/// (`shrink` names them so and refuses to replace them without `--force`).
+fn shrunk_files(out: &Path, name: &str) -> Vec<PathBuf> {
+    let scenario = shrink::file_path(out, name);
+    let replay_prefix = format!("{name}-seed-");
+    let mut replays: Vec<PathBuf> = std::fs::read_dir(out)
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let file_name = entry.ok()?.file_name().into_string().ok()?;
+            let ours = file_name.starts_with(&replay_prefix) && file_name.ends_with(".replay.json");
+            ours.then(|| out.join(file_name))
+        })
+        .collect();
+    replays.sort();
+    scenario.exists().then_some(scenario).into_iter().chain(replays).collect()
+}
+
+/// Writes the shrunk scenario file and its replay file into `out`; returns their paths. Without `force`, refuses
+/// (writing neither) if either exists: one made while the search ran.
+fn write_shrunk(
+    shrunk: &shrink::Shrunk,
+    out: &Path,
+    force: bool,
+    registry: &Registry,
+) -> Result<(PathBuf, PathBuf), String> {
     std::fs::create_dir_all(out).map_err(|error| format!("cannot create {}: {error}", out.display()))?;
-    let path = out.join(format!("{}.toml", shrunk.file.scenario.name));
-    std::fs::write(&path, &shrunk.text).map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+    let path = shrink::file_path(out, &shrunk.file.scenario.name);
     let file = ScenarioFile::parse_in(
         &shrunk.text,
         &path.display().to_string(),
@@ -1064,8 +1145,21 @@ fn write_shrunk(shrunk: &shrink::Shrunk, out: &Path, registry: &Registry) -> Res
         &registry.sets,
     )
     .map_err(|error| error.to_string())?;
-    let replay = write_replay(&file, &shrunk.report, out, registry)?;
-    Ok((path, replay))
+    let replay = ReplayFile::new(&file, &shrunk.report, &registry.build_id);
+    let replay_path = out.join(replay.file_name());
+    let files = [(&path, shrunk.text.clone()), (&replay_path, replay.to_json())];
+    if !force && let Some((taken, _)) = files.iter().find(|(path, _)| path.exists()) {
+        return Err(format!(
+            "{} appeared while the search ran and is not replaced (give --force to replace it); the shrunk \
+             scenario:\n{}",
+            taken.display(),
+            shrunk.text
+        ));
+    }
+    for (path, text) in files {
+        std::fs::write(path, text).map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+    }
+    Ok((path, replay_path))
 }
 
 /// `explain TRACE --html OUT`: the trace's whole timeline, opened filtered to `--operation` or `--row` if given.

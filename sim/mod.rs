@@ -24,6 +24,7 @@
 //!   scenarios in TOML, a run's readable summary, replay files, one operation's or row's timeline from a trace,
 //!   and a run as an HTML page;
 //! - [`shrink`]: a failing scenario cut down to a smaller one that fails the same checker;
+//! - [`shell`]: the commands the simulator prints for a user to paste, quoted for the shell;
 //! - [`sweep`]: sweeps of many seeds in flat memory, their result files, shards and their merge.
 //!
 //! A run is a function of (scenario, seed, build): every random choice comes from a ChaCha stream per purpose
@@ -58,6 +59,7 @@ pub mod scenario;
 pub mod scenario_file;
 #[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod service;
+pub mod shell;
 #[cfg(madsim)]
 pub mod shrink;
 pub mod summary;

@@ -100,10 +100,11 @@ pub enum ReplayError {
         /// This build's.
         expected: u32,
     },
-    /// Written by another build: the rerun could not be exact.
+    /// Written by another build: the rerun could not be exact. The command line prints the command that runs
+    /// the scenario under the seed on this build ([`ReplayError::rerun`]).
     #[error(
         "{path}: made by build {file}, but this is build {current}; a run is exact only on the build that made it: \
-         check out and build that version, or rerun the scenario with `lockstep sim run --seed {seed}`"
+         check out and build that version, or run its scenario file {scenario} under seed {seed} on this build"
     )]
     Build {
         /// The replay file.
@@ -112,17 +113,24 @@ pub enum ReplayError {
         file: String,
         /// This build.
         current: String,
+        /// The scenario file's path as the run was given it, for the hint.
+        scenario: String,
         /// The seed, for the hint.
         seed: u64,
     },
-    /// The file's fields do not match its checksum: it was changed after it was written.
+    /// The file's fields do not match its checksum: it was changed after it was written. The command line
+    /// prints the command that runs the scenario file it names under the seed it holds ([`ReplayError::rerun`]).
     #[error(
         "{path}: edited after it was written (its checksum does not match its fields): a replay file records a run \
-         and replays only as written; to try another seed, run the scenario: `sim run FILE --seed N`"
+         and replays only as written; to try another seed, run the scenario file with that seed"
     )]
     Edited {
         /// The replay file.
         path: String,
+        /// The scenario file's path the file holds.
+        scenario: String,
+        /// The seed the file holds.
+        seed: u64,
     },
     /// The embedded scenario's name or version is not the one recorded.
     #[error(
@@ -145,6 +153,19 @@ pub enum ReplayError {
         /// The parse error (boxed: it carries the offending line).
         source: Box<ScenarioError>,
     },
+}
+
+impl ReplayError {
+    /// The scenario file and seed a user can run instead of a replay that cannot be exact (another build) or
+    /// was edited: the command line prints them as a command to paste. `None` for the other errors.
+    pub fn rerun(&self) -> Option<(&str, u64)> {
+        match self {
+            ReplayError::Build { scenario, seed, .. } | ReplayError::Edited { scenario, seed, .. } => {
+                Some((scenario, *seed))
+            }
+            _ => None,
+        }
+    }
 }
 
 impl ReplayFile {
@@ -226,13 +247,18 @@ impl ReplayFile {
         }
         let replay: ReplayFile = serde_json::from_value(value).map_err(|error| malformed(error.to_string()))?;
         if replay.checksum != replay.expected_checksum() {
-            return Err(ReplayError::Edited { path: path.to_string() });
+            return Err(ReplayError::Edited {
+                path: path.to_string(),
+                scenario: replay.scenario.path,
+                seed: replay.seed,
+            });
         }
         if replay.build != build {
             return Err(ReplayError::Build {
                 path: path.to_string(),
                 file: replay.build,
                 current: build.to_string(),
+                scenario: replay.scenario.path,
                 seed: replay.seed,
             });
         }
@@ -320,6 +346,9 @@ mod tests {
         let replay = replay_of("name = \"s\"\nversion = 2\n", "b1");
         let error = ReplayFile::check(&replay.to_json(), "r.json", "b2").unwrap_err().to_string();
         assert!(error.contains("made by build b1, but this is build b2"), "{error}");
+        assert!(error.contains("or run its scenario file s.toml under seed 7 on this build"), "{error}");
+        let error = ReplayFile::check(&replay.to_json(), "r.json", "b2").unwrap_err();
+        assert_eq!(error.rerun(), Some(("s.toml", 7)));
 
         let mut edited = replay.clone();
         edited.scenario_text = "name = \"s\"\nversion = 3\n".into();
@@ -346,6 +375,7 @@ mod tests {
         json["seed"] = 8.into();
         let error = ReplayFile::check(&json.to_string(), "r.json", "b1").unwrap_err().to_string();
         assert!(error.contains("r.json: edited after it was written"), "{error}");
-        assert!(error.contains("sim run FILE --seed N"), "{error}");
+        let error = ReplayFile::check(&json.to_string(), "r.json", "b1").unwrap_err();
+        assert_eq!(error.rerun(), Some((replay.scenario.path.as_str(), 8)), "the seed the file now holds");
     }
 }

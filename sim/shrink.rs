@@ -20,10 +20,11 @@ pub mod moves;
 use super::run::{self, RunReport};
 use super::scenario_file::gang::SpecSource;
 use super::scenario_file::{NAME_LEN_MAX, PipelineSets, ScenarioError, ScenarioFile};
+use super::summary::count;
 use moves::{Candidate, Current};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -82,6 +83,23 @@ pub struct Input<'a> {
     pub sets: &'a PipelineSets,
     /// The checker to keep failing; default the first that failed (or the panic).
     pub checker: Option<&'a str>,
+    /// How a user runs the binary's simulator commands (`env -u RUSTFLAGS cargo sim`,
+    /// [`Registry::with_invocation`](super::cli::Registry::with_invocation)), for the command the header gives.
+    pub invocation: &'a str,
+    /// The directory the shrunk file is written to ([`file_path`]), for the command the header gives.
+    pub out: &'a Path,
+}
+
+/// The name of scenario `name` shrunk: `{name}-shrunk`, cut to the longest name a scenario may have.
+pub fn shrunk_name(name: &str) -> String {
+    let mut shrunk = format!("{name}-shrunk");
+    shrunk.truncate(NAME_LEN_MAX);
+    shrunk
+}
+
+/// Where the shrunk scenario named `name` is written in directory `out`: `{out}/{name}.toml`.
+pub fn file_path(out: &Path, name: &str) -> PathBuf {
+    out.join(format!("{name}.toml"))
 }
 
 /// How to search.
@@ -116,12 +134,12 @@ impl fmt::Display for Size {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} faults, {} operations, {} rows, {} replicas, {} agents, {:.1} s simulated",
-            self.faults,
-            self.operations,
-            self.rows,
-            self.replicas,
-            self.agents,
+            "{}, {}, {}, {}, {}, {:.1} s simulated",
+            count(self.faults as u64, "fault"),
+            count(self.operations as u64, "operation"),
+            count(self.rows as u64, "row"),
+            count(self.replicas as u64, "replica"),
+            count(self.agents as u64, "agent"),
             self.simulated.as_secs_f64()
         )
     }
@@ -305,7 +323,11 @@ pub fn shrink(
         steps.push(step);
     }
     table.insert("seeds".into(), Value::Array(vec![Value::Integer(best.seed as i64)]));
-    let text = render(&table, &header(input, &name, &target, best.seed, &steps, &original, complete));
+    let shrunk_name = table.get("name").and_then(Value::as_str).unwrap_or(&name);
+    let path = file_path(input.out, shrunk_name).display().to_string();
+    let run = super::shell::command(input.invocation, &["run", &path, "--seed", &best.seed.to_string()]);
+    let rerun = format!("under seed {}: `{run}`", best.seed);
+    let text = render(&table, &header(input, &name, &target, &rerun, &steps, &original, complete));
     let file = ScenarioFile::parse_in(&text, input.origin, SpecSource::Files(&BTreeMap::new()), input.sets)?;
     let size = size_of(&file, &best.report);
     Ok(Shrunk { target, seed: best.seed, text, file, report: best.report, steps, original, size, runs, complete })
@@ -364,9 +386,7 @@ fn normalized(input: &Input<'_>, file: &ScenarioFile) -> Result<Table, ShrinkErr
         origin: input.origin.to_string(),
         message: error.to_string(),
     })?;
-    let mut name = format!("{}-shrunk", file.scenario.name);
-    name.truncate(NAME_LEN_MAX);
-    table.insert("name".into(), Value::String(name));
+    table.insert("name".into(), Value::String(shrunk_name(&file.scenario.name)));
     table.insert("seeds".into(), Value::Array(vec![Value::Integer(input.seed as i64)]));
     for key in ["operations", "controls"] {
         let Some(list) = table.get_mut(key).and_then(Value::as_array_mut) else { continue };
@@ -453,25 +473,27 @@ fn first_failing(
     Found { winner: winner.map(|(index, (file, report))| (index, file, report)), runs, timed_out }
 }
 
-/// The comment header of the shrunk file.
+/// The comment header of the shrunk file; `rerun` says under which seed it fails, with the command that runs it.
 fn header(
     input: &Input<'_>,
     name: &str,
     target: &Target,
-    seed: u64,
+    rerun: &str,
     steps: &[Step],
     original: &Size,
     complete: bool,
 ) -> String {
     let mut text = format!(
-        "# Shrunk by `lockstep sim shrink` from {} (scenario {name}, seed {}), which fails {target}.\n\
-         # This scenario fails {target} too, under seed {seed}: `lockstep sim run FILE --seed {seed}`.\n\
+        "# Shrunk by `{}` from {} (scenario {name}, seed {}), which fails {target}.\n\
+         # This scenario fails {target} too, {rerun}.\n\
          # Before: {original}.\n",
-        input.origin, input.seed
+        super::shell::command(input.invocation, &["shrink"]),
+        input.origin,
+        input.seed
     );
     match steps.len() {
         0 => text.push_str("# No smaller scenario failed the same way.\n"),
-        count => text.push_str(&format!("# {count} steps:\n")),
+        steps => text.push_str(&format!("# {}:\n", count(steps as u64, "step"))),
     }
     for (index, step) in steps.iter().enumerate() {
         let seed = if step.seed == input.seed { String::new() } else { format!(" [seed {}]", step.seed) };

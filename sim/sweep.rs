@@ -506,7 +506,7 @@ impl Merged {
                 Some(_) if *seeds < expected => "ended early",
                 Some(_) => continue,
             };
-            gaps.push(format!("shard {shard} {how}: {seeds} of {expected} seeds"));
+            gaps.push(format!("shard {shard} {how}: {seeds} of {}", super::summary::count(expected, "seed")));
         }
         gaps
     }

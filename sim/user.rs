@@ -148,7 +148,9 @@ impl PipelineSet {
     }
 
     /// Rows of `kind` end their life in one of `statuses` (liveness; see [`FinalStatuses`]). Call once per kind;
-    /// a second call for a kind adds statuses.
+    /// a second call for a kind adds statuses. Rows of a kind never named here count as final in any status: the
+    /// liveness checker does not judge them and the run does not wait for them after the heal (the other checkers
+    /// still do).
     pub fn final_statuses(mut self, kind: &str, statuses: &[&str]) -> PipelineSet {
         self.finals.entry(kind.to_string()).or_default().extend(statuses.iter().map(|s| s.to_string()));
         self

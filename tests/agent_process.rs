@@ -288,6 +288,52 @@ async fn opening_a_work_dir_ends_the_trees_an_earlier_agent_left() {
     assert_eq!(std::fs::read_dir(dir.0.join(".lockstep/jobs")).unwrap().count(), 0, "the record is gone");
 }
 
+/// Log lines written while a subscriber of `captured` is the thread's default, without colours.
+fn capture_logs(captured: &Arc<Mutex<Vec<u8>>>) -> tracing::subscriber::DefaultGuard {
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+    impl Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let captured = Arc::clone(captured);
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || Lines(Arc::clone(&captured)))
+        .finish();
+    tracing::subscriber::set_default(subscriber)
+}
+
+/// An agent that restarts on a work dir whose earlier jobs all ended (a machine that rebooted, an agent killed
+/// after its jobs exited) ends no process: their records go with an info line, not a warning that it ended
+/// processes left running.
+#[tokio::test]
+async fn opening_a_work_dir_whose_earlier_jobs_all_ended_removes_their_records_without_a_warning() {
+    let dir = TempDir::new("ended-leftovers");
+    drop(OsExecutor::open(&dir.0, None).await.unwrap());
+    let records = JobRecords::new(dir.0.join(".lockstep/jobs"));
+    let marker = format!("5-4:{}:no process has this marker", std::process::id());
+    records.write("5-4", &JobTree { marker, leader: None }).unwrap();
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let guard = capture_logs(&logs);
+    let _executor = OsExecutor::open(&dir.0, None).await.unwrap();
+    drop(guard);
+    let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    assert!(!logs.contains("WARN"), "{logs}");
+    assert!(logs.contains("INFO"), "{logs}");
+    assert!(
+        logs.contains("removed the records of jobs an earlier agent left; none of their processes was still running"),
+        "{logs}"
+    );
+    assert!(logs.contains("jobs=1"), "{logs}");
+    assert_eq!(std::fs::read_dir(dir.0.join(".lockstep/jobs")).unwrap().count(), 0, "the record is gone");
+}
+
 const START: Timestamp = Timestamp(1_700_000_000_000_000);
 
 /// An agent whose job copies a file for longer than its node lease lasts keeps heartbeating meanwhile (the copy

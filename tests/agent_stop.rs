@@ -141,9 +141,16 @@ fn agent_config_rules_name_the_field() {
     assert_eq!(field(AgentConfig { lease_margin: base.lease_ttl, ..base.clone() }), "lease_margin");
     assert_eq!(field(AgentConfig { poll_interval: Duration::ZERO, ..base.clone() }), "poll_interval");
     let slow = AgentConfig { poll_interval: Duration::from_secs(3), ..base.clone() };
-    assert_eq!(field(slow), "heartbeat_trigger");
+    assert_eq!(
+        slow.validate().unwrap_err().to_string(),
+        "agent n: heartbeat_trigger: 5s is shorter than 2 × poll_interval (3s) = 6s: a lease due for extension must \
+         hold two passes"
+    );
     let late = AgentConfig { heartbeat_trigger: Duration::from_secs(8), ..base.clone() };
     let error = late.validate().unwrap_err();
     assert_eq!(error.field, "heartbeat_trigger");
-    assert_eq!(error.to_string(), "agent n: heartbeat_trigger: 8s must be shorter than lease_ttl − lease_margin (8s)");
+    assert_eq!(
+        error.to_string(),
+        "agent n: heartbeat_trigger: 8s must be shorter than lease_ttl (10s) − lease_margin (2s) = 8s"
+    );
 }

@@ -1,7 +1,8 @@
 //! PgStore behaviours the conformance suite cannot see: hints between stores through `NOTIFY`, the listener's
 //! reconnect, credentials kept out of errors, the schema rule, repeated and concurrent migrations, bulk inserts,
 //! spans so long that timestamps saturate (compared with MemStore), the session time-outs that bound a wait on a
-//! row lock, and chaos mode's records of stale writes and its look at a replica's pass. Needs PostgreSQL (see
+//! row lock, a server that is not PostgreSQL named by its address, slow statements logged at INFO, and chaos
+//! mode's records of stale writes and its look at a replica's pass. Needs PostgreSQL (see
 //! `support::pg`; never skips).
 
 #![cfg(not(madsim))]
@@ -355,6 +356,131 @@ async fn times_out<T: std::fmt::Debug>(
         other => panic!("{what}: expected Timeout({expected:?}), got {other:?}"),
     }
     assert!(started.elapsed() >= expected, "{what} gave up after {:?}, before its time-out", started.elapsed());
+}
+
+/// A server on a local port that is not PostgreSQL, as it answers PostgreSQL's startup message: each
+/// connection gets `greeting` at once (MariaDB and MySQL greet first), then, after the client's first bytes,
+/// `reply` (Redis answers an unknown command), then is closed, or never, if `hold` (Redis waits for the rest of a
+/// line that never comes). Returns its port; the server lives as long as the test process.
+fn not_postgres(greeting: &'static [u8], reply: &'static [u8], hold: bool) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a local port");
+    let port = listener.local_addr().expect("its address").port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let _ = stream.write_all(greeting);
+            let _ = stream.read(&mut [0; 1024]);
+            let _ = stream.write_all(reply);
+            if hold {
+                held.push(stream);
+            }
+        }
+    });
+    port
+}
+
+/// A URL pointing at a server that is not PostgreSQL fails to connect saying so, naming the address: one that
+/// answers in another protocol is the URL's fault (`Invalid`), one that closes the connection or says nothing
+/// (within the acquire time-out, not forever) cannot be reached as PostgreSQL (`Unavailable`).
+#[tokio::test]
+async fn a_server_that_is_not_postgres_is_named_by_its_address() {
+    let connect = |port: u16| {
+        let mut options = PgOptions::new(format!("postgres://postgres@127.0.0.1:{port}/test"));
+        options.acquire_timeout = Duration::from_millis(500);
+        PgStore::connect_with(options)
+    };
+    let redis_reply = not_postgres(b"", b"-ERR unknown command 'x'\r\n", false);
+    let mariadb = not_postgres(b"J\0\0\0\n5.5.5-10.11.6-MariaDB\0", b"", false);
+    for port in [redis_reply, mariadb] {
+        match connect(port).await.map(|_| ()) {
+            Err(StoreError::Invalid(message)) => assert!(
+                message.starts_with(&format!("the server at 127.0.0.1:{port} did not answer as PostgreSQL does")),
+                "{message}"
+            ),
+            other => panic!("port {port}: {other:?}"),
+        }
+    }
+    let closing = not_postgres(b"", b"", false);
+    match connect(closing).await.map(|_| ()) {
+        Err(StoreError::Unavailable(message)) => assert!(
+            message.starts_with(&format!("the server at 127.0.0.1:{closing} closed the connection")),
+            "{message}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let silent = not_postgres(b"", b"", true);
+    let started = Instant::now();
+    match tokio::time::timeout(Duration::from_secs(30), connect(silent)).await.map(|c| c.map(|_| ())) {
+        Ok(Err(StoreError::Unavailable(message))) => assert!(
+            message.starts_with(&format!("the server at 127.0.0.1:{silent} did not answer within 500ms")),
+            "{message}"
+        ),
+        other => panic!("after {:?}: {other:?}", started.elapsed()),
+    }
+}
+
+/// The log lines (without colours) written while the returned guard is the thread's default subscriber, at
+/// INFO and above.
+fn capture_logs() -> (std::sync::Arc<std::sync::Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
+    struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let captured = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writer = std::sync::Arc::clone(&captured);
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || Lines(std::sync::Arc::clone(&writer)))
+        .finish();
+    (captured, tracing::subscriber::set_default(subscriber))
+}
+
+/// The lines of `captured` that sqlx wrote about a slow statement.
+fn slow_statement_lines(captured: &std::sync::Mutex<Vec<u8>>) -> Vec<String> {
+    let text = String::from_utf8_lossy(&captured.lock().unwrap()).into_owned();
+    text.lines().filter(|line| line.contains("slow statement")).map(str::to_string).collect()
+}
+
+/// A store call that waits on another session's row lock for `wait` (within its lock time-out) and then goes
+/// through.
+async fn update_behind_a_row_lock(store: &PgStore, wait: Duration) {
+    let row = store.insert(NewRow::new("task", "waiting", serde_json::json!({}))).await.expect("insert");
+    let mut other = hold_row_lock(store, row.id).await;
+    let release = async {
+        tokio::time::sleep(wait).await;
+        sqlx::query("COMMIT").execute(&mut other).await.expect("commit")
+    };
+    let (updated, _) = tokio::join!(store.update_unleased(row.id, RowUpdate::status("blocked")), release);
+    updated.expect("the update goes through once the lock is released");
+}
+
+/// A statement that waited 1.2 s on a row lock (routine: well within `lock_timeout`, which ends a longer wait
+/// with an error of its own) logs no warning with its SQL text, as sqlx does by default past 1 s; one past
+/// `slow_statement_threshold` is logged at INFO, which `lockstep`'s default filter (`sqlx=warn`) leaves out.
+#[tokio::test]
+async fn a_statement_slower_than_a_second_is_no_warning_and_one_past_the_threshold_is_logged_at_info() {
+    let h = PgHarness::new().await;
+    let (captured, guard) = capture_logs();
+    update_behind_a_row_lock(h.store(), Duration::from_millis(1200)).await;
+    drop(guard);
+    assert_eq!(slow_statement_lines(&captured), Vec::<String>::new());
+
+    let h = PgHarness::with(|o| o.slow_statement_threshold = Duration::from_millis(100)).await;
+    let (captured, guard) = capture_logs();
+    update_behind_a_row_lock(h.store(), Duration::from_millis(300)).await;
+    drop(guard);
+    let lines = slow_statement_lines(&captured);
+    assert!(!lines.is_empty(), "the slow update was not logged");
+    assert!(lines.iter().all(|line| line.contains(" INFO sqlx::query")), "{lines:#?}");
 }
 
 #[tokio::test]

@@ -1,9 +1,9 @@
 //! The commands of real mode against bad input and a database in odd states: the client commands (`submit`,
 //! `status`, `abort`) on a schema that is not migrated run no DDL (a typo in `--schema` must not create a schema),
 //! exit 2 and name the `migrate` command; `migrate` creates it, also several at once. A bad flag value (a lease ttl
-//! past its bound, a URL that is not PostgreSQL's, a URL file that cannot be read) exits 2 naming the flag; a
-//! database error is printed as PostgreSQL says it; "cannot connect" is said only of a server that cannot be
-//! reached. Needs PostgreSQL (DATABASE_URL); never skips.
+//! past its bound, a URL that is not PostgreSQL's or points at a server that is not, a URL file that cannot be
+//! read) exits 2 naming the flag; a database error is printed as PostgreSQL says it; "cannot connect" is said only
+//! of a server that cannot be reached. Needs PostgreSQL (DATABASE_URL); never skips.
 #![cfg(not(madsim))]
 
 mod support;
@@ -181,6 +181,28 @@ fn a_url_that_is_not_postgres_is_refused_naming_its_source_and_never_showing_it(
     );
 }
 
+/// A URL whose port is another server's (Redis answers PostgreSQL's startup message with an error line of its
+/// own) is refused (exit 2) naming the flag and the server's address, not with sqlx's "unknown message type".
+#[test]
+fn a_url_pointing_at_a_server_that_is_not_postgres_is_refused_naming_its_address() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a local port");
+    let port = listener.local_addr().expect("its address").port();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let _ = stream.read(&mut [0; 1024]);
+            let _ = stream.write_all(b"-ERR unknown command\r\n");
+        }
+    });
+    for command in [&["status", "1"][..], &["migrate"]] {
+        let url = format!("postgres://nobody@127.0.0.1:{port}/x");
+        let output = lockstep_bare(&[command, &["--database-url", &url]].concat());
+        let address = format!("--database-url: the server at 127.0.0.1:{port} did not answer as PostgreSQL does");
+        let stderr = usage_error(&output, &[&address, "PostgreSQL listens on 5432 by default"]);
+        assert!(!stderr.contains("sqlx"), "{stderr}");
+    }
+}
+
 #[test]
 fn help_says_the_url_flag_is_visible_in_the_process_list_and_names_the_other_ways() {
     for command in ["serve", "agent", "submit", "status", "abort", "migrate"] {
@@ -190,6 +212,24 @@ fn help_says_the_url_flag_is_visible_in_the_process_list_and_names_the_other_way
         assert!(help.contains("--database-url-file <PATH>"), "{command}: {help}");
         assert!(help.contains("DATABASE_URL environment variable"), "{command}: {help}");
     }
+}
+
+/// The default `--help` gives for `serve --max-connections` is the rule the flag is checked against: one session
+/// fewer is refused (before any connection is tried).
+#[test]
+fn serve_help_states_the_max_connections_rule_that_serve_checks() {
+    let output = lockstep_bare(&["serve", "--help"]);
+    let help = String::from_utf8_lossy(&output.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+    let stated = "Default, and the least accepted: workers + 3 (the workers, two fetch loops, the heartbeater)";
+    assert!(help.contains(stated), "{help}");
+    let workers = 5;
+    let needed = workers + 3;
+    let args = ["serve", "--database-url", "postgres://nobody@127.0.0.1:1/x", "--workers", &workers.to_string()];
+    let fewer = (needed - 1).to_string();
+    usage_error(
+        &lockstep_bare(&[&args[..], &["--max-connections", &fewer]].concat()),
+        &[&format!("--max-connections: {fewer} is fewer than the {needed} sessions --workers {workers} needs")],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -60,6 +60,35 @@ fn checker_line<'a>(stdout: &'a str, checker: &str) -> &'a str {
     line.trim_start()[checker.len()..].trim_start()
 }
 
+/// The command a line of `output` that starts with `prefix` (`replay it with: `) prints, as a user would paste it:
+/// `env -u RUSTFLAGS cargo sim` (the alias of `.cargo/config.toml`, which runs `lockstep sim` with the arguments
+/// that follow) and arguments that `lockstep sim`'s parser takes. Returns those arguments, `sim` first, to run
+/// them with [`lockstep`].
+fn printed_command(output: &str, prefix: &str) -> Vec<String> {
+    let line =
+        output.lines().find_map(|line| line.strip_prefix(prefix)).unwrap_or_else(|| panic!("{prefix}: {output}"));
+    let words = lockstep::sim::shell::split(line).unwrap_or_else(|| panic!("an unclosed quote: {line}"));
+    assert_eq!(words[..5], ["env", "-u", "RUSTFLAGS", "cargo", "sim"], "{line}");
+    let config = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cargo/config.toml"))
+        .expect("the repository's cargo config");
+    let config: toml::Table = toml::from_str(&config).expect("the cargo config is TOML");
+    let alias: Vec<&str> =
+        config["alias"]["sim"].as_array().expect("a `sim` alias").iter().filter_map(|arg| arg.as_str()).collect();
+    assert_eq!(alias[alias.len() - 4..], ["--bin", "lockstep", "--", "sim"], "cargo sim runs `lockstep sim`");
+    let args = &words[5..];
+    if let Err(error) =
+        lockstep::sim::cli::try_parse_from(std::iter::once("lockstep sim").chain(args.iter().map(String::as_str)))
+    {
+        panic!("`{line}` does not parse: {error}");
+    }
+    std::iter::once("sim".to_string()).chain(args.iter().cloned()).collect()
+}
+
+/// [`lockstep`] with owned arguments.
+fn lockstep_args(args: &[String], dir: &Path) -> Output {
+    lockstep(&args.iter().map(String::as_str).collect::<Vec<_>>(), dir)
+}
+
 /// The trace hash a run printed: `…; trace: N events, hash H`.
 fn printed_hash(stdout: &str) -> String {
     let at = stdout.find("events, hash ").expect("the run prints its trace hash") + "events, hash ".len();
@@ -83,8 +112,10 @@ fn a_planted_failure_exits_1_writes_a_replay_file_and_the_replay_reproduces_it()
         stdout.contains(&format!("replay file: {}", Path::new("out").join(replay_path.file_name().unwrap()).display()))
     );
     let hash = printed_hash(&stdout);
+    let command = printed_command(&stdout, "replay it with: ");
+    assert_eq!(command, ["sim", "replay", &format!("out/planted-seed-{PLANTED_SEED}.replay.json")]);
 
-    let replay = lockstep(&["sim", "replay", replay_path.to_str().unwrap()], &dir);
+    let replay = lockstep_args(&command, &dir);
     let (replay_out, replay_err) = text(&replay);
     assert_eq!(replay.status.code(), Some(1), "the replay reproduces a failure:\n{replay_out}{replay_err}");
     assert!(replay_out.contains(&format!("reproduced: trace hash {hash}")), "{replay_out}{replay_err}");
@@ -128,6 +159,12 @@ fn a_replay_file_of_another_build_or_scenario_version_is_refused_with_exit_2() {
         stderr.contains(&format!("made by build 0.1.0-sim-debug-0000000000000000, but this is build {build}")),
         "{stderr}"
     );
+    // The scenario runs on this build under the seed, with the command printed.
+    let command = printed_command(&stderr, "run it with: ");
+    assert_eq!(command, ["sim", "run", planted.to_str().unwrap(), "--seed", PLANTED_SEED]);
+    let rerun = lockstep_args(&command, &dir);
+    assert_eq!(rerun.status.code(), Some(1), "{}", text(&rerun).0);
+    assert!(checker_line(&text(&rerun).0, "lease_exclusivity").starts_with("FAILED"), "{}", text(&rerun).0);
 
     let mut other_version = original.clone();
     let edited = original["scenario_text"].as_str().unwrap().replace("version = 1", "version = 2");
@@ -251,6 +288,10 @@ fn sweep_tabulates_outcomes_and_writes_each_failing_seed_as_a_replay_file() {
         .filter(|line| line.trim_start().starts_with("replay: env -u RUSTFLAGS cargo sim replay"))
         .count();
     assert_eq!(written, failed_lines, "{stdout}");
+    let listed = stdout.lines().map(str::trim_start).collect::<Vec<_>>().join("\n");
+    let command = printed_command(&listed, "replay: ");
+    assert_eq!(command[..2], ["sim", "replay"]);
+    assert!(dir.join(&command[2]).exists(), "{command:?} names no replay file the sweep wrote");
 
     let output = lockstep(&["sim", "sweep", &scenario("rows-quiet.toml"), "--seeds", "1..3", "--out", "q"], &dir);
     let (stdout, stderr) = text(&output);
@@ -407,9 +448,15 @@ fn shrink_writes_a_smaller_failing_scenario_and_its_replay_file() {
     let shrunk = "s/timeline-planted-shrunk.toml";
     assert!(stdout.contains(&format!("scenario: {shrunk}\nreplay file: s/timeline-planted-shrunk-seed-1")), "{stdout}");
     let written = std::fs::read_to_string(dir.join(shrunk)).unwrap();
-    assert!(written.starts_with(&format!("# Shrunk by `lockstep sim shrink` from {replay_file}")), "{written}");
+    assert!(
+        written.starts_with(&format!("# Shrunk by `env -u RUSTFLAGS cargo sim shrink` from {replay_file}")),
+        "{written}"
+    );
+    assert!(written.contains(&format!("`env -u RUSTFLAGS cargo sim run {shrunk} --seed 1`")), "{written}");
+    let command = printed_command(&stdout, "run it with: ");
+    assert_eq!(command, ["sim", "run", shrunk, "--seed", "1"]);
 
-    let rerun = lockstep(&["sim", "run", shrunk], &dir);
+    let rerun = lockstep_args(&command, &dir);
     let (rerun_out, rerun_err) = text(&rerun);
     assert_eq!(rerun.status.code(), Some(1), "{rerun_out}{rerun_err}");
     assert!(checker_line(&rerun_out, "gang_ranks_together").starts_with("FAILED"), "{rerun_out}");
@@ -418,10 +465,32 @@ fn shrink_writes_a_smaller_failing_scenario_and_its_replay_file() {
     assert_eq!(replay.status.code(), Some(1), "{replay_out}{replay_err}");
     assert!(replay_out.contains("reproduced: trace hash"), "{replay_out}");
 
+    // The same shrink again refuses, before searching, to replace what it wrote; --force replaces it.
+    std::fs::write(dir.join(shrunk), "edited").unwrap();
+    let again = lockstep(&["sim", "shrink", replay_file, "--out", "s", "--other-seeds", "0"], &dir);
+    let (stdout, stderr) = text(&again);
+    assert_eq!(again.status.code(), Some(2), "{stdout}{stderr}");
+    assert_eq!(
+        stderr,
+        format!("lockstep sim shrink: refused: {shrunk} exists: give --force to replace it, or another --out\n")
+    );
+    assert!(stdout.is_empty(), "it searched: {stdout}");
+    assert_eq!(std::fs::read_to_string(dir.join(shrunk)).unwrap(), "edited");
+    std::fs::remove_file(dir.join(shrunk)).unwrap();
+    let again = lockstep(&["sim", "shrink", replay_file, "--out", "s", "--other-seeds", "0"], &dir);
+    let stderr = text(&again).1;
+    assert_eq!(again.status.code(), Some(2), "a replay file of the shrunk scenario is refused too: {stderr}");
+    assert!(stderr.contains("refused: s/timeline-planted-shrunk-seed-1.replay.json exists"), "{stderr}");
+    let forced = lockstep(&["sim", "shrink", replay_file, "--out", "s", "--other-seeds", "0", "--force"], &dir);
+    assert_eq!(forced.status.code(), Some(0), "{:?}", text(&forced));
+    assert_eq!(std::fs::read_to_string(dir.join(shrunk)).unwrap(), written, "the same search, the same file");
+
     let passing = lockstep(&["sim", "shrink", &scenario("rows-quiet.toml"), "--out", "q"], &dir);
     let (stdout, stderr) = text(&passing);
     assert_eq!(passing.status.code(), Some(2), "{stdout}{stderr}");
     assert!(stderr.contains("refused: scenario rows-quiet passes under seed 1 (every checker ok)"), "{stderr}");
+    let command = printed_command(&stderr, "find a failing seed with: ");
+    assert_eq!(command, ["sim", "sweep", &scenario("rows-quiet.toml"), "--seeds", "1..101"]);
     assert!(!dir.join("q").exists());
 }
 
@@ -498,7 +567,11 @@ fn four_shards_merge_to_the_table_of_the_unsharded_sweep() {
             &[("SLURM_ARRAY_TASK_ID", "3"), ("SLURM_ARRAY_TASK_MIN", "1"), ("SLURM_ARRAY_TASK_COUNT", "4")],
             "shard 2/4 (from SLURM_ARRAY_TASK_ID=3",
         ),
-        (&[], &[("YT_JOB_COOKIE", "3"), ("YT_TASK_JOB_COUNT", "4")], "shard 3/4 (from YT_JOB_COOKIE=3"),
+        (
+            &[],
+            &[("YT_JOB_COOKIE", "3"), ("YT_TASK_JOB_COUNT", "4")],
+            "shard 3/4 (from YT_JOB_COOKIE=3, YT_TASK_JOB_COUNT=4): 1 seed, those with",
+        ),
     ];
     for (flags, vars, says) in shards {
         let output = sweep(&[&["--results", "shards", "--out", "r-shards"], flags].concat(), vars);

@@ -7,7 +7,7 @@ use lockstep::sim::scenario_file::PipelineSets;
 use lockstep::sim::shrink::{self, Input, Options, ShrinkError, Shrunk, Target};
 use lockstep::sim::{self, ScenarioFile};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn root() -> PathBuf {
@@ -24,7 +24,16 @@ fn guard_off() -> String {
 
 fn shrunk(text: &str, seed: u64, jobs: usize) -> Result<Shrunk, ShrinkError> {
     let (specs, sets) = (BTreeMap::new(), PipelineSets::new());
-    let input = Input { text, spec_files: &specs, origin: "planted.toml", seed, sets: &sets, checker: None };
+    let input = Input {
+        text,
+        spec_files: &specs,
+        origin: "planted.toml",
+        seed,
+        sets: &sets,
+        checker: None,
+        invocation: "env -u RUSTFLAGS cargo sim",
+        out: Path::new("shrunk"),
+    };
     let options = Options { jobs, time_bound: Duration::from_secs(600), other_seeds: 0 };
     shrink::shrink(&input, options, &|_| {})
 }
@@ -54,8 +63,10 @@ fn the_apply_guard_off_shrinks_to_one_fault_and_a_handful_of_rows() {
     assert!(!shrunk.text.contains("clock-drift\""), "the drift is not:\n{}", shrunk.text);
     assert!(
         shrunk.text.starts_with(&format!(
-            "# Shrunk by `lockstep sim shrink` from planted.toml (scenario guard-off, seed {seed}), which fails \
-             checker lease_exclusivity."
+            "# Shrunk by `env -u RUSTFLAGS cargo sim shrink` from planted.toml (scenario guard-off, seed {seed}), \
+             which fails checker lease_exclusivity.\n\
+             # This scenario fails checker lease_exclusivity too, under seed {seed}: `env -u RUSTFLAGS cargo sim run \
+             shrunk/guard-off-shrunk.toml --seed {seed}`.\n"
         )),
         "{}",
         shrunk.text
@@ -94,8 +105,16 @@ fn a_passing_scenario_or_another_checker_is_refused() {
     );
     let (specs, sets) = (BTreeMap::new(), PipelineSets::new());
     let text = guard_off();
-    let input =
-        Input { text: &text, spec_files: &specs, origin: "g.toml", seed: 1, sets: &sets, checker: Some("starvation") };
+    let input = Input {
+        text: &text,
+        spec_files: &specs,
+        origin: "g.toml",
+        seed: 1,
+        sets: &sets,
+        checker: Some("starvation"),
+        invocation: "lockstep sim",
+        out: Path::new("."),
+    };
     let options = Options { jobs: 1, time_bound: Duration::from_secs(60), other_seeds: 0 };
     let error = shrink::shrink(&input, options, &|_| {}).unwrap_err().to_string();
     assert!(
@@ -122,4 +141,33 @@ fn counts_in_a_spec_are_halved_in_any_format() {
     assert_eq!(shrink::moves::format_duration(Duration::from_millis(250)), "250ms");
     assert_eq!(shrink::moves::format_duration(Duration::from_secs(90)), "90s");
     assert_eq!(shrink::moves::format_duration(Duration::from_micros(12)), "12us");
+}
+
+/// A step says what it sets and the count it compares with, plainly, and counts of one are singular: the rows a
+/// step allows beside what the failing run inserted (it said "at most 2 rows (the run inserted 3)"), "1 replica"
+/// (it said "1 replicas").
+#[test]
+fn steps_name_the_limit_they_set_and_the_count_and_say_one_in_the_singular() {
+    let table: toml::Table = "[workload]\nrows_max = 10\n[topology]\nreplicas = 2\nagents = 2\n".parse().unwrap();
+    let current = shrink::moves::Current {
+        table: &table,
+        trace: "",
+        rows_inserted: 3,
+        replicas: 2,
+        agents: 2,
+        slots: 2,
+        keep_expectations: false,
+    };
+    let steps: Vec<String> = shrink::moves::candidates(&current, "").into_iter().map(|c| c.what).collect();
+    for step in [
+        "workload.rows_max 1: at most 1 row (the failing run inserted 3)",
+        "workload.rows_max 2: at most 2 rows (the failing run inserted 3)",
+        "1 replica (was 2)",
+        "1 agent (was 2)",
+        "1 slot per agent (was 2)",
+    ] {
+        assert!(steps.iter().any(|s| s == step), "{step:?} not among {steps:#?}");
+    }
+    let size = shrink::Size { faults: 1, operations: 0, rows: 1, replicas: 1, agents: 2, simulated: Duration::ZERO };
+    assert_eq!(size.to_string(), "1 fault, 0 operations, 1 row, 1 replica, 2 agents, 0.0 s simulated");
 }

@@ -52,4 +52,18 @@ mod tests {
         assert!(violation.contains("1 rows not final"), "{violation}");
         assert!(violation.contains("row 2 (task ready)"), "{violation}");
     }
+
+    /// A user's set judges the kinds it lists in `final_statuses` only (docs/user-pipelines.md): a row of a kind
+    /// it does not list is final in any status. (Simulator build: a set is made with its register function.)
+    #[cfg(madsim)]
+    #[test]
+    fn a_kind_not_listed_in_final_statuses_is_not_judged() {
+        let set = crate::sim::PipelineSet::new("orders", |_| Ok(())).final_statuses("order", &["done"]);
+        let rows = [row(1, "order", "done"), row(2, "line", "new"), row(3, "orders", "new")];
+        let user = CheckInput { rows: super::super::RowModel::User(&set), ..input(&[], &[], &rows) };
+        assert_eq!(check(&user), Ok(()));
+        let rows = [row(1, "order", "new")];
+        let user = CheckInput { rows: super::super::RowModel::User(&set), ..input(&[], &[], &rows) };
+        assert!(check(&user).is_err(), "a listed kind out of its final statuses passed");
+    }
 }

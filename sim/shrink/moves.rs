@@ -16,6 +16,7 @@
 //!    window cut to just past the last fixed fault, each random process at half its rate;
 //! 7. each operation's job counts halved, the jobs' durations halved.
 
+use super::super::summary::{count, count_as};
 use super::super::timeline::model::{Group, Kind, LeaseTtls, Model};
 use crate::duration;
 use std::time::Duration;
@@ -168,10 +169,14 @@ fn workload(current: &Current<'_>, out: &mut Vec<Candidate>) {
     let rows_max = workload.get("rows_max").and_then(Value::as_integer).map_or(usize::MAX, |max| max as usize);
     let now = rows.min(rows_max);
     let mut fewer: Vec<usize> = vec![now / 2, now * 3 / 4, now.saturating_sub(1)];
-    fewer.retain(|count| *count >= 1 && *count < now);
+    fewer.retain(|max| *max >= 1 && *max < now);
     fewer.dedup();
-    for count in fewer {
-        push(format!("at most {count} rows (the run inserted {rows})"), "rows_max", Value::Integer(count as i64));
+    for max in fewer {
+        // The limit and the count it is below, each named: the candidate's rows_max, and what the failing run
+        // inserted.
+        let what =
+            format!("workload.rows_max {max}: at most {} (the failing run inserted {rows})", count(max as u64, "row"));
+        push(what, "rows_max", Value::Integer(max as i64));
     }
     for (key, what) in [("jobs_per_minute", "jobs"), ("claims_per_minute", "claims")] {
         let rate = workload.get(key).and_then(|v| v.as_float().or(v.as_integer().map(|i| i as f64)));
@@ -206,15 +211,16 @@ fn topology(current: &Current<'_>, out: &mut Vec<Candidate>) {
     let table = current.table;
     let has_operations = !array(table, &["operations"]).is_empty();
     let counts = [
-        ("replicas", current.replicas as i64, 1, "replica"),
-        ("agents", current.agents as i64, if has_operations { 1 } else { 0 }, "agent"),
-        ("slots", i64::from(current.slots), 1, "slot per agent"),
+        ("replicas", current.replicas as i64, 1, ("replica", "replicas")),
+        ("agents", current.agents as i64, if has_operations { 1 } else { 0 }, ("agent", "agents")),
+        ("slots", i64::from(current.slots), 1, ("slot per agent", "slots per agent")),
     ];
-    for (key, count, least, what) in counts {
-        if count > least && (key != "slots" || current.agents > 0) {
+    for (key, now, least, (one, many)) in counts {
+        if now > least && (key != "slots" || current.agents > 0) {
             let mut t = table.clone();
-            table_at(&mut t, &["topology"]).insert(key.to_string(), Value::Integer(count - 1));
-            out.push(Candidate { kind: "", what: format!("{} {what}s (was {count})", count - 1), table: t });
+            table_at(&mut t, &["topology"]).insert(key.to_string(), Value::Integer(now - 1));
+            let what = format!("{} (was {now})", count_as((now - 1) as u64, one, many));
+            out.push(Candidate { kind: "", what, table: t });
         }
     }
 }
@@ -394,12 +400,13 @@ fn materialized(table: &Table, trace: &str) -> Option<Candidate> {
         }
     }
     faults.sort_by_key(|(at, _)| *at);
-    let count = faults.len();
+    let injected = count(faults.len() as u64, "fault");
     let mut t = table.clone();
-    let random = array(table, &["faults", "random"]).len();
+    let random = array(table, &["faults", "random"]).len() as u64;
     set_array(&mut t, &["faults", "at"], faults.into_iter().map(|(_, fault)| Value::Table(fault)).collect());
     set_array(&mut t, &["faults", "random"], Vec::new());
-    let what = format!("fixed the {count} faults the run injected in place of its {random} random fault processes");
+    let processes = count_as(random, "random fault process", "random fault processes");
+    let what = format!("fixed the {injected} the run injected in place of its {processes}");
     Some(Candidate { kind: "", what, table: t })
 }
 

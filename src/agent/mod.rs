@@ -145,17 +145,20 @@ impl AgentConfig {
         }
         if self.heartbeat_trigger < self.poll_interval * 2 {
             let rule = format!(
-                "{} leaves less than two passes ({} each) to extend the lease",
+                "{} is shorter than 2 × poll_interval ({}) = {}: a lease due for extension must hold two passes",
                 show(self.heartbeat_trigger),
-                show(self.poll_interval)
+                show(self.poll_interval),
+                show(self.poll_interval * 2)
             );
             return fail("heartbeat_trigger", rule);
         }
         let local = self.lease_ttl - self.lease_margin;
         if self.heartbeat_trigger >= local {
             let rule = format!(
-                "{} must be shorter than lease_ttl − lease_margin ({})",
+                "{} must be shorter than lease_ttl ({}) − lease_margin ({}) = {}",
                 show(self.heartbeat_trigger),
+                show(self.lease_ttl),
+                show(self.lease_margin),
                 show(local)
             );
             return fail("heartbeat_trigger", rule);

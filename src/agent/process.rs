@@ -104,12 +104,20 @@ impl OsExecutor {
             .end_leftovers()
             .await
             .map_err(|error| ExecutorError(format!("work dir {}: earlier jobs: {error}", work_dir.display())))?;
-        if jobs > 0 {
+        // A warning only when something was still running: records whose processes had all ended (a machine
+        // that rebooted, an agent killed after its jobs exited) are routine to remove.
+        if processes > 0 {
             tracing::warn!(
                 work_dir = %work_dir.display(),
                 jobs,
                 processes,
                 "ended the processes of jobs an earlier agent left running"
+            );
+        } else if jobs > 0 {
+            tracing::info!(
+                work_dir = %work_dir.display(),
+                jobs,
+                "removed the records of jobs an earlier agent left; none of their processes was still running"
             );
         }
         let allowed = ENV_ALLOWED.iter().filter_map(|name| Some((*name, std::env::var_os(name)?))).collect();

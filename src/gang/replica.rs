@@ -77,7 +77,7 @@ impl ReplicaConfig {
         }
     }
 
-    /// Store connections the replica uses at most: the pipeline's workers, fetcher and heartbeater.
+    /// Store connections the replica uses at most: the pipeline's workers, fetch loops and heartbeater.
     pub fn connections_needed(&self) -> usize {
         self.pipeline_config().connections_needed()
     }

@@ -198,10 +198,14 @@ impl OperationSpec {
                     .map_err(|e| syntax(format, e.line(), e.column(), strip_position(e.to_string())))?
                     .0
             }
-            SpecFormat::Yaml => serde_norway::from_str(text).map_err(|e| {
-                let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
-                syntax(format, line, column, strip_position(e.to_string()))
-            })?,
+            SpecFormat::Yaml => {
+                serde_norway::from_str::<UniqueKeys>(text)
+                    .map_err(|e| {
+                        let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+                        syntax(format, line, column, strip_position(e.to_string()))
+                    })?
+                    .0
+            }
         };
         OperationSpec::from_json(&tree)
     }
@@ -364,9 +368,10 @@ struct Decoder {
 /// unknown key, but not reported by [`OperationSpec::unknown_keys`].
 pub const IGNORED_KEYS: [&str; 1] = ["stderr_table_path"];
 
-/// A JSON value read as `serde_json::Value` is, but refusing a key given twice in one object: serde_json keeps the
-/// last one silently (a spec naming `job_count` twice ran the second, a new user's trial), where YSON and YAML
-/// refuse it. The error carries the key and, from serde_json, its line and column.
+/// A JSON value read as `serde_json::Value` is, but refusing a key given twice in one object: serde_json and
+/// serde_norway keep the last one silently (a spec naming `job_count` twice ran the second, a new user's trial),
+/// where YSON refuses it. The key is refused while it is read ([`UniqueKey`]), so the error carries the key and,
+/// from serde_json or serde_norway, the line and column of the second one (serde_norway also names the map's path).
 struct UniqueKeys(Value);
 
 impl<'de> Deserialize<'de> for UniqueKeys {
@@ -400,6 +405,15 @@ impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
         Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
     }
 
+    // serde_norway reads an integer past 64 bits as 128 bits; refused as `serde_json::Value` refuses it.
+    fn visit_i128<E: serde::de::Error>(self, v: i128) -> Result<Value, E> {
+        serde_json::Number::deserialize(serde::de::value::I128Deserializer::<E>::new(v)).map(Value::Number)
+    }
+
+    fn visit_u128<E: serde::de::Error>(self, v: u128) -> Result<Value, E> {
+        serde_json::Number::deserialize(serde::de::value::U128Deserializer::<E>::new(v)).map(Value::Number)
+    }
+
     fn visit_str<E>(self, v: &str) -> Result<Value, E> {
         Ok(Value::String(v.to_string()))
     }
@@ -422,14 +436,40 @@ impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut object = Map::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if object.contains_key(&key) {
-                return Err(serde::de::Error::custom(format!("duplicate key {key:?}")));
-            }
+        while let Some(key) = map.next_key_seed(UniqueKey { seen: &object })? {
             let UniqueKeys(value) = map.next_value()?;
             object.insert(key, value);
         }
         Ok(Value::Object(object))
+    }
+}
+
+/// A map's key, refused if `seen` holds it already. The refusal comes from the key's own visitor, so the parser
+/// positions the error at that key, not after the map's value or at the map's start.
+struct UniqueKey<'a> {
+    seen: &'a Map<String, Value>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for UniqueKey<'_> {
+    type Value = String;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<String, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for UniqueKey<'_> {
+    type Value = String;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string key")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<String, E> {
+        if self.seen.contains_key(key) {
+            return Err(E::custom(format!("duplicate key {key:?}")));
+        }
+        Ok(key.to_string())
     }
 }
 
@@ -842,6 +882,38 @@ mod tests {
         assert!(yson.unwrap_err().to_string().contains("duplicate key \"job_count\""));
         let fine = "{\"tasks\": {\"w\": {\"job_count\": 2, \"command\": \"true\", \"environment\": {\"A\": \"1.5\"}}}}";
         assert_eq!(OperationSpec::parse(fine, SpecFormat::Json).unwrap().tasks["w"].job_count, 2);
+    }
+
+    #[test]
+    fn a_yaml_key_given_twice_at_the_top_is_refused_with_its_line_and_column() {
+        let text =
+            "tasks:\n  w:\n    job_count: 2\n    command: \"true\"\nmax_failed_job_count: 1\nmax_failed_job_count: 5\n";
+        let error = OperationSpec::parse(text, SpecFormat::Yaml).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "YAML syntax error at line 6, column 1: duplicate key \"max_failed_job_count\"",
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn a_yaml_key_given_twice_in_a_nested_map_is_refused_with_its_path_line_and_column() {
+        let text = "tasks:\n  w:\n    job_count: 2\n    command: \"true\"\n    job_count: 3\n";
+        let error = OperationSpec::parse(text, SpecFormat::Yaml).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "YAML syntax error at line 5, column 5: tasks.w: duplicate key \"job_count\"",
+            "{error:?}"
+        );
+        // Two tasks of one name would otherwise lose one without a word.
+        let text = "tasks:\n  w: {job_count: 1, command: a}\n  w: {job_count: 2, command: b}\n";
+        let error = OperationSpec::parse(text, SpecFormat::Yaml).unwrap_err();
+        assert_eq!(error.to_string(), "YAML syntax error at line 3, column 3: tasks: duplicate key \"w\"");
+        let huge = "tasks:\n  w: {job_count: 100000000000000000000000, command: a}\n";
+        let error = OperationSpec::parse(huge, SpecFormat::Yaml).unwrap_err().to_string();
+        assert!(error.starts_with("YAML syntax error at line 2, column 18: "), "{error}");
+        let fine = "tasks:\n  w: {job_count: 2, command: \"true\", environment: {A: \"1\", B: \"1\"}}\n";
+        assert_eq!(OperationSpec::parse(fine, SpecFormat::Yaml).unwrap().tasks["w"].job_count, 2);
     }
 
     #[test]

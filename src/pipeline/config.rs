@@ -355,12 +355,16 @@ impl PipelineConfig {
             // A heartbeater that never waits spins; under the simulator it stops simulated time for good.
             return fail("heartbeat_interval", "must not be zero".into());
         }
-        if self.lease_margin + self.heartbeat_interval * 2 > self.heartbeat_trigger {
+        // A lease due for extension must still hold two heartbeats (one may be lost) before its margin begins.
+        let least = self.heartbeat_interval * 2 + self.lease_margin;
+        if self.heartbeat_trigger < least {
             let rule = format!(
-                "{} leaves less than two heartbeats ({}) plus the lease margin ({}) to extend a lease",
+                "{} is shorter than 2 × heartbeat_interval ({}) + lease_margin ({}) = {}: a lease due for extension \
+                 must hold two heartbeats before its margin",
                 show(self.heartbeat_trigger),
                 show(self.heartbeat_interval),
-                show(self.lease_margin)
+                show(self.lease_margin),
+                show(least)
             );
             return fail("heartbeat_trigger", rule);
         }
@@ -368,9 +372,10 @@ impl PipelineConfig {
             // What is left is the start window: how long a queued item's lease lasts before the heartbeater must
             // extend it, or give it back if no worker started the item (see `super::queue`).
             let rule = format!(
-                "{} plus lease_margin {} must be shorter than lease_ttl {}",
+                "{} + lease_margin ({}) = {} must be shorter than lease_ttl ({})",
                 show(self.heartbeat_trigger),
                 show(self.lease_margin),
+                show(self.heartbeat_trigger + self.lease_margin),
                 show(self.lease_ttl)
             );
             return fail("heartbeat_trigger", rule);
@@ -501,16 +506,21 @@ mod tests {
     fn validation_names_the_field() {
         let config = PipelineConfig { workers: 0, ..PipelineConfig::new("p", "k", &["ready"]) };
         assert_eq!(config.validate().unwrap_err().to_string(), "pipeline p: workers: 0 must be at least 1");
-        let config = PipelineConfig::new("p", "k", &["ready"]).with_lease_ttl(std::time::Duration::from_secs(4));
-        let message = config.validate().unwrap_err().to_string();
-        assert!(message.starts_with("pipeline p: heartbeat_trigger:"), "{message}");
+        let config = PipelineConfig::new("p", "k", &["ready"]).with_lease_ttl(std::time::Duration::from_secs(3));
+        assert_eq!(
+            config.validate().unwrap_err().to_string(),
+            "pipeline p: heartbeat_trigger: 1.5s is shorter than 2 × heartbeat_interval (1s) + lease_margin (2s) = 4s: \
+             a lease due for extension must hold two heartbeats before its margin"
+        );
+        let config = PipelineConfig::new("p", "k", &["ready"]).with_lease_ttl(std::time::Duration::from_secs(8));
+        config.validate().unwrap();
         let config = PipelineConfig {
             heartbeat_trigger: std::time::Duration::from_secs(28),
             ..PipelineConfig::new("p", "k", &["ready"])
         };
         assert_eq!(
             config.validate().unwrap_err().to_string(),
-            "pipeline p: heartbeat_trigger: 28s plus lease_margin 2s must be shorter than lease_ttl 30s"
+            "pipeline p: heartbeat_trigger: 28s + lease_margin (2s) = 30s must be shorter than lease_ttl (30s)"
         );
         let config = PipelineConfig::new("p", "k", &[]);
         assert!(config.validate().unwrap_err().to_string().contains("statuses"));

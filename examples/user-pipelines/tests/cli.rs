@@ -25,3 +25,46 @@ fn a_closed_stdout_ends_the_project_binary_quietly() {
     assert_eq!(output.status.signal(), Some(SIGPIPE), "{:?}: {stderr}", output.status);
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// A failing run prints the command that replays it, and that command works as pasted: its words are the `sim-run`
+/// alias that both lockstep's workspace and this project's `cargo-config.toml` define, then this binary's
+/// arguments, which its own parser takes and which replay the failure exactly. (`cargo sim` in lockstep's
+/// workspace runs `lockstep sim`, which refuses this binary's replay files: a new user's trial pasted it.)
+#[test]
+fn a_failing_run_prints_a_replay_command_that_works_as_pasted() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("orders-sim-replay-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let orders_sim = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_orders-sim"))
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("the binary runs")
+    };
+    let scenario = root.join("scenarios/orders-without-keys.toml");
+    let run = orders_sim(&["run", scenario.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    assert_eq!(run.status.code(), Some(1), "{stdout}{}", String::from_utf8_lossy(&run.stderr));
+    let line = stdout.lines().find_map(|line| line.strip_prefix("replay it with: ")).expect("a replay command");
+    let words = lockstep::sim::shell::split(line).expect("quotes closed");
+    let prefix = "env -u RUSTFLAGS cargo sim-run --release -p user-pipelines --bin orders-sim --";
+    assert_eq!(words[..prefix.split(' ').count()], prefix.split(' ').collect::<Vec<_>>()[..], "{line}");
+    for config in [root.join("../../.cargo/config.toml"), root.join("cargo-config.toml")] {
+        let text = std::fs::read_to_string(&config).unwrap();
+        let alias = text.lines().find(|line| line.starts_with("sim-run = "));
+        let alias = alias.unwrap_or_else(|| panic!("{} defines no sim-run alias", config.display()));
+        assert!(alias.starts_with("sim-run = [\"run\", ") && alias.contains("--cfg=madsim"), "{alias}");
+    }
+    let args: Vec<&str> = words[prefix.split(' ').count()..].iter().map(String::as_str).collect();
+    assert_eq!(args, ["replay", "lockstep-replays/orders-without-keys-seed-1.replay.json"]);
+    if let Err(error) = lockstep::sim::cli::try_parse_from(std::iter::once("orders-sim").chain(args.iter().copied())) {
+        panic!("`{line}` does not parse: {error}");
+    }
+    let replay = orders_sim(&args);
+    let replayed = String::from_utf8_lossy(&replay.stdout);
+    assert_eq!(replay.status.code(), Some(1), "{replayed}{}", String::from_utf8_lossy(&replay.stderr));
+    assert!(replayed.contains("reproduced: trace hash"), "{replayed}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -69,11 +69,13 @@ struct NeedsSimBuild {
 impl NeedsSimBuild {
     /// Explains that the simulator commands live in the simulator build, with the exact command; exit 2.
     fn refuse(self) -> ExitCode {
-        let args = if self.args.is_empty() { "run scenarios/rows-quiet.toml".to_string() } else { self.args.join(" ") };
+        let args =
+            if self.args.is_empty() { vec!["run".into(), "scenarios/rows-quiet.toml".into()] } else { self.args };
+        let command = lockstep::sim::shell::command("env -u RUSTFLAGS cargo sim", &args);
         eprintln!(
             "lockstep sim: the simulator commands need the simulator build (this crate compiled with --cfg madsim),\n\
              and this binary is the normal build. From the repository, run:\n\n    \
-             env -u RUSTFLAGS cargo sim {args}\n\n\
+             {command}\n\n\
              (`cargo sim` is the alias in .cargo/config.toml that builds and runs target/sim/release/lockstep sim; \
              RUSTFLAGS must be unset, or it replaces the --cfg madsim flag)"
         );

@@ -81,6 +81,30 @@ pub(super) fn store_error(err: sqlx::Error, waits: Waits) -> StoreError {
     }
 }
 
+/// How the store's first session with the server at `address` (`host:port`) failed, in words that name it: a
+/// reply in another protocol (a MySQL, MariaDB or Redis server at the URL's port; sqlx says "unknown message
+/// type") is `Invalid`, the URL's fault; a connection closed before any reply is `Unavailable`; anything else as
+/// [`store_error`].
+pub(super) fn greeting_error(err: sqlx::Error, address: &str, waits: Waits) -> StoreError {
+    match err {
+        sqlx::Error::Protocol(detail) => {
+            // sqlx ends the detail with the place in its source that raised it: ` (sqlx_postgres::message:173)`.
+            let detail = match detail.rfind(" (sqlx_") {
+                Some(at) if detail.ends_with(')') => &detail[..at],
+                _ => &detail,
+            };
+            StoreError::Invalid(scrub(&format!(
+                "the server at {address} did not answer as PostgreSQL does ({detail}): is the URL's host and port \
+                 another server's, such as MySQL's (3306) or Redis's (6379)? PostgreSQL listens on 5432 by default"
+            )))
+        }
+        sqlx::Error::Io(ref io) if io.kind() == std::io::ErrorKind::UnexpectedEof => StoreError::Unavailable(scrub(
+            &format!("the server at {address} closed the connection without answering as PostgreSQL does"),
+        )),
+        other => store_error(other, waits),
+    }
+}
+
 /// Whether `err` is a serialization failure or deadlock: PostgreSQL rolled the transaction back, so the call
 /// wrote nothing and may run again whole (`retry`).
 pub(super) fn is_conflict(err: &sqlx::Error) -> bool {

@@ -33,7 +33,7 @@ use session::Session;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::types::Json;
-use sqlx::{AssertSqlSafe, Connection, PgConnection, Row as _};
+use sqlx::{AssertSqlSafe, ConnectOptions as _, Connection, PgConnection, Row as _};
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
@@ -237,12 +237,17 @@ impl PgStore {
         let waits = options.waits();
         let fail = |err| error::store_error(err, waits);
         let base: PgConnectOptions = options.url.parse().map_err(fail)?;
-        let base = base.application_name(&options.application_name);
+        // Every session of the store (pool, listener, migration) logs a slow statement at INFO, not sqlx's WARN
+        // past 1 s with the statement's whole text (see `PgOptions::slow_statement_threshold`).
+        let base = base
+            .application_name(&options.application_name)
+            .log_slow_statements(log::LevelFilter::Info, options.slow_statement_threshold);
         let migration = base.clone().options(options.session_settings(true)?);
         if options.migrate {
-            migrate_schema(&migration, &options.schema, options.acquire_timeout).await.map_err(fail)?;
+            let lock = first_session(&migration, waits).await?;
+            migrate_schema(lock, &migration, &options.schema, options.acquire_timeout).await.map_err(fail)?;
         } else {
-            check_migrated(&base, &options.schema).await?;
+            check_migrated(first_session(&base, waits).await?, &options.schema).await?;
         }
         // Startup options rather than an `after_connect` hook: no extra round trip per connection, and they
         // survive `RESET ALL`. Plans are cached as PostgreSQL chooses (`plan_cache_mode = auto`): every statement
@@ -302,7 +307,8 @@ impl PgStore {
     /// schema holds migrations this build does not know.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let (migration, schema) = (&self.inner.migration, &self.inner.schema);
-        migrate_schema(migration, schema, self.inner.waits.acquire).await.map_err(|err| self.fail(err))
+        let lock = PgConnection::connect_with(migration).await.map_err(|err| self.fail(err))?;
+        migrate_schema(lock, migration, schema, self.inner.waits.acquire).await.map_err(|err| self.fail(err))
     }
 
     /// How many store calls of this store (and its clones) were run again after a serialization failure or
@@ -608,19 +614,39 @@ fn release_check(
     }
 }
 
+/// The store's first session with the server, opened within the acquire time-out (sqlx's own connect has no
+/// bound: a server that accepts the connection and never answers, as Redis does PostgreSQL's startup message,
+/// would hold `connect_with` forever). Errors name the server's address ([`error::greeting_error`]): one that is
+/// not PostgreSQL is `Invalid`, one that closes the connection or does not answer in time `Unavailable`.
+async fn first_session(options: &PgConnectOptions, waits: options::Waits) -> Result<PgConnection, StoreError> {
+    let address = match options.get_socket() {
+        Some(socket) => socket.display().to_string(),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    };
+    match tokio::time::timeout(waits.acquire, PgConnection::connect_with(options)).await {
+        Ok(Ok(session)) => Ok(session),
+        Ok(Err(err)) => Err(error::greeting_error(err, &address, waits)),
+        Err(_) => Err(StoreError::Unavailable(error::scrub(&format!(
+            "the server at {address} did not answer within {} (the acquire time-out): is it PostgreSQL, and is it \
+             up?",
+            crate::duration::format(waits.acquire)
+        )))),
+    }
+}
+
 /// Creates `schema` unless it exists (checked first, so a role that may not create schemas can use one made
 /// for it) and applies the migrations not yet applied to it, on sessions of their own (`options`: the schema as
-/// `search_path`, no statement or lock time-out), one of which holds the schema's migration lock throughout: a
-/// session-level advisory lock keyed by the schema's name. Processes started together on a schema that does not
-/// exist yet (a replica and an agent) take turns instead of racing on `CREATE SCHEMA`; the later ones find it
-/// created and migrated. The lock ends with its session, which ends here also when a step fails (dropping a
-/// connection closes it).
+/// `search_path`, no statement or lock time-out), one of which, `lock`, holds the schema's migration lock
+/// throughout: a session-level advisory lock keyed by the schema's name. Processes started together on a schema
+/// that does not exist yet (a replica and an agent) take turns instead of racing on `CREATE SCHEMA`; the later
+/// ones find it created and migrated. The lock ends with its session, which ends here also when a step fails
+/// (dropping a connection closes it).
 async fn migrate_schema(
+    mut lock: PgConnection,
     options: &PgConnectOptions,
     schema: &str,
     acquire_timeout: Duration,
 ) -> Result<(), sqlx::Error> {
-    let mut lock = PgConnection::connect_with(options).await?;
     let key = i64::from_ne_bytes(options::stable_hash(&format!("lockstep migrate {schema}")).to_ne_bytes());
     sqlx::query(sql::MIGRATION_LOCK).bind(key).execute(&mut lock).await?;
     let exists: bool = sqlx::query_scalar(sql::SCHEMA_EXISTS).bind(schema).fetch_one(&mut lock).await?;
@@ -650,10 +676,10 @@ fn newer_schema(schema: Option<&str>, version: i64) -> String {
 /// Checks, without changing anything, that `schema` exists and holds every migration of this build (for
 /// [`PgOptions::migrate`] = false). Errors: [`StoreError::Invalid`] naming the schema if it is missing or not
 /// fully migrated; `Other` if it holds a migration this build does not have (a newer lockstep migrated it, so
-/// `migrate` cannot help); `Unavailable`/`Timeout` if PostgreSQL cannot be reached.
-async fn check_migrated(options: &PgConnectOptions, schema: &str) -> Result<(), StoreError> {
+/// `migrate` cannot help); `Unavailable`/`Timeout` if PostgreSQL cannot be reached. `conn`: a session of the
+/// store's, closed here.
+async fn check_migrated(mut conn: PgConnection, schema: &str) -> Result<(), StoreError> {
     let fail = |err| error::store_error(err, options::Waits::DEFAULT);
-    let mut conn = PgConnection::connect_with(options).await.map_err(fail)?;
     let applied: Vec<i64> =
         match sqlx::query_scalar(sql::MIGRATIONS_TABLE_EXISTS).bind(schema).fetch_one(&mut conn).await {
             Ok(true) => sqlx::query_scalar(AssertSqlSafe(sql::applied_migrations(schema)))

@@ -27,6 +27,11 @@ const _: () = assert!(PgOptions::LOCK_TIMEOUT_DEFAULT.as_millis() * 4 <= NODE_LE
 const _: () =
     assert!(PgOptions::IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT.as_millis() * 2 <= NODE_LEASE_TTL_DEFAULT.as_millis());
 const _: () = assert!(PgOptions::LOCK_TIMEOUT_DEFAULT.as_millis() < PgOptions::STATEMENT_TIMEOUT_DEFAULT.as_millis());
+// A routine lock wait is never a slow statement, and a statement is logged as slow before it is cancelled.
+const _: () =
+    assert!(PgOptions::LOCK_TIMEOUT_DEFAULT.as_millis() < PgOptions::SLOW_STATEMENT_THRESHOLD_DEFAULT.as_millis());
+const _: () =
+    assert!(PgOptions::SLOW_STATEMENT_THRESHOLD_DEFAULT.as_millis() < PgOptions::STATEMENT_TIMEOUT_DEFAULT.as_millis());
 
 /// How to reach PostgreSQL and which part of it a [`PgStore`](super::PgStore) owns.
 ///
@@ -98,6 +103,11 @@ pub struct PgOptions {
     /// short. Zero: unbounded. Default [`PgOptions::CALL_TIMEOUT_DEFAULT`]. One gap remains: a connection that
     /// goes half-open between the store's ping and sqlx's own (unbounded) one right after it keeps its slot.
     pub call_timeout: Duration,
+    /// A statement running at least this long, local wall clock, is logged by sqlx (target `sqlx::query`) at
+    /// INFO, with its SQL text; a faster one at DEBUG, as sqlx logs every statement. sqlx's own default is WARN
+    /// past 1 s, which a routine wait on a row lock (up to `lock_timeout`) or a large spec's insert passes, and
+    /// the warning carries the whole statement. Default [`PgOptions::SLOW_STATEMENT_THRESHOLD_DEFAULT`].
+    pub slow_statement_threshold: Duration,
     /// Chaos mode (`lockstep chaos run`): every lease write (fetch, heartbeat, related lock, apply, failure, reset,
     /// release, write API update) also appends what it did to the schema's `history` table, in the same
     /// transaction, so the simulator's checkers can read a real run's commit history ([`PgStore::history`]). The
@@ -159,6 +169,11 @@ impl PgOptions {
     /// call gives back with a second ping (sqlx already sends one), a round trip more per call in the
     /// background; `lockstep chaos` and deployments behind NATs or proxies that drop idle connections set it.
     pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::ZERO;
+    /// Default of [`PgOptions::slow_statement_threshold`]: 5 s, past the waits lockstep's statements have in a
+    /// healthy run: a row lock wait ends at [`PgOptions::LOCK_TIMEOUT_DEFAULT`] (2 s, then the call fails with a
+    /// time-out the engine logs), and the longest statement measured, a 100 000-job spec's insert, took 4.0 s
+    /// (see [`PgOptions::STATEMENT_TIMEOUT_DEFAULT`]).
+    pub const SLOW_STATEMENT_THRESHOLD_DEFAULT: Duration = Duration::from_secs(5);
     /// Default of [`PgOptions::listen_check_timeout`]: 5 s. `LISTEN` answers in well under a millisecond; a reply
     /// seconds late means the session is dead or the server stalled, and either way a new session is the cure.
     /// With the default interval a half-open listener is noticed within 10 s.
@@ -181,6 +196,7 @@ impl PgOptions {
             listen_check_interval: PgOptions::LISTEN_CHECK_INTERVAL_DEFAULT,
             listen_check_timeout: PgOptions::LISTEN_CHECK_TIMEOUT_DEFAULT,
             call_timeout: PgOptions::CALL_TIMEOUT_DEFAULT,
+            slow_statement_threshold: PgOptions::SLOW_STATEMENT_THRESHOLD_DEFAULT,
             history: false,
             apply_guard_disabled_for_mutation_test: false,
         }
@@ -278,6 +294,7 @@ impl fmt::Debug for PgOptions {
             .field("listen_check_interval", &self.listen_check_interval)
             .field("listen_check_timeout", &self.listen_check_timeout)
             .field("call_timeout", &self.call_timeout)
+            .field("slow_statement_threshold", &self.slow_statement_threshold)
             .field("history", &self.history)
             .finish_non_exhaustive()
     }

@@ -96,8 +96,8 @@ impl AgentArgs {
 }
 
 /// An agent config error in the words of the command line: the flag that sets the field, its value and the rule
-/// (`--heartbeat-trigger: 1.5s leaves less than two passes …`); a trigger derived from `--lease-ttl` (not given)
-/// says so.
+/// with the other settings it names said as flags (`--heartbeat-trigger: 1.5s is shorter than 2 × --poll-interval
+/// (1s) = 2s …`); a trigger derived from `--lease-ttl` (not given) says so.
 fn flag_error(error: &lockstep::agent::AgentConfigError) -> String {
     let flag = match error.field {
         "name" => "--node",
@@ -113,7 +113,11 @@ fn flag_error(error: &lockstep::agent::AgentConfigError) -> String {
         "lease_margin" => " (give a longer --lease-ttl or a shorter --lease-margin)",
         _ => "",
     };
-    format!("{flag}: {}{hint}", error.rule)
+    let settings = ["lease_ttl", "lease_margin", "poll_interval", "heartbeat_trigger"];
+    let rule = settings
+        .iter()
+        .fold(error.rule.clone(), |rule, name| rule.replace(name, &format!("--{}", name.replace('_', "-"))));
+    format!("{flag}: {rule}{hint}")
 }
 
 /// Runs the agent until a signal, then stops it gracefully.
@@ -238,7 +242,7 @@ mod tests {
         let error = Cli::try_parse_from(args).unwrap().agent.agent_config().validate().unwrap_err();
         assert_eq!(error.field, "lease_margin", "{error}");
         let shown = flag_error(&error);
-        assert!(shown.starts_with("--lease-margin: 3s must be shorter than lease_ttl"), "{shown}");
+        assert!(shown.starts_with("--lease-margin: 3s must be shorter than --lease-ttl"), "{shown}");
     }
 
     #[test]
@@ -249,7 +253,10 @@ mod tests {
         config.lease_margin = std::time::Duration::from_secs(1);
         config.heartbeat_trigger = std::time::Duration::from_millis(1500);
         let shown = flag_error(&config.validate().unwrap_err());
-        assert!(shown.starts_with("--heartbeat-trigger: 1.5s leaves less than two passes"), "{shown}");
-        assert!(shown.contains("half of --lease-ttl"), "{shown}");
+        assert_eq!(
+            shown,
+            "--heartbeat-trigger: 1.5s is shorter than 2 × --poll-interval (1s) = 2s: a lease due for extension \
+             must hold two passes (when not given it is half of --lease-ttl: give a longer --lease-ttl or set it)"
+        );
     }
 }

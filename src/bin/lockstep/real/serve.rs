@@ -35,7 +35,8 @@ pub struct ServeArgs {
     /// how soon a lost node is noticed.
     #[arg(long, value_parser = duration::parse, default_value = "5s")]
     pub min_processing_interval: Duration,
-    /// Pooled PostgreSQL sessions. Default: workers + 2 (the workers, the fetcher, the heartbeater).
+    /// Pooled PostgreSQL sessions. Default, and the least accepted: workers + 3 (the workers, two fetch loops,
+    /// the heartbeater).
     #[arg(long)]
     pub max_connections: Option<u32>,
     /// Placement of gang operations whose spec has no `gang_placement` (lockstep's own spec key), fixed at each
@@ -89,6 +90,10 @@ impl ServeArgs {
     }
 }
 
+// `--max-connections`'s help states the rule, `ReplicaConfig::connections_needed`, as workers + 3: one per worker,
+// per fetch loop and the heartbeater.
+const _: () = assert!(lockstep::pipeline::config::FETCHERS_DEFAULT + 1 == 3, "update --max-connections' help");
+
 /// A pipeline-config rule that `serve`'s flags broke, said in terms of those flags (the pipeline's own field
 /// names, such as `heartbeat_trigger`, are not flags of `serve`).
 fn config_rule(args: &ServeArgs, error: &ConfigError) -> String {
@@ -98,16 +103,20 @@ fn config_rule(args: &ServeArgs, error: &ConfigError) -> String {
     match *field {
         // serve extends a lease when half its ttl is left: that half must hold two heartbeats and the margin.
         "heartbeat_trigger" => {
-            let floor = (args.lease_margin + args.heartbeat_interval * 2) * 2;
+            let least = args.lease_margin + args.heartbeat_interval * 2;
             format!(
                 "--lease-ttl {}: too short for --lease-margin {} and --heartbeat-interval {}: a lease is extended \
-                 when half its ttl ({}) is left, which must hold two heartbeats plus the margin; use --lease-ttl {} \
-                 or more, or a shorter --lease-margin or --heartbeat-interval",
+                 when half its ttl ({}) is left, and that is shorter than 2 × --heartbeat-interval ({}) + \
+                 --lease-margin ({}) = {}; use --lease-ttl {} or more, or a shorter --lease-margin or \
+                 --heartbeat-interval",
                 show(args.lease_ttl),
                 show(args.lease_margin),
                 show(args.heartbeat_interval),
                 show(args.lease_ttl / 2),
-                show(floor.max(Duration::from_millis(1))),
+                show(args.heartbeat_interval),
+                show(args.lease_margin),
+                show(least),
+                show((least * 2).max(Duration::from_millis(1))),
             )
         }
         "workers" | "lease_ttl" | "lease_margin" | "heartbeat_interval" | "min_processing_interval" => {
@@ -243,8 +252,12 @@ mod tests {
         let cli = Cli::try_parse_from(["serve", "--database-url", "postgres://h/db", "--lease-ttl", "1s"]).unwrap();
         let error = cli.serve.replica_config().pipeline_config().validate().unwrap_err();
         let message = config_rule(&cli.serve, &error);
-        assert!(message.starts_with("--lease-ttl 1s: too short for --lease-margin 2s and --heartbeat-interval 1s"));
-        assert!(message.contains("use --lease-ttl 8s or more"), "{message}");
+        assert_eq!(
+            message,
+            "--lease-ttl 1s: too short for --lease-margin 2s and --heartbeat-interval 1s: a lease is extended when \
+             half its ttl (500ms) is left, and that is shorter than 2 × --heartbeat-interval (1s) + --lease-margin \
+             (2s) = 4s; use --lease-ttl 8s or more, or a shorter --lease-margin or --heartbeat-interval"
+        );
         assert!(!message.contains("heartbeat_trigger"), "{message}");
         // The floor it names is enough.
         let args = ["serve", "--database-url", "postgres://h/db", "--lease-ttl", "8s"];
