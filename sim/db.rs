@@ -17,7 +17,7 @@ use super::clock::{SimStoreClock, SimTime};
 use super::gang;
 use super::rng;
 use super::rpc::{Call, Delivery, InsertHint, Reply, Request, Response};
-use super::trace::Trace;
+use super::trace::{Fields, Trace};
 use super::wire::Wire;
 use crate::gang::model::{AllocationData, KIND_ALLOCATION};
 use crate::store::{Clock, CommitOp, Hint, MemStore, NewRow, Row, RowId, Store, StoreError, Timestamp};
@@ -76,8 +76,6 @@ pub struct Database {
     /// Instants the node was killed (simulated), oldest first: a reply still held by the node when it died is
     /// lost.
     kills: Mutex<Vec<Instant>>,
-    /// The buffer a call's commit texts are written into ([`CommitOp::write_text`]), kept from call to call.
-    commit_text: Mutex<String>,
 }
 
 /// One incarnation of the node: lost at a restart.
@@ -111,7 +109,6 @@ impl Database {
             node_id: OnceLock::new(),
             serving: Mutex::new(None),
             kills: Mutex::new(Vec::new()),
-            commit_text: Mutex::new(String::new()),
         })
     }
 
@@ -321,25 +318,12 @@ fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
     let response = dispatch(db, &store, call)
         .now_or_never()
         .unwrap_or_else(|| panic!("the store call {name} did not finish in its first poll"));
-    // Each commit's text is written in place (no copy of the commit), into one buffer: each trace line is then
-    // the one string it needs, of its final length.
-    let mut text = db.commit_text.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    text.clear();
-    let commits = store.map_history_from(before, |commit| {
-        commit.op.write_text(&mut text);
-        (text.len(), commit_row(&commit.op))
-    });
-    let mut start = 0;
-    for (end, row) in commits {
-        let op_text = &text[start..end];
-        start = end;
+    // Each commit is traced as the store recorded it, its text written only when the trace is read.
+    for op in store.map_history_from(before, |commit| commit.op.clone()) {
         // The operation is looked up only when traced: the lookup reads a row per commit.
-        match gang_trace.then(|| db.commit_operation(row)).flatten() {
-            Some(op) => db.trace.record(caller, "commit", format!("{op_text} op={op}")),
-            None => db.trace.record(caller, "commit", op_text),
-        }
+        let operation = if gang_trace { db.commit_operation(commit_row(&op)) } else { None };
+        db.trace.record(caller, "commit", Fields::Commit { op, operation });
     }
-    drop(text);
     if gang_trace {
         let on_operation = |event: &crate::store::Event| {
             db.store.read_row(event.row_id, |row| row.kind == crate::gang::model::KIND_OPERATION).unwrap_or(false)
