@@ -252,7 +252,7 @@ async fn handle(db: Arc<Database>, request: Request, started: Instant, rng: Arc<
     let response = if handed.duration_since(started) < STARTUP {
         Err(StoreError::Unavailable("the database system is starting up".into()))
     } else {
-        execute(&db, &request.caller, *request.call)
+        execute(&db, &request.caller, *request.call, handed)
     };
     let leaves = handed + queue_delay(&rng);
     if drops_reply(&db, &rng) {
@@ -301,14 +301,15 @@ async fn forward_hints(db: &Database) {
     }
 }
 
-/// Runs one call on the store as `caller`, and traces the commit it made, if any.
+/// Runs one call on the store as `caller` at `now` (the instant [`handle`] read: the call runs in one poll), and
+/// traces the commits it made, if any, at that instant.
 ///
 /// MemStore's calls never wait (each takes the store's lock, does its work and returns), so a call finishes in its
 /// first poll: it is polled once here ([`FutureExt::now_or_never`]) instead of awaited, and the node's task for
 /// the call (one per call, [`Database::submit`]) no longer holds the state of every store call's future, which
 /// madsim copied into each new task. Polled once or awaited, a ready call runs the same code at the same simulated
 /// instant and the simulator schedules no task more or less, so every trace stays the same (issue 17).
-fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
+fn execute(db: &Database, caller: &Arc<str>, call: Call, now: Instant) -> Response {
     let store = db.store.as_caller(caller.clone());
     // The call finishes in its first poll, so no other call commits between these two reads.
     let before = store.history_len();
@@ -322,7 +323,7 @@ fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
     for op in store.map_history_from(before, |commit| commit.op.clone()) {
         // The operation is looked up only when traced: the lookup reads a row per commit.
         let operation = if gang_trace { db.commit_operation(commit_row(&op)) } else { None };
-        db.trace.record(caller, "commit", Fields::Commit { op, operation });
+        db.trace.record_at(now, caller, "commit", Fields::Commit { op, operation });
     }
     if gang_trace {
         let on_operation = |event: &crate::store::Event| {
@@ -330,7 +331,7 @@ fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
         };
         for event in store.events_from(events_before).into_iter().filter(on_operation) {
             let (kind, fields) = gang::event_line(&event, |row| db.allocation_node(row));
-            db.trace.record(caller, kind, fields);
+            db.trace.record_at(now, caller, kind, fields);
         }
     }
     response
