@@ -330,8 +330,9 @@ fn execute(db: &Database, caller: &Arc<str>, call: Call, now: Instant) -> Respon
             db.store.read_row(event.row_id, |row| row.kind == crate::gang::model::KIND_OPERATION).unwrap_or(false)
         };
         for event in store.events_from(events_before).into_iter().filter(on_operation) {
-            let (kind, fields) = gang::event_line(&event, |row| db.allocation_node(row));
-            db.trace.record_at(now, caller, kind, fields);
+            let node = gang::event_node(&event, |row| db.allocation_node(row));
+            let kind = gang::event_kind(&event);
+            db.trace.record_at(now, caller, kind, Fields::OperationEvent { event: Box::new(event), node });
         }
     }
     response

@@ -6,10 +6,12 @@
 //! replicas write their starts and drains; the world writes every fault it injects and heals. Time is simulated
 //! time since the world was built, in microseconds, printed as seconds.
 //!
-//! A commit line keeps the commit itself ([`Fields::Commit`]) and is written out only when the trace is read
-//! (rendered, hashed, printed or matched): a passing run never reads most of its lines (issue 17).
+//! A commit line keeps the commit itself ([`Fields::Commit`]), a gang controller's event line its event
+//! ([`Fields::OperationEvent`]); both are written out only when the trace is read (rendered, hashed, printed or
+//! matched): a passing run never reads most of its lines (issue 17).
 
-use crate::store::{CommitOp, RowId};
+use super::gang;
+use crate::store::{CommitOp, Event, RowId};
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -162,6 +164,13 @@ pub enum Fields {
         /// The gang operation it concerns, when the database node traces gang operations.
         operation: Option<RowId>,
     },
+    /// An event the gang controller recorded on an operation ([`gang::event_fields`]).
+    OperationEvent {
+        /// The event.
+        event: Box<Event>,
+        /// The node of the allocation it names, as it was when the event was recorded ([`gang::event_node`]).
+        node: Option<String>,
+    },
 }
 
 impl Fields {
@@ -176,6 +185,7 @@ impl Fields {
                     let _ = write!(out, " op={operation}");
                 }
             }
+            Fields::OperationEvent { event, node } => out.push_str(&gang::event_fields(event, node.as_deref())),
         }
     }
 
@@ -184,7 +194,7 @@ impl Fields {
     pub fn text(&self) -> Cow<'_, str> {
         match self {
             Fields::Text(text) => Cow::Borrowed(text),
-            Fields::Commit { .. } => {
+            Fields::Commit { .. } | Fields::OperationEvent { .. } => {
                 let mut text = String::new();
                 self.write_text(&mut text);
                 Cow::Owned(text)
