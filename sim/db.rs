@@ -17,7 +17,7 @@ use super::clock::{SimStoreClock, SimTime};
 use super::gang;
 use super::rng;
 use super::rpc::{Call, Delivery, InsertHint, Reply, Request, Response};
-use super::trace::Trace;
+use super::trace::{Fields, Trace};
 use super::wire::Wire;
 use crate::gang::model::{AllocationData, KIND_ALLOCATION};
 use crate::store::{Clock, CommitOp, Hint, MemStore, NewRow, Row, RowId, Store, StoreError, Timestamp};
@@ -76,8 +76,6 @@ pub struct Database {
     /// Instants the node was killed (simulated), oldest first: a reply still held by the node when it died is
     /// lost.
     kills: Mutex<Vec<Instant>>,
-    /// The buffer a call's commit texts are written into ([`CommitOp::write_text`]), kept from call to call.
-    commit_text: Mutex<String>,
 }
 
 /// One incarnation of the node: lost at a restart.
@@ -111,7 +109,6 @@ impl Database {
             node_id: OnceLock::new(),
             serving: Mutex::new(None),
             kills: Mutex::new(Vec::new()),
-            commit_text: Mutex::new(String::new()),
         })
     }
 
@@ -255,7 +252,7 @@ async fn handle(db: Arc<Database>, request: Request, started: Instant, rng: Arc<
     let response = if handed.duration_since(started) < STARTUP {
         Err(StoreError::Unavailable("the database system is starting up".into()))
     } else {
-        execute(&db, &request.caller, *request.call)
+        execute(&db, &request.caller, *request.call, handed)
     };
     let leaves = handed + queue_delay(&rng);
     if drops_reply(&db, &rng) {
@@ -304,14 +301,15 @@ async fn forward_hints(db: &Database) {
     }
 }
 
-/// Runs one call on the store as `caller`, and traces the commit it made, if any.
+/// Runs one call on the store as `caller` at `now` (the instant [`handle`] read: the call runs in one poll), and
+/// traces the commits it made, if any, at that instant.
 ///
 /// MemStore's calls never wait (each takes the store's lock, does its work and returns), so a call finishes in its
 /// first poll: it is polled once here ([`FutureExt::now_or_never`]) instead of awaited, and the node's task for
 /// the call (one per call, [`Database::submit`]) no longer holds the state of every store call's future, which
 /// madsim copied into each new task. Polled once or awaited, a ready call runs the same code at the same simulated
 /// instant and the simulator schedules no task more or less, so every trace stays the same (issue 17).
-fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
+fn execute(db: &Database, caller: &Arc<str>, call: Call, now: Instant) -> Response {
     let store = db.store.as_caller(caller.clone());
     // The call finishes in its first poll, so no other call commits between these two reads.
     let before = store.history_len();
@@ -321,32 +319,20 @@ fn execute(db: &Database, caller: &Arc<str>, call: Call) -> Response {
     let response = dispatch(db, &store, call)
         .now_or_never()
         .unwrap_or_else(|| panic!("the store call {name} did not finish in its first poll"));
-    // Each commit's text is written in place (no copy of the commit), into one buffer: each trace line is then
-    // the one string it needs, of its final length.
-    let mut text = db.commit_text.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    text.clear();
-    let commits = store.map_history_from(before, |commit| {
-        commit.op.write_text(&mut text);
-        (text.len(), commit_row(&commit.op))
-    });
-    let mut start = 0;
-    for (end, row) in commits {
-        let op_text = &text[start..end];
-        start = end;
+    // Each commit is traced as the store recorded it, its text written only when the trace is read.
+    for op in store.map_history_from(before, |commit| commit.op.clone()) {
         // The operation is looked up only when traced: the lookup reads a row per commit.
-        match gang_trace.then(|| db.commit_operation(row)).flatten() {
-            Some(op) => db.trace.record(caller, "commit", format!("{op_text} op={op}")),
-            None => db.trace.record(caller, "commit", op_text),
-        }
+        let operation = if gang_trace { db.commit_operation(commit_row(&op)) } else { None };
+        db.trace.record_at(now, caller, "commit", Fields::Commit { op, operation });
     }
-    drop(text);
     if gang_trace {
         let on_operation = |event: &crate::store::Event| {
             db.store.read_row(event.row_id, |row| row.kind == crate::gang::model::KIND_OPERATION).unwrap_or(false)
         };
         for event in store.events_from(events_before).into_iter().filter(on_operation) {
-            let (kind, fields) = gang::event_line(&event, |row| db.allocation_node(row));
-            db.trace.record(caller, kind, fields);
+            let node = gang::event_node(&event, |row| db.allocation_node(row));
+            let kind = gang::event_kind(&event);
+            db.trace.record_at(now, caller, kind, Fields::OperationEvent { event: Box::new(event), node });
         }
     }
     response

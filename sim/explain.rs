@@ -141,7 +141,8 @@ pub fn row_lines<'a>(trace: &'a str, row: &str) -> Vec<TraceLine<'a>> {
 
 /// Whether the trace event is about any of `rows`.
 pub fn event_mentions_rows(event: &TraceEvent, rows: &[String]) -> bool {
-    rows.iter().any(|row| mentions_row(event.kind, &event.fields, row))
+    let fields = event.fields.text();
+    rows.iter().any(|row| mentions_row(event.kind, &fields, row))
 }
 
 /// `lines` as an aligned table: time right-aligned, node and kind padded to the widest of these lines.

@@ -449,6 +449,36 @@ pub fn commit_operation(row: &Row) -> Option<RowId> {
 /// The trace line (kind, fields) of an event the controller recorded on operation `event.row_id`. `node_of`
 /// names the node of an allocation row.
 pub fn event_line(event: &Event, node_of: impl Fn(RowId) -> Option<String>) -> (&'static str, String) {
+    (event_kind(event), event_fields(event, event_node(event, node_of).as_deref()))
+}
+
+/// The kind of the trace line of an event the controller recorded on an operation ([`event_line`]).
+pub fn event_kind(event: &Event) -> &'static str {
+    match event.kind.as_str() {
+        EVENT_INCARNATION_STARTED => "incarnation",
+        EVENT_JOB_STATE if event.data["reason"].as_str() == Some(REASON_NODE_LOST) => "node-lost",
+        EVENT_JOB_STATE => "job",
+        EVENT_OPERATION_STATE => "op-state",
+        EVENT_SPEC_UPDATED | EVENT_SPEC_UPDATE_REFUSED => "spec-update",
+        EVENT_GANG_WAITING => "gang-wait",
+        EVENT_GANG_PLACED => "gang-placed",
+        _ => "op-event",
+    }
+}
+
+/// The node of the allocation a job's state change names (`node_of` the allocation's row), if any: read when the
+/// event is recorded, as the allocation is then.
+pub fn event_node(event: &Event, node_of: impl Fn(RowId) -> Option<String>) -> Option<String> {
+    if event.kind != EVENT_JOB_STATE {
+        return None;
+    }
+    let allocation = event.data["allocation"].as_str()?;
+    node_of(RowId(allocation.split('.').next()?.parse().ok()?))
+}
+
+/// The fields of the trace line of an event the controller recorded on operation `event.row_id`, with `node`
+/// from [`event_node`] (`-` when none).
+pub fn event_fields(event: &Event, node: Option<&str>) -> String {
     let data = &event.data;
     let op = event.row_id;
     match event.kind.as_str() {
@@ -470,68 +500,47 @@ pub fn event_line(event: &Event, node_of: impl Fn(RowId) -> Option<String>) -> (
                     json_value(&trigger["status"])
                 ));
             }
-            ("incarnation", fields)
+            fields
         }
-        EVENT_JOB_STATE => {
-            let node = data["allocation"]
-                .as_str()
-                .and_then(|a| a.split('.').next())
-                .and_then(|row| row.parse().ok())
-                .and_then(|row| node_of(RowId(row)))
-                .unwrap_or_else(|| "-".into());
-            let fields = format!(
-                "op={op} job={} task={} cookie={} rank={} reserved={} inc={} alloc={} node={} from={} to={} reason={}",
-                json_value(&data["job"]),
-                json_value(&data["task"]),
-                json_value(&data["job_cookie"]),
-                json_value(&data["gang_rank"]),
-                json_value(&data["reserved"]),
-                json_value(&data["incarnation"]),
-                json_value(&data["allocation"]),
-                value(&node),
-                json_value(&data["from"]),
-                json_value(&data["to"]),
-                json_value(&data["reason"])
-            );
-            let lost = data["reason"].as_str() == Some(REASON_NODE_LOST);
-            (if lost { "node-lost" } else { "job" }, fields)
-        }
-        EVENT_OPERATION_STATE => (
-            "op-state",
-            format!(
-                "op={op} from={} to={} reason={}",
-                json_value(&data["from"]),
-                json_value(&data["to"]),
-                json_value(&data["reason"])
-            ),
+        EVENT_JOB_STATE => format!(
+            "op={op} job={} task={} cookie={} rank={} reserved={} inc={} alloc={} node={} from={} to={} reason={}",
+            json_value(&data["job"]),
+            json_value(&data["task"]),
+            json_value(&data["job_cookie"]),
+            json_value(&data["gang_rank"]),
+            json_value(&data["reserved"]),
+            json_value(&data["incarnation"]),
+            json_value(&data["allocation"]),
+            value(node.unwrap_or("-")),
+            json_value(&data["from"]),
+            json_value(&data["to"]),
+            json_value(&data["reason"])
         ),
-        EVENT_SPEC_UPDATED => ("spec-update", format!("op={op} outcome=updated job_count={}", json_value(data))),
-        EVENT_GANG_WAITING => (
-            "gang-wait",
-            format!(
-                "op={op} inc={} need={} position={} reserved_ahead={} free={} cluster_slots={}",
-                json_value(&data["incarnation"]),
-                json_value(&data["need"]),
-                json_value(&data["position"]),
-                json_value(&data["reserved_ahead"]),
-                json_value(&data["free"]),
-                json_value(&data["cluster_slots"])
-            ),
+        EVENT_OPERATION_STATE => format!(
+            "op={op} from={} to={} reason={}",
+            json_value(&data["from"]),
+            json_value(&data["to"]),
+            json_value(&data["reason"])
         ),
-        EVENT_GANG_PLACED => (
-            "gang-placed",
-            format!(
-                "op={op} inc={} need={} reused={} waited_ms={}",
-                json_value(&data["incarnation"]),
-                json_value(&data["need"]),
-                json_value(&data["reused"]),
-                json_value(&data["waited_ms"])
-            ),
+        EVENT_SPEC_UPDATED => format!("op={op} outcome=updated job_count={}", json_value(data)),
+        EVENT_GANG_WAITING => format!(
+            "op={op} inc={} need={} position={} reserved_ahead={} free={} cluster_slots={}",
+            json_value(&data["incarnation"]),
+            json_value(&data["need"]),
+            json_value(&data["position"]),
+            json_value(&data["reserved_ahead"]),
+            json_value(&data["free"]),
+            json_value(&data["cluster_slots"])
         ),
-        EVENT_SPEC_UPDATE_REFUSED => {
-            ("spec-update", format!("op={op} outcome=refused violations={}", json_value(&data["violations"])))
-        }
-        other => ("op-event", format!("op={op} event={}", value(other))),
+        EVENT_GANG_PLACED => format!(
+            "op={op} inc={} need={} reused={} waited_ms={}",
+            json_value(&data["incarnation"]),
+            json_value(&data["need"]),
+            json_value(&data["reused"]),
+            json_value(&data["waited_ms"])
+        ),
+        EVENT_SPEC_UPDATE_REFUSED => format!("op={op} outcome=refused violations={}", json_value(&data["violations"])),
+        other => format!("op={op} event={}", value(other)),
     }
 }
 

@@ -193,7 +193,7 @@ impl RunReport {
         let lines: Vec<TraceEvent> = self
             .trace
             .iter()
-            .filter(|e| super::explain::field_tokens(&e.fields).contains(&token.as_str()))
+            .filter(|e| super::explain::field_tokens(&e.fields.text()).contains(&token.as_str()))
             .cloned()
             .collect();
         trace::render(&lines)

@@ -214,7 +214,7 @@ fn push_row_events(text: &mut String, report: &RunReport, message: &str) {
 fn push_operation_events(text: &mut String, report: &RunReport, operations: &[String]) {
     for op in operations.iter().take(OPERATIONS_SHOWN) {
         let about: Vec<&TraceEvent> =
-            report.trace.iter().filter(|event| explain::mentions_operation(&event.fields, op)).collect();
+            report.trace.iter().filter(|event| explain::mentions_operation(&event.fields.text(), op)).collect();
         let shown = about.len().min(EVENTS_SHOWN);
         let _ = writeln!(text, "    last {shown} of {} trace events about op={op}:", about.len());
         push_events(text, about[about.len() - shown..].iter().copied().cloned().collect());
@@ -290,13 +290,14 @@ pub fn rows_named(message: &str) -> Vec<String> {
 pub fn fault_counts(trace: &[TraceEvent]) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
     for event in trace {
-        let agent = event.node.starts_with("agent-") || event.fields.contains("Agent(");
+        // Read only for the kinds of a fault: a commit's fields are written out when read.
+        let agent = || event.node.starts_with("agent-") || event.fields.text().contains("Agent(");
         let kind = match (&*event.node, event.kind) {
             ("db", "kill") => "db-restart",
-            (_, "kill") if agent => "agent-kill",
-            (_, "pause") if agent => "agent-pause",
-            (_, "partition") if agent => "agent-partition",
-            (_, "isolate") if agent => "agent-isolate",
+            (_, "kill") if agent() => "agent-kill",
+            (_, "pause") if agent() => "agent-pause",
+            (_, "partition") if agent() => "agent-partition",
+            (_, "isolate") if agent() => "agent-isolate",
             (_, kind @ ("kill" | "pause" | "partition" | "isolate" | "degrade" | "lost-replies" | "clock-drift")) => {
                 kind
             }

@@ -49,7 +49,7 @@ use super::net_store::NetStore;
 use super::rng;
 use super::scenario::Scenario;
 use super::service::Service;
-use super::trace::Trace;
+use super::trace::{Fields, Trace};
 use super::workload;
 use crate::pipeline::{ConfigError, Handler, PipelineConfig, PipelineManager};
 use crate::store::{NewRow, Row, Store};
@@ -413,7 +413,7 @@ impl WorkloadClient {
 
     /// Writes a `note` line to the run's trace from the client node.
     pub fn note(&self, text: impl Into<String>) {
-        self.inner.trace.record(&self.inner.node, "note", text);
+        self.inner.trace.record(&self.inner.node, "note", Fields::Text(text.into()));
     }
 }
 

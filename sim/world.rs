@@ -29,7 +29,7 @@ use super::net_store::{NetStore, NetStoreOptions};
 use super::replica::{self, ReplicaContext, Stop};
 use super::scenario::Scenario;
 use super::service::{self, Effect, Service};
-use super::trace::Trace;
+use super::trace::{Fields, Trace};
 use super::user::WorkloadClient;
 use super::wire::Wire;
 use super::workload::{Client, ClientReport};
@@ -555,7 +555,7 @@ impl World {
         self.inner.db.store.rows()
     }
 
-    fn record(&self, kind: &'static str, fields: impl Into<String>) {
+    fn record(&self, kind: &'static str, fields: impl Into<Fields>) {
         self.inner.trace.record(&self.inner.name, kind, fields);
     }
 
@@ -607,7 +607,7 @@ impl AgentHandle<'_> {
         &self.world.inner.agents[self.index]
     }
 
-    fn record(&self, kind: &'static str, fields: impl Into<String>) {
+    fn record(&self, kind: &'static str, fields: impl Into<Fields>) {
         self.world.inner.trace.record(&self.slot().ctx.name, kind, fields);
     }
 
@@ -697,7 +697,7 @@ impl ReplicaHandle<'_> {
         self.world.inner.replicas[self.index].node.id()
     }
 
-    fn record(&self, kind: &'static str, fields: impl Into<String>) {
+    fn record(&self, kind: &'static str, fields: impl Into<Fields>) {
         self.world.inner.trace.record(&self.ctx().name, kind, fields);
     }
 
@@ -821,7 +821,7 @@ pub struct DbHandle<'a> {
 }
 
 impl DbHandle<'_> {
-    fn record(&self, kind: &'static str, fields: impl Into<String>) {
+    fn record(&self, kind: &'static str, fields: impl Into<Fields>) {
         self.world.inner.trace.record(&Arc::from("db"), kind, fields);
     }
 

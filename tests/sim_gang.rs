@@ -35,8 +35,9 @@ fn assert_passed(report: &RunReport, name: &'static str) {
 }
 
 /// The value of `key` among an event's space-separated `key=value` fields.
-fn field<'a>(event: &'a TraceEvent, key: &str) -> Option<&'a str> {
-    event.fields.split_whitespace().find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+fn field(event: &TraceEvent, key: &str) -> Option<String> {
+    let fields = event.fields.text();
+    fields.split_whitespace().find_map(|pair| Some(pair.strip_prefix(key)?.strip_prefix('=')?.to_string()))
 }
 
 fn events<'a>(report: &'a RunReport, kind: &'a str) -> impl Iterator<Item = &'a TraceEvent> + 'a {
@@ -130,10 +131,10 @@ fn an_agent_killed_mid_gang_causes_one_gang_restart_that_keeps_cookies_and_ranks
         // allocation that incarnation 0 used keeps that job's cookie and rank.
         let assigned = |inc: &str| -> BTreeMap<String, (String, String)> {
             events(&report, "job")
-                .filter(|e| field(e, "inc") == Some(inc) && field(e, "to") == Some("assigned"))
+                .filter(|e| field(e, "inc").as_deref() == Some(inc) && field(e, "to").as_deref() == Some("assigned"))
                 .map(|e| {
                     let alloc = field(e, "alloc").unwrap().split('.').next().unwrap().to_string();
-                    (alloc, (field(e, "cookie").unwrap().to_string(), field(e, "rank").unwrap().to_string()))
+                    (alloc, (field(e, "cookie").unwrap(), field(e, "rank").unwrap()))
                 })
                 .collect()
         };
@@ -162,7 +163,8 @@ fn a_partitioned_agent_fences_itself_before_its_node_is_declared_lost() {
         let report = sim::run_with(&scenario, seed, Some(script));
         assert_passed(&report, name);
         let partition = events(&report, "partition").next().expect("partitioned");
-        let agent = partition.fields.split("<->").next().unwrap();
+        let fields = partition.fields.text();
+        let agent = fields.split("<->").next().unwrap();
         let node = format!("agent-{}", agent.trim_start_matches("Agent(").trim_end_matches(')'));
         let fence = report
             .trace
@@ -175,10 +177,10 @@ fn a_partitioned_agent_fences_itself_before_its_node_is_declared_lost() {
             .find(|e| *e.node == *node && e.kind == "proc-kill")
             .unwrap_or_else(|| panic!("seed {seed}: {node}'s fence killed no process"));
         let lost = events(&report, "node-lost")
-            .find(|e| field(e, "node") == Some(node.as_str()))
+            .find(|e| field(e, "node").as_deref() == Some(node.as_str()))
             .unwrap_or_else(|| panic!("seed {seed}: the controller never declared {node} lost"));
         assert!(killed.at <= fence.at && fence.at < lost.at, "seed {seed}: {killed}\n{fence}\n{lost}");
-        assert!(fence.fields.contains("killed=1"), "seed {seed}: {fence}");
+        assert!(fence.fields.text().contains("killed=1"), "seed {seed}: {fence}");
         let train = report.operation("train").unwrap();
         assert_eq!(train.status, Some(OperationStatus::Completed), "seed {seed}: {train:?}");
     }
@@ -204,7 +206,7 @@ fn a_paused_replica_cannot_apply_an_operation_pass_with_its_stale_token() {
             let leased = |e: &TraceEvent| {
                 &*e.node == "replica-0"
                     && e.kind == "commit"
-                    && e.fields.starts_with("fetch operations [")
+                    && e.fields.text().starts_with("fetch operations [")
                     && field(e, "op").is_some()
             };
             while pauses < 3 && world.trace().elapsed() < Duration::from_secs(100) {
@@ -231,7 +233,7 @@ fn a_paused_replica_cannot_apply_an_operation_pass_with_its_stale_token() {
             .trace
             .iter()
             .filter(|e| &*e.node == "replica-0" && e.kind == "commit" && field(e, "op").is_some())
-            .filter(|e| e.fields.contains(" stale ") || e.fields.contains(" Stale "))
+            .filter(|e| e.fields.text().contains(" stale ") || e.fields.text().contains(" Stale "))
             .count();
     }
     assert!(stale > 0, "no operation pass of the paused replica came back stale: the pauses missed every pass");
@@ -272,8 +274,8 @@ fn an_abort_ends_a_hanging_operation_and_its_processes() {
     let op = report.operation("train").unwrap().id.unwrap();
     assert_eq!(events(&report, "abort").count(), 1);
     // Every process the hanging jobs started was killed by its agent once the operation ended.
-    let started = events(&report, "proc-start").filter(|e| field(e, "op") == Some(&op.to_string())).count();
-    let killed = events(&report, "proc-kill").filter(|e| field(e, "op") == Some(&op.to_string())).count();
+    let started = events(&report, "proc-start").filter(|e| field(e, "op").as_deref() == Some(&op.to_string())).count();
+    let killed = events(&report, "proc-kill").filter(|e| field(e, "op").as_deref() == Some(&op.to_string())).count();
     assert_eq!((started, killed), (3, 3));
     let timeline = report.operation_trace(op);
     assert!(timeline.lines().all(|line| line.contains(&format!("op={op}"))), "{timeline}");
@@ -292,11 +294,11 @@ fn submissions_retried_after_lost_replies_are_not_duplicated() {
         let script = sim::script(|world| async move { world.db().drop_replies(0.5, Duration::from_secs(15)).await });
         let report = sim::run_with(&scenario, seed, Some(script));
         assert_passed(&report, name);
-        let inserted = events(&report, "commit").filter(|e| e.fields.contains(" operation op=")).count();
+        let inserted = events(&report, "commit").filter(|e| e.fields.text().contains(" operation op=")).count();
         assert_eq!(inserted, count, "seed {seed}: operation rows inserted");
         let ids: BTreeSet<_> = report.operations.iter().map(|o| o.id.unwrap()).collect();
         assert_eq!(ids.len(), count, "seed {seed}: {:?}", report.operations);
-        retried += events(&report, "submit").filter(|e| field(e, "attempts") != Some("1")).count();
+        retried += events(&report, "submit").filter(|e| field(e, "attempts").as_deref() != Some("1")).count();
     }
     assert!(retried > 0, "no submission needed a retry: the lost replies missed the client");
 }
@@ -377,7 +379,7 @@ fn an_agent_clock_within_the_margin_rule_still_fences_before_its_rank_runs_elsew
         let report = sim::run_with(&scenario, seed, Some(partition_busy_agent()));
         assert_passed(&report, name);
         assert_eq!(events(&report, "clock-drift").count(), 4, "seed {seed}");
-        assert!(events(&report, "fence").any(|e| e.fields.contains("killed=1")), "seed {seed}: no fence killed");
+        assert!(events(&report, "fence").any(|e| e.fields.text().contains("killed=1")), "seed {seed}: no fence killed");
         let train = report.operation("train").unwrap();
         assert_eq!(train.incarnations.len(), 2, "seed {seed}: one gang restart: {train:?}");
     }
@@ -430,8 +432,10 @@ fn a_gang_of_a_thousand_jobs_on_one_agent_completes_in_its_first_incarnation() {
     let report = sim::run(&large_gang(1, 1000), 1);
     assert_passed(&report, "a_gang_of_a_thousand_jobs_on_one_agent_completes_in_its_first_incarnation");
     assert!(!report.trace.iter().any(|e| e.kind == "fence"), "an agent fenced itself");
-    let reports =
-        report.trace.iter().filter(|e| e.kind == "commit" && &*e.node == "agent-0" && e.fields.contains(" inbox"));
+    let reports = report
+        .trace
+        .iter()
+        .filter(|e| e.kind == "commit" && &*e.node == "agent-0" && e.fields.text().contains(" inbox"));
     let (count, instants) = reports.fold((0, BTreeSet::new()), |(count, mut instants), e| {
         instants.insert(e.at);
         (count + 1, instants)

@@ -40,7 +40,7 @@ fn trace_count(report: &RunReport, node: &str, kind: &str, fields: &str) -> usiz
     report
         .trace
         .iter()
-        .filter(|event| &*event.node == node && event.kind == kind && event.fields.starts_with(fields))
+        .filter(|event| &*event.node == node && event.kind == kind && event.fields.text().starts_with(fields))
         .count()
 }
 
@@ -216,8 +216,8 @@ fn a_paused_replica_cannot_apply_with_its_stale_tokens() {
                 .filter(|e| {
                     &*e.node == "replica-0"
                         && e.kind == "commit"
-                        && e.fields.starts_with("apply")
-                        && e.fields.contains(" stale ")
+                        && e.fields.text().starts_with("apply")
+                        && e.fields.text().contains(" stale ")
                 })
                 .count()
         })
@@ -298,7 +298,7 @@ fn a_replica_cut_off_from_the_database_rejoins() {
             .iter()
             .rev()
             .take_while(|e| e.kind != "partition-end")
-            .any(|e| &*e.node == "replica-2" && e.fields.contains(" applied "));
+            .any(|e| &*e.node == "replica-2" && e.fields.text().contains(" applied "));
         assert!(applied_late, "seed {}: replica-2 applied nothing after the partition healed", report.seed);
     }
 }
@@ -344,7 +344,7 @@ fn a_drifting_clock_creates_no_second_writer() {
         .iter()
         .map(|report| {
             let events = report.trace.iter().filter(|e| &*e.node == "replica-0" && e.kind == "commit");
-            events.filter(|e| e.fields.starts_with("apply") && e.fields.contains(" stale ")).count()
+            events.filter(|e| e.fields.text().starts_with("apply") && e.fields.text().contains(" stale ")).count()
         })
         .sum();
     assert!(stale > 0, "the drifting replica never needed the token guard: the scenario missed its point");
@@ -391,7 +391,8 @@ fn fetch_hints_cross_the_network_and_wake_fetchers_at_once() {
     let mut inserted = std::collections::BTreeMap::new();
     let mut delays = Vec::new();
     for event in report.trace.iter().filter(|event| event.kind == "commit") {
-        let words: Vec<&str> = event.fields.split_whitespace().collect();
+        let fields = event.fields.text();
+        let words: Vec<&str> = fields.split_whitespace().collect();
         match words.as_slice() {
             ["insert", id, kind] if kind.starts_with("claim-") => {
                 inserted.insert(id.to_string(), event.at);

@@ -106,7 +106,10 @@ pub fn expectations(expectations: &Expectations, reports: &[OperationReport], tr
 }
 
 fn unmet_trace(expectation: &TraceExpectation, trace: &[TraceEvent]) -> Option<String> {
-    let count = trace.iter().filter(|e| expectation.matches(&e.node, e.kind, &e.fields)).count() as u64;
+    // The kind first: a commit's fields are written out when read.
+    let matches =
+        |e: &&TraceEvent| e.kind == expectation.kind && expectation.matches(&e.node, e.kind, &e.fields.text());
+    let count = trace.iter().filter(matches).count() as u64;
     let what = expectation.describe();
     if count < expectation.at_least {
         return Some(format!("trace: {what} expected at least {}, actual {count}", expectation.at_least));

@@ -20,7 +20,7 @@ use crate::sim::gang::{
     ControlAction, GangWorkload, OperationReport, SubmitOutcome, event_line, is_gang_row, process_line, value,
 };
 use crate::sim::run::GangOutcome;
-use crate::sim::trace::{Trace, TraceEvent};
+use crate::sim::trace::{Fields, Trace, TraceEvent};
 use crate::sim::workload;
 use crate::store::{Commit, CommitOp, Event, PgStore, Row, RowId, Store, Timestamp};
 use std::collections::BTreeMap;
@@ -251,7 +251,8 @@ pub fn trace_lines(
             writer.insert((lease.id, commit.at), node_of_caller(commit));
         }
         let at = origin.since_db(commit.at);
-        lines.push(TraceEvent { at, node: node_of_caller(commit), kind: "commit", fields: commit.op.to_string() });
+        let fields = Fields::Commit { op: commit.op.clone(), operation: None };
+        lines.push(TraceEvent { at, node: node_of_caller(commit), kind: "commit", fields });
     }
     let kinds: BTreeMap<RowId, &str> = rows.iter().map(|row| (row.id, row.kind.as_str())).collect();
     let allocation_nodes: BTreeMap<RowId, String> = rows
@@ -264,12 +265,12 @@ pub fn trace_lines(
     for event in events.iter().filter(|event| kinds.get(&event.row_id) == Some(&KIND_OPERATION)) {
         let (kind, fields) = event_line(event, |row| allocation_nodes.get(&row).cloned());
         let node = writer.get(&(event.row_id, event.at)).cloned().unwrap_or_else(|| Arc::from("db"));
-        lines.push(TraceEvent { at: origin.since_db(event.at), node, kind, fields });
+        lines.push(TraceEvent { at: origin.since_db(event.at), node, kind, fields: fields.into() });
     }
     for event in process_log(records, origin) {
         let (kind, fields) = process_line(&event);
         let at = event.at.saturating_duration_since(origin.local);
-        lines.push(TraceEvent { at, node: Arc::from(event.node.as_str()), kind, fields });
+        lines.push(TraceEvent { at, node: Arc::from(event.node.as_str()), kind, fields: fields.into() });
     }
     let since_wall = |at_us: i64| Duration::from_micros(u64::try_from(at_us - origin.wall_us).unwrap_or(0));
     for (agent, records) in records.iter().enumerate() {
@@ -277,11 +278,11 @@ pub fn trace_lines(
         for record in records {
             match record {
                 AgentRecord::Fence { at_us, reason, killed } => {
-                    let fields = format!("reason={} killed={}", value(reason), killed.len());
+                    let fields = format!("reason={} killed={}", value(reason), killed.len()).into();
                     lines.push(TraceEvent { at: since_wall(*at_us), node: node.clone(), kind: "fence", fields });
                 }
                 AgentRecord::Session { at_us, token } => {
-                    let fields = format!("token={token}");
+                    let fields = format!("token={token}").into();
                     lines.push(TraceEvent { at: since_wall(*at_us), node: node.clone(), kind: "session", fields });
                 }
                 _ => {}
