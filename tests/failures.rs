@@ -40,8 +40,9 @@ async fn get<S: Store>(store: &S, id: RowId) -> Row {
 }
 
 /// What a row's pass does, by the row's `data.do`: `"fail"`, `"panic"`, `"nul"` (writes a value PostgreSQL cannot
-/// store), `"hopeless"` (fails with an error its [`Handler::retry`] gives up on at once) or `"unlocked"` (updates
-/// the row `data.other` without having locked it); anything else marks the row done. Counts its passes.
+/// store), `"hopeless"` (fails with an error its [`Handler::retry`] gives up on at once), `"unlocked"` (updates
+/// the row `data.other` without having locked it) or `"lock-self"` (locks its own row as a shared related row in
+/// `load`); anything else marks the row done. Counts its passes.
 #[derive(Default)]
 struct Scripted {
     passes: AtomicUsize,
@@ -50,7 +51,10 @@ struct Scripted {
 impl<S: Store> Handler<S> for Scripted {
     type Context = ();
 
-    async fn load(&self, _row: &Row, _cx: &LoadCx<'_, S>) -> Result<(), WorkError> {
+    async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<(), WorkError> {
+        if row.data["do"] == "lock-self" {
+            cx.lock_shared(vec![row.id]).await?;
+        }
         Ok(())
     }
 
@@ -192,6 +196,21 @@ async fn a_related_update_of_a_row_not_locked_fails_its_item_naming_the_row() {
         row.errors
     );
     assert_eq!(get(&store, other).await.status, "free", "row {other} was written");
+}
+
+/// A handler that locks its item's own row as a related row fails at once, naming the row, with no store call
+/// made for the lock: before, a contended lock left an intent mark on the item's own row, which kept its own
+/// pipeline off it for a lease ttl (a new user's trial).
+#[tokio::test(start_paused = true)]
+async fn locking_the_items_own_row_as_a_related_row_fails_the_item() {
+    let (_clock, store, id, p) = one_row("lock-self").await;
+    assert_eq!(fetch_and_work(&p, &Scripted::default()).await, Some(ItemOutcome::BackedOff));
+    let row = get(&store, id).await;
+    assert_eq!((row.attempts, row.lock_token, row.lock_owner.as_deref()), (1, None, None));
+    let expected = format!("related rows include the item's own row {id}");
+    assert!(row.errors[0].error.starts_with(&expected), "{:?}", row.errors);
+    let locks = store.history().iter().filter(|c| matches!(c.op, CommitOp::LockRelated { .. })).count();
+    assert_eq!(locks, 0, "a lock call reached the store");
 }
 
 /// A manager of `workers` workers (apply batching on, as by default) over `store`, running `handler`.

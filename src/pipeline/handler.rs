@@ -134,6 +134,19 @@ impl<'a, S: Store> LoadCx<'a, S> {
         }
     }
 
+    /// The item's own row among `related` is the handler's mistake: the lease holds it already, and on contention
+    /// its intent mark would keep the item's own pipeline off it for a lease ttl (a new user's trial: items that
+    /// stalled 30 s each). Refused before any store call, as the item's failure.
+    fn not_its_own_row(&self, related: &[RowId]) -> Result<(), WorkError> {
+        if related.contains(&self.lease.id) {
+            let id = self.lease.id;
+            return Err(WorkError::Failed(format!(
+                "related rows include the item's own row {id}: the lease holds it already; lock only other rows"
+            )));
+        }
+        Ok(())
+    }
+
     fn record_locked(&self, related: &[RowId]) {
         self.locked.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).extend_from_slice(related);
     }
@@ -177,6 +190,7 @@ impl<'a, S: Store> LoadCx<'a, S> {
     }
 
     async fn lock_and_read(&self, related: Vec<RowId>, owner: String) -> Result<Vec<Row>, WorkError> {
+        self.not_its_own_row(&related)?;
         let params = LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl };
         let related = params.related.clone();
         match self.store.lock_related_and_read(params).await? {
@@ -190,6 +204,7 @@ impl<'a, S: Store> LoadCx<'a, S> {
     }
 
     async fn lock(&self, related: Vec<RowId>, owner: String) -> Result<(), WorkError> {
+        self.not_its_own_row(&related)?;
         let params = LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl };
         let related = params.related.clone();
         match self.store.lock_related_or_reset(params).await? {

@@ -31,7 +31,7 @@ use std::process::ExitCode;
                   deterministic simulator.\n\n\
                   Real mode: controller replicas (`serve`) and node agents (`agent`) coordinate through one \
                   PostgreSQL database and run jobs as OS processes; `submit`, `status` and `abort` talk to the \
-                  same database. Logs go to stderr, filtered by RUST_LOG (default: info).\n\n\
+                  same database. Logs go to stderr, filtered by RUST_LOG (default: info,sqlx=warn).\n\n\
                   Simulator: `sim run | sweep | merge | replay | explain | shrink` run scenario files deterministically (the \
                   simulator build: `cargo sim …`)."
 )]
