@@ -5,6 +5,7 @@ use crate::store::{
     Lease, LockAttempt, LockRead, LockRelatedParams, NewEvent, NewHint, NewRow, RelatedUpdate, Row, RowId, RowUpdate,
     Store, StoreError, shared_owner,
 };
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -111,13 +112,13 @@ pub struct LoadCx<'a, S: Store> {
     lease: Lease,
     pipeline: &'a str,
     lease_ttl: Duration,
-    /// Rows locked by this context's calls, in the order locked.
-    locked: Mutex<Vec<RowId>>,
+    /// Rows locked by this context's calls (a set: a gang restart's pass locks and updates 10 000 rows).
+    locked: Mutex<BTreeSet<RowId>>,
 }
 
 impl<'a, S: Store> LoadCx<'a, S> {
     pub(crate) fn new(store: &'a S, lease: Lease, pipeline: &'a str, lease_ttl: Duration) -> Self {
-        LoadCx { store, lease, pipeline, lease_ttl, locked: Mutex::new(Vec::new()) }
+        LoadCx { store, lease, pipeline, lease_ttl, locked: Mutex::new(BTreeSet::new()) }
     }
 
     /// The first of `related` (a handler's related updates) that no lock of this context covers, as the item's
@@ -148,7 +149,7 @@ impl<'a, S: Store> LoadCx<'a, S> {
     }
 
     fn record_locked(&self, related: &[RowId]) {
-        self.locked.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).extend_from_slice(related);
+        self.locked.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).extend(related.iter().copied());
     }
 
     /// The store, for reads.
