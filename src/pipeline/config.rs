@@ -178,7 +178,9 @@ pub struct PipelineConfig {
     pub heartbeat_trigger: Duration,
     /// Minimum time between two processings of one row, store clock. Default [`MIN_PROCESSING_INTERVAL_DEFAULT`].
     pub min_processing_interval: Duration,
-    /// Delay before a row reset for retry is eligible again, store clock. Default [`RETRY_DELAY_DEFAULT`].
+    /// Delay before a row reset for retry is eligible again, store clock. Also the longest an item waits, local
+    /// clock, for another item of the pipeline in this replica to hand on a related row's turn before it asks the
+    /// store anyway ([`super::Waitlist`]); zero turns that waiting off. Default [`RETRY_DELAY_DEFAULT`].
     pub retry_delay: Duration,
     /// Queue max = ceil(workers × this) while the fetcher keeps up. Default [`QUEUE_UPPER_FACTOR_DEFAULT`].
     pub queue_upper_factor: f64,

@@ -1,6 +1,9 @@
 //! What a user writes: a [`Handler`] that loads, processes and describes the result of one leased row
 //! (dstack PIPELINES, "Typical worker structure": load → process → apply).
 
+use super::Core;
+use super::clock::LocalClock;
+use super::waitlist::Waitlist;
 use crate::store::{
     Lease, LockAttempt, LockRead, LockRelatedParams, NewEvent, NewHint, NewRow, RelatedUpdate, Row, RowId, RowUpdate,
     Store, StoreError, shared_owner,
@@ -112,13 +115,33 @@ pub struct LoadCx<'a, S: Store> {
     lease: Lease,
     pipeline: &'a str,
     lease_ttl: Duration,
+    /// The pipeline's waitlist in this replica, the clock of its waits, and their bound (`retry_delay`).
+    waitlist: &'a Waitlist,
+    clock: &'a LocalClock,
+    wait: Duration,
     /// Rows locked by this context's calls (a set: a gang restart's pass locks and updates 10 000 rows).
     locked: Mutex<BTreeSet<RowId>>,
 }
 
 impl<'a, S: Store> LoadCx<'a, S> {
-    pub(crate) fn new(store: &'a S, lease: Lease, pipeline: &'a str, lease_ttl: Duration) -> Self {
-        LoadCx { store, lease, pipeline, lease_ttl, locked: Mutex::new(BTreeSet::new()) }
+    pub(crate) fn new(core: &'a Core<S>, lease: Lease) -> Self {
+        let config = core.config.as_ref();
+        LoadCx {
+            store: core.store.as_ref(),
+            lease,
+            pipeline: &config.name,
+            lease_ttl: config.lease_ttl,
+            waitlist: &core.waitlist,
+            clock: &core.clock,
+            wait: config.retry_delay,
+            locked: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// Takes `related`'s turns in this replica's waitlist before the store is asked for them: waits for the
+    /// pipeline's other items in this replica that hold any, up to `retry_delay` (see [`super::waitlist`]).
+    async fn take_turns(&self, related: &[RowId]) {
+        self.waitlist.take(self.lease, related, self.wait, self.clock).await;
     }
 
     /// The first of `related` (a handler's related updates) that no lock of this context covers, as the item's
@@ -163,7 +186,8 @@ impl<'a, S: Store> LoadCx<'a, S> {
     }
 
     /// Locks `related` rows the parent must hold all of, with the pipeline name as owner (their own pipelines
-    /// skip them while fresh). Errors: [`WorkError::ContendedReset`] if any is held elsewhere (the lease was reset
+    /// skip them while fresh). An item of the same pipeline in this replica that holds any of them is waited for
+    /// first, up to the pipeline's `retry_delay`, in arrival order ([`Waitlist`]). Errors: [`WorkError::ContendedReset`] if any is held elsewhere (the lease was reset
     /// for retry in the same store call), [`WorkError::Stale`] if this lease is gone.
     pub async fn lock_related(&self, related: Vec<RowId>) -> Result<(), WorkError> {
         self.lock(related, self.pipeline.to_string()).await
@@ -192,6 +216,7 @@ impl<'a, S: Store> LoadCx<'a, S> {
 
     async fn lock_and_read(&self, related: Vec<RowId>, owner: String) -> Result<Vec<Row>, WorkError> {
         self.not_its_own_row(&related)?;
+        self.take_turns(&related).await;
         let params = LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl };
         let related = params.related.clone();
         match self.store.lock_related_and_read(params).await? {
@@ -206,6 +231,7 @@ impl<'a, S: Store> LoadCx<'a, S> {
 
     async fn lock(&self, related: Vec<RowId>, owner: String) -> Result<(), WorkError> {
         self.not_its_own_row(&related)?;
+        self.take_turns(&related).await;
         let params = LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl };
         let related = params.related.clone();
         match self.store.lock_related_or_reset(params).await? {

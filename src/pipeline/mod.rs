@@ -24,6 +24,7 @@ pub mod hinter;
 pub mod manager;
 pub mod metrics;
 pub mod queue;
+pub mod waitlist;
 pub mod worker;
 
 pub use batcher::{ApplyBatcher, PendingApply, RefetchBatcher};
@@ -35,6 +36,7 @@ pub use heartbeater::{HeartbeatPass, Heartbeater};
 pub use hinter::Hinter;
 pub use manager::{ManagerOptions, PipelineManager, ShutdownReport};
 pub use metrics::{Metrics, MetricsSnapshot};
+pub use waitlist::Waitlist;
 pub use worker::ItemOutcome;
 
 use crate::store::Store;
@@ -61,6 +63,8 @@ pub struct Pipeline<S: Store> {
     pub batcher: Arc<ApplyBatcher<S>>,
     /// Groups its workers' refetches into batches (DESIGN §3, Batching).
     pub refetcher: Arc<RefetchBatcher<S>>,
+    /// The turns of its items' related rows in this replica (see [`waitlist`]).
+    pub waitlist: Arc<Waitlist>,
     /// The jitter of its workers' retry delays: a ChaCha stream of the pipeline's name, seeded by
     /// [`Pipeline::seed_retry_jitter`] (DESIGN §5: one stream per purpose, no OS randomness).
     pub(crate) retry_rng: Arc<Mutex<ChaCha8Rng>>,
@@ -78,6 +82,7 @@ impl<S: Store> Clone for Pipeline<S> {
             clock: self.clock.clone(),
             batcher: self.batcher.clone(),
             refetcher: self.refetcher.clone(),
+            waitlist: self.waitlist.clone(),
             retry_rng: self.retry_rng.clone(),
         }
     }
@@ -93,7 +98,9 @@ impl<S: Store> Pipeline<S> {
         let batcher = Arc::new(ApplyBatcher::new(store.clone(), &config, clock.clone(), metrics.clone()));
         let refetcher = Arc::new(RefetchBatcher::new(store.clone(), &config, clock.clone(), metrics.clone()));
         let retry_rng = Arc::new(Mutex::new(retry_stream(0, &config.name)));
-        Ok(Pipeline { store, config: Arc::new(config), shared, metrics, clock, batcher, refetcher, retry_rng })
+        let waitlist = Arc::new(Waitlist::default());
+        let config = Arc::new(config);
+        Ok(Pipeline { store, config, shared, metrics, clock, batcher, refetcher, waitlist, retry_rng })
     }
 
     /// The same pipeline on the local clock `clock` (DESIGN §2: deadlines are local, timestamps the store's).

@@ -71,6 +71,7 @@ fn record<S: Store>(core: &Core<S>, lease: Lease, outcome: ItemOutcome) {
         }
     }
     core.shared.forget(lease);
+    core.waitlist.release(lease);
 }
 
 /// Where an item's work stopped: done, or handed to the batcher with its apply not yet answered.
@@ -146,7 +147,7 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
         item.row
     };
     let attempts = row.attempts;
-    let cx = LoadCx::new(core.store.as_ref(), lease, name, core.config.lease_ttl);
+    let cx = LoadCx::new(core, lease);
     let context = match unwound(core, lease, handler.load(&row, &cx)).await {
         Ok(context) => context,
         Err(error) => return Step::Done(stopped(core, handler, lease, attempts, error).await),
