@@ -162,6 +162,15 @@ fn a_lease_ttl_past_an_hour_is_refused_naming_the_flag() {
 }
 
 #[test]
+fn a_negative_duration_after_a_space_gets_the_duration_rule_not_an_unknown_argument() {
+    let url = "postgres://nobody@127.0.0.1:1/x";
+    let output = lockstep_bare(&["serve", "--database-url", url, "--lease-ttl", "-5s"]);
+    usage_error(&output, &["--lease-ttl", "a duration cannot be negative"]);
+    let output = lockstep_bare(&["serve", "--database-url", url, "--heartbeat-interval", "-1s"]);
+    usage_error(&output, &["--heartbeat-interval", "a duration cannot be negative"]);
+}
+
+#[test]
 fn a_url_that_is_not_postgres_is_refused_naming_its_source_and_never_showing_it() {
     let output = lockstep_bare(&["status", "1", "--database-url", "mysql://root:hunter2@127.0.0.1:3306/db"]);
     let stderr = usage_error(&output, &["--database-url: a mysql:// URL is not PostgreSQL's"]);

@@ -39,16 +39,16 @@ pub struct AgentArgs {
     #[arg(long)]
     pub files_root: Option<PathBuf>,
     /// Node lease length (database clock): how long a dead agent's jobs look alive to the controller. At most 1h.
-    #[arg(long, value_parser = lease_ttl, default_value = "10s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = lease_ttl, default_value = "10s")]
     pub lease_ttl: Duration,
     /// The agent fences itself (kills its jobs) this long before the database lets its lease expire.
-    #[arg(long, value_parser = duration::parse, default_value = "2s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "2s")]
     pub lease_margin: Duration,
     /// Extend the node lease when its local deadline is this close. Default: lease-ttl / 2.
-    #[arg(long, value_parser = duration::parse)]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse)]
     pub heartbeat_trigger: Option<Duration>,
     /// Pause between passes when no new allocation wakes the agent (local clock).
-    #[arg(long, value_parser = duration::parse, default_value = "1s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "1s")]
     pub poll_interval: Duration,
     #[command(flatten)]
     pub chaos: ChaosAgent,

@@ -48,11 +48,11 @@ pub struct SubmitArgs {
     #[arg(long)]
     pub wait: bool,
     /// With --wait: pause between two reads of the operation (not zero).
-    #[arg(long, value_parser = duration::parse_nonzero, default_value = "500ms")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse_nonzero, default_value = "500ms")]
     pub poll_interval: Duration,
     /// With --wait: how long the operation may stay `starting` before a note says no replica seems to run (tests
     /// shorten it).
-    #[arg(long, value_parser = duration::parse, default_value = "15s", hide = true)]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "15s", hide = true)]
     pub no_replica_hint_after: Duration,
 }
 

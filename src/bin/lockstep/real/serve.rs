@@ -23,17 +23,17 @@ pub struct ServeArgs {
     pub workers: usize,
     /// Lease length of an operation pass (database clock): how long a dead replica's operation waits before
     /// another replica takes it over. At most 1h.
-    #[arg(long, value_parser = lease_ttl, default_value = "30s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = lease_ttl, default_value = "30s")]
     pub lease_ttl: Duration,
     /// A replica gives its lease up this long before the database lets it expire.
-    #[arg(long, value_parser = duration::parse, default_value = "2s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "2s")]
     pub lease_margin: Duration,
     /// Heartbeat period of held leases (local clock).
-    #[arg(long, value_parser = duration::parse, default_value = "1s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "1s")]
     pub heartbeat_interval: Duration,
     /// Least time between two passes over a running operation that no report or request woke (database clock):
     /// how soon a lost node is noticed.
-    #[arg(long, value_parser = duration::parse, default_value = "5s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "5s")]
     pub min_processing_interval: Duration,
     /// Pooled PostgreSQL sessions. Default, and the least accepted: workers + 3 (the workers, two fetch loops,
     /// the heartbeater).
@@ -46,7 +46,7 @@ pub struct ServeArgs {
     pub gang_placement: GangPlacement,
     /// An all-or-nothing gang needing more slots than the live nodes offer fails once that has lasted this long
     /// (database clock).
-    #[arg(long, value_parser = duration::parse, default_value = "60s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "60s")]
     pub gang_unfit_timeout: Duration,
     #[command(flatten)]
     pub chaos: ChaosServe,
