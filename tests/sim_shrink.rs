@@ -171,3 +171,31 @@ fn steps_name_the_limit_they_set_and_the_count_and_say_one_in_the_singular() {
     let size = shrink::Size { faults: 1, operations: 0, rows: 1, replicas: 1, agents: 2, simulated: Duration::ZERO };
     assert_eq!(size.to_string(), "1 fault, 0 operations, 1 row, 1 replica, 2 agents, 0.0 s simulated");
 }
+
+/// Rows are cut by finer fractions before one at a time (a shrink that needed most of 90 rows took a one-row step
+/// after another), and no step changes what the run does not use: tasks per job where no jobs are made.
+#[test]
+fn rows_are_cut_by_eighths_and_sixteenths_and_no_step_touches_tasks_without_jobs() {
+    let table: toml::Table = "[workload]\njobs_per_minute = 0\n".parse().unwrap();
+    let current = shrink::moves::Current {
+        table: &table,
+        trace: "",
+        rows_inserted: 96,
+        replicas: 1,
+        agents: 0,
+        slots: 1,
+        keep_expectations: false,
+    };
+    let steps: Vec<String> = shrink::moves::candidates(&current, "").into_iter().map(|c| c.what).collect();
+    let rows: Vec<&str> = steps.iter().filter(|s| s.starts_with("workload.rows_max")).map(String::as_str).collect();
+    let limits: Vec<&str> = rows.iter().map(|s| s.split(':').next().unwrap()).collect();
+    let expected = ["rows_max 48", "rows_max 72", "rows_max 84", "rows_max 90", "rows_max 95"];
+    assert_eq!(limits, expected.map(|limit| format!("workload.{limit}")), "{steps:#?}");
+    assert!(!steps.iter().any(|s| s == "one task per job"), "{steps:#?}");
+    let table: toml::Table = "[workload]\njobs_per_minute = 10\n".parse().unwrap();
+    let steps: Vec<String> = shrink::moves::candidates(&shrink::moves::Current { table: &table, ..current }, "")
+        .into_iter()
+        .map(|c| c.what)
+        .collect();
+    assert!(steps.iter().any(|s| s == "one task per job"), "{steps:#?}");
+}

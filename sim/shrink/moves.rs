@@ -8,9 +8,9 @@
 //! 2. every fault dropped at once, then each fixed fault and each random process alone;
 //! 3. each operation dropped (with its controls and expectations), the trace and operation expectations
 //!    dropped (unless `expect` is the checker to fail);
-//! 4. the row workload: none at all (in a gang scenario), rows at most half, three quarters of, or one less
-//!    than what the client inserted, no jobs or half the rate, no claims or half the rate, one task per job, one
-//!    resource, one claim pipeline, half the span;
+//! 4. the row workload: none at all (in a gang scenario), rows at most half, three quarters, seven eighths or
+//!    fifteen sixteenths of, or one less than what the client inserted, no jobs or half the rate, no claims or
+//!    half the rate, one task per job (where jobs are made), one resource, one claim pipeline, half the span;
 //! 5. a replica, an agent, a slot less;
 //! 6. each fixed fault's span (or down time) halved, each fixed fault moved earlier (half its time), the fault
 //!    window cut to just past the last fixed fault, each random process at half its rate;
@@ -164,11 +164,12 @@ fn workload(current: &Current<'_>, out: &mut Vec<Candidate>) {
         entry.insert(key.to_string(), value);
         out.push(Candidate { kind: "", what, table: t });
     };
-    // Fewer rows: half, three quarters, one less (the first that still fails wins).
+    // Fewer rows: half, three quarters, seven eighths, fifteen sixteenths, one less (the first that still fails
+    // wins): the finer cuts spare a long run of one-row steps when the failure needs most of the rows.
     let rows = current.rows_inserted;
     let rows_max = workload.get("rows_max").and_then(Value::as_integer).map_or(usize::MAX, |max| max as usize);
     let now = rows.min(rows_max);
-    let mut fewer: Vec<usize> = vec![now / 2, now * 3 / 4, now.saturating_sub(1)];
+    let mut fewer: Vec<usize> = vec![now / 2, now * 3 / 4, now * 7 / 8, now * 15 / 16, now.saturating_sub(1)];
     fewer.retain(|max| *max >= 1 && *max < now);
     fewer.dedup();
     for max in fewer {
@@ -187,8 +188,10 @@ fn workload(current: &Current<'_>, out: &mut Vec<Candidate>) {
             push(format!("{what} at {} per minute (was {rate})", rate / 2.0), key, Value::Float(rate / 2.0));
         }
     }
+    // Tasks per job matter only where jobs are made.
     let one_task = Value::Array(vec![Value::Integer(1), Value::Integer(1)]);
-    if workload.get("tasks_per_job") != Some(&one_task) {
+    let jobs = workload.get("jobs_per_minute").and_then(|v| v.as_float().or(v.as_integer().map(|i| i as f64)));
+    if workload.get("tasks_per_job") != Some(&one_task) && jobs != Some(0.0) {
         push("one task per job".into(), "tasks_per_job", one_task);
     }
     for (key, what) in [("resources", "one resource"), ("claim_pipelines", "one claim pipeline")] {
