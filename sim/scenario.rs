@@ -48,6 +48,12 @@ pub struct Mutation {
     ///
     /// [`MemStore::disable_related_age_rule_for_mutation_test`]: crate::store::MemStore::disable_related_age_rule_for_mutation_test
     pub related_age_rule_disabled: bool,
+    /// Items take no turns in their replica's waitlist and meet only in the store
+    /// ([`PipelineConfig::waitlist_disabled_for_mutation_test`]): in scenarios/rows-hot-row.toml each claim waiting
+    /// for the hot counter is reset once per turn, and checker `starvation` must fire.
+    ///
+    /// [`PipelineConfig::waitlist_disabled_for_mutation_test`]: crate::pipeline::PipelineConfig::waitlist_disabled_for_mutation_test
+    pub waitlist_disabled: bool,
 }
 
 /// Everything a run needs besides its seed.
@@ -348,6 +354,7 @@ pub fn small_workload() -> WorkloadSpec {
         lease_margin: Duration::from_secs(1),
         min_processing_interval: Duration::from_secs(1),
         fetchers: 1,
+        waitlist_disabled: false,
     }
 }
 

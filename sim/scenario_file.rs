@@ -501,6 +501,7 @@ struct MutationDoc {
     gang_gate_disabled: Option<bool>,
     agent_drift_beyond_margin: Option<bool>,
     related_age_rule_disabled: Option<bool>,
+    waitlist_disabled: Option<bool>,
 }
 
 // ---- values ----
@@ -643,6 +644,7 @@ impl FileDoc {
             gang_gate_disabled: self.mutation.gang_gate_disabled.unwrap_or(false),
             agent_drift_beyond_margin: self.mutation.agent_drift_beyond_margin.unwrap_or(false),
             related_age_rule_disabled: self.mutation.related_age_rule_disabled.unwrap_or(false),
+            waitlist_disabled: self.mutation.waitlist_disabled.unwrap_or(false),
         };
         self.faults.apply(&mut scenario)?;
         // Every rule above is checked at its key; the scenario's own check is the last word (a rule only it knows

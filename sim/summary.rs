@@ -76,13 +76,12 @@ pub fn render(report: &RunReport) -> String {
         let _ = writeln!(text, "simulated time: {}", seconds(report.simulated));
         let _ = writeln!(
             text,
-            "client inserted {} rows: {} jobs of {} tasks, {} claims, {} resources; {} rows in the database, {} \
-             commits",
+            "client inserted {} rows: {} of {}, {}, {}; {} rows in the database, {} commits",
             c.rows(),
-            c.jobs,
-            c.tasks,
-            c.claims,
-            c.resources,
+            count(c.jobs as u64, "job"),
+            count(c.tasks as u64, "task"),
+            count(c.claims as u64, "claim"),
+            count(c.resources as u64, "resource"),
             report.rows,
             report.commits
         );

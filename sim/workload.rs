@@ -124,6 +124,9 @@ pub struct WorkloadSpec {
     pub min_processing_interval: Duration,
     /// Fetch loops of every pipeline ([`PipelineConfig::fetchers`]).
     pub fetchers: usize,
+    /// TEST ONLY: every pipeline's [`PipelineConfig::waitlist_disabled_for_mutation_test`] (the scenario's
+    /// `[mutation] waitlist_disabled`).
+    pub waitlist_disabled: bool,
 }
 
 impl WorkloadSpec {
@@ -143,6 +146,7 @@ impl WorkloadSpec {
         config.lease_margin = self.lease_margin;
         config.min_processing_interval = self.min_processing_interval;
         config.fetchers = self.fetchers;
+        config.waitlist_disabled_for_mutation_test = self.waitlist_disabled;
         config.retry = RetryPolicy {
             attempts_max: Some(self.attempts_max),
             backoff_base: RETRY_BACKOFF.0,

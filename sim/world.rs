@@ -32,7 +32,7 @@ use super::service::{self, Effect, Service};
 use super::trace::{Fields, Trace};
 use super::user::WorkloadClient;
 use super::wire::Wire;
-use super::workload::{Client, ClientReport};
+use super::workload::{Client, ClientReport, WorkloadSpec};
 use crate::agent::{ProcessEvent, ProcessLog, SimulatedExecutor};
 use crate::pipeline::LocalClock;
 use crate::pipeline::clock::RATE_PPM_EXACT;
@@ -167,7 +167,13 @@ impl World {
         let faults_on = Arc::new(AtomicBool::new(true));
         let stop = Arc::new(Stop::default());
         let clients = Arc::new(AtomicU64::new(0));
-        let spec = Arc::new(scenario.workload.clone());
+        let spec = Arc::new(WorkloadSpec {
+            waitlist_disabled: scenario.mutation.waitlist_disabled,
+            ..scenario.workload.clone()
+        });
+        if scenario.mutation.waitlist_disabled {
+            trace.record(&name, "mutation", "waitlist_disabled");
+        }
         let operations = scenario.gang.as_ref().map(|gang| gang.pipeline_config());
         let services = Arc::new(Self::start_services(&handle, &scenario, seed, &trace, &faults_on));
         let lease_ttl_max = Arc::new(AtomicU64::new(0));

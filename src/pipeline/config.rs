@@ -230,6 +230,11 @@ pub struct PipelineConfig {
     /// leased), so the two reads differ only in `hinted` and `lock_expires_at`; a taken-over item is then
     /// processed and its apply found stale, writing nothing. Default [`REFETCH_DEFAULT`].
     pub refetch: bool,
+    /// TEST ONLY (simulator `[mutation] waitlist_disabled`): items take no turns in the replica's
+    /// [`Waitlist`](super::Waitlist) and meet only in the store, as before it: on a hot row each waiting item is
+    /// reset once per turn, and checker `starvation` must fire (scenarios/rows-hot-row.toml).
+    #[doc(hidden)]
+    pub waitlist_disabled_for_mutation_test: bool,
     /// With `refetch` on, the least time, on the local clock, from the fetch of a row to its worker's load for the
     /// worker to reread it; a row loaded sooner is loaded as the fetch returned it. The fetch read the row under
     /// the same lease and returned all of it, so a reread this soon finds the same row (see `refetch`) at the
@@ -295,6 +300,7 @@ impl PipelineConfig {
             fetch_limit_max: FETCH_LIMIT_MAX_DEFAULT,
             fetchers: FETCHERS_DEFAULT,
             refetch: REFETCH_DEFAULT,
+            waitlist_disabled_for_mutation_test: false,
             refetch_after: REFETCH_AFTER_DEFAULT,
             refetch_batch_window: REFETCH_BATCH_WINDOW_DEFAULT,
             retry: RetryPolicy::default(),

@@ -119,6 +119,8 @@ pub struct LoadCx<'a, S: Store> {
     waitlist: &'a Waitlist,
     clock: &'a LocalClock,
     wait: Duration,
+    /// [`PipelineConfig::waitlist_disabled_for_mutation_test`](super::PipelineConfig).
+    waitlist_off: bool,
     /// Rows locked by this context's calls (a set: a gang restart's pass locks and updates 10 000 rows).
     locked: Mutex<BTreeSet<RowId>>,
 }
@@ -134,6 +136,7 @@ impl<'a, S: Store> LoadCx<'a, S> {
             waitlist: &core.waitlist,
             clock: &core.clock,
             wait: config.retry_delay,
+            waitlist_off: config.waitlist_disabled_for_mutation_test,
             locked: Mutex::new(BTreeSet::new()),
         }
     }
@@ -141,6 +144,9 @@ impl<'a, S: Store> LoadCx<'a, S> {
     /// Takes `related`'s turns in this replica's waitlist before the store is asked for them: waits for the
     /// pipeline's other items in this replica that hold any, up to `retry_delay` (see [`super::waitlist`]).
     async fn take_turns(&self, related: &[RowId]) {
+        if self.waitlist_off {
+            return;
+        }
         self.waitlist.take(self.lease, related, self.wait, self.clock).await;
     }
 
