@@ -145,6 +145,13 @@ fn faults_without_a_real_form_are_refused_with_their_reason() {
     let (output, text) = chaos("gang-drift", &["scenarios/gang-agent-clock-drift.toml"]);
     assert_eq!(output.status.code(), Some(2), "{text}");
     assert!(text.contains("agent-clock-drift agent-1") && text.contains("not possible on real processes"), "{text}");
+    // A planted bug PostgreSQL cannot plant is refused, never ignored (a pass would read as a checker missing it).
+    let planted = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-age-rule-{}.toml", std::process::id()));
+    let text = std::fs::read_to_string("scenarios/rows-shared-pairs.toml").unwrap();
+    std::fs::write(&planted, format!("{text}\n[mutation]\nrelated_age_rule_disabled = true\n")).unwrap();
+    let (output, text) = chaos("age-rule", &[planted.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(text.contains("[mutation] related_age_rule_disabled is a MemStore switch"), "{text}");
 }
 
 /// A gang scenario on real processes: the seed's gang on three `lockstep agent` children, one of them SIGKILLed

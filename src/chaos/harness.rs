@@ -206,6 +206,13 @@ pub async fn run(
             options.scenario.display()
         )));
     }
+    if mutation.related_age_rule_disabled {
+        return Err(usage(format!(
+            "{}: [mutation] related_age_rule_disabled is a MemStore switch; PostgreSQL's related locks always apply \
+             the age rule",
+            options.scenario.display()
+        )));
+    }
     options.apply_guard_off |= mutation.apply_guard_disabled;
     if !(options.time_scale > 0.0 && options.time_scale <= 100.0) {
         return Err(usage(format!("--time-scale {}: must be in (0, 100]", options.time_scale)));

@@ -189,7 +189,9 @@ async fn serve_rows(args: ServeArgs, path: &std::path::Path) -> Result<(), Failu
     use lockstep::pipeline::{ManagerOptions, PipelineManager};
     use lockstep::sim::{ScenarioFile, workload};
     let file = ScenarioFile::load(path).map_err(|error| Failure::usage(format!("--chaos-rows: {error}")))?;
-    let spec = Arc::new(file.scenario.workload.clone());
+    // The planted bug of the waitlist runs in the replica's own engine, as in the simulator (sim/world.rs).
+    let waitlist_disabled = file.scenario.mutation.waitlist_disabled;
+    let spec = Arc::new(workload::WorkloadSpec { waitlist_disabled, ..file.scenario.workload.clone() });
     let connections = u32::try_from(workload::connections_needed(&spec)).unwrap_or(u32::MAX);
     let name = args.replica.clone().unwrap_or_else(|| format!("replica-{}", std::process::id()));
     let (history, guard_off) = (args.chaos.chaos_history, args.chaos.chaos_apply_guard_off);
