@@ -113,9 +113,17 @@ fn hot_row_claims_starve_without_the_waitlist_and_pass_with_it() {
 /// owner's fresh intent mark holds a row off, as before the rule) its claims hold each other off in cycles of
 /// marks: the starvation checker fires on the same seeds. The livelock a new user's trial found outside the
 /// simulator, which no scenario could show while every claim locked one row.
+/// `rows-shared-two-pipelines` does the same across two claim pipelines (the age rule orders items of any
+/// pipeline, a second trial's finding).
 #[test]
 fn shared_pairs_livelock_without_the_age_rule_and_pass_with_it() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/rows-shared-pairs.toml");
+    for file in ["scenarios/rows-shared-pairs.toml", "scenarios/rows-shared-two-pipelines.toml"] {
+        shared_pairs_need_the_age_rule(file);
+    }
+}
+
+fn shared_pairs_need_the_age_rule(file: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(file);
     let file = ScenarioFile::load(&path).unwrap_or_else(|error| panic!("{error}"));
     let mut mutated = file.scenario.clone();
     mutated.mutation.related_age_rule_disabled = true;

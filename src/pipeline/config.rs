@@ -180,7 +180,8 @@ pub struct PipelineConfig {
     pub min_processing_interval: Duration,
     /// Delay before a row reset for retry is eligible again, store clock. Also the longest an item waits, local
     /// clock, for another item of the pipeline in this replica to hand on a related row's turn before it asks the
-    /// store anyway ([`super::Waitlist`]); zero turns that waiting off. Default [`RETRY_DELAY_DEFAULT`].
+    /// store anyway ([`super::Waitlist`]). Not zero: a contended item would be fetched again at once, a spin
+    /// against the store. Default [`RETRY_DELAY_DEFAULT`].
     pub retry_delay: Duration,
     /// Queue max = ceil(workers × this) while the fetcher keeps up. Default [`QUEUE_UPPER_FACTOR_DEFAULT`].
     pub queue_upper_factor: f64,
@@ -359,6 +360,11 @@ impl PipelineConfig {
             );
             return fail("queue_lower_factor", rule);
         }
+        if self.retry_delay.is_zero() {
+            // A contended item reset for retry would be fetched again at once and contend again: a spin against
+            // the store (a new user's trial: claims stalled, and under a paused or simulated clock time stopped).
+            return fail("retry_delay", "must not be zero: a contended item would be fetched again at once".into());
+        }
         if self.heartbeat_interval.is_zero() {
             // A heartbeater that never waits spins; under the simulator it stops simulated time for good.
             return fail("heartbeat_interval", "must not be zero".into());
@@ -478,6 +484,13 @@ mod tests {
         let config = PipelineConfig { heartbeat_interval: Duration::ZERO, ..PipelineConfig::new("p", "k", &["ready"]) };
         let error = config.validate().unwrap_err().to_string();
         assert!(error.contains("heartbeat_interval") && error.contains("must not be zero"), "{error}");
+    }
+
+    #[test]
+    fn a_zero_retry_delay_is_refused_naming_it() {
+        let config = PipelineConfig { retry_delay: Duration::ZERO, ..PipelineConfig::new("p", "k", &["ready"]) };
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("retry_delay") && error.contains("must not be zero"), "{error}");
     }
 
     #[test]

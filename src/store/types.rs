@@ -320,10 +320,15 @@ pub fn parse_shared_owner(owner: &str) -> Option<(&str, RowId)> {
 /// - a row locked with `holder` is available; one locked with another token only once that lock expired;
 /// - a row with no token (free, an intent mark, a reset mark) is available when it carries no owner, `owner`
 ///   itself, or an expired mark;
-/// - and a fresh intent mark of a younger item of the same pipeline (a shared owner whose item id is larger)
-///   yields to an older one: without it two items that each need two shared rows can mark one each and hold each
-///   other off until the marks expire, again and again (a livelock a new user's trial found). Ordered by item id,
-///   the oldest contender's marks are never taken from it, so it locks all its rows once their leases end, and
+/// - a shared lock (`owner` = `{pipeline}:{item}`) also takes a row marked with its own pipeline's name: a row
+///   that pipeline reset for retry, or marked for a parent of its own. Without it, two items of one pipeline that
+///   each lock the other's row as shared found each other's reset marks and never finished (a new user's trial;
+///   `lock_related`, whose owner is the pipeline's name, always took them);
+/// - and a fresh intent mark of a younger item (a shared owner whose item id is larger, of any pipeline) yields to
+///   an older one: without it two items that each need two shared rows can mark one each and hold each other off
+///   until the marks expire, again and again (a livelock a new user's trial found, first within one pipeline,
+///   then between two pipelines sharing counters). Item ids are row ids, unique across pipelines, so ordered by
+///   them the oldest contender's marks are never taken from it, it locks all its rows once their leases end, and
 ///   marks form no cycle.
 pub(crate) fn related_available(
     lock_token: Option<LockToken>,
@@ -335,14 +340,19 @@ pub(crate) fn related_available(
     match (lock_token, lock_owner) {
         (Some(token), _) => token == holder || !live,
         (None, None) => true,
-        (None, Some(mark)) => mark == owner || !live || younger_mark(mark, owner),
+        (None, Some(mark)) => mark == owner || !live || own_pipelines_mark(mark, owner) || younger_mark(mark, owner),
     }
 }
 
-/// Whether `mark` is the shared owner of an item younger than `owner`'s, of the same pipeline.
+/// Whether `mark` is the plain name of the pipeline of `owner`, a shared owner.
+fn own_pipelines_mark(mark: &str, owner: &str) -> bool {
+    parse_shared_owner(owner).is_some_and(|(pipeline, _)| mark == pipeline)
+}
+
+/// Whether `mark` is the shared owner of an item younger than `owner`'s (of any pipeline).
 fn younger_mark(mark: &str, owner: &str) -> bool {
     match (parse_shared_owner(mark), parse_shared_owner(owner)) {
-        (Some((marked_by, marked_item)), Some((pipeline, item))) => marked_by == pipeline && marked_item > item,
+        (Some((_, marked_item)), Some((_, item))) => marked_item > item,
         _ => false,
     }
 }

@@ -160,6 +160,8 @@ macro_rules! __conformance_cases {
                 a_shared_owner_makes_two_items_contend_for_one_row,
                 a_shared_owners_intent_mark_holds_off_another_item,
                 a_younger_items_intent_mark_gives_way_to_an_older_item,
+                a_younger_items_mark_of_another_pipeline_gives_way_to_an_older_item,
+                a_shared_lock_takes_a_row_its_own_pipeline_reset,
                 lock_related_takes_an_expired_lease_of_another_pipeline,
                 lock_related_takes_an_expired_intent_mark_of_another_owner,
                 lock_related_is_contended_by_another_pipelines_reset_mark,

@@ -242,6 +242,42 @@ pub async fn a_younger_items_intent_mark_gives_way_to_an_older_item<H: Harness>(
     assert_eq!(outcome, LockOutcome::Contended, "the younger item locked rows the older holds");
 }
 
+/// The age rule orders items of different pipelines too: two pipelines that share counters livelocked without it
+/// (a new user's trial). Item ids are row ids, unique across pipelines.
+pub async fn a_younger_items_mark_of_another_pipeline_gives_way_to_an_older_item<H: Harness>(h: H) {
+    let older = insert(&h, "job").await;
+    let younger = insert(&h, "job").await;
+    let (lease_older, lease_younger) = lease_both(&h, &older, &younger).await;
+    let owner_older = shared_owner(older.id);
+    let owner_younger = crate::store::shared_owner("other", younger.id);
+    let second = insert(&h, "node").await;
+    let busy = lease_single(&h, "nodes", &second).await;
+    let first = insert(&h, "node").await;
+    let outcome = lock_related(&h, lease_younger, &[first.id, second.id], &owner_younger).await;
+    assert_eq!(outcome, LockOutcome::Contended, "row {} is leased by nodes", second.id);
+    applied_now(&apply(&h, ApplyParams::new(busy, RowUpdate::default())).await, busy);
+    let outcome = lock_related(&h, lease_older, &[first.id, second.id], &owner_older).await;
+    assert_eq!(outcome, LockOutcome::Locked, "another pipeline's younger mark on row {} held off the older", first.id);
+    let outcome = lock_related(&h, lease_younger, &[first.id], &owner_younger).await;
+    assert_eq!(outcome, LockOutcome::Contended, "the younger item locked row {} the older holds", first.id);
+}
+
+/// A shared lock takes a row its own pipeline reset for retry (the row's owner mark is the pipeline's name, as
+/// `lock_related` of the pipeline writes it): two items that lock each other's row as shared otherwise found each
+/// other's reset marks and never finished (a new user's trial). Another pipeline's reset mark still holds it off.
+pub async fn a_shared_lock_takes_a_row_its_own_pipeline_reset<H: Harness>(h: H) {
+    let a = insert(&h, "job").await;
+    let b = insert(&h, "job").await;
+    let (lease_a, lease_b) = lease_both(&h, &a, &b).await;
+    assert!(reset_for_retry(&h, lease_a).await, "reset of a held lease");
+    assert_eq!(get(&h, a.id).await.lock_owner.as_deref(), Some(CHILD_PIPELINE), "a reset keeps the owner");
+    let outcome = lock_related(&h, lease_b, &[a.id], &crate::store::shared_owner("other", b.id)).await;
+    assert_eq!(outcome, LockOutcome::Contended, "another pipeline's shared lock took row {}, reset for retry", a.id);
+    let outcome = lock_related(&h, lease_b, &[a.id], &shared_owner(b.id)).await;
+    assert_eq!(outcome, LockOutcome::Locked, "the pipeline's own reset mark on row {} held its item off", a.id);
+    assert_eq!(get(&h, a.id).await.lock_token, Some(lease_b.token), "token of row {}", a.id);
+}
+
 /// A related row whose lease expired is available, whoever held it; its old holder's apply is then stale.
 pub async fn lock_related_takes_an_expired_lease_of_another_pipeline<H: Harness>(h: H) {
     let (parent, children) = family(&h, 1).await;
