@@ -541,7 +541,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_younger_items_fresh_mark_of_the_same_pipeline_gives_way() {
+    fn a_younger_items_fresh_mark_of_any_pipeline_and_the_pipelines_own_mark_give_way() {
         let (holder, other) = (LockToken(7), LockToken(8));
         let available = |token, owner, live| related_available(token, owner, live, holder, "jobs:5");
         assert!(available(None, None, true), "a free row");
@@ -549,8 +549,10 @@ mod tests {
         assert!(available(None, Some("jobs:6"), true), "a younger item's mark");
         assert!(!available(None, Some("jobs:4"), true), "an older item's mark");
         assert!(available(None, Some("jobs:4"), false), "an older item's expired mark");
-        assert!(!available(None, Some("nodes:6"), true), "another pipeline's item's mark");
-        assert!(!available(None, Some("jobs"), true), "the pipeline's own reset or parent mark");
+        assert!(available(None, Some("nodes:6"), true), "another pipeline's younger item's mark");
+        assert!(!available(None, Some("nodes:4"), true), "another pipeline's older item's mark");
+        assert!(available(None, Some("jobs"), true), "the pipeline's own reset or parent mark");
+        assert!(!available(None, Some("nodes"), true), "another pipeline's reset or parent mark");
         assert!(available(Some(holder), Some("jobs:5"), true), "its own lock");
         assert!(!available(Some(other), Some("jobs:6"), true), "a younger item's lock");
         assert!(available(Some(other), Some("jobs:6"), false), "an expired lock");
