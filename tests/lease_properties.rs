@@ -395,12 +395,21 @@ impl Model {
 
 /// The documented rule of [`Store::lock_related`]: a related row is available unless it holds a live lease with
 /// another token, or carries another owner's mark with no token that has not expired (a reset row's mark has no
-/// expiry and never does).
+/// expiry and never does). A shared lock (`owner` = `P:i`) also takes a row marked `P` (its own pipeline's reset
+/// or parent mark) and a fresh mark `Q:j` of a younger item (`j > i`, any pipeline Q): the age rule.
 fn available(row: &Row, holder: Lease, owner: &str, now: Timestamp) -> bool {
     let live = row.lock_expires_at.is_none_or(|expires| expires > now);
-    match row.lock_token {
-        Some(token) => token == holder.token || !live,
-        None => row.lock_owner.as_deref().is_none_or(|o| o == owner) || !live,
+    let item =
+        |text: &str| text.split_once(':').map(|(pipeline, id)| (pipeline.to_string(), id.parse::<i64>().unwrap()));
+    match (row.lock_token, row.lock_owner.as_deref()) {
+        (Some(token), _) => token == holder.token || !live,
+        (None, None) => true,
+        (None, Some(mark)) if mark == owner || !live => true,
+        (None, Some(mark)) => match (item(owner), item(mark)) {
+            (Some((pipeline, _)), None) => mark == pipeline,
+            (Some((_, mine)), Some((_, theirs))) => theirs > mine,
+            (None, _) => false,
+        },
     }
 }
 
