@@ -94,18 +94,7 @@ const PAUSE_SEEDS_SEARCHED: u64 = 200;
 /// user's trial measured outside the simulator (60 claims of 20 ms in 40 s on four workers).
 #[test]
 fn hot_row_claims_starve_without_the_waitlist_and_pass_with_it() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/rows-hot-row.toml");
-    let file = ScenarioFile::load(&path).unwrap_or_else(|error| panic!("{error}"));
-    let mut mutated = file.scenario.clone();
-    mutated.mutation.waitlist_disabled = true;
-    for &seed in &file.seeds {
-        let report = sim::run(&file.scenario, seed);
-        assert!(report.passed(), "seed {seed} failed:\n{}", summary::render(&report));
-        let report = sim::run(&mutated, seed);
-        let starvation = report.violations.iter().find(|v| v.checker == "starvation");
-        let starvation = starvation.unwrap_or_else(|| panic!("seed {seed}: no starvation without the waitlist"));
-        assert!(starvation.message.contains("contended"), "{starvation}");
-    }
+    passes_and_starves_when_mutated("scenarios/rows-hot-row.toml", "the waitlist", |m| m.waitlist_disabled = true);
 }
 
 /// `rows-shared-pairs` (claims of one pipeline that each lock two of four shared counters, in a random order)
@@ -118,21 +107,23 @@ fn hot_row_claims_starve_without_the_waitlist_and_pass_with_it() {
 #[test]
 fn shared_pairs_livelock_without_the_age_rule_and_pass_with_it() {
     for file in ["scenarios/rows-shared-pairs.toml", "scenarios/rows-shared-two-pipelines.toml"] {
-        shared_pairs_need_the_age_rule(file);
+        passes_and_starves_when_mutated(file, "the age rule", |m| m.related_age_rule_disabled = true);
     }
 }
 
-fn shared_pairs_need_the_age_rule(file: &str) {
+/// The scenario `file` passes its seeds, and with `mutate` applied to its mutation (`without` names what it takes
+/// away) the starvation checker fires on the same seeds, naming contended items.
+fn passes_and_starves_when_mutated(file: &str, without: &str, mutate: impl Fn(&mut sim::Mutation)) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(file);
     let file = ScenarioFile::load(&path).unwrap_or_else(|error| panic!("{error}"));
     let mut mutated = file.scenario.clone();
-    mutated.mutation.related_age_rule_disabled = true;
+    mutate(&mut mutated.mutation);
     for &seed in &file.seeds {
         let report = sim::run(&file.scenario, seed);
         assert!(report.passed(), "seed {seed} failed:\n{}", summary::render(&report));
         let report = sim::run(&mutated, seed);
         let starvation = report.violations.iter().find(|v| v.checker == "starvation");
-        let starvation = starvation.unwrap_or_else(|| panic!("seed {seed}: no starvation without the age rule"));
+        let starvation = starvation.unwrap_or_else(|| panic!("seed {seed}: no starvation without {without}"));
         assert!(starvation.message.contains("contended"), "{starvation}");
     }
 }
