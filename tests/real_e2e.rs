@@ -218,46 +218,34 @@ impl Cluster {
     /// statement it sent before it froze has committed or failed by then (a transaction it left open, `idle in
     /// transaction`, never commits: its holder is frozen, then killed). Bounded: panics after 30 s.
     async fn wait_until_idle(&self, name: &str) {
-        use sqlx::Connection;
-        let application = self.application_name(name);
-        let mut connection = sqlx::PgConnection::connect(&support::pg::database_url()).await.unwrap();
-        let started = Instant::now();
-        loop {
-            let active: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                 AND application_name = $1 AND state = 'active'",
-            )
-            .bind(&application)
-            .fetch_one(&mut connection)
-            .await
-            .unwrap();
-            if active == 0 {
-                return;
-            }
-            assert!(started.elapsed() < Duration::from_secs(30), "{name} still runs a statement after 30 s frozen");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        self.wait_for_no_sessions(name, true, "still runs a statement after 30 s frozen").await;
     }
 
     /// Waits until no session of process `name` is left in PostgreSQL (after its kill: a backend ends once it
     /// finds its client gone, after running any statement that was already in its socket).
     async fn wait_until_gone(&self, name: &str) {
+        self.wait_for_no_sessions(name, false, "has sessions 30 s after its end").await;
+    }
+
+    /// Waits until process `name` has no session in PostgreSQL (`active_only`: none running a statement); fails
+    /// saying `name` `stuck` after 30 s.
+    async fn wait_for_no_sessions(&self, name: &str, active_only: bool, stuck: &str) {
         use sqlx::Connection;
         let application = self.application_name(name);
         let mut connection = sqlx::PgConnection::connect(&support::pg::database_url()).await.unwrap();
+        let query = if active_only {
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1 \
+             AND state = 'active'"
+        } else {
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1"
+        };
         let started = Instant::now();
         loop {
-            let sessions: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1",
-            )
-            .bind(&application)
-            .fetch_one(&mut connection)
-            .await
-            .unwrap();
+            let sessions: i64 = sqlx::query_scalar(query).bind(&application).fetch_one(&mut connection).await.unwrap();
             if sessions == 0 {
                 return;
             }
-            assert!(started.elapsed() < Duration::from_secs(30), "{name}'s sessions outlive it by 30 s");
+            assert!(started.elapsed() < Duration::from_secs(30), "{name} {stuck}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
