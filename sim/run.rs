@@ -216,7 +216,14 @@ pub struct Outcome {
     pub drain: Result<(), String>,
     pub gang: Option<GangOutcome>,
     pub effects: Vec<Effect>,
+    /// [`CheckInput::retry_lateness_bound`]: [`RETRY_LATENESS_BOUND`] in the simulator, `None` in chaos runs.
+    pub retry_lateness_bound: Option<Duration>,
 }
+
+/// How late after its retry falls due a workload row that failed after the heal may be fetched again, in
+/// simulated time (checker `retries`, rule 4). A replica's fetcher wakes when a row it failed falls due
+/// ([`crate::pipeline::queue::Shared::note_retry`]); without that it waited out its empty-fetch backoff, up to 6 s.
+pub const RETRY_LATENESS_BOUND: Duration = Duration::from_millis(500);
 
 /// What the simulated part of a gang run hands back to the gang checkers.
 pub struct GangOutcome {
@@ -401,6 +408,8 @@ pub fn check(scenario: &Scenario, outcome: &Outcome, trace: &[TraceEvent]) -> Ve
         rows,
         effects: &outcome.effects,
         attempts_max: scenario.workload.attempts_max,
+        retry_lateness_bound: outcome.retry_lateness_bound,
+        min_processing_interval: scenario.workload.min_processing_interval,
     };
     let more = scenario.pipelines.as_ref().map_or(&[][..], |set| set.checkers());
     let mut violations = checkers::check_all(&input, more);
@@ -540,6 +549,7 @@ async fn simulate(
         keyed_rows: world.database().keyed_rows(),
         drain,
         gang,
+        retry_lateness_bound: Some(RETRY_LATENESS_BOUND),
     }
 }
 

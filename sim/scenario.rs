@@ -54,6 +54,12 @@ pub struct Mutation {
     ///
     /// [`PipelineConfig::waitlist_disabled_for_mutation_test`]: crate::pipeline::PipelineConfig::waitlist_disabled_for_mutation_test
     pub waitlist_disabled: bool,
+    /// A worker that records a failure leaves the row's retry to its fetcher's empty-fetch backoff
+    /// ([`PipelineConfig::retry_wake_disabled_for_mutation_test`]): in scenarios/rows-failing.toml rows failing
+    /// after the heal are fetched again seconds past their retry, and checker `retries` must fire.
+    ///
+    /// [`PipelineConfig::retry_wake_disabled_for_mutation_test`]: crate::pipeline::PipelineConfig::retry_wake_disabled_for_mutation_test
+    pub retry_wake_disabled: bool,
 }
 
 /// Everything a run needs besides its seed.
@@ -344,6 +350,7 @@ pub fn small_workload() -> WorkloadSpec {
         task_slow: Duration::from_secs(7)..Duration::from_secs(12),
         task_failure_chance: 0.1,
         task_fail_first_share: 0.0,
+        claim_fail_first_share: 0.0,
         task_fail_first_attempts: 2,
         task_fail_always_share: 0.0,
         attempts_max: 10,
@@ -355,6 +362,7 @@ pub fn small_workload() -> WorkloadSpec {
         min_processing_interval: Duration::from_secs(1),
         fetchers: 1,
         waitlist_disabled: false,
+        retry_wake_disabled: false,
     }
 }
 

@@ -436,6 +436,7 @@ struct WorkloadDoc {
     task_slow: Option<DurationRange>,
     task_failure_chance: Option<f64>,
     task_fail_first_share: Option<f64>,
+    claim_fail_first_share: Option<f64>,
     task_fail_first_attempts: Option<u32>,
     task_fail_always_share: Option<f64>,
     attempts_max: Option<u32>,
@@ -502,6 +503,7 @@ struct MutationDoc {
     agent_drift_beyond_margin: Option<bool>,
     related_age_rule_disabled: Option<bool>,
     waitlist_disabled: Option<bool>,
+    retry_wake_disabled: Option<bool>,
 }
 
 // ---- values ----
@@ -645,6 +647,7 @@ impl FileDoc {
             agent_drift_beyond_margin: self.mutation.agent_drift_beyond_margin.unwrap_or(false),
             related_age_rule_disabled: self.mutation.related_age_rule_disabled.unwrap_or(false),
             waitlist_disabled: self.mutation.waitlist_disabled.unwrap_or(false),
+            retry_wake_disabled: self.mutation.retry_wake_disabled.unwrap_or(false),
         };
         self.faults.apply(&mut scenario)?;
         // Every rule above is checked at its key; the scenario's own check is the last word (a rule only it knows
@@ -944,6 +947,9 @@ impl WorkloadDoc {
         }
         if let Some(value) = self.task_fail_always_share {
             spec.task_fail_always_share = chance(at("task_fail_always_share"), value)?;
+        }
+        if let Some(value) = self.claim_fail_first_share {
+            spec.claim_fail_first_share = chance(at("claim_fail_first_share"), value)?;
         }
         let shares = spec.task_fail_first_share + spec.task_fail_always_share;
         if shares > 1.0 {

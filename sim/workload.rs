@@ -108,6 +108,9 @@ pub struct WorkloadSpec {
     pub task_fail_first_attempts: u32,
     /// Share of tasks that fail every attempt, so that their pipeline gives up on them (`failed`).
     pub task_fail_always_share: f64,
+    /// Share of claims that fail their first `task_fail_first_attempts` attempts, faults or not, then succeed: rows
+    /// no parent locks, so that their retries meet no related lock (scenarios/rows-retry-wake.toml).
+    pub claim_fail_first_share: f64,
     /// Attempts after which every row pipeline gives up on a row ([`RetryPolicy::attempts_max`]), at least 1.
     pub attempts_max: u32,
     /// A job's processing time, uniform.
@@ -127,6 +130,9 @@ pub struct WorkloadSpec {
     /// TEST ONLY: every pipeline's [`PipelineConfig::waitlist_disabled_for_mutation_test`] (the scenario's
     /// `[mutation] waitlist_disabled`).
     pub waitlist_disabled: bool,
+    /// TEST ONLY: every pipeline's [`PipelineConfig::retry_wake_disabled_for_mutation_test`] (the scenario's
+    /// `[mutation] retry_wake_disabled`).
+    pub retry_wake_disabled: bool,
 }
 
 impl WorkloadSpec {
@@ -147,14 +153,21 @@ impl WorkloadSpec {
         config.min_processing_interval = self.min_processing_interval;
         config.fetchers = self.fetchers;
         config.waitlist_disabled_for_mutation_test = self.waitlist_disabled;
-        config.retry = RetryPolicy {
-            attempts_max: Some(self.attempts_max),
-            backoff_base: RETRY_BACKOFF.0,
-            backoff_max: RETRY_BACKOFF.1,
-            failed_status: FAILED_STATUS.into(),
-            ..RetryPolicy::default()
-        };
+        config.retry_wake_disabled_for_mutation_test = self.retry_wake_disabled;
+        config.retry = retry_policy(self.attempts_max);
         config
+    }
+}
+
+/// The retry policy of every row pipeline of the workload: [`RETRY_BACKOFF`], giving up as [`FAILED_STATUS`] at
+/// attempt `attempts_max`, the default jitter.
+pub fn retry_policy(attempts_max: u32) -> RetryPolicy {
+    RetryPolicy {
+        attempts_max: Some(attempts_max),
+        backoff_base: RETRY_BACKOFF.0,
+        backoff_max: RETRY_BACKOFF.1,
+        failed_status: FAILED_STATUS.into(),
+        ..RetryPolicy::default()
     }
 }
 
@@ -364,6 +377,10 @@ impl<S: Store> Handler<S> for Claims {
     async fn process(&self, row: Row, (lease, resources): (Lease, Vec<Row>)) -> Result<Changes, WorkError> {
         let mut rng = pass_rng(self.seed, "claim", lease);
         tokio::time::sleep(draw(&mut rng, &self.spec.claim_process)).await;
+        if row.attempts < self.spec.task_fail_first_attempts && self.fails_first(row.id) {
+            let attempt = row.attempts + 1;
+            return Err(WorkError::Failed(format!("claim {} fails attempt {attempt}", row.id)));
+        }
         let increment = |resource: &Row| {
             let count = resource.data["count"].as_u64().unwrap_or(0) + 1;
             RelatedUpdate { id: resource.id, update: RowUpdate { status: None, data: Some(json!({ "count": count })) } }
@@ -374,6 +391,15 @@ impl<S: Store> Handler<S> for Claims {
             events: vec![effect(row.id, &self.name, &counters)],
             ..Changes::status("done")
         })
+    }
+}
+
+impl Claims {
+    /// Whether claim `row` is one of the `claim_fail_first_share`: a draw from its own stream (the seed and the
+    /// row id), the same on every replica and at every attempt; no draw at all when the share is zero.
+    fn fails_first(&self, row: RowId) -> bool {
+        let share = self.spec.claim_fail_first_share;
+        share > 0.0 && rng::keyed(self.seed, "claim-fate", row.0 as u64).random_range(0.0..1.0) < share
     }
 }
 

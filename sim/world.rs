@@ -169,10 +169,14 @@ impl World {
         let clients = Arc::new(AtomicU64::new(0));
         let spec = Arc::new(WorkloadSpec {
             waitlist_disabled: scenario.mutation.waitlist_disabled,
+            retry_wake_disabled: scenario.mutation.retry_wake_disabled,
             ..scenario.workload.clone()
         });
         if scenario.mutation.waitlist_disabled {
             trace.record(&name, "mutation", "waitlist_disabled");
+        }
+        if scenario.mutation.retry_wake_disabled {
+            trace.record(&name, "mutation", "retry_wake_disabled");
         }
         let operations = scenario.gang.as_ref().map(|gang| gang.pipeline_config());
         let services = Arc::new(Self::start_services(&handle, &scenario, seed, &trace, &faults_on));

@@ -152,6 +152,14 @@ fn faults_without_a_real_form_are_refused_with_their_reason() {
     let (output, text) = chaos("age-rule", &[planted.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(2), "{text}");
     assert!(text.contains("[mutation] related_age_rule_disabled is a MemStore switch"), "{text}");
+    let text = std::fs::read_to_string("scenarios/rows-retry-wake.toml").unwrap();
+    std::fs::write(&planted, format!("{text}\n[mutation]\nretry_wake_disabled = true\n")).unwrap();
+    let (output, text) = chaos("retry-wake", &[planted.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("[mutation] retry_wake_disabled plants a late retry, which only the simulator judges"),
+        "{text}"
+    );
 }
 
 /// A gang scenario on real processes: the seed's gang on three `lockstep agent` children, one of them SIGKILLed

@@ -319,3 +319,44 @@ async fn one_poison_row_among_a_hundred_fails_alone_on_postgres() {
     let took = one_poison_row_among_a_hundred_fails_alone(store).await;
     assert!(took < config(8).lease_ttl / 2, "the good rows took {took:?} of store time");
 }
+
+/// A failed row is fetched again when its retry falls due, not when the fetcher's empty-fetch backoff next ends
+/// (a new user's trial: a panicking handler's 1 s retry waited 3.6 s). The pipeline backs off 30 s after its second
+/// empty fetch, so only a wake at the row's retry time fetches it again within the slack of it: each retry's fetch
+/// comes after its delay (1, 2, 4 s, no jitter) and at most 100 ms later.
+#[tokio::test(start_paused = true)]
+async fn a_failed_row_is_fetched_again_when_its_retry_falls_due_not_a_fetch_backoff_later() {
+    let store = MemStore::with_history(TokioClock::new(START));
+    let id = store.insert(NewRow::new("task", "ready", json!({ "do": "fail" }))).await.unwrap().id;
+    let config = PipelineConfig {
+        workers: 1,
+        fetch_backoff: vec![Duration::from_millis(500), Duration::from_secs(30)],
+        fetch_jitter: 0.0,
+        fetch_shortest_chance: 0.0,
+        retry: RetryPolicy { attempts_max: Some(4), jitter: 0.0, ..RetryPolicy::default() },
+        ..PipelineConfig::new("tasks", "task", &["ready"])
+    };
+    let handler = Arc::new(Scripted::default());
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 7 });
+    manager.register(config.clone(), Shared(handler)).unwrap();
+    manager.start();
+    manager.hint_fetch("task", None).await.unwrap();
+    let gave_up = || async { get(&store, id).await.status == "failed" };
+    wait_until("the row gave up after four attempts", 20_000, gave_up).await;
+    manager.shutdown().await;
+    let history = store.history();
+    let fetched = |c: &lockstep::store::Commit| matches!(&c.op, CommitOp::Fetch { leases, .. } if leases.iter().any(|l| l.id == id));
+    let fetches: Vec<Timestamp> = history.iter().filter(|c| fetched(c)).map(|c| c.at).collect();
+    let failures: Vec<Timestamp> =
+        history.iter().filter_map(|c| matches!(c.op, CommitOp::Failure { .. }).then_some(c.at)).collect();
+    assert_eq!((fetches.len(), failures.len()), (4, 4), "fetches {fetches:?}, failures {failures:?}");
+    for attempt in 1..=3u32 {
+        let delay = config.retry.backoff(attempt, 0.0);
+        let (failed, next) = (failures[attempt as usize - 1], fetches[attempt as usize]);
+        let waited = Duration::from_micros((next.as_micros() - failed.as_micros()) as u64);
+        assert!(
+            waited >= delay && waited <= delay + Duration::from_millis(100),
+            "attempt {attempt} failed at {failed}, fetched again {waited:?} later, its retry delay {delay:?}"
+        );
+    }
+}

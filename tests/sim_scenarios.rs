@@ -94,7 +94,10 @@ const PAUSE_SEEDS_SEARCHED: u64 = 200;
 /// user's trial measured outside the simulator (60 claims of 20 ms in 40 s on four workers).
 #[test]
 fn hot_row_claims_starve_without_the_waitlist_and_pass_with_it() {
-    passes_and_starves_when_mutated("scenarios/rows-hot-row.toml", "the waitlist", |m| m.waitlist_disabled = true);
+    let starves = ("starvation", "contended");
+    passes_and_fails_when_mutated("scenarios/rows-hot-row.toml", "the waitlist", starves, |m| {
+        m.waitlist_disabled = true
+    });
 }
 
 /// `rows-shared-pairs` (claims of one pipeline that each lock two of four shared counters, in a random order)
@@ -107,13 +110,27 @@ fn hot_row_claims_starve_without_the_waitlist_and_pass_with_it() {
 #[test]
 fn shared_pairs_livelock_without_the_age_rule_and_pass_with_it() {
     for file in ["scenarios/rows-shared-pairs.toml", "scenarios/rows-shared-two-pipelines.toml"] {
-        passes_and_starves_when_mutated(file, "the age rule", |m| m.related_age_rule_disabled = true);
+        let starves = ("starvation", "contended");
+        passes_and_fails_when_mutated(file, "the age rule", starves, |m| m.related_age_rule_disabled = true);
     }
 }
 
+/// `rows-retry-wake` (claims that fail their first eight attempts and back off, in a quiet world) passes its
+/// seeds, and with the retry wake gone (`[mutation] retry_wake_disabled`: a replica that records a failure leaves
+/// the row to its fetcher's empty-fetch backoff, as before the wake) claims are fetched again past their retry:
+/// the `retries` checker fires on the same seeds. The lateness a new user's trial measured outside the simulator
+/// (a 1 s retry after a handler's panic waited 3.6 s).
+#[test]
+fn failed_rows_retry_late_without_the_retry_wake_and_pass_with_it() {
+    let late = ("retries", "past its retry");
+    passes_and_fails_when_mutated("scenarios/rows-retry-wake.toml", "the retry wake", late, |m| {
+        m.retry_wake_disabled = true
+    });
+}
+
 /// The scenario `file` passes its seeds, and with `mutate` applied to its mutation (`without` names what it takes
-/// away) the starvation checker fires on the same seeds, naming contended items.
-fn passes_and_starves_when_mutated(file: &str, without: &str, mutate: impl Fn(&mut sim::Mutation)) {
+/// away) the checker `fires.0` fires on the same seeds, its message holding `fires.1`.
+fn passes_and_fails_when_mutated(file: &str, without: &str, fires: (&str, &str), mutate: impl Fn(&mut sim::Mutation)) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(file);
     let file = ScenarioFile::load(&path).unwrap_or_else(|error| panic!("{error}"));
     let mut mutated = file.scenario.clone();
@@ -122,8 +139,9 @@ fn passes_and_starves_when_mutated(file: &str, without: &str, mutate: impl Fn(&m
         let report = sim::run(&file.scenario, seed);
         assert!(report.passed(), "seed {seed} failed:\n{}", summary::render(&report));
         let report = sim::run(&mutated, seed);
-        let starvation = report.violations.iter().find(|v| v.checker == "starvation");
-        let starvation = starvation.unwrap_or_else(|| panic!("seed {seed}: no starvation without {without}"));
-        assert!(starvation.message.contains("contended"), "{starvation}");
+        let (checker, fragment) = fires;
+        let violation = report.violations.iter().find(|v| v.checker == checker);
+        let violation = violation.unwrap_or_else(|| panic!("seed {seed}: checker {checker} silent without {without}"));
+        assert!(violation.message.contains(fragment), "{violation}");
     }
 }

@@ -53,6 +53,12 @@ pub struct CheckInput<'a> {
     pub effects: &'a [Effect],
     /// Attempts after which the workload's pipelines give up on a row (the scenario's `attempts_max`).
     pub attempts_max: u32,
+    /// How late after its retry falls due a row that failed after the heal may be fetched again (checker
+    /// `retries`, rule 4); `None` leaves lateness unjudged (`lockstep chaos run`: wall time on a shared machine).
+    pub retry_lateness_bound: Option<Duration>,
+    /// The workload pipelines' minimum processing interval: a failed row processed (applied, or reset for retry)
+    /// less than this before its retry falls due waits for it too ([`crate::store::Store::fetch`]).
+    pub min_processing_interval: Duration,
 }
 
 /// Whose rows a run holds, and so which statuses end their life.
@@ -210,6 +216,8 @@ pub(crate) mod fixtures {
             rows: super::RowModel::Builtin,
             effects: &[],
             attempts_max: 3,
+            retry_lateness_bound: Some(Duration::from_secs(1)),
+            min_processing_interval: Duration::from_secs(1),
         }
     }
 }

@@ -213,6 +213,12 @@ pub async fn run(
             options.scenario.display()
         )));
     }
+    if mutation.retry_wake_disabled {
+        return Err(usage(format!(
+            "{}: [mutation] retry_wake_disabled plants a late retry, which only the simulator judges (checker              retries, rule 4, in simulated time); a chaos run's wall time on a shared machine is not judged",
+            options.scenario.display()
+        )));
+    }
     options.apply_guard_off |= mutation.apply_guard_disabled;
     if !(options.time_scale > 0.0 && options.time_scale <= 100.0) {
         return Err(usage(format!("--time-scale {}: must be in (0, 100]", options.time_scale)));
@@ -991,6 +997,7 @@ impl World {
             drain,
             gang,
             effects: Vec::new(),
+            retry_lateness_bound: None,
         };
         Ok((outcome, lines, started.elapsed()))
     }

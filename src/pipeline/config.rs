@@ -236,6 +236,12 @@ pub struct PipelineConfig {
     /// reset once per turn, and checker `starvation` must fire (scenarios/rows-hot-row.toml).
     #[doc(hidden)]
     pub waitlist_disabled_for_mutation_test: bool,
+    /// TEST ONLY (simulator `[mutation] retry_wake_disabled`): a worker that records a failure does not wake its
+    /// fetcher when the row's retry falls due ([`Shared::note_retry`](super::queue::Shared::note_retry)), so the
+    /// row waits for the fetcher's empty-fetch backoff, as before: checker `retries` must fire
+    /// (scenarios/rows-failing.toml).
+    #[doc(hidden)]
+    pub retry_wake_disabled_for_mutation_test: bool,
     /// With `refetch` on, the least time, on the local clock, from the fetch of a row to its worker's load for the
     /// worker to reread it; a row loaded sooner is loaded as the fetch returned it. The fetch read the row under
     /// the same lease and returned all of it, so a reread this soon finds the same row (see `refetch`) at the
@@ -302,6 +308,7 @@ impl PipelineConfig {
             fetchers: FETCHERS_DEFAULT,
             refetch: REFETCH_DEFAULT,
             waitlist_disabled_for_mutation_test: false,
+            retry_wake_disabled_for_mutation_test: false,
             refetch_after: REFETCH_AFTER_DEFAULT,
             refetch_batch_window: REFETCH_BATCH_WINDOW_DEFAULT,
             retry: RetryPolicy::default(),

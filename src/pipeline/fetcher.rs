@@ -117,12 +117,26 @@ impl<S: Store> Fetcher<S> {
                     _ = shared.refill.notified() => {}
                     _ = shared.hint.notified() => {}
                 },
-                Some(delay) => tokio::select! {
-                    biased;
-                    _ = shared.stop.notified() => {}
-                    _ = shared.hint.notified() => {}
-                    _ = self.core.clock.sleep(delay) => {}
-                },
+                Some(delay) => self.sleep_unless_woken(delay).await,
+            }
+        }
+    }
+
+    /// Sleeps `delay` of local time, ended early by a stop, a hint, or the retry of a row this replica failed
+    /// falling due ([`Shared::note_retry`]; a retry noted during the sleep shortens it).
+    ///
+    /// [`Shared::note_retry`]: super::queue::Shared::note_retry
+    async fn sleep_unless_woken(&self, delay: Duration) {
+        let (shared, clock) = (&self.core.shared, &self.core.clock);
+        let deadline = clock.now() + delay;
+        loop {
+            let until = shared.retry_due_after(clock.now()).map_or(deadline, |due| due.min(deadline));
+            tokio::select! {
+                biased;
+                _ = shared.stop.notified() => return,
+                _ = shared.hint.notified() => return,
+                _ = shared.retry_noted.notified() => {}
+                _ = clock.sleep_until(until) => return,
             }
         }
     }

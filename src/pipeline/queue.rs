@@ -36,7 +36,7 @@
 use super::clock::LocalClock;
 use super::config::PipelineConfig;
 use crate::store::{Lease, Row, RowId};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use tokio::sync::{Notify, Semaphore, TryAcquireError};
@@ -108,6 +108,12 @@ pub struct Shared {
     pub refill_more: Vec<Notify>,
     /// Wakes the fetcher: a fetch hint for this pipeline's kind arrived.
     pub hint: Notify,
+    /// The local instants at which rows this replica failed fall due for their retries ([`Shared::note_retry`]),
+    /// each until it passes.
+    retry_due: Mutex<BTreeSet<Instant>>,
+    /// Wakes the first fetcher: [`Shared::note_retry`] set an earlier `retry_due`, so a backoff it sleeps may end
+    /// sooner.
+    pub retry_noted: Notify,
     /// Wakes everything that waits on the pipeline's services when it stops.
     pub stop: Notify,
     stopping: AtomicBool,
@@ -179,6 +185,13 @@ impl Drop for Idle<'_> {
     }
 }
 
+/// Drops the instants of `retry_due` at or before `now`.
+fn forget_passed(retry_due: &mut BTreeSet<Instant>, now: Instant) {
+    while retry_due.first().is_some_and(|&first| first <= now) {
+        retry_due.pop_first();
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -204,6 +217,8 @@ impl Shared {
             refill: Notify::new(),
             refill_more: (1..config.fetchers).map(|_| Notify::new()).collect(),
             hint: Notify::new(),
+            retry_due: Mutex::new(BTreeSet::new()),
+            retry_noted: Notify::new(),
             stop: Notify::new(),
             stopping: AtomicBool::new(false),
         }
@@ -456,6 +471,32 @@ impl Shared {
         lock(&self.queue).items.drain(..).collect()
     }
 
+    /// A row a worker failed at local time `now` falls due for its retry at the local instant `due` (its
+    /// [`Retry::After`] delay from the failure's answer, plus the fetch's expiry slack). The first fetcher ends a
+    /// backoff it sleeps at the earliest such instant, so the row is fetched when its retry falls due rather than
+    /// when the backoff ends (issue 13's retries; a new user's trial saw a 1 s retry wait 3.6 s). Every instant
+    /// is kept until it passes, so a later retry is not lost behind an earlier one.
+    ///
+    /// [`Retry::After`]: crate::store::Retry::After
+    pub fn note_retry(&self, due: Instant, now: Instant) {
+        let mut retry_due = lock(&self.retry_due);
+        forget_passed(&mut retry_due, now);
+        let earliest = retry_due.first().is_none_or(|&first| due < first);
+        retry_due.insert(due);
+        drop(retry_due);
+        if earliest {
+            self.retry_noted.notify_one();
+        }
+    }
+
+    /// The earliest retry instant noted ([`Shared::note_retry`]) that is later than `now`; those at or before
+    /// `now` are forgotten, as the fetch about to run covers them.
+    pub fn retry_due_after(&self, now: Instant) -> Option<Instant> {
+        let mut retry_due = lock(&self.retry_due);
+        forget_passed(&mut retry_due, now);
+        retry_due.first().copied()
+    }
+
     /// Whether [`Shared::close`] was called.
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
@@ -509,5 +550,24 @@ mod tests {
         let released = pipeline.shared.close();
         assert_eq!(released.len(), 1, "close returns the promised item, to be released");
         assert!(pipeline.shared.take_promised(&pipeline.clock).is_none(), "the worker stops");
+    }
+
+    /// Retries noted in any order are each kept until they pass: a later retry noted while an earlier one was
+    /// pending is not lost when the earlier passes (the simulator's rows-retry-wake found a single "earliest"
+    /// slot dropping it, and the row waited out the fetcher's backoff).
+    #[tokio::test(start_paused = true)]
+    async fn every_noted_retry_is_kept_until_it_passes() {
+        let shared = super::Shared::new(&PipelineConfig::new("tasks", "task", &["ready"]));
+        let t0 = tokio::time::Instant::now();
+        let at = |millis: u64| t0 + std::time::Duration::from_millis(millis);
+        shared.note_retry(at(500), t0);
+        shared.note_retry(at(2_000), t0);
+        shared.note_retry(at(1_000), t0);
+        assert_eq!(shared.retry_due_after(t0), Some(at(500)));
+        assert_eq!(shared.retry_due_after(at(500)), Some(at(1_000)), "the instant itself has passed");
+        assert_eq!(shared.retry_due_after(at(1_500)), Some(at(2_000)));
+        shared.note_retry(at(3_000), at(2_500));
+        assert_eq!(shared.retry_due_after(at(2_500)), Some(at(3_000)), "noting forgets what passed");
+        assert_eq!(shared.retry_due_after(at(3_000)), None);
     }
 }

@@ -257,6 +257,10 @@ async fn fail<S: Store, H: Handler<S>>(
         RetryDecision::GiveUp => give_up,
     };
     let gives_up = matches!(retry, Retry::GiveUp { .. });
+    let retry_in = match retry {
+        Retry::After(delay) => Some(delay),
+        Retry::GiveUp { .. } => None,
+    };
     let (row, token) = (lease.id, lease.token);
     match &retry {
         Retry::After(delay) => {
@@ -269,7 +273,13 @@ async fn fail<S: Store, H: Handler<S>>(
     let params = FailureParams { lease, error: error.to_string(), retry };
     match core.store.record_failure(params).await {
         Ok(FailureOutcome::Recorded { .. }) if gives_up => ItemOutcome::GaveUp,
-        Ok(FailureOutcome::Recorded { .. }) => ItemOutcome::BackedOff,
+        Ok(FailureOutcome::Recorded { .. }) => {
+            if let Some(delay) = retry_in.filter(|_| !core.config.retry_wake_disabled_for_mutation_test) {
+                let now = core.clock.now();
+                core.shared.note_retry(now + delay + core.config.fetch_expiry_slack, now);
+            }
+            ItemOutcome::BackedOff
+        }
         Ok(FailureOutcome::Stale) => ItemOutcome::Stale,
         Err(store) => failed(pipeline, lease, WorkError::Store(store)),
     }
