@@ -360,3 +360,38 @@ async fn a_failed_row_is_fetched_again_when_its_retry_falls_due_not_a_fetch_back
         );
     }
 }
+
+/// The same on PostgreSQL, in wall time: a row failing its first two attempts with 1.2 and 2.4 s delays gives up
+/// (attempts_max 3) in about 3.6 s of store time, where waiting for the empty-fetch backoff would take over 30 s
+/// (the fetcher's second empty fetch, 1 s after the first failure, comes before the row is due). The bound (10 s)
+/// leaves a loaded machine room.
+#[tokio::test]
+async fn a_failed_row_is_fetched_again_when_its_retry_falls_due_on_postgres() {
+    let harness = PgHarness::new().await;
+    let store = lockstep::store::conformance::Harness::store(&harness).clone();
+    let id = store.insert(NewRow::new("task", "ready", json!({ "do": "fail" }))).await.unwrap().id;
+    let config = PipelineConfig {
+        workers: 1,
+        fetch_backoff: vec![Duration::from_millis(500), Duration::from_secs(30)],
+        fetch_jitter: 0.0,
+        fetch_shortest_chance: 0.0,
+        retry: RetryPolicy {
+            attempts_max: Some(3),
+            backoff_base: Duration::from_millis(1_200),
+            jitter: 0.0,
+            ..RetryPolicy::default()
+        },
+        ..PipelineConfig::new("tasks", "task", &["ready"])
+    };
+    let started = store.now().await.unwrap();
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 7 });
+    manager.register(config, Shared(Arc::new(Scripted::default()))).unwrap();
+    manager.start();
+    manager.hint_fetch("task", None).await.unwrap();
+    let gave_up = || async { get(&store, id).await.status == "failed" };
+    wait_until("the row gave up after three attempts", 6_000, gave_up).await;
+    let took = store.now().await.unwrap();
+    manager.shutdown().await;
+    let took = Duration::from_micros((took.as_micros() - started.as_micros()) as u64);
+    assert!(took < Duration::from_secs(10), "three attempts took {took:?} of store time");
+}
