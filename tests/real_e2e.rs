@@ -923,3 +923,38 @@ fn the_readme_real_mode_walkthrough_uses_commands_flags_and_a_spec_that_exist() 
     let output = Command::new(BIN).args(["abort", "1", "--help"]).output().unwrap();
     assert!(output.status.success(), "abort 1 --help");
 }
+
+/// The real-mode page's way to find a job's `sleep 30` picks the processes whose working directory is under the
+/// node's work dir, and no other `sleep 30` (a new user's trial killed the first PID `pgrep -f 'sleep 30'` gave,
+/// another user's process). Run as the page shows it, with the page's work dir replaced by a test's own, while a
+/// `sleep 30` runs in a sandbox under it and another outside it.
+#[test]
+fn the_real_mode_page_finds_a_jobs_sleep_by_its_sandbox_and_no_other() {
+    let page = include_str!("../docs/real-mode.md");
+    let start = page.find("for pid in $(pgrep -x sleep); do").expect("the page's snippet");
+    let snippet = &page[start..start + page[start..].find("```").expect("the snippet's end")];
+    let dir = std::env::temp_dir().join(format!("lockstep-pgrep-{}", std::process::id()));
+    let sandbox = dir.join("node-1").join("7-0");
+    let outside = dir.join("elsewhere");
+    std::fs::create_dir_all(&sandbox).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    let sleep = |cwd: &PathBuf| Command::new("sleep").arg("30").current_dir(cwd).spawn().unwrap();
+    let (mut job, mut other) = (sleep(&sandbox), sleep(&outside));
+    // `pgrep -x sleep` matches a child only once it has exec'd `sleep`.
+    let exec_d =
+        |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "sleep");
+    let started = Instant::now();
+    while !(exec_d(job.id()) && exec_d(other.id())) {
+        assert!(started.elapsed() < Duration::from_secs(30), "the sleeps never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let node_dir = format!("{}/", dir.join("node-1").display());
+    assert!(snippet.contains("/tmp/lockstep/node-1/"), "{snippet}");
+    let script = snippet.replace("/tmp/lockstep/node-1/", &node_dir);
+    let output = Command::new("sh").arg("-c").arg(&script).output().unwrap();
+    let (_, _) = (job.kill(), other.kill());
+    let (_, _) = (job.wait(), other.wait());
+    std::fs::remove_dir_all(&dir).unwrap();
+    let found: Vec<u32> = String::from_utf8_lossy(&output.stdout).lines().map(|line| line.parse().unwrap()).collect();
+    assert_eq!(found, vec![job.id()], "the snippet found {found:?}: job {}, other {}", job.id(), other.id());
+}
