@@ -88,8 +88,9 @@ impl Shard {
     ///   shards 0..4 of 4;
     /// - YTsaurus vanilla task: `YT_JOB_COOKIE` (from 0) of `YT_TASK_JOB_COUNT` (the task's `job_count`).
     ///
-    /// Errors: a variable that is not a whole number, a count variable missing, an index not below the count;
-    /// each message names the variables and their values.
+    /// Errors: a variable that is not a whole number, a count variable missing, [`SHARD_COUNT_VAR`] set without
+    /// `JOB_COMPLETION_INDEX`, a Slurm step of 0, an index not below the count; each message names the variables
+    /// and their values as set.
     pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Option<(Shard, String)>, String> {
         let number = |name: &str, rule: &str| -> Result<Option<u64>, String> {
             match var(name) {
@@ -114,14 +115,34 @@ impl Shard {
             let count = required(SHARD_COUNT_VAR, "count", "JOB_COMPLETION_INDEX")?;
             return shard(index, count, format!("JOB_COMPLETION_INDEX={index}, {SHARD_COUNT_VAR}={count}"));
         }
+        if let Some(count) = var(SHARD_COUNT_VAR) {
+            // Ours, set only in a Kubernetes Indexed Job's pod template: without the index Kubernetes sets beside
+            // it, the sweep would run every seed in every pod.
+            return Err(format!(
+                "{SHARD_COUNT_VAR}={count:?} is set but JOB_COMPLETION_INDEX is not: it gives a Kubernetes Indexed \
+                 Job's shard count, whose index Kubernetes sets (completionMode: Indexed); unset it, or give --shard K/N"
+            ));
+        }
         if let Some(id) = number("SLURM_ARRAY_TASK_ID", "index")? {
             let count = required("SLURM_ARRAY_TASK_COUNT", "count", "SLURM_ARRAY_TASK_ID")?;
-            let min = number("SLURM_ARRAY_TASK_MIN", "index")?.unwrap_or(0);
-            let step = number("SLURM_ARRAY_TASK_STEP", "step")?.unwrap_or(1).max(1);
-            let origin = format!(
-                "SLURM_ARRAY_TASK_ID={id}, SLURM_ARRAY_TASK_MIN={min}, SLURM_ARRAY_TASK_STEP={step}, \
-                 SLURM_ARRAY_TASK_COUNT={count}"
-            );
+            let min = number("SLURM_ARRAY_TASK_MIN", "index")?;
+            let step = number("SLURM_ARRAY_TASK_STEP", "step")?;
+            // The variables as they were set (an unset one is not named), in every message.
+            let origin = [
+                Some(format!("SLURM_ARRAY_TASK_ID={id}")),
+                min.map(|min| format!("SLURM_ARRAY_TASK_MIN={min}")),
+                step.map(|step| format!("SLURM_ARRAY_TASK_STEP={step}")),
+                Some(format!("SLURM_ARRAY_TASK_COUNT={count}")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(", ");
+            // Slurm sets the step of `--array=A-B:S` (S ≥ 1; 1 when not given): 0 is not a step of any array.
+            if step == Some(0) {
+                return Err(format!("{origin}: the step must be at least 1 (Slurm's `--array=A-B:S` has S ≥ 1)"));
+            }
+            let (min, step) = (min.unwrap_or(0), step.unwrap_or(1));
             let offset = id.checked_sub(min).ok_or_else(|| format!("{origin}: the task id is below the minimum"))?;
             if offset % step != 0 {
                 return Err(format!("{origin}: the task id is not the minimum plus a multiple of the step"));
@@ -766,6 +787,15 @@ mod tests {
         assert!(e.contains("the task id is below the minimum"), "{e}");
         let e = error(&[("YT_JOB_COOKIE", "0"), ("YT_TASK_JOB_COUNT", "0")]);
         assert!(e.contains("YT_JOB_COOKIE=0, YT_TASK_JOB_COUNT=0: the shard count must be 1..="), "{e}");
+        let e = error(&[(SHARD_COUNT_VAR, "4")]);
+        assert!(e.contains("LOCKSTEP_SHARD_COUNT=\"4\" is set but JOB_COMPLETION_INDEX is not"), "{e}");
+        let e = error(&[(SHARD_COUNT_VAR, "4"), ("SLURM_ARRAY_TASK_ID", "0"), ("SLURM_ARRAY_TASK_COUNT", "2")]);
+        assert!(e.contains("LOCKSTEP_SHARD_COUNT=\"4\" is set but JOB_COMPLETION_INDEX is not"), "{e}");
+        let e = error(&[("SLURM_ARRAY_TASK_ID", "0"), ("SLURM_ARRAY_TASK_STEP", "0"), ("SLURM_ARRAY_TASK_COUNT", "2")]);
+        assert!(
+            e.contains("SLURM_ARRAY_TASK_ID=0, SLURM_ARRAY_TASK_STEP=0, SLURM_ARRAY_TASK_COUNT=2: the step"),
+            "{e}"
+        );
         let e = error(&[("YT_JOB_COOKIE", "-1"), ("YT_TASK_JOB_COUNT", "2")]);
         assert!(e.contains("YT_JOB_COOKIE=\"-1\" is not a shard index"), "{e}");
     }

@@ -636,15 +636,24 @@ fn four_shards_merge_to_the_table_of_the_unsharded_sweep() {
     assert!(stderr.contains("shard 0/4 appears twice"), "{stderr}");
 }
 
-/// A shard from a variable that is not a number, a count variable missing, or a shard past the count: exit 2
-/// naming the variable, before any seed runs.
+/// A shard from a variable that is not a number, a count variable missing (or `LOCKSTEP_SHARD_COUNT` without
+/// its index), a Slurm step of 0, or a shard past the count: exit 2 naming the variables as set, before any seed
+/// runs.
 #[test]
 fn bad_shard_variables_and_flags_exit_2_naming_them() {
     let dir = temp_dir("bad-shards");
     let quiet = scenario("rows-quiet.toml");
     let sweep = ["sim", "sweep", quiet.as_str(), "--seeds", "1..3"];
-    let cases: [ShardCase; 5] = [
+    let cases: [ShardCase; 7] = [
         (&[], &[("JOB_COMPLETION_INDEX", "1")], "JOB_COMPLETION_INDEX is set but LOCKSTEP_SHARD_COUNT is not"),
+        // It ran every seed, in every pod.
+        (&[], &[("LOCKSTEP_SHARD_COUNT", "4")], "LOCKSTEP_SHARD_COUNT=\"4\" is set but JOB_COMPLETION_INDEX is not"),
+        // It was read as a step of 1, and named so.
+        (
+            &[],
+            &[("SLURM_ARRAY_TASK_ID", "1"), ("SLURM_ARRAY_TASK_STEP", "0"), ("SLURM_ARRAY_TASK_COUNT", "4")],
+            "SLURM_ARRAY_TASK_ID=1, SLURM_ARRAY_TASK_STEP=0, SLURM_ARRAY_TASK_COUNT=4: the step must be at least 1",
+        ),
         (
             &[],
             &[("SLURM_ARRAY_TASK_ID", "x"), ("SLURM_ARRAY_TASK_COUNT", "4")],
