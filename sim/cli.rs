@@ -217,7 +217,8 @@ pub struct SweepArgs {
     /// Seeds: `A..B` (B excluded) or `A..=B`; at most 1 000 000 of them.
     #[arg(long, value_parser = parse_seeds)]
     seeds: SeedRange,
-    /// Threads (at least 1); default every core (or `LOCKSTEP_SIM_JOBS`).
+    /// Threads (at least 1, at most 4 × the cores this process may use); default every core (or
+    /// `LOCKSTEP_SIM_JOBS`).
     #[arg(long, value_parser = parse_jobs)]
     jobs: Option<usize>,
     /// Directory for the failing seeds' replay files.
@@ -292,7 +293,8 @@ pub struct ShrinkArgs {
     /// The checker that must keep failing (default the first that failed).
     #[arg(long)]
     checker: Option<String>,
-    /// Threads running candidates (at least 1); default every core (or `LOCKSTEP_SIM_JOBS`).
+    /// Threads running candidates (at least 1, at most 4 × the cores this process may use); default every core
+    /// (or `LOCKSTEP_SIM_JOBS`).
     #[arg(long, value_parser = parse_jobs)]
     jobs: Option<usize>,
     /// Wall-clock bound on the search (a duration: `90s`, `5m`); the smallest scenario found by then is written.
@@ -376,10 +378,28 @@ fn parse_row_id(text: &str) -> Result<String, String> {
     }
 }
 
-/// A `--jobs` value: a whole number of threads, at least 1.
+/// How many threads per core `--jobs` may ask for ([`jobs_max`]).
+pub const JOBS_PER_CORE_MAX: usize = 4;
+
+/// The most threads a sweep or shrink runs: [`JOBS_PER_CORE_MAX`] × the cores this process may use
+/// ([`std::thread::available_parallelism`], which respects CPU affinity and cgroup quotas). A run keeps one core
+/// busy (the simulation is CPU-bound, with no I/O to wait on), so threads past the cores add memory (a simulated
+/// world each) and no speed; four per core leaves room for a core count read too low (a quota rounded down) while
+/// refusing a typo such as `--jobs 100000`, which started that many threads.
+pub fn jobs_max() -> usize {
+    JOBS_PER_CORE_MAX * std::thread::available_parallelism().map_or(1, |cores| cores.get())
+}
+
+/// A `--jobs` value: a whole number of threads, at least 1 and at most [`jobs_max`].
 fn parse_jobs(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(0) => Err("0 threads: give at least 1".into()),
+        Ok(jobs) if jobs > jobs_max() => Err(format!(
+            "{jobs} threads: at most {}, {JOBS_PER_CORE_MAX} × the {} this process may use (a run keeps a core \
+             busy: threads past the cores add memory, not speed)",
+            jobs_max(),
+            count((jobs_max() / JOBS_PER_CORE_MAX) as u64, "core")
+        )),
         Ok(jobs) => Ok(jobs),
         Err(_) => Err(format!("\"{text}\" is not a number of threads: give a whole number, at least 1")),
     }

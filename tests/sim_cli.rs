@@ -239,16 +239,19 @@ fn a_bad_scenario_file_exits_2_naming_the_file_line_and_key() {
 }
 
 /// A sweep refuses at parse time (exit 2, before anything runs or is listed in memory) a range of more than a
-/// million seeds, a seed past u64, and `--jobs 0` or a `LOCKSTEP_SIM_JOBS` that is not a whole number ≥ 1; the
-/// largest seed itself is a range of one seed.
+/// million seeds, a seed past u64, and `--jobs 0` or a `LOCKSTEP_SIM_JOBS` that is not a whole number ≥ 1, or
+/// more than 4 threads per core (`--jobs 100000` started that many threads); the largest seed itself is a range
+/// of one seed.
 #[test]
 fn sweep_refuses_huge_ranges_overflowing_seeds_and_zero_jobs_with_exit_2() {
     let dir = temp_dir("sweep-bounds");
     let quiet = scenario("rows-quiet.toml");
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 4] = [
         (&["--seeds", "1..=9007199254740993"], "holds 9007199254740993 seeds; a sweep runs at most 1000000"),
         (&["--seeds", "1..18446744073709551616"], "seed 18446744073709551616 overflows"),
         (&["--seeds", "1..3", "--jobs", "0"], "--jobs <JOBS>': 0 threads: give at least 1"),
+        // It started 100000 threads on two cores.
+        (&["--seeds", "1..3", "--jobs", "100000"], "--jobs <JOBS>': 100000 threads: at most "),
     ];
     for (args, expected) in cases {
         let output = lockstep(&[&["sim", "sweep", quiet.as_str()], args].concat(), &dir);
@@ -258,7 +261,10 @@ fn sweep_refuses_huge_ranges_overflowing_seeds_and_zero_jobs_with_exit_2() {
         assert!(stdout.is_empty(), "{args:?} ran: {stdout}");
     }
     // `LOCKSTEP_SIM_JOBS` is refused as `--jobs` is (it was read as "the default" when it was not a number ≥ 1).
-    for (value, expected) in [("0", "LOCKSTEP_SIM_JOBS: 0 threads"), ("x", "LOCKSTEP_SIM_JOBS: \"x\" is not")] {
+    let too_many = "LOCKSTEP_SIM_JOBS: 100000 threads: at most ";
+    for (value, expected) in
+        [("0", "LOCKSTEP_SIM_JOBS: 0 threads"), ("x", "LOCKSTEP_SIM_JOBS: \"x\" is not"), ("100000", too_many)]
+    {
         let output = lockstep_with(&["sim", "sweep", &quiet, "--seeds", "1..3"], &dir, &[("LOCKSTEP_SIM_JOBS", value)]);
         let (stdout, stderr) = text(&output);
         assert_eq!(output.status.code(), Some(2), "{value}: {stdout}{stderr}");
