@@ -21,6 +21,7 @@
 //! Its scenario files name a set with `pipelines = "orders"` and run with `orders-sim run FILE`.
 
 use super::explain;
+use super::files;
 use super::replay::{ReplayFile, trace_identity};
 use super::run::summary;
 use super::scenario_file::PipelineSets;
@@ -880,13 +881,14 @@ fn merge(args: MergeArgs, registry: &Registry) -> u8 {
     }
 }
 
-/// The text of an input file of `command` (e.g. `lockstep sim replay`), or `None` after saying why it cannot be
-/// read (the caller exits 2).
-fn read_input(path: &Path, command: &str) -> Option<String> {
-    match std::fs::read_to_string(path) {
+/// The text of an input file of `command` (e.g. `lockstep sim replay`), `what` it is in messages (`replay file`),
+/// read through its size cap `limit` ([`files::read_text`]); or `None` after saying why it cannot be read (the
+/// caller exits 2).
+fn read_input(path: &Path, what: &str, limit: u64, command: &str) -> Option<String> {
+    match files::read_text(path, what, limit) {
         Ok(text) => Some(text),
-        Err(error) => {
-            eprintln!("{command}: cannot read {}: {error}", path.display());
+        Err(reason) => {
+            eprintln!("{command}: cannot read {}: {reason}", path.display());
             None
         }
     }
@@ -895,7 +897,10 @@ fn read_input(path: &Path, command: &str) -> Option<String> {
 fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
     let program = &registry.program;
     let path = args.file.display().to_string();
-    let Some(text) = read_input(&args.file, &format!("{program} replay")) else { return BAD_INPUT };
+    let command = format!("{program} replay");
+    let Some(text) = read_input(&args.file, "replay file", files::REPLAY_FILE_BYTES_MAX, &command) else {
+        return BAD_INPUT;
+    };
     let (replay, file) = match ReplayFile::check_in(&text, &path, &registry.build_id, &registry.sets) {
         Ok(checked) => checked,
         Err(error) => {
@@ -963,7 +968,10 @@ fn note_changed_scenario(replay: &ReplayFile, registry: &Registry) {
 fn explain(args: ExplainArgs, registry: &Registry) -> u8 {
     let program = &registry.program;
     let path = args.trace.display().to_string();
-    let Some(text) = read_input(&args.trace, &format!("{program} explain")) else { return BAD_INPUT };
+    let command = format!("{program} explain");
+    let Some(text) = read_input(&args.trace, "trace file", files::TRACE_FILE_BYTES_MAX, &command) else {
+        return BAD_INPUT;
+    };
     if let Err((line, text)) = explain::check_trace(&text) {
         let why = match line {
             0 => "it is empty".to_string(),
@@ -1014,7 +1022,9 @@ struct ShrinkSource {
 
 fn shrink_source(args: &ShrinkArgs, registry: &Registry) -> Result<ShrinkSource, String> {
     let path = args.file.display().to_string();
-    let text = std::fs::read_to_string(&args.file).map_err(|error| format!("cannot read {path}: {error}"))?;
+    // The larger cap of the two kinds: a scenario file is read again through its own ([`ScenarioFile::load_in`]).
+    let text = files::read_text(&args.file, "replay or scenario file", files::REPLAY_FILE_BYTES_MAX)
+        .map_err(|reason| format!("cannot read {path}: {reason}"))?;
     if text.trim_start().starts_with('{') {
         if args.seed.is_some() {
             return Err(format!("--seed is for a scenario file; {path} is a replay file, which names its seed"));

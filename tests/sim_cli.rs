@@ -838,3 +838,27 @@ fn a_sweep_refuses_an_out_or_html_directory_it_cannot_make_before_any_seed() {
     assert!(!dir.join("r").exists() && !dir.join("h").exists(), "a passing sweep left its empty directories");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A scenario or replay file larger than its cap (here `/dev/zero`, which never ends: `run` read it until it held
+/// gigabytes) is refused with exit 2, naming the file, the cap and why there is one.
+#[test]
+fn an_input_past_its_size_cap_is_refused_naming_the_file_and_the_cap() {
+    let dir = temp_dir("size-cap");
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["run", "/dev/zero"],
+            "/dev/zero: cannot read the scenario file: it holds more than 16 MiB (16777216 bytes), the most a \
+             scenario file may hold",
+        ),
+        (
+            &["replay", "/dev/zero"],
+            "cannot read /dev/zero: it holds more than 64 MiB (67108864 bytes), the most a replay file may hold",
+        ),
+    ];
+    for (args, expected) in cases {
+        let output = lockstep(&[&["sim"], args].concat(), &dir);
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stdout}{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
