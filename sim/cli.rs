@@ -444,6 +444,20 @@ fn run(args: RunArgs, registry: &Registry) -> u8 {
         Ok(file) => file,
         Err(code) => return code,
     };
+    // Before any output is created (creating one empties it): no output may be the scenario file, a spec file it
+    // names, the replay file a failure writes into --out, or the other output.
+    let outputs = trace_and_html(&args.trace, &args.html);
+    let dir = args.scenario.parent().unwrap_or(Path::new(""));
+    let specs: Vec<PathBuf> = file.spec_files.keys().map(|spec| dir.join(spec)).collect();
+    let seed = args.seed.unwrap_or(file.seeds[0]);
+    let replay = args.out.join(format!("{}-seed-{seed}.replay.json", file.scenario.name));
+    let inputs: Vec<files::Named<'_>> = std::iter::once(("the scenario file", args.scenario.as_path()))
+        .chain(specs.iter().map(|spec| ("the spec file", spec.as_path())))
+        .chain(std::iter::once(("the replay file it writes on a failure (--out)", replay.as_path())))
+        .collect();
+    if let Err(code) = check_outputs(&inputs, &outputs, &registry.program) {
+        return code;
+    }
     let trace = match create_trace(args.trace.as_deref(), &registry.program) {
         Ok(trace) => trace,
         Err(code) => return code,
@@ -452,7 +466,6 @@ fn run(args: RunArgs, registry: &Registry) -> u8 {
         Ok(html) => html,
         Err(code) => return code,
     };
-    let seed = args.seed.unwrap_or(file.seeds[0]);
     println!("{} ({}), seed {seed}, build {}", args.scenario.display(), file.version_label(), registry.build_id);
     let report = sim::run(&file.scenario, seed);
     print!("{}", render(&report));
@@ -588,6 +601,11 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
             return BAD_INPUT;
         }
     };
+    let results_path = args.results.join(sweep::file_name(&file.scenario.name, seeds, shard));
+    let outputs = [("the result file (--results)", results_path.as_path())];
+    if let Err(code) = check_outputs(&[("the scenario file", &args.scenario)], &outputs, &format!("{program} sweep")) {
+        return code;
+    }
     // The failures' directories are made now, so that one that cannot be is refused before any seed runs (not
     // found out at every failure); each made here and left empty is removed at the end.
     let mut made = Vec::new();
@@ -601,7 +619,6 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
         }
         made.push(dir.clone());
     }
-    let results_path = args.results.join(sweep::file_name(&file.scenario.name, seeds, shard));
     let results = match std::fs::create_dir_all(&args.results).and_then(|()| std::fs::File::create(&results_path)) {
         Ok(results) => results,
         Err(error) => {
@@ -894,10 +911,29 @@ fn read_input(path: &Path, what: &str, limit: u64, command: &str) -> Option<Stri
     }
 }
 
+/// Refuses (exit 2, saying why) outputs that are the same file as an input or as each other
+/// ([`files::check_distinct`]); called before any output is created.
+fn check_outputs(inputs: &[files::Named<'_>], outputs: &[files::Named<'_>], command: &str) -> Result<(), u8> {
+    files::check_distinct(inputs, outputs).map_err(|rule| {
+        eprintln!("{command}: refused: {rule}");
+        BAD_INPUT
+    })
+}
+
+/// The outputs a command names with `--trace` and `--html`, for [`check_outputs`].
+fn trace_and_html<'a>(trace: &'a Option<PathBuf>, html: &'a Option<PathBuf>) -> Vec<files::Named<'a>> {
+    let trace = trace.as_deref().map(|path| ("--trace", path));
+    trace.into_iter().chain(html.as_deref().map(|path| ("--html", path))).collect()
+}
+
 fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
     let program = &registry.program;
     let path = args.file.display().to_string();
     let command = format!("{program} replay");
+    let outputs = trace_and_html(&args.trace, &args.html);
+    if let Err(code) = check_outputs(&[("the replay file", &args.file)], &outputs, &command) {
+        return code;
+    }
     let Some(text) = read_input(&args.file, "replay file", files::REPLAY_FILE_BYTES_MAX, &command) else {
         return BAD_INPUT;
     };
@@ -969,6 +1005,10 @@ fn explain(args: ExplainArgs, registry: &Registry) -> u8 {
     let program = &registry.program;
     let path = args.trace.display().to_string();
     let command = format!("{program} explain");
+    let outputs: Vec<files::Named<'_>> = args.html.as_deref().map(|path| ("--html", path)).into_iter().collect();
+    if let Err(code) = check_outputs(&[("the trace file", &args.trace)], &outputs, &command) {
+        return code;
+    }
     let Some(text) = read_input(&args.trace, "trace file", files::TRACE_FILE_BYTES_MAX, &command) else {
         return BAD_INPUT;
     };
@@ -1050,6 +1090,15 @@ fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
             return BAD_INPUT;
         }
     };
+    // Not even with --force may the shrunk files replace the file shrunk (checked before the search).
+    let shrunk_name = shrink::shrunk_name(&source.name);
+    let shrunk_scenario = shrink::file_path(&args.out, &shrunk_name);
+    let shrunk_replay = args.out.join(format!("{shrunk_name}-seed-{}.replay.json", source.seed));
+    let outputs =
+        [("the shrunk scenario file (--out)", shrunk_scenario.as_path()), ("its replay file", shrunk_replay.as_path())];
+    if let Err(code) = check_outputs(&[("the file shrunk", &args.file)], &outputs, &format!("{program} shrink")) {
+        return code;
+    }
     if !args.force {
         // Before the search, not after it: a refusal then would throw away minutes of runs.
         let existing = shrunk_files(&args.out, &shrink::shrunk_name(&source.name));

@@ -1,8 +1,10 @@
-//! The files the `lockstep sim` commands read: input files read through a size cap (a device or pipe that never
-//! ends, `/dev/zero`, is refused instead of filling memory).
+//! The files the `lockstep sim` commands read and write: input files read through a size cap (a device or pipe
+//! that never ends, `/dev/zero`, is refused instead of filling memory), and output paths checked against the
+//! inputs and each other before anything is created (`run mine.toml --html mine.toml` would replace the scenario
+//! file with a page; `--trace same.out --html same.out` would lose one of them).
 
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// One mebibyte, in bytes.
 const MIB: u64 = 1 << 20;
@@ -48,10 +50,73 @@ pub fn read_text(path: &Path, what: &str, limit: u64) -> Result<String, String> 
     String::from_utf8(bytes).map_err(|error| format!("it is not UTF-8 text: {error}"))
 }
 
+/// A file a command reads or writes, for [`check_distinct`]: what names it (a flag, `--html`, or what a
+/// positional argument is, `the scenario file`) and its path.
+pub type Named<'a> = (&'a str, &'a Path);
+
+/// Checks, before any output is created, that no output path is the same file as an input or as another output
+/// (a write would replace what the command reads, or one output would overwrite the other). Paths are compared
+/// as the files they name: resolved with [`std::fs::canonicalize`] where the file exists (so `./x`, `x` and a
+/// symbolic link to it are one file; and on Unix, hard links by device and inode), else as the resolved parent
+/// directory and the file name. A path that names no regular file (`/dev/null`, `/dev/stdout`) is never
+/// refused: writing to it replaces nothing.
+///
+/// Errors: the first clash, naming both (what names each, and its path as given) and the rule.
+pub fn check_distinct(inputs: &[Named<'_>], outputs: &[Named<'_>]) -> Result<(), String> {
+    for (i, (flag, path)) in outputs.iter().enumerate() {
+        let clash = inputs.iter().chain(&outputs[..i]).find(|(_, other)| same_file(path, other));
+        if let Some((other_flag, other)) = clash {
+            return Err(format!(
+                "{flag} {} is the same file as {other_flag} {}: an output must not overwrite a file the command \
+                 reads or another output; give another path",
+                path.display(),
+                other.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `a` and `b` name one regular file (existing or to be created); see [`check_distinct`].
+fn same_file(a: &Path, b: &Path) -> bool {
+    let (Some(a_path), Some(b_path)) = (resolved(a), resolved(b)) else { return false };
+    let regular = |path: &Path| std::fs::metadata(path).map_or(true, |meta| meta.is_file());
+    if !regular(&a_path) || !regular(&b_path) {
+        return false;
+    }
+    a_path == b_path || same_inode(&a_path, &b_path)
+}
+
+/// `path` resolved: canonical if it exists, else its parent's canonical path joined with its file name; `None`
+/// when neither resolves (its directory is missing: creating it will fail and say so).
+fn resolved(path: &Path) -> Option<PathBuf> {
+    if let Ok(path) = std::fs::canonicalize(path) {
+        return Some(path);
+    }
+    let name = path.file_name()?;
+    let parent = path.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::canonicalize(parent).ok().map(|parent| parent.join(name))
+}
+
+/// Whether two existing files are one (hard links): same device and inode.
+#[cfg(unix)]
+fn same_inode(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
+/// Elsewhere, only canonical paths compare.
+#[cfg(not(unix))]
+fn same_inode(_: &Path, _: &Path) -> bool {
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
 
     fn temp_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("lockstep-files-{name}-{}", std::process::id()));
@@ -70,5 +135,25 @@ mod tests {
         assert!(error.starts_with("it holds more than 10 bytes (10 bytes), the most a scenario file"), "{error}");
         let error = read_text(Path::new("/dev/zero"), "scenario file", SCENARIO_FILE_BYTES_MAX).unwrap_err();
         assert!(error.starts_with("it holds more than 16 MiB (16777216 bytes)"), "{error}");
+    }
+
+    #[test]
+    fn an_output_that_is_an_input_or_another_output_is_refused() {
+        let dir = temp_dir("distinct");
+        let input = dir.join("mine.toml");
+        std::fs::write(&input, "").unwrap();
+        let spelled = dir.join(".").join("mine.toml");
+        let error = check_distinct(&[("the scenario file", &input)], &[("--html", &spelled)]).unwrap_err();
+        assert!(error.contains("--html ") && error.contains("is the same file as the scenario file "), "{error}");
+        let (a, b) = (dir.join("same.out"), dir.join("sub/../same.out"));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        let error = check_distinct(&[("the scenario file", &input)], &[("--trace", &a), ("--html", &b)]).unwrap_err();
+        assert!(error.contains("is the same file as --trace "), "{error}");
+        let other = dir.join("other.out");
+        assert!(check_distinct(&[("the scenario file", &input)], &[("--trace", &a), ("--html", &other)]).is_ok());
+        let null = Path::new("/dev/null");
+        assert!(check_distinct(&[], &[("--trace", null), ("--html", null)]).is_ok());
+        std::fs::hard_link(&input, dir.join("link.toml")).unwrap();
+        assert!(check_distinct(&[("the scenario file", &input)], &[("--html", &dir.join("link.toml"))]).is_err());
     }
 }

@@ -25,6 +25,7 @@
 //!   and a run as an HTML page;
 //! - [`shrink`]: a failing scenario cut down to a smaller one that fails the same checker;
 //! - [`shell`]: the commands the simulator prints for a user to paste, quoted for the shell;
+//! - [`files`]: the commands' input files read under a size cap, and output paths checked against them;
 //! - [`sweep`]: sweeps of many seeds in flat memory, their result files, shards and their merge.
 //!
 //! A run is a function of (scenario, seed, build): every random choice comes from a ChaCha stream per purpose
@@ -43,6 +44,7 @@ pub mod db;
 pub mod explain;
 #[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod faults;
+pub mod files;
 #[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod gang;
 #[cfg(madsim)]

@@ -72,8 +72,8 @@ impl ScenarioFile {
     /// As [`ScenarioFile::load`], and [`ScenarioError::Invalid`] at `pipelines` for a name not in `sets`.
     pub fn load_in(path: &Path, sets: &PipelineSets) -> Result<ScenarioFile, ScenarioError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|error| ScenarioError::Read { origin: origin.clone(), message: error.to_string() })?;
+        let text = super::files::read_text(path, "scenario file", super::files::SCENARIO_FILE_BYTES_MAX)
+            .map_err(|message| ScenarioError::Read { origin: origin.clone(), message })?;
         let dir = path.parent().unwrap_or(Path::new(""));
         ScenarioFile::parse_in(&text, &origin, SpecSource::Dir(dir), sets)
     }

@@ -839,6 +839,57 @@ fn a_sweep_refuses_an_out_or_html_directory_it_cannot_make_before_any_seed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An output path that is an input of the command, or another output, is refused (exit 2, naming both) before
+/// anything is written: `--html` or `--trace` on the scenario, replay or trace file, `--trace` and `--html` on one
+/// file (spelled differently), and a sweep's result file on its scenario file. Each input is left as it was.
+#[test]
+fn an_output_on_an_input_or_another_output_is_refused_and_nothing_is_overwritten() {
+    let dir = temp_dir("same-file");
+    let quiet = std::fs::read_to_string(scenario("rows-quiet.toml")).unwrap();
+    std::fs::write(dir.join("mine.toml"), &quiet).unwrap();
+    std::fs::write(dir.join("pl.trace"), "a trace\n").unwrap();
+    std::fs::write(dir.join("r.json"), "{}\n").unwrap();
+    std::fs::create_dir_all(dir.join("res")).unwrap();
+    let results = "res/rows-quiet-seeds-1-2.sweep.jsonl";
+    std::fs::write(dir.join(results), &quiet).unwrap();
+    let cases: [(&[&str], &str); 7] = [
+        (
+            &["run", "mine.toml", "--html", "mine.toml"],
+            "--html mine.toml is the same file as the scenario file mine.toml",
+        ),
+        (&["run", "mine.toml", "--trace", "./mine.toml"], "--trace ./mine.toml is the same file as the scenario file"),
+        (
+            &["run", "mine.toml", "--trace", "same.out", "--html", "./same.out"],
+            "--html ./same.out is the same file as --trace same.out",
+        ),
+        (
+            &["explain", "pl.trace", "--operation", "9", "--html", "pl.trace"],
+            "--html pl.trace is the same file as the trace file pl.trace",
+        ),
+        (&["replay", "r.json", "--html", "r.json"], "--html r.json is the same file as the replay file r.json"),
+        (
+            &["replay", "r.json", "--trace", "t.out", "--html", "t.out"],
+            "--html t.out is the same file as --trace t.out",
+        ),
+        (
+            &["sweep", results, "--seeds", "1..3", "--results", "res"],
+            "is the same file as the scenario file res/rows-quiet",
+        ),
+    ];
+    for (args, expected) in cases {
+        let output = lockstep(&[&["sim"], args].concat(), &dir);
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stdout}{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(stderr.contains("an output must not overwrite a file the command reads or another output"), "{stderr}");
+    }
+    assert_eq!(std::fs::read_to_string(dir.join("mine.toml")).unwrap(), quiet);
+    assert_eq!(std::fs::read_to_string(dir.join("pl.trace")).unwrap(), "a trace\n");
+    assert_eq!(std::fs::read_to_string(dir.join("r.json")).unwrap(), "{}\n");
+    assert_eq!(std::fs::read_to_string(dir.join(results)).unwrap(), quiet);
+    assert!(!dir.join("same.out").exists() && !dir.join("t.out").exists(), "an output was created");
+}
+
 /// A scenario or replay file larger than its cap (here `/dev/zero`, which never ends: `run` read it until it held
 /// gigabytes) is refused with exit 2, naming the file, the cap and why there is one.
 #[test]

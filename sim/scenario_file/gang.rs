@@ -35,7 +35,8 @@ impl SpecSource<'_> {
         match self {
             SpecSource::Dir(dir) => {
                 let full: PathBuf = dir.join(path);
-                std::fs::read_to_string(&full).map_err(|error| format!("cannot read {}: {error}", full.display()))
+                crate::sim::files::read_text(&full, "spec file", crate::sim::files::SCENARIO_FILE_BYTES_MAX)
+                    .map_err(|reason| format!("cannot read {}: {reason}", full.display()))
             }
             SpecSource::Files(files) => {
                 files.get(path).cloned().ok_or_else(|| format!("the replay file carries no spec file {path:?}"))
