@@ -25,6 +25,10 @@ pub const REPLAY_FILE_BYTES_MAX: u64 = 64 * MIB;
 /// bytes and the longest holds 188.
 pub const TRACE_FILE_BYTES_MAX: u64 = 1024 * MIB;
 
+/// The most bytes one line of a sweep's result file may hold: a seed line carries its failure's replay file (at
+/// most [`REPLAY_FILE_BYTES_MAX`]), escaped as a JSON string, so twice that.
+pub const RESULT_LINE_BYTES_MAX: u64 = 2 * REPLAY_FILE_BYTES_MAX;
+
 /// `bytes` as a person reads a limit: `16 MiB` (whole mebibytes), else `N bytes`.
 pub fn size(bytes: u64) -> String {
     if bytes >= MIB && bytes.is_multiple_of(MIB) { format!("{} MiB", bytes / MIB) } else { format!("{bytes} bytes") }

@@ -499,14 +499,20 @@ pub struct Merged {
     pub failures: Failures<(String, Option<ReplayFile>)>,
     /// Shards by index: (seeds read, the end line if any).
     pub shards: BTreeMap<u64, (u64, Option<End>)>,
+    /// The files whose last line was cut off (no newline, and not a whole line: a sweep killed, or out of disk,
+    /// while it wrote), by path: their complete lines are merged, the cut-off one is not.
+    pub cut_off: Vec<String>,
 }
 
 impl Merged {
-    /// Ways the sweep is incomplete: shards missing, shards without an end (killed) or interrupted, shards with
-    /// fewer seeds than their slice holds. Empty when every seed of the range is counted.
+    /// Ways the sweep is incomplete: files whose last line was cut off, shards missing, shards without an end
+    /// (killed) or interrupted, shards with fewer seeds than their slice holds. Empty when every seed of the
+    /// range is counted.
     pub fn gaps(&self) -> Vec<String> {
         let count = self.header.shard.count;
-        let mut gaps = Vec::new();
+        let mut gaps: Vec<String> = (self.cut_off.iter())
+            .map(|path| format!("{path} ends in a cut-off line (killed while writing?), left out"))
+            .collect();
         let missing: Vec<String> =
             (0..count).filter(|index| !self.shards.contains_key(index)).map(|index| index.to_string()).collect();
         if !missing.is_empty() {
@@ -572,14 +578,18 @@ pub fn result_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, MergeError> {
     Ok(files)
 }
 
-/// Merges the result files `files` (read line by line: memory grows with shards, not seeds).
+/// Merges the result files `files` (read line by line: memory grows with shards, not seeds). A file's last line
+/// that is cut off (it has no newline and does not parse: a sweep killed, or out of disk, while writing it; a
+/// sweep writes each line whole, so only the last can be) is left out and the file listed in
+/// [`Merged::cut_off`]: a killed sweep loses nothing it finished.
 ///
-/// Errors: a file that cannot be read, a line that is not a result line, headers of different sweeps (format,
-/// build, scenario name or version, seed range, shard count), a shard twice, a seed outside its shard's slice,
-/// before any header, of a shard without a header, or twice.
+/// Errors: a file that cannot be read, a line that is not a result line (but a cut-off last one) or longer than
+/// [`RESULT_LINE_BYTES_MAX`](super::files::RESULT_LINE_BYTES_MAX), headers of different sweeps (format, build,
+/// scenario name or version, seed range, shard count), a shard twice, a seed outside its shard's slice, before
+/// any header, of a shard without a header, or twice.
 pub fn merge(files: &[PathBuf]) -> Result<Merged, MergeError> {
-    use std::io::BufRead;
     let mut merged: Option<Merged> = None;
+    let mut cut_off = Vec::new();
     let mut header_files: BTreeMap<u64, String> = BTreeMap::new();
     let mut first_file = String::new();
     // The seeds seen, per shard, a bit each (by their place in the shard's slice): a repeated seed is refused.
@@ -588,17 +598,22 @@ pub fn merge(files: &[PathBuf]) -> Result<Merged, MergeError> {
         let path = file.display().to_string();
         let reader = std::fs::File::open(file)
             .map_err(|error| MergeError::Read { path: path.clone(), message: error.to_string() })?;
-        for (number, line) in std::io::BufReader::new(reader).lines().enumerate() {
-            let number = number + 1;
-            let line = line.map_err(|error| MergeError::Read { path: path.clone(), message: error.to_string() })?;
-            if line.trim().is_empty() {
+        let mut lines = ResultLines { reader: std::io::BufReader::new(reader), path: &path, number: 0 };
+        while let Some((line, whole)) = lines.next_line()? {
+            let number = lines.number;
+            if line.trim_ascii().is_empty() {
                 continue;
             }
-            let parsed: Line = serde_json::from_str(&line).map_err(|error| MergeError::Malformed {
-                path: path.clone(),
-                line: number,
-                message: error.to_string(),
-            })?;
+            let parsed: Line = match serde_json::from_slice(&line) {
+                Ok(parsed) => parsed,
+                Err(_) if !whole => {
+                    cut_off.push(path.clone());
+                    break;
+                }
+                Err(error) => {
+                    return Err(MergeError::Malformed { path: path.clone(), line: number, message: error.to_string() });
+                }
+            };
             match parsed {
                 Line::Sweep(header) => {
                     if header.format != SWEEP_FORMAT {
@@ -613,8 +628,13 @@ pub fn merge(files: &[PathBuf]) -> Result<Merged, MergeError> {
                         header_files.insert(header.shard.index, path.clone());
                         seen.insert(header.shard.index, Vec::new());
                         let shards = BTreeMap::from([(header.shard.index, (0, None))]);
-                        merged =
-                            Some(Merged { header, tally: Tally::default(), failures: Failures::default(), shards });
+                        merged = Some(Merged {
+                            header,
+                            tally: Tally::default(),
+                            failures: Failures::default(),
+                            shards,
+                            cut_off: Vec::new(),
+                        });
                         continue;
                     };
                     agree(&merged.header, &header, &first_file, &path)?;
@@ -683,9 +703,54 @@ pub fn merge(files: &[PathBuf]) -> Result<Merged, MergeError> {
             }
         }
     }
-    merged.ok_or_else(|| MergeError::Empty {
+    let mut merged = merged.ok_or_else(|| MergeError::Empty {
         paths: files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "),
-    })
+    })?;
+    merged.cut_off = cut_off;
+    Ok(merged)
+}
+
+/// The lines of one result file, each read through a cap of
+/// [`RESULT_LINE_BYTES_MAX`](super::files::RESULT_LINE_BYTES_MAX) bytes (a path that is not a result file, a
+/// device that never ends, is refused instead of filling memory).
+struct ResultLines<'a, R> {
+    reader: R,
+    path: &'a str,
+    /// The number of the line last read, from 1.
+    number: usize,
+}
+
+impl<R: std::io::BufRead> ResultLines<'_, R> {
+    /// The next line's bytes, without its newline, and whether it had one (a last line without is cut off, or a
+    /// file written without a final newline; cut off, it may end inside a UTF-8 character); `None` at the end of
+    /// the file.
+    fn next_line(&mut self) -> Result<Option<(Vec<u8>, bool)>, MergeError> {
+        use std::io::{BufRead, Read};
+        let limit = super::files::RESULT_LINE_BYTES_MAX;
+        let mut bytes = Vec::new();
+        let read = (&mut self.reader).take(limit + 1).read_until(b'\n', &mut bytes);
+        let read =
+            read.map_err(|error| MergeError::Read { path: self.path.to_string(), message: error.to_string() })?;
+        if read == 0 {
+            return Ok(None);
+        }
+        self.number += 1;
+        let whole = bytes.last() == Some(&b'\n');
+        if !whole && bytes.len() as u64 > limit {
+            return Err(MergeError::Malformed {
+                path: self.path.to_string(),
+                line: self.number,
+                message: format!(
+                    "longer than {}, the most a result line holds (a seed line carries its replay file)",
+                    super::files::size(limit)
+                ),
+            });
+        }
+        if whole {
+            bytes.pop();
+        }
+        Ok(Some((bytes, whole)))
+    }
 }
 
 /// Checks that `other` (read from `second`) is a shard of the sweep `first` (read from `first_file`) heads.

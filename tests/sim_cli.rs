@@ -913,3 +913,40 @@ fn an_input_past_its_size_cap_is_refused_naming_the_file_and_the_cap() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
 }
+
+/// A result file whose last line is cut off (a sweep killed or out of disk while writing it) is merged from its
+/// complete lines, and its shard reported as killed (exit 4: no seed failed); a malformed line before the last
+/// is still refused (exit 2).
+#[test]
+fn merge_uses_the_complete_lines_of_a_file_whose_last_line_is_cut_off() {
+    let dir = temp_dir("cut-off");
+    let quiet = scenario("rows-quiet.toml");
+    let output = lockstep(&["sim", "sweep", &quiet, "--seeds", "1..5", "--jobs", "2", "--results", "whole"], &dir);
+    assert_eq!(output.status.code(), Some(0), "{:?}", text(&output));
+    let name = "rows-quiet-seeds-1-4.sweep.jsonl";
+    let full = std::fs::read_to_string(dir.join("whole").join(name)).unwrap();
+    let lines: Vec<&str> = full.lines().collect();
+    assert_eq!(lines.len(), 6, "a header, 4 seeds and an end: {full}");
+    // The header, two seeds, and half of the third seed's line: the sweep was killed while writing it.
+    let cut = lines[3];
+    let text_cut = format!("{}\n{}\n{}\n{}", lines[0], lines[1], lines[2], &cut[..cut.len() / 2]);
+    std::fs::create_dir_all(dir.join("cut")).unwrap();
+    std::fs::write(dir.join("cut").join(name), &text_cut).unwrap();
+    let merged = lockstep(&["sim", "merge", "cut"], &dir);
+    let (stdout, stderr) = text(&merged);
+    assert_eq!(merged.status.code(), Some(4), "{stdout}{stderr}");
+    assert!(stdout.contains("passed  "), "{stdout}");
+    assert!(stdout.contains("INCOMPLETE: "), "{stdout}");
+    assert!(
+        stdout.contains(&format!("cut/{name} ends in a cut-off line (killed while writing?), left out")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("shard 0/1 has no end line (killed?): 2 of 4 seeds"), "{stdout}");
+    // A malformed line that is not the last is refused, as before.
+    let text_middle = format!("{}\n{}\n{}\n{}\n", lines[0], lines[1], &cut[..cut.len() / 2], lines[4]);
+    std::fs::write(dir.join("cut").join(name), text_middle).unwrap();
+    let refused = lockstep(&["sim", "merge", "cut"], &dir);
+    let (stdout, stderr) = text(&refused);
+    assert_eq!(refused.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains(&format!("{name}:3: not a line of a lockstep sweep result file")), "{stderr}");
+}
