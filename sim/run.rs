@@ -70,7 +70,8 @@ pub struct RunReport {
     /// up), if any.
     pub panic: Option<String>,
     /// What the run outgrew, if it ended early because its scenario is too large for one run
-    /// ([`trace::Outgrown`]: its trace reached its most events). Such a run is neither passed nor judged, and
+    /// ([`trace::Outgrown`]: its trace reached its most events, or its wall-clock limit passed with simulated time
+    /// still advancing, [`wall_limit`]). Such a run is neither passed nor judged, and
     /// says nothing of the system under test: `sim run` and `sim sweep` report it as bad input (exit 2).
     pub outgrown: Option<String>,
     /// Broken invariants.
@@ -269,8 +270,9 @@ pub fn run_with(scenario: &Scenario, seed: u64, script: Option<Script>) -> RunRe
 }
 
 #[cfg(madsim)]
-/// As [`run_with`], with `limit` as the run's wall-clock limit instead of [`wall_limit`]'s: past it the report's
-/// panic says the run is stuck (simulated time stood still) and the run's thread is left behind.
+/// As [`run_with`], with `limit` as the run's wall-clock limit instead of [`wall_limit`]'s: past it the run's
+/// thread is left behind, and the report's panic says the run is stuck if its simulated time stood still, else the
+/// run outgrew one run ([`wait_within`]).
 pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit: std::time::Duration) -> RunReport {
     quiet_planted_panics();
     share_one_malloc_arena();
@@ -320,13 +322,13 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
             let _ = done.send(report.map(|report| RunReport { wall, ..report }));
         });
     }
-    let report = match finished.recv_timeout(limit) {
+    let report = match wait_within(&finished, limit, &trace_slot) {
         Ok(Ok(report)) => report,
         Ok(Err(panic)) => std::panic::resume_unwind(panic),
-        // The run's thread is left to spin: a thread cannot be stopped from outside. The process ends it.
-        Err(_) => {
-            let stuck = (Err(Ended::Panic(stuck(limit))), Duration::ZERO);
-            RunReport { wall: wall.elapsed(), ..report_of(&scenario, seed, stuck, take_trace(&trace_slot), false) }
+        // The run's thread is left behind: a thread cannot be stopped from outside. The process ends it.
+        Err(ended) => {
+            let ended = (Err(ended), Duration::ZERO);
+            RunReport { wall: wall.elapsed(), ..report_of(&scenario, seed, ended, take_trace(&trace_slot), false) }
         }
     };
     if let Ok(dir) = std::env::var("LOCKSTEP_SIM_TRACE_DIR") {
@@ -334,6 +336,50 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
         std::fs::write(&path, report.trace_text()).expect("LOCKSTEP_SIM_TRACE_DIR must be a writable directory");
     }
     report
+}
+
+#[cfg(madsim)]
+/// The report a run's thread sends: the judged run, or the panic of a checker (our own bug).
+type Finished = std::thread::Result<RunReport>;
+
+#[cfg(madsim)]
+/// Waits for the report of the run whose trace is in `trace_slot`, at most its wall-clock `limit`; past it, how
+/// the run ended: stuck ([`stuck`], a panic) if its simulated time stood still over the limit's second half, else
+/// outgrown ([`outgrown_wall`]: a scenario too large to finish within the limit, as one whose trace reaches its
+/// most events). Only the verdict reads the wall clock: the run's thread and its trace never see it, so the
+/// run stays a function of scenario, seed and build up to where it was left.
+fn wait_within(
+    finished: &std::sync::mpsc::Receiver<Finished>,
+    limit: std::time::Duration,
+    trace_slot: &Mutex<Option<Trace>>,
+) -> Result<Finished, Ended> {
+    let half = limit / 2;
+    if let Ok(report) = finished.recv_timeout(half) {
+        return Ok(report);
+    }
+    let before = simulated_so_far(trace_slot);
+    if let Ok(report) = finished.recv_timeout(limit - half) {
+        return Ok(report);
+    }
+    let after = simulated_so_far(trace_slot);
+    Err(judge_wall_limit(limit, before, after))
+}
+
+/// How a run still running at its wall-clock `limit` ended, from the simulated time its trace had reached at
+/// half the limit (`before`) and at the limit (`after`): stuck if it stood still, else outgrown.
+fn judge_wall_limit(limit: std::time::Duration, before: Duration, after: Duration) -> Ended {
+    match after > before {
+        true => Ended::Outgrown(outgrown_wall(limit, after)),
+        false => Ended::Panic(stuck(limit)),
+    }
+}
+
+#[cfg(madsim)]
+/// The simulated time of the last event of the run's trace in `trace_slot` (zero if none yet): how far a run still
+/// running got. Read from outside the run, under the trace's lock; the run never sees the read.
+fn simulated_so_far(trace_slot: &Mutex<Option<Trace>>) -> Duration {
+    let trace = trace_slot.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    trace.and_then(|trace| trace.last_at()).unwrap_or(Duration::ZERO)
 }
 
 #[cfg(madsim)]
@@ -591,7 +637,9 @@ async fn gang_outcome(world: &World, unfinished: Vec<String>) -> GangOutcome {
     }
 }
 
-/// How a run that did not reach its end ended: a panic (its message), or it outgrew one run ([`trace::Outgrown`]).
+/// How a run that did not reach its end ended: a panic (its message), or it outgrew one run ([`trace::Outgrown`],
+/// or its wall-clock limit with simulated time advancing: [`outgrown_wall`]).
+#[derive(Debug, PartialEq, Eq)]
 enum Ended {
     Panic(String),
     Outgrown(String),
@@ -608,13 +656,16 @@ fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// Default of [`wall_limit`]: 10 minutes of wall time per run. The longest run of the repository's tests and
-/// benchmarks takes well under a minute in a debug build; a run that passes the limit is stuck, not slow.
+/// benchmarks takes well under a minute in a debug build; a run that passes the limit is stuck (simulated time stood
+/// still) or too large for one run (it still advanced), never judged either way.
 pub const WALL_LIMIT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// The wall-clock time one run may take before it counts as stuck: `LOCKSTEP_SIM_WALL_LIMIT_SECS`, else
-/// [`WALL_LIMIT_DEFAULT`]. Simulated time advances only when every task waits, so code that never yields (a
-/// busy loop, a blocking call in a handler) stops the clock for good: the run's own time limit (simulated) never
-/// comes, and without this guard the test would hang with no message (shared/notes/madsim.md, pitfall 5).
+/// The wall-clock time one run may take: `LOCKSTEP_SIM_WALL_LIMIT_SECS`, else [`WALL_LIMIT_DEFAULT`]. Simulated
+/// time advances only when every task waits, so code that never yields (a busy loop, a blocking call in a handler)
+/// stops the clock for good: the run's own time limit (simulated) never comes, and without this guard the test
+/// would hang with no message (shared/notes/madsim.md, pitfall 5). A run past the limit whose simulated time
+/// still advances is not stuck but too large (a trial: 200 replicas at the highest rates): it ends unjudged, as a
+/// run whose trace reaches its most events ([`RunReport::outgrown`]), and writes no replay file.
 ///
 /// Panics if the variable is set to something other than a whole number of seconds, at least 1 (the simulator's
 /// commands refuse that first, exit 2: [`check_environment`]).
@@ -651,7 +702,18 @@ pub fn check_environment() -> Result<(), String> {
     Ok(())
 }
 
-/// What a run that passed its wall-clock limit reports as its panic.
+/// What a run that passed its wall-clock limit with its simulated time still advancing outgrew
+/// ([`RunReport::outgrown`]), `reached` being the simulated time of its last trace event then.
+fn outgrown_wall(limit: std::time::Duration, reached: Duration) -> String {
+    format!(
+        "it passed its wall-clock limit of {} s with simulated time still advancing (at {:.1} s of simulated time; \
+         LOCKSTEP_SIM_WALL_LIMIT_SECS sets the limit)",
+        limit.as_secs(),
+        reached.as_secs_f64()
+    )
+}
+
+/// What a run that passed its wall-clock limit with its simulated time standing still reports as its panic.
 fn stuck(limit: std::time::Duration) -> String {
     format!(
         "the run passed its wall-clock limit of {} s while simulated time stood still: some code never yields (a \
@@ -913,6 +975,17 @@ mod tests {
         assert_eq!(seeds_from(&[4, 9], None, text("3")), vec![4, 5, 6]);
         assert_eq!(seeds_from(&[4, 9], text("10"), text("2")), vec![10, 11]);
         assert_eq!(seeds_from(&[], text(&u64::MAX.to_string()), text("1")), vec![u64::MAX]);
+    }
+
+    #[test]
+    fn a_run_at_its_wall_limit_is_stuck_if_simulated_time_stood_still_else_outgrown() {
+        let limit = std::time::Duration::from_secs(4);
+        let still = judge_wall_limit(limit, Duration::from_secs(7), Duration::from_secs(7));
+        assert_eq!(still, Ended::Panic(stuck(limit)));
+        let advancing = judge_wall_limit(limit, Duration::from_secs(7), Duration::from_millis(7_500));
+        let Ended::Outgrown(what) = advancing else { panic!("an advancing run is stuck: {advancing:?}") };
+        assert!(what.contains("wall-clock limit of 4 s with simulated time still advancing"), "{what}");
+        assert!(what.contains("at 7.5 s of simulated time") && what.contains("LOCKSTEP_SIM_WALL_LIMIT_SECS"), "{what}");
     }
 
     #[test]

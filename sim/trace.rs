@@ -23,7 +23,8 @@ use tokio::time::Instant;
 pub const TRACE_LEN_MAX: usize = 5_000_000;
 
 /// Why a run ended before its end without being judged: it outgrew a bound of one run (its trace reached
-/// [`TRACE_LEN_MAX`] events). The scenario is too large to simulate in one run (a long span at high rates, or
+/// [`TRACE_LEN_MAX`] events; or, judged outside the run, it passed its wall-clock limit with its simulated time
+/// still advancing: [`wall_limit`](super::run::wall_limit)). The scenario is too large to simulate in one run (a long span at high rates, or
 /// many replicas each woken by every hint), which says nothing of the system under test: the run's report carries
 /// it as [`RunReport::outgrown`](super::run::RunReport::outgrown), `sim run` and `sim sweep` exit 2 naming the keys
 /// to change, and no replay file is written. The trace records nothing past its bound and wakes
@@ -292,6 +293,11 @@ impl Trace {
     /// Simulated time since the trace started.
     pub fn elapsed(&self) -> Duration {
         self.lock().start.elapsed()
+    }
+
+    /// The simulated time of the last event recorded, if any (since the trace started).
+    pub fn last_at(&self) -> Option<Duration> {
+        self.lock().events.last().map(|event| event.at)
     }
 
     /// How many handles share this trace (this one included): after a run's world is gone, 1 for the harness's

@@ -791,6 +791,37 @@ fn a_run_that_outgrows_one_run_exits_2_naming_the_keys_and_writes_no_replay_file
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A run whose simulated time advances, only too slowly to finish within its wall-clock limit (a new user's trial:
+/// 200 replicas at the highest rates), outgrew one run: exit 2, NOT JUDGED, naming the keys and the limit, no
+/// replay file; never "simulated time stood still" (that is a stuck run, `tests/sim_user.rs`), which it was
+/// reported as, with a replay file that did not reproduce. A sweep of it stops at once, exit 2.
+#[test]
+fn a_run_past_its_wall_limit_with_simulated_time_advancing_is_not_judged_and_writes_no_replay_file() {
+    let dir = temp_dir("wall-outgrown");
+    let big = "name = \"big\"\nversion = 1\n[topology]\nreplicas = 50\n[workload]\nspan = \"1h\"\n\
+               jobs_per_minute = 6000.0\nclaims_per_minute = 6000.0\nrows_max = 1000000\n";
+    std::fs::write(dir.join("big.toml"), big).expect("write big.toml");
+    let short = [("LOCKSTEP_SIM_WALL_LIMIT_SECS", "1")];
+    let run = lockstep_with(&["sim", "run", "big.toml", "--seed", "1"], &dir, &short);
+    let (stdout, stderr) = text(&run);
+    assert_eq!(run.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stdout.contains("scenario big seed 1: NOT JUDGED"), "{stdout}");
+    assert!(stdout.contains("wall-clock limit of 1 s with simulated time still advancing"), "{stdout}");
+    for key in ["workload.span", "workload.jobs_per_minute", "topology.replicas", "LOCKSTEP_SIM_WALL_LIMIT_SECS"] {
+        assert!(stderr.contains(key), "the error names no {key}: {stderr}");
+    }
+    assert!(!stdout.contains("stood still") && !stderr.contains("panicked"), "{stdout}{stderr}");
+    assert!(!dir.join("lockstep-replays").exists(), "a run past its wall limit wrote a replay file");
+
+    let sweep = lockstep_with(&["sim", "sweep", "big.toml", "--seeds", "1..5", "--results", "results"], &dir, &short);
+    let (stdout, stderr) = text(&sweep);
+    assert_eq!(sweep.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("sweep: stopped after 0 seeds: seed "), "{stderr}");
+    assert!(stderr.contains("with simulated time still advancing") && stderr.contains("workload.span"), "{stderr}");
+    assert!(!dir.join("lockstep-replays").exists(), "a sweep past its wall limit wrote a replay file");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The variables every run reads are checked before any run (a new user's trial: each panicked, and in a sweep
 /// left a result file without its end line): a bad value exits 2 naming the variable, for `run` and `sweep`.
 #[test]
