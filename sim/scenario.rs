@@ -150,14 +150,15 @@ impl Scenario {
                 | Fault::AgentClockDrift { agent, .. } => *agent < agents,
                 Fault::Partition { a, b, .. } => target_ok(*a) && target_ok(*b),
                 Fault::Isolate { node, .. } => target_ok(*node),
-                Fault::Contention { .. } => rows,
+                Fault::Contention { .. } if !rows => {
+                    return invalid(format!("faults.fixed[{index}]: {}", self.no_claims()));
+                }
                 _ => true,
             };
             if !ok {
                 return invalid(format!(
-                    "faults.fixed[{index}]: {:?} targets a node the world lacks ({replicas} replicas, {agents} agents{})",
-                    event.fault,
-                    if rows { "" } else { ", no row workload" }
+                    "faults.fixed[{index}]: {} targets a node the world lacks ({replicas} replicas, {agents} agents)",
+                    event.fault
                 ));
             }
         }
@@ -178,10 +179,24 @@ impl Scenario {
                 return invalid(format!("faults.random[{index}]: {} needs agents", process.kind.name()));
             }
             if process.kind == FaultKind::Contention && !rows && process.per_minute > 0.0 {
-                return invalid(format!("faults.random[{index}]: contention needs the row workload (rows_max > 0)"));
+                return invalid(format!("faults.random[{index}]: {}", self.no_claims()));
             }
         }
         Ok(())
+    }
+
+    /// Why a `contention` fault cannot run in `self`, which has no built-in row workload: its bursts are that
+    /// workload's claims on its counter rows (a trial printed the fault's debug form and "a node the world lacks").
+    fn no_claims(&self) -> String {
+        match &self.pipelines {
+            Some(set) => format!(
+                "a contention fault bursts the built-in row workload's claims, and the pipeline set {} replaces that \
+                 workload: leave contention out",
+                set.name()
+            ),
+            None => "a contention fault bursts the built-in row workload's claims: set workload.rows_max above 0"
+                .to_string(),
+        }
     }
 
     /// The simulated-time limit of a run: past it, the run fails as a hang. Generous (the heal time three times

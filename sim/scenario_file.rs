@@ -736,15 +736,40 @@ fn within_max(path: KeyPath, value: Duration) -> Result<Duration, Broken> {
     Ok(value)
 }
 
-/// A fault's `down` or `span` (a random process's longest) if it fits in the fault window (`faults.until`), so
-/// that every fault ends well within the run's time limit (three fault windows and more); else the broken rule.
-fn within_window(path: KeyPath, value: Duration, window: Duration) -> Result<Duration, Broken> {
-    if value > window {
+/// A scenario file's fault window: its end (`faults.until`, else its default) and the keys that set it, as its
+/// errors name them.
+#[derive(Clone, Copy)]
+struct Window {
+    /// The end of the window, in simulated time since the run's start.
+    until: Duration,
+    /// The keys that set `until`: a file with a pipeline set takes no `[workload]` table, so for it only
+    /// `faults.until` (a trial: its errors named workload.span, which the file may not set).
+    set_by: &'static str,
+}
+
+impl Window {
+    /// `faults.until` if given, else the default of `scenario` (which already holds its workload and gang part).
+    fn of(until: Option<Duration>, scenario: &Scenario) -> Window {
+        let gang_span = scenario.gang.as_ref().map_or(Duration::ZERO, |gang| gang.span());
+        let set_by = match (until.is_some(), scenario.pipelines.is_some()) {
+            (true, _) => "faults.until",
+            (false, true) => "faults.until, unset: the pipeline set brings its own workload, so set faults.until",
+            (false, false) => "faults.until or else workload.span or the last operation's submission",
+        };
+        Window { until: until.unwrap_or(scenario.workload.span.max(gang_span)), set_by }
+    }
+}
+
+/// A fault's `down` or `span` (a random process's longest) if it fits in the fault `window`, so that every fault
+/// ends well within the run's time limit (three fault windows and more); else the broken rule.
+fn within_window(path: KeyPath, value: Duration, window: Window) -> Result<Duration, Broken> {
+    if value > window.until {
         return Err((
             path,
             format!(
-                "{value:?} is longer than the fault window ({window:?}, faults.until or else workload.span or the \
-                 last operation's submission): a fault may last at most the window; lengthen faults.until"
+                "{value:?} is longer than the fault window ({:?}, {}): a fault may last at most the window; \
+                 lengthen faults.until",
+                window.until, window.set_by
             ),
         ));
     }
@@ -785,6 +810,11 @@ pub const WORKLOAD_PER_MINUTE_MAX: f64 = 60_000.0;
 /// hold their node or link for a span, so more would mostly be skipped as busy; a contention process at a million a
 /// minute grew to gigabytes before this bound.
 pub const FAULTS_PER_MINUTE_MAX: f64 = 600.0;
+
+/// The most claims one `contention` fault inserts at once (`[[faults.at]] claims`): a simulated second of claims
+/// at the highest workload rate ([`WORKLOAD_PER_MINUTE_MAX`] / 60). Unbounded, a trial's burst of 100 000 was
+/// accepted; random bursts take 5 to 24.
+pub const CONTENTION_CLAIMS_MAX: usize = (WORKLOAD_PER_MINUTE_MAX / 60.0) as usize;
 
 /// The most rows a row workload inserts (`rows_max`); the largest built-in world (mixed-large) inserts 10 000.
 pub const ROWS_MAX_MAX: usize = 1_000_000;
@@ -1001,11 +1031,12 @@ impl ExpectDoc {
 
 impl FaultsDoc {
     fn apply(self, scenario: &mut Scenario) -> Result<(), Broken> {
-        let gang_span = scenario.gang.as_ref().map_or(Duration::ZERO, |gang| gang.span());
         let until = match self.until {
-            Some(until) => within_max(key(&["faults", "until"]), until.0)?,
-            None => scenario.workload.span.max(gang_span),
+            Some(until) => Some(within_max(key(&["faults", "until"]), until.0)?),
+            None => None,
         };
+        let window = Window::of(until, scenario);
+        let until = window.until;
         let pause_inside_pass = match self.pause_inside_pass {
             None => None,
             Some(Dur(bound)) => {
@@ -1015,20 +1046,24 @@ impl FaultsDoc {
         };
         let mut plan = FaultPlan { fixed: Vec::new(), random: Vec::new(), until, pause_inside_pass };
         for (index, fixed) in self.at.iter().enumerate() {
+            // The fault's own keys first: a node it names that does not exist is the first thing to fix (a trial:
+            // the window's error hid `agent = 5` in a world without agents).
+            let fault = fixed.fault(index, scenario.replicas, scenario.agents(), window)?;
             let at = fixed.at.0;
             if at >= until {
                 return Err((
                     item(&["faults", "at"], index, "at"),
                     format!(
-                        "{at:?} is at or past the end of the fault window ({until:?}, faults.until or else \
-                         workload.span or the last operation's submission): the fault would never start"
+                        "{at:?} is at or past the end of the fault window ({until:?}, {}): the fault would never \
+                         start",
+                        window.set_by
                     ),
                 ));
             }
-            plan.fixed.push(FaultEvent { at, fault: fixed.fault(index, scenario.replicas, scenario.agents(), until)? });
+            plan.fixed.push(FaultEvent { at, fault });
         }
         for (index, random) in self.random.iter().enumerate() {
-            plan.random.push(random.process(index, scenario.agents(), until)?);
+            plan.random.push(random.process(index, scenario.agents(), window)?);
         }
         scenario.faults = plan;
         Ok(())
@@ -1076,7 +1111,7 @@ impl FixedDoc {
         set.iter().filter(|(_, present)| *present).map(|(name, _)| *name).collect()
     }
 
-    fn fault(&self, index: usize, replicas: usize, agents: usize, window: Duration) -> Result<Fault, Broken> {
+    fn fault(&self, index: usize, replicas: usize, agents: usize, window: Window) -> Result<Fault, Broken> {
         let kind = self.kind.0;
         let at = |field: &str| item(&["faults", "at"], index, field);
         let node_form = match kind {
@@ -1150,7 +1185,18 @@ impl FixedDoc {
                 Fault::ClockDrift { replica: replica()?, rate_ppm, span: span()? }
             }
             FaultKind::Contention => {
-                Fault::Contention { claims: at_least_one(at("claims"), self.claims.ok_or_else(|| need("claims"))?)? }
+                let claims = at_least_one(at("claims"), self.claims.ok_or_else(|| need("claims"))?)?;
+                if claims > CONTENTION_CLAIMS_MAX {
+                    return Err((
+                        at("claims"),
+                        format!(
+                            "{claims} is more than {CONTENTION_CLAIMS_MAX}, the most claims one burst inserts (a \
+                             simulated second of claims at the highest rate, workload.claims_per_minute ≤ \
+                             {WORKLOAD_PER_MINUTE_MAX})"
+                        ),
+                    ));
+                }
+                Fault::Contention { claims }
             }
             FaultKind::Buggify => Fault::Buggify { span: span()? },
             FaultKind::AgentKill => Fault::AgentKill { agent: agent()?, down: down()? },
@@ -1165,7 +1211,7 @@ impl FixedDoc {
 }
 
 impl RandomDoc {
-    fn process(&self, index: usize, agents: usize, window: Duration) -> Result<RandomFault, Broken> {
+    fn process(&self, index: usize, agents: usize, window: Window) -> Result<RandomFault, Broken> {
         let kind = self.kind.0;
         let at = |field: &str| item(&["faults", "random"], index, field);
         if kind.targets_agents() && agents == 0 {
@@ -1296,6 +1342,45 @@ mod tests {
         let (_, key, rule) = error_in(&text, &sets());
         assert_eq!(key, "pipeline");
         assert!(rule.contains("configures its own pipelines"), "{rule}");
+    }
+
+    /// A new user's trial: with a pipeline set, the fault window's errors named workload.span (which such a file
+    /// may not set) and hid a nonexistent agent, and a contention fault printed its debug form.
+    #[test]
+    fn a_pipeline_sets_fault_errors_name_faults_until_the_missing_node_and_the_contention_rule() {
+        let head = format!("{MINIMAL}pipelines = \"orders\"\n");
+        let agent = format!("{head}[[faults.at]]\nat = \"1s\"\nkind = \"agent-kill\"\nagent = 5\ndown = \"1s\"\n");
+        let (_, key, rule) = error_in(&agent, &sets());
+        assert_eq!(key, "faults.at[0].agent", "{rule}");
+        let down = format!("{head}[[faults.at]]\nat = \"1s\"\nkind = \"db-restart\"\ndown = \"1s\"\n");
+        let (_, key, rule) = error_in(&down, &sets());
+        assert_eq!(key, "faults.at[0].down", "{rule}");
+        assert!(rule.contains("set faults.until") && !rule.contains("workload.span"), "{rule}");
+        let contention = format!("{head}[[faults.at]]\nat = \"1s\"\nkind = \"contention\"\nclaims = 5\n");
+        let (_, key, rule) = error_in(&contention, &sets());
+        assert_eq!(key, "faults.at[0].at", "{rule}");
+        assert!(rule.contains("set faults.until") && !rule.contains("workload.span"), "{rule}");
+        let until = contention.replace("[[faults.at]]", "[faults]\nuntil = \"10s\"\n[[faults.at]]");
+        let (_, key, rule) = error_in(&until, &sets());
+        assert_eq!(key, "faults.at[0]", "{rule}");
+        assert!(
+            rule.contains("a contention fault bursts the built-in row workload's claims, and the pipeline set orders"),
+            "{rule}"
+        );
+        assert!(!rule.contains("Contention {") && !rule.contains("lacks"), "{rule}");
+    }
+
+    #[test]
+    fn a_contention_burst_larger_than_a_second_of_claims_at_the_highest_rate_is_refused() {
+        let burst = |claims: usize| {
+            format!(
+                "{MINIMAL}[workload]\nspan = \"30s\"\n[[faults.at]]\nat = \"1s\"\nkind = \"contention\"\nclaims = {claims}\n"
+            )
+        };
+        parse(&burst(CONTENTION_CLAIMS_MAX)).unwrap();
+        let (_, key, rule) = error(&burst(100_000));
+        assert_eq!(key, "faults.at[0].claims");
+        assert!(rule.contains("100000 is more than 1000, the most claims one burst inserts"), "{rule}");
     }
 
     #[test]
@@ -1938,6 +2023,6 @@ span = ["5s", "10s"]
             format!("{GANG}[faults]\nuntil = \"9s\"\n[[faults.random]]\nkind = \"contention\"\nper_minute = 1.0\n");
         let (_, key, rule) = error(&gang_contention);
         assert_eq!(key, "faults.random[0]");
-        assert!(rule.contains("contention needs the row workload"), "{rule}");
+        assert!(rule.contains("a contention fault bursts the built-in row workload's claims"), "{rule}");
     }
 }
