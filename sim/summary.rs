@@ -60,30 +60,32 @@ pub fn render(report: &RunReport) -> String {
         let refused = report.operations.iter().filter(|o| o.refused.is_some()).count();
         let _ = writeln!(
             text,
-            "client submitted {} operations ({refused} refused); {} rows in the database, {} commits",
-            report.operations.len(),
-            report.rows,
-            report.commits
+            "client submitted {} ({refused} refused); {} in the database, {}",
+            count(report.operations.len() as u64, "operation"),
+            count(report.rows as u64, "row"),
+            count(report.commits as u64, "commit")
         );
     } else if c.user_rows > 0 {
         let _ = writeln!(text, "simulated time: {}", seconds(report.simulated));
         let _ = writeln!(
             text,
-            "client inserted {} rows (the pipeline set's workload); {} rows in the database, {} commits",
-            c.user_rows, report.rows, report.commits
+            "client inserted {} (the pipeline set's workload); {} in the database, {}",
+            count(c.user_rows as u64, "row"),
+            count(report.rows as u64, "row"),
+            count(report.commits as u64, "commit")
         );
     } else {
         let _ = writeln!(text, "simulated time: {}", seconds(report.simulated));
         let _ = writeln!(
             text,
-            "client inserted {} rows: {} of {}, {}, {}; {} rows in the database, {} commits",
-            c.rows(),
+            "client inserted {}: {} of {}, {}, {}; {} in the database, {}",
+            count(c.rows() as u64, "row"),
             count(c.jobs as u64, "job"),
             count(c.tasks as u64, "task"),
             count(c.claims as u64, "claim"),
             count(c.resources as u64, "resource"),
-            report.rows,
-            report.commits
+            count(report.rows as u64, "row"),
+            count(report.commits as u64, "commit")
         );
     }
     if !report.statuses.is_empty() {
@@ -365,6 +367,25 @@ mod tests {
                        completed, actual failed; op=7 running; operation 12";
         assert_eq!(operations_named(message), ["7", "9", "12"]);
         assert!(operations_named("row 12 written with token 5").is_empty());
+    }
+
+    /// A new user's trial read `client submitted 1 operations (0 refused)`.
+    #[test]
+    fn the_client_line_says_one_operation_one_row_and_one_commit_in_the_singular() {
+        let scenario = crate::sim::scenario::Scenario::quiet();
+        let mut report = RunReport::empty(&scenario, 1);
+        report.gang = true;
+        report.operations = vec![OperationReport::refused("train", "a bad spec")];
+        (report.rows, report.commits) = (1, 1);
+        let text = render(&report);
+        assert!(text.contains("client submitted 1 operation (1 refused); 1 row in the database, 1 commit\n"), "{text}");
+        report.operations.push(OperationReport::refused("eval", "a bad spec"));
+        (report.rows, report.commits) = (2, 3);
+        let text = render(&report);
+        assert!(
+            text.contains("client submitted 2 operations (2 refused); 2 rows in the database, 3 commits\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -274,6 +274,13 @@ async fn only_a_server_that_cannot_be_reached_is_cannot_connect_and_database_err
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("cannot connect to PostgreSQL (URL from --database-url)"), "{stderr}");
+    // `chaos run` names the source it used too (a trial: "--database-url or DATABASE_URL").
+    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/rows-quiet.toml");
+    let output = lockstep_bare(&["chaos", "run", scenario, "--database-url", "postgres://nobody@127.0.0.1:1/x"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot connect to PostgreSQL (URL from --database-url)"), "{stderr}");
+    assert!(!stderr.contains("DATABASE_URL"), "{stderr}");
 
     // A database the server does not have: the URL is wrong (exit 2, naming the flag).
     let mut missing_db = database_url();

@@ -28,7 +28,8 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
     if doubled.is_empty() {
         return Ok(());
     }
-    Err(format!("{} subjects acted on more than once: {}", doubled.len(), listed(&doubled)))
+    let subjects = crate::sim::summary::count_as(doubled.len() as u64, "subject", "subjects");
+    Err(format!("{subjects} acted on more than once: {}", listed(&doubled)))
 }
 
 #[cfg(test)]
@@ -61,7 +62,7 @@ mod tests {
         let effects = [effect("line 1", None, true), effect("line 2", None, true), effect("line 1", None, true)];
         let input = super::super::CheckInput { effects: &effects, ..input(&[], &[], &[]) };
         let error = check(&input).unwrap_err();
-        assert!(error.starts_with("1 subjects acted on more than once"), "{error}");
+        assert!(error.starts_with("1 subject acted on more than once"), "{error}");
         assert!(error.contains("payments: \"line 1\" performed 2 times"), "{error}");
     }
 }

@@ -65,27 +65,47 @@ pub const NAMES: [&str; 7] = [
 /// Runs every gang checker; returns what they found, in checker order.
 pub fn check_all(input: &GangCheckInput<'_>) -> Vec<Violation> {
     let mut violations = Vec::new();
-    let mut push = |checker: &'static str, found: Vec<String>, what: &str| {
+    // `what` is the phrase for one found and for more: "1 unmet expectation", "2 unmet expectations".
+    let mut push = |checker: &'static str, found: Vec<String>, what: (&str, &str)| {
         if !found.is_empty() {
-            violations.push(Violation { checker, message: format!("{} {what}: {}", found.len(), listed(&found)) });
+            let counted = crate::sim::summary::count_as(found.len() as u64, what.0, what.1);
+            violations.push(Violation { checker, message: format!("{counted}: {}", listed(&found)) });
         }
     };
-    push("allocation_exclusivity", input.exclusivity.to_vec(), "second live processes in one allocation");
+    let second = ("second live process in one allocation", "second live processes in one allocation");
+    push("allocation_exclusivity", input.exclusivity.to_vec(), second);
     let overlaps = ranks::rank_exclusivity(input.processes);
-    push("rank_exclusivity", overlaps, "second live processes of one gang rank");
+    push(
+        "rank_exclusivity",
+        overlaps,
+        ("second live process of one gang rank", "second live processes of one gang rank"),
+    );
     let apart = ranks::ranks_together(input.views, input.processes, input.start_skew_max);
-    push("gang_ranks_together", apart, "all-or-nothing incarnations whose ranks did not start together");
+    let apart_what = (
+        "all-or-nothing incarnation whose ranks did not start together",
+        "all-or-nothing incarnations whose ranks did not start together",
+    );
+    push("gang_ranks_together", apart, apart_what);
     let live: Vec<String> =
         input.live_at_end.iter().map(|(row, jobs)| format!("allocation {row} still runs jobs {jobs:?}")).collect();
-    push("process_outlived_operation", live, "processes alive at the end, after every operation ended");
+    let alive = (
+        "process alive at the end, after every operation ended",
+        "processes alive at the end, after every operation ended",
+    );
+    push("process_outlived_operation", live, alive);
     let audits: Vec<String> = input
         .views
         .iter()
         .flat_map(|view| audit::operation(view).into_iter().map(move |v| format!("operation {}: {v}", view.id)))
         .collect();
-    push("gang_audit", audits, "broken gang rules");
-    push("liveness", input.unfinished.to_vec(), "operations not ended within the liveness bound after the heal");
-    push("expect", expectations(input.expectations, input.reports, input.trace), "unmet expectations");
+    push("gang_audit", audits, ("broken gang rule", "broken gang rules"));
+    let unfinished = (
+        "operation not ended within the liveness bound after the heal",
+        "operations not ended within the liveness bound after the heal",
+    );
+    push("liveness", input.unfinished.to_vec(), unfinished);
+    let unmet = expectations(input.expectations, input.reports, input.trace);
+    push("expect", unmet, ("unmet expectation", "unmet expectations"));
     violations
 }
 

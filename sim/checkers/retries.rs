@@ -125,7 +125,8 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
         return Ok(());
     }
     let broken: Vec<String> = broken.into_values().collect();
-    Err(format!("{} rows broke the retry rules: {}", broken.len(), listed(&broken)))
+    let rows = crate::sim::summary::count(broken.len() as u64, "row");
+    Err(format!("{rows} broke the retry rules: {}", listed(&broken)))
 }
 
 /// How far `at` is past `latest`, for a message: seconds with milliseconds.

@@ -49,7 +49,8 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
         return Ok(());
     }
     let bound = crate::duration::format(input.starvation_bound);
-    Err(format!("{} rows starved past {bound}: {}", starved.len(), listed(&starved)))
+    let rows = crate::sim::summary::count(starved.len() as u64, "row");
+    Err(format!("{rows} starved past {bound}: {}", listed(&starved)))
 }
 
 #[cfg(test)]

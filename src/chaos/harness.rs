@@ -77,6 +77,9 @@ pub struct ChaosOptions {
     pub scenario: PathBuf,
     /// The PostgreSQL URL (never printed).
     pub database_url: String,
+    /// Where `database_url` came from, as messages about it name it: `--database-url`, `--database-url-file PATH`
+    /// or `DATABASE_URL` (real mode's rule; a trial's error named "--database-url or DATABASE_URL").
+    pub database_url_source: String,
     /// The seed of the workload and of random fault processes; default the file's first.
     pub seed: Option<u64>,
     /// Keep the run's schema (rows, events, history) instead of dropping it.
@@ -232,7 +235,8 @@ pub async fn run(
     };
     std::fs::create_dir_all(&dir).map_err(|e| usage(format!("--out {}: {e}", dir.display())))?;
     // The proxies first: a URL they cannot serve is refused before the run's schema exists.
-    let (upstream, rewrite) = proxied_url(&options.database_url).await?;
+    let source = &options.database_url_source;
+    let (upstream, rewrite) = proxied_url(&options.database_url, source).await?;
     let nodes = scenario.replicas + scenario.agents();
     let links = Links::start(nodes, upstream, seed, base_mode(&scenario.net_latency))
         .await
@@ -246,9 +250,9 @@ pub async fn run(
     // In real mode's words (`lockstep serve`): a URL the server refuses is the flag's fault (exit 2), a server
     // that cannot be reached is "cannot connect" (exit 1).
     let store = PgStore::connect_with(store_options).await.map_err(|error| match error {
-        StoreError::Invalid(message) => usage(format!("--database-url: {message}")),
+        StoreError::Invalid(message) => usage(format!("{source}: {message}")),
         error @ (StoreError::Unavailable(_) | StoreError::Timeout(_)) => {
-            runtime(format!("cannot connect to PostgreSQL (--database-url or DATABASE_URL): {error}"))
+            runtime(format!("cannot connect to PostgreSQL (URL from {source}): {error}"))
         }
         error => runtime(format!("cannot open schema {schema} on PostgreSQL: {error}")),
     })?;
@@ -336,8 +340,8 @@ fn plan(scenario: &Scenario, seed: u64, options: &ChaosOptions) -> Result<(Plann
     }
     if !refused.is_empty() && !options.skip_refused {
         return Err(usage(format!(
-            "{} faults have no real form here (--skip-refused runs the scenario without them): {}",
-            refused.len(),
+            "{} no real form here (--skip-refused runs the scenario without them): {}",
+            crate::sim::summary::count_as(refused.len() as u64, "fault has", "faults have"),
             refused.join("; ")
         )));
     }
@@ -366,12 +370,12 @@ fn scale(fault: RealFault, by: f64) -> RealFault {
 ///
 /// Errors: a URL that does not parse or names no host (a Unix socket cannot be proxied), a host that does not
 /// resolve.
-async fn proxied_url(url: &str) -> Result<(SocketAddr, impl Fn(SocketAddr) -> String), ChaosError> {
-    let parsed = url::Url::parse(url).map_err(|e| usage(format!("--database-url: not a URL: {e}")))?;
+async fn proxied_url(url: &str, source: &str) -> Result<(SocketAddr, impl Fn(SocketAddr) -> String), ChaosError> {
+    let parsed = url::Url::parse(url).map_err(|e| usage(format!("{source}: not a URL: {e}")))?;
     let host = parsed
         .host_str()
         .filter(|host| !host.is_empty())
-        .ok_or_else(|| usage("--database-url: names no host; the chaos proxy needs a TCP address"))?
+        .ok_or_else(|| usage(format!("{source}: names no host; the chaos proxy needs a TCP address")))?
         .trim_matches(['[', ']'])
         .to_string();
     let port = parsed.port().unwrap_or(5432);
@@ -379,7 +383,7 @@ async fn proxied_url(url: &str) -> Result<(SocketAddr, impl Fn(SocketAddr) -> St
         .await
         .ok()
         .and_then(|mut addrs| addrs.next())
-        .ok_or_else(|| runtime(format!("--database-url: the host {host} does not resolve")))?;
+        .ok_or_else(|| runtime(format!("{source}: the host {host} does not resolve")))?;
     let rewrite = move |proxy: SocketAddr| {
         let mut url = parsed.clone();
         let _ = url.set_host(Some(&proxy.ip().to_string()));
@@ -1149,15 +1153,47 @@ fn write_files(dir: &std::path::Path, history: Option<&[Commit]>, trace: &[Trace
 mod tests {
     use super::*;
 
+    /// A trial read "1 faults have no real form here".
+    #[test]
+    fn faults_without_a_real_form_are_counted_in_the_singular_and_the_plural() {
+        let options = ChaosOptions {
+            scenario: PathBuf::from("t.toml"),
+            database_url: "postgres://u@127.0.0.1/test".into(),
+            database_url_source: "--database-url".into(),
+            seed: None,
+            keep: false,
+            time_scale: 1.0,
+            skip_refused: false,
+            exe: PathBuf::from("lockstep"),
+            out: None,
+            apply_guard_off: false,
+        };
+        let mut scenario = Scenario::quiet();
+        let buggify = |secs| crate::sim::faults::FaultEvent {
+            at: Duration::from_secs(secs),
+            fault: Fault::Buggify { span: Duration::from_secs(1) },
+        };
+        scenario.faults.until = Duration::from_secs(30);
+        scenario.faults.fixed = vec![buggify(1)];
+        let Err(error) = plan(&scenario, 1, &options) else { panic!("buggify has a real form") };
+        assert!(error.message.starts_with("1 fault has no real form here"), "{}", error.message);
+        scenario.faults.fixed.push(buggify(2));
+        let Err(error) = plan(&scenario, 1, &options) else { panic!("buggify has a real form") };
+        assert!(error.message.starts_with("2 faults have no real form here"), "{}", error.message);
+    }
+
     #[tokio::test]
     async fn a_replica_url_names_its_proxy_and_keeps_the_rest_and_a_socket_url_is_refused() {
-        let (upstream, rewrite) = proxied_url("postgres://u:pw@127.0.0.1:5433/test?sslmode=disable").await.unwrap();
+        let (upstream, rewrite) =
+            proxied_url("postgres://u:pw@127.0.0.1:5433/test?sslmode=disable", "--database-url").await.unwrap();
         assert_eq!(upstream, SocketAddr::from(([127, 0, 0, 1], 5433)));
         let proxy = SocketAddr::from(([127, 0, 0, 1], 40001));
         assert_eq!(rewrite(proxy), "postgres://u:pw@127.0.0.1:40001/test?sslmode=disable");
-        let (upstream, _) = proxied_url("postgres://localhost/test").await.unwrap();
+        let (upstream, _) = proxied_url("postgres://localhost/test", "DATABASE_URL").await.unwrap();
         assert_eq!(upstream.port(), 5432);
-        let Err(error) = proxied_url("postgres:///test?host=/var/run/postgresql").await else { panic!("accepted") };
+        let Err(error) = proxied_url("postgres:///test?host=/var/run/postgresql", "--database-url").await else {
+            panic!("accepted")
+        };
         assert_eq!(error.code, 2);
         assert!(error.message.contains("--database-url: names no host"), "{}", error.message);
     }

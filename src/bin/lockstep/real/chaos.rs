@@ -68,11 +68,12 @@ pub async fn execute(command: ChaosCommand) -> Result<u8, Failure> {
         database_url_file: args.database_url_file.clone(),
         schema: String::new(),
     };
-    let (url, _) = database.url(std::env::var(DATABASE_URL_VAR).ok())?;
+    let (url, source) = database.url(std::env::var(DATABASE_URL_VAR).ok())?;
     let exe = std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find this binary: {e}")))?;
     let options = ChaosOptions {
         scenario: args.scenario.clone(),
         database_url: url,
+        database_url_source: source,
         seed: args.seed,
         keep: args.keep,
         time_scale: args.time_scale,
@@ -114,7 +115,8 @@ pub async fn execute(command: ChaosCommand) -> Result<u8, Failure> {
         }
     }
     println!("wall time: {:.1} s", done.report.wall.as_secs_f64());
-    println!("history: {} ({} commits)", done.dir.join("history.txt").display(), done.report.commits);
+    let commits = lockstep::sim::summary::count(done.report.commits as u64, "commit");
+    println!("history: {} ({commits})", done.dir.join("history.txt").display());
     if args.keep {
         println!("schema kept: {}", done.schema);
     }
