@@ -216,6 +216,7 @@ impl OperationSpec {
         let mut decoder = Decoder::default();
         let spec = decoder.spec(tree);
         let mut violations = decoder.violations;
+        nul_violations(tree, "", &mut violations);
         if let Some(spec) = &spec {
             // One violation per field: a field the decoder refused (wrong type, negative count) was decoded to a
             // placeholder that validation must not report again.
@@ -308,6 +309,35 @@ fn strip_position(message: String) -> String {
     match message.find(" at line ") {
         Some(at) => message[..at].to_string(),
         None => message,
+    }
+}
+
+/// Every string of `tree` (a key or a value) under `path` that holds a NUL character, as a violation at its field:
+/// a spec is stored as PostgreSQL jsonb, which cannot hold one (a trial's command with `\0` was refused only by
+/// the store, exit 1 with "invalid store call", instead of as a bad spec, exit 2).
+fn nul_violations(tree: &Value, path: &str, violations: &mut Vec<Violation>) {
+    const RULE: &str =
+        "contains a NUL character (\\u0000), which a spec may not hold (PostgreSQL jsonb cannot store it)";
+    match tree {
+        Value::String(text) if text.contains('\0') => {
+            let field = if path.is_empty() { "(root)".to_string() } else { path.to_string() };
+            violations.push(Violation { field, rule: RULE.to_string() });
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                nul_violations(item, &format!("{path}[{i}]"), violations);
+            }
+        }
+        Value::Object(fields) => {
+            for (key, item) in fields {
+                let at = field(path, key);
+                if key.contains('\0') {
+                    violations.push(Violation { field: at.clone(), rule: format!("its key {RULE}") });
+                }
+                nul_violations(item, &at, violations);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -823,6 +853,22 @@ pub fn sandbox_name_allowed(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nul_character_in_any_string_or_key_is_a_violation_at_its_field() {
+        let tree = serde_json::json!({
+            "tasks": {"t": {"job_count": 1, "command": "echo a\u{0}b", "environment": {"K\u{0}": "v"}}},
+            "annotations": ["ok", "x\u{0}"]
+        });
+        let error = OperationSpec::from_json(&tree).expect_err("a NUL is refused");
+        let fields: Vec<&str> = error.violations().iter().map(|v| v.field.as_str()).collect();
+        assert!(fields.contains(&"tasks.t.command"), "{error}");
+        assert!(fields.contains(&"annotations[1]"), "{error}");
+        assert!(fields.iter().any(|f| f.starts_with("tasks.t.environment.")), "{error}");
+        let command = error.violations().iter().find(|v| v.field == "tasks.t.command").unwrap();
+        assert!(command.rule.contains("contains a NUL character"), "{}", command.rule);
+        assert_eq!(error.violations().iter().filter(|v| v.field == "tasks.t.command").count(), 1, "{error}");
+    }
 
     #[test]
     fn unknown_keys_leave_out_ignored_ones_and_suggest_the_close_known_key() {
