@@ -104,6 +104,7 @@ pub fn render(report: &RunReport) -> String {
     }
     if report.gang {
         push_operations(&mut text, &report.operations);
+        push_refused_controls(&mut text, &report.trace);
     }
     match (&report.panic, &report.outgrown) {
         (None, Some(what)) => {
@@ -249,6 +250,19 @@ pub fn operations_named(message: &str) -> Vec<String> {
     operations
 }
 
+/// Control actions that went nowhere (the `control-refused` lines of `trace`: an operation not submitted or
+/// ended, an update-spec that changes what a running operation may not change), counted with their trace lines.
+/// Nothing if none. A refused control breaks no invariant, so the run may still pass; before this only the trace
+/// showed it (a new user's trial read PASSED and `(0 refused)`, which counts operations).
+fn push_refused_controls(text: &mut String, trace: &[TraceEvent]) {
+    let refused: Vec<TraceEvent> = trace.iter().filter(|event| event.kind == "control-refused").cloned().collect();
+    if refused.is_empty() {
+        return;
+    }
+    let _ = writeln!(text, "{} refused:", count(refused.len() as u64, "control action"));
+    push_events(text, refused);
+}
+
 fn push_events(text: &mut String, events: Vec<TraceEvent>) {
     for line in trace::render(&events).lines() {
         let _ = writeln!(text, "    {line}");
@@ -384,6 +398,25 @@ mod tests {
         let text = render(&report);
         assert!(
             text.contains("client submitted 2 operations (2 refused); 2 rows in the database, 3 commits\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_gang_runs_refused_control_actions_are_counted_and_listed() {
+        let scenario = crate::sim::scenario::Scenario::quiet();
+        let mut report = RunReport::empty(&scenario, 1);
+        report.gang = true;
+        let text = render(&report);
+        assert!(!text.contains("refused:"), "{text}");
+        report.trace = vec![
+            event("client", "submit", "op=5 name=train attempts=1"),
+            event("client", "control-refused", "op=5 name=train control=0 error=\"gang_placement cannot change\""),
+        ];
+        let text = render(&report);
+        assert!(text.contains("1 control action refused:\n"), "{text}");
+        assert!(
+            text.contains("control-refused op=5 name=train control=0 error=\"gang_placement cannot change\""),
             "{text}"
         );
     }

@@ -822,6 +822,25 @@ fn a_run_past_its_wall_limit_with_simulated_time_advancing_is_not_judged_and_wri
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A control action the controller refuses breaks no invariant, so the run passes; its summary counts and lists it
+/// (a new user's trial saw it only in the trace, under PASSED and `(0 refused)`, which counts operations).
+#[test]
+fn a_refused_control_action_is_counted_and_listed_in_the_summary() {
+    let dir = temp_dir("refused-control");
+    let example = std::fs::read_to_string(scenario("gang-seed-example.toml")).expect("gang-seed-example.toml");
+    let spec = scenario("specs/seed-gang.yson");
+    let file = example.replace("spec_file = \"specs/seed-gang.yson\"", &format!("spec_file = {spec:?}"))
+        + "\n[[controls]]\nat = \"50s\"\noperation = \"worker\"\naction = \"abort\"\nreason = \"late\"\n";
+    std::fs::write(dir.join("late-abort.toml"), file).expect("write late-abort.toml");
+    let run = lockstep(&["sim", "run", "late-abort.toml", "--seed", "1"], &dir);
+    let (stdout, stderr) = text(&run);
+    assert_eq!(run.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("1 control action refused:\n"), "{stdout}");
+    let line = stdout.lines().find(|line| line.contains("control-refused")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.contains("name=worker control=0 error="), "{line}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The variables every run reads are checked before any run (a new user's trial: each panicked, and in a sweep
 /// left a result file without its end line): a bad value exits 2 naming the variable, for `run` and `sweep`.
 #[test]
