@@ -320,6 +320,26 @@ async fn one_poison_row_among_a_hundred_fails_alone_on_postgres() {
     assert!(took < config(8).lease_ttl / 2, "the good rows took {took:?} of store time");
 }
 
+/// Runs a pipeline of one worker whose fetcher backs off 30 s after its second empty fetch, with `retry` (jitter
+/// off), until row `id`, which fails every attempt, gives up: at most `polls` polls 10 ms apart.
+async fn run_until_given_up<S: Store + Clone>(store: &S, id: RowId, retry: &RetryPolicy, polls: usize) {
+    let config = PipelineConfig {
+        workers: 1,
+        fetch_backoff: vec![Duration::from_millis(500), Duration::from_secs(30)],
+        fetch_jitter: 0.0,
+        fetch_shortest_chance: 0.0,
+        retry: RetryPolicy { jitter: 0.0, ..retry.clone() },
+        ..PipelineConfig::new("tasks", "task", &["ready"])
+    };
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 7 });
+    manager.register(config, Shared(Arc::new(Scripted::default()))).unwrap();
+    manager.start();
+    manager.hint_fetch("task", None).await.unwrap();
+    let gave_up = || async { get(store, id).await.status == "failed" };
+    wait_until("the failing row gave up", polls, gave_up).await;
+    manager.shutdown().await;
+}
+
 /// A failed row is fetched again when its retry falls due, not when the fetcher's empty-fetch backoff next ends
 /// (a new user's trial: a panicking handler's 1 s retry waited 3.6 s). The pipeline backs off 30 s after its second
 /// empty fetch, so only a wake at the row's retry time fetches it again within the slack of it: each retry's fetch
@@ -328,22 +348,8 @@ async fn one_poison_row_among_a_hundred_fails_alone_on_postgres() {
 async fn a_failed_row_is_fetched_again_when_its_retry_falls_due_not_a_fetch_backoff_later() {
     let store = MemStore::with_history(TokioClock::new(START));
     let id = store.insert(NewRow::new("task", "ready", json!({ "do": "fail" }))).await.unwrap().id;
-    let config = PipelineConfig {
-        workers: 1,
-        fetch_backoff: vec![Duration::from_millis(500), Duration::from_secs(30)],
-        fetch_jitter: 0.0,
-        fetch_shortest_chance: 0.0,
-        retry: RetryPolicy { attempts_max: Some(4), jitter: 0.0, ..RetryPolicy::default() },
-        ..PipelineConfig::new("tasks", "task", &["ready"])
-    };
-    let handler = Arc::new(Scripted::default());
-    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 7 });
-    manager.register(config.clone(), Shared(handler)).unwrap();
-    manager.start();
-    manager.hint_fetch("task", None).await.unwrap();
-    let gave_up = || async { get(&store, id).await.status == "failed" };
-    wait_until("the row gave up after four attempts", 20_000, gave_up).await;
-    manager.shutdown().await;
+    let retry = RetryPolicy { attempts_max: Some(4), jitter: 0.0, ..RetryPolicy::default() };
+    run_until_given_up(&store, id, &retry, 20_000).await;
     let history = store.history();
     let fetched = |c: &lockstep::store::Commit| matches!(&c.op, CommitOp::Fetch { leases, .. } if leases.iter().any(|l| l.id == id));
     let fetches: Vec<Timestamp> = history.iter().filter(|c| fetched(c)).map(|c| c.at).collect();
@@ -351,7 +357,7 @@ async fn a_failed_row_is_fetched_again_when_its_retry_falls_due_not_a_fetch_back
         history.iter().filter_map(|c| matches!(c.op, CommitOp::Failure { .. }).then_some(c.at)).collect();
     assert_eq!((fetches.len(), failures.len()), (4, 4), "fetches {fetches:?}, failures {failures:?}");
     for attempt in 1..=3u32 {
-        let delay = config.retry.backoff(attempt, 0.0);
+        let delay = retry.backoff(attempt, 0.0);
         let (failed, next) = (failures[attempt as usize - 1], fetches[attempt as usize]);
         let waited = Duration::from_micros((next.as_micros() - failed.as_micros()) as u64);
         assert!(
@@ -370,28 +376,11 @@ async fn a_failed_row_is_fetched_again_when_its_retry_falls_due_on_postgres() {
     let harness = PgHarness::new().await;
     let store = lockstep::store::conformance::Harness::store(&harness).clone();
     let id = store.insert(NewRow::new("task", "ready", json!({ "do": "fail" }))).await.unwrap().id;
-    let config = PipelineConfig {
-        workers: 1,
-        fetch_backoff: vec![Duration::from_millis(500), Duration::from_secs(30)],
-        fetch_jitter: 0.0,
-        fetch_shortest_chance: 0.0,
-        retry: RetryPolicy {
-            attempts_max: Some(3),
-            backoff_base: Duration::from_millis(1_200),
-            jitter: 0.0,
-            ..RetryPolicy::default()
-        },
-        ..PipelineConfig::new("tasks", "task", &["ready"])
-    };
+    let retry =
+        RetryPolicy { attempts_max: Some(3), backoff_base: Duration::from_millis(1_200), ..RetryPolicy::default() };
     let started = store.now().await.unwrap();
-    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 7 });
-    manager.register(config, Shared(Arc::new(Scripted::default()))).unwrap();
-    manager.start();
-    manager.hint_fetch("task", None).await.unwrap();
-    let gave_up = || async { get(&store, id).await.status == "failed" };
-    wait_until("the row gave up after three attempts", 6_000, gave_up).await;
+    run_until_given_up(&store, id, &retry, 6_000).await;
     let took = store.now().await.unwrap();
-    manager.shutdown().await;
     let took = Duration::from_micros((took.as_micros() - started.as_micros()) as u64);
     assert!(took < Duration::from_secs(10), "three attempts took {took:?} of store time");
 }
