@@ -20,6 +20,16 @@ fn text(output: &Output) -> (String, String) {
     (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
+/// Runs `lockstep` with `args` in `dir`, which must be refused as bad input: exit 2, with `expected` in its
+/// standard error. Returns its standard output and error.
+fn refused(args: &[&str], dir: &Path, expected: &str) -> (String, String) {
+    let output = lockstep(args, dir);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {stdout}{stderr}");
+    assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    (stdout, stderr)
+}
+
 /// A fresh directory for one test.
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("lockstep-sim-cli-{name}-{}", std::process::id()));
@@ -211,10 +221,7 @@ fn explain_prints_one_operations_timeline_aligned_and_says_when_there_is_none() 
         (&["t.trace", "--operation", "abc"], "\"abc\" is not a row id: ids are numbers"),
     ];
     for (args, expected) in cases {
-        let output = lockstep(&[&["sim", "explain"], args].concat(), &dir);
-        let (stdout, stderr) = text(&output);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stdout}{stderr}");
-        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        refused(&[&["sim", "explain"], args].concat(), &dir, expected);
     }
 }
 
@@ -254,10 +261,7 @@ fn sweep_refuses_huge_ranges_overflowing_seeds_and_zero_jobs_with_exit_2() {
         (&["--seeds", "1..3", "--jobs", "100000"], "--jobs <JOBS>': 100000 threads: at most "),
     ];
     for (args, expected) in cases {
-        let output = lockstep(&[&["sim", "sweep", quiet.as_str()], args].concat(), &dir);
-        let (stdout, stderr) = text(&output);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stdout}{stderr}");
-        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        let (stdout, _) = refused(&[&["sim", "sweep", quiet.as_str()], args].concat(), &dir, expected);
         assert!(stdout.is_empty(), "{args:?} ran: {stdout}");
     }
     // `LOCKSTEP_SIM_JOBS` is refused as `--jobs` is (it was read as "the default" when it was not a number ≥ 1).
@@ -927,10 +931,7 @@ fn an_output_on_an_input_or_another_output_is_refused_and_nothing_is_overwritten
         ),
     ];
     for (args, expected) in cases {
-        let output = lockstep(&[&["sim"], args].concat(), &dir);
-        let (stdout, stderr) = text(&output);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stdout}{stderr}");
-        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        let (_, stderr) = refused(&[&["sim"], args].concat(), &dir, expected);
         assert!(stderr.contains("an output must not overwrite a file the command reads or another output"), "{stderr}");
     }
     assert_eq!(std::fs::read_to_string(dir.join("mine.toml")).unwrap(), quiet);
@@ -957,10 +958,7 @@ fn an_input_past_its_size_cap_is_refused_naming_the_file_and_the_cap() {
         ),
     ];
     for (args, expected) in cases {
-        let output = lockstep(&[&["sim"], args].concat(), &dir);
-        let (stdout, stderr) = text(&output);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stdout}{stderr}");
-        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        refused(&[&["sim"], args].concat(), &dir, expected);
     }
 }
 
