@@ -256,11 +256,11 @@ async fn fail<S: Store, H: Handler<S>>(
         RetryDecision::After(delay) => Retry::After(delay),
         RetryDecision::GiveUp => give_up,
     };
-    let gives_up = matches!(retry, Retry::GiveUp { .. });
     let retry_in = match retry {
         Retry::After(delay) => Some(delay),
         Retry::GiveUp { .. } => None,
     };
+    let gives_up = retry_in.is_none();
     let (row, token) = (lease.id, lease.token);
     match &retry {
         Retry::After(delay) => {
