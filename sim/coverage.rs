@@ -92,7 +92,7 @@ impl Coverage {
                         open.insert(lease.id, false);
                     }
                 }
-                CommitOp::LockRelated { outcome: LockOutcome::Contended, .. } => outcomes.contended += 1,
+                CommitOp::LockRelated { outcome: LockOutcome::Contended { .. }, .. } => outcomes.contended += 1,
                 CommitOp::LockRelated { outcome: LockOutcome::Locked, .. } => outcomes.locked += 1,
                 _ => {}
             }

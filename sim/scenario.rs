@@ -60,6 +60,13 @@ pub struct Mutation {
     ///
     /// [`PipelineConfig::retry_wake_disabled_for_mutation_test`]: crate::pipeline::PipelineConfig::retry_wake_disabled_for_mutation_test
     pub retry_wake_disabled: bool,
+    /// A replica's fetcher never backs off for contention
+    /// ([`PipelineConfig::contention_backoff_disabled_for_mutation_test`]): in scenarios/rows-hot-row-backlog.toml
+    /// the replica that lost the hot row leases and resets claim after claim, and checker `expect` (at most 300
+    /// contended locks) must fire.
+    ///
+    /// [`PipelineConfig::contention_backoff_disabled_for_mutation_test`]: crate::pipeline::PipelineConfig::contention_backoff_disabled_for_mutation_test
+    pub contention_backoff_disabled: bool,
 }
 
 /// Everything a run needs besides its seed.
@@ -378,6 +385,7 @@ pub fn small_workload() -> WorkloadSpec {
         fetchers: 1,
         waitlist_disabled: false,
         retry_wake_disabled: false,
+        contention_backoff_disabled: false,
     }
 }
 

@@ -504,6 +504,7 @@ struct MutationDoc {
     related_age_rule_disabled: Option<bool>,
     waitlist_disabled: Option<bool>,
     retry_wake_disabled: Option<bool>,
+    contention_backoff_disabled: Option<bool>,
 }
 
 // ---- values ----
@@ -648,6 +649,7 @@ impl FileDoc {
             related_age_rule_disabled: self.mutation.related_age_rule_disabled.unwrap_or(false),
             waitlist_disabled: self.mutation.waitlist_disabled.unwrap_or(false),
             retry_wake_disabled: self.mutation.retry_wake_disabled.unwrap_or(false),
+            contention_backoff_disabled: self.mutation.contention_backoff_disabled.unwrap_or(false),
         };
         self.faults.apply(&mut scenario)?;
         // Every rule above is checked at its key; the scenario's own check is the last word (a rule only it knows

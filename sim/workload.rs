@@ -133,6 +133,9 @@ pub struct WorkloadSpec {
     /// TEST ONLY: every pipeline's [`PipelineConfig::retry_wake_disabled_for_mutation_test`] (the scenario's
     /// `[mutation] retry_wake_disabled`).
     pub retry_wake_disabled: bool,
+    /// TEST ONLY: every pipeline's [`PipelineConfig::contention_backoff_disabled_for_mutation_test`] (the
+    /// scenario's `[mutation] contention_backoff_disabled`).
+    pub contention_backoff_disabled: bool,
 }
 
 impl WorkloadSpec {
@@ -154,6 +157,7 @@ impl WorkloadSpec {
         config.fetchers = self.fetchers;
         config.waitlist_disabled_for_mutation_test = self.waitlist_disabled;
         config.retry_wake_disabled_for_mutation_test = self.retry_wake_disabled;
+        config.contention_backoff_disabled_for_mutation_test = self.contention_backoff_disabled;
         config.retry = retry_policy(self.attempts_max);
         config
     }

@@ -200,7 +200,11 @@ async fn a_pass_whose_queue_changed_between_its_read_and_its_lock_is_retried_and
     let racing =
         Racing { inner: store.clone(), queue_row, queue_locks: Arc::default(), race: Arc::new(Mutex::new(Some(race))) };
     let replica = Pipeline::new(Arc::new(racing.clone()), operation_pipeline_config()).unwrap();
-    assert_eq!(pass(&replica).await, [ItemOutcome::Retried], "the queue's version moved: contended");
+    assert_eq!(
+        pass(&replica).await,
+        [ItemOutcome::Retried { behind_other_replica: false }],
+        "the queue's version moved: contended"
+    );
     let view = api::status(&store, plain).await.unwrap();
     assert_eq!(view.status, OperationStatus::Starting, "nothing written");
     tokio::time::advance(Duration::from_secs(1)).await;

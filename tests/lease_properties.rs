@@ -78,6 +78,8 @@ struct Reached {
     heartbeats_refused: usize,
     locked: usize,
     contended: usize,
+    /// Contended locks that only the holder's own pipeline's items turned away.
+    contended_by_own_pipeline: usize,
     resets: usize,
     released: usize,
     written: usize,
@@ -254,7 +256,15 @@ impl Model {
                 } else if available.len() == related.len() {
                     LockOutcome::Locked
                 } else {
-                    LockOutcome::Contended
+                    // Turned away by its own pipeline's items only: every unavailable row carries a token under
+                    // an owner that names the holder's pipeline, plainly or as `pipeline:item`.
+                    let own = |id: &RowId| {
+                        let held_by = before[id].lock_owner.as_deref().unwrap_or("");
+                        let named = held_by == pipeline || held_by.starts_with(&format!("{pipeline}:"));
+                        named && before[id].lock_token.is_some()
+                    };
+                    let by_own_pipeline = related.iter().filter(|id| !available.contains(id)).all(own);
+                    LockOutcome::Contended { by_own_pipeline }
                 };
                 let lease_ttl = Duration::from_millis(ttl_ms);
                 let params = LockRelatedParams { holder: lease, related: related.clone(), owner, lease_ttl };
@@ -277,8 +287,9 @@ impl Model {
                             self.rows.get_mut(&id).unwrap().lease = Some((lease.token, now.plus(lease_ttl)));
                         }
                     }
-                    LockOutcome::Contended => {
+                    LockOutcome::Contended { by_own_pipeline } => {
                         reached.contended += 1;
+                        reached.contended_by_own_pipeline += usize::from(by_own_pipeline);
                         // The available rows take an intent mark without a token: whatever token they carried
                         // (expired, or the holder's own) is gone.
                         for id in available {
@@ -446,6 +457,7 @@ fn leases_stay_exclusive_under_random_interleavings() {
         reached.heartbeats_refused,
         reached.locked,
         reached.contended,
+        reached.contended_by_own_pipeline,
         reached.resets,
         reached.released,
         reached.written,

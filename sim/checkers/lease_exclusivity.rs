@@ -72,7 +72,7 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
                         latest.insert(*id, Latest { token: holder.token, current: true, from: index });
                     }
                 }
-                LockOutcome::Contended => uses(&latest, holder.id, holder.token)?,
+                LockOutcome::Contended { .. } => uses(&latest, holder.id, holder.token)?,
                 LockOutcome::Stale => {}
             },
             CommitOp::Apply { lease, applied: true, related, .. } => {

@@ -33,7 +33,7 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
     for commit in input.history {
         let CommitOp::LockRelated { holder, outcome, .. } = &commit.op else { continue };
         match outcome {
-            LockOutcome::Contended => open.get_or_insert_with(holder.id, || (commit.at, 0)).1 += 1,
+            LockOutcome::Contended { .. } => open.get_or_insert_with(holder.id, || (commit.at, 0)).1 += 1,
             LockOutcome::Locked => {
                 if let Some((start, attempts)) = open.remove(holder.id) {
                     measure(holder.id, start, attempts, commit.at, true);
@@ -68,7 +68,10 @@ mod tests {
 
     #[test]
     fn contention_resolved_in_time_passes() {
-        let history = [lock(90, 1, "jobs", LockOutcome::Contended), lock(130, 1, "jobs", LockOutcome::Locked)];
+        let history = [
+            lock(90, 1, "jobs", LockOutcome::Contended { by_own_pipeline: false }),
+            lock(130, 1, "jobs", LockOutcome::Locked),
+        ];
         assert_eq!(check(&input(&history, &[], &[])), Ok(()));
     }
 
@@ -76,7 +79,7 @@ mod tests {
     fn a_parent_that_never_locks_after_the_heal_fires() {
         // Heal at 100 s, bound 60 s: contended from 95 s, locked only at 170 s, 70 s after the heal.
         let history: Vec<Commit> = (0..8)
-            .map(|i| lock(95 + i * 10, 1, "jobs", LockOutcome::Contended))
+            .map(|i| lock(95 + i * 10, 1, "jobs", LockOutcome::Contended { by_own_pipeline: false }))
             .chain([lock(170, 1, "jobs", LockOutcome::Locked)])
             .collect();
         let violation = check(&input(&history, &[], &[])).expect_err("the checker missed a starved parent");
@@ -88,7 +91,10 @@ mod tests {
     fn an_item_locking_shared_rows_is_held_to_the_bound_too() {
         // Heal at 100 s, bound 60 s: contended at 95 s, locked only at 170 s.
         let owner = "claims-0:2";
-        let history = [lock(95, 2, owner, LockOutcome::Contended), lock(170, 2, owner, LockOutcome::Locked)];
+        let history = [
+            lock(95, 2, owner, LockOutcome::Contended { by_own_pipeline: false }),
+            lock(170, 2, owner, LockOutcome::Locked),
+        ];
         let violation = check(&input(&history, &[], &[])).expect_err("the checker missed a starved item");
         assert!(violation.contains("row 2 contended 1 time from"), "{violation}");
         assert!(violation.contains("waited 70.0 s"), "{violation}");

@@ -242,6 +242,12 @@ pub struct PipelineConfig {
     /// (scenarios/rows-failing.toml).
     #[doc(hidden)]
     pub retry_wake_disabled_for_mutation_test: bool,
+    /// TEST ONLY: the first fetcher fetches whatever its items' contention
+    /// ([`Shared::backs_off_for_contention`](super::queue::Shared::backs_off_for_contention)), as before it: a
+    /// replica whose items meet a hot row another replica holds leases and resets its whole backlog
+    /// (`tests/engine.rs`, `hot_row_across_replicas_…`).
+    #[doc(hidden)]
+    pub contention_backoff_disabled_for_mutation_test: bool,
     /// With `refetch` on, the least time, on the local clock, from the fetch of a row to its worker's load for the
     /// worker to reread it; a row loaded sooner is loaded as the fetch returned it. The fetch read the row under
     /// the same lease and returned all of it, so a reread this soon finds the same row (see `refetch`) at the
@@ -309,6 +315,7 @@ impl PipelineConfig {
             refetch: REFETCH_DEFAULT,
             waitlist_disabled_for_mutation_test: false,
             retry_wake_disabled_for_mutation_test: false,
+            contention_backoff_disabled_for_mutation_test: false,
             refetch_after: REFETCH_AFTER_DEFAULT,
             refetch_batch_window: REFETCH_BATCH_WINDOW_DEFAULT,
             retry: RetryPolicy::default(),

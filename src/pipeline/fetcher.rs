@@ -20,6 +20,11 @@ pub enum FetchPass {
     Full,
     /// Leased `fetched` rows of at most `limit`.
     Fetched { fetched: usize, limit: usize },
+    /// No fetch was made although one was due: a full queue's worth of the pipeline's items in a row were turned
+    /// away by contended related locks ([`Shared::backs_off_for_contention`]). Counts as an empty fetch.
+    ///
+    /// [`Shared::backs_off_for_contention`]: super::queue::Shared::backs_off_for_contention
+    Contended,
 }
 
 /// One pipeline's fetcher. Drive it with [`Fetcher::run_once`] in tests; [`Fetcher::run`] is its loop.
@@ -67,6 +72,13 @@ impl<S: Store> Fetcher<S> {
     /// Errors: the store's, with nothing queued (a fetch whose reply was lost leaves its leases to expire).
     pub async fn run_once(&mut self) -> Result<FetchPass, StoreError> {
         self.expiry = None;
+        if !self.core.config.contention_backoff_disabled_for_mutation_test
+            && self.core.shared.backs_off_for_contention()
+        {
+            self.empty_streak += 1;
+            Metrics::bump(&self.core.metrics.contention_backoffs);
+            return Ok(FetchPass::Contended);
+        }
         let (pass, expiry) = fetch(&self.core, 0).await?;
         self.expiry = expiry;
         match pass {
@@ -75,14 +87,16 @@ impl<S: Store> Fetcher<S> {
                 Metrics::bump(&self.core.metrics.empty_fetches);
             }
             FetchPass::Fetched { .. } => self.empty_streak = 0,
-            FetchPass::Full => {}
+            FetchPass::Full | FetchPass::Contended => {}
         }
         Ok(pass)
     }
 
     /// The fetcher's loop, until the pipeline stops. After a full queue it waits for a refill or a hint; after
     /// an empty fetch it sleeps the backoff, cut short by the first expiry of a lease it had to skip
-    /// ([`Fetcher::empty_wait`]), unless a hint comes; after a partial fetch (the store had fewer
+    /// ([`Fetcher::empty_wait`]), unless a hint comes; after a fetch it did not make for contention
+    /// ([`FetchPass::Contended`]) it sleeps the backoff unless one of its items ends otherwise (hints wait; see
+    /// `sleep_unless_woken`); after a partial fetch (the store had fewer
     /// ready rows than the limit) it sleeps the shortest backoff unless a hint comes. A store error is logged
     /// and treated as an empty fetch. The pipeline's other fetchers ([`PipelineConfig::fetchers`]) run alongside
     /// it on the same task ([`run_more`]), so the loop ends, and an abort stops them, together.
@@ -100,6 +114,12 @@ impl<S: Store> Fetcher<S> {
                 Ok(FetchPass::Fetched { fetched, limit }) if fetched == limit => continue,
                 Ok(FetchPass::Fetched { fetched: 0, .. }) => Some(self.empty_wait()),
                 Ok(FetchPass::Fetched { .. }) => Some(self.core.config.fetch_backoff[0]),
+                Ok(FetchPass::Contended) => {
+                    let delay = self.backoff();
+                    self.sleep_unless_woken(delay, Wake::Contended).await;
+                    shared.contention_backoff_over();
+                    continue;
+                }
                 Err(error) => {
                     tracing::warn!(pipeline = %self.core.config.name, %error, "fetch failed");
                     self.empty_streak += 1;
@@ -117,16 +137,22 @@ impl<S: Store> Fetcher<S> {
                     _ = shared.refill.notified() => {}
                     _ = shared.hint.notified() => {}
                 },
-                Some(delay) => self.sleep_unless_woken(delay).await,
+                Some(delay) => self.sleep_unless_woken(delay, Wake::Backoff).await,
             }
         }
     }
 
-    /// Sleeps `delay` of local time, ended early by a stop, a hint, or the retry of a row this replica failed
-    /// falling due ([`Shared::note_retry`]; a retry noted during the sleep shortens it).
+    /// Sleeps `delay` of local time, ended early by a stop, the retry of a row this replica failed falling due
+    /// ([`Shared::note_retry`]; a retry noted during the sleep shortens it), and as `wake` says: a hint in a
+    /// backoff after a fetch, an item that ended otherwise than turned away in a contention backoff
+    /// ([`Shared::contention_ended`]). A contention backoff lets hints wait (they stay stored for the next wait):
+    /// the hinted rows' holders, items of this pipeline in another replica, got the same hint (a store's hints
+    /// reach every replica), and a fetch here would only lease the new rows to reset them.
     ///
     /// [`Shared::note_retry`]: super::queue::Shared::note_retry
-    async fn sleep_unless_woken(&self, delay: Duration) {
+    /// [`Shared::contention_ended`]: super::queue::Shared::contention_ended
+    async fn sleep_unless_woken(&self, delay: Duration, wake: Wake) {
+        let contended = wake == Wake::Contended;
         let (shared, clock) = (&self.core.shared, &self.core.clock);
         let deadline = clock.now() + delay;
         loop {
@@ -134,7 +160,8 @@ impl<S: Store> Fetcher<S> {
             tokio::select! {
                 biased;
                 _ = shared.stop.notified() => return,
-                _ = shared.hint.notified() => return,
+                _ = shared.hint.notified(), if !contended => return,
+                _ = shared.contention_ended.notified(), if contended => return,
                 _ = shared.retry_noted.notified() => {}
                 _ = clock.sleep_until(until) => return,
             }
@@ -156,6 +183,15 @@ impl<S: Store> Fetcher<S> {
             None => backoff,
         }
     }
+}
+
+/// What ends a fetcher's backoff early, besides a stop and a retry falling due ([`Fetcher::sleep_unless_woken`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wake {
+    /// After an empty or partial fetch, or a failed one: a fetch hint.
+    Backoff,
+    /// After a fetch not made for contention ([`FetchPass::Contended`]): an item that ended otherwise.
+    Contended,
 }
 
 /// The parameters of a fetch of `limit` rows by the pipeline of `config`.
@@ -221,7 +257,7 @@ async fn run_more<S: Store>(core: &Core<S>, fetcher: usize) {
     while !shared.is_stopping() {
         match fetch(core, fetcher).await {
             Ok((FetchPass::Fetched { .. }, _)) => continue,
-            Ok((FetchPass::Full, _)) => {}
+            Ok((FetchPass::Full | FetchPass::Contended, _)) => {}
             Err(error) => tracing::warn!(pipeline = %core.config.name, fetcher, %error, "fetch failed"),
         }
         // `biased`: see `Fetcher::run_first`.

@@ -23,9 +23,12 @@ pub enum WorkError {
     Contended,
     /// A related row was held by someone else and the store already reset the main lease for retry in the same
     /// call ([`Store::lock_related_or_reset`], what [`LoadCx`]'s locks make); `held`: whether the lease was still
-    /// held at the reset. The engine writes nothing more.
+    /// held at the reset; `behind_other_replica`: whether every row that turned it away was held by another item
+    /// of the same pipeline ([`LockOutcome::Contended`](crate::store::LockOutcome::Contended)'s
+    /// `by_own_pipeline`) after this item had taken every row's turn in this replica's [`Waitlist`], that is by an
+    /// item of another replica. The engine writes nothing more.
     #[error("related lock contended; lease reset for retry (held={held})")]
-    ContendedReset { held: bool },
+    ContendedReset { held: bool, behind_other_replica: bool },
     /// The lease was lost: nothing is written.
     #[error("lease lost")]
     Stale,
@@ -143,11 +146,13 @@ impl<'a, S: Store> LoadCx<'a, S> {
 
     /// Takes `related`'s turns in this replica's waitlist before the store is asked for them: waits for the
     /// pipeline's other items in this replica that hold any, up to `retry_delay` (see [`super::waitlist`]).
-    async fn take_turns(&self, related: &[RowId]) {
+    /// Returns whether every turn was taken (with the waitlist off, as if it were): then no other item of the
+    /// pipeline in this replica holds any of `related`.
+    async fn take_turns(&self, related: &[RowId]) -> bool {
         if self.waitlist_off {
-            return;
+            return true;
         }
-        self.waitlist.take(self.lease, related, self.wait, self.clock).await;
+        self.waitlist.take(self.lease, related, self.wait, self.clock).await
     }
 
     /// The first of `related` (a handler's related updates) that no lock of this context covers, as the item's
@@ -222,7 +227,7 @@ impl<'a, S: Store> LoadCx<'a, S> {
 
     async fn lock_and_read(&self, related: Vec<RowId>, owner: String) -> Result<Vec<Row>, WorkError> {
         self.not_its_own_row(&related)?;
-        self.take_turns(&related).await;
+        let turns = self.take_turns(&related).await;
         let params = LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl };
         let related = params.related.clone();
         match self.store.lock_related_and_read(params).await? {
@@ -230,14 +235,16 @@ impl<'a, S: Store> LoadCx<'a, S> {
                 self.record_locked(&related);
                 Ok(rows)
             }
-            LockRead::Reset { held } => Err(WorkError::ContendedReset { held }),
+            LockRead::Reset { held, by_own_pipeline } => {
+                Err(WorkError::ContendedReset { held, behind_other_replica: by_own_pipeline && turns })
+            }
             LockRead::Stale => Err(WorkError::Stale),
         }
     }
 
     async fn lock(&self, related: Vec<RowId>, owner: String) -> Result<(), WorkError> {
         self.not_its_own_row(&related)?;
-        self.take_turns(&related).await;
+        let turns = self.take_turns(&related).await;
         let params = LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl };
         let related = params.related.clone();
         match self.store.lock_related_or_reset(params).await? {
@@ -245,7 +252,9 @@ impl<'a, S: Store> LoadCx<'a, S> {
                 self.record_locked(&related);
                 Ok(())
             }
-            LockAttempt::Reset { held } => Err(WorkError::ContendedReset { held }),
+            LockAttempt::Reset { held, by_own_pipeline } => {
+                Err(WorkError::ContendedReset { held, behind_other_replica: by_own_pipeline && turns })
+            }
             LockAttempt::Stale => Err(WorkError::Stale),
         }
     }

@@ -55,6 +55,9 @@ pub struct Metrics {
     pub fetched: AtomicU64,
     /// Fetches that leased nothing.
     pub empty_fetches: AtomicU64,
+    /// Fetches the fetcher did not make, backing off instead, because a full queue's worth of items in a row were
+    /// turned away by contended related locks (see [`super::queue::Shared::backs_off_for_contention`]).
+    pub contention_backoffs: AtomicU64,
     /// Guarded applies that wrote.
     pub applied: AtomicU64,
     /// Store calls that carried applies: one per batch (DESIGN §3, Batching), one per apply when batching is off.
@@ -98,6 +101,8 @@ pub struct MetricsSnapshot {
     pub fetched: u64,
     /// See [`Metrics::empty_fetches`].
     pub empty_fetches: u64,
+    /// See [`Metrics::contention_backoffs`].
+    pub contention_backoffs: u64,
     /// See [`Metrics::applied`].
     pub applied: u64,
     /// See [`Metrics::apply_calls`].
@@ -148,6 +153,7 @@ impl Metrics {
         MetricsSnapshot {
             fetched: read(&self.fetched),
             empty_fetches: read(&self.empty_fetches),
+            contention_backoffs: read(&self.contention_backoffs),
             applied: read(&self.applied),
             apply_calls: read(&self.apply_calls),
             refetched: read(&self.refetched),

@@ -114,6 +114,15 @@ pub struct Shared {
     /// Wakes the first fetcher: [`Shared::note_retry`] set an earlier `retry_due`, so a backoff it sleeps may end
     /// sooner.
     pub retry_noted: Notify,
+    /// Items that ended in a row turned away by related rows items of the pipeline in another replica hold (reset for retry),
+    /// since an item ended any other way or the first fetcher last backed off for them ([`Shared::note_ended`]).
+    contended_streak: AtomicUsize,
+    /// The first fetcher is backing off for contention ([`Shared::backs_off_for_contention`]) and no item has
+    /// ended otherwise since.
+    contention_backoff: AtomicBool,
+    /// Wakes the first fetcher from a contention backoff: an item ended otherwise than turned away (its replica's
+    /// items may hold the rows now, so its backlog can be worked again).
+    pub contention_ended: Notify,
     /// Wakes everything that waits on the pipeline's services when it stops.
     pub stop: Notify,
     stopping: AtomicBool,
@@ -219,6 +228,9 @@ impl Shared {
             hint: Notify::new(),
             retry_due: Mutex::new(BTreeSet::new()),
             retry_noted: Notify::new(),
+            contended_streak: AtomicUsize::new(0),
+            contention_backoff: AtomicBool::new(false),
+            contention_ended: Notify::new(),
             stop: Notify::new(),
             stopping: AtomicBool::new(false),
         }
@@ -497,6 +509,51 @@ impl Shared {
         retry_due.first().copied()
     }
 
+    /// An item ended: `contended` when related rows that items of the pipeline in another replica hold turned it
+    /// away (its lease reset for retry; [`ItemOutcome::Retried`](super::ItemOutcome::Retried)), which lengthens
+    /// the contention streak; any other end (applied, failed, stale, or turned away by another pipeline's rows or
+    /// by an item of this replica whose turn it waited for too long) breaks it, and ends a contention backoff the first fetcher sleeps: the pipeline's items got their rows
+    /// again (an item that was turned away before the backoff began may have been the last to end).
+    pub fn note_ended(&self, contended: bool) {
+        if contended {
+            self.contended_streak.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.contended_streak.store(0, Ordering::SeqCst);
+            if self.contention_backoff.swap(false, Ordering::SeqCst) {
+                self.contention_ended.notify_one();
+            }
+        }
+    }
+
+    /// Whether the first fetcher should back off instead of fetching: a fetch is due (the queue is below its lower
+    /// mark) and the last items to end, at least dstack's queue max of them (a full queue's worth), were all turned
+    /// away by related rows that items of the pipeline hold in another replica. More of the backlog would
+    /// meet the same holders and be reset too, each reset keeping its row from every replica for `retry_delay`,
+    /// while the holders' replica, running the same pipeline, can take that backlog meanwhile. Rows another
+    /// pipeline holds never count: that pipeline cannot take this one's backlog, and backing off would only cede
+    /// the rows to it (the simulator's `rows-shared-two-pipelines` starved claims so). The backoff ends early when
+    /// an item ends otherwise ([`Shared::note_ended`], [`Shared::contention_ended`]). When it answers yes, the
+    /// fetch after the backoff is a probe (one more item turned away before any ends otherwise backs off again),
+    /// the queue returns to dstack's size, and the workers' wait for an item in the backoff does not count as
+    /// outrunning the fetch.
+    pub fn backs_off_for_contention(&self) -> bool {
+        if self.contended_streak.load(Ordering::SeqCst) < self.base.max || self.queue_len() >= self.marks().low {
+            return false;
+        }
+        // One more item turned away after the backoff backs off again: the fetch after it is a probe.
+        self.contended_streak.store(self.base.max - 1, Ordering::SeqCst);
+        self.contention_backoff.store(true, Ordering::SeqCst);
+        self.starved.store(false, Ordering::SeqCst);
+        self.outran.store(false, Ordering::SeqCst);
+        *lock(&self.marks) = self.base;
+        true
+    }
+
+    /// The first fetcher's contention backoff ended (whatever woke it): an item that ends later wakes nothing.
+    pub fn contention_backoff_over(&self) {
+        self.contention_backoff.store(false, Ordering::SeqCst);
+    }
+
     /// Whether [`Shared::close`] was called.
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
@@ -569,5 +626,50 @@ mod tests {
         shared.note_retry(at(3_000), at(2_500));
         assert_eq!(shared.retry_due_after(at(2_500)), Some(at(3_000)), "noting forgets what passed");
         assert_eq!(shared.retry_due_after(at(3_000)), None);
+    }
+
+    /// The contention backoff needs a full queue's worth (dstack's max, 2 × workers) of items turned away in a row,
+    /// any other end breaks the streak, answering restarts the streak and brings a grown queue back to dstack's
+    /// size, and an item that ends otherwise during the backoff ends it.
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_of_contended_items_in_a_row_backs_the_fetcher_off() {
+        use futures_util::FutureExt;
+        let config =
+            PipelineConfig { workers: 2, fetch_limit_max: 64, ..PipelineConfig::new("tasks", "task", &["ready"]) };
+        let shared = super::Shared::new(&config);
+        let base = shared.marks();
+        assert_eq!(base.max, 4);
+        for _ in 0..3 {
+            shared.note_ended(true);
+        }
+        assert!(!shared.backs_off_for_contention(), "three of four");
+        shared.note_ended(false);
+        for _ in 0..3 {
+            shared.note_ended(true);
+        }
+        assert!(!shared.backs_off_for_contention(), "an applied item broke the streak");
+        shared.note_ended(true);
+        shared.starved.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_ne!(shared.adapt(8, 8), base, "a starved full fetch grows the queue");
+        assert!(shared.backs_off_for_contention(), "four in a row, queue empty");
+        assert_eq!(shared.marks(), base, "the queue is back at dstack's size");
+        assert!(!shared.starved.load(std::sync::atomic::Ordering::SeqCst), "the backoff is no outrunning");
+        assert!(!shared.backs_off_for_contention(), "the fetch after the backoff is due");
+        shared.note_ended(true);
+        assert!(shared.backs_off_for_contention(), "the probe's first item turned away backs off again");
+        shared.contention_backoff_over();
+        shared.note_ended(false);
+        assert!(shared.contention_ended.notified().now_or_never().is_none(), "the backoff was over");
+        shared.note_ended(true);
+        assert!(!shared.backs_off_for_contention(), "an item that ended otherwise restarted the streak");
+        for _ in 0..3 {
+            shared.note_ended(true);
+        }
+        assert!(shared.backs_off_for_contention());
+        // An item that ends otherwise wakes the fetcher from its backoff, once; outside a backoff nothing.
+        shared.note_ended(false);
+        assert!(shared.contention_ended.notified().now_or_never().is_some(), "applied during the backoff");
+        shared.note_ended(false);
+        assert!(shared.contention_ended.notified().now_or_never().is_none(), "no backoff, no wake");
     }
 }

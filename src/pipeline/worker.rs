@@ -34,8 +34,10 @@ pub enum ItemOutcome {
     Applied,
     /// The lease was lost (locally, at refetch, or at apply): nothing was written.
     Stale,
-    /// A related lock was contended: the lease was reset for retry.
-    Retried,
+    /// A related lock was contended: the lease was reset for retry. `behind_other_replica`: the rows that turned
+    /// it away were all held by items of its own pipeline in another replica ([`WorkError::ContendedReset`]),
+    /// which lengthens the contention streak ([`Shared::note_ended`](super::queue::Shared::note_ended)).
+    Retried { behind_other_replica: bool },
     /// The store failed (unavailable, timed out): the lease is left to expire and no attempt is counted.
     Failed,
     /// The item failed (handler error, panic, refused value): the failure was recorded on the row, which is
@@ -62,7 +64,7 @@ fn record<S: Store>(core: &Core<S>, lease: Lease, outcome: ItemOutcome) {
     match outcome {
         ItemOutcome::Applied => Metrics::bump(&core.metrics.applied),
         ItemOutcome::Stale => Metrics::bump(&core.metrics.stale),
-        ItemOutcome::Retried => Metrics::bump(&core.metrics.retries),
+        ItemOutcome::Retried { .. } => Metrics::bump(&core.metrics.retries),
         ItemOutcome::Failed => Metrics::bump(&core.metrics.errors),
         ItemOutcome::BackedOff => Metrics::bump(&core.metrics.failures),
         ItemOutcome::GaveUp => {
@@ -71,6 +73,7 @@ fn record<S: Store>(core: &Core<S>, lease: Lease, outcome: ItemOutcome) {
         }
     }
     core.shared.forget(lease);
+    core.shared.note_ended(outcome == ItemOutcome::Retried { behind_other_replica: true });
     core.waitlist.release(lease);
 }
 
@@ -223,12 +226,12 @@ async fn stopped<S: Store, H: Handler<S>>(
 ) -> ItemOutcome {
     match error {
         WorkError::Contended => match core.store.reset_for_retry(lease).await {
-            Ok(true) => ItemOutcome::Retried,
+            Ok(true) => ItemOutcome::Retried { behind_other_replica: false },
             Ok(false) => ItemOutcome::Stale,
             Err(error) => failed(&core.config.name, lease, WorkError::Store(error)),
         },
-        WorkError::ContendedReset { held: true } => ItemOutcome::Retried,
-        WorkError::ContendedReset { held: false } | WorkError::Stale => ItemOutcome::Stale,
+        WorkError::ContendedReset { held: true, behind_other_replica } => ItemOutcome::Retried { behind_other_replica },
+        WorkError::ContendedReset { held: false, .. } | WorkError::Stale => ItemOutcome::Stale,
         error => fail(core, handler, lease, attempts, error).await,
     }
 }

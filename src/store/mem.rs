@@ -241,7 +241,7 @@ impl CommitOp {
                 out.push(' ');
                 out.push_str(match outcome {
                     LockOutcome::Locked => "Locked",
-                    LockOutcome::Contended => "Contended",
+                    LockOutcome::Contended { .. } => "Contended",
                     LockOutcome::Stale => "Stale",
                 });
             }
@@ -952,7 +952,7 @@ impl Store for MemStore {
         // Each related row is looked up once: whether it exists and whether it is available (a gang restart's
         // passes lock 10 000 jobs each, issue 17).
         let mut available = Vec::with_capacity(p.related.len());
-        let mut taken = false;
+        let (mut taken, mut by_own_pipeline) = (false, true);
         for id in &p.related {
             let Some(row) = state.rows.get(id) else {
                 return Err(StoreError::Invalid(format!("lock_related: related row {id} does not exist")));
@@ -961,6 +961,7 @@ impl Store for MemStore {
                 available.push(*id);
             } else {
                 taken = true;
+                by_own_pipeline &= held_by_own_pipeline(row.lock_token, row.lock_owner.as_deref(), &p.owner);
             }
         }
         let outcome = if !state.holds(p.holder) {
@@ -979,7 +980,7 @@ impl Store for MemStore {
                 }
                 state.set_lease(id, None, Some(p.owner.clone()), expires);
             }
-            LockOutcome::Contended
+            LockOutcome::Contended { by_own_pipeline }
         };
         state.record(
             &self.caller,
@@ -1252,7 +1253,10 @@ mod tests {
             CommitOp::Fetch { pipeline, leases: l } => format!("fetch {pipeline} [{}]", leases(l)),
             CommitOp::Heartbeat { held } => format!("heartbeat [{}]", leases(held)),
             CommitOp::LockRelated { holder, related, owner, outcome } => {
-                format!("lock_related {}#{} {owner} [{}] {outcome:?}", holder.id, holder.token, ids(related))
+                // The text names the outcome only: a contended lock's `by_own_pipeline` is not in the trace.
+                let outcome = format!("{outcome:?}");
+                let outcome = outcome.split(' ').next().unwrap_or_default();
+                format!("lock_related {}#{} {owner} [{}] {outcome}", holder.id, holder.token, ids(related))
             }
             CommitOp::Apply { lease, applied, related, inserted } => format!(
                 "apply {}#{} {} related=[{}] inserted=[{}]",
@@ -1293,7 +1297,7 @@ mod tests {
             CommitOp::Hint { kind: "job".into(), row: None },
             CommitOp::Hint { kind: "job".into(), row: Some(RowId(9)) },
         ];
-        for outcome in [LockOutcome::Locked, LockOutcome::Contended, LockOutcome::Stale] {
+        for outcome in [LockOutcome::Locked, LockOutcome::Contended { by_own_pipeline: false }, LockOutcome::Stale] {
             ops.push(CommitOp::LockRelated {
                 holder: lease(3, 7),
                 related: ids.clone(),
@@ -1364,7 +1368,10 @@ mod tests {
             owner: "p".into(),
             lease_ttl: Duration::from_secs(30),
         };
-        assert_eq!(store.lock_related_or_reset(lock).await.unwrap(), LockAttempt::Reset { held: true });
+        assert_eq!(
+            store.lock_related_or_reset(lock).await.unwrap(),
+            LockAttempt::Reset { held: true, by_own_pipeline: false }
+        );
         let texts = store.map_history_from(4, |commit| commit.op.to_string());
         assert_eq!(texts, ["lock_related 1#1 p [2] Contended", "reset 1#1 held=true"]);
     }

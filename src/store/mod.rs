@@ -173,7 +173,9 @@ pub trait Store: Send + Sync + 'static {
             Ok(match self.lock_related(params).await? {
                 LockOutcome::Locked => LockAttempt::Locked,
                 LockOutcome::Stale => LockAttempt::Stale,
-                LockOutcome::Contended => LockAttempt::Reset { held: self.reset_for_retry(holder).await? },
+                LockOutcome::Contended { by_own_pipeline } => {
+                    LockAttempt::Reset { held: self.reset_for_retry(holder).await?, by_own_pipeline }
+                }
             })
         }
     }
@@ -202,7 +204,7 @@ pub trait Store: Send + Sync + 'static {
                     }
                     LockRead::Locked(rows)
                 }
-                LockAttempt::Reset { held } => LockRead::Reset { held },
+                LockAttempt::Reset { held, by_own_pipeline } => LockRead::Reset { held, by_own_pipeline },
                 LockAttempt::Stale => LockRead::Stale,
             })
         }

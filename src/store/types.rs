@@ -344,6 +344,15 @@ pub(crate) fn related_available(
     }
 }
 
+/// Whether a related row that a lock by `owner` found unavailable, with lock token `lock_token` and lock owner
+/// `held_by`, is held by `owner`'s own pipeline: it carries a token (a lease or a lock, not an intent mark) and the
+/// two owners name the same pipeline, as a plain name or as the `pipeline:item` of a shared lock (pipeline names
+/// hold no ':').
+pub(crate) fn held_by_own_pipeline(lock_token: Option<LockToken>, held_by: Option<&str>, owner: &str) -> bool {
+    let pipeline = |owner: &str| owner.split(':').next().unwrap_or(owner).to_string();
+    lock_token.is_some() && held_by.is_some_and(|held_by| pipeline(held_by) == pipeline(owner))
+}
+
 /// Whether `mark` is the plain name of the pipeline of `owner`, a shared owner.
 fn own_pipelines_mark(mark: &str, owner: &str) -> bool {
     parse_shared_owner(owner).is_some_and(|(pipeline, _)| mark == pipeline)
@@ -443,7 +452,12 @@ pub enum LockOutcome {
     Locked,
     /// Some related row is held by someone else: no lock was taken, but the free rows were marked with the
     /// owner (no token, expiring after the lease ttl) so that their own pipelines leave them to this owner.
-    Contended,
+    /// `by_own_pipeline`: every row that was not available is locked, under a live token, by an owner of the lock
+    /// owner's own pipeline ([`held_by_own_pipeline`]), that is by another of its items at work, in this replica
+    /// or another (an intent mark, which carries no token, is no such hold); its holders can then work through
+    /// the same backlog (the engine's contention backoff,
+    /// `Shared::backs_off_for_contention`).
+    Contended { by_own_pipeline: bool },
     /// The holder's lease is no longer current: nothing was written.
     Stale,
 }
@@ -455,8 +469,8 @@ pub enum LockAttempt {
     Locked,
     /// A related row was held by someone else (the lock was contended, and marked the free rows as
     /// [`LockOutcome::Contended`] says); then the holder's lease was reset for retry. `held`: whether the lease
-    /// was still held at the reset (else nothing was reset).
-    Reset { held: bool },
+    /// was still held at the reset (else nothing was reset); `by_own_pipeline` as the contended lock's.
+    Reset { held: bool, by_own_pipeline: bool },
     /// The holder's lease is no longer current: nothing was written.
     Stale,
 }
@@ -468,8 +482,9 @@ pub enum LockRead {
     /// Every related row is now locked with the holder's token; here they are as the lock left them (the lock
     /// columns written, nothing else changed since), by id, each once.
     Locked(Vec<Row>),
-    /// As [`LockAttempt::Reset`]: contended, and the holder's lease reset for retry (`held`: whether it still was).
-    Reset { held: bool },
+    /// As [`LockAttempt::Reset`]: contended, and the holder's lease reset for retry (`held`: whether it still was;
+    /// `by_own_pipeline` as the contended lock's).
+    Reset { held: bool, by_own_pipeline: bool },
     /// As [`LockAttempt::Stale`]: the holder's lease is no longer current, nothing was written.
     Stale,
 }

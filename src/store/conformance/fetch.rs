@@ -298,7 +298,7 @@ pub async fn next_expiry_is_the_span_to_the_first_lease_or_mark_on_the_rows_a_fe
     lease_single(&h, "nodes", &node).await;
     let free = insert(&h, "job").await;
     let outcome = lock_related(&h, parent_lease, &[free.id, node.id], PARENT_PIPELINE).await;
-    assert_eq!(outcome, LockOutcome::Contended, "row {} is leased by nodes again", node.id);
+    assert_eq!(outcome, LockOutcome::Contended { by_own_pipeline: false }, "row {} is leased by nodes again", node.id);
     let marked = get(&h, free.id).await.lock_expires_at.expect("an intent mark has an expiry");
     h.advance(Duration::from_secs(3));
     let before = now(&h).await;

@@ -54,7 +54,12 @@ pub async fn lock_related_under_contention_locks_nothing_and_marks_the_free_rows
     let before = now(&h).await;
     let outcome = lock_related(&h, lease, &related, PARENT_PIPELINE).await;
     let after = now(&h).await;
-    assert_eq!(outcome, LockOutcome::Contended, "row {} is leased by {CHILD_PIPELINE}", busy_lease.id);
+    assert_eq!(
+        outcome,
+        LockOutcome::Contended { by_own_pipeline: false },
+        "row {} is leased by {CHILD_PIPELINE}",
+        busy_lease.id
+    );
     for row in &free {
         let stored = get(&h, row.id).await;
         assert_eq!(stored.lock_token, None, "free row {} got a token under contention", row.id);
@@ -76,7 +81,10 @@ pub async fn child_fetch_skips_fresh_intent_marks_and_takes_expired_ones<H: Harn
     let (busy_lease, free) = busy_child_then_free_ones(&h, &parent, 2).await;
     let lease = lease_single(&h, PARENT_PIPELINE, &parent).await;
     let related = [free[0].id, busy_lease.id, free[1].id];
-    assert_eq!(lock_related(&h, lease, &related, PARENT_PIPELINE).await, LockOutcome::Contended);
+    assert_eq!(
+        lock_related(&h, lease, &related, PARENT_PIPELINE).await,
+        LockOutcome::Contended { by_own_pipeline: false }
+    );
     applied_now(&apply(&h, ApplyParams::new(busy_lease, RowUpdate::status("done"))).await, busy_lease);
     assert_eq!(ids(&fetch(&h, CHILD_PIPELINE, "job").await), vec![], "took a freshly marked child");
     h.advance(LEASE_TTL / 2);
@@ -98,7 +106,10 @@ pub async fn contended_retries_leave_existing_intent_marks_as_they_are<H: Harnes
     let (busy, free) = busy_child_then_free_ones(&h, &parent, 2).await;
     let related: Vec<RowId> = [ids(&free), vec![busy.id]].concat();
     let first = lease_single(&h, PARENT_PIPELINE, &parent).await;
-    assert_eq!(lock_related(&h, first, &related, PARENT_PIPELINE).await, LockOutcome::Contended);
+    assert_eq!(
+        lock_related(&h, first, &related, PARENT_PIPELINE).await,
+        LockOutcome::Contended { by_own_pipeline: false }
+    );
     let marked: Vec<Row> = futures_rows(&h, &ids(&free)).await;
     assert!(reset_for_retry(&h, first).await, "reset of held lease {}#{}", first.id, first.token);
     // Retries every few seconds for most of a lease ttl: the marks keep their first expiry.
@@ -109,7 +120,10 @@ pub async fn contended_retries_leave_existing_intent_marks_as_they_are<H: Harnes
         // The busy child's own pipeline keeps its lease, so the parent stays contended.
         assert_eq!(heartbeat(&h, &[busy]).await, vec![busy], "heartbeat of busy child {}", busy.id);
         let retry = lease_single(&h, PARENT_PIPELINE, &parent).await;
-        assert_eq!(lock_related(&h, retry, &related, PARENT_PIPELINE).await, LockOutcome::Contended);
+        assert_eq!(
+            lock_related(&h, retry, &related, PARENT_PIPELINE).await,
+            LockOutcome::Contended { by_own_pipeline: false }
+        );
         assert_eq!(futures_rows(&h, &ids(&free)).await, marked, "a retry rewrote the intent marks");
         assert_eq!(ids(&fetch(&h, CHILD_PIPELINE, "job").await), vec![], "took a child under a fresh mark");
         assert!(reset_for_retry(&h, retry).await, "reset of held lease {}#{}", retry.id, retry.token);
@@ -118,7 +132,10 @@ pub async fn contended_retries_leave_existing_intent_marks_as_they_are<H: Harnes
     // retry meanwhile does not mark them again.
     h.advance(past(LEASE_TTL - retried));
     let retry = lease_single(&h, PARENT_PIPELINE, &parent).await;
-    assert_eq!(lock_related(&h, retry, &related, PARENT_PIPELINE).await, LockOutcome::Contended);
+    assert_eq!(
+        lock_related(&h, retry, &related, PARENT_PIPELINE).await,
+        LockOutcome::Contended { by_own_pipeline: false }
+    );
     assert_eq!(futures_rows(&h, &ids(&free)).await, marked, "a retry renewed expired intent marks");
     let leased = fetch(&h, CHILD_PIPELINE, "job").await;
     assert_eq!(sorted(ids(&leased)), ids(&free), "the children whose marks expired are taken");
@@ -146,7 +163,7 @@ pub async fn parent_acquires_every_child_once_the_contended_child_is_applied<H: 
     let (busy_lease, free) = busy_child_then_free_ones(&h, &parent, 2).await;
     let all = [free[0].id, busy_lease.id, free[1].id];
     let first = lease_single(&h, PARENT_PIPELINE, &parent).await;
-    assert_eq!(lock_related(&h, first, &all, PARENT_PIPELINE).await, LockOutcome::Contended);
+    assert_eq!(lock_related(&h, first, &all, PARENT_PIPELINE).await, LockOutcome::Contended { by_own_pipeline: false });
     assert!(reset_for_retry(&h, first).await, "reset of held lease {}#{}", first.id, first.token);
     assert_eq!(ids(&fetch(&h, CHILD_PIPELINE, "job").await), vec![], "took a marked child");
     applied_now(&apply(&h, ApplyParams::new(busy_lease, RowUpdate::status("done"))).await, busy_lease);
@@ -178,7 +195,9 @@ pub async fn a_shared_owner_makes_two_items_contend_for_one_row<H: Harness>(h: H
     let owner_b = shared_owner(b.id);
     assert_eq!(lock_related(&h, lease_a, &[shared.id], &owner_a).await, LockOutcome::Locked);
     let locked = get(&h, shared.id).await;
-    assert_eq!(lock_related(&h, lease_b, &[shared.id], &owner_b).await, LockOutcome::Contended);
+    // Held by another item of the same pipeline: `by_own_pipeline`.
+    let outcome = lock_related(&h, lease_b, &[shared.id], &owner_b).await;
+    assert_eq!(outcome, LockOutcome::Contended { by_own_pipeline: true });
     assert_eq!(get(&h, shared.id).await, locked, "contention rewrote shared row {}", shared.id);
     let mut params = ApplyParams::new(lease_b, RowUpdate::default());
     params.related = vec![RelatedUpdate { id: shared.id, update: RowUpdate::status("used_by_b") }];
@@ -198,10 +217,11 @@ pub async fn a_shared_owners_intent_mark_holds_off_another_item<H: Harness>(h: H
     let busy_lease = lease_single(&h, "nodes", &busy).await;
     let free = insert(&h, "node").await;
     let outcome = lock_related(&h, lease_a, &[free.id, busy.id], &shared_owner(a.id)).await;
-    assert_eq!(outcome, LockOutcome::Contended, "row {} is leased by nodes", busy.id);
+    assert_eq!(outcome, LockOutcome::Contended { by_own_pipeline: false }, "row {} is leased by nodes", busy.id);
     let marked = get(&h, free.id).await;
     let outcome = lock_related(&h, lease_b, &[free.id], &shared_owner(b.id)).await;
-    assert_eq!(outcome, LockOutcome::Contended, "b took row {} marked for a", free.id);
+    // An intent mark is no hold: `by_own_pipeline` is false though the mark names the same pipeline.
+    assert_eq!(outcome, LockOutcome::Contended { by_own_pipeline: false }, "b took row {} marked for a", free.id);
     assert_eq!(get(&h, free.id).await, marked, "b rewrote a's intent mark on row {}", free.id);
     applied_now(&apply(&h, ApplyParams::new(busy_lease, RowUpdate::default())).await, busy_lease);
     let outcome = lock_related(&h, lease_a, &[free.id, busy.id], &shared_owner(a.id)).await;
@@ -222,11 +242,12 @@ pub async fn a_younger_items_intent_mark_gives_way_to_an_older_item<H: Harness>(
     let first = insert(&h, "node").await;
     let both = [first.id, second.id];
     let outcome = lock_related(&h, lease_older, &both, &owner_older).await;
-    assert_eq!(outcome, LockOutcome::Contended, "row {} is leased by nodes", second.id);
+    assert_eq!(outcome, LockOutcome::Contended { by_own_pipeline: false }, "row {} is leased by nodes", second.id);
     applied_now(&apply(&h, ApplyParams::new(busy, RowUpdate::default())).await, busy);
     let marked = get(&h, first.id).await;
     let outcome = lock_related(&h, lease_younger, &[second.id, first.id], &owner_younger).await;
-    assert_eq!(outcome, LockOutcome::Contended, "the younger item took row {} marked by the older", first.id);
+    let expected = LockOutcome::Contended { by_own_pipeline: false };
+    assert_eq!(outcome, expected, "the younger item took row {} marked by the older", first.id);
     assert_eq!(get(&h, first.id).await, marked, "the younger item rewrote the older's mark on row {}", first.id);
     let younger_mark = get(&h, second.id).await;
     assert_eq!(younger_mark.lock_owner.as_deref(), Some(owner_younger.as_str()), "mark on row {}", second.id);
@@ -239,7 +260,11 @@ pub async fn a_younger_items_intent_mark_gives_way_to_an_older_item<H: Harness>(
         assert_eq!(stored.lock_owner.as_deref(), Some(owner_older.as_str()), "owner of row {id}");
     }
     let outcome = lock_related(&h, lease_younger, &[second.id, first.id], &owner_younger).await;
-    assert_eq!(outcome, LockOutcome::Contended, "the younger item locked rows the older holds");
+    assert_eq!(
+        outcome,
+        LockOutcome::Contended { by_own_pipeline: true },
+        "the younger item locked rows the older holds"
+    );
 }
 
 /// The age rule orders items of different pipelines too: two pipelines that share counters livelocked without it
@@ -254,12 +279,17 @@ pub async fn a_younger_items_mark_of_another_pipeline_gives_way_to_an_older_item
     let busy = lease_single(&h, "nodes", &second).await;
     let first = insert(&h, "node").await;
     let outcome = lock_related(&h, lease_younger, &[first.id, second.id], &owner_younger).await;
-    assert_eq!(outcome, LockOutcome::Contended, "row {} is leased by nodes", second.id);
+    assert_eq!(outcome, LockOutcome::Contended { by_own_pipeline: false }, "row {} is leased by nodes", second.id);
     applied_now(&apply(&h, ApplyParams::new(busy, RowUpdate::default())).await, busy);
     let outcome = lock_related(&h, lease_older, &[first.id, second.id], &owner_older).await;
     assert_eq!(outcome, LockOutcome::Locked, "another pipeline's younger mark on row {} held off the older", first.id);
     let outcome = lock_related(&h, lease_younger, &[first.id], &owner_younger).await;
-    assert_eq!(outcome, LockOutcome::Contended, "the younger item locked row {} the older holds", first.id);
+    assert_eq!(
+        outcome,
+        LockOutcome::Contended { by_own_pipeline: false },
+        "the younger item locked row {} the older holds",
+        first.id
+    );
 }
 
 /// A shared lock takes a row its own pipeline reset for retry (the row's owner mark is the pipeline's name, as
@@ -272,7 +302,12 @@ pub async fn a_shared_lock_takes_a_row_its_own_pipeline_reset<H: Harness>(h: H) 
     assert!(reset_for_retry(&h, lease_a).await, "reset of a held lease");
     assert_eq!(get(&h, a.id).await.lock_owner.as_deref(), Some(CHILD_PIPELINE), "a reset keeps the owner");
     let outcome = lock_related(&h, lease_b, &[a.id], &crate::store::shared_owner("other", b.id)).await;
-    assert_eq!(outcome, LockOutcome::Contended, "another pipeline's shared lock took row {}, reset for retry", a.id);
+    assert_eq!(
+        outcome,
+        LockOutcome::Contended { by_own_pipeline: false },
+        "another pipeline's shared lock took row {}, reset for retry",
+        a.id
+    );
     let outcome = lock_related(&h, lease_b, &[a.id], &shared_owner(b.id)).await;
     assert_eq!(outcome, LockOutcome::Locked, "the pipeline's own reset mark on row {} held its item off", a.id);
     assert_eq!(get(&h, a.id).await.lock_token, Some(lease_b.token), "token of row {}", a.id);
@@ -300,7 +335,7 @@ pub async fn lock_related_takes_an_expired_intent_mark_of_another_owner<H: Harne
     lease_single(&h, "nodes", &busy).await;
     let free = insert(&h, "node").await;
     let outcome = lock_related(&h, lease_a, &[free.id, busy.id], &shared_owner(a.id)).await;
-    assert_eq!(outcome, LockOutcome::Contended, "row {} is leased by nodes", busy.id);
+    assert_eq!(outcome, LockOutcome::Contended { by_own_pipeline: false }, "row {} is leased by nodes", busy.id);
     h.advance(past(LEASE_TTL));
     let b = insert(&h, "job").await;
     let leased = fetch(&h, CHILD_PIPELINE, "job").await;
@@ -319,12 +354,18 @@ pub async fn lock_related_is_contended_by_another_pipelines_reset_mark<H: Harnes
     assert!(reset_for_retry(&h, child_lease).await, "reset of held lease {}#{}", child.id, child_lease.token);
     let marked = get(&h, child.id).await;
     let first = lease_single(&h, PARENT_PIPELINE, &parent).await;
-    assert_eq!(lock_related(&h, first, &[child.id], PARENT_PIPELINE).await, LockOutcome::Contended);
+    assert_eq!(
+        lock_related(&h, first, &[child.id], PARENT_PIPELINE).await,
+        LockOutcome::Contended { by_own_pipeline: false }
+    );
     assert_eq!(get(&h, child.id).await, marked, "contention rewrote the reset mark on row {}", child.id);
     applied_now(&apply(&h, ApplyParams::new(first, RowUpdate::default())).await, first);
     h.advance(past(MIN_PROCESSING_INTERVAL));
     let later = lease_single(&h, PARENT_PIPELINE, &parent).await;
-    assert_eq!(lock_related(&h, later, &[child.id], PARENT_PIPELINE).await, LockOutcome::Contended);
+    assert_eq!(
+        lock_related(&h, later, &[child.id], PARENT_PIPELINE).await,
+        LockOutcome::Contended { by_own_pipeline: false }
+    );
     assert_eq!(get(&h, child.id).await, marked, "contention rewrote the reset mark on row {}", child.id);
 }
 
@@ -418,7 +459,12 @@ pub async fn lock_related_and_read_resets_when_contended_and_is_stale_for_a_stal
     let (busy_lease, free) = busy_child_then_free_ones(&h, &parent, 1).await;
     let lease = lease_single(&h, PARENT_PIPELINE, &parent).await;
     let outcome = lock_and_read(&h, lease, &[free[0].id, busy_lease.id], PARENT_PIPELINE).await;
-    assert_eq!(outcome, LockRead::Reset { held: true }, "row {} is leased by {CHILD_PIPELINE}", busy_lease.id);
+    assert_eq!(
+        outcome,
+        LockRead::Reset { held: true, by_own_pipeline: false },
+        "row {} is leased by {CHILD_PIPELINE}",
+        busy_lease.id
+    );
     let reset = get(&h, parent.id).await;
     assert_eq!(reset.lock_token, None, "the contended holder {} was not reset", parent.id);
     assert_eq!(reset.lock_owner.as_deref(), Some(PARENT_PIPELINE), "a reset keeps the owner of {}", parent.id);

@@ -843,7 +843,9 @@ impl Store for PgStore {
         Ok(match self.lock_related_reading(p, true).await? {
             (LockOutcome::Locked, rows) => LockRead::Locked(rows),
             (LockOutcome::Stale, _) => LockRead::Stale,
-            (LockOutcome::Contended, _) => LockRead::Reset { held: self.reset_for_retry(holder).await? },
+            (LockOutcome::Contended { by_own_pipeline }, _) => {
+                LockRead::Reset { held: self.reset_for_retry(holder).await?, by_own_pipeline }
+            }
         })
     }
 

@@ -7,7 +7,7 @@ use super::session::Session;
 use super::sql;
 use crate::store::{
     ApplyOutcome, ApplyParams, CommitOp, Lease, LockOutcome, LockRelatedParams, LockToken, NewEvent, NewRow,
-    RelatedUpdate, Row, RowId, RowUpdate, StoreError, Timestamp, related_available,
+    RelatedUpdate, Row, RowId, RowUpdate, StoreError, Timestamp, held_by_own_pipeline, related_available,
 };
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgArguments, PgPool, PgRow};
@@ -89,20 +89,21 @@ pub(super) async fn lock_related_in_transaction(
     let mut tx = session.begin().await?;
     let rows: Vec<(i64, Option<i64>, Option<String>, bool)> =
         sqlx::query_as(sql::LOCK_RELATED_READ).bind(offset).bind(&ids).fetch_all(&mut *tx).await?;
-    let found: BTreeMap<i64, (Option<i64>, bool)> = rows
+    let found: BTreeMap<i64, (Option<i64>, bool, bool)> = rows
         .into_iter()
         .map(|(id, lock_token, lock_owner, live)| {
             let holder = p.holder.token;
             let owner = lock_owner.as_deref();
             let available = related_available(lock_token.map(LockToken), owner, live, holder, &p.owner);
-            (id, (lock_token, available))
+            let own = held_by_own_pipeline(lock_token.map(LockToken), owner, &p.owner);
+            (id, (lock_token, available, own))
         })
         .collect();
     if let Some(missing) = p.related.iter().find(|id| !found.contains_key(&id.0)) {
         tx.rollback().await?;
         return Ok(Err(StoreError::Invalid(format!("lock_related: related row {missing} does not exist"))));
     }
-    let holds = found.get(&p.holder.id.0).is_some_and(|(lock_token, _)| *lock_token == Some(token));
+    let holds = found.get(&p.holder.id.0).is_some_and(|(lock_token, _, _)| *lock_token == Some(token));
     if !holds {
         tx.rollback().await?;
         return Ok(Ok((LockOutcome::Stale, Vec::new())));
@@ -119,7 +120,12 @@ pub(super) async fn lock_related_in_transaction(
             .execute(&mut *tx)
             .await?;
     }
-    let outcome = if locked { LockOutcome::Locked } else { LockOutcome::Contended };
+    let outcome = if locked {
+        LockOutcome::Locked
+    } else {
+        let by_own_pipeline = p.related.iter().map(|id| found[&id.0]).all(|(_, available, own)| available || own);
+        LockOutcome::Contended { by_own_pipeline }
+    };
     if let Some(store) = record {
         let related = if locked { p.related.clone() } else { Vec::new() };
         let op = CommitOp::LockRelated { holder: p.holder, related, owner: p.owner.clone(), outcome };

@@ -189,9 +189,14 @@ async fn serve_rows(args: ServeArgs, path: &std::path::Path) -> Result<(), Failu
     use lockstep::pipeline::{ManagerOptions, PipelineManager};
     use lockstep::sim::{ScenarioFile, workload};
     let file = ScenarioFile::load(path).map_err(|error| Failure::usage(format!("--chaos-rows: {error}")))?;
-    // The planted bug of the waitlist runs in the replica's own engine, as in the simulator (sim/world.rs).
-    let waitlist_disabled = file.scenario.mutation.waitlist_disabled;
-    let spec = Arc::new(workload::WorkloadSpec { waitlist_disabled, ..file.scenario.workload.clone() });
+    // The planted bugs of the waitlist and the contention backoff run in the replica's own engine, as in the
+    // simulator (sim/world.rs).
+    let mutation = &file.scenario.mutation;
+    let spec = Arc::new(workload::WorkloadSpec {
+        waitlist_disabled: mutation.waitlist_disabled,
+        contention_backoff_disabled: mutation.contention_backoff_disabled,
+        ..file.scenario.workload.clone()
+    });
     let connections = u32::try_from(workload::connections_needed(&spec)).unwrap_or(u32::MAX);
     let name = args.replica.clone().unwrap_or_else(|| format!("replica-{}", std::process::id()));
     let (history, guard_off) = (args.chaos.chaos_history, args.chaos.chaos_apply_guard_off);
