@@ -64,6 +64,9 @@ async fn a_waiting_gang_is_written_to_the_queue_row_and_placed_whole_when_the_fi
     assert!(text.contains("placement   all_or_nothing"), "{text}");
     assert!(text.contains("waiting     for 2 allocations at once since "), "{text}");
     assert!(text.contains(", position 1 of 1 in the gang queue"), "{text}");
+    let mut one = report.clone();
+    one.waiting.as_mut().expect("b waits").need = 1;
+    assert!(one.render().contains("waiting     for 1 allocation at once since "), "a need of one in the singular");
 
     for _ in 0..60 {
         for agent in &mut agents {

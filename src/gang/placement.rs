@@ -145,10 +145,18 @@ pub const UNFIT_REASON_PREFIX: &str = "gang_placement all_or_nothing: ";
 
 /// The reason an all-or-nothing operation fails when its incarnation `index` needs `need` allocations at once and
 /// the live nodes have offered only `slots` for `waited` (at least `timeout`).
+///
+/// ```
+/// # use lockstep::gang::placement::unfit_reason;
+/// # use std::time::Duration;
+/// let reason = unfit_reason(0, 1, 0, Duration::from_secs(61), Duration::from_secs(60));
+/// assert!(reason.contains("incarnation 0 needs 1 allocation at once, but the live nodes offered only 0 for "));
+/// ```
 pub fn unfit_reason(index: u32, need: u32, slots: u32, waited: Duration, timeout: Duration) -> String {
     format!(
-        "{UNFIT_REASON_PREFIX}incarnation {index} needs {need} allocations at once, but the live nodes offered only \
-         {slots} for {} (gang_unfit_timeout {}): it can never be placed",
+        "{UNFIT_REASON_PREFIX}incarnation {index} needs {} at once, but the live nodes offered only {slots} for {} \
+         (gang_unfit_timeout {}): it can never be placed",
+        crate::sim::summary::count(need, "allocation"),
         crate::duration::format(waited),
         crate::duration::format(timeout)
     )

@@ -7,6 +7,7 @@
 use super::api::{self, GangError, OperationView};
 use super::model::{Allocation, JobStatus, KIND_ALLOCATION, OperationStatus, incarnation_id};
 use super::placement::{GangPlacement, KIND_GANG_QUEUE, canonical_queue};
+use crate::sim::summary::count;
 use crate::store::{RowId, Store, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -184,7 +185,7 @@ impl StatusReport {
         }
         if let Some(waiting) = &self.waiting {
             let mut line =
-                format!("waiting     for {} allocations at once since {}", waiting.need, waiting.since.utc());
+                format!("waiting     for {} at once since {}", count(waiting.need, "allocation"), waiting.since.utc());
             if let Some((at, len)) = waiting.position {
                 line.push_str(&format!(", position {} of {len} in the gang queue", at + 1));
             }

@@ -141,7 +141,7 @@ fn print_interrupted(args: &ChaosRunArgs, run: &Interrupted) {
         (false, false) => println!("schema NOT dropped: {} (the error is above)", run.schema),
     }
     let history = match &run.history {
-        Ok(commits) => format!("history.txt: {commits} commits, "),
+        Ok(commits) => format!("history.txt: {}, ", lockstep::sim::summary::count(*commits as u64, "commit")),
         Err(error) => {
             println!("history not written: PostgreSQL did not read it: {error}");
             String::new()
