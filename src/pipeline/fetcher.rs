@@ -77,6 +77,7 @@ impl<S: Store> Fetcher<S> {
         {
             self.empty_streak += 1;
             Metrics::bump(&self.core.metrics.contention_backoffs);
+            self.give_back_queued().await?;
             return Ok(FetchPass::Contended);
         }
         let (pass, expiry) = fetch(&self.core, 0).await?;
@@ -166,6 +167,24 @@ impl<S: Store> Fetcher<S> {
                 _ = clock.sleep_until(until) => return,
             }
         }
+    }
+
+    /// Gives the leases of every queued item back to the store unparked, so that the replica holding the rows they
+    /// wait for can take them at once, where each would otherwise meet that holder here and be reset, kept from
+    /// every replica for `retry_delay`. Errors: the store's; the leases, out of the queue and the ledger already,
+    /// are left to expire.
+    async fn give_back_queued(&self) -> Result<(), StoreError> {
+        let core = &self.core;
+        let leases: Vec<Lease> = core.shared.take_all_queued().into_iter().map(|item| item.lease).collect();
+        if leases.is_empty() {
+            return Ok(());
+        }
+        for lease in &leases {
+            core.shared.forget(*lease);
+        }
+        let released = core.store.release(leases).await?;
+        core.metrics.released.fetch_add(released as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     fn backoff(&mut self) -> Duration {

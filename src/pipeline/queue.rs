@@ -512,11 +512,15 @@ impl Shared {
     /// An item ended: `contended` when related rows that items of the pipeline in another replica hold turned it
     /// away (its lease reset for retry; [`ItemOutcome::Retried`](super::ItemOutcome::Retried)), which lengthens
     /// the contention streak; any other end (applied, failed, stale, or turned away by another pipeline's rows or
-    /// by an item of this replica whose turn it waited for too long) breaks it, and ends a contention backoff the first fetcher sleeps: the pipeline's items got their rows
-    /// again (an item that was turned away before the backoff began may have been the last to end).
+    /// by an item of this replica whose turn it waited for too long) breaks it, and ends a contention backoff the
+    /// first fetcher sleeps: the pipeline's items got their rows again (an item that was turned away before the
+    /// backoff began may have been the last to end). A streak that reaches a full queue's worth wakes the first
+    /// fetcher, which backs off at once and gives back what is queued ([`Shared::backs_off_for_contention`]).
     pub fn note_ended(&self, contended: bool) {
         if contended {
-            self.contended_streak.fetch_add(1, Ordering::SeqCst);
+            if self.contended_streak.fetch_add(1, Ordering::SeqCst) + 1 == self.base.max {
+                self.refill.notify_one();
+            }
         } else {
             self.contended_streak.store(0, Ordering::SeqCst);
             if self.contention_backoff.swap(false, Ordering::SeqCst) {
@@ -525,19 +529,19 @@ impl Shared {
         }
     }
 
-    /// Whether the first fetcher should back off instead of fetching: a fetch is due (the queue is below its lower
-    /// mark) and the last items to end, at least dstack's queue max of them (a full queue's worth), were all turned
-    /// away by related rows that items of the pipeline hold in another replica. More of the backlog would
-    /// meet the same holders and be reset too, each reset keeping its row from every replica for `retry_delay`,
-    /// while the holders' replica, running the same pipeline, can take that backlog meanwhile. Rows another
-    /// pipeline holds never count: that pipeline cannot take this one's backlog, and backing off would only cede
-    /// the rows to it (the simulator's `rows-shared-two-pipelines` starved claims so). The backoff ends early when
-    /// an item ends otherwise ([`Shared::note_ended`], [`Shared::contention_ended`]). When it answers yes, the
-    /// fetch after the backoff is a probe (one more item turned away before any ends otherwise backs off again),
-    /// the queue returns to dstack's size, and the workers' wait for an item in the backoff does not count as
-    /// outrunning the fetch.
+    /// Whether the first fetcher should back off instead of fetching, and give back what is queued: the last items
+    /// to end, at least dstack's queue max of them (a full queue's worth), were all turned away by related rows that
+    /// items of the pipeline hold in another replica. More of the backlog would meet the same holders and be reset
+    /// too, each reset keeping its row from every replica for `retry_delay`, while the holders' replica, running the
+    /// same pipeline, can take that backlog meanwhile: the queued items go back to the store unparked, for it to
+    /// take at once. Rows another pipeline holds never count: that pipeline cannot take this one's backlog, and
+    /// backing off would only cede the rows to it (the simulator's `rows-shared-two-pipelines` starved claims so).
+    /// The backoff ends early when an item ends otherwise ([`Shared::note_ended`], [`Shared::contention_ended`]).
+    /// When it answers yes, the fetch after the backoff is a probe (one more item turned away before any ends
+    /// otherwise backs off again), the queue returns to dstack's size, and the workers' wait for an item in the
+    /// backoff does not count as outrunning the fetch.
     pub fn backs_off_for_contention(&self) -> bool {
-        if self.contended_streak.load(Ordering::SeqCst) < self.base.max || self.queue_len() >= self.marks().low {
+        if self.contended_streak.load(Ordering::SeqCst) < self.base.max {
             return false;
         }
         // One more item turned away after the backoff backs off again: the fetch after it is a probe.
@@ -547,6 +551,12 @@ impl Shared {
         self.outran.store(false, Ordering::SeqCst);
         *lock(&self.marks) = self.base;
         true
+    }
+
+    /// Takes every queued item out of the queue (see [`Shared::take_queued`]).
+    pub fn take_all_queued(&self) -> Vec<Item> {
+        let leases: Vec<Lease> = lock(&self.queue).items.iter().map(|item| item.lease).collect();
+        self.take_queued(&leases)
     }
 
     /// The first fetcher's contention backoff ended (whatever woke it): an item that ends later wakes nothing.
@@ -629,8 +639,8 @@ mod tests {
     }
 
     /// The contention backoff needs a full queue's worth (dstack's max, 2 × workers) of items turned away in a row,
-    /// any other end breaks the streak, answering restarts the streak and brings a grown queue back to dstack's
-    /// size, and an item that ends otherwise during the backoff ends it.
+    /// which wakes the fetcher; any other end breaks the streak; answering brings a grown queue back to dstack's
+    /// size and makes the next fetch a probe; an item that ends otherwise during the backoff ends it.
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_of_contended_items_in_a_row_backs_the_fetcher_off() {
         use futures_util::FutureExt;
@@ -648,10 +658,12 @@ mod tests {
             shared.note_ended(true);
         }
         assert!(!shared.backs_off_for_contention(), "an applied item broke the streak");
+        assert!(shared.refill.notified().now_or_never().is_none(), "no wake before the streak is full");
         shared.note_ended(true);
+        assert!(shared.refill.notified().now_or_never().is_some(), "a full streak wakes the fetcher");
         shared.starved.store(true, std::sync::atomic::Ordering::SeqCst);
         assert_ne!(shared.adapt(8, 8), base, "a starved full fetch grows the queue");
-        assert!(shared.backs_off_for_contention(), "four in a row, queue empty");
+        assert!(shared.backs_off_for_contention(), "four in a row");
         assert_eq!(shared.marks(), base, "the queue is back at dstack's size");
         assert!(!shared.starved.load(std::sync::atomic::Ordering::SeqCst), "the backoff is no outrunning");
         assert!(!shared.backs_off_for_contention(), "the fetch after the backoff is due");
