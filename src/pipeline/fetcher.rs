@@ -21,7 +21,8 @@ pub enum FetchPass {
     /// Leased `fetched` rows of at most `limit`.
     Fetched { fetched: usize, limit: usize },
     /// No fetch was made although one was due: a full queue's worth of the pipeline's items in a row were turned
-    /// away by contended related locks ([`Shared::backs_off_for_contention`]). Counts as an empty fetch.
+    /// away by contended related locks ([`Shared::backs_off_for_contention`]); the fetcher sleeps the first backoff
+    /// step (not counted as an empty fetch).
     ///
     /// [`Shared::backs_off_for_contention`]: super::queue::Shared::backs_off_for_contention
     Contended,
@@ -75,7 +76,6 @@ impl<S: Store> Fetcher<S> {
         if !self.core.config.contention_backoff_disabled_for_mutation_test
             && self.core.shared.backs_off_for_contention()
         {
-            self.empty_streak += 1;
             Metrics::bump(&self.core.metrics.contention_backoffs);
             self.give_back_queued().await?;
             return Ok(FetchPass::Contended);
@@ -116,7 +116,10 @@ impl<S: Store> Fetcher<S> {
                 Ok(FetchPass::Fetched { fetched: 0, .. }) => Some(self.empty_wait()),
                 Ok(FetchPass::Fetched { .. }) => Some(self.core.config.fetch_backoff[0]),
                 Ok(FetchPass::Contended) => {
-                    let delay = self.backoff();
+                    // The first step of the sequence, whatever the empty fetches before: the items it gave up wait
+                    // out `retry_delay` (500 ms) at most, and a fetcher that idled before the row got hot would
+                    // otherwise sleep up to 5 s through hints (a trial: bursts of claims waited 4-5 s).
+                    let delay = fetch_backoff(&self.core.config, 1, &mut self.rng);
                     self.sleep_unless_woken(delay, Wake::Contended).await;
                     shared.contention_backoff_over();
                     continue;
