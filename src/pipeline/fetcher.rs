@@ -20,9 +20,9 @@ pub enum FetchPass {
     Full,
     /// Leased `fetched` rows of at most `limit`.
     Fetched { fetched: usize, limit: usize },
-    /// No fetch was made although one was due: a full queue's worth of the pipeline's items in a row were turned
-    /// away by contended related locks ([`Shared::backs_off_for_contention`]); the fetcher sleeps the first backoff
-    /// step (not counted as an empty fetch).
+    /// No fetch was made, and the queued items were given back: a full queue's worth of the pipeline's items in a
+    /// row were turned away by rows its items in another replica hold ([`Shared::backs_off_for_contention`]); the
+    /// fetcher sleeps the first backoff step (not counted as an empty fetch).
     ///
     /// [`Shared::backs_off_for_contention`]: super::queue::Shared::backs_off_for_contention
     Contended,
@@ -172,22 +172,15 @@ impl<S: Store> Fetcher<S> {
         }
     }
 
-    /// Gives the leases of every queued item back to the store unparked, so that the replica holding the rows they
-    /// wait for can take them at once, where each would otherwise meet that holder here and be reset, kept from
-    /// every replica for `retry_delay`. Errors: the store's; the leases, out of the queue and the ledger already,
-    /// are left to expire.
+    /// Gives the leases of every queued item back to the store unparked ([`Core::give_back`]), so that the replica
+    /// holding the rows they wait for can take them at once, where each would otherwise meet that holder here and
+    /// be reset, kept from every replica for `retry_delay`. Errors: the store's.
     async fn give_back_queued(&self) -> Result<(), StoreError> {
-        let core = &self.core;
-        let leases: Vec<Lease> = core.shared.take_all_queued().into_iter().map(|item| item.lease).collect();
+        let leases: Vec<Lease> = self.core.shared.take_all_queued().into_iter().map(|item| item.lease).collect();
         if leases.is_empty() {
             return Ok(());
         }
-        for lease in &leases {
-            core.shared.forget(*lease);
-        }
-        let released = core.store.release(leases).await?;
-        core.metrics.released.fetch_add(released as u64, Ordering::Relaxed);
-        Ok(())
+        self.core.give_back(leases).await
     }
 
     fn backoff(&mut self) -> Duration {

@@ -86,12 +86,8 @@ impl<S: Store> Heartbeater<S> {
     /// kind so that other replicas' fetchers look at once.
     async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
         let core = &self.core;
-        for lease in leases {
-            core.shared.forget(*lease);
-        }
         core.shared.saturate();
-        let released = core.store.release(leases.to_vec()).await?;
-        core.metrics.released.fetch_add(released as u64, Ordering::Relaxed);
+        core.give_back(leases.to_vec()).await?;
         core.store.hint(&core.config.kind, None).await
     }
 

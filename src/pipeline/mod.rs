@@ -132,6 +132,18 @@ impl<S: Store> Pipeline<S> {
         self.retry_rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).random_range(-1.0..=1.0)
     }
 
+    /// Gives back to the store the leases of items taken out of the queue unstarted: drops them from the ledger,
+    /// releases them (each row fetchable at once by any replica) and counts them in `released`. Errors: the
+    /// store's; the leases, out of the ledger already, are left to expire.
+    pub(crate) async fn give_back(&self, leases: Vec<crate::store::Lease>) -> Result<(), crate::store::StoreError> {
+        for lease in &leases {
+            self.shared.forget(*lease);
+        }
+        let released = self.store.release(leases).await?;
+        self.metrics.released.fetch_add(released as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Its heartbeater.
     pub fn heartbeater(&self) -> Heartbeater<S> {
         Heartbeater::new(self.clone())

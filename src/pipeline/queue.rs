@@ -114,8 +114,9 @@ pub struct Shared {
     /// Wakes the first fetcher: [`Shared::note_retry`] set an earlier `retry_due`, so a backoff it sleeps may end
     /// sooner.
     pub retry_noted: Notify,
-    /// Items that ended in a row turned away by related rows items of the pipeline in another replica hold (reset for retry),
-    /// since an item ended any other way or the first fetcher last backed off for them ([`Shared::note_ended`]).
+    /// Items that ended in a row turned away by related rows that items of the pipeline in another replica hold
+    /// (reset for retry), since an item ended any other way ([`Shared::note_ended`]); a contention backoff sets it
+    /// one short of a full queue's worth (the probe).
     contended_streak: AtomicUsize,
     /// The first fetcher is backing off for contention ([`Shared::backs_off_for_contention`]) and no item has
     /// ended otherwise since.
