@@ -14,7 +14,8 @@
 //! `LOCKSTEP_BENCH_PG_ROWS`, `LOCKSTEP_BENCH_MEM_ROWS`, `LOCKSTEP_BENCH_OUT` (default `benches/results`);
 //! for the drain `LOCKSTEP_BENCH_DRAIN_ROWS` (200 000), `LOCKSTEP_BENCH_DRAIN_REPLICAS` (1),
 //! `LOCKSTEP_BENCH_DRAIN_MODE` (`batched` or `per_item`), `LOCKSTEP_BENCH_DRAIN_PROCESSING_MS` (0),
-//! `LOCKSTEP_BENCH_DRAIN_FETCHERS` and `LOCKSTEP_BENCH_DRAIN_APPLIES_IN_FLIGHT` (overrides of the config),
+//! `LOCKSTEP_BENCH_DRAIN_FETCHERS`, `LOCKSTEP_BENCH_DRAIN_APPLIES_IN_FLIGHT`, `LOCKSTEP_BENCH_DRAIN_FETCH_LIMIT_MAX`
+//! and `LOCKSTEP_BENCH_DRAIN_APPLY_BATCH_MAX` (overrides of the config),
 //! `LOCKSTEP_BENCH_DRAIN_LABEL` (the `RESULT` line's label), `LOCKSTEP_BENCH_EXPLAIN=1` to print the fetch's
 //! `EXPLAIN (ANALYZE, BUFFERS)` half-way and the index reads, and `LOCKSTEP_BENCH_SCHEMA_SQL` (a file of SQL run in
 //! each schema after the migrations, before the rows are filled: experiments with the table's layout).

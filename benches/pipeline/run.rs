@@ -231,6 +231,12 @@ async fn drain(settings: &Settings) {
     if let Some(in_flight) = settings.drain_applies_in_flight {
         config.apply_batches_in_flight = in_flight;
     }
+    if let Some(limit) = settings.drain_fetch_limit_max {
+        config.fetch_limit_max = limit;
+    }
+    if let Some(max) = settings.drain_apply_batch_max {
+        config.apply_batch_max = max;
+    }
     let processing = settings.drain_processing;
     let sample = if processing.is_zero() {
         pg::lockstep(&drain_settings, rows, replicas, config.clone(), Trivial, StoreTweaks::default()).await

@@ -51,10 +51,14 @@ pub struct Settings {
     pub drain_mode: DrainMode,
     /// Processing time of each drained item, a sleep (`LOCKSTEP_BENCH_DRAIN_PROCESSING_MS`, default 0: trivial).
     pub drain_processing: Duration,
-    /// Overrides of the drain's config, for experiments: `fetchers` (`LOCKSTEP_BENCH_DRAIN_FETCHERS`) and
-    /// `apply_batches_in_flight` (`LOCKSTEP_BENCH_DRAIN_APPLIES_IN_FLIGHT`); unset keeps the default.
+    /// Overrides of the drain's config, for experiments: `fetchers` (`LOCKSTEP_BENCH_DRAIN_FETCHERS`),
+    /// `apply_batches_in_flight` (`LOCKSTEP_BENCH_DRAIN_APPLIES_IN_FLIGHT`), `fetch_limit_max`
+    /// (`LOCKSTEP_BENCH_DRAIN_FETCH_LIMIT_MAX`) and `apply_batch_max` (`LOCKSTEP_BENCH_DRAIN_APPLY_BATCH_MAX`); unset
+    /// keeps the default.
     pub drain_fetchers: Option<usize>,
     pub drain_applies_in_flight: Option<usize>,
+    pub drain_fetch_limit_max: Option<usize>,
+    pub drain_apply_batch_max: Option<usize>,
     /// The drain's `RESULT` label (`LOCKSTEP_BENCH_DRAIN_LABEL`); default `lockstep_<replicas>x8` with `_per_item`
     /// and `_<ms>ms` for a mode and a processing time other than the defaults.
     pub drain_label: Option<String>,
@@ -138,6 +142,8 @@ impl Settings {
                 drain_processing: Duration::ZERO,
                 drain_fetchers: None,
                 drain_applies_in_flight: None,
+                drain_fetch_limit_max: None,
+                drain_apply_batch_max: None,
                 drain_label: None,
                 sample_waits: false,
                 explain_fetch: true,
@@ -162,6 +168,8 @@ impl Settings {
             drain_processing: Duration::from_millis(env_or("LOCKSTEP_BENCH_DRAIN_PROCESSING_MS", 0)),
             drain_fetchers: env_opt("LOCKSTEP_BENCH_DRAIN_FETCHERS"),
             drain_applies_in_flight: env_opt("LOCKSTEP_BENCH_DRAIN_APPLIES_IN_FLIGHT"),
+            drain_fetch_limit_max: env_opt("LOCKSTEP_BENCH_DRAIN_FETCH_LIMIT_MAX"),
+            drain_apply_batch_max: env_opt("LOCKSTEP_BENCH_DRAIN_APPLY_BATCH_MAX"),
             drain_label: std::env::var("LOCKSTEP_BENCH_DRAIN_LABEL").ok(),
             sample_waits: false,
             explain_fetch: env_or("LOCKSTEP_BENCH_EXPLAIN", 0) == 1,
