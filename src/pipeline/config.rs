@@ -40,22 +40,23 @@ pub const FETCH_EXPIRY_SLACK_DEFAULT: Duration = Duration::from_millis(100);
 /// pipeline adds no delay; 2 ms is about two batched applies' round trips on PostgreSQL on these machines
 /// (BENCHMARKS.md).
 pub const APPLY_BATCH_WINDOW_DEFAULT: Duration = Duration::from_millis(2);
-/// Default most applies in one batch (and, times `apply_batches_in_flight`, unanswered at once per pipeline): 300,
+/// Default most applies in one batch (and, times `apply_batches_in_flight`, unanswered at once per pipeline): 600,
 /// as [`FETCH_LIMIT_MAX_DEFAULT`], so that a full fetch's rows go back in one batch (a drain whose fetches leased
 /// 400 rows but applied in batches of 100 filled its apply slots 77 % of the time and ran no faster than with 100
 /// of each; issue 16, BENCHMARKS.md).
-pub const APPLY_BATCH_MAX_DEFAULT: usize = 300;
+pub const APPLY_BATCH_MAX_DEFAULT: usize = 600;
 /// Default most apply batches of a pipeline in the store at once: 2, so the next batch goes while one commits. A
 /// 1 × 8 drain on PostgreSQL with two fetches in flight waited on its one apply batch (its 100 unanswered applies
 /// filled their slots 77–86 % of the time); with two of each it ran 1.4–2.1 × (median 1.7 ×) as fast as with one
 /// of each (issue 16, BENCHMARKS.md).
 pub const APPLY_BATCHES_IN_FLIGHT_DEFAULT: usize = 2;
-/// Default most rows one fetch leases once the workers outrun dstack's queue size: 300. A 1 × 8 drain of no-op items
-/// on PostgreSQL ran 1.26–1.43 × as fast with fetches and apply batches of 300 as with 100, at about 0.8 × the
-/// PostgreSQL CPU per item (each statement's fixed cost spread over more rows); 500 gained nothing more (issue 16,
-/// BENCHMARKS.md). The queue grows to it only while the workers outrun the fetches, so a pipeline whose handlers
-/// take their time keeps dstack's queue of twice its workers.
-pub const FETCH_LIMIT_MAX_DEFAULT: usize = 300;
+/// Default most rows one fetch leases once the workers outrun dstack's queue size: 600 (100 before). Drains of
+/// no-op items on PostgreSQL, 1 replica × 8 workers, with fetches and apply batches of the same size: 300 ran
+/// 1.2–1.4 × as fast as 100, and 600 1.1–1.2 × as fast as 300 at about 0.93 × its PostgreSQL CPU per item (each
+/// statement's fixed cost spread over more rows); 1 000 gained nothing more beyond the noise (issue 16,
+/// BENCHMARKS.md). The queue grows to it only while the workers outrun the fetches and the store has the rows, so
+/// a pipeline whose handlers take their time keeps dstack's queue of twice its workers.
+pub const FETCH_LIMIT_MAX_DEFAULT: usize = 600;
 /// Default fetch loops per pipeline: 2. The second loop fetches only while the queue is grown (the workers outran
 /// the fetches and the store has more rows), so an idle or slow pipeline fetches as dstack's one loop does; a busy
 /// one has a second fetch in flight while the first is answered (`tests/batching.rs`: twice the rows per second at
