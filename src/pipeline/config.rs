@@ -50,12 +50,12 @@ pub const APPLY_BATCH_MAX_DEFAULT: usize = 600;
 /// filled their slots 77–86 % of the time); with two of each it ran 1.4–2.1 × (median 1.7 ×) as fast as with one
 /// of each (issue 16, BENCHMARKS.md).
 pub const APPLY_BATCHES_IN_FLIGHT_DEFAULT: usize = 2;
-/// Default most rows one fetch leases once the workers outrun dstack's queue size: 600 (100 before). Drains of
-/// no-op items on PostgreSQL, 1 replica × 8 workers, with fetches and apply batches of the same size: 300 ran
-/// 1.2–1.4 × as fast as 100, and 600 1.1–1.2 × as fast as 300 at about 0.93 × its PostgreSQL CPU per item (each
-/// statement's fixed cost spread over more rows); 1 000 gained nothing more beyond the noise (issue 16,
-/// BENCHMARKS.md). The queue grows to it only while the workers outrun the fetches and the store has the rows, so
-/// a pipeline whose handlers take their time keeps dstack's queue of twice its workers.
+/// Default most rows one fetch leases once the workers outrun dstack's queue size: 600 (100 before). A drain of
+/// 200 000 no-op items on PostgreSQL, 1 replica × 8 workers, ran 1.50–1.69 × as fast as with 100 (four pairs), at
+/// 0.66–0.75 × the PostgreSQL CPU per item: each statement's fixed cost is spread over more rows. 300 gave about
+/// 1.3 ×, and 1 000 nothing more than 600 beyond the noise (issue 16, BENCHMARKS.md, "Eighth round"). The queue
+/// grows to it only while the workers outrun the fetches and the store has the rows, so a pipeline whose handlers
+/// take their time keeps dstack's queue of twice its workers.
 pub const FETCH_LIMIT_MAX_DEFAULT: usize = 600;
 /// Default fetch loops per pipeline: 2. The second loop fetches only while the queue is grown (the workers outran
 /// the fetches and the store has more rows), so an idle or slow pipeline fetches as dstack's one loop does; a busy
