@@ -24,7 +24,7 @@ fn config(workers: usize) -> PipelineConfig {
     PipelineConfig { workers, ..PipelineConfig::new("tasks", "task", &["ready"]) }
 }
 
-async fn insert_ready(store: &MemStore, count: usize) -> Vec<RowId> {
+async fn insert_ready<S: Store>(store: &S, count: usize) -> Vec<RowId> {
     let mut ids = Vec::new();
     for i in 0..count {
         ids.push(store.insert(NewRow::new("task", "ready", json!({ "n": i }))).await.unwrap().id);
@@ -1070,4 +1070,31 @@ async fn items_that_lock_each_others_rows_as_shared_finish() {
         }
         manager.shutdown().await;
     }
+}
+
+/// A pipeline of the default config runs on a store of the default options: the default pool
+/// (`PgOptions::MAX_CONNECTIONS_DEFAULT`, 23) holds the default pipeline's 20 workers, 2 fetchers and heartbeater.
+/// A new user's trial: with the pool at 11 the manager refused the default pipeline at register.
+#[tokio::test]
+async fn a_default_pipeline_runs_on_a_postgres_store_of_the_default_options() {
+    let harness = support::pg::PgHarness::new().await;
+    let store = lockstep::store::conformance::Harness::store(&harness).clone();
+    let ids = insert_ready(&store, 5).await;
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 1 });
+    let config = PipelineConfig::new("tasks", "task", &["ready"]);
+    assert!(config.connections_needed() > 11, "the default pipeline needs more than the old pool");
+    manager.register(config, MarkDone::default()).expect("a default pipeline on a default store");
+    manager.start();
+    manager.hint_fetch("task", None).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let rows = store.list("task", None).await.unwrap();
+        if rows.iter().all(|row| row.status == "done") {
+            assert_eq!(rows.len(), ids.len());
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "rows not done within 60 s: {rows:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    manager.shutdown().await;
 }
