@@ -393,6 +393,44 @@ async fn fetches_grow_while_workers_outrun_them_and_shrink_when_rows_run_out() {
     assert_eq!(p.shared.marks(), base, "a partial fetch brings the queue back to dstack's size");
 }
 
+/// A queue grown on fast items shrinks back to dstack's size once the items turn slow, while the backlog lasts:
+/// each `fetchers` + 1 full fetches in a row after which no worker found the queue empty halve it. Before, only a
+/// short fetch (the backlog's end) did, and a new user's trial saw a queue grown on fast items hold about 1 000
+/// leases through 37 s of slow ones.
+#[tokio::test(start_paused = true)]
+async fn a_grown_queue_shrinks_back_when_the_items_turn_slow() {
+    let store = Slow::new();
+    insert_ready(&store, 2_000).await;
+    let config = PipelineConfig { workers: 4, fetch_limit_max: 64, ..config(4) };
+    let p = Pipeline::new(Arc::new(store.clone()), config).unwrap();
+    let base = p.shared.marks();
+    let mut fetcher = p.fetcher(1);
+    let handler = Done { process: Duration::ZERO };
+    // Fast items: the workers empty the queue after every fetch and wait; it grows to the cap.
+    while p.shared.marks().max < 64 {
+        fetcher.run_once().await.unwrap();
+        while p.work_one(&handler).await.is_some() {}
+        starve(&p).await;
+    }
+    // Slow items: the workers take items but never find the queue empty.
+    let mut maxes = Vec::new();
+    while p.shared.marks() != base {
+        assert!(maxes.len() < 10, "the queue stayed grown: {maxes:?}");
+        let pass = fetcher.run_once().await.unwrap();
+        assert!(matches!(pass, FetchPass::Fetched { fetched, limit } if fetched == limit), "{pass:?}");
+        maxes.push(p.shared.marks().max);
+        let low = p.shared.marks().low;
+        while p.shared.queue_len() >= low {
+            p.work_one(&handler).await;
+        }
+    }
+    // One fetch loop: every second full fetch in a row with no worker starved halves it (the first one still
+    // follows the fast items' last wait).
+    assert_eq!(maxes, [64, 64, 32, 32, 16, 16, 8]);
+    let ready = store.list("task", None).await.unwrap().iter().filter(|row| row.status == "ready").count();
+    assert!(ready > 1_000, "the backlog was still there ({ready} rows ready)");
+}
+
 #[tokio::test(start_paused = true)]
 async fn fetches_keep_dstack_size_while_workers_are_busy() {
     let store = Slow::new();

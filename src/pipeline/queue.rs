@@ -5,9 +5,11 @@
 //! The queue's size follows dstack (max ceil(workers × 2.0), fetch below ceil(workers × 0.5)) until the workers
 //! outrun the fetcher: when a worker found the queue empty since the last fetch and that fetch leased all it asked
 //! for (the store has more ready rows), the fetcher doubles the queue's size, up to `fetch_limit_max` rows, keeping
-//! the two marks' ratio; a fetch that gets fewer rows than it asked for (no backlog) brings it back to dstack's
-//! size. Fast items thus come in large fetches, one statement for many rows (DESIGN §3, Batching), while slow
-//! items, whose workers never wait for the queue, keep the small queue and the short lease wait of dstack.
+//! the two marks' ratio; `fetchers` + 1 full fetches in a row after which no worker found the queue empty halve a
+//! grown queue (down to dstack's size), and a fetch that gets fewer rows than it asked for (no backlog) brings it back to dstack's
+//! size at once. Fast items thus come in large fetches, one statement for many rows (DESIGN §3, Batching), while
+//! slow items, whose workers never wait for the queue, keep or regain the small queue and the short lease wait of
+//! dstack, also when a backlog's items turn slow.
 //!
 //! While the queue is grown, up to `fetchers` fetches may be in flight at once, so that a store call's latency
 //! does not bound the pipeline to one fetch's rows per round trip. Each fetch reserves the room its rows will
@@ -84,6 +86,8 @@ pub struct Shared {
     fetchers: usize,
     /// A worker found the queue empty since the last fetch.
     starved: AtomicBool,
+    /// Full fetches in a row after which no worker had found the queue empty (see [`Shared::adapt`]).
+    kept_up: AtomicUsize,
     /// The queue cannot grow (its cap is dstack's max) and its workers outran the last full fetch: the other
     /// fetchers fetch as if it were grown (see the module doc).
     outran: AtomicBool,
@@ -216,6 +220,7 @@ impl Shared {
             marks: Mutex::new(base),
             fetchers: config.fetchers,
             starved: AtomicBool::new(false),
+            kept_up: AtomicUsize::new(0),
             outran: AtomicBool::new(false),
             idle: AtomicUsize::new(0),
             saturated: AtomicBool::new(false),
@@ -339,9 +344,10 @@ impl Shared {
     }
 
     /// After a fetch that leased `fetched` of the `limit` rows it asked for: doubles the queue's size (up to the
-    /// cap) if a worker found the queue empty since the last fetch and the store had every row asked for, or
-    /// brings it back to dstack's size if the store had fewer (see the module doc). A queue that cannot grow
-    /// counts as grown from such a fetch until one that leases fewer rows. Returns the new marks.
+    /// cap) if a worker found the queue empty since the last fetch and the store had every row asked for, halves a
+    /// grown queue (down to dstack's size) once no worker did through `fetchers` + 1 full fetches in a row, or
+    /// brings it back to dstack's size if the store had fewer (see the module doc). A queue that cannot grow counts as grown from such a fetch until one that
+    /// leases fewer rows. Returns the new marks.
     pub fn adapt(&self, fetched: usize, limit: usize) -> Marks {
         let starved = self.starved.swap(false, Ordering::SeqCst);
         let mut marks = lock(&self.marks);
@@ -351,12 +357,27 @@ impl Shared {
         } else if starved && self.cap <= self.base.max {
             self.outran.store(true, Ordering::SeqCst);
         } else if starved && marks.max < self.cap {
-            let max = (marks.max * 2).min(self.cap);
-            // The base ratio of the marks (dstack's 0.5 / 2.0), at least the base low mark.
-            let low = (max * self.base.low).div_ceil(self.base.max).max(self.base.low);
-            *marks = Marks { max, low };
+            *marks = self.scaled((marks.max * 2).min(self.cap));
+        }
+        // The workers kept up with the queue through `fetchers` + 1 full fetches in a row (items that turned slow
+        // in a backlog): a grown queue would only keep rows leased that they cannot start soon (a new user's
+        // trial: a queue grown on fast items held about 1 000 leases through 37 s of slow ones, each waiting about
+        // 1 s). One fetch is not enough: with several fetchers, one fetch's rows can arrive before the workers
+        // emptied another's.
+        let kept_up = if starved || fetched < limit { 0 } else { self.kept_up.load(Ordering::SeqCst) + 1 };
+        if kept_up > self.fetchers && marks.max > self.base.max {
+            *marks = self.scaled((marks.max / 2).max(self.base.max));
+            self.kept_up.store(0, Ordering::SeqCst);
+        } else {
+            self.kept_up.store(kept_up, Ordering::SeqCst);
         }
         *marks
+    }
+
+    /// Marks of a queue of `max` rows: the base ratio of the marks (dstack's 0.5 / 2.0), at least the base low mark.
+    fn scaled(&self, max: usize) -> Marks {
+        let low = (max * self.base.low).div_ceil(self.base.max).max(self.base.low);
+        Marks { max, low }
     }
 
     /// Leases held: queued plus in processing.
@@ -637,6 +658,50 @@ mod tests {
         shared.note_retry(at(3_000), at(2_500));
         assert_eq!(shared.retry_due_after(at(2_500)), Some(at(3_000)), "noting forgets what passed");
         assert_eq!(shared.retry_due_after(at(3_000)), None);
+    }
+
+    /// A grown queue halves at every `fetchers` + 1 full fetches in a row after which no worker found it empty, down
+    /// to dstack's size and no further; a starved full fetch restarts the count and grows it again.
+    #[test]
+    fn a_grown_queue_halves_while_the_workers_keep_up() {
+        let config =
+            PipelineConfig { workers: 4, fetch_limit_max: 64, ..PipelineConfig::new("tasks", "task", &["ready"]) };
+        let shared = super::Shared::new(&config);
+        let base = shared.marks();
+        assert_eq!(base, super::Marks { max: 8, low: 2 });
+        let starve = |starved: bool| shared.starved.store(starved, std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..3 {
+            starve(true);
+            shared.adapt(64, 64);
+        }
+        assert_eq!(shared.marks(), super::Marks { max: 64, low: 16 });
+        // With the default 2 fetchers, every third full fetch in a row with no worker starved halves it.
+        let mut maxes = Vec::new();
+        for _ in 0..12 {
+            starve(false);
+            maxes.push(shared.adapt(64, 64).max);
+        }
+        assert_eq!(maxes, [64, 64, 32, 32, 32, 16, 16, 16, 8, 8, 8, 8], "halved down to dstack's size");
+        for _ in 0..3 {
+            starve(true);
+            shared.adapt(64, 64);
+        }
+        starve(false);
+        shared.adapt(64, 64);
+        starve(true);
+        shared.adapt(64, 64);
+        starve(false);
+        shared.adapt(64, 64);
+        starve(false);
+        assert_eq!(shared.adapt(64, 64).max, 64, "a starved fetch between restarts the count");
+        assert_eq!(shared.adapt(64, 64).max, 32, "the third in a row halves it");
+        for _ in 0..6 {
+            starve(false);
+            shared.adapt(64, 64);
+        }
+        assert_eq!(shared.marks(), base);
+        starve(true);
+        assert_eq!(shared.adapt(8, 8), super::Marks { max: 16, low: 4 }, "outran again: it grows");
     }
 
     /// The contention backoff needs a full queue's worth (dstack's max, 2 × workers) of items turned away in a row,
