@@ -54,8 +54,9 @@ pub const APPLY_BATCHES_IN_FLIGHT_DEFAULT: usize = 2;
 /// 200 000 no-op items on PostgreSQL, 1 replica × 8 workers, ran 1.50–1.69 × as fast as with 100 (four pairs), at
 /// 0.66–0.75 × the PostgreSQL CPU per item: each statement's fixed cost is spread over more rows. 300 gave about
 /// 1.3 ×, and 1 000 nothing more than 600 beyond the noise (issue 16, BENCHMARKS.md, "Eighth round"). The queue
-/// grows to it only while the workers outrun the fetches and the store has the rows, so a pipeline whose handlers
-/// take their time keeps dstack's queue of twice its workers.
+/// grows to it only while the workers outrun the fetches and the store has the rows, and halves back once they keep
+/// up ([`Shared::adapt`](super::queue::Shared::adapt)), so a pipeline whose handlers take their time keeps dstack's
+/// queue of twice its workers.
 pub const FETCH_LIMIT_MAX_DEFAULT: usize = 600;
 /// Default fetch loops per pipeline: 2. The second loop fetches only while the queue is grown (the workers outran
 /// the fetches and the store has more rows), so an idle or slow pipeline fetches as dstack's one loop does; a busy
