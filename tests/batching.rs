@@ -404,14 +404,10 @@ async fn a_grown_queue_shrinks_back_when_the_items_turn_slow() {
     let config = PipelineConfig { workers: 4, fetch_limit_max: 64, ..config(4) };
     let p = Pipeline::new(Arc::new(store.clone()), config).unwrap();
     let base = p.shared.marks();
+    // Fast items: the workers empty the queue after every fetch and wait; it grows to the cap.
+    grow(&p).await;
     let mut fetcher = p.fetcher(1);
     let handler = Done { process: Duration::ZERO };
-    // Fast items: the workers empty the queue after every fetch and wait; it grows to the cap.
-    while p.shared.marks().max < 64 {
-        fetcher.run_once().await.unwrap();
-        while p.work_one(&handler).await.is_some() {}
-        starve(&p).await;
-    }
     // Slow items: the workers take items but never find the queue empty.
     let mut maxes = Vec::new();
     while p.shared.marks() != base {
@@ -563,14 +559,19 @@ async fn starve(p: &Pipeline<Slow>) {
     waiting.abort();
 }
 
-/// Grows `p`'s queue to its cap: the workers outrun full fetches until the marks stop doubling.
+/// Grows `p`'s queue to its cap (`fetch_limit_max`): the workers empty the queue after each full fetch and wait
+/// on it, outrunning the fetches, until the marks reach the cap.
 async fn grow(p: &Pipeline<Slow>) {
     let mut fetcher = p.fetcher(1);
-    for _ in 0..4 {
+    for _ in 0..10 {
+        if p.shared.marks().max >= p.config.fetch_limit_max {
+            return;
+        }
         fetcher.run_once().await.unwrap();
         while p.work_one(&Done { process: Duration::ZERO }).await.is_some() {}
         starve(p).await;
     }
+    panic!("the queue did not grow to its cap: {:?}", p.shared.marks());
 }
 
 /// A fetcher that found the room held by a fetch in flight waits for a refill; when that fetch gives its room back

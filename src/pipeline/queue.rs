@@ -6,10 +6,10 @@
 //! outrun the fetcher: when a worker found the queue empty since the last fetch and that fetch leased all it asked
 //! for (the store has more ready rows), the fetcher doubles the queue's size, up to `fetch_limit_max` rows, keeping
 //! the two marks' ratio; `fetchers` + 1 full fetches in a row after which no worker found the queue empty halve a
-//! grown queue (down to dstack's size), and a fetch that gets fewer rows than it asked for (no backlog) brings it back to dstack's
-//! size at once. Fast items thus come in large fetches, one statement for many rows (DESIGN §3, Batching), while
-//! slow items, whose workers never wait for the queue, keep or regain the small queue and the short lease wait of
-//! dstack, also when a backlog's items turn slow.
+//! grown queue (down to dstack's size), and a fetch that gets fewer rows than it asked for (no backlog) brings it
+//! back to dstack's size at once. Fast items thus come in large fetches, one statement for many rows (DESIGN §3,
+//! Batching), while slow items, whose workers never wait for the queue, keep or regain the small queue and the
+//! short lease wait of dstack, also when a backlog's items turn slow.
 //!
 //! While the queue is grown, up to `fetchers` fetches may be in flight at once, so that a store call's latency
 //! does not bound the pipeline to one fetch's rows per round trip. Each fetch reserves the room its rows will
@@ -346,8 +346,8 @@ impl Shared {
     /// After a fetch that leased `fetched` of the `limit` rows it asked for: doubles the queue's size (up to the
     /// cap) if a worker found the queue empty since the last fetch and the store had every row asked for, halves a
     /// grown queue (down to dstack's size) once no worker did through `fetchers` + 1 full fetches in a row, or
-    /// brings it back to dstack's size if the store had fewer (see the module doc). A queue that cannot grow counts as grown from such a fetch until one that
-    /// leases fewer rows. Returns the new marks.
+    /// brings it back to dstack's size if the store had fewer (see the module doc). A queue that cannot grow counts
+    /// as grown from such a fetch until one that leases fewer rows. Returns the new marks.
     pub fn adapt(&self, fetched: usize, limit: usize) -> Marks {
         let starved = self.starved.swap(false, Ordering::SeqCst);
         let mut marks = lock(&self.marks);
