@@ -54,10 +54,10 @@ async fn fetch_among_many_finished_rows_uses_the_fetch_index_not_a_seq_scan() {
     let h = PgHarness::new().await;
     let store = h.store();
     let finished = (0..FINISHED_ROWS).map(|i| NewRow::new("job", "done", serde_json::json!({ "i": i }))).collect();
-    let ids = store.insert_many(finished).await.expect("insert finished rows");
+    let ids = store.insert_many(finished, Vec::new()).await.expect("insert finished rows");
     assert_eq!(ids.len(), FINISHED_ROWS);
     let ready = (0..READY_ROWS).map(|_| NewRow::new("job", "ready", serde_json::json!({}))).collect();
-    let ready = store.insert_many(ready).await.expect("insert ready rows");
+    let ready = store.insert_many(ready, Vec::new()).await.expect("insert ready rows");
 
     let one_status = plan_text(&h, &fetch_params()).await;
     assert_index_scan(&one_status);
@@ -87,10 +87,10 @@ async fn fetch_under_many_leases_reads_no_leased_row_from_the_fetch_index() {
     let h = PgHarness::new().await;
     let store = h.store();
     let finished = (0..FINISHED_ROWS).map(|i| NewRow::new("job", "done", serde_json::json!({ "i": i }))).collect();
-    store.insert_many(finished).await.expect("insert finished rows");
+    store.insert_many(finished, Vec::new()).await.expect("insert finished rows");
     const LEASED: usize = 1_000;
     let ready = (0..LEASED + READY_ROWS).map(|_| NewRow::new("job", "ready", serde_json::json!({}))).collect();
-    let ready = store.insert_many(ready).await.expect("insert ready rows");
+    let ready = store.insert_many(ready, Vec::new()).await.expect("insert ready rows");
     let leased = store.fetch(FetchParams { limit: LEASED, ..fetch_params() }).await.expect("lease the first rows");
     assert_eq!(leased.len(), LEASED);
 
@@ -127,9 +127,9 @@ async fn refetch_batch_of_a_few_leases_reuses_a_generic_plan() {
     let store = h.store();
     // A table of a real pipeline's size: on a handful of rows every plan costs next to nothing.
     let finished = (0..FINISHED_ROWS).map(|i| NewRow::new("job", "done", serde_json::json!({ "i": i }))).collect();
-    store.insert_many(finished).await.expect("insert finished rows");
+    store.insert_many(finished, Vec::new()).await.expect("insert finished rows");
     let ready = (0..3).map(|_| NewRow::new("job", "ready", serde_json::json!({}))).collect();
-    store.insert_many(ready).await.expect("insert ready rows");
+    store.insert_many(ready, Vec::new()).await.expect("insert ready rows");
     let leased = store.fetch(fetch_params()).await.expect("fetch");
     assert_eq!(leased.len(), 3);
     let leases: Vec<Lease> =
@@ -162,7 +162,7 @@ async fn an_apply_locks_first_only_the_rows_of_a_lease_that_holds_related_rows()
     let h = PgHarness::new().await;
     let store = h.store();
     let rows = (0..4).map(|_| NewRow::new("job", "ready", serde_json::json!({}))).collect();
-    let ids = store.insert_many(rows).await.expect("insert rows");
+    let ids = store.insert_many(rows, Vec::new()).await.expect("insert rows");
     let leased = store.fetch(FetchParams { limit: 2, ..fetch_params() }).await.expect("lease two rows");
     let lease = |i: usize| Lease { id: leased[i].id, token: leased[i].lock_token.expect("a leased row has a token") };
     let (alone, parent) = (lease(0), lease(1));
@@ -207,9 +207,9 @@ async fn next_expiry_reads_one_index_entry_per_status_however_many_leases_are_li
     let h = PgHarness::new().await;
     let store = h.store();
     let ready = (0..MANY).map(|_| NewRow::new("job", "ready", serde_json::json!({}))).collect();
-    store.insert_many(ready).await.expect("insert ready rows");
+    store.insert_many(ready, Vec::new()).await.expect("insert ready rows");
     let retrying = (0..FEW).map(|_| NewRow::new("job", "retrying", serde_json::json!({}))).collect();
-    store.insert_many(retrying).await.expect("insert retrying rows");
+    store.insert_many(retrying, Vec::new()).await.expect("insert retrying rows");
     let lease = |status: &str, limit: usize| {
         let params = FetchParams {
             pipeline: "long".into(),

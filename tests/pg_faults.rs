@@ -80,7 +80,7 @@ async fn store_through(run: &Scoped, proxy: &Proxy, schema: &str) -> PgStore {
 
 async fn insert_ready(store: &PgStore, count: usize) -> Vec<lockstep::store::RowId> {
     let rows = (0..count).map(|i| NewRow::new("job", "ready", json!({ "n": i }))).collect();
-    store.insert_many(rows).await.expect("insert rows")
+    store.insert_many(rows, Vec::new()).await.expect("insert rows")
 }
 
 async fn all_done(store: &PgStore, ids: &[lockstep::store::RowId]) -> bool {

@@ -90,7 +90,7 @@ async fn family(store: &PgStore, round: usize) -> Family {
     let job = || NewRow::new("job", "waiting", serde_json::json!({}));
     let mut rows = vec![job(), job(), NewRow::new(&parent_kind, "ready", serde_json::json!({})), job(), job()];
     rows.extend([job(), job(), NewRow::new(&lone_kind, "ready", serde_json::json!({}))]);
-    let ids = store.insert_many(rows).await.expect("insert");
+    let ids = store.insert_many(rows, Vec::new()).await.expect("insert");
     let parent = lease_one(store, &parent_kind).await;
     assert_eq!(parent.id, ids[2]);
     let lone = lease_one(store, &lone_kind).await;

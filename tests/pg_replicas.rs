@@ -70,7 +70,7 @@ async fn four_replicas_process_every_row_exactly_once_when_one_is_dropped_midway
     let harness = PgHarness::with(|o| o.max_connections = 12).await;
     let schema = harness.store().schema().to_string();
     let rows = (0..ROWS).map(|i| NewRow::new("job", "ready", json!({ "n": i }))).collect();
-    let ids = harness.store().insert_many(rows).await.unwrap();
+    let ids = harness.store().insert_many(rows, Vec::new()).await.unwrap();
     assert_eq!(ids.len(), ROWS);
 
     let mut managers = Vec::new();

@@ -163,7 +163,7 @@ async fn migrations_run_again_as_a_no_op() {
 async fn insert_many_gives_ids_in_input_order_and_one_now() {
     let h = PgHarness::new().await;
     let rows = (0..1000).map(|i| NewRow::new("job", "ready", serde_json::json!({ "i": i }))).collect();
-    let ids = h.store().insert_many(rows).await.expect("insert_many");
+    let ids = h.store().insert_many(rows, Vec::new()).await.expect("insert_many");
     let stored = h.store().list("job", None).await.expect("list");
     assert_eq!(stored.iter().map(|r| r.id).collect::<Vec<_>>(), ids);
     for (i, row) in stored.iter().enumerate() {
@@ -215,7 +215,7 @@ async fn spans_past_the_end_of_time_saturate_as_in_memstore() {
 async fn next_expiry_leaves_out_leases_that_end_at_infinity() {
     let h = PgHarness::new().await;
     let pg = h.store();
-    pg.insert_many((0..3).map(|_| ready_job()).collect()).await.expect("insert_many");
+    pg.insert_many((0..3).map(|_| ready_job()).collect(), Vec::new()).await.expect("insert_many");
     let forever = FetchParams { limit: 2, ..params(Duration::MAX, Duration::ZERO) };
     let leased = pg.fetch(forever.clone()).await.expect("fetch");
     assert_eq!(leased.len(), 2, "leases that never end: {leased:?}");
@@ -279,7 +279,7 @@ async fn processed_row_eligibility<S: Store>(store: &S, advance: impl Fn(Duratio
 async fn a_fetch_of_many_rows_draws_tokens_in_fetch_order() {
     let h = PgHarness::new().await;
     let rows = (0..50).map(|_| ready_job()).collect();
-    h.store().insert_many(rows).await.expect("insert_many");
+    h.store().insert_many(rows, Vec::new()).await.expect("insert_many");
     let mut params = params(Duration::from_secs(30), Duration::ZERO);
     params.limit = 50;
     let leased = h.store().fetch(params).await.expect("fetch");

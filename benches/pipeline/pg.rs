@@ -1,5 +1,5 @@
 //! The PostgreSQL side: a schema of its own per measurement (lockstep's migrations, the rows inserted with
-//! `PgStore::insert_many`, then `VACUUM ANALYZE`), the raw SQL clients, and lockstep replicas on it.
+//! `Store::insert_many`, then `VACUUM ANALYZE`), the raw SQL clients, and lockstep replicas on it.
 
 use crate::measure::{CostProbe, Sample, Waits, measure, per_call, postgres_cpu_secs, process_cpu_secs};
 use crate::raw_sql;

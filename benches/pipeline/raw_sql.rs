@@ -28,7 +28,7 @@ SET status = 'done', updated_at = now(), last_processed_at = now(), lock_owner =
 WHERE id = ANY($1)";
 
 /// The benchmark's rows: `$1` ready rows of kind `job`, unleased and never processed, as `Store::insert` makes
-/// them, in one statement on the server (filling 300 000 rows through `PgStore::insert_many` took most of a
+/// them, in one statement on the server (filling 300 000 rows through `Store::insert_many` took most of a
 /// point's time on a loaded machine).
 pub const FILL: &str = "INSERT INTO resources (kind, status, data, created_at, updated_at)
 SELECT 'job', 'ready', '{}', now(), now() FROM generate_series(1, $1)";

@@ -361,16 +361,6 @@ impl PgStore {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |offset| Some(offset.saturating_add(micros)));
     }
 
-    /// Inserts `rows` in one statement and returns their ids, in order. Every row gets one `now` as
-    /// `created_at` and `updated_at`, and starts unleased and unprocessed, as [`Store::insert`] makes them.
-    ///
-    /// Errors: `Unavailable`/`Timeout`/`Other` as for any call; nothing is inserted then.
-    pub async fn insert_many(&self, rows: Vec<NewRow>) -> Result<Vec<RowId>, StoreError> {
-        rows.iter().enumerate().try_for_each(|(i, row)| check_new_row(&format!("insert_many: rows[{i}]"), row))?;
-        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.fail(e))?;
-        write::insert_rows(&mut conn, self.offset(), rows).await.map_err(|e| self.fail(e))
-    }
-
     /// The SQL text of the fetch with `params` (for tests that EXPLAIN it): one text per limit for a single
     /// status, one per limit for several.
     #[doc(hidden)]
