@@ -1,4 +1,5 @@
-//! The files the `lockstep sim` commands read and write: input files read through a size cap (a device or pipe
+//! The files the `lockstep sim` commands read and write (and real mode reads: `submit`'s spec,
+//! `--database-url-file`): input files read through a size cap (a device or pipe
 //! that never ends, `/dev/zero`, is refused instead of filling memory), and output paths checked against the
 //! inputs and each other before anything is created (`run mine.toml --html mine.toml` would replace the scenario
 //! file with a page; `--trace same.out --html same.out` would lose one of them).
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// One mebibyte, in bytes.
 const MIB: u64 = 1 << 20;
 
-/// The most bytes a scenario file, or a spec file it names, may hold: 16 MiB. The largest in `scenarios/` and
+/// The most bytes a scenario file, a spec file it names, or a spec `lockstep submit` reads may hold: 16 MiB. The largest in `scenarios/` and
 /// `tests/fixtures/` is about 4 KB, and a generated scenario a thousand times that is still far below it; the cap
 /// is there so that a path that is not a scenario file (`/dev/zero`, a pipe, a disk image) is refused instead
 /// of read until memory runs out.

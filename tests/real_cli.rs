@@ -190,6 +190,21 @@ fn a_url_that_is_not_postgres_is_refused_naming_its_source_and_never_showing_it(
     );
 }
 
+/// A spec or URL file that never ends (`/dev/zero`) is refused at its cap (exit 2), naming the flag or file and the
+/// limit, instead of read until memory runs out (a new user's trial: `submit /dev/zero --format yson` grew to
+/// gigabytes).
+#[test]
+fn a_spec_or_url_file_past_its_cap_is_refused_not_read_until_memory_runs_out() {
+    usage_error(
+        &lockstep_bare(&["submit", "/dev/zero", "--format", "yson"]),
+        &["cannot read spec /dev/zero: it holds more than 16 MiB (16777216 bytes), the most a spec file may hold"],
+    );
+    usage_error(
+        &lockstep_bare(&["status", "1", "--database-url-file", "/dev/zero"]),
+        &["--database-url-file /dev/zero: cannot read it: it holds more than 65536 bytes"],
+    );
+}
+
 /// A URL whose port is another server's (Redis answers PostgreSQL's startup message with an error line of its
 /// own) is refused (exit 2) naming the flag and the server's address, not with sqlx's "unknown message type".
 #[test]

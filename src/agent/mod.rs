@@ -41,8 +41,8 @@ use crate::gang::model::{
 };
 use crate::pipeline::LocalClock;
 use crate::store::{
-    ApplyOutcome, ApplyParams, FetchParams, HINT_EVERY_KIND, HeartbeatParams, Lease, LockToken, NewHint, NewRow, Row,
-    RowId, RowUpdate, Store, StoreError, WriteOutcome,
+    ApplyOutcome, ApplyParams, FetchParams, HINT_EVERY_KIND, HeartbeatParams, KEY_TEXT_BYTES_MAX, Lease, LockToken,
+    NewHint, NewRow, Row, RowId, RowUpdate, Store, StoreError, WriteOutcome,
 };
 use futures_util::FutureExt;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -116,7 +116,9 @@ pub struct AgentConfigError {
 
 impl AgentConfig {
     /// Checks the rules; the first broken one is returned:
-    /// - `name` is not empty and `slots` is in 1..=[`SLOTS_MAX`];
+    /// - `name` is not empty, holds no NUL character and at most
+    ///   [`KEY_TEXT_BYTES_MAX`] (1024) bytes (it is the node row's
+    ///   status, a key of the fetch index), and `slots` is in 1..=[`SLOTS_MAX`];
     /// - `lease_margin` is shorter than `lease_ttl` (the agent must hold its lease a while on its own clock);
     /// - `poll_interval` is not zero;
     /// - `heartbeat_trigger` leaves at least two passes (`2 × poll_interval`) to extend the lease before its local
@@ -127,6 +129,19 @@ impl AgentConfig {
         let show = crate::duration::format;
         if self.name.is_empty() {
             return fail("name", "must not be empty".into());
+        }
+        // The name is the node row's status, a key of the fetch index: the store would refuse it on every
+        // registration, and the agent would retry forever instead of saying so at start.
+        if self.name.contains('\0') {
+            return fail("name", "holds a NUL character, which PostgreSQL text cannot hold".into());
+        }
+        if self.name.len() > KEY_TEXT_BYTES_MAX {
+            let rule = format!(
+                "a name of {} bytes is longer than the {KEY_TEXT_BYTES_MAX} a node name may hold (it is the node \
+                 row's status, a key of the fetch index)",
+                self.name.len()
+            );
+            return fail("name", rule);
         }
         if self.slots == 0 {
             return fail("slots", "0 must be at least 1".into());

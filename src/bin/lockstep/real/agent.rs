@@ -222,6 +222,27 @@ mod tests {
         assert_eq!(flag_error(&error), "--slots: 100000000 must be at most 1024");
     }
 
+    /// The node's name is its row's status, a key of the fetch index: a name the store would refuse is refused at
+    /// start, naming the flag, instead of failing every registration while the agent retries forever (a new user's
+    /// trial: `--node` of 2 000 bytes).
+    #[test]
+    fn a_node_name_the_store_cannot_key_is_refused_naming_the_flag() {
+        let config = |node: &str| {
+            let args =
+                ["agent", "--database-url", "postgres://h/db", "--slots", "1", "--work-dir", "/w", "--node", node];
+            Cli::try_parse_from(args).unwrap().agent.agent_config()
+        };
+        config(&"n".repeat(1024)).validate().unwrap();
+        let error = config(&"n".repeat(2000)).validate().unwrap_err();
+        assert_eq!(
+            flag_error(&error),
+            "--node: a name of 2000 bytes is longer than the 1024 a node name may hold (it is the node row's status, \
+             a key of the fetch index)"
+        );
+        let error = config("n\0").validate().unwrap_err();
+        assert_eq!(flag_error(&error), "--node: holds a NUL character, which PostgreSQL text cannot hold");
+    }
+
     #[test]
     fn agent_lease_flags_are_checked_by_the_librarys_rules() {
         let args = [

@@ -7,6 +7,7 @@ use lockstep::gang::api::{self, GangError};
 use lockstep::gang::model::OperationStatus;
 use lockstep::gang::status::StatusReport;
 use lockstep::gang::{OperationSpec, SpecFormat};
+use lockstep::sim::files;
 use lockstep::store::{PgStore, RowId};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -106,11 +107,12 @@ pub fn spec_format(path: &Path, flag: Option<FormatArg>) -> Result<SpecFormat, F
     }
 }
 
-/// Reads and validates the spec at `path`. Errors (usage): unreadable file, syntax error, broken rules (each
+/// Reads and validates the spec at `path`. Errors (usage): unreadable file, one past the spec files' cap (16 MiB,
+/// as in scenario files: `/dev/zero` is refused, not read until memory runs out), syntax error, broken rules (each
 /// naming its field).
 pub fn read_spec(path: &Path, flag: Option<FormatArg>) -> Result<OperationSpec, Failure> {
     let format = spec_format(path, flag)?;
-    let text = std::fs::read_to_string(path)
+    let text = files::read_text(path, "spec file", files::SCENARIO_FILE_BYTES_MAX)
         .map_err(|error| Failure::usage(format!("cannot read spec {}: {error}", path.display())))?;
     OperationSpec::parse(&text, format)
         .map_err(|error| Failure::usage(format!("spec {} is invalid:\n{error}", path.display())))

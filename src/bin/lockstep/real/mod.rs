@@ -11,6 +11,7 @@ mod agent;
 mod chaos;
 mod client;
 use lockstep::duration;
+use lockstep::sim::files;
 mod serve;
 
 use lockstep::store::{PgOptions, PgStore, StoreError};
@@ -26,6 +27,11 @@ pub const LEASE_TTL_MAX: Duration = Duration::from_secs(3600);
 /// The environment variable holding the connection URL when neither `--database-url` nor `--database-url-file`
 /// is given.
 const DATABASE_URL_VAR: &str = "DATABASE_URL";
+
+/// The most bytes `--database-url-file` may hold: 64 KiB, far past any URL (PostgreSQL's own limits on names and
+/// passwords keep one to a few hundred bytes); the cap keeps a path that is not a URL file (`/dev/zero`, a pipe
+/// that never ends) from being read until memory runs out.
+const DATABASE_URL_FILE_BYTES_MAX: u64 = 64 * 1024;
 
 /// The form of a connection URL, for messages.
 const URL_FORM: &str = "postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE";
@@ -164,13 +170,14 @@ impl Database {
     /// `--database-url-file`, `--database-url` or `env_url` (`DATABASE_URL`), in that order; checked to be a
     /// PostgreSQL URL.
     ///
-    /// Errors (usage): no URL anywhere, a file that cannot be read or holds no URL, a URL of another scheme.
+    /// Errors (usage): no URL anywhere, a file that cannot be read, is past [`DATABASE_URL_FILE_BYTES_MAX`] or holds
+    /// no URL, a URL of another scheme.
     /// No message contains the URL.
     fn url(&self, env_url: Option<String>) -> Result<(String, String), Failure> {
         let (url, source) = match (&self.database_url_file, &self.database_url, env_url) {
             (Some(path), _, _) => {
                 let source = format!("--database-url-file {}", path.display());
-                let text = std::fs::read_to_string(path)
+                let text = files::read_text(path, "database URL file", DATABASE_URL_FILE_BYTES_MAX)
                     .map_err(|error| Failure::usage(format!("{source}: cannot read it: {error}")))?;
                 let url = text.trim();
                 if url.is_empty() || url.contains(char::is_whitespace) {
