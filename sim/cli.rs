@@ -458,6 +458,10 @@ fn run(args: RunArgs, registry: &Registry) -> u8 {
     if let Err(code) = check_outputs(&inputs, &outputs, &registry.program) {
         return code;
     }
+    if let Err(rule) = files::check_dir(&args.out) {
+        eprintln!("{}: refused: --out {rule}", registry.program);
+        return BAD_INPUT;
+    }
     let trace = match create_trace(args.trace.as_deref(), &registry.program) {
         Ok(trace) => trace,
         Err(code) => return code,
@@ -985,7 +989,21 @@ fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
 
 /// `error`, followed for a replay file of another build or an edited one by the command that runs its scenario
 /// file under its seed ([`ReplayError::rerun`](super::replay::ReplayError::rerun)).
+///
+/// A replay file written by another simulator binary (lockstep's own, or a project's, whose build id ends in
+/// `+PROGRAM`: [`Registry::new`]) names its scenario's pipelines in that binary's terms, which this one may not
+/// have: the hint then names the binary that wrote it instead of a command of this one that could not run it.
 fn with_rerun(error: &super::replay::ReplayError, registry: &Registry) -> String {
+    let program_of = |build: &str| build.split_once('+').map(|(_, program)| program.to_string());
+    if let Some(writer) = error.writer()
+        && program_of(writer) != program_of(&registry.build_id)
+    {
+        let name = program_of(writer).unwrap_or_else(|| Registry::builtin().program);
+        return format!(
+            "{error}\nit was written by another simulator binary, {name}: replay it with that binary, which has the \
+             pipelines its scenario names"
+        );
+    }
     match error.rerun() {
         Some((scenario, seed)) => {
             format!("{error}\nrun it with: {}", registry.command(&["run", scenario, "--seed", &seed.to_string()]))
@@ -1104,6 +1122,10 @@ fn shrink_command(args: ShrinkArgs, registry: &Registry) -> u8 {
         [("the shrunk scenario file (--out)", shrunk_scenario.as_path()), ("its replay file", shrunk_replay.as_path())];
     if let Err(code) = check_outputs(&[("the file shrunk", &args.file)], &outputs, &format!("{program} shrink")) {
         return code;
+    }
+    if let Err(rule) = files::check_dir(&args.out) {
+        eprintln!("{program} shrink: refused: --out {rule}");
+        return BAD_INPUT;
     }
     if !args.force {
         // Before the search, not after it: a refusal then would throw away minutes of runs.

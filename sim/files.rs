@@ -55,6 +55,22 @@ pub fn read_text(path: &Path, what: &str, limit: u64) -> Result<String, String> 
     String::from_utf8(bytes).map_err(|error| format!("it is not UTF-8 text: {error}"))
 }
 
+/// Checks, before a run, that `dir` is a directory or can be made one: the path, or if it does not exist the
+/// nearest of its ancestors that does, is a directory. A command that writes into it only at the end (`run`'s
+/// replay file on a failure, `shrink`'s files) would otherwise find out after minutes of runs.
+///
+/// Errors: the rule, naming the path that is not a directory.
+pub fn check_dir(dir: &Path) -> Result<(), String> {
+    let Some(existing) = dir.ancestors().find(|path| path.as_os_str().is_empty() || path.exists()) else {
+        return Ok(());
+    };
+    if existing.as_os_str().is_empty() || existing.is_dir() {
+        return Ok(());
+    }
+    let what = if existing == dir { "it is".to_string() } else { format!("{} is", existing.display()) };
+    Err(format!("{} cannot be a directory: {what} a file; give a directory", dir.display()))
+}
+
 /// A file a command reads or writes, for [`check_distinct`]: what names it (a flag, `--html`, or what a
 /// positional argument is, `the scenario file`) and its path.
 pub type Named<'a> = (&'a str, &'a Path);
@@ -128,6 +144,26 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn a_directory_that_is_a_file_or_lies_below_one_is_refused() {
+        let dir = temp_dir("check-dir");
+        let file = dir.join("f");
+        std::fs::write(&file, "x").unwrap();
+        check_dir(&dir).unwrap();
+        check_dir(&dir.join("new/deeper")).unwrap();
+        check_dir(Path::new("relative-dir-not-made")).unwrap();
+        assert_eq!(
+            check_dir(&file).unwrap_err(),
+            format!("{} cannot be a directory: it is a file; give a directory", file.display())
+        );
+        let below = file.join("x");
+        let error = check_dir(&below).unwrap_err();
+        assert_eq!(
+            error,
+            format!("{} cannot be a directory: {} is a file; give a directory", below.display(), file.display())
+        );
     }
 
     #[test]

@@ -156,6 +156,14 @@ pub enum ReplayError {
 }
 
 impl ReplayError {
+    /// The build that wrote a replay file of another build ([`ReplayError::Build`]); `None` for the other errors.
+    pub fn writer(&self) -> Option<&str> {
+        match self {
+            ReplayError::Build { file, .. } => Some(file),
+            _ => None,
+        }
+    }
+
     /// The scenario file and seed a user can run instead of a replay that cannot be exact (another build) or
     /// was edited: the command line prints them as a command to paste. `None` for the other errors.
     pub fn rerun(&self) -> Option<(&str, u64)> {

@@ -176,6 +176,15 @@ fn a_replay_file_of_another_build_or_scenario_version_is_refused_with_exit_2() {
     assert_eq!(rerun.status.code(), Some(1), "{}", text(&rerun).0);
     assert!(checker_line(&text(&rerun).0, "lease_exclusivity").starts_with("FAILED"), "{}", text(&rerun).0);
 
+    // Written by a project's own simulator binary (build id `…+PROGRAM`): this binary may not have the pipelines
+    // its scenario names, so the hint names that binary instead of a command of this one.
+    let mut user_binary = original.clone();
+    user_binary["build"] = format!("{build}+my-project-sim").into();
+    std::fs::write(dir.join("user.json"), sealed(user_binary)).unwrap();
+    let (_, stderr) =
+        refused(&["sim", "replay", "user.json"], &dir, "written by another simulator binary, my-project-sim");
+    assert!(!stderr.contains("run it with"), "{stderr}");
+
     let mut other_version = original.clone();
     let edited = original["scenario_text"].as_str().unwrap().replace("version = 1", "version = 2");
     other_version["scenario_text"] = edited.into();
@@ -960,6 +969,26 @@ fn an_input_past_its_size_cap_is_refused_naming_the_file_and_the_cap() {
     for (args, expected) in cases {
         refused(&[&["sim"], args].concat(), &dir, expected);
     }
+}
+
+/// An `--out` that is a file, not a directory, is refused before the run (exit 2): `run` writes into it only when
+/// a seed fails and `shrink` only after its search, so each found out after the work was done (a new user's trial).
+#[test]
+fn an_out_that_is_a_file_is_refused_before_the_run() {
+    let dir = temp_dir("out-file");
+    std::fs::write(dir.join("taken"), "a file\n").unwrap();
+    let planted = planted(&dir);
+    let planted = planted.to_str().unwrap();
+    let cases: [&[&str]; 3] = [
+        &["run", planted, "--seed", PLANTED_SEED, "--out", "taken"],
+        &["run", planted, "--seed", PLANTED_SEED, "--out", "taken/below"],
+        &["shrink", planted, "--seed", PLANTED_SEED, "--out", "taken"],
+    ];
+    for args in cases {
+        let (stdout, _) = refused(&[&["sim"], args].concat(), &dir, "cannot be a directory");
+        assert!(stdout.is_empty(), "nothing ran: {stdout}");
+    }
+    assert_eq!(std::fs::read_to_string(dir.join("taken")).unwrap(), "a file\n");
 }
 
 /// A result file whose last line is cut off (a sweep killed or out of disk while writing it) is merged from its
