@@ -935,3 +935,37 @@ fn ready_tasks() -> FetchParams {
         retry_delay: Duration::from_secs(1),
     }
 }
+
+/// A URL that asks for TLS (`sslmode=require`, as libpq takes it) connects over TLS: every session of the store
+/// shows `ssl` in `pg_stat_ssl`. Before lockstep built sqlx with a TLS backend such a URL failed with "SQLx was
+/// built without TLS support", so no managed server that demands TLS could be used (a new user's trial). A server
+/// without TLS (`ssl = off`) refuses the URL, saying so.
+#[tokio::test]
+async fn a_url_asking_for_tls_connects_over_tls() {
+    let schema = unique_schema();
+    let name = format!("lockstep tls {schema}");
+    let base = database_url();
+    let tls_url = format!("{base}{}sslmode=require", if base.contains('?') { '&' } else { '?' });
+    let mut conn = PgConnection::connect(&base).await.expect("PostgreSQL is reachable");
+    let server_ssl: String = sqlx::query_scalar("SHOW ssl").fetch_one(&mut conn).await.unwrap();
+    let mut options = PgOptions::new(tls_url);
+    (options.schema, options.application_name) = (schema.clone(), name.clone());
+    let connected = PgStore::connect_with(options).await;
+    if server_ssl != "on" {
+        let Err(error) = connected else { panic!("a server without TLS accepted sslmode=require") };
+        assert!(error.to_string().contains("TLS"), "{error}");
+        return;
+    }
+    let store = connected.expect("a TLS connection");
+    store.now().await.expect("a call over TLS");
+    let sessions: Vec<bool> = sqlx::query_scalar(
+        "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = $1",
+    )
+    .bind(&name)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert!(!sessions.is_empty() && sessions.iter().all(|&ssl| ssl), "sessions' ssl: {sessions:?}");
+    drop(store);
+    PgStore::drop_schema(&base, &schema).await.unwrap();
+}

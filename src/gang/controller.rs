@@ -554,7 +554,7 @@ impl Pass {
             self.data.failed_job_count += 1;
             if rules::failed_limit_reached(self.data.failed_job_count, spec.max_failed_job_count) {
                 let reason = format!(
-                    "{} failed jobs reached max_failed_job_count {} (last: job {})",
+                    "failed jobs ({}) reached max_failed_job_count {} (last: job {})",
                     self.data.failed_job_count, spec.max_failed_job_count, job.id
                 );
                 self.end(OperationStatus::Failed, reason);
