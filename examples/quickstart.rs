@@ -42,8 +42,8 @@ async fn main() {
     while store.list("image", None).await.unwrap().iter().any(|row| row.status != "ready") {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    manager.shutdown().await; // the workers finish counting what they applied
     let metrics = manager.metrics("thumbnails").unwrap();
-    manager.shutdown().await;
     println!(
         "processed {} images in {:.2} s with 20 workers (mean process {:.1} ms, {} stale, {} retried)",
         metrics.applied,
