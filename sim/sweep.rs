@@ -468,9 +468,9 @@ pub enum MergeError {
     DuplicateShard {
         /// The shard.
         shard: Shard,
-        /// Where first.
+        /// Where first: `FILE:LINE` of its header (two headers may share a file).
         first: String,
-        /// Where again.
+        /// Where again: `FILE:LINE`.
         second: String,
     },
     /// A seed line before any header, or of a shard whose header is missing, or outside the sweep, or twice.
@@ -590,6 +590,7 @@ pub fn result_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, MergeError> {
 pub fn merge(files: &[PathBuf]) -> Result<Merged, MergeError> {
     let mut merged: Option<Merged> = None;
     let mut cut_off = Vec::new();
+    // Each shard's header, as `FILE:LINE`.
     let mut header_files: BTreeMap<u64, String> = BTreeMap::new();
     let mut first_file = String::new();
     // The seeds seen, per shard, a bit each (by their place in the shard's slice): a repeated seed is refused.
@@ -625,7 +626,7 @@ pub fn merge(files: &[PathBuf]) -> Result<Merged, MergeError> {
                     }
                     let Some(merged) = &mut merged else {
                         first_file = path.clone();
-                        header_files.insert(header.shard.index, path.clone());
+                        header_files.insert(header.shard.index, format!("{path}:{number}"));
                         seen.insert(header.shard.index, Vec::new());
                         let shards = BTreeMap::from([(header.shard.index, (0, None))]);
                         merged = Some(Merged {
@@ -642,10 +643,10 @@ pub fn merge(files: &[PathBuf]) -> Result<Merged, MergeError> {
                         return Err(MergeError::DuplicateShard {
                             shard: header.shard,
                             first: first.clone(),
-                            second: path,
+                            second: format!("{path}:{number}"),
                         });
                     }
-                    header_files.insert(header.shard.index, path.clone());
+                    header_files.insert(header.shard.index, format!("{path}:{number}"));
                     seen.insert(header.shard.index, Vec::new());
                     merged.shards.insert(header.shard.index, (0, None));
                 }

@@ -653,6 +653,22 @@ fn four_shards_merge_to_the_table_of_the_unsharded_sweep() {
     let (stdout, stderr) = text(&twice);
     assert_eq!(twice.status.code(), Some(2), "{stdout}{stderr}");
     assert!(stderr.contains("shard 0/4 appears twice"), "{stderr}");
+    // Twice in one file (its lines appended to it again): the two places differ by their lines.
+    let all = std::fs::read_to_string(dir.join("table/all.jsonl")).unwrap();
+    std::fs::write(dir.join("table/all.jsonl"), all.repeat(2)).unwrap();
+    let again = lockstep_with(&["sim", "merge", "table/all.jsonl"], &dir, &[]);
+    let (stdout, stderr) = text(&again);
+    assert_eq!(again.status.code(), Some(2), "{stdout}{stderr}");
+    let second_line = all.lines().count() + 1;
+    let shard_0 =
+        all.lines().position(|line| line.contains("\"sweep\"") && line.contains("\"index\":0")).map(|i| i + 1);
+    assert!(shard_0.is_some(), "a header of shard 0 in: {all}");
+    let expected = format!(
+        "appears twice: in table/all.jsonl:{} and in table/all.jsonl:{}",
+        shard_0.unwrap(),
+        shard_0.unwrap() + second_line - 1
+    );
+    assert!(stderr.contains(&expected), "{expected:?} in: {stderr}");
 }
 
 /// A shard from a variable that is not a number, a count variable missing (or `LOCKSTEP_SHARD_COUNT` without
