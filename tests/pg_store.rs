@@ -936,36 +936,88 @@ fn ready_tasks() -> FetchParams {
     }
 }
 
-/// A URL that asks for TLS (`sslmode=require`, as libpq takes it) connects over TLS: every session of the store
-/// shows `ssl` in `pg_stat_ssl`. Before lockstep built sqlx with a TLS backend such a URL failed with "SQLx was
-/// built without TLS support", so no managed server that demands TLS could be used (a new user's trial). A server
-/// without TLS (`ssl = off`) refuses the URL, saying so.
+/// TLS is as the URL asks (`sslmode`, as libpq takes it): `sslmode=require` connects over TLS (every session of
+/// the store shows `ssl` in `pg_stat_ssl`), a URL that names no mode connects without it, and `verify-full` against
+/// a certificate that does not name the URL's host is `Invalid` (the URL's fault, the same on every try), not a
+/// server that cannot be reached. Before lockstep built sqlx with a TLS backend a URL asking for TLS failed with
+/// "SQLx was built without TLS support", so no managed server that demands TLS could be used (a new user's
+/// trial). A server without TLS (`ssl = off`) refuses `require`, saying so.
 #[tokio::test]
-async fn a_url_asking_for_tls_connects_over_tls() {
+async fn tls_is_as_the_url_asks() {
     let schema = unique_schema();
-    let name = format!("lockstep tls {schema}");
     let base = database_url();
-    let tls_url = format!("{base}{}sslmode=require", if base.contains('?') { '&' } else { '?' });
+    let with = |mode: &str| format!("{base}{}sslmode={mode}", if base.contains('?') { '&' } else { '?' });
     let mut conn = PgConnection::connect(&base).await.expect("PostgreSQL is reachable");
     let server_ssl: String = sqlx::query_scalar("SHOW ssl").fetch_one(&mut conn).await.unwrap();
-    let mut options = PgOptions::new(tls_url);
-    (options.schema, options.application_name) = (schema.clone(), name.clone());
-    let connected = PgStore::connect_with(options).await;
+    let open = |url: String, name: &str| {
+        let mut options = PgOptions::new(url);
+        (options.schema, options.application_name) = (schema.clone(), format!("lockstep tls {name} {schema}"));
+        PgStore::connect_with(options)
+    };
+    let sessions_ssl = async |conn: &mut PgConnection, name: &str| -> Vec<bool> {
+        sqlx::query_scalar(
+            "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = $1",
+        )
+        .bind(format!("lockstep tls {name} {schema}"))
+        .fetch_all(conn)
+        .await
+        .unwrap()
+    };
+    let plain = open(base.clone(), "plain").await.expect("a plain connection");
+    plain.now().await.unwrap();
+    let ssl = sessions_ssl(&mut conn, "plain").await;
+    assert!(!ssl.is_empty() && ssl.iter().all(|&ssl| !ssl), "a URL without sslmode: sessions' ssl {ssl:?}");
+    drop(plain);
+    let required = open(with("require"), "require").await;
     if server_ssl != "on" {
-        let Err(error) = connected else { panic!("a server without TLS accepted sslmode=require") };
+        let Err(error) = required else { panic!("a server without TLS accepted sslmode=require") };
         assert!(error.to_string().contains("TLS"), "{error}");
+        PgStore::drop_schema(&base, &schema).await.unwrap();
         return;
     }
-    let store = connected.expect("a TLS connection");
+    let store = required.expect("a TLS connection");
     store.now().await.expect("a call over TLS");
-    let sessions: Vec<bool> = sqlx::query_scalar(
-        "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = $1",
-    )
-    .bind(&name)
-    .fetch_all(&mut conn)
-    .await
-    .unwrap();
-    assert!(!sessions.is_empty() && sessions.iter().all(|&ssl| ssl), "sessions' ssl: {sessions:?}");
+    let ssl = sessions_ssl(&mut conn, "require").await;
+    assert!(!ssl.is_empty() && ssl.iter().all(|&ssl| ssl), "sslmode=require: sessions' ssl {ssl:?}");
     drop(store);
+    // The server's certificate here names no IP address: verify-full to 127.0.0.1 refuses it on every try.
+    let verified = open(with("verify-full").replace("localhost", "127.0.0.1"), "verify").await;
+    match verified {
+        Err(StoreError::Invalid(message)) => assert!(message.contains("certificate"), "{message}"),
+        Err(other) => panic!("verify-full against a certificate for another name: {other:?}"),
+        Ok(_) => {} // a certificate that names 127.0.0.1 (and a CA this machine trusts): nothing to refuse
+    }
     PgStore::drop_schema(&base, &schema).await.unwrap();
+}
+
+/// A schema that already holds another application's `resources` (no lockstep migration recorded) is refused as
+/// `Invalid` before any migration runs, naming the schema and the tables, and nothing is left behind (the first
+/// migration used to fail half-way on the clash and leave sqlx's `_sqlx_migrations`: a new user's trial). A
+/// schema lockstep migrated, or one holding only tables of other names, opens as before.
+#[tokio::test]
+async fn a_schema_holding_another_applications_resources_table_is_refused_and_left_as_it_was() {
+    let schema = unique_schema();
+    let url = database_url();
+    let mut conn = PgConnection::connect(&url).await.expect("PostgreSQL is reachable");
+    let setup = format!(
+        "CREATE SCHEMA {schema}; CREATE TABLE {schema}.orders (id int); CREATE TABLE {schema}.resources (x int)"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(setup)).execute(&mut conn).await.unwrap();
+    let mut options = PgOptions::new(url.clone());
+    options.schema = schema.clone();
+    let Err(error) = PgStore::connect_with(options.clone()).await else { panic!("a clashing schema opened") };
+    let expected = format!("schema: {schema} already holds resources, which no lockstep migration made");
+    assert!(matches!(&error, StoreError::Invalid(message) if message.starts_with(&expected)), "{error}");
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = $1 ORDER BY tablename")
+            .bind(&schema)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(tables, ["orders", "resources"], "the schema is as it was");
+    // Without the clash the same schema opens, beside the application's own table, and opens again once migrated.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE {schema}.resources"))).execute(&mut conn).await.unwrap();
+    drop(PgStore::connect_with(options.clone()).await.expect("a schema with other tables opens"));
+    drop(PgStore::connect_with(options).await.expect("a migrated schema opens again"));
+    PgStore::drop_schema(&url, &schema).await.unwrap();
 }

@@ -401,7 +401,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
             };
             let pass = match pass {
                 None => {
-                    let reason = "node lease expired locally while a store call hung";
+                    let reason = "node lease expired locally while a store call had not answered (the store unreachable or slow)";
                     let fence_killed = self.fence(reason).await;
                     Some(AgentPass { fenced: Some(reason.into()), fence_killed, ..AgentPass::default() })
                 }

@@ -366,10 +366,11 @@ fn scale(fault: RealFault, by: f64) -> RealFault {
 }
 
 /// The address of the server `url` names (the proxies' upstream), and a function from a proxy's listener to
-/// `url` with its host and port replaced by it (that proxy's replica's database URL; every other part kept).
+/// `url` with its host and port replaced by it and `sslmode=disable` (that proxy's replica's database URL; every
+/// other part kept).
 ///
-/// Errors: a URL that does not parse or names no host (a Unix socket cannot be proxied), a host that does not
-/// resolve.
+/// Errors: a URL that does not parse or names no host (a Unix socket cannot be proxied), one whose `sslmode`
+/// demands TLS (the proxies read the sessions' startup messages), a host that does not resolve.
 async fn proxied_url(url: &str, source: &str) -> Result<(SocketAddr, impl Fn(SocketAddr) -> String), ChaosError> {
     let parsed = url::Url::parse(url).map_err(|e| usage(format!("{source}: not a URL: {e}")))?;
     let host = parsed
@@ -378,6 +379,17 @@ async fn proxied_url(url: &str, source: &str) -> Result<(SocketAddr, impl Fn(Soc
         .ok_or_else(|| usage(format!("{source}: names no host; the chaos proxy needs a TCP address")))?
         .trim_matches(['[', ']'])
         .to_string();
+    // The proxies read each session's startup message (its application_name picks the faults' sessions), which
+    // TLS would hide: a chaos run's links carry plain text, and a URL that demands TLS is refused.
+    let tls = |key: &str| key == "sslmode" || key == "ssl-mode";
+    if let Some((_, mode)) = parsed.query_pairs().find(|(key, _)| tls(key))
+        && matches!(&*mode, "require" | "verify-ca" | "verify-full")
+    {
+        return Err(usage(format!(
+            "{source}: sslmode={mode}: a chaos run's proxies read each session's startup message, which TLS would \
+             hide; give a URL without it (its links carry plain text)"
+        )));
+    }
     let port = parsed.port().unwrap_or(5432);
     let upstream = tokio::net::lookup_host((host.as_str(), port))
         .await
@@ -388,6 +400,9 @@ async fn proxied_url(url: &str, source: &str) -> Result<(SocketAddr, impl Fn(Soc
         let mut url = parsed.clone();
         let _ = url.set_host(Some(&proxy.ip().to_string()));
         let _ = url.set_port(Some(proxy.port()));
+        let kept: Vec<(String, String)> =
+            parsed.query_pairs().filter(|(key, _)| !tls(key)).map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
+        url.query_pairs_mut().clear().extend_pairs(kept).append_pair("sslmode", "disable");
         url.to_string()
     };
     Ok((upstream, rewrite))
@@ -1189,8 +1204,19 @@ mod tests {
         assert_eq!(upstream, SocketAddr::from(([127, 0, 0, 1], 5433)));
         let proxy = SocketAddr::from(([127, 0, 0, 1], 40001));
         assert_eq!(rewrite(proxy), "postgres://u:pw@127.0.0.1:40001/test?sslmode=disable");
-        let (upstream, _) = proxied_url("postgres://localhost/test", "DATABASE_URL").await.unwrap();
+        let (upstream, rewrite) =
+            proxied_url("postgres://localhost/test?sslmode=prefer&connect_timeout=3", "DATABASE_URL").await.unwrap();
         assert_eq!(upstream.port(), 5432);
+        assert_eq!(rewrite(proxy), "postgres://127.0.0.1:40001/test?connect_timeout=3&sslmode=disable", "plain text");
+        let Err(error) = proxied_url("postgres://localhost/test?sslmode=verify-full", "--database-url").await else {
+            panic!("accepted a URL demanding TLS")
+        };
+        assert_eq!(error.code, 2);
+        assert!(
+            error.message.starts_with("--database-url: sslmode=verify-full: a chaos run's proxies"),
+            "{}",
+            error.message
+        );
         let Err(error) = proxied_url("postgres:///test?host=/var/run/postgresql", "--database-url").await else {
             panic!("accepted")
         };

@@ -56,7 +56,9 @@ impl Scoped {
     /// A session through `proxy` named [`Scoped::app`]`(who)`.
     pub async fn connect_through(&self, proxy: &Proxy, who: &str) -> PgConnection {
         let options: sqlx::postgres::PgConnectOptions = self.url_through(proxy).parse().expect("the URL parses");
-        PgConnection::connect_with(&options.application_name(&self.app(who))).await.expect("connect through the proxy")
+        // Plain text, as a chaos run's replicas connect: the proxy reads the startup message's application_name.
+        let options = options.application_name(&self.app(who)).ssl_mode(sqlx::postgres::PgSslMode::Disable);
+        PgConnection::connect_with(&options).await.expect("connect through the proxy")
     }
 
     /// A session straight to the server (checks and set-up).

@@ -48,6 +48,17 @@ pub(super) fn store_error(err: sqlx::Error, waits: Waits) -> StoreError {
             let once = text.strip_prefix(PREFIX).filter(|rest| rest.starts_with(PREFIX)).unwrap_or(&text);
             StoreError::Invalid(scrub(once))
         }
+        // A certificate the URL's `sslmode` (`verify-ca`, `verify-full`) refuses is the URL's fault, and the same
+        // on every try: not a server that cannot be reached.
+        sqlx::Error::Io(ref io) if is_certificate_refused(io) => StoreError::Invalid(scrub(&format!(
+            "{err} (the URL's sslmode checks the server's certificate: give sslrootcert=PATH of the CA that signed \
+             it, or a host the certificate names)"
+        ))),
+        // sqlx reads the one-byte answer to its TLS request into a zeroed buffer: a connection closed before the
+        // answer reads as the byte 0.
+        sqlx::Error::Protocol(ref detail) if is_closed_at_tls_request(detail) => {
+            StoreError::Unavailable(scrub(&format!("the server closed the connection before answering: {detail}")))
+        }
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
             StoreError::Unavailable(scrub(&err.to_string()))
         }
@@ -87,6 +98,9 @@ pub(super) fn store_error(err: sqlx::Error, waits: Waits) -> StoreError {
 /// [`store_error`].
 pub(super) fn greeting_error(err: sqlx::Error, address: &str, waits: Waits) -> StoreError {
     match err {
+        sqlx::Error::Protocol(ref detail) if is_closed_at_tls_request(detail) => StoreError::Unavailable(scrub(
+            &format!("the server at {address} closed the connection without answering as PostgreSQL does"),
+        )),
         sqlx::Error::Protocol(detail) => {
             // sqlx ends the detail with the place in its source that raised it: ` (sqlx_postgres::message:173)`.
             let detail = match detail.rfind(" (sqlx_") {
@@ -103,6 +117,19 @@ pub(super) fn greeting_error(err: sqlx::Error, address: &str, waits: Waits) -> S
         )),
         other => store_error(other, waits),
     }
+}
+
+/// Whether sqlx's protocol error `detail` is its TLS request (`sslmode` `prefer` or stricter) answered by a closed
+/// connection: sqlx reads the answer's byte into a zeroed buffer, so an end of stream reads as 0x00, which no
+/// server sends (PostgreSQL answers `S` or `N`).
+fn is_closed_at_tls_request(detail: &str) -> bool {
+    detail.starts_with("unexpected response from SSLRequest: 0x00")
+}
+
+/// Whether `io` is rustls refusing the server's certificate (`sslmode=verify-ca` or `verify-full`): rustls's
+/// error, carried as the I/O error's source, says `invalid peer certificate`.
+fn is_certificate_refused(io: &std::io::Error) -> bool {
+    io.kind() == std::io::ErrorKind::InvalidData && io.to_string().contains("invalid peer certificate")
 }
 
 /// Whether `err` is a serialization failure or deadlock: PostgreSQL rolled the transaction back, so the call

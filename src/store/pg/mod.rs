@@ -236,7 +236,7 @@ impl PgStore {
         options.check_listen()?;
         let waits = options.waits();
         let fail = |err| error::store_error(err, waits);
-        let base: PgConnectOptions = options.url.parse().map_err(fail)?;
+        let base = options::connect_options(&options.url).map_err(fail)?;
         // Every session of the store (pool, listener, migration) logs a slow statement at INFO, not sqlx's WARN
         // past 1 s with the statement's whole text (see `PgOptions::slow_statement_threshold`).
         let base = base
@@ -245,7 +245,9 @@ impl PgStore {
         let migration = base.clone().options(options.session_settings(true)?);
         if options.migrate {
             let lock = first_session(&migration, waits).await?;
-            migrate_schema(lock, &migration, &options.schema, options.acquire_timeout).await.map_err(fail)?;
+            migrate_schema(lock, &migration, &options.schema, options.acquire_timeout)
+                .await
+                .map_err(|err| err.into_store(fail))?;
         } else {
             check_migrated(first_session(&base, waits).await?, &options.schema).await?;
         }
@@ -308,7 +310,9 @@ impl PgStore {
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let (migration, schema) = (&self.inner.migration, &self.inner.schema);
         let lock = PgConnection::connect_with(migration).await.map_err(|err| self.fail(err))?;
-        migrate_schema(lock, migration, schema, self.inner.waits.acquire).await.map_err(|err| self.fail(err))
+        migrate_schema(lock, migration, schema, self.inner.waits.acquire)
+            .await
+            .map_err(|err| err.into_store(|err| self.fail(err)))
     }
 
     /// How many store calls of this store (and its clones) were run again after a serialization failure or
@@ -491,7 +495,7 @@ impl PgStore {
             return Err(StoreError::Invalid(format!("drop_schema: refusing to drop {schema}")));
         }
         let fail = |err| error::store_error(err, options::Waits::DEFAULT);
-        let options: PgConnectOptions = url.parse().map_err(fail)?;
+        let options = options::connect_options(url).map_err(fail)?;
         let mut conn = PgConnection::connect_with(&options).await.map_err(fail)?;
         sqlx::query(sql::DROP_SCHEMA_LOCK_TIMEOUT).execute(&mut conn).await.map_err(fail)?;
         sqlx::query(AssertSqlSafe(sql::drop_schema(schema))).execute(&mut conn).await.map_err(fail)?;
@@ -636,12 +640,14 @@ async fn migrate_schema(
     options: &PgConnectOptions,
     schema: &str,
     acquire_timeout: Duration,
-) -> Result<(), sqlx::Error> {
+) -> Result<(), MigrateError> {
     let key = i64::from_ne_bytes(options::stable_hash(&format!("lockstep migrate {schema}")).to_ne_bytes());
     sqlx::query(sql::MIGRATION_LOCK).bind(key).execute(&mut lock).await?;
     let exists: bool = sqlx::query_scalar(sql::SCHEMA_EXISTS).bind(schema).fetch_one(&mut lock).await?;
     if !exists {
         sqlx::query(AssertSqlSafe(sql::create_schema(schema))).execute(&mut lock).await?;
+    } else if let Some(rule) = clashing_tables(&mut lock, schema).await? {
+        return Err(MigrateError::Clash(rule));
     }
     // The migrator runs on a pool of one session: on a `&mut PgConnection` its future is not `Send` (sqlx issue
     // #2016), and `connect_with` must stay spawnable.
@@ -649,8 +655,56 @@ async fn migrate_schema(
         PgPoolOptions::new().max_connections(1).acquire_timeout(acquire_timeout).connect_with(options.clone()).await?;
     let migrated = sqlx::migrate!("./migrations").run(&migrator).await;
     migrator.close().await;
-    migrated?;
-    lock.close().await
+    migrated.map_err(sqlx::Error::from)?;
+    Ok(lock.close().await?)
+}
+
+/// Why [`migrate_schema`] stopped: PostgreSQL's error, or a schema that already holds another application's
+/// tables under lockstep's names.
+enum MigrateError {
+    Sql(sqlx::Error),
+    /// The rule, naming the schema and the tables.
+    Clash(String),
+}
+
+impl From<sqlx::Error> for MigrateError {
+    fn from(err: sqlx::Error) -> MigrateError {
+        MigrateError::Sql(err)
+    }
+}
+
+impl MigrateError {
+    /// As a store error: PostgreSQL's through `fail`, a clash as [`StoreError::Invalid`].
+    fn into_store(self, fail: impl FnOnce(sqlx::Error) -> StoreError) -> StoreError {
+        match self {
+            MigrateError::Sql(err) => fail(err),
+            MigrateError::Clash(rule) => StoreError::Invalid(rule),
+        }
+    }
+}
+
+/// The rule a schema breaks when it holds a relation named as one of lockstep's (`resources`, `events`,
+/// `lock_tokens`) while no lockstep migration is recorded in it: another application's table, which the first
+/// migration would fail on half-way (leaving sqlx's `_sqlx_migrations` behind, as a new user's trial found).
+/// `None` when the schema is lockstep's or holds none of those names.
+async fn clashing_tables(conn: &mut PgConnection, schema: &str) -> Result<Option<String>, sqlx::Error> {
+    let clashing: Vec<String> = sqlx::query_scalar(sql::CLASHING_RELATIONS).bind(schema).fetch_all(&mut *conn).await?;
+    if clashing.is_empty() {
+        return Ok(None);
+    }
+    let recorded: bool = sqlx::query_scalar(sql::MIGRATIONS_TABLE_EXISTS).bind(schema).fetch_one(&mut *conn).await?;
+    if recorded {
+        let applied: Vec<i64> =
+            sqlx::query_scalar(AssertSqlSafe(sql::applied_migrations(schema))).fetch_all(&mut *conn).await?;
+        if !applied.is_empty() {
+            return Ok(None);
+        }
+    }
+    Ok(Some(format!(
+        "schema: {schema} already holds {}, which no lockstep migration made (another application's): lockstep \
+         keeps its tables in a schema of its own; give it another one",
+        clashing.join(", ")
+    )))
 }
 
 /// What a schema holding migration `version`, which this build does not have, is: one a newer lockstep migrated.

@@ -4,6 +4,7 @@
 use crate::agent::NODE_LEASE_TTL_DEFAULT;
 use crate::pipeline::config::LEASE_TTL_DEFAULT;
 use crate::store::StoreError;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use std::fmt;
 use std::time::Duration;
 
@@ -318,6 +319,21 @@ pub(super) fn check_schema(schema: &str) -> Result<(), StoreError> {
             "schema: {schema:?} must be 1 to {SCHEMA_LEN_MAX} of a-z, 0-9 and _, not starting with a digit"
         )))
     }
+}
+
+/// The connect options of `url`, with TLS as the URL asks: its `sslmode` (`disable`, `allow`, `prefer`, `require`,
+/// `verify-ca`, `verify-full`, as libpq takes them; or `PGSSLMODE`, which sqlx reads as libpq does). A URL that
+/// names no mode connects without TLS, as lockstep did before it had TLS: libpq's default, `prefer`, would first
+/// ask every server for TLS, which protects against no one on the path (it falls back to plain text) and makes a
+/// connection closed at that request read as a protocol error. Give `sslmode=require` or stricter for TLS.
+///
+/// Errors: sqlx's, for a URL it cannot read (the caller maps them).
+pub(super) fn connect_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
+    let options: PgConnectOptions = url.parse()?;
+    let named = url::Url::parse(url)
+        .is_ok_and(|url| url.query_pairs().any(|(key, _)| key == "sslmode" || key == "ssl-mode"))
+        || std::env::var_os("PGSSLMODE").is_some();
+    Ok(if named { options } else { options.ssl_mode(PgSslMode::Disable) })
 }
 
 #[cfg(test)]

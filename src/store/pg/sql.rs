@@ -38,6 +38,12 @@ pub(super) const SCHEMA_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_namespac
 pub(super) const MIGRATIONS_TABLE_EXISTS: &str =
     "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = '_sqlx_migrations')";
 
+/// The relations of schema `$1` whose names lockstep's migrations create (`resources`, `events`, `lock_tokens`),
+/// by name: found in a schema no lockstep migration is recorded in, they are another application's.
+pub(super) const CLASHING_RELATIONS: &str = "SELECT c.relname::text FROM pg_class c \
+     JOIN pg_namespace n ON n.oid = c.relnamespace \
+     WHERE n.nspname = $1 AND c.relname IN ('resources', 'events', 'lock_tokens') ORDER BY c.relname";
+
 /// The versions of the migrations applied successfully to `schema` (a checked identifier, as for `create_schema`).
 pub(super) fn applied_migrations(schema: &str) -> String {
     format!("SELECT version FROM \"{schema}\"._sqlx_migrations WHERE success")
