@@ -43,8 +43,13 @@ pub fn size(bytes: u64) -> String {
 /// one).
 pub fn read_text(path: &Path, what: &str, limit: u64) -> Result<String, String> {
     let file = std::fs::File::open(path).map_err(|error| error.to_string())?;
+    read_text_from(file, what, limit)
+}
+
+/// As [`read_text`], from `reader` (standard input, for a command given `-`).
+pub fn read_text_from(reader: impl Read, what: &str, limit: u64) -> Result<String, String> {
     let mut bytes = Vec::new();
-    file.take(limit + 1).read_to_end(&mut bytes).map_err(|error| error.to_string())?;
+    reader.take(limit + 1).read_to_end(&mut bytes).map_err(|error| error.to_string())?;
     if bytes.len() as u64 > limit {
         return Err(format!(
             "it holds more than {} ({limit} bytes), the most a {what} may hold (a limit that keeps a path that \

@@ -152,6 +152,32 @@ async fn submit_warns_about_each_unknown_spec_key_with_the_closest_known_one() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `submit -` reads the spec from standard input, as Unix commands take `-` (a new user's trial: it looked for a
+/// file named `-`); its format comes from `--format`, since there is no extension to tell it by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_dash_reads_the_spec_from_standard_input() {
+    use std::io::Write as _;
+    let harness = support::pg::PgHarness::new().await;
+    let schema = lockstep::store::conformance::Harness::store(&harness).schema().to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["submit", "-", "--format", "json", "--database-url", &database_url(), "--schema", &schema])
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    let spec = br#"{"tasks": {"t": {"job_count": 1, "command": "true"}}}"#;
+    child.stdin.take().expect("its stdin").write_all(spec).expect("the spec is written");
+    let output = child.wait_with_output().expect("submit ends");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let id: i64 = String::from_utf8_lossy(&output.stdout).trim().parse().expect("submit prints the id");
+    let status = lockstep(&["status", &id.to_string()], &schema);
+    assert_eq!(status.status.code(), Some(0), "{}", String::from_utf8_lossy(&status.stderr));
+    usage_error(&lockstep_bare(&["submit", "-"]), &["-: a spec on standard input has no extension", "--format"]);
+}
+
 #[test]
 fn a_lease_ttl_past_an_hour_is_refused_naming_the_flag() {
     for command in [&["serve"][..], &["agent", "--node", "n", "--slots", "1", "--work-dir", "/tmp/lockstep-unused"]] {

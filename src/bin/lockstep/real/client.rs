@@ -39,7 +39,7 @@ impl From<FormatArg> for SpecFormat {
 pub struct SubmitArgs {
     #[command(flatten)]
     pub database: Database,
-    /// The spec file: YSON (.yson), JSON (.json) or YAML (.yaml, .yml).
+    /// The spec file: YSON (.yson), JSON (.json) or YAML (.yaml, .yml); `-` reads standard input (with --format).
     pub spec: PathBuf,
     /// The spec's format, when its extension does not tell.
     #[arg(long, value_enum)]
@@ -96,6 +96,11 @@ pub fn spec_format(path: &Path, flag: Option<FormatArg>) -> Result<SpecFormat, F
     if let Some(format) = flag {
         return Ok(format.into());
     }
+    if is_stdin(path) {
+        return Err(Failure::usage(
+            "-: a spec on standard input has no extension to tell its format by; pass --format",
+        ));
+    }
     match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
         Some("yson") => Ok(SpecFormat::Yson),
         Some("json") => Ok(SpecFormat::Json),
@@ -107,13 +112,22 @@ pub fn spec_format(path: &Path, flag: Option<FormatArg>) -> Result<SpecFormat, F
     }
 }
 
+/// Whether `path` is `-`: standard input, as Unix commands take it.
+fn is_stdin(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
 /// Reads and validates the spec at `path`. Errors (usage): unreadable file, one past the spec files' cap (16 MiB,
 /// as in scenario files: `/dev/zero` is refused, not read until memory runs out), syntax error, broken rules (each
 /// naming its field).
 pub fn read_spec(path: &Path, flag: Option<FormatArg>) -> Result<OperationSpec, Failure> {
     let format = spec_format(path, flag)?;
-    let text = files::read_text(path, "spec file", files::SCENARIO_FILE_BYTES_MAX)
-        .map_err(|error| Failure::usage(format!("cannot read spec {}: {error}", path.display())))?;
+    let text = if is_stdin(path) {
+        files::read_text_from(std::io::stdin().lock(), "spec file", files::SCENARIO_FILE_BYTES_MAX)
+    } else {
+        files::read_text(path, "spec file", files::SCENARIO_FILE_BYTES_MAX)
+    };
+    let text = text.map_err(|error| Failure::usage(format!("cannot read spec {}: {error}", path.display())))?;
     OperationSpec::parse(&text, format)
         .map_err(|error| Failure::usage(format!("spec {} is invalid:\n{error}", path.display())))
 }
