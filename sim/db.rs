@@ -204,9 +204,11 @@ impl Database {
 
     /// Subscribes (or renews the subscription of) the node at `ip` to every fetch hint, sent to `hints`. While
     /// the node is down the subscription is lost; a restart forgets every subscription.
-    pub fn subscribe(&self, ip: IpAddr, hints: HintSender) {
-        if let Some(serving) = self.serving().as_mut() {
-            serving.subscribers.insert(ip, (hints, self.time().now()));
+    pub fn subscribe(&self, ip: IpAddr, hints: HintSender) -> bool {
+        let now = self.time().now();
+        match self.serving().as_mut() {
+            Some(serving) => serving.subscribers.insert(ip, (hints, now)).is_none(),
+            None => false,
         }
     }
 
@@ -279,7 +281,7 @@ fn lock(rng: &Mutex<ChaCha8Rng>) -> MutexGuard<'_, ChaCha8Rng> {
 }
 
 /// Pushes every hint the store publishes to every live subscriber across its link (PostgreSQL's `NOTIFY` to each
-/// `LISTEN` connection). A lost hint costs a fetcher at most its backoff.
+/// `LISTEN` connection). A lost hint ends its subscription; the subscriber's renewal catches up.
 async fn forward_hints(db: &Database) {
     let mut hints = db.store.subscribe_hints();
     loop {
@@ -292,12 +294,17 @@ async fn forward_hints(db: &Database) {
         let mut serving = db.serving();
         let Some(serving) = serving.as_mut() else { return };
         serving.subscribers.retain(|_, (_, renewed)| now.duration_since(*renewed) < SUBSCRIPTION_TTL);
-        for (ip, (sender, _)) in &serving.subscribers {
-            if let Some(latency) = db.wire.send(db.ip, *ip) {
+        // A hint lost on its link ends that subscription, as a lost `NOTIFY` can only mean a broken `LISTEN`
+        // session on PostgreSQL (TCP delivers or breaks): the subscriber's next renewal subscribes anew and catches
+        // up on every kind ([`crate::store::HINT_EVERY_KIND`]), as PgStore's listener does after it listens again.
+        serving.subscribers.retain(|ip, (sender, _)| match db.wire.send(db.ip, *ip) {
+            Some(latency) => {
                 // A subscriber whose node died is gone until it subscribes again.
                 let _ = sender.send((now + latency, kind.clone()));
+                true
             }
-        }
+            None => false,
+        });
     }
 }
 

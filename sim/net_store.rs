@@ -150,11 +150,18 @@ async fn receive_hints(mut received: mpsc::UnboundedReceiver<(Instant, Hint)>, h
 }
 
 /// Renews the hint subscription of the node at `ip` every [`HINT_RENEW_INTERVAL`], forever; a renewal crosses
-/// the link to the database (a lost one is not retried before the next).
+/// the link to the database (a lost one is not retried before the next). A renewal that subscribes anew (the
+/// subscription lapsed, a hint to it was lost, or the database restarted) hands the local subscribers the catch-up
+/// hint ([`crate::store::HINT_EVERY_KIND`]): hints sent meanwhile were lost, as PgStore's listener does after it
+/// listens again.
 async fn renew_subscription(db: Arc<Database>, ip: IpAddr, hints: super::db::HintSender) {
+    let mut subscribed = false;
     loop {
-        if db.wire().send(ip, db.ip()).is_some() {
-            db.subscribe(ip, hints.clone());
+        if db.wire().send(ip, db.ip()).is_some() && db.subscribe(ip, hints.clone()) {
+            if subscribed {
+                let _ = hints.send((Instant::now(), crate::store::HINT_EVERY_KIND.to_string()));
+            }
+            subscribed = true;
         }
         tokio::time::sleep(HINT_RENEW_INTERVAL).await;
     }

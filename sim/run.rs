@@ -441,6 +441,7 @@ pub fn check(scenario: &Scenario, outcome: &Outcome, trace: &[TraceEvent]) -> Ve
         Some(set) => RowModel::User(set),
         None => RowModel::Builtin,
     };
+    let capacity = capacity_of(scenario);
     let input = CheckInput {
         history: &outcome.history,
         events: &outcome.events,
@@ -455,7 +456,7 @@ pub fn check(scenario: &Scenario, outcome: &Outcome, trace: &[TraceEvent]) -> Ve
         effects: &outcome.effects,
         attempts_max: scenario.workload.attempts_max,
         retry_lateness_bound: outcome.retry_lateness_bound,
-        min_processing_interval: scenario.workload.min_processing_interval,
+        capacity: &capacity,
     };
     let more = scenario.pipelines.as_ref().map_or(&[][..], |set| set.checkers());
     let mut violations = checkers::check_all(&input, more);
@@ -597,6 +598,35 @@ async fn simulate(
         drain,
         gang,
         retry_lateness_bound: Some(RETRY_LATENESS_BOUND),
+    }
+}
+
+/// What the built-in workload's pipelines hold at once in `scenario`: every replica runs `tasks`, `jobs` and each
+/// `claims-{p}` with their workers. (A user's pipeline set is not listed: its waits are judged whole.)
+pub fn capacity_of(scenario: &Scenario) -> checkers::capacity::Capacity {
+    let spec = &scenario.workload;
+    let mut workers = BTreeMap::new();
+    let mut pipelines_of_kind = BTreeMap::new();
+    if spec.rows_max > 0 {
+        let mut add = |kind: &str, pipeline: String, count: usize| {
+            workers.insert(pipeline.clone(), count);
+            pipelines_of_kind.insert(kind.to_string(), vec![pipeline]);
+        };
+        add("task", "tasks".into(), spec.workers.tasks);
+        add("job", "jobs".into(), spec.workers.jobs);
+        for p in 0..spec.claim_pipelines {
+            add(&format!("claim-{p}"), format!("claims-{p}"), spec.workers.claims);
+        }
+    }
+    // Calls sent before the heal resolve within their time-out; a broken hint subscription is renewed within a
+    // second (`net_store::HINT_RENEW_INTERVAL`, simulator build only).
+    let settle = scenario.call_timeout + Duration::from_secs(1);
+    checkers::capacity::Capacity {
+        replicas: scenario.replicas,
+        lease_ttl: spec.lease_ttl,
+        workers,
+        pipelines_of_kind,
+        settle,
     }
 }
 
@@ -859,6 +889,19 @@ pub fn for_each_seed(
     stop: &std::sync::atomic::AtomicBool,
     done: &(dyn Fn(RunReport) + Sync),
 ) {
+    for_each(seed_at, jobs, stop, &|seed| done(run(scenario, seed)));
+}
+
+#[cfg(madsim)]
+/// Calls `each` with the seeds `seed_at(0)`, `seed_at(1)`, … up to the first `None`, on `jobs` threads (at least
+/// one); once `stop` is set no call starts, the calls under way finish, then this returns. What a seed runs is up
+/// to `each`: [`for_each_seed`] runs one scenario under every seed, a swarm draws each seed's own world first.
+pub fn for_each(
+    seed_at: &(dyn Fn(u64) -> Option<u64> + Sync),
+    jobs: usize,
+    stop: &std::sync::atomic::AtomicBool,
+    each: &(dyn Fn(u64) + Sync),
+) {
     use std::sync::atomic::Ordering;
     share_one_malloc_arena();
     let next = std::sync::atomic::AtomicU64::new(0);
@@ -867,7 +910,7 @@ pub fn for_each_seed(
             scope.spawn(|| {
                 while !stop.load(Ordering::SeqCst) {
                     let Some(seed) = seed_at(next.fetch_add(1, Ordering::SeqCst)) else { break };
-                    done(run(scenario, seed));
+                    each(seed);
                 }
             });
         }

@@ -2,12 +2,14 @@
 //! its events and its rows, never from what replicas believe. Each checker has a test that plants the bug it
 //! guards against and watches it fire (STYLE, "Checkers bite").
 
+pub mod capacity;
 pub mod exactly_once;
 pub mod external;
 pub mod gang;
 pub mod lease_exclusivity;
 pub mod liveness;
 pub mod locked_forever;
+pub mod protocol;
 pub mod ranks;
 pub mod retries;
 pub mod row_map;
@@ -56,9 +58,9 @@ pub struct CheckInput<'a> {
     /// How late after its retry falls due a row that failed after the heal may be fetched again (checker
     /// `retries`, rule 4); `None` leaves lateness unjudged (`lockstep chaos run`: wall time on a shared machine).
     pub retry_lateness_bound: Option<Duration>,
-    /// The workload pipelines' minimum processing interval: a failed row processed (applied, or reset for retry)
-    /// less than this before its retry falls due waits for it too ([`crate::store::Store::fetch`]).
-    pub min_processing_interval: Duration,
+    /// What the workload's pipelines hold at once (replicas, workers, lease ttl): checkers that bound a wait count
+    /// only time in which a worker of the row's pipeline idled ([`capacity`]).
+    pub capacity: &'a capacity::Capacity,
 }
 
 /// Whose rows a run holds, and so which statuses end their life.
@@ -122,7 +124,7 @@ impl fmt::Display for Violation {
 }
 
 /// Every built-in checker, in the order they run.
-const CHECKS: [Builtin; 7] = [
+const CHECKS: [Builtin; 8] = [
     Builtin("lease_exclusivity", lease_exclusivity::check),
     Builtin("liveness", liveness::check),
     Builtin("locked_forever", locked_forever::check),
@@ -130,6 +132,7 @@ const CHECKS: [Builtin; 7] = [
     Builtin("exactly_once", exactly_once::check),
     Builtin("retries", retries::check),
     Builtin("external_exactly_once", external::check),
+    Builtin("protocol", protocol::check),
 ];
 
 /// The built-in checkers' names, in the order they run (the names of [`Violation::checker`]).
@@ -217,7 +220,7 @@ pub(crate) mod fixtures {
             effects: &[],
             attempts_max: 3,
             retry_lateness_bound: Some(Duration::from_secs(1)),
-            min_processing_interval: Duration::from_secs(1),
+            capacity: &super::capacity::UNBOUNDED,
         }
     }
 }

@@ -7,14 +7,17 @@
 //!    handlers leave the decision to the policy);
 //! 3. no fetch leases a row after it gave up, and a row that gave up ends in the failed status, and only such a
 //!    row does;
-//! 4. a row that failed after the heal, and did not give up, is fetched again no later than
-//!    [`CheckInput::retry_lateness_bound`] after its retry falls due (its policy's longest delay for that attempt,
-//!    jitter included, or the minimum processing interval since the row was last applied or reset, whichever is
-//!    later): a replica wakes its fetcher for a retry, rather than leaving the row to its empty-fetch
-//!    backoff (a new user's trial saw a 1 s retry wait 3.6 s). A retry whose row a related lock or intent mark
-//!    named before the fetch is not judged: the lock holds the row off, and its end wakes no fetcher of the row's
-//!    kind.
+//! 4. a row that failed after the heal, and did not give up, is fetched again within
+//!    [`CheckInput::retry_lateness_bound`] of idle time after its retry falls due (its policy's longest delay for
+//!    that attempt, jitter included: a row that failed since it was last processed is paced by its retry time
+//!    alone, [`crate::store::Store::fetch`]): a replica wakes its fetcher for a retry, rather than leaving the
+//!    row to its empty-fetch backoff (a new user's trial saw a 1 s retry wait 3.6 s). Idle time is store time in
+//!    which some replica of the row's pipeline had an idle worker ([`super::capacity`]): a retry that waits while
+//!    every worker is busy (an overloaded world) waits for capacity, not for a fetcher. A retry whose row a related
+//!    lock or intent mark named before the fetch is not judged: the lock holds the row off, and its end wakes no
+//!    fetcher of the row's kind.
 
+use super::capacity::IdleClock;
 use super::row_map::RowMap;
 use super::{CheckInput, RowModel, listed};
 use crate::sim::gang::is_gang_row;
@@ -37,16 +40,30 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
         .collect();
     let mut streaks: RowMap<u32> = RowMap::new();
     let mut gave_up: RowMap<()> = RowMap::new();
-    // Rows failed after the heal, not yet fetched again: the latest their retry may be fetched, and the failure.
-    let mut due: RowMap<(Timestamp, usize)> = RowMap::new();
-    // When each row was last processed: applied, or reset for retry (the store's `last_processed_at`).
-    let mut processed: RowMap<Timestamp> = RowMap::new();
+    // Rows failed after the heal, not yet fetched again: when the retry falls due, the pipeline's idle time then
+    // (once the clock passed it), and the failure's commit.
+    let mut due: RowMap<Due> = RowMap::new();
+    // Retries not yet due, by when they fall due: the clock reads each pipeline's idle time at that instant.
+    let mut pending: std::collections::BTreeSet<(Timestamp, RowId)> = std::collections::BTreeSet::new();
+    let mut clock = IdleClock::new(input.capacity, input.history.first().map_or(input.heal_at, |c| c.at));
+    // The pipeline of each live lease's fetch, by row: a failure's retry is judged by its pipeline's idle time.
+    let mut pipeline_of: RowMap<String> = RowMap::new();
     let policy = workload::retry_policy(input.attempts_max);
     let mut broken: BTreeMap<RowId, String> = BTreeMap::new();
     let mut fail = |id: RowId, index: usize, what: String| {
         broken.entry(id).or_insert_with(|| format!("row {id}: commit {index}: {what}"));
     };
     for (index, commit) in input.history.iter().enumerate() {
+        while let Some(&(at, id)) = pending.first().filter(|(at, _)| *at <= commit.at) {
+            pending.pop_first();
+            clock.advance(at);
+            // Only this retry's own instant: a row fetched before an earlier retry fell due may have failed again.
+            if let Some(due) = due.get_mut(id).filter(|due| due.at == at) {
+                due.idle_at_due = Some(clock.idle_us(&due.pipeline));
+            }
+        }
+        clock.advance(commit.at);
+        clock.observe(commit);
         match &commit.op {
             CommitOp::Failure { lease, attempts: Some(attempt), gave_up: giving_up } if rows.contains(lease.id) => {
                 let streak = streaks.get_or_insert_with(lease.id, u32::default);
@@ -63,23 +80,15 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
                 }
                 if *giving_up {
                     gave_up.insert(lease.id, ());
-                } else if let Some(bound) = input.retry_lateness_bound
-                    && commit.at >= input.heal_at
+                } else if input.retry_lateness_bound.is_some() && commit.at >= input.heal_at.plus(input.capacity.settle)
                 {
-                    // Eligible once its delay has passed and, unless hinted, the minimum processing interval since
-                    // it was last processed ([`crate::store::Store::fetch`]); a hint only makes it sooner.
-                    let delayed = commit.at.plus(policy.backoff(*attempt, 1.0));
-                    let interval = processed.get(lease.id).map(|at| at.plus(input.min_processing_interval));
-                    let latest = interval.map_or(delayed, |interval| interval.max(delayed)).plus(bound);
-                    due.insert(lease.id, (latest, index));
+                    // Eligible once its delay has passed ([`crate::store::Store::fetch`]); a hint only makes it
+                    // sooner.
+                    let at = commit.at.plus(policy.backoff(*attempt, 1.0));
+                    let pipeline = pipeline_of.get(lease.id).cloned().unwrap_or_default();
+                    due.insert(lease.id, Due { at, pipeline, idle_at_due: None, failed: index });
+                    pending.insert((at, lease.id));
                 }
-            }
-            CommitOp::Apply { lease, applied: true, .. } => {
-                streaks.insert(lease.id, 0);
-                processed.insert(lease.id, commit.at);
-            }
-            CommitOp::Reset { lease, held: true } => {
-                processed.insert(lease.id, commit.at);
             }
             CommitOp::LockRelated { related, .. } => {
                 // A related lock or intent mark holds the row from its own fetch (a parent first, DESIGN §3), and
@@ -88,19 +97,22 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
                     due.remove(id);
                 }
             }
-            CommitOp::Fetch { leases, .. } => {
+            CommitOp::Fetch { leases, pipeline } => {
                 for lease in leases {
+                    pipeline_of.insert(lease.id, pipeline.clone());
                     if gave_up.contains(lease.id) {
                         fail(lease.id, index, "leased again after it gave up".into());
                     }
-                    if let Some((latest, failed)) = due.remove(lease.id)
-                        && commit.at > latest
-                    {
-                        let late = late_by(commit.at, latest);
+                    let Some(due) = due.remove(lease.id) else { continue };
+                    if let Some(late) = due.late(&clock, input.retry_lateness_bound) {
                         fail(
                             lease.id,
                             index,
-                            format!("fetched {late} past its retry after the failure of commit {failed}"),
+                            format!(
+                                "fetched {late} past its retry after the failure of commit {}, while a worker of \
+                                 its pipeline {} idled",
+                                due.failed, due.pipeline
+                            ),
                         );
                     }
                 }
@@ -108,10 +120,20 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
             _ => {}
         }
     }
-    for (id, (latest, failed)) in due.iter() {
-        if input.liveness_at > *latest {
-            let late = late_by(input.liveness_at, *latest);
-            fail(id, *failed, format!("not fetched again {late} past its retry when the liveness wait ended"));
+    while let Some((at, id)) = pending.pop_first().filter(|(at, _)| *at <= input.liveness_at) {
+        clock.advance(at);
+        if let Some(due) = due.get_mut(id).filter(|due| due.at == at) {
+            due.idle_at_due = Some(clock.idle_us(&due.pipeline));
+        }
+    }
+    clock.advance(input.liveness_at);
+    for (id, due) in due.iter() {
+        if let Some(late) = due.late(&clock, input.retry_lateness_bound) {
+            fail(
+                id,
+                due.failed,
+                format!("not fetched again {late} past its retry when the liveness wait ended, while a worker idled"),
+            );
         }
     }
     for (id, row) in rows.iter() {
@@ -129,9 +151,27 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
     Err(format!("{rows} broke the retry rules: {}", listed(&broken)))
 }
 
-/// How far `at` is past `latest`, for a message: seconds with milliseconds.
-fn late_by(at: Timestamp, latest: Timestamp) -> String {
-    format!("{:.3} s", (at.as_micros() - latest.as_micros()) as f64 / 1e6)
+/// A failed row's retry, not yet fetched.
+struct Due {
+    /// When it falls due.
+    at: Timestamp,
+    /// The pipeline whose lease failed.
+    pipeline: String,
+    /// The pipeline's idle time when it fell due ([`IdleClock::idle_us`]), once the clock passed that instant.
+    idle_at_due: Option<u64>,
+    /// The failure's commit.
+    failed: usize,
+}
+
+impl Due {
+    /// How far past `bound` of idle time since the retry fell due the clock is now, for a message (seconds with
+    /// milliseconds); `None` within it, or before the retry fell due.
+    fn late(&self, clock: &IdleClock<'_>, bound: Option<std::time::Duration>) -> Option<String> {
+        let (bound, idle_at_due) = (bound?, self.idle_at_due?);
+        let waited = clock.idle_us(&self.pipeline).saturating_sub(idle_at_due);
+        let bound = bound.as_micros() as u64;
+        (waited > bound).then(|| format!("{:.3} s", (waited - bound) as f64 / 1e6))
+    }
 }
 
 #[cfg(test)]
@@ -214,20 +254,86 @@ mod tests {
         assert_eq!(check(&input(&before_heal, &[], &rows)), Ok(()), "a failure before the heal is not judged");
     }
 
-    /// A row reset for retry at 100.9 s and failing at 101 s (longest delay 120 ms) is eligible only at 101.9 s, the
-    /// fixtures' 1 s minimum processing interval after the reset: a fetch at 102.5 s is in time (it would be late
-    /// by the delay alone), one at 103 s is late.
+    /// A retry falls due at its delay alone, however recently the row was processed: a row reset for retry at
+    /// 100.9 s and failing at 101 s (longest delay 120 ms) is due at 101.12 s (the store's rule, conformance case
+    /// `a_row_failed_since_it_was_processed_waits_for_its_retry_not_the_interval`).
     #[test]
-    fn a_retry_also_waits_the_minimum_processing_interval_since_the_row_was_last_processed() {
+    fn a_retry_falls_due_at_its_delay_even_just_after_a_reset() {
         let mut reset = commit(100, CommitOp::Reset { lease: lease(2, 2), held: true });
         reset.at = at(100).plus(Duration::from_millis(900));
         let mut history = vec![reset, failure(101, lease(2, 3), 1, false), fetch(102, lease(2, 4))];
-        history[2].at = at(102).plus(Duration::from_millis(500));
         let rows = [row(2, "task", "ready")];
         assert_eq!(check(&input(&history, &[], &rows)), Ok(()));
-        history[2].at = at(103);
+        history[2].at = at(102).plus(Duration::from_millis(500));
         let violation = check(&input(&history, &[], &rows)).expect_err("the checker missed a late retry");
-        assert!(violation.contains("fetched 0.100 s past its retry"), "{violation}");
+        assert!(violation.contains("fetched 0.380 s past its retry"), "{violation}");
+    }
+
+    /// A retry that waits while every worker of its pipeline is busy waits for capacity: only the time in which a
+    /// worker idled counts. One replica with one worker of `p`: row 5's lease holds it from 100 s to 104.5 s, so
+    /// row 2, failing its second attempt at 101 s (due at 101.24 s) and fetched at 105 s, waited 0.5 s of idle
+    /// time (in time); fetched at 106 s, 1.5 s (late by 0.5 s).
+    #[test]
+    fn a_retry_waiting_while_every_worker_is_busy_is_judged_by_the_idle_time_only() {
+        let capacity = super::super::capacity::Capacity {
+            replicas: 1,
+            lease_ttl: Duration::from_secs(30),
+            workers: BTreeMap::from([("p".to_string(), 1)]),
+            pipelines_of_kind: BTreeMap::new(),
+            settle: Duration::ZERO,
+        };
+        let by_replica = |mut commit: crate::store::Commit| {
+            commit.caller = Some(std::sync::Arc::from("replica-0"));
+            commit
+        };
+        let mut busy_until = apply(104, lease(5, 9), true);
+        busy_until.at = at(104).plus(Duration::from_millis(500));
+        let mut history = vec![
+            by_replica(fetch(99, lease(2, 3))),
+            by_replica(failure(99, lease(2, 3), 1, false)),
+            by_replica(fetch(100, lease(5, 9))),
+            by_replica(failure(101, lease(2, 30), 1, false)),
+            busy_until,
+            by_replica(fetch(105, lease(2, 4))),
+        ];
+        // The second failure is the judged one (after the heal); its lease was fetched before by `p`.
+        history[3] = by_replica(failure(101, lease(2, 3), 2, false));
+        let rows = [row(2, "task", "ready"), row(5, "task", "finished")];
+        let judged = CheckInput { capacity: &capacity, ..input(&history, &[], &rows) };
+        assert_eq!(check(&judged), Ok(()), "0.5 s of idle time is within the bound");
+        history[5].at = at(106);
+        let judged = CheckInput { capacity: &capacity, ..input(&history, &[], &rows) };
+        let violation = check(&judged).expect_err("the checker missed a retry late by idle time");
+        assert!(violation.contains("past its retry"), "{violation}");
+        let unbounded = input(&history, &[], &rows);
+        assert!(check(&unbounded).is_err(), "judged whole, the wait is late too");
+    }
+
+    /// A row fetched before its retry fell due and failing again is judged by its new retry only: the earlier
+    /// retry's instant passing later says nothing (a swarm world's row failing attempts 5 and 6 was called 1.4 s
+    /// late by the first one's instant).
+    #[test]
+    fn a_row_failing_again_before_its_retry_fell_due_is_judged_by_its_new_retry() {
+        let ms = |commit: crate::store::Commit, ms: u64| crate::store::Commit {
+            at: commit.at.plus(Duration::from_millis(ms)),
+            ..commit
+        };
+        // Attempts 1 to 4 before the heal. Attempt 5 at 100 s: its longest delay (1.6 s, jitter 0.2) ends at
+        // 101.92 s, but its drawn delay was shorter: fetched at 101.3 s, it fails attempt 6 at 101.4 s, whose longest
+        // delay (capped at 2 s) ends at 103.4 s; fetched at 103.3 s, in time. Judged from 101.92 s it would be late.
+        let mut history = Vec::new();
+        for attempt in 1..=4u32 {
+            let token = i64::from(attempt);
+            history.push(fetch(u64::from(attempt) * 10, lease(2, token)));
+            history.push(ms(failure(u64::from(attempt) * 10, lease(2, token), attempt, false), 10));
+        }
+        history.push(fetch(99, lease(2, 5)));
+        history.push(failure(100, lease(2, 5), 5, false));
+        history.push(ms(fetch(101, lease(2, 6)), 300));
+        history.push(ms(failure(101, lease(2, 6), 6, false), 400));
+        history.push(ms(fetch(103, lease(2, 7)), 300));
+        let rows = [row(2, "task", "ready")];
+        assert_eq!(check(&CheckInput { attempts_max: 10, ..input(&history, &[], &rows) }), Ok(()));
     }
 
     #[test]

@@ -546,6 +546,9 @@ pub(crate) fn fetch_eligible(row: &Row, p: &FetchParams, now: Timestamp) -> bool
         None => true,
         Some(_) if row.hinted => true,
         Some(at) if reset_by_me => at <= now.minus(p.retry_delay),
+        // A row that failed since it was last processed is paced by its retry time (`not_before`, checked above),
+        // not by the minimum interval since that processing.
+        Some(at) if row.not_before.is_some_and(|retry| retry > at) => true,
         Some(at) => at <= now.minus(p.min_processing_interval),
     }
 }

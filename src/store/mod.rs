@@ -58,7 +58,9 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// Eligible (dstack PIPELINES, checklist 1; DESIGN §3): status in `statuses`; and either no live lease and
     /// no owner other than `pipeline`, or an expired lease of any owner (an expired foreign lease is taken, so a
-    /// dead parent never starves its children, dstack #3704); and either never processed, or hinted, or
+    /// dead parent never starves its children, dstack #3704); not before its retry time (`not_before`, which
+    /// [`Store::record_failure`] sets), hinted or not; and either never processed, or hinted, or failed since it
+    /// was last processed (`not_before > last_processed_at`: its retry time paces it, not the interval), or
     /// processed at least `min_processing_interval` ago, where for a row this pipeline reset for retry
     /// `retry_delay` replaces `min_processing_interval`.
     fn fetch(&self, params: FetchParams) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;

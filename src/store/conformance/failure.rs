@@ -58,6 +58,28 @@ pub async fn a_failed_row_is_not_fetched_before_its_delay_even_when_hinted<H: Ha
     lease_single(&h, "others", &row).await;
 }
 
+/// A row that failed since it was last processed is paced by its retry time, not by the minimum processing
+/// interval since that processing (a retry shorter than the interval would otherwise wait out the interval: the
+/// simulator's swarm saw a claim reset for retry, then failed, fetched a second past its retry while its fetcher
+/// had woken for it on time); once processed again, the interval paces it again.
+pub async fn a_row_failed_since_it_was_processed_waits_for_its_retry_not_the_interval<H: Harness>(h: H) {
+    const _: () = assert!(BACKOFF.as_secs() < MIN_PROCESSING_INTERVAL.as_secs());
+    let row = insert(&h, "job").await;
+    let lease = lease_single(&h, "jobs", &row).await;
+    assert!(h.store().reset_for_retry(lease).await.expect("reset_for_retry"), "lease {} lost", lease.token);
+    h.advance(past(RETRY_DELAY));
+    let lease = lease_single(&h, "jobs", &row).await;
+    record(&h, lease, "boom", Retry::After(BACKOFF)).await;
+    h.advance(BACKOFF - MARGIN);
+    assert_eq!(ids(&fetch(&h, "jobs", "job").await), vec![], "row {} fetched inside its backoff", row.id);
+    h.advance(MARGIN * 2);
+    let lease = lease_single(&h, "jobs", &row).await;
+    applied_now(&apply(&h, ApplyParams::new(lease, RowUpdate::default())).await, lease);
+    h.advance(past(BACKOFF));
+    let again = fetch(&h, "jobs", "job").await;
+    assert_eq!(ids(&again), vec![], "row {} fetched again inside its minimum processing interval", row.id);
+}
+
 /// Each failure adds one; the row keeps only the last [`FAILURE_ERRORS_KEPT`] errors, oldest dropped first, each
 /// cut to [`FAILURE_ERROR_BYTES_MAX`] bytes with its NUL characters removed.
 pub async fn record_failure_keeps_the_last_errors_bounded<H: Harness>(h: H) {

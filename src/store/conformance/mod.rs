@@ -216,6 +216,7 @@ macro_rules! __conformance_cases {
             failure {
                 record_failure_counts_the_attempt_records_the_error_and_clears_the_lease,
                 a_failed_row_is_not_fetched_before_its_delay_even_when_hinted,
+                a_row_failed_since_it_was_processed_waits_for_its_retry_not_the_interval,
                 record_failure_keeps_the_last_errors_bounded,
                 give_up_sets_the_failed_status_and_clears_the_lease,
                 record_failure_with_a_stale_token_writes_nothing,

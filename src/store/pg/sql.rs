@@ -65,7 +65,8 @@ pub(super) const NOW: &str = "SELECT lockstep_now($1)";
 /// as with one scan. A row a branch locked and `picked` left out stays unwritten (its lock ends with the
 /// statement). The conditions are the original single scan's, split by `lock_expires_at IS NULL`: with no expiry
 /// a row is eligible when it has no owner or this pipeline's (`$4`), and this pipeline's reset rows wait
-/// `retry_delay`; an expired row waits `min_processing_interval`.
+/// `retry_delay`; an expired row waits `min_processing_interval`; a row that failed since it was last processed
+/// (`not_before > last_processed_at`) waits only for its retry time.
 ///
 /// `$2` kind, `$3` statuses (see [`fetch`]), `$4` pipeline, `$5` lease ttl, `$6` retry delay, `$7` min processing
 /// interval.
@@ -84,6 +85,7 @@ macro_rules! fetch_sql {
       AND (not_before IS NULL OR not_before <= lockstep_now($1))
       AND (last_processed_at IS NULL
            OR hinted
+           OR not_before > last_processed_at
            OR CASE WHEN lock_owner = $4
                    THEN last_processed_at <= lockstep_ts_minus(lockstep_now($1), $6)
                    ELSE last_processed_at <= lockstep_ts_minus(lockstep_now($1), $7)
@@ -103,6 +105,7 @@ macro_rules! fetch_sql {
       AND (not_before IS NULL OR not_before <= lockstep_now($1))
       AND (last_processed_at IS NULL
            OR hinted
+           OR not_before > last_processed_at
            OR last_processed_at <= lockstep_ts_minus(lockstep_now($1), $7))
     ORDER BY last_processed_at NULLS FIRST, id
     LIMIT {limit}

@@ -1,0 +1,226 @@
+//! When a pipeline had room: the stretches of store time in which some replica of a pipeline had an idle worker
+//! (fewer live leases of the pipeline than its workers), read from the commit history alone. A checker that bounds
+//! how long a ready row waits counts only this idle time: a row that waits while every worker of its pipeline is
+//! busy waits for capacity (an overloaded world), which is no fault of the engine; a row that waits while a worker
+//! idles is one (a fetcher asleep past a retry it should have woken for, a hint nobody acted on).
+//!
+//! A lease is live from its fetch until a commit ends it (its apply, stale or not, its failure, its reset, its
+//! release) or, without a heartbeat that extends it, until its expiry (fetch or last heartbeat + the lease ttl): a
+//! replica that died or stalled holds nothing once its leases lapse. Replicas are the commits' callers
+//! (`replica-N`), so a replica that never fetched holds nothing and idles.
+
+use crate::store::{Commit, CommitOp, LockToken, Timestamp};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the world's pipelines can hold at once: replicas, each pipeline's workers per replica, the lease ttl.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Capacity {
+    /// Replica nodes (`replica-0` …).
+    pub replicas: usize,
+    /// Lease ttl of the pipelines (a lease not heartbeated lapses after it).
+    pub lease_ttl: Duration,
+    /// Workers per replica, by pipeline name. A pipeline not listed is taken to idle at every moment (its waits are
+    /// judged whole).
+    pub workers: BTreeMap<String, usize>,
+    /// The pipelines that lease each row kind (`task` → `tasks`), for the kinds whose hints are judged.
+    pub pipelines_of_kind: BTreeMap<String, Vec<String>>,
+    /// How long the faults' effects may outlast the heal: a store call sent before it may still be in flight (up to
+    /// its time-out), and a hint subscription a fault broke is renewed within a second. Waits are judged from the
+    /// heal plus this span.
+    pub settle: Duration,
+}
+
+/// No pipeline listed: every wait is judged whole (the checkers' unit tests; a world whose capacity is not known).
+pub static UNBOUNDED: Capacity = Capacity {
+    replicas: 0,
+    lease_ttl: Duration::ZERO,
+    workers: BTreeMap::new(),
+    pipelines_of_kind: BTreeMap::new(),
+    settle: Duration::ZERO,
+};
+
+/// One live lease: its pipeline, its holder and when it lapses unless extended or ended.
+struct Held {
+    pipeline: String,
+    caller: Option<Arc<str>>,
+    expires: Timestamp,
+}
+
+/// The idle time of each pipeline, advanced commit by commit: [`IdleClock::advance`] to a commit's time (or any
+/// later time), then [`IdleClock::observe`] the commit.
+pub struct IdleClock<'a> {
+    capacity: &'a Capacity,
+    start: Timestamp,
+    now: Timestamp,
+    leases: BTreeMap<LockToken, Held>,
+    expiries: BTreeSet<(Timestamp, LockToken)>,
+    live: BTreeMap<(String, Option<Arc<str>>), usize>,
+    idle_us: BTreeMap<String, u64>,
+}
+
+impl<'a> IdleClock<'a> {
+    /// A clock of `capacity`'s pipelines, every replica idle, starting at `start`.
+    pub fn new(capacity: &'a Capacity, start: Timestamp) -> IdleClock<'a> {
+        IdleClock {
+            capacity,
+            start,
+            now: start,
+            leases: BTreeMap::new(),
+            expiries: BTreeSet::new(),
+            live: BTreeMap::new(),
+            idle_us: BTreeMap::new(),
+        }
+    }
+
+    /// Moves the clock forward to `at` (never back), ending the leases that lapse on the way and counting each
+    /// pipeline's idle time.
+    pub fn advance(&mut self, at: Timestamp) {
+        while let Some(&(expires, token)) = self.expiries.first() {
+            if expires > at {
+                break;
+            }
+            self.count_until(expires);
+            self.end(token);
+        }
+        self.count_until(at);
+    }
+
+    /// Counts what `commit` did to the leases: fetches start them, heartbeats extend them, applies, failures,
+    /// resets and releases end them. Advance to its time first.
+    pub fn observe(&mut self, commit: &Commit) {
+        match &commit.op {
+            CommitOp::Fetch { pipeline, leases } => {
+                for lease in leases {
+                    let expires = commit.at.plus(self.capacity.lease_ttl);
+                    let held = Held { pipeline: pipeline.clone(), caller: commit.caller.clone(), expires };
+                    *self.live.entry((pipeline.clone(), commit.caller.clone())).or_default() += 1;
+                    self.expiries.insert((expires, lease.token));
+                    if let Some(old) = self.leases.insert(lease.token, held) {
+                        // A token is handed out once; should a history repeat one, the later fetch holds it.
+                        self.expiries.remove(&(old.expires, lease.token));
+                        self.release(&old);
+                    }
+                }
+            }
+            CommitOp::Heartbeat { held } => {
+                let expires = commit.at.plus(self.capacity.lease_ttl);
+                for lease in held {
+                    if let Some(live) = self.leases.get_mut(&lease.token) {
+                        self.expiries.remove(&(live.expires, lease.token));
+                        live.expires = live.expires.max(expires);
+                        self.expiries.insert((live.expires, lease.token));
+                    }
+                }
+            }
+            CommitOp::Apply { lease, .. } | CommitOp::Failure { lease, .. } | CommitOp::Reset { lease, .. } => {
+                self.end(lease.token)
+            }
+            CommitOp::Release { released } => {
+                for lease in released {
+                    self.end(lease.token);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Store time during which some replica of `pipeline` had an idle worker, from the clock's start to now, in
+    /// microseconds (all of it for a pipeline [`Capacity::workers`] does not list).
+    pub fn idle_us(&self, pipeline: &str) -> u64 {
+        match self.capacity.workers.contains_key(pipeline) {
+            true => self.idle_us.get(pipeline).copied().unwrap_or(0),
+            false => self.now.as_micros().saturating_sub(self.start.as_micros()) as u64,
+        }
+    }
+
+    /// Whether some replica of `pipeline` has an idle worker now.
+    pub fn is_idle(&self, pipeline: &str) -> bool {
+        let Some(&workers) = self.capacity.workers.get(pipeline) else { return true };
+        (0..self.capacity.replicas.max(1)).any(|index| {
+            let caller: Option<Arc<str>> = match self.capacity.replicas {
+                0 => None,
+                _ => Some(Arc::from(format!("replica-{index}"))),
+            };
+            self.live.get(&(pipeline.to_string(), caller)).copied().unwrap_or(0) < workers
+        })
+    }
+
+    fn count_until(&mut self, at: Timestamp) {
+        if at <= self.now {
+            return;
+        }
+        let span = (at.as_micros() - self.now.as_micros()) as u64;
+        let idle: Vec<String> =
+            self.capacity.workers.keys().filter(|pipeline| self.is_idle(pipeline)).cloned().collect();
+        for pipeline in idle {
+            *self.idle_us.entry(pipeline).or_default() += span;
+        }
+        self.now = at;
+    }
+
+    fn end(&mut self, token: LockToken) {
+        if let Some(held) = self.leases.remove(&token) {
+            self.expiries.remove(&(held.expires, token));
+            self.release(&held);
+        }
+    }
+
+    fn release(&mut self, held: &Held) {
+        let key = (held.pipeline.clone(), held.caller.clone());
+        if let Some(count) = self.live.get_mut(&key) {
+            *count = count.saturating_sub(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::{apply, at, commit, lease};
+    use super::*;
+    use crate::store::CommitOp;
+
+    fn capacity() -> Capacity {
+        Capacity {
+            replicas: 1,
+            lease_ttl: Duration::from_secs(10),
+            workers: BTreeMap::from([("p".to_string(), 1)]),
+            pipelines_of_kind: BTreeMap::new(),
+            settle: Duration::ZERO,
+        }
+    }
+
+    fn fetch_by(secs: u64, token: i64) -> Commit {
+        let mut commit = commit(secs, CommitOp::Fetch { pipeline: "p".into(), leases: vec![lease(1, token)] });
+        commit.caller = Some(Arc::from("replica-0"));
+        commit
+    }
+
+    #[test]
+    fn a_pipeline_whose_only_worker_holds_a_lease_is_not_idle_until_the_lease_ends() {
+        let capacity = capacity();
+        let mut clock = IdleClock::new(&capacity, at(0));
+        for commit in [fetch_by(2, 1), apply(5, lease(1, 1), true)] {
+            clock.advance(commit.at);
+            clock.observe(&commit);
+        }
+        clock.advance(at(6));
+        assert_eq!(clock.idle_us("p"), 3_000_000, "idle 0-2 s and 5-6 s");
+        assert!(clock.is_idle("p"));
+        assert_eq!(clock.idle_us("other"), 6_000_000, "a pipeline not listed idles all along");
+    }
+
+    #[test]
+    fn a_lease_not_heartbeated_lapses_at_its_expiry_and_a_heartbeat_extends_it() {
+        let capacity = capacity();
+        let mut clock = IdleClock::new(&capacity, at(0));
+        let heartbeat = commit(8, CommitOp::Heartbeat { held: vec![lease(1, 1)] });
+        for commit in [fetch_by(0, 1), heartbeat] {
+            clock.advance(commit.at);
+            clock.observe(&commit);
+        }
+        clock.advance(at(30));
+        assert_eq!(clock.idle_us("p"), 12_000_000, "held until 8 + 10 s, idle after");
+    }
+}
