@@ -22,12 +22,13 @@
 
 use super::explain;
 use super::files;
-use super::replay::{ReplayFile, trace_identity};
+use super::replay::{ReplayFile, ReplayScenario, trace_identity};
 use super::run::summary;
 use super::scenario_file::PipelineSets;
 use super::shell;
 use super::shrink;
 use super::summary::{count, render};
+use super::swarm;
 use super::sweep::{self, Failures, Line, SeedRecord, Seeds, Shard, Tally};
 use super::timeline;
 use super::user::PipelineSet;
@@ -35,6 +36,7 @@ use super::{RunReport, ScenarioFile};
 use crate::sim;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -176,6 +178,11 @@ pub enum Command {
     /// seed to a result file; exit 1 if any failed (each written as a replay file as it fails), 130 if
     /// interrupted (Ctrl-C: the table of what finished is printed).
     Sweep(SweepArgs),
+    /// Run a swarm: each seed draws its own world (topology, pipelines' knobs, workload from idle to overload,
+    /// operations, a random subset of fault kinds) within ranges, and every checker judges it; as `sweep` for a
+    /// range of seeds (with the coverage of fault kinds and engine paths), as `run` for one `--seed`, and
+    /// `--seed N --emit` prints the seed's world as a scenario file.
+    Swarm(SwarmArgs),
     /// Print the table of a whole sweep from its shards' result files (`sweep --shard K/N`); exit 1 if a seed
     /// failed (its replay file is written from the result file), 2 if the files are not shards of one sweep, 4
     /// if seeds are missing.
@@ -218,6 +225,13 @@ pub struct SweepArgs {
     /// Seeds: `A..B` (B excluded) or `A..=B`; at most 1 000 000 of them.
     #[arg(long, value_parser = parse_seeds)]
     seeds: SeedRange,
+    #[command(flatten)]
+    options: SweepOptions,
+}
+
+/// What `sim sweep` and `sim swarm` share: threads, where failures and results go, the shard.
+#[derive(clap::Args)]
+pub struct SweepOptions {
     /// Threads (at least 1, at most 4 × the cores this process may use); default every core (or
     /// `LOCKSTEP_SIM_JOBS`).
     #[arg(long, value_parser = parse_jobs)]
@@ -237,6 +251,48 @@ pub struct SweepArgs {
     /// per seed as it finishes (`sim merge` reads them). A file of that name is replaced.
     #[arg(long, default_value = RESULTS_DIR)]
     results: PathBuf,
+}
+
+/// `sim swarm`.
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("which").args(["seeds", "seed"])))]
+pub struct SwarmArgs {
+    /// Seeds to sweep: `A..B` (B excluded) or `A..=B`; default 1..=100.
+    #[arg(long, value_parser = parse_seeds)]
+    seeds: Option<SeedRange>,
+    /// One seed: run its world and print what happened, as `run` does (or print the world with `--emit`).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// With `--seed`: print the seed's world as a scenario file (TOML) instead of running it.
+    #[arg(long, requires = "seed")]
+    emit: bool,
+    /// A ranges file (TOML, every key optional; docs/simulator.md lists them) in place of the default ranges.
+    #[arg(long)]
+    ranges: Option<PathBuf>,
+    /// The most replicas a world may have (narrows the ranges' `replicas`).
+    #[arg(long)]
+    max_replicas: Option<usize>,
+    /// The highest row arrival rate, as a multiple of the workers' capacity (0: every world idle).
+    #[arg(long)]
+    overload: Option<f64>,
+    /// The fault kinds a world may switch on, comma-separated (`none`: no faults).
+    #[arg(long, value_delimiter = ',')]
+    kinds: Option<Vec<String>>,
+    /// The world shapes to draw, comma-separated: rows, gang, mixed.
+    #[arg(long, value_delimiter = ',')]
+    shapes: Option<Vec<String>>,
+    /// A pipeline set this binary registers, run by the row worlds in place of the built-in rows.
+    #[arg(long)]
+    pipelines: Option<String>,
+    /// TEST ONLY: plant these bugs (`[mutation]` keys, comma-separated) in every world, to see how soon the swarm
+    /// finds them.
+    #[arg(long, value_delimiter = ',')]
+    mutation: Option<Vec<String>>,
+    /// With `--seed`: write the whole trace to this file.
+    #[arg(long, requires = "seed")]
+    trace: Option<PathBuf>,
+    #[command(flatten)]
+    options: SweepOptions,
 }
 
 /// `sim merge`.
@@ -425,6 +481,7 @@ pub fn execute(command: Command, registry: &Registry) -> ExitCode {
     ExitCode::from(match command {
         Command::Run(args) => run(args, registry),
         Command::Sweep(args) => sweep(args, registry),
+        Command::Swarm(args) => swarm_command(args, registry),
         Command::Merge(args) => merge(args, registry),
         Command::Replay(args) => replay(args, registry),
         Command::Explain(args) => explain(args, registry),
@@ -581,52 +638,132 @@ fn write_replay_file(replay: &ReplayFile, out: &Path) -> Result<PathBuf, String>
 }
 
 fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
-    let program = &registry.program;
     let file = match load(&args.scenario, registry) {
         Ok(file) => file,
         Err(code) => return code,
     };
-    let (shard, origin) = match args.shard {
+    let worlds = Worlds::File { path: args.scenario.clone(), file: Box::new(file) };
+    sweep_worlds(&worlds, args.seeds.seeds(), &args.options, registry)
+}
+
+/// What a sweep runs under each seed: one scenario file, or (`sim swarm`) the world each seed draws.
+pub(crate) enum Worlds {
+    /// One scenario file, read from `path`.
+    File {
+        /// Where it was read from.
+        path: PathBuf,
+        /// The file.
+        file: Box<ScenarioFile>,
+    },
+    /// A swarm: each seed draws its world within `ranges` ([`swarm::draw`]).
+    Swarm {
+        /// The ranges.
+        ranges: Box<swarm::Ranges>,
+        /// Where they were read from (`<default ranges>` without a ranges file), with the flags that narrowed
+        /// them.
+        origin: String,
+        /// A user's pipeline set the row worlds run in place of the built-in rows.
+        pipelines: Option<String>,
+    },
+}
+
+impl Worlds {
+    /// The name of the sweep (result files are named after it).
+    fn name(&self) -> &str {
+        match self {
+            Worlds::File { file, .. } => &file.scenario.name,
+            Worlds::Swarm { .. } => swarm::WORLD_NAME,
+        }
+    }
+
+    /// What the result file's header records: the scenario (or the ranges) and its version label.
+    fn identity(&self) -> ReplayScenario {
+        match self {
+            Worlds::File { file, .. } => ReplayFile::scenario_of(file),
+            Worlds::Swarm { ranges, origin, .. } => {
+                ReplayScenario { name: swarm::WORLD_NAME.into(), version: ranges.version_label(), path: origin.clone() }
+            }
+        }
+    }
+
+    /// How the sweep names what it runs: the scenario file's path, or the swarm's ranges.
+    fn label(&self) -> String {
+        match self {
+            Worlds::File { path, .. } => path.display().to_string(),
+            Worlds::Swarm { origin, .. } => format!("swarm of {origin}"),
+        }
+    }
+
+    /// The world of `seed`: the file, or the world the seed draws (parsed) with what the result line says of it.
+    /// Errors: a drawn world that is not a valid scenario file (a bug of the drawing code), with its text.
+    fn at(&self, seed: u64, sets: &PipelineSets) -> Result<(Cow<'_, ScenarioFile>, Option<swarm::World>), String> {
+        match self {
+            Worlds::File { file, .. } => Ok((Cow::Borrowed(file), None)),
+            Worlds::Swarm { ranges, pipelines, .. } => {
+                let world = swarm::draw(ranges, seed, pipelines.as_deref());
+                match world.file(sets) {
+                    Ok(file) => Ok((Cow::Owned(file), Some(world))),
+                    Err(error) => Err(format!(
+                        "seed {seed} drew a world that is not a valid scenario file (a bug of the swarm's drawing; \
+                         report it): {error}\n{}",
+                        world.text
+                    )),
+                }
+            }
+        }
+    }
+}
+
+/// Runs `worlds` under `seeds` (`options.shard`'s slice), streaming each seed to the result file and writing each
+/// failure's replay file as it fails; prints the table (and a swarm's coverage) and the failing seeds.
+fn sweep_worlds(worlds: &Worlds, seeds: Seeds, options: &SweepOptions, registry: &Registry) -> u8 {
+    let program = &registry.program;
+    let command = match worlds {
+        Worlds::File { .. } => "sweep",
+        Worlds::Swarm { .. } => "swarm",
+    };
+    let (shard, origin) = match options.shard {
         Some(shard) => (shard, None),
         None => match Shard::from_env(|name| std::env::var(name).ok()) {
             Ok(Some((shard, origin))) => (shard, Some(origin)),
             Ok(None) => (Shard::WHOLE, None),
             Err(error) => {
-                eprintln!("{program} sweep: {error}");
+                eprintln!("{program} {command}: {error}");
                 return BAD_INPUT;
             }
         },
     };
-    let seeds = args.seeds.seeds();
-    let jobs = match threads(args.jobs) {
+    let jobs = match threads(options.jobs) {
         Ok(jobs) => jobs,
         Err(error) => {
-            eprintln!("{program} sweep: {error}");
+            eprintln!("{program} {command}: {error}");
             return BAD_INPUT;
         }
     };
-    let results_path = args.results.join(sweep::file_name(&file.scenario.name, seeds, shard));
+    let results_path = options.results.join(sweep::file_name(worlds.name(), seeds, shard));
     let outputs = [("the result file (--results)", results_path.as_path())];
-    if let Err(code) = check_outputs(&[("the scenario file", &args.scenario)], &outputs, &format!("{program} sweep")) {
+    if let Worlds::File { path, .. } = worlds
+        && let Err(code) = check_outputs(&[("the scenario file", path)], &outputs, &format!("{program} sweep"))
+    {
         return code;
     }
     // The failures' directories are made now, so that one that cannot be is refused before any seed runs (not
     // found out at every failure); each made here and left empty is removed at the end.
     let mut made = Vec::new();
-    for (dir, what) in std::iter::once((&args.out, "--out")).chain(args.html.iter().map(|dir| (dir, "--html"))) {
+    for (dir, what) in std::iter::once((&options.out, "--out")).chain(options.html.iter().map(|dir| (dir, "--html"))) {
         if dir.is_dir() {
             continue;
         }
         if let Err(error) = std::fs::create_dir_all(dir) {
-            eprintln!("{program} sweep: {what} {}: cannot create the directory: {error}", dir.display());
+            eprintln!("{program} {command}: {what} {}: cannot create the directory: {error}", dir.display());
             return BAD_INPUT;
         }
         made.push(dir.clone());
     }
-    let results = match std::fs::create_dir_all(&args.results).and_then(|()| std::fs::File::create(&results_path)) {
+    let results = match std::fs::create_dir_all(&options.results).and_then(|()| std::fs::File::create(&results_path)) {
         Ok(results) => results,
         Err(error) => {
-            eprintln!("{program} sweep: cannot create the result file {}: {error}", results_path.display());
+            eprintln!("{program} {command}: cannot create the result file {}: {error}", results_path.display());
             return BAD_INPUT;
         }
     };
@@ -642,10 +779,14 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
             shard.index
         ),
     };
+    let identity = worlds.identity();
+    let shown = match worlds {
+        Worlds::File { path, .. } => path.display().to_string(),
+        Worlds::Swarm { .. } => worlds.label(),
+    };
     println!(
-        "{} ({}), seeds {}..={} ({}){slice} on {}, build {}",
-        args.scenario.display(),
-        file.version_label(),
+        "{shown} ({}), seeds {}..={} ({}){slice} on {}, build {}",
+        identity.version,
         seeds.first,
         seeds.last,
         seeds.range_len(),
@@ -656,7 +797,7 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
     if slice_len == 0 {
         // Still a result file: `merge` counts this shard as present (and complete).
         eprintln!(
-            "{program} sweep: shard {shard} holds no seed: more shards ({}) than seeds ({})",
+            "{program} {command}: shard {shard} holds no seed: more shards ({}) than seeds ({})",
             shard.count,
             seeds.range_len()
         );
@@ -664,7 +805,7 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
     let header = sweep::Header {
         format: sweep::SWEEP_FORMAT,
         build: registry.build_id.clone(),
-        scenario: ReplayFile::scenario_of(&file),
+        scenario: identity,
         seeds,
         shard,
         jobs,
@@ -678,7 +819,7 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
     });
     let header_written = state.lock().unwrap_or_else(|p| p.into_inner()).write(&Line::Sweep(header));
     if let Err(error) = header_written {
-        eprintln!("{program} sweep: cannot write the result file {}: {error}", results_path.display());
+        eprintln!("{program} {command}: cannot write the result file {}: {error}", results_path.display());
         return BAD_INPUT;
     }
     let target =
@@ -694,7 +835,17 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
         crate::interrupt::catch("\ninterrupted: finishing the runs under way (interrupt again to stop at once)\n");
     let started = std::time::Instant::now();
     let seed_at = |i: u64| seeds.nth(shard, i);
-    sim::for_each_seed(&file.scenario, &seed_at, jobs, stop, &|report| {
+    sim::for_each(&seed_at, jobs, stop, &|seed| {
+        let (file, world) = match worlds.at(seed, &registry.sets) {
+            Ok(world) => world,
+            Err(error) => {
+                let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+                state.write_error.get_or_insert(error);
+                stop.store(true, Ordering::SeqCst);
+                return;
+            }
+        };
+        let report = sim::run(&file.scenario, seed);
         if report.outgrown.is_some() {
             // The scenario is too large for one run: no seed of it says anything, so the sweep stops (bad input).
             let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
@@ -707,11 +858,12 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
         let (replay, listing) = match report.passed() {
             true => (None, None),
             false => {
-                let (replay, listing) = write_failure(&file, &report, &args, registry);
+                let (replay, listing) = write_failure(&file, &report, &worlds.label(), options, registry);
                 (Some(replay), Some(listing))
             }
         };
-        let record = SeedRecord::of(&report, replay);
+        let mut record = SeedRecord::of(&report, replay);
+        record.swarm = world.map(|world| Box::new(swarm_seed(&world, &file, &report)));
         drop(report);
         let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(error) = state.write(&Line::Seed(record.clone())) {
@@ -736,7 +888,7 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
         println!("interrupted ({signal}): {finished} of {of} finished; the table counts them");
     }
     if let Some(outgrown) = &state.outgrown {
-        eprintln!("{program} sweep: stopped after {}: {outgrown}", count(finished, "seed"));
+        eprintln!("{program} {command}: stopped after {}: {outgrown}", count(finished, "seed"));
     }
     print!("{}{}", state.tally.table(), sweep::wall_line(finished, wall));
     let end = sweep::End {
@@ -748,7 +900,7 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
     let ended = state.write(&Line::End(end));
     if let Some(error) = state.write_error.clone().or(ended.err().map(|error| error.to_string())) {
         eprintln!(
-            "{program} sweep: cannot write the result file {}: {error}; the sweep stopped after {}",
+            "{program} {command}: cannot write the result file {}: {error}; the sweep stopped after {}",
             results_path.display(),
             count(finished, "seed")
         );
@@ -763,6 +915,126 @@ fn sweep(args: SweepArgs, registry: &Registry) -> u8 {
         () if state.write_error.is_some() || state.outgrown.is_some() => BAD_INPUT,
         () if state.failures.count > 0 => FAILED,
         () => PASSED,
+    }
+}
+
+/// The seeds a swarm sweeps when neither `--seeds` nor `--seed` is given.
+const SWARM_SEEDS_DEFAULT: SeedRange = SeedRange { first: 1, last: 100 };
+
+fn swarm_command(args: SwarmArgs, registry: &Registry) -> u8 {
+    let program = &registry.program;
+    let (ranges, origin) = match swarm_ranges(&args) {
+        Ok(ranges) => ranges,
+        Err(error) => {
+            eprintln!("{program} swarm: {error}");
+            return BAD_INPUT;
+        }
+    };
+    if let Some(set) = &args.pipelines
+        && !registry.sets.contains_key(set)
+    {
+        let known: Vec<&str> = registry.sets.keys().map(String::as_str).collect();
+        let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };
+        eprintln!("{program} swarm: --pipelines {set}: this binary registers no such pipeline set (it has: {known})");
+        return BAD_INPUT;
+    }
+    let worlds = Worlds::Swarm { ranges: Box::new(ranges), origin, pipelines: args.pipelines.clone() };
+    let Some(seed) = args.seed else {
+        let seeds = args.seeds.clone().unwrap_or(SWARM_SEEDS_DEFAULT).seeds();
+        return sweep_worlds(&worlds, seeds, &args.options, registry);
+    };
+    let (file, world) = match worlds.at(seed, &registry.sets) {
+        Ok(world) => world,
+        Err(error) => {
+            eprintln!("{program} swarm: {error}");
+            return BAD_INPUT;
+        }
+    };
+    let world = world.expect("a swarm draws a world");
+    if args.emit {
+        print!("{}", world.text);
+        return PASSED;
+    }
+    // One world, run as `sim run` runs a file: the summary, the trace, the timeline, a replay file on failure.
+    let outputs = trace_and_html(&args.trace, &args.options.html);
+    if let Err(code) = check_outputs(&[], &outputs, program) {
+        return code;
+    }
+    if let Err(rule) = files::check_dir(&args.options.out) {
+        eprintln!("{program}: refused: --out {rule}");
+        return BAD_INPUT;
+    }
+    let trace = match create_trace(args.trace.as_deref(), program) {
+        Ok(trace) => trace,
+        Err(code) => return code,
+    };
+    let html = match create_output(args.options.html.as_deref(), "timeline", program) {
+        Ok(html) => html,
+        Err(code) => return code,
+    };
+    println!("{} ({}), seed {seed}, build {}", worlds.label(), file.version_label(), registry.build_id);
+    println!("world: {}", world.summary);
+    let report = sim::run(&file.scenario, seed);
+    print!("{}", render(&report));
+    let title = format!("{} ({}), seed {seed}", worlds.label(), file.version_label());
+    let page = write_html(html, || timeline::html_of_run(&title, &file.scenario, &report), program);
+    let code = finish(&file, &report, trace, &args.options.out, registry);
+    if code == PASSED { page.err().unwrap_or(PASSED) } else { code }
+}
+
+/// The ranges `args` give: the ranges file's (or the defaults), narrowed by the flags; and how to name them.
+fn swarm_ranges(args: &SwarmArgs) -> Result<(swarm::Ranges, String), String> {
+    let (mut ranges, mut origin) = match &args.ranges {
+        None => (swarm::Ranges::default(), "the default ranges".to_string()),
+        Some(path) => {
+            let text = files::read_text(path, "ranges file", files::SCENARIO_FILE_BYTES_MAX)
+                .map_err(|error| format!("{}: {error}", path.display()))?;
+            (swarm::Ranges::parse(&text, &path.display().to_string())?, path.display().to_string())
+        }
+    };
+    let mut flags = Vec::new();
+    if let Some(max) = args.max_replicas {
+        let low = (*ranges.replicas.start()).min(max);
+        ranges.replicas = low..=max;
+        flags.push(format!("--max-replicas {max}"));
+    }
+    if let Some(overload) = args.overload {
+        ranges.overload = overload;
+        flags.push(format!("--overload {overload}"));
+    }
+    if let Some(kinds) = &args.kinds {
+        ranges.kinds = swarm::ranges::parse_kinds(kinds).map_err(|rule| format!("--kinds: {rule}"))?;
+        flags.push(format!("--kinds {}", kinds.join(",")));
+    }
+    if let Some(shapes) = &args.shapes {
+        ranges.shapes = swarm::ranges::parse_shapes(shapes).map_err(|rule| format!("--shapes: {rule}"))?;
+        flags.push(format!("--shapes {}", shapes.join(",")));
+    }
+    if let Some(mutations) = &args.mutation {
+        ranges.mutations = mutations.clone();
+        flags.push(format!("--mutation {}", mutations.join(",")));
+    }
+    ranges.check().map_err(|(key, rule)| match flags.is_empty() {
+        true => format!("{origin}: {key}: {rule}"),
+        false => format!("{origin} with {}: {key}: {rule}", flags.join(" ")),
+    })?;
+    if !flags.is_empty() {
+        origin = format!("{origin} with {}", flags.join(" "));
+    }
+    Ok((ranges, origin))
+}
+
+/// What a swarm's result line says of `world`, whose `file` ran as `report`.
+fn swarm_seed(world: &swarm::World, file: &ScenarioFile, report: &RunReport) -> sweep::SwarmSeed {
+    let on = world.kinds.iter().map(|kind| kind.name().to_string()).collect();
+    let reached = swarm::coverage::Reached::of(report, on);
+    sweep::SwarmSeed {
+        world: world.summary.clone(),
+        rows: file.scenario.workload.rows_max > 0 || file.scenario.pipelines.is_some(),
+        gang: file.scenario.gang.is_some(),
+        on: reached.on,
+        injected: reached.injected,
+        paths: reached.paths,
     }
 }
 
@@ -815,13 +1087,14 @@ impl FailureListing {
 fn write_failure(
     file: &ScenarioFile,
     report: &RunReport,
-    args: &SweepArgs,
+    label: &str,
+    options: &SweepOptions,
     registry: &Registry,
 ) -> (ReplayFile, FailureListing) {
     let replay = ReplayFile::new(file, report, &registry.build_id);
-    let written = write_replay_file(&replay, &args.out);
-    let timeline = args.html.as_ref().map(|dir| {
-        let title = format!("{} ({}), seed {}", args.scenario.display(), file.version_label(), report.seed);
+    let written = write_replay_file(&replay, &options.out);
+    let timeline = options.html.as_ref().map(|dir| {
+        let title = format!("{label} ({}), seed {}", file.version_label(), report.seed);
         let path = dir.join(format!("{}-seed-{}.html", report.scenario, report.seed));
         std::fs::create_dir_all(dir)
             .and_then(|()| std::fs::write(&path, timeline::html_of_run(&title, &file.scenario, report)))

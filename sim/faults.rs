@@ -136,6 +136,11 @@ impl FaultKind {
         )
     }
 
+    /// The kind named `name` ([`FaultKind::name`]), if any.
+    pub fn from_name(name: &str) -> Option<FaultKind> {
+        FaultKind::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
     /// The kind's name in stream keys and traces.
     pub fn name(self) -> &'static str {
         match self {

@@ -26,7 +26,8 @@
 //! - [`shrink`]: a failing scenario cut down to a smaller one that fails the same checker;
 //! - [`shell`]: the commands the simulator prints for a user to paste, quoted for the shell;
 //! - [`files`]: the commands' input files read under a size cap, and output paths checked against them;
-//! - [`sweep`]: sweeps of many seeds in flat memory, their result files, shards and their merge.
+//! - [`sweep`]: sweeps of many seeds in flat memory, their result files, shards and their merge;
+//! - [`swarm`]: every seed draws its own world within documented ranges, as a scenario file.
 //!
 //! A run is a function of (scenario, seed, build): every random choice comes from a ChaCha stream per purpose
 //! ([`rng`]) or from madsim's RNG, both seeded by the run's seed.
@@ -65,6 +66,7 @@ pub mod shell;
 #[cfg(madsim)]
 pub mod shrink;
 pub mod summary;
+pub mod swarm;
 #[cfg(madsim)]
 pub mod sweep;
 #[cfg(madsim)]
@@ -88,7 +90,8 @@ pub use gang::{
 pub use run::{Replay, RunReport, seeds};
 #[cfg(madsim)]
 pub use run::{
-    Script, check_seeds, for_each_seed, run, run_seeds, run_seeds_with, run_with, script, share_one_malloc_arena,
+    Script, check_seeds, for_each, for_each_seed, run, run_seeds, run_seeds_with, run_with, script,
+    share_one_malloc_arena,
 };
 pub use scenario::{Mutation, Scenario};
 pub use scenario_file::{ScenarioError, ScenarioFile};

@@ -69,6 +69,19 @@ pub struct Mutation {
     pub contention_backoff_disabled: bool,
 }
 
+impl Mutation {
+    /// Every mutation's key in a scenario file's `[mutation]` table.
+    pub const NAMES: [&'static str; 7] = [
+        "apply_guard_disabled",
+        "gang_gate_disabled",
+        "agent_drift_beyond_margin",
+        "related_age_rule_disabled",
+        "waitlist_disabled",
+        "retry_wake_disabled",
+        "contention_backoff_disabled",
+    ];
+}
+
 /// Everything a run needs besides its seed.
 #[derive(Clone, Debug)]
 pub struct Scenario {

@@ -565,7 +565,7 @@ struct KindDoc(FaultKind);
 impl<'de> Deserialize<'de> for KindDoc {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<KindDoc, D::Error> {
         let name = String::deserialize(deserializer)?;
-        FaultKind::ALL.iter().find(|kind| kind.name() == name).map(|&kind| KindDoc(kind)).ok_or_else(|| {
+        FaultKind::from_name(&name).map(KindDoc).ok_or_else(|| {
             let names: Vec<&str> = FaultKind::ALL.iter().map(|kind| kind.name()).collect();
             de::Error::custom(format!("unknown fault kind \"{name}\": expected one of {}", names.join(", ")))
         })

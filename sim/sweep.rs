@@ -251,6 +251,31 @@ pub struct SeedRecord {
     /// absent for a passed seed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<ReplayFile>,
+    /// A swarm's seed: the world it drew and what its run reached (absent in a sweep of one scenario file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swarm: Option<Box<SwarmSeed>>,
+}
+
+/// What a swarm's result line says of its seed's world: the world in one line, and what the run reached (the
+/// world itself is redrawn from the header's ranges and the seed; a failing seed's replay file carries it whole).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwarmSeed {
+    /// [`crate::sim::swarm::World::summary`].
+    pub world: String,
+    /// Whether the world ran the row workload (or a user's pipeline set).
+    pub rows: bool,
+    /// Whether it had operations.
+    pub gang: bool,
+    /// The fault kinds it switched on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on: Vec<String>,
+    /// The kinds its run injected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub injected: Vec<String>,
+    /// The paths ([`crate::sim::swarm::coverage::PATHS`]) its run went through.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
 }
 
 impl SeedRecord {
@@ -271,6 +296,7 @@ impl SeedRecord {
             wall_ms: u64::try_from(report.wall.as_millis()).unwrap_or(u64::MAX),
             failure: failed.then(|| summary(report)),
             replay: if failed { replay } else { None },
+            swarm: None,
         }
     }
 }
@@ -334,6 +360,8 @@ pub struct Tally {
     pub simulated_us_total: u128,
     /// The longest simulated time of a seed, in microseconds.
     pub simulated_us_max: u64,
+    /// A swarm's coverage: what its worlds reached (empty for a sweep of one scenario file).
+    pub coverage: crate::sim::swarm::SwarmCoverage,
 }
 
 impl Tally {
@@ -350,6 +378,14 @@ impl Tally {
         }
         self.simulated_us_total += u128::from(record.simulated_us);
         self.simulated_us_max = self.simulated_us_max.max(record.simulated_us);
+        if let Some(swarm) = &record.swarm {
+            let reached = crate::sim::swarm::coverage::Reached {
+                on: swarm.on.clone(),
+                injected: swarm.injected.clone(),
+                paths: swarm.paths.clone(),
+            };
+            self.coverage.add(&reached, swarm.rows, swarm.gang);
+        }
     }
 
     /// Seeds that did not pass.
@@ -372,6 +408,9 @@ impl Tally {
         let max = self.simulated_us_max as f64 / 1e6;
         let mean = if self.seeds == 0 { 0.0 } else { total / self.seeds as f64 };
         text.push_str(&format!("simulated time: {total:.1} s in all, mean {mean:.1} s, max {max:.1} s per seed\n"));
+        if self.coverage.seeds > 0 {
+            text.push_str(&self.coverage.table());
+        }
         text
     }
 }
@@ -876,6 +915,7 @@ mod tests {
             wall_ms: 0,
             failure: None,
             replay: None,
+            swarm: None,
         };
         let records = [
             record(1, Outcome::Passed, &[], 1_000_000),

@@ -325,6 +325,17 @@ fn the_scenario_page_example_parses_and_its_table_lists_every_fault_kind() {
     }
 }
 
+/// The swarm section's ranges file is the default ranges, key for key (so the page shows what a swarm draws from).
+#[test]
+fn the_swarm_ranges_example_is_the_default_ranges() {
+    use lockstep::sim::swarm::Ranges;
+    let simulator = page("docs/simulator.md");
+    let blocks = bodies(simulator.section("## Swarm: every seed draws its own world"), "toml");
+    assert_eq!(blocks.len(), 1, "one ranges file");
+    let ranges = Ranges::parse(blocks[0], "docs/simulator.md").unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(ranges, Ranges::default());
+}
+
 /// The scenario page's annotated gang scenario parses (its spec file read from `scenarios/`) and sets every gang
 /// key.
 #[cfg(madsim)]
