@@ -31,8 +31,9 @@ use lockstep::store::conformance::Harness;
 use lockstep::store::{LockToken, PgStore, RowId, Store, Timestamp};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+use support::command::clean_command;
 use support::pg::PgHarness;
 use support::procs::{Reaper, alive_with, process_gone};
 
@@ -161,7 +162,7 @@ impl Cluster {
     /// [`Cluster::spawn`] with these variables added to the process's environment.
     fn spawn_with_env(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) {
         let log = std::fs::File::create(self.processes.logs.join(format!("{name}.log"))).unwrap();
-        let child = Command::new(BIN)
+        let child = clean_command(BIN)
             .args(args)
             .args(self.database_args())
             .envs(env.iter().copied())
@@ -256,7 +257,7 @@ impl Cluster {
 
     /// Runs a client command to its end.
     fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new(BIN).args(args).args(self.database_args()).env("RUST_LOG", "warn").output().unwrap()
+        clean_command(BIN).args(args).args(self.database_args()).env("RUST_LOG", "warn").output().unwrap()
     }
 
     /// Writes `text` to `name` in the temp dir and submits it; returns the printed operation id.
@@ -911,7 +912,7 @@ fn the_readme_real_mode_walkthrough_uses_commands_flags_and_a_spec_that_exist() 
         };
         let rest = rest.split('#').next().unwrap().trim().trim_end_matches(['&', ')']).trim();
         let args: Vec<&str> = rest.split_whitespace().map(|arg| if arg == "$op" { "1" } else { arg }).collect();
-        let output = Command::new(BIN).args(&args).arg("--help").output().unwrap();
+        let output = clean_command(BIN).args(&args).arg("--help").output().unwrap();
         assert!(output.status.success(), "`lockstep {rest} --help`: {}", String::from_utf8_lossy(&output.stderr));
         commands.insert(args[0].to_string());
     }
@@ -920,7 +921,7 @@ fn the_readme_real_mode_walkthrough_uses_commands_flags_and_a_spec_that_exist() 
     }
     // The prose names `lockstep abort $op` inline.
     assert!(section.contains("`lockstep abort $op`"));
-    let output = Command::new(BIN).args(["abort", "1", "--help"]).output().unwrap();
+    let output = clean_command(BIN).args(["abort", "1", "--help"]).output().unwrap();
     assert!(output.status.success(), "abort 1 --help");
 }
 
@@ -938,7 +939,7 @@ fn the_real_mode_page_finds_a_jobs_sleep_by_its_sandbox_and_no_other() {
     let outside = dir.join("elsewhere");
     std::fs::create_dir_all(&sandbox).unwrap();
     std::fs::create_dir_all(&outside).unwrap();
-    let sleep = |cwd: &PathBuf| Command::new("sleep").arg("30").current_dir(cwd).spawn().unwrap();
+    let sleep = |cwd: &PathBuf| clean_command("sleep").arg("30").current_dir(cwd).spawn().unwrap();
     let (mut job, mut other) = (sleep(&sandbox), sleep(&outside));
     // `pgrep -x sleep` matches a child only once it has exec'd `sleep`.
     let exec_d =
@@ -951,7 +952,7 @@ fn the_real_mode_page_finds_a_jobs_sleep_by_its_sandbox_and_no_other() {
     let node_dir = format!("{}/", dir.join("node-1").display());
     assert!(snippet.contains("/tmp/lockstep/node-1/"), "{snippet}");
     let script = snippet.replace("/tmp/lockstep/node-1/", &node_dir);
-    let output = Command::new("sh").arg("-c").arg(&script).output().unwrap();
+    let output = clean_command("sh").arg("-c").arg(&script).output().unwrap();
     let (_, _) = (job.kill(), other.kill());
     let (_, _) = (job.wait(), other.wait());
     std::fs::remove_dir_all(&dir).unwrap();

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod command;
+
 #[cfg(not(madsim))]
 pub mod pg;
 #[cfg(not(madsim))]
