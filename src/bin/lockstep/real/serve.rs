@@ -48,6 +48,12 @@ pub struct ServeArgs {
     /// (database clock).
     #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "60s")]
     pub gang_unfit_timeout: Duration,
+    /// Longest one PostgreSQL call may take (local clock), the wait for a pooled session included; past it the
+    /// call fails and its session is dropped, so a connection gone half-open (the database host died, a NAT
+    /// dropped the flow) cannot hold a worker, or the lease it renews, for ever. 0s: unbounded. The default is the
+    /// least that never cuts short a statement the server still runs (`PgOptions::CALL_TIMEOUT_DEFAULT`).
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = super::CALL_TIMEOUT_DEFAULT_TEXT)]
+    pub call_timeout: Duration,
     #[command(flatten)]
     pub chaos: ChaosServe,
 }
@@ -146,11 +152,7 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
             .connect_tuned(&format!("lockstep serve {name}"), connections, true, Some(config.lease_ttl), |options| {
                 options.history = history;
                 options.apply_guard_disabled_for_mutation_test = guard_off;
-                // Chaos mode: the replica reaches PostgreSQL through the chaos proxy, whose faults leave
-                // connections half-open: bound every call (above acquire + statement time-outs).
-                if history {
-                    options.call_timeout = options.acquire_timeout + options.statement_timeout + Duration::from_secs(1);
-                }
+                options.call_timeout = args.call_timeout;
             })
             .await?,
     );
@@ -206,8 +208,8 @@ async fn serve_rows(args: ServeArgs, path: &std::path::Path) -> Result<(), Failu
                 options.history = history;
                 options.apply_guard_disabled_for_mutation_test = guard_off;
                 // The replica reaches PostgreSQL through the chaos proxy, whose faults leave connections
-                // half-open: bound every call (above acquire + statement time-outs, as the option asks).
-                options.call_timeout = options.acquire_timeout + options.statement_timeout + Duration::from_secs(1);
+                // half-open: every call is bounded (`--call-timeout`, on by default).
+                options.call_timeout = args.call_timeout;
             })
             .await?,
     );
