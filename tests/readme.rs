@@ -14,6 +14,7 @@
 mod support;
 
 use support::command::clean_command;
+use support::scratch::Scratch;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -686,11 +687,9 @@ fn walk(page: &Page, heading: &str) -> usize {
 
 /// A fresh directory for a walk-through, with the repository's `scenarios` and `tests` reachable by the relative
 /// paths the pages use.
-fn sandbox(name: &str) -> PathBuf {
+fn sandbox(name: &str) -> Scratch {
     let build = if cfg!(madsim) { "sim" } else { "normal" };
-    let dir = std::env::temp_dir().join(format!("lockstep-readme-{build}-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new(&format!("readme-{build}-{name}"));
     for linked in ["scenarios", "tests"] {
         std::os::unix::fs::symlink(root().join(linked), dir.join(linked)).unwrap();
     }

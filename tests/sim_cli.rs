@@ -6,6 +6,7 @@
 mod support;
 
 use support::command::clean_command;
+use support::scratch::Scratch;
 
 use lockstep::sim::replay::ReplayFile;
 use lockstep::sim::summary::rows_named;
@@ -34,12 +35,9 @@ fn refused(args: &[&str], dir: &Path, expected: &str) -> (String, String) {
     (stdout, stderr)
 }
 
-/// A fresh directory for one test.
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lockstep-sim-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a temp dir");
-    dir
+/// A fresh directory for one test, removed when it passed.
+fn temp_dir(name: &str) -> Scratch {
+    Scratch::new(&format!("sim-cli-{name}"))
 }
 
 fn scenario(name: &str) -> String {

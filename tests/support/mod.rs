@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod command;
+pub mod scratch;
 
 #[cfg(not(madsim))]
 pub mod pg;
