@@ -184,7 +184,9 @@ impl PgOptions {
     /// job inserts and 2.0 s of events, see [`PgOptions::STATEMENT_TIMEOUT_DEFAULT`]), is a sixth of it. Without a
     /// bound, a worker whose connection went half-open (the database host died, a NAT dropped the flow) waited for
     /// ever, and its item's lease was renewed for the life of the process. The bound's cost is a bounded ping of
-    /// each connection a call gives back, before sqlx's own (BENCHMARKS.md, "A bound on every store call").
+    /// each connection a call gives back, before sqlx's own, off the call's path (BENCHMARKS.md, "A bound on every
+    /// store call": estimated from the analogous ping-before-use row; the bench's "store calls unbounded"
+    /// contender measures it).
     pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(
         PgOptions::ACQUIRE_TIMEOUT_DEFAULT.as_secs() + PgOptions::STATEMENT_TIMEOUT_DEFAULT.as_secs() + 1,
     );
