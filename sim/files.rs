@@ -144,19 +144,18 @@ fn same_inode(_: &Path, _: &Path) -> bool {
 mod tests {
     use super::*;
 
-    fn temp_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("lockstep-files-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// A fresh directory, removed when the returned guard drops (the test's end).
+    fn temp_dir(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("lockstep-files-{name}-")).tempdir().unwrap()
     }
 
     #[test]
     fn a_directory_that_is_a_file_or_lies_below_one_is_refused() {
-        let dir = temp_dir("check-dir");
+        let scratch = temp_dir("check-dir");
+        let dir = scratch.path();
         let file = dir.join("f");
         std::fs::write(&file, "x").unwrap();
-        check_dir(&dir).unwrap();
+        check_dir(dir).unwrap();
         check_dir(&dir.join("new/deeper")).unwrap();
         check_dir(Path::new("relative-dir-not-made")).unwrap();
         assert_eq!(
@@ -173,7 +172,8 @@ mod tests {
 
     #[test]
     fn a_file_past_its_cap_is_refused_naming_the_cap() {
-        let dir = temp_dir("cap");
+        let scratch = temp_dir("cap");
+        let dir = scratch.path();
         let path = dir.join("big.toml");
         std::fs::write(&path, "x".repeat(11)).unwrap();
         assert_eq!(read_text(&path, "scenario file", 11).unwrap().len(), 11);
@@ -185,7 +185,8 @@ mod tests {
 
     #[test]
     fn an_output_that_is_an_input_or_another_output_is_refused() {
-        let dir = temp_dir("distinct");
+        let scratch = temp_dir("distinct");
+        let dir = scratch.path();
         let input = dir.join("mine.toml");
         std::fs::write(&input, "").unwrap();
         let spelled = dir.join(".").join("mine.toml");

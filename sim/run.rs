@@ -822,10 +822,23 @@ pub fn jobs() -> usize {
 /// too if a run's world outlived it ([`RunReport::world_leaked`]). Returns
 /// the reports (slimmed: no traces), by seed.
 pub fn check_seeds(scenario: &Scenario, seeds: &[u64], replay: Replay) -> Vec<RunReport> {
+    check_seeds_in(scenario, seeds, replay, &failure_trace_dir())
+}
+
+#[cfg(madsim)]
+/// As [`check_seeds`], with each failing seed's whole trace written in `trace_dir` rather than in
+/// `LOCKSTEP_SIM_TRACE_DIR` or the system's temp dir: a test that expects seeds to fail (a planted bug, under
+/// `#[should_panic]`) gives it a directory of its own and removes it, so its runs leave nothing behind.
+pub fn check_seeds_in(
+    scenario: &Scenario,
+    seeds: &[u64],
+    replay: Replay,
+    trace_dir: &std::path::Path,
+) -> Vec<RunReport> {
     let reports = run_seeds(scenario, seeds);
     let failed: Vec<&RunReport> = reports.iter().filter(|report| !report.passed()).collect();
     for report in &failed {
-        eprintln!("{}", failure_text(report, replay));
+        eprintln!("{}", failure_text_in(report, replay, trace_dir));
     }
     let leaked: Vec<u64> = reports.iter().filter(|report| report.world_leaked).map(|report| report.seed).collect();
     assert!(
@@ -970,10 +983,18 @@ pub fn summary(report: &RunReport) -> String {
 /// the scenario, the seed and this process (`lockstep-sim-{scenario}-seed-{seed}-{pid}[-n].trace`), created anew
 /// (never overwriting or following a file already there: another run's, or a link someone planted).
 pub fn failure_text(report: &RunReport, replay: Replay) -> String {
-    let dir =
-        std::env::var_os("LOCKSTEP_SIM_TRACE_DIR").map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    failure_text_in(report, replay, &failure_trace_dir())
+}
+
+/// Where [`failure_text`] writes a failing run's trace: `LOCKSTEP_SIM_TRACE_DIR`, else the system's temp dir.
+fn failure_trace_dir() -> std::path::PathBuf {
+    std::env::var_os("LOCKSTEP_SIM_TRACE_DIR").map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir)
+}
+
+/// As [`failure_text`], with the trace file written in `dir`.
+pub fn failure_text_in(report: &RunReport, replay: Replay, dir: &std::path::Path) -> String {
     let stem = format!("lockstep-sim-{}-seed-{}-{}", report.scenario, report.seed, std::process::id());
-    let written = match write_new(&dir, &stem, report.trace_text().as_bytes()) {
+    let written = match write_new(dir, &stem, report.trace_text().as_bytes()) {
         Ok(path) => format!("{} (written)", path.display()),
         Err(error) => format!("not written: {error}"),
     };

@@ -66,7 +66,7 @@ use std::time::Duration;
 pub use super::checkers::{CheckInput, Checker, Violation};
 pub use super::run::{Replay, RunReport, seeds};
 #[cfg(madsim)]
-pub use super::run::{check_seeds, run, run_seeds};
+pub use super::run::{check_seeds, check_seeds_in, run, run_seeds};
 #[cfg(madsim)]
 pub use super::service::ServiceClient;
 pub use super::service::{Effect, EffectReceipt, EffectRequest, ServiceError, ServiceOptions};

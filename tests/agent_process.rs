@@ -7,6 +7,8 @@
 
 mod support;
 
+use support::command::clean_command;
+
 use lockstep::agent::job_tree::{JOB_MARKER_VAR, JobRecords, JobTree, Leader};
 use lockstep::agent::process::{ENV_ALLOWED, OsExecutor};
 use lockstep::agent::{Agent, AgentConfig, AgentPass, Executor, ExitStatus, ProcessHandle, StartRequest};
@@ -252,7 +254,7 @@ async fn opening_a_work_dir_ends_the_trees_an_earlier_agent_left() {
     let dir = TempDir::new("leftovers");
     let (shapes, markers, _reaper) = tree_shapes(20);
     let marker_value = format!("5-3:{}", std::process::id());
-    let mut shell = std::process::Command::new("setsid");
+    let mut shell = clean_command("setsid");
     shell.args(["sh", "-c", &format!("{shapes} wait")]).env_clear().env(JOB_MARKER_VAR, &marker_value);
     // Not the test's own output: a survivor would hold it open.
     shell.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());

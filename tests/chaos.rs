@@ -9,8 +9,10 @@
 
 mod support;
 
+use support::command::clean_command;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use support::pg::database_url;
 
 const KILL_PAUSE: &str = "tests/fixtures/chaos-rows-kill-pause.toml";
@@ -23,7 +25,7 @@ fn chaos(name: &str, args: &[&str]) -> (Output, String) {
 /// [`chaos`] with the database given by `database` (`--database-url URL` or `--database-url-file PATH`).
 fn chaos_with(name: &str, args: &[&str], database: &[&str]) -> (Output, String) {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{name}-{}", std::process::id()));
-    let output = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+    let output = clean_command(env!("CARGO_BIN_EXE_lockstep"))
         .args(["chaos", "run"])
         .args(args)
         .args(database)
@@ -206,7 +208,7 @@ fn a_database_url_the_server_refuses_is_bad_input() {
     url.set_username("lockstep_no_such_role").unwrap();
     url.set_password(None).unwrap();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-role-{}", std::process::id()));
-    let output = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+    let output = clean_command(env!("CARGO_BIN_EXE_lockstep"))
         .args(["chaos", "run", KILL_PAUSE, "--database-url", url.as_str(), "--out", out.to_str().unwrap()])
         .output()
         .expect("the binary runs");
@@ -371,7 +373,7 @@ fn interrupted(
 ) -> (Output, String, u32, String, Vec<Proc>) {
     use std::os::unix::process::CommandExt;
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{name}-{}", std::process::id()));
-    let child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+    let child = clean_command(env!("CARGO_BIN_EXE_lockstep"))
         .args(["chaos", "run", fixture, "--database-url", &database_url(), "--out", out.to_str().unwrap()])
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())

@@ -39,8 +39,8 @@ async fn get<S: Store>(store: &S, id: RowId) -> Row {
     store.get(id).await.unwrap().unwrap_or_else(|| panic!("row {id} vanished"))
 }
 
-/// What a row's pass does, by the row's `data.do`: `"fail"`, `"panic"`, `"nul"` (writes a value PostgreSQL cannot
-/// store), `"hopeless"` (fails with an error its [`Handler::retry`] gives up on at once), `"unlocked"` (updates
+/// What a row's pass does, by the row's `data.do`: `"fail"`, `"panic"`, `"hang"` (never returns), `"block"` (blocks
+/// its thread for `data.block_ms`, then marks the row done), `"nul"` (writes a value PostgreSQL cannot store), `"hopeless"` (fails with an error its [`Handler::retry`] gives up on at once), `"unlocked"` (updates
 /// the row `data.other` without having locked it) or `"lock-self"` (locks its own row as a shared related row in
 /// `load`); anything else marks the row done. Counts its passes.
 #[derive(Default)]
@@ -64,6 +64,12 @@ impl<S: Store> Handler<S> for Scripted {
             Some("fail") => Err(WorkError::Failed(format!("row {} failed on purpose", row.id))),
             Some("hopeless") => Err(WorkError::Failed("hopeless: the spec names no command".into())),
             Some("panic") => panic!("row {} panicked on purpose", row.id),
+            Some("hang") => std::future::pending().await,
+            Some("block") => {
+                // Blocks its thread (a handler calling blocking code), so its worker's timer cannot fire.
+                std::thread::sleep(Duration::from_millis(row.data["block_ms"].as_u64().unwrap()));
+                Ok(Changes::status("done"))
+            }
             Some("nul") => Ok(Changes {
                 update: RowUpdate { status: Some("done".into()), data: Some(json!({ "log": "a\u{0}b" })) },
                 ..Changes::default()
@@ -175,6 +181,108 @@ async fn an_apply_the_store_refuses_fails_its_item_and_keeps_no_lease() {
     let row = get(&store, id).await;
     assert_eq!((row.status.as_str(), row.attempts, row.lock_token), ("ready", 1, None));
     assert!(row.errors[0].error.contains("\\u0000"), "{:?}", row.errors);
+}
+
+/// A handler that never returns fails its item at its pipeline's `handler_timeout` (within a heartbeat interval):
+/// the failure is recorded on the row, which backs off, and the lease goes back, instead of the item holding its
+/// row (and its worker) for ever.
+#[tokio::test(start_paused = true)]
+async fn a_handler_that_never_returns_fails_its_item_at_its_handler_timeout() {
+    let (_clock, store, id, p) = one_row("hang").await;
+    assert_eq!(p.config.handler_timeout, lockstep::pipeline::config::HANDLER_TIMEOUT_DEFAULT);
+    p.fetcher(1).run_once().await.unwrap();
+    let worker = {
+        let p = p.clone();
+        tokio::spawn(async move { p.work_one(&Scripted::default()).await })
+    };
+    // The heartbeater's passes (one per interval) give the handler up once its time-out passed.
+    let (heartbeater, started) = (p.heartbeater(), tokio::time::Instant::now());
+    let bound = p.config.handler_timeout + p.config.heartbeat_interval;
+    while !worker.is_finished() {
+        assert!(started.elapsed() <= bound, "the hanging handler still holds its item after {:?}", started.elapsed());
+        heartbeater.run_once().await.unwrap();
+        tokio::time::sleep(p.config.heartbeat_interval).await;
+    }
+    assert!(started.elapsed() >= p.config.handler_timeout, "given up after {:?}", started.elapsed());
+    assert_eq!(worker.await.unwrap(), Some(ItemOutcome::BackedOff));
+    let row = get(&store, id).await;
+    assert_eq!((row.attempts, row.lock_token), (1, None));
+    assert_eq!(row.errors[0].error, "the handler did not return within its handler_timeout (60s)");
+    assert_eq!(p.metrics().leases_held, 0, "the pipeline still holds the lease");
+}
+
+/// A handler that blocks its thread past its `handler_timeout` (so not even its worker's timer can end it) loses
+/// its lease renewals: the heartbeater withholds them, the lease expires, another fetch takes the row, and the
+/// blocked handler's late result is found stale. Real time: the handler blocks a runtime thread for a while.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_blocking_past_its_handler_timeout_gets_no_more_lease_renewals() {
+    const HANDLER_TIMEOUT: Duration = Duration::from_millis(300);
+    let clock = ManualClock::new(START);
+    let store = MemStore::with_history(clock.clone());
+    let id = store.insert(NewRow::new("task", "ready", json!({ "do": "block", "block_ms": 3000 }))).await.unwrap().id;
+    // A lease extended at every pass: its local deadline is always within the trigger.
+    let lease_ttl = Duration::from_secs(10);
+    let config = PipelineConfig {
+        handler_timeout: HANDLER_TIMEOUT,
+        heartbeat_trigger: Duration::from_millis(7_999),
+        lease_margin: Duration::from_secs(2),
+        ..config(1).with_lease_ttl(lease_ttl)
+    };
+    let p = Pipeline::new(Arc::new(store.clone()), config).unwrap();
+    p.fetcher(1).run_once().await.unwrap();
+    let handler = Arc::new(Scripted::default());
+    let worker = {
+        let (p, handler) = (p.clone(), handler.clone());
+        tokio::spawn(async move { p.work_one(&Shared(handler)).await })
+    };
+    let heartbeater = p.heartbeater();
+    // While the handler runs within its bound, its lease is extended.
+    let started = std::time::Instant::now();
+    while handler.passes.load(Ordering::SeqCst) == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "the handler never started");
+        tokio::task::yield_now().await;
+    }
+    let pass = heartbeater.run_once().await.unwrap();
+    assert_eq!((pass.extended.len(), pass.withheld.len()), (1, 0), "{pass:?}");
+    // Past its bound, no more.
+    let withheld = loop {
+        let pass = heartbeater.run_once().await.unwrap();
+        if !pass.withheld.is_empty() {
+            break pass;
+        }
+        assert!(started.elapsed() < Duration::from_secs(2), "the lease is still renewed after the handler's bound");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(withheld.extended, Vec::new(), "{withheld:?}");
+    // The lease expires in the store and another fetch takes the row; the late result is stale.
+    clock.advance(lease_ttl);
+    let other = Pipeline::new(Arc::new(store.clone()), (*p.config).clone()).unwrap();
+    let fetched = other.fetcher(2).run_once().await.unwrap();
+    assert!(matches!(fetched, lockstep::pipeline::FetchPass::Fetched { fetched: 1, .. }), "{fetched:?}");
+    assert_eq!(worker.await.unwrap(), Some(ItemOutcome::Stale));
+    assert_eq!(get(&store, id).await.status, "ready", "the blocked handler's late result was applied");
+}
+
+/// A drain ends within its bound whatever a pass does: with a handler that never returns (and no handler time-out)
+/// the drain would wait for ever; `shutdown_within` aborts every task at its bound and says so.
+#[tokio::test(start_paused = true)]
+async fn a_drain_ends_within_its_bound_while_a_pass_never_ends() {
+    const BOUND: Duration = Duration::from_secs(5);
+    let store = MemStore::new(TokioClock::new(START));
+    insert_ready(&store, 1).await;
+    store.update_unleased(RowId(1), RowUpdate { status: None, data: Some(json!({ "do": "hang" })) }).await.unwrap();
+    let handler = Arc::new(Scripted::default());
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 7 });
+    let config = PipelineConfig { handler_timeout: Duration::ZERO, ..config(1) };
+    manager.register(config, Shared(handler.clone())).unwrap();
+    manager.start();
+    wait_until("the pass started", 1000, || async { handler.passes.load(Ordering::SeqCst) == 1 }).await;
+    let started = tokio::time::Instant::now();
+    let drained = tokio::time::timeout(BOUND * 10, manager.shutdown_within(BOUND)).await;
+    let drained = drained.unwrap_or_else(|_| panic!("the drain still runs {:?} after its bound", BOUND * 10));
+    assert_eq!(drained, None, "a drain whose pass never ends reports no clean stop");
+    assert!(started.elapsed() <= BOUND + Duration::from_millis(10), "stopped after {:?}", started.elapsed());
+    assert_eq!(get(&store, RowId(1)).await.status, "ready");
 }
 
 /// A handler that updates a related row it never locked fails its item with an error that names the row, instead

@@ -276,6 +276,94 @@ async fn calls_on_half_open_connections_fail_within_the_call_timeout_and_the_poo
     run.finish().await;
 }
 
+/// On production defaults (the store's: only the URL, schema and session name are the test's; the pipeline's
+/// lease is shortened), a worker whose apply goes half-open mid-transaction (its session black-holed as it sends
+/// the events' insert: no reply, no FIN, no RST) gives the call up within the default call time-out, the item's
+/// lease is renewed no more, and once it expires the row is processed again and its effect applied once. Before
+/// the bound was the default, the worker waited for ever and the heartbeater renewed the lease for the life of the
+/// process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_gone_half_open_on_production_defaults_is_given_up_within_the_bound_and_its_row_done_once() {
+    /// The bound plus scheduling on a loaded machine.
+    const GIVEN_UP_MAX: Duration = Duration::from_secs(PgOptions::CALL_TIMEOUT_DEFAULT.as_secs() + 10);
+    let run = Scoped::new().await;
+    let proxy = run.proxy(27).await;
+    let handle = proxy.handle();
+    let harness = PgHarness::new().await;
+    let direct = harness.store().clone();
+    let (url, schema, app) = (run.url_through(&proxy), direct.schema().to_string(), run.app("replica"));
+    let replica = store_with(move |o: &mut PgOptions| {
+        let defaults = PgOptions::new(url);
+        *o = PgOptions { schema, application_name: app, ..defaults };
+    })
+    .await;
+    let processed = Arc::new(AtomicU64::new(0));
+    let mut manager = PipelineManager::new(Arc::new(replica), ManagerOptions { seed: 1 });
+    manager.register(config(Duration::from_secs(6)), Finish { processed: processed.clone() }).unwrap();
+    manager.start();
+
+    handle.black_hole_from(b"INSERT INTO events");
+    let rows = insert_ready(&direct, 1).await;
+    direct.hint("job", None).await.expect("hint");
+    wait_until("the apply's session is black-holed", || async { handle.triggers_armed() == 0 }).await;
+    let black_holed = Instant::now();
+    let errors = || manager.metrics("finish").expect("the pipeline").errors;
+    while errors() == 0 {
+        let waited = black_holed.elapsed();
+        assert!(waited < GIVEN_UP_MAX, "the worker still waits on its half-open apply after {waited:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let given_up = black_holed.elapsed();
+    eprintln!(
+        "half-open apply given up after {given_up:?} (default call time-out {:?})",
+        PgOptions::CALL_TIMEOUT_DEFAULT
+    );
+    wait_until("the row is done by a pass after its lease expired", || all_done(&direct, &rows)).await;
+    assert_eq!(processed.load(Ordering::Relaxed), 2, "processed again after the given-up apply");
+    manager.shutdown().await;
+    assert_applied_once(&direct).await;
+    drop(proxy);
+    run.finish().await;
+}
+
+/// `Store::query` (a controller pass's main read), one query or several in one snapshot, is bounded by the call
+/// time-out like every other call: on a half-open connection it fails with `Timeout` instead of hanging its worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_on_a_half_open_connection_fail_within_the_call_timeout() {
+    const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+    /// The bound plus scheduling on a loaded machine.
+    const CALL_FAILED_MAX: Duration = Duration::from_secs(5);
+    let run = Scoped::new().await;
+    let proxy = run.proxy(26).await;
+    let handle = proxy.handle();
+    let harness = PgHarness::new().await;
+    let (url, schema, app) = (run.url_through(&proxy), harness.store().schema().to_string(), run.app("replica"));
+    let store = store_with(move |o: &mut PgOptions| {
+        o.url = url;
+        o.schema = schema;
+        o.application_name = app;
+        o.max_connections = 2;
+        o.acquire_timeout = Duration::from_millis(500);
+        o.call_timeout = CALL_TIMEOUT;
+    })
+    .await;
+    store.query(vec![RowQuery::new("job")]).await.expect("a query through the passing proxy");
+    wait_until("the connection is back in the pool", || async { store.connections_out() == 0 }).await;
+    handle.set(lockstep::chaos::proxy::LinkFault::BlackHole);
+    for queries in [vec![RowQuery::new("job")], vec![RowQuery::new("job"), RowQuery::new("job")]] {
+        let count = queries.len();
+        let started = Instant::now();
+        let answer = tokio::time::timeout(CALL_FAILED_MAX * 2, store.query(queries)).await;
+        let took = started.elapsed();
+        let answer = answer.unwrap_or_else(|_| panic!("a query of {count} hung past {:?}", CALL_FAILED_MAX * 2));
+        assert!(matches!(answer, Err(lockstep::store::StoreError::Timeout(_))), "{count} queries: {answer:?}");
+        assert!(took < CALL_FAILED_MAX, "{count} queries took {took:?}");
+    }
+    handle.set(lockstep::chaos::proxy::LinkFault::Pass);
+    drop(proxy);
+    run.finish().await;
+}
+
 /// A call given up while its `BEGIN` is on its way (an agent's fence at its lease deadline, a call time-out, a
 /// `select!` that another branch won) must not give its session back inside that transaction: the next call
 /// would run in it, with its `now()` the stale transaction's start, and a heartbeat there would set an expiry

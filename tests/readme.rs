@@ -11,9 +11,14 @@
 //! Some checks need the simulator build (`env -u RUSTFLAGS cargo sim-test --test readme`), the others the normal
 //! build (`cargo test --test readme`); `scripts/test` runs both.
 
+mod support;
+
+use support::command::clean_command;
+use support::scratch::Scratch;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 mod markdown {
     //! Just enough Markdown for the checks: pages, fenced blocks, sections by heading, links and anchors.
@@ -267,7 +272,7 @@ fn the_gang_page_quotes_submits_warning_for_an_unknown_key() {
     let quoted = quoted.split_whitespace().collect::<Vec<_>>().join(" ");
     let dir = sandbox("spec-warning");
     std::fs::write(dir.join("t.yson"), "{tasks={t={job_count=1; command=\"true\"; gang_option={size=1}}}}").unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+    let output = clean_command(env!("CARGO_BIN_EXE_lockstep"))
         .args(["submit", "t.yson", "--database-url", "postgres://nobody@127.0.0.1:1/none"])
         .current_dir(&dir)
         .output()
@@ -298,7 +303,7 @@ fn the_gang_page_quotes_the_unfit_reason() {
 fn the_real_mode_page_quotes_the_help_of_schema() {
     let real = page("docs/real-mode.md");
     assert!(real.text.contains("`--help` shows `[env: LOCKSTEP_SCHEMA=]`"), "the page quotes the help");
-    let output = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+    let output = clean_command(env!("CARGO_BIN_EXE_lockstep"))
         .args(["migrate", "--help"])
         .env_remove("LOCKSTEP_SCHEMA")
         .output()
@@ -535,7 +540,8 @@ fn the_sim_synopsis_names_subcommands_and_flags_the_binary_has() {
     for command in commands(synopsis) {
         let args = command.strip_prefix("cargo sim ").unwrap_or_else(|| panic!("not a `cargo sim` line: {command}"));
         let subcommand = args.split_whitespace().next().unwrap();
-        let output = Command::new(env!("CARGO_BIN_EXE_lockstep")).args(["sim", subcommand, "--help"]).output().unwrap();
+        let output =
+            clean_command(env!("CARGO_BIN_EXE_lockstep")).args(["sim", subcommand, "--help"]).output().unwrap();
         let help = String::from_utf8_lossy(&output.stdout);
         assert!(output.status.success(), "`lockstep sim {subcommand} --help` failed");
         for flag in args.split(|c: char| c.is_whitespace() || c == '[' || c == ']').filter(|w| w.starts_with("--")) {
@@ -544,7 +550,7 @@ fn the_sim_synopsis_names_subcommands_and_flags_the_binary_has() {
         subcommands.insert(subcommand.to_string());
     }
     // Every subcommand `lockstep sim --help` lists (but `help`) has its synopsis line.
-    let output = Command::new(env!("CARGO_BIN_EXE_lockstep")).args(["sim", "--help"]).output().unwrap();
+    let output = clean_command(env!("CARGO_BIN_EXE_lockstep")).args(["sim", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&output.stdout);
     let listed: BTreeSet<String> = help
         .lines()
@@ -692,11 +698,9 @@ fn walk(page: &Page, heading: &str) -> usize {
 
 /// A fresh directory for a walk-through, with the repository's `scenarios` and `tests` reachable by the relative
 /// paths the pages use.
-fn sandbox(name: &str) -> PathBuf {
+fn sandbox(name: &str) -> Scratch {
     let build = if cfg!(madsim) { "sim" } else { "normal" };
-    let dir = std::env::temp_dir().join(format!("lockstep-readme-{build}-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new(&format!("readme-{build}-{name}"));
     for linked in ["scenarios", "tests"] {
         std::os::unix::fs::symlink(root().join(linked), dir.join(linked)).unwrap();
     }
@@ -723,7 +727,7 @@ fn run(command: &str, dir: &Path) -> Option<String> {
 
 #[cfg(madsim)]
 fn sim_binary(args: &[&str], dir: &Path) -> Option<Output> {
-    Some(Command::new(env!("CARGO_BIN_EXE_lockstep")).arg("sim").args(args).current_dir(dir).output().unwrap())
+    Some(clean_command(env!("CARGO_BIN_EXE_lockstep")).arg("sim").args(args).current_dir(dir).output().unwrap())
 }
 
 #[cfg(not(madsim))]
@@ -737,7 +741,7 @@ fn example_output(cargo_command: &str, example: &str, build: Build) -> Option<Ou
     if build != THIS_BUILD {
         return None;
     }
-    let mut cargo = Command::new(env!("CARGO"));
+    let mut cargo = clean_command(env!("CARGO"));
     cargo.args([cargo_command, "--quiet", "--example", example]).current_dir(root());
     if build == Build::Sim {
         // A RUSTFLAGS variable would replace the alias's `--cfg madsim` (notes/madsim.md pitfall 1).

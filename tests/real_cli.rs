@@ -8,16 +8,18 @@
 
 mod support;
 
+use support::command::clean_command;
+
 use lockstep::store::PgStore;
 use sqlx::Connection;
-use std::process::{Command, Output};
+use std::process::Output;
 use support::pg::{database_url, unique_schema};
 
 /// Processes of `lockstep migrate` started at once on one new schema (a replica and agents started together).
 const CONCURRENT_MIGRATES: usize = 4;
 
 fn lockstep(args: &[&str], schema: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lockstep"))
+    clean_command(env!("CARGO_BIN_EXE_lockstep"))
         .args(args)
         .args(["--database-url", &database_url(), "--schema", schema])
         .env("RUST_LOG", "warn")
@@ -27,7 +29,7 @@ fn lockstep(args: &[&str], schema: &str) -> Output {
 
 /// Runs the binary with exactly `args` and no `DATABASE_URL` in its environment.
 fn lockstep_bare(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lockstep"))
+    clean_command(env!("CARGO_BIN_EXE_lockstep"))
         .args(args)
         .env_remove("DATABASE_URL")
         .env("RUST_LOG", "warn")
@@ -159,7 +161,7 @@ async fn submit_dash_reads_the_spec_from_standard_input() {
     use std::io::Write as _;
     let harness = support::pg::PgHarness::new().await;
     let schema = lockstep::store::conformance::Harness::store(&harness).schema().to_string();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+    let mut child = clean_command(env!("CARGO_BIN_EXE_lockstep"))
         .args(["submit", "-", "--format", "json", "--database-url", &database_url(), "--schema", &schema])
         .env("RUST_LOG", "warn")
         .stdin(std::process::Stdio::piped())
@@ -201,7 +203,7 @@ fn a_url_that_is_not_postgres_is_refused_naming_its_source_and_never_showing_it(
     let output = lockstep_bare(&["status", "1", "--database-url", "mysql://root:hunter2@127.0.0.1:3306/db"]);
     let stderr = usage_error(&output, &["--database-url: a mysql:// URL is not PostgreSQL's"]);
     assert!(!stderr.contains("hunter2"), "{stderr}");
-    let output = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+    let output = clean_command(env!("CARGO_BIN_EXE_lockstep"))
         .args(["status", "1"])
         .env("DATABASE_URL", "root:hunter2@127.0.0.1/db")
         .output()
@@ -289,7 +291,7 @@ async fn the_url_may_come_from_a_file_and_migrates_started_at_once_all_succeed()
     std::fs::write(&file, format!("{}\n", database_url())).unwrap();
     let children: Vec<_> = (0..CONCURRENT_MIGRATES)
         .map(|_| {
-            Command::new(env!("CARGO_BIN_EXE_lockstep"))
+            clean_command(env!("CARGO_BIN_EXE_lockstep"))
                 .args(["migrate", "--schema", &schema, "--database-url-file", file.to_str().unwrap()])
                 .env_remove("DATABASE_URL")
                 .env("RUST_LOG", "warn")
@@ -370,7 +372,7 @@ async fn submit_wait_without_a_replica_says_no_replica_has_taken_the_operation()
     std::fs::create_dir_all(&dir).unwrap();
     let spec = dir.join("plain.yson");
     std::fs::write(&spec, "{tasks={t={job_count=1;command=\"true\"}}}").unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+    let mut child = clean_command(env!("CARGO_BIN_EXE_lockstep"))
         .args(["submit", spec.to_str().unwrap(), "--wait", "--no-replica-hint-after", "1s"])
         .args(["--database-url", &database_url(), "--schema", &schema])
         .env("RUST_LOG", "warn")

@@ -22,6 +22,8 @@
 
 mod support;
 
+use support::command::clean_command;
+
 use lockstep::gang::api::{self, OperationView};
 use lockstep::gang::audit;
 use lockstep::gang::model::{Allocation, JobStatus, KIND_ALLOCATION, KIND_NODE, OperationStatus};
@@ -31,7 +33,7 @@ use lockstep::store::conformance::Harness;
 use lockstep::store::{LockToken, PgStore, RowId, Store, Timestamp};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use support::pg::PgHarness;
 use support::procs::{Reaper, alive_with, process_gone};
@@ -161,7 +163,7 @@ impl Cluster {
     /// [`Cluster::spawn`] with these variables added to the process's environment.
     fn spawn_with_env(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) {
         let log = std::fs::File::create(self.processes.logs.join(format!("{name}.log"))).unwrap();
-        let child = Command::new(BIN)
+        let child = clean_command(BIN)
             .args(args)
             .args(self.database_args())
             .envs(env.iter().copied())
@@ -179,8 +181,8 @@ impl Cluster {
     }
 
     fn start_replica_with(&mut self, name: &str, extra: &[&str]) {
-        let application = self.application_name(name);
-        let mut args = vec!["serve", "--replica", &application];
+        let replica = self.replica_name(name);
+        let mut args = vec!["serve", "--replica", &replica];
         args.extend(REPLICA_FLAGS);
         args.extend(extra);
         self.spawn(name, &args);
@@ -208,44 +210,70 @@ impl Cluster {
         std::fs::read_to_string(self.processes.logs.join(format!("{name}.log"))).unwrap()
     }
 
-    /// The `--replica` name, and so PostgreSQL's `application_name`, of replica `name`: scoped to this run's
-    /// schema, so that [`Cluster::wait_until_idle`] never looks at another test run's sessions.
-    fn application_name(&self, name: &str) -> String {
+    /// The `--replica` name of replica `name`: scoped to this run's schema, so that the guards below never look
+    /// at another test run's sessions.
+    fn replica_name(&self, name: &str) -> String {
         format!("{name}@{}", self.store().schema())
+    }
+
+    /// PostgreSQL's `application_name` of the sessions of replica `name`, as `serve` names them.
+    fn session_name(&self, name: &str) -> String {
+        format!("lockstep serve {}", self.replica_name(name))
+    }
+
+    /// The server pids of the PostgreSQL sessions of process `name` now (`pg_stat_activity`, by the
+    /// `application_name` its `serve` gives them). Panics when there is none: a guard that waits on the sessions
+    /// of `name` would otherwise wait for nothing and pass (a process of the cluster always holds one, its hint
+    /// listener's).
+    async fn sessions(&self, name: &str) -> Vec<i32> {
+        let application = self.session_name(name);
+        let pids: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1",
+        )
+        .bind(&application)
+        .fetch_all(&mut self.monitor().await)
+        .await
+        .unwrap();
+        assert!(!pids.is_empty(), "no PostgreSQL session is named {application:?}: the guard would wait for nothing");
+        pids
+    }
+
+    /// A session of the test's own (not the harness store's), for reading `pg_stat_activity`.
+    async fn monitor(&self) -> sqlx::PgConnection {
+        use sqlx::Connection;
+        sqlx::PgConnection::connect(&support::pg::database_url()).await.unwrap()
     }
 
     /// Waits until no session of replica `name` is running a statement (`pg_stat_activity`, state `active`): a
     /// statement it sent before it froze has committed or failed by then (a transaction it left open, `idle in
-    /// transaction`, never commits: its holder is frozen, then killed). Bounded: panics after 30 s.
+    /// transaction`, never commits: its holder is frozen, then killed). Bounded: panics after 30 s, and at once
+    /// when `name` has no session ([`Cluster::sessions`]).
     async fn wait_until_idle(&self, name: &str) {
-        self.wait_for_no_sessions(name, true, "still runs a statement after 30 s frozen").await;
+        let pids = self.sessions(name).await;
+        let query = "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1) AND state = 'active'";
+        self.wait_for_none(&pids, query, &format!("{name} still runs a statement after 30 s frozen")).await;
     }
 
-    /// Waits until no session of process `name` is left in PostgreSQL (after its kill: a backend ends once it
-    /// finds its client gone, after running any statement that was already in its socket).
-    async fn wait_until_gone(&self, name: &str) {
-        self.wait_for_no_sessions(name, false, "has sessions 30 s after its end").await;
+    /// Waits until none of the sessions `pids` (those [`Cluster::sessions`] found before the process's end) is left
+    /// in PostgreSQL: a backend ends once it finds its client gone, after running any statement that was already in
+    /// its socket. Bounded: panics after 30 s.
+    async fn wait_until_gone(&self, name: &str, pids: &[i32]) {
+        let query = "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)";
+        self.wait_for_none(pids, query, &format!("{name} has sessions 30 s after its end")).await;
     }
 
-    /// Waits until process `name` has no session in PostgreSQL (`active_only`: none running a statement); fails
-    /// saying `name` `stuck` after 30 s.
-    async fn wait_for_no_sessions(&self, name: &str, active_only: bool, stuck: &str) {
-        use sqlx::Connection;
-        let application = self.application_name(name);
-        let mut connection = sqlx::PgConnection::connect(&support::pg::database_url()).await.unwrap();
-        let query = if active_only {
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1 \
-             AND state = 'active'"
-        } else {
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1"
-        };
+    /// Waits until `query` (a count over the sessions `$1`, a non-empty set of pids) finds none; panics with
+    /// `stuck` after 30 s.
+    async fn wait_for_none(&self, pids: &[i32], query: &'static str, stuck: &str) {
+        assert!(!pids.is_empty(), "a wait on no session would wait for nothing");
+        let mut monitor = self.monitor().await;
         let started = Instant::now();
         loop {
-            let sessions: i64 = sqlx::query_scalar(query).bind(&application).fetch_one(&mut connection).await.unwrap();
+            let sessions: i64 = sqlx::query_scalar(query).bind(pids).fetch_one(&mut monitor).await.unwrap();
             if sessions == 0 {
                 return;
             }
-            assert!(started.elapsed() < Duration::from_secs(30), "{name} {stuck}");
+            assert!(started.elapsed() < Duration::from_secs(30), "{stuck}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -256,7 +284,7 @@ impl Cluster {
 
     /// Runs a client command to its end.
     fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new(BIN).args(args).args(self.database_args()).env("RUST_LOG", "warn").output().unwrap()
+        clean_command(BIN).args(args).args(self.database_args()).env("RUST_LOG", "warn").output().unwrap()
     }
 
     /// Writes `text` to `name` in the temp dir and submits it; returns the printed operation id.
@@ -291,37 +319,80 @@ impl Cluster {
         }
     }
 
-    /// Waits until replica `name` (the only one not frozen) is seen holding `op`'s lease in the middle of a pass,
-    /// and leaves it frozen (SIGSTOP) there: a live lease on the row is frozen with its holder, then read again
-    /// after a while; if the holder applied before it froze, it is let go on (SIGCONT) to the next pass. First
-    /// waits for any lease a replica frozen earlier may hold to expire. Returns the lease's token and expiry.
-    async fn catch_lease_holder(&mut self, op: RowId, name: &str) -> (LockToken, Timestamp) {
+    /// Freezes replica `name` (SIGSTOP) and waits until none of its sessions runs a statement; returns the
+    /// database's clock then. A freeze alone does not stop its writes: a statement it sent just before (its fetch of
+    /// an operation) still runs and may lease a row, and a test that took that lease for another replica's waited
+    /// for the wrong process (a loaded run saw "taken over" a lease the frozen replica had taken itself).
+    async fn freeze(&mut self, name: &str) -> Frozen {
+        signal(self.child(name), libc::SIGSTOP);
+        self.wait_until_idle(name).await;
+        let since: String =
+            sqlx::query_scalar("SELECT clock_timestamp()::text").fetch_one(&mut self.monitor().await).await.unwrap();
+        Frozen { name: name.to_string(), since }
+    }
+
+    /// Whether the frozen replica has started no statement since it was seen idle ([`Cluster::freeze`]): then
+    /// every write committed after that is another process's. Panics if it has no session.
+    async fn quiet_since_frozen(&self, frozen: &Frozen) -> bool {
+        self.sessions(&frozen.name).await;
+        let busy: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1 \
+             AND (state = 'active' OR query_start >= $2::timestamptz)",
+        )
+        .bind(self.session_name(&frozen.name))
+        .bind(&frozen.since)
+        .fetch_one(&mut self.monitor().await)
+        .await
+        .unwrap();
+        busy == 0
+    }
+
+    /// Waits until replica `name` is seen holding `op`'s lease in the middle of a pass, and leaves it frozen
+    /// (SIGSTOP) there: a live lease on the row is frozen with its holder, then read again once the holder's
+    /// sessions are idle; if the holder applied before it froze, it is let go on (SIGCONT) to the next pass. The
+    /// other replica is `frozen`: a lease is `name`'s only if it was taken after the frozen replica's last
+    /// statement, so the wait starts once no lease is live, and a lease caught while the frozen replica ran a
+    /// statement it had sent before it froze is waited out too. Returns the lease's token and expiry.
+    async fn catch_lease_holder(&mut self, op: RowId, name: &str, frozen: &mut Frozen) -> (LockToken, Timestamp) {
         let started = Instant::now();
         let live = |row: &lockstep::store::Row, now: Timestamp| {
             row.lock_token.zip(row.lock_expires_at).filter(|(_, expires)| *expires > now)
         };
-        loop {
-            let now = self.store().now().await.unwrap();
-            if live(&self.store().get(op).await.unwrap().unwrap(), now).is_none() {
-                break;
+        'caught: loop {
+            loop {
+                let now = self.store().now().await.unwrap();
+                if live(&self.store().get(op).await.unwrap().unwrap(), now).is_none() {
+                    break;
+                }
+                assert!(started.elapsed() < Duration::from_secs(30), "operation {op} stays leased");
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            assert!(started.elapsed() < Duration::from_secs(20), "operation {op} stays leased");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        loop {
-            assert!(started.elapsed() < Duration::from_secs(60), "{name} never seen holding operation {op}'s lease");
-            let row = self.store().get(op).await.unwrap().unwrap();
-            let now = self.store().now().await.unwrap();
-            let Some((token, expires)) = live(&row, now) else { continue };
-            signal(self.child(name), libc::SIGSTOP);
-            // A statement the holder sent before it froze may still commit: wait until it has (on a loaded machine
-            // that took more than the 100 ms this waited before, and the holder's apply landed after its kill).
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            self.wait_until_idle(name).await;
-            if self.store().get(op).await.unwrap().unwrap().lock_token == Some(token) {
-                return (token, expires);
+            loop {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "{name} never seen holding operation {op}'s lease"
+                );
+                let row = self.store().get(op).await.unwrap().unwrap();
+                let now = self.store().now().await.unwrap();
+                let Some((token, expires)) = live(&row, now) else { continue };
+                signal(self.child(name), libc::SIGSTOP);
+                // A statement the holder sent before it froze may still commit: wait until it has.
+                self.wait_until_idle(name).await;
+                if !self.quiet_since_frozen(frozen).await {
+                    // The frozen replica ran a statement it had sent before it froze: the lease may be its own.
+                    // It is idle again (it is frozen); wait this lease out too.
+                    eprintln!("{} ran a statement after it froze; waiting out lease {token}", frozen.name);
+                    signal(self.child(name), libc::SIGCONT);
+                    let name = frozen.name.clone();
+                    self.wait_until_idle(&name).await;
+                    *frozen = self.freeze(&name).await;
+                    continue 'caught;
+                }
+                if self.store().get(op).await.unwrap().unwrap().lock_token == Some(token) {
+                    return (token, expires);
+                }
+                signal(self.child(name), libc::SIGCONT);
             }
-            signal(self.child(name), libc::SIGCONT);
         }
     }
 
@@ -330,6 +401,12 @@ impl Cluster {
         let rows = self.store().list(KIND_ALLOCATION, None).await.unwrap();
         rows.iter().map(|row| Allocation::from_row(row).unwrap()).map(|a| (a.row, a.data.node_name.clone())).collect()
     }
+}
+
+/// A replica frozen by [`Cluster::freeze`]: its name, and the database's clock (text) when it was seen idle.
+struct Frozen {
+    name: String,
+    since: String,
 }
 
 /// One line of a rank file: what a job saw when it started.
@@ -459,14 +536,16 @@ async fn the_seed_gang_survives_a_killed_job_a_killed_replica_and_a_killed_agent
     // 2. A replica is killed with SIGKILL in the middle of a pass over the running operation, holding its lease:
     //    the other replica takes the operation over once the lease expires (no earlier: the lease is exclusive;
     //    no later than the lease time plus its fetcher's longest empty-fetch backoff, 5 s × 1.2), restarts no
-    //    gang (a revival, when replica-a had locked the jobs, finds every rank alive), and completes it. To catch replica-a holding the lease,
-    //    replica-b is frozen (SIGSTOP) meanwhile, and replica-a is frozen first and killed only once the frozen
-    //    process is seen to still hold the lease.
+    //    gang (a revival, when replica-a had locked the jobs, finds every rank alive), and completes it. To catch
+    //    replica-a holding the lease, replica-b is frozen meanwhile (SIGSTOP; a lease is caught only if it was taken
+    //    after replica-b's last statement, so it cannot be one replica-b's last fetch took), and replica-a is frozen
+    //    first and killed only once the frozen process is seen to still hold the lease.
     let gang = Gang::new(&cluster, "replica-kill");
     let op = cluster.submit("replica-kill.yson", &gang.spec());
     gang.wait_for_starts(1, Duration::from_secs(30)).await;
-    signal(cluster.child("replica-b"), libc::SIGSTOP);
-    let (token, expires) = cluster.catch_lease_holder(op, "replica-a").await;
+    let mut frozen = cluster.freeze("replica-b").await;
+    let (token, expires) = cluster.catch_lease_holder(op, "replica-a", &mut frozen).await;
+    let sessions = cluster.sessions("replica-a").await;
     signal(cluster.child("replica-a"), libc::SIGKILL);
     let killed_at = Instant::now();
     exit_within(cluster.child("replica-a"), Duration::from_secs(5)).await;
@@ -474,7 +553,7 @@ async fn the_seed_gang_survives_a_killed_job_a_killed_replica_and_a_killed_agent
     // `catch_lease_holder` cannot see (the backend shows idle): the backend runs it before it ends. replica-b is
     // still frozen, so a change of the lease now is replica-a's own last write (CI's loaded run saw its apply
     // release the operation 52 ms after the kill), not a takeover.
-    cluster.wait_until_gone("replica-a").await;
+    cluster.wait_until_gone("replica-a", &sessions).await;
     let released = cluster.store().get(op).await.unwrap().unwrap().lock_token != Some(token);
     let now = cluster.store().now().await.unwrap();
     let lease_left = Duration::from_micros(u64::try_from(expires.as_micros() - now.as_micros()).unwrap_or(0));
@@ -773,8 +852,8 @@ async fn sigterm_stops_an_agent_gracefully_and_drains_a_replica() {
     let gang = Gang::new(&cluster, "sigterm-replica");
     let op = cluster.submit("sigterm-replica.yson", &gang.spec());
     gang.wait_for_starts(1, Duration::from_secs(30)).await;
-    signal(cluster.child("replica-b"), libc::SIGSTOP);
-    let (token, expires) = cluster.catch_lease_holder(op, "replica-a").await;
+    let mut frozen = cluster.freeze("replica-b").await;
+    let (token, expires) = cluster.catch_lease_holder(op, "replica-a", &mut frozen).await;
     signal(cluster.child("replica-a"), libc::SIGTERM);
     signal(cluster.child("replica-a"), libc::SIGCONT);
     let stopped_at = Instant::now();
@@ -911,7 +990,7 @@ fn the_readme_real_mode_walkthrough_uses_commands_flags_and_a_spec_that_exist() 
         };
         let rest = rest.split('#').next().unwrap().trim().trim_end_matches(['&', ')']).trim();
         let args: Vec<&str> = rest.split_whitespace().map(|arg| if arg == "$op" { "1" } else { arg }).collect();
-        let output = Command::new(BIN).args(&args).arg("--help").output().unwrap();
+        let output = clean_command(BIN).args(&args).arg("--help").output().unwrap();
         assert!(output.status.success(), "`lockstep {rest} --help`: {}", String::from_utf8_lossy(&output.stderr));
         commands.insert(args[0].to_string());
     }
@@ -920,7 +999,7 @@ fn the_readme_real_mode_walkthrough_uses_commands_flags_and_a_spec_that_exist() 
     }
     // The prose names `lockstep abort $op` inline.
     assert!(section.contains("`lockstep abort $op`"));
-    let output = Command::new(BIN).args(["abort", "1", "--help"]).output().unwrap();
+    let output = clean_command(BIN).args(["abort", "1", "--help"]).output().unwrap();
     assert!(output.status.success(), "abort 1 --help");
 }
 
@@ -938,7 +1017,7 @@ fn the_real_mode_page_finds_a_jobs_sleep_by_its_sandbox_and_no_other() {
     let outside = dir.join("elsewhere");
     std::fs::create_dir_all(&sandbox).unwrap();
     std::fs::create_dir_all(&outside).unwrap();
-    let sleep = |cwd: &PathBuf| Command::new("sleep").arg("30").current_dir(cwd).spawn().unwrap();
+    let sleep = |cwd: &PathBuf| clean_command("sleep").arg("30").current_dir(cwd).spawn().unwrap();
     let (mut job, mut other) = (sleep(&sandbox), sleep(&outside));
     // `pgrep -x sleep` matches a child only once it has exec'd `sleep`.
     let exec_d =
@@ -951,7 +1030,7 @@ fn the_real_mode_page_finds_a_jobs_sleep_by_its_sandbox_and_no_other() {
     let node_dir = format!("{}/", dir.join("node-1").display());
     assert!(snippet.contains("/tmp/lockstep/node-1/"), "{snippet}");
     let script = snippet.replace("/tmp/lockstep/node-1/", &node_dir);
-    let output = Command::new("sh").arg("-c").arg(&script).output().unwrap();
+    let output = clean_command("sh").arg("-c").arg(&script).output().unwrap();
     let (_, _) = (job.kill(), other.kill());
     let (_, _) = (job.wait(), other.wait());
     std::fs::remove_dir_all(&dir).unwrap();

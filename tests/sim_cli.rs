@@ -3,17 +3,22 @@
 //! timelines (text and HTML), shrunk failures, and scenario errors naming the key and the line.
 #![cfg(madsim)]
 
+mod support;
+
+use support::command::clean_command;
+use support::scratch::Scratch;
+
 use lockstep::sim::replay::ReplayFile;
 use lockstep::sim::summary::rows_named;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// A seed of the planted scenario that breaks lease exclusivity (found by `lockstep sim sweep` over 1..9; the
 /// test checks that it does, so a change of behaviour shows here instead of passing vacuously).
 const PLANTED_SEED: &str = "6";
 
 fn lockstep(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lockstep")).args(args).current_dir(dir).output().expect("the binary runs")
+    clean_command(env!("CARGO_BIN_EXE_lockstep")).args(args).current_dir(dir).output().expect("the binary runs")
 }
 
 fn text(output: &Output) -> (String, String) {
@@ -30,12 +35,9 @@ fn refused(args: &[&str], dir: &Path, expected: &str) -> (String, String) {
     (stdout, stderr)
 }
 
-/// A fresh directory for one test.
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lockstep-sim-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a temp dir");
-    dir
+/// A fresh directory for one test, removed when it passed.
+fn temp_dir(name: &str) -> Scratch {
+    Scratch::new(&format!("sim-cli-{name}"))
 }
 
 fn scenario(name: &str) -> String {
@@ -354,7 +356,7 @@ fn explain_follows_an_operation_of_a_real_gang_run_through_its_gang_restart() {
 fn a_closed_stdout_ends_the_run_quietly() {
     use std::os::unix::process::ExitStatusExt;
     let dir = temp_dir("closed-pipe");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+    let mut child = clean_command(env!("CARGO_BIN_EXE_lockstep"))
         .args(["sim", "run", &scenario("rows-quiet.toml")])
         .current_dir(&dir)
         .stdout(std::process::Stdio::piped())
@@ -531,7 +533,7 @@ type ShardCase<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 
 /// The binary with `vars` as its only shard variables.
 fn lockstep_with(args: &[&str], dir: &Path, vars: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_lockstep"));
+    let mut command = clean_command(env!("CARGO_BIN_EXE_lockstep"));
     for var in SHARD_VARS {
         command.env_remove(var);
     }
@@ -727,7 +729,7 @@ fn ctrl_c_prints_the_table_of_what_finished_and_keeps_the_failures_replay_files(
     use std::io::BufRead;
     let dir = temp_dir("interrupt");
     let planted = planted(&dir);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lockstep"))
+    let mut child = clean_command(env!("CARGO_BIN_EXE_lockstep"))
         .args(["sim", "sweep", planted.to_str().unwrap(), "--seeds", "1..100001", "--jobs", "2"])
         .args(["--results", "results", "--out", "replays"])
         .env_remove("JOB_COMPLETION_INDEX")

@@ -4,19 +4,16 @@
 //! are refused naming them. And `check_swarm`, the swarm as a `cargo test`.
 #![cfg(madsim)]
 
+mod support;
+
 use lockstep::sim::swarm::{self, Ranges, Shape};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
+use support::command::clean_command;
 
 fn lockstep(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lockstep"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("MADSIM_TEST_SEED")
-        .env_remove("MADSIM_TEST_NUM")
-        .output()
-        .expect("the binary runs")
+    clean_command(env!("CARGO_BIN_EXE_lockstep")).args(args).current_dir(dir).output().expect("the binary runs")
 }
 
 fn text(output: &Output) -> String {

@@ -13,6 +13,10 @@
 //! closed network it would otherwise hang at start.
 #![cfg(not(madsim))]
 
+mod support;
+
+use support::command::clean_command;
+
 use fantoccini::actions::{InputSource, MouseActions, PointerAction};
 use fantoccini::wd::WebDriverCompatibleCommand;
 use fantoccini::{Client, ClientBuilder, Locator};
@@ -20,7 +24,7 @@ use futures_util::FutureExt;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 /// How long chromedriver may take to say it listens, and the page to say it is ready.
@@ -51,7 +55,7 @@ impl Driver {
     fn start() -> Driver {
         let path = binary("LOCKSTEP_CHROMEDRIVER", "/usr/bin/chromedriver");
         let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
-        let mut child = Command::new(path)
+        let mut child = clean_command(path)
             .arg(format!("--port={port}"))
             .arg("--allowed-ips=127.0.0.1")
             .stdout(Stdio::piped())

@@ -196,15 +196,20 @@ pub async fn raw_clients(settings: &Settings, clients: usize, batch: usize) -> S
     sample
 }
 
-/// How a lockstep replica's store is set up beyond the schema: `ping_before_use` of its pool.
+/// How a lockstep replica's store is set up beyond the schema: `ping_before_use` of its pool, and its
+/// `call_timeout` (zero: calls unbounded, as before the bound was the default).
 #[derive(Clone, Copy, Debug)]
 pub struct StoreTweaks {
     pub ping_before_use: bool,
+    pub call_timeout: std::time::Duration,
 }
 
 impl Default for StoreTweaks {
     fn default() -> Self {
-        StoreTweaks { ping_before_use: PgOptions::PING_BEFORE_USE_DEFAULT }
+        StoreTweaks {
+            ping_before_use: PgOptions::PING_BEFORE_USE_DEFAULT,
+            call_timeout: PgOptions::CALL_TIMEOUT_DEFAULT,
+        }
     }
 }
 
@@ -225,6 +230,7 @@ pub async fn lockstep<H: Handler<PgStore> + Clone>(
     for replica in 0..replicas {
         let mut options = db.options(&format!("lockstep_bench_r{replica}"), config.connections_needed() as u32);
         options.ping_before_use = tweaks.ping_before_use;
+        options.call_timeout = tweaks.call_timeout;
         let store = Arc::new(connect_store(options).await);
         stores.push(store.clone());
         let mut manager = PipelineManager::new(store, ManagerOptions { seed: replica as u64 });

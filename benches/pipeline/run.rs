@@ -81,7 +81,8 @@ fn two_fetchers(config: &mut PipelineConfig) {
 }
 
 fn pg_contenders() -> Vec<Contender> {
-    let ping = StoreTweaks { ping_before_use: true };
+    let ping = StoreTweaks { ping_before_use: true, ..StoreTweaks::default() };
+    let unbounded = StoreTweaks { call_timeout: Duration::ZERO, ..StoreTweaks::default() };
     let plain = StoreTweaks::default();
     vec![
         Contender::Raw { batch: 1 },
@@ -93,6 +94,7 @@ fn pg_contenders() -> Vec<Contender> {
         Contender::Lockstep { label: "refetch off", tune: no_refetch, tweaks: plain },
         Contender::Lockstep { label: "apply batching off", tune: no_batching, tweaks: plain },
         Contender::Lockstep { label: "ping before each call", tune: defaults, tweaks: ping },
+        Contender::Lockstep { label: "store calls unbounded", tune: defaults, tweaks: unbounded },
     ]
 }
 

@@ -80,6 +80,11 @@ pub const REFETCH_DEFAULT: bool = true;
 /// queue is dstack's size) is reread.
 pub const REFETCH_AFTER_DEFAULT: Duration = Duration::from_secs(1);
 
+/// Default of [`PipelineConfig::handler_timeout`]: 1 minute, River's default job time-out (its `JobTimeout`). A
+/// pass of the gang controller takes milliseconds, and its longest, the first pass of a 100 000-job spec, seconds
+/// (BENCHMARKS.md); a handler that needs longer sets its pipeline's own bound.
+pub const HANDLER_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
+
 /// Default most attempts of an item before it gives up: river's and graphile-worker's default of 25 (Oban's is 20,
 /// pg-boss retries 2 times). With the default backoff the 25th attempt comes ≈ 2.8 h after the first failure.
 pub const RETRY_ATTEMPTS_MAX_DEFAULT: u32 = 25;
@@ -275,6 +280,13 @@ pub struct PipelineConfig {
     /// What becomes of an item that failed: attempts, backoff, give-up status (see [`RetryPolicy`]). Default
     /// [`RetryPolicy::default`].
     pub retry: RetryPolicy,
+    /// Longest a handler's `load` and `process` of one item may take together, local clock. Past it (at the
+    /// heartbeater's next pass, so within one `heartbeat_interval`) the worker gives the handler up and the item fails (`WorkError::Failed`, recorded on the row as any failure, then
+    /// retried or given up by `retry`), and the heartbeater renews its lease no more, even while a handler that
+    /// blocks its thread keeps the worker from noticing: a handler that never returns would otherwise hold its row
+    /// for the life of the process (issue 42). A handler that blocks its thread past the bound and then returns
+    /// goes on to its guarded apply, stale if another holder took the row meanwhile. Zero: unbounded. Default [`HANDLER_TIMEOUT_DEFAULT`].
+    pub handler_timeout: Duration,
 }
 
 /// A configuration that breaks a rule; the message names the field, the value and the rule.
@@ -326,6 +338,7 @@ impl PipelineConfig {
             refetch_after: REFETCH_AFTER_DEFAULT,
             refetch_batch_window: REFETCH_BATCH_WINDOW_DEFAULT,
             retry: RetryPolicy::default(),
+            handler_timeout: HANDLER_TIMEOUT_DEFAULT,
         }
     }
 

@@ -19,6 +19,10 @@ pub struct HeartbeatPass {
     /// Leases of items still queued (no worker started them) within `heartbeat_trigger` of their deadline: taken
     /// out of the queue and given back to the store rather than extended (see [`super::queue`]).
     pub released: Vec<Lease>,
+    /// Leases within `heartbeat_trigger` of their deadline that were not extended because their item's handler
+    /// ran past its [`handler_timeout`](super::PipelineConfig::handler_timeout) and has not returned (it blocks
+    /// its thread, so even its worker's timer cannot end it): they expire, and another holder may take the row.
+    pub withheld: Vec<Lease>,
 }
 
 /// One pipeline's heartbeater. Drive it with [`Heartbeater::run_once`] in tests; [`Heartbeater::run`] loops.
@@ -36,8 +40,13 @@ impl<S: Store> Heartbeater<S> {
     /// 2. of the leases whose deadline is within `heartbeat_trigger`, those of items still queued are taken out of
     ///    the queue and given back to the store in one call (another replica's idle worker may start them; the
     ///    pipeline becomes saturated, see [`super::queue`]), and a fetch hint for the kind is sent;
-    /// 3. the others are extended in one store call;
+    /// 3. the others are extended in one store call, except those whose handler ran past its time-out
+    ///    ([`HeartbeatPass::withheld`]: a handler that never returns must not hold its row for the life of the
+    ///    process; issue 42);
     /// 4. those the store no longer holds are forgotten; the others get deadline = (call sent) + ttl − margin.
+    ///
+    /// Before all this, every handler past its time-out is signalled to be given up (its worker then fails the
+    /// item); the signal lands within one `heartbeat_interval` of the deadline.
     ///
     /// Errors: the store's. A failed release leaves its leases to expire (they are out of the queue and the
     /// ledger already); a failed heartbeat leaves the ledger unchanged and the next pass tries again (deadlines
@@ -48,13 +57,19 @@ impl<S: Store> Heartbeater<S> {
         let now = self.core.clock.now();
         let mut pass = HeartbeatPass::default();
         let mut due = Vec::new();
+        // Handlers past their time-out are given up (their workers wait on this signal beside them).
+        shared.cut_handlers(now);
         for (id, held) in shared.leases() {
             let lease = Lease { id, token: held.token };
             if now >= held.deadline {
                 shared.forget(lease);
                 pass.dropped.push(lease);
             } else if held.deadline.duration_since(now) <= config.heartbeat_trigger {
-                due.push(lease);
+                if held.handler_deadline.is_some_and(|handler_deadline| now >= handler_deadline) {
+                    pass.withheld.push(lease);
+                } else {
+                    due.push(lease);
+                }
             }
         }
         let unstarted = shared.take_queued(&due);

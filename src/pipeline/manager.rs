@@ -136,6 +136,19 @@ impl<S: Store> PipelineManager<S> {
         }
     }
 
+    /// [`PipelineManager::shutdown`] within `bound` (local clock): past it, every task still running is aborted, as
+    /// [`PipelineManager::abort`] does, and `None` is returned; the leases not given back expire on their own. A
+    /// drain waits for the passes its workers started, and a pass waits for its store calls, each bounded by the
+    /// store (`PgOptions::call_timeout`) but several in a row; the bound makes the whole stop end in time whatever
+    /// the database does (issue 42).
+    pub async fn shutdown_within(&mut self, bound: std::time::Duration) -> Option<ShutdownReport> {
+        let report = tokio::time::timeout(bound, self.shutdown()).await.ok();
+        if report.is_none() {
+            self.abort();
+        }
+        report
+    }
+
     /// Drains every pipeline:
     /// 1. the queue closes: workers take no new item, and the fetcher stops after its current pass;
     /// 2. the leases of items still queued (including any the fetcher's last pass added) go back to the store;
@@ -146,8 +159,11 @@ impl<S: Store> PipelineManager<S> {
         for registered in &mut self.pipelines {
             let pipeline = registered.pipeline.clone();
             let mut unstarted = pipeline.shared.close();
-            if let Some(fetcher) = registered.fetcher.take() {
+            // Each task's handle stays registered until the task ended, so that a drain cut short
+            // (`shutdown_within`) still aborts it: a dropped handle would leave its task running, detached.
+            if let Some(fetcher) = registered.fetcher.as_mut() {
                 let _ = fetcher.await;
+                registered.fetcher = None;
             }
             unstarted.extend(pipeline.shared.close());
             let leases: Vec<Lease> = unstarted.iter().map(|item| item.lease).collect();
@@ -168,8 +184,10 @@ impl<S: Store> PipelineManager<S> {
             }
         }
         for registered in &mut self.pipelines {
-            for worker in registered.workers.drain(..) {
+            // In start order, as before (the order the drain polls them in is part of a simulated run).
+            while let Some(worker) = registered.workers.first_mut() {
                 let _ = worker.await;
+                registered.workers.remove(0);
             }
             if let Some(heartbeater) = registered.heartbeater.take() {
                 heartbeater.abort();

@@ -64,6 +64,10 @@ pub struct Held {
     pub leased_at: Instant,
     /// Local instant after which the lease counts as lost: (fetch or last heartbeat sent) + ttl − margin.
     pub deadline: Instant,
+    /// While a worker runs the item's handler (`load`, then `process`) under a
+    /// [`PipelineConfig::handler_timeout`]: the local instant it times out at. `None` otherwise. The heartbeater
+    /// renews no lease whose handler ran past it.
+    pub handler_deadline: Option<Instant>,
 }
 
 /// The queue's marks: its max and the length below which the fetcher fetches.
@@ -104,6 +108,9 @@ pub struct Shared {
     /// One permit per queued item; closed when the pipeline stops taking work.
     items: Semaphore,
     leases: Mutex<BTreeMap<RowId, Held>>,
+    /// The handlers running under a time-out, by row: the lease's token, the handler's deadline (local clock) and
+    /// the signal that gives the handler up ([`Shared::start_handler`], [`Shared::cut_handlers`]).
+    handlers: Mutex<BTreeMap<RowId, RunningHandler>>,
     /// Wakes the first fetcher: a worker dropped the queue below its lower mark.
     pub refill: Notify,
     /// Wake the other fetchers, one each, on the same events as `refill` (they never wait for hints: a hint must
@@ -131,6 +138,16 @@ pub struct Shared {
     /// Wakes everything that waits on the pipeline's services when it stops.
     pub stop: Notify,
     stopping: AtomicBool,
+}
+
+/// A handler running under a time-out ([`Shared::start_handler`]).
+struct RunningHandler {
+    /// The lease's token.
+    token: crate::store::LockToken,
+    /// Local instant it times out at.
+    deadline: Instant,
+    /// Given (once) when the deadline passed: the worker gives the handler up.
+    cut: std::sync::Arc<Notify>,
 }
 
 /// The queued items and the room that fetches in flight hold in it.
@@ -229,6 +246,7 @@ impl Shared {
             queue: Mutex::new(Queue { items: VecDeque::new(), reserved: 0 }),
             items: Semaphore::new(0),
             leases: Mutex::new(BTreeMap::new()),
+            handlers: Mutex::new(BTreeMap::new()),
             refill: Notify::new(),
             refill_more: (1..config.fetchers).map(|_| Notify::new()).collect(),
             hint: Notify::new(),
@@ -393,7 +411,8 @@ impl Shared {
             queue.reserved -= reserved;
             let mut queued = 0;
             for item in items {
-                let held = Held { token: item.lease.token, leased_at: sent, deadline: sent + ttl - margin };
+                let deadline = sent + ttl - margin;
+                let held = Held { token: item.lease.token, leased_at: sent, deadline, handler_deadline: None };
                 // The ledger may already hold another lease of this row. An older one: after a stall longer than
                 // the ttl (a paused process), the store's lease expired and this pipeline's fetch took the row
                 // again before the heartbeater or the old worker noticed; the new lease supersedes it, the old
@@ -607,6 +626,47 @@ impl Shared {
     /// A copy of the ledger, by row id.
     pub fn leases(&self) -> BTreeMap<RowId, Held> {
         lock(&self.leases).clone()
+    }
+
+    /// Notes that a worker started `lease`'s handler, which times out at `deadline` (local clock); returns the
+    /// signal that [`Shared::cut_handlers`] gives once the deadline passed. The worker waits on it beside the
+    /// handler rather than on a timer of its own: a timer per item would wake every worker task once more at its
+    /// deadline, long after the item ended, and reshuffle the simulator's schedule.
+    pub fn start_handler(&self, lease: Lease, deadline: Instant) -> std::sync::Arc<Notify> {
+        if let Some(held) = lock(&self.leases).get_mut(&lease.id)
+            && held.token == lease.token
+        {
+            held.handler_deadline = Some(deadline);
+        }
+        let cut = std::sync::Arc::new(Notify::new());
+        let running = RunningHandler { token: lease.token, deadline, cut: cut.clone() };
+        lock(&self.handlers).insert(lease.id, running);
+        cut
+    }
+
+    /// Notes that `lease`'s handler returned (or was given up).
+    pub fn end_handler(&self, lease: Lease) {
+        if let Some(held) = lock(&self.leases).get_mut(&lease.id)
+            && held.token == lease.token
+        {
+            held.handler_deadline = None;
+        }
+        let mut handlers = lock(&self.handlers);
+        if handlers.get(&lease.id).is_some_and(|running| running.token == lease.token) {
+            handlers.remove(&lease.id);
+        }
+    }
+
+    /// Signals every handler whose deadline passed at `now` to be given up (the heartbeater's pass); returns their
+    /// leases.
+    pub fn cut_handlers(&self, now: Instant) -> Vec<Lease> {
+        let handlers = lock(&self.handlers);
+        let past = handlers.iter().filter(|(_, running)| now >= running.deadline);
+        past.map(|(id, running)| {
+            running.cut.notify_one();
+            Lease { id: *id, token: running.token }
+        })
+        .collect()
     }
 
     /// Moves a held lease's deadline after a successful heartbeat sent at `sent`.

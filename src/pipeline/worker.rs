@@ -151,13 +151,21 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
     };
     let attempts = row.attempts;
     let cx = LoadCx::new(core, lease);
-    let context = match unwound(core, lease, handler.load(&row, &cx)).await {
+    // The handler's bound (`PipelineConfig::handler_timeout`) covers `load` and `process`; the ledger carries it, so
+    // that the heartbeater renews the lease no longer than the handler may run.
+    let timeout = core.config.handler_timeout;
+    let cut = (!timeout.is_zero()).then(|| core.shared.start_handler(lease, clock.now() + timeout));
+    let context = match within(core, cut.as_deref(), unwound(core, lease, handler.load(&row, &cx))).await {
         Ok(context) => context,
-        Err(error) => return Step::Done(stopped(core, handler, lease, attempts, error).await),
+        Err(error) => {
+            core.shared.end_handler(lease);
+            return Step::Done(stopped(core, handler, lease, attempts, error).await);
+        }
     };
     // 3. Process, holding no store call.
     let started = clock.now();
-    let changes = unwound(core, lease, handler.process(row, context)).await;
+    let changes = within(core, cut.as_deref(), unwound(core, lease, handler.process(row, context))).await;
+    core.shared.end_handler(lease);
     core.metrics.process_latency.record(clock.now().duration_since(started));
     // A related update must be of a row this item locked: else the store finds it not carrying the token and
     // refuses the apply as stale, at every pass, with nothing recorded on the row.
@@ -186,6 +194,28 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
         Apply::Direct(params)
     };
     Step::Applying(Box::new(Applying { lease, attempts, repeat, started, apply }))
+}
+
+/// `call` (a handler's `load` or `process`) until `cut` (`None`: unbounded), the signal the heartbeater gives once
+/// the handler ran past its `handler_timeout` ([`Shared::cut_handlers`](super::queue::Shared::cut_handlers)):
+/// then the call is dropped and fails its item. A call that blocks its thread cannot be dropped; when it returns at
+/// last, its result goes on to the guarded apply, which finds it stale if another holder took the row meanwhile
+/// (the heartbeater stopped renewing the lease at the deadline).
+async fn within<S: Store, T>(
+    core: &Core<S>,
+    cut: Option<&tokio::sync::Notify>,
+    call: impl Future<Output = Result<T, WorkError>>,
+) -> Result<T, WorkError> {
+    let Some(cut) = cut else { return call.await };
+    // Biased: a call that is ready wins over a signal that came while both waited (a paused process).
+    tokio::select! {
+        biased;
+        result = call => result,
+        () = cut.notified() => {
+            let bound = crate::duration::format(core.config.handler_timeout);
+            Err(WorkError::Failed(format!("the handler did not return within its handler_timeout ({bound})")))
+        }
+    }
 }
 
 /// `call` (a handler's `load` or `process`), with a panic in it turned into [`WorkError::Panicked`]: the panic

@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+pub mod command;
+pub mod scratch;
+
 #[cfg(not(madsim))]
 pub mod pg;
 #[cfg(not(madsim))]

@@ -3,6 +3,18 @@
 //! Run with `env -u RUSTFLAGS cargo sim-test` (the simulator build; see `.cargo/config.toml`).
 #![cfg(madsim)]
 
+/// The project's simulator binary as a command, without the caller's `MADSIM_*` variables: they are the knobs of
+/// this test binary (`MADSIM_TEST_NUM=5` runs each simulator test on 5 seeds), not of a program it runs.
+fn orders_sim() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_orders-sim"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("MADSIM_") {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
 /// The project's own simulator binary ends quietly when its output pipe closes (`orders-sim run … | head -1`), as
 /// `lockstep sim` does: the process ends by SIGPIPE, with no panic printed (a new user's trial found a panic
 /// and a backtrace).
@@ -10,7 +22,7 @@
 fn a_closed_stdout_ends_the_project_binary_quietly() {
     use std::os::unix::process::ExitStatusExt;
     let scenario = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/orders-mixed.toml");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_orders-sim"))
+    let mut child = orders_sim()
         .arg("run")
         .arg(&scenario)
         .current_dir(std::env::temp_dir())
@@ -36,13 +48,7 @@ fn a_failing_run_prints_a_replay_command_that_works_as_pasted() {
     let dir = std::env::temp_dir().join(format!("orders-sim-replay-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let orders_sim = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_orders-sim"))
-            .args(args)
-            .current_dir(&dir)
-            .output()
-            .expect("the binary runs")
-    };
+    let orders_sim = |args: &[&str]| orders_sim().args(args).current_dir(&dir).output().expect("the binary runs");
     let scenario = root.join("scenarios/orders-without-keys.toml");
     let run = orders_sim(&["run", scenario.to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&run.stdout).into_owned();

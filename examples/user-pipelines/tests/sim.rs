@@ -6,7 +6,7 @@
 #![cfg(madsim)]
 
 use lockstep::sim::Scenario;
-use lockstep::sim::user::{Replay, check_seeds, run, run_seeds, seeds};
+use lockstep::sim::user::{Replay, check_seeds, check_seeds_in, run, run_seeds, seeds};
 use user_pipelines::Idempotency;
 use user_pipelines::sim::orders;
 
@@ -31,13 +31,15 @@ fn orders_hold_every_invariant_under_mixed_faults() {
 
 /// The same test with the bug planted (charges without their idempotency key): it must fail, naming the
 /// exactly-once checker, and print each failing seed with the command that replays it; that command reruns this
-/// test on the one seed, which fails the same way.
+/// test on the one seed, which fails the same way. The failing seeds' traces go to a directory of the test's own,
+/// removed as the expected panic unwinds.
 #[test]
 #[should_panic(expected = "external_exactly_once")]
 fn orders_without_idempotency_keys_charge_twice() {
     let scenario = Scenario::for_pipelines(orders(Idempotency::Off));
     let replay = replay("orders_without_idempotency_keys_charge_twice");
-    check_seeds(&scenario, &seeds(&pinned()[..20]), replay);
+    let traces = tempfile::tempdir().expect("a temp dir for the traces");
+    check_seeds_in(&scenario, &seeds(&pinned()[..20]), replay, traces.path());
 }
 
 #[test]

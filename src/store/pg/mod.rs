@@ -581,10 +581,12 @@ impl PgStore {
 }
 
 /// The pool's check of a connection a call gives back, with [`PgOptions::call_timeout`] on (`limit` not zero): a
-/// ping answered within `limit`, or the connection is closed. sqlx's own check after it has no time-out, so a
-/// connection whose call was abandoned on a half-open socket would hold its pool slot for as long as the socket
-/// lives. With `limit` zero it passes every connection on to sqlx's check at once. A connection that passes this
-/// ping and goes half-open before sqlx's own ping right after it still hangs there: a window of one round trip.
+/// ping answered within `limit`, or the connection is dropped without a word (an error here makes sqlx close it
+/// hard: a graceful close writes a `Terminate`, which can wait for ever on a half-open socket whose send buffer is
+/// full). sqlx's own check after it has no time-out, so a connection whose call was abandoned on a half-open socket
+/// would hold its pool slot for as long as the socket lives. With `limit` zero it passes every connection on to
+/// sqlx's check at once. A connection that passes this ping and goes half-open before sqlx's own ping right after
+/// it still hangs there: a window of one round trip.
 fn release_check(
     limit: Duration,
 ) -> impl for<'c> Fn(
@@ -602,7 +604,10 @@ fn release_check(
             match tokio::time::timeout(limit, conn.ping()).await {
                 Ok(Ok(())) => Ok(true),
                 Ok(Err(err)) => Err(err),
-                Err(_) => Ok(false),
+                Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer to the ping of a connection given back within {limit:?}: dropped"),
+                ))),
             }
         })
     }
@@ -1042,20 +1047,23 @@ impl Store for PgStore {
 
     async fn query(&self, queries: Vec<RowQuery>) -> Result<Vec<Vec<Row>>, StoreError> {
         check_query(&queries)?;
-        if queries.len() == 1 {
-            let rows = query_rows(&self.inner.pool, &queries[0]).await.map_err(|e| self.fail(e))?;
-            return Ok(vec![rows]);
-        }
-        // Several queries read one snapshot, as MemStore answers them under one lock.
-        let mut session = Session::acquire(&self.inner.pool).await.map_err(|e| self.fail(e))?;
-        let mut tx = session.begin().await.map_err(|e| self.fail(e))?;
-        sqlx::query(sql::QUERY_SNAPSHOT).execute(&mut *tx).await.map_err(|e| self.fail(e))?;
-        let mut answers = Vec::with_capacity(queries.len());
-        for q in &queries {
-            answers.push(query_rows(&mut *tx, q).await.map_err(|e| self.fail(e))?);
-        }
-        tx.commit().await.map_err(|e| self.fail(e))?;
-        Ok(answers)
+        self.bounded(async {
+            if queries.len() == 1 {
+                let rows = query_rows(&self.inner.pool, &queries[0]).await.map_err(|e| self.fail(e))?;
+                return Ok(vec![rows]);
+            }
+            // Several queries read one snapshot, as MemStore answers them under one lock.
+            let mut session = Session::acquire(&self.inner.pool).await.map_err(|e| self.fail(e))?;
+            let mut tx = session.begin().await.map_err(|e| self.fail(e))?;
+            sqlx::query(sql::QUERY_SNAPSHOT).execute(&mut *tx).await.map_err(|e| self.fail(e))?;
+            let mut answers = Vec::with_capacity(queries.len());
+            for q in &queries {
+                answers.push(query_rows(&mut *tx, q).await.map_err(|e| self.fail(e))?);
+            }
+            tx.commit().await.map_err(|e| self.fail(e))?;
+            Ok(answers)
+        })
+        .await
     }
 
     async fn events(&self, row: RowId) -> Result<Vec<Event>, StoreError> {

@@ -33,6 +33,11 @@ const _: () =
     assert!(PgOptions::LOCK_TIMEOUT_DEFAULT.as_millis() < PgOptions::SLOW_STATEMENT_THRESHOLD_DEFAULT.as_millis());
 const _: () =
     assert!(PgOptions::SLOW_STATEMENT_THRESHOLD_DEFAULT.as_millis() < PgOptions::STATEMENT_TIMEOUT_DEFAULT.as_millis());
+// The default call bound never cuts short a call the server still runs within its own time-outs.
+const _: () = assert!(
+    PgOptions::CALL_TIMEOUT_DEFAULT.as_millis()
+        > PgOptions::ACQUIRE_TIMEOUT_DEFAULT.as_millis() + PgOptions::STATEMENT_TIMEOUT_DEFAULT.as_millis()
+);
 
 /// How to reach PostgreSQL and which part of it a [`PgStore`](super::PgStore) owns.
 ///
@@ -102,7 +107,9 @@ pub struct PgOptions {
     /// socket up (about 15 minutes of retransmissions on Linux, never if the peer still acknowledges). Keep it
     /// above `acquire_timeout` + `statement_timeout`, so that a call the server is still running is not cut
     /// short. Zero: unbounded. Default [`PgOptions::CALL_TIMEOUT_DEFAULT`]. One gap remains: a connection that
-    /// goes half-open between the store's ping and sqlx's own (unbounded) one right after it keeps its slot.
+    /// goes half-open between the store's ping and sqlx's own (unbounded) one right after it keeps its slot. (TCP
+    /// keepalive, which would end such a socket on the client's side, cannot be set: sqlx 0.9 opens the socket
+    /// itself and takes no socket option, and ignores libpq's `keepalives*` URL parameters.)
     pub call_timeout: Duration,
     /// A statement running at least this long, local wall clock, is logged by sqlx (target `sqlx::query`) at
     /// INFO, with its SQL text; a faster one at DEBUG, as sqlx logs every statement. sqlx's own default is WARN
@@ -171,10 +178,18 @@ impl PgOptions {
     /// (DESIGN §3), so that a deaf listener costs a pipeline about as much as one backoff. One round trip of well
     /// under a millisecond per store every 5 s.
     pub const LISTEN_CHECK_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
-    /// Default of [`PgOptions::call_timeout`]: zero, unbounded. With a bound the pool checks every connection a
-    /// call gives back with a second ping (sqlx already sends one), a round trip more per call in the
-    /// background; `lockstep chaos` and deployments behind NATs or proxies that drop idle connections set it.
-    pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::ZERO;
+    /// Default of [`PgOptions::call_timeout`]: 36 s, the acquire and statement time-outs (5 s + 30 s) plus 1 s, the
+    /// least bound that never cuts short a call the server itself still runs within its own time-outs (the rule of
+    /// [`PgOptions::call_timeout`]). The longest call measured here, the first pass of a 100 000-job spec (4.0 s of
+    /// job inserts and 2.0 s of events, see [`PgOptions::STATEMENT_TIMEOUT_DEFAULT`]), is a sixth of it. Without a
+    /// bound, a worker whose connection went half-open (the database host died, a NAT dropped the flow) waited for
+    /// ever, and its item's lease was renewed for the life of the process. The bound's cost is a bounded ping of
+    /// each connection a call gives back, before sqlx's own, off the call's path (BENCHMARKS.md, "A bound on every
+    /// store call": estimated from the analogous ping-before-use row; the bench's "store calls unbounded"
+    /// contender measures it).
+    pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(
+        PgOptions::ACQUIRE_TIMEOUT_DEFAULT.as_secs() + PgOptions::STATEMENT_TIMEOUT_DEFAULT.as_secs() + 1,
+    );
     /// Default of [`PgOptions::slow_statement_threshold`]: 5 s, past the waits lockstep's statements have in a
     /// healthy run: a row lock wait ends at [`PgOptions::LOCK_TIMEOUT_DEFAULT`] (2 s, then the call fails with a
     /// time-out the engine logs), and the longest statement measured, a 100 000-job spec's insert, took 4.0 s

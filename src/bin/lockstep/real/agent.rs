@@ -50,6 +50,11 @@ pub struct AgentArgs {
     /// Pause between passes when no new allocation wakes the agent (local clock).
     #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "1s")]
     pub poll_interval: Duration,
+    /// Longest one PostgreSQL call may take (local clock), the wait for a pooled session included; past it the
+    /// call fails and its session is dropped, so a connection gone half-open cannot pin the agent's two pooled
+    /// sessions for ever. 0s: unbounded. Default: as `serve --call-timeout`.
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = super::CALL_TIMEOUT_DEFAULT_TEXT)]
+    pub call_timeout: Duration,
     #[command(flatten)]
     pub chaos: ChaosAgent,
 }
@@ -76,8 +81,7 @@ pub struct ChaosAgent {
     /// PostgreSQL's application_name of the agent's sessions (the run's, so its faults end only its sessions).
     #[arg(long, hide = true)]
     pub chaos_name: Option<String>,
-    /// Record every lease write in the schema's history table (`PgOptions::history`), and bound every store call
-    /// (the chaos proxy leaves connections half-open).
+    /// Record every lease write in the schema's history table (`PgOptions::history`).
     #[arg(long, hide = true)]
     pub chaos_history: bool,
 }
@@ -138,10 +142,8 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
     let store = Arc::new(
         args.database
             .connect_tuned(&name, AGENT_CONNECTIONS, true, Some(args.lease_ttl), |options| {
-                if history {
-                    options.history = true;
-                    options.call_timeout = options.acquire_timeout + options.statement_timeout + Duration::from_secs(1);
-                }
+                options.history = history;
+                options.call_timeout = args.call_timeout;
             })
             .await?,
     );

@@ -24,6 +24,9 @@ use std::time::Duration;
 /// and a slip of the unit (`30h` for `30s`) must not make one silently.
 pub const LEASE_TTL_MAX: Duration = Duration::from_secs(3600);
 
+/// `--call-timeout`'s default as the flag writes it: [`PgOptions::CALL_TIMEOUT_DEFAULT`] (a test checks they agree).
+const CALL_TIMEOUT_DEFAULT_TEXT: &str = "36s";
+
 /// The environment variable holding the connection URL when neither `--database-url` nor `--database-url-file`
 /// is given.
 const DATABASE_URL_VAR: &str = "DATABASE_URL";
@@ -326,6 +329,29 @@ mod tests {
     struct Cli {
         #[command(subcommand)]
         command: Command,
+    }
+
+    /// `serve` and `agent` bound every store call by default, with the library's default bound; `0s` turns the
+    /// bound off and a value is taken as given.
+    #[test]
+    fn serve_and_agent_bound_every_store_call_by_default() {
+        assert_eq!(duration::parse(CALL_TIMEOUT_DEFAULT_TEXT), Ok(PgOptions::CALL_TIMEOUT_DEFAULT));
+        assert!(!PgOptions::CALL_TIMEOUT_DEFAULT.is_zero());
+        let url = ["--database-url", "postgres://h/db"];
+        let serve = |extra: &[&str]| {
+            let argv: Vec<&str> = ["lockstep", "serve"].iter().chain(&url).chain(extra).copied().collect();
+            let Command::Serve(serve) = Cli::try_parse_from(argv).unwrap().command else { panic!("not serve") };
+            serve.call_timeout
+        };
+        let agent = |extra: &[&str]| {
+            let base = ["lockstep", "agent", "--node", "n", "--slots", "1", "--work-dir", "/w"];
+            let argv: Vec<&str> = base.iter().chain(&url).chain(extra).copied().collect();
+            let Command::Agent(agent) = Cli::try_parse_from(argv).unwrap().command else { panic!("not agent") };
+            agent.call_timeout
+        };
+        assert_eq!((serve(&[]), agent(&[])), (PgOptions::CALL_TIMEOUT_DEFAULT, PgOptions::CALL_TIMEOUT_DEFAULT));
+        assert_eq!(serve(&["--call-timeout", "10s"]), Duration::from_secs(10));
+        assert_eq!(agent(&["--call-timeout", "0s"]), Duration::ZERO);
     }
 
     fn database(args: &[&str]) -> Database {

@@ -48,9 +48,26 @@ pub struct ServeArgs {
     /// (database clock).
     #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "60s")]
     pub gang_unfit_timeout: Duration,
+    /// Longest one PostgreSQL call may take (local clock), the wait for a pooled session included; past it the
+    /// call fails and its session is dropped, so a connection gone half-open (the database host died, a NAT
+    /// dropped the flow) cannot hold a worker, or the lease it renews, for ever. 0s: unbounded. The default is the
+    /// least that never cuts short a statement the server still runs (`PgOptions::CALL_TIMEOUT_DEFAULT`).
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = super::CALL_TIMEOUT_DEFAULT_TEXT)]
+    pub call_timeout: Duration,
+    /// Longest the drain after SIGTERM or Ctrl-C may take (local clock): past it the replica stops without draining
+    /// (exit 1) and the leases it still holds expire on their own. A healthy drain takes milliseconds; this bounds it
+    /// whatever the database does.
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = DRAIN_TIMEOUT_DEFAULT_TEXT)]
+    pub drain_timeout: Duration,
     #[command(flatten)]
     pub chaos: ChaosServe,
 }
+
+/// `--drain-timeout`'s default: 20 s. The drains measured in `tests/real_e2e.rs` (a replica caught mid-pass, on a
+/// loaded machine) took 23–200 ms; 20 s is a hundred times that and stays under the 30 s a Kubernetes pod gets
+/// between SIGTERM and SIGKILL (`terminationGracePeriodSeconds`' default), so the replica, not the kill, ends the
+/// drain.
+const DRAIN_TIMEOUT_DEFAULT_TEXT: &str = "20s";
 
 /// Hidden flags of `serve` that `lockstep chaos run` starts its replicas with (not for users).
 #[derive(clap::Args, Debug, Default)]
@@ -146,11 +163,7 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
             .connect_tuned(&format!("lockstep serve {name}"), connections, true, Some(config.lease_ttl), |options| {
                 options.history = history;
                 options.apply_guard_disabled_for_mutation_test = guard_off;
-                // Chaos mode: the replica reaches PostgreSQL through the chaos proxy, whose faults leave
-                // connections half-open: bound every call (above acquire + statement time-outs).
-                if history {
-                    options.call_timeout = options.acquire_timeout + options.statement_timeout + Duration::from_secs(1);
-                }
+                options.call_timeout = args.call_timeout;
             })
             .await?,
     );
@@ -166,20 +179,32 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     tracing::info!(replica = %name, signal, "draining: no new passes; unstarted leases go back");
     tokio::select! {
         biased;
-        report = manager.shutdown() => {
-            tracing::info!(
-                replica = %name,
-                released = report.released,
-                release_errors = report.release_errors,
-                "replica drained"
-            );
-            Ok(())
-        }
+        report = manager.shutdown_within(args.drain_timeout) => match report {
+            Some(report) => {
+                tracing::info!(
+                    replica = %name,
+                    released = report.released,
+                    release_errors = report.release_errors,
+                    "replica drained"
+                );
+                Ok(())
+            }
+            None => Err(drain_cut(args.drain_timeout)),
+        },
         signal = termination() => {
             manager.abort();
             Err(Failure::runtime(format!("{signal} during the drain: stopped without draining")))
         }
     }
+}
+
+/// The failure of a drain that did not end within `--drain-timeout`.
+fn drain_cut(bound: Duration) -> Failure {
+    Failure::runtime(format!(
+        "the drain did not end within --drain-timeout {}: stopped without draining; the leases still held expire on \
+         their own",
+        lockstep::duration::format(bound)
+    ))
 }
 
 /// `lockstep chaos run`'s replica of a row scenario: the simulator's row workload pipelines
@@ -206,8 +231,8 @@ async fn serve_rows(args: ServeArgs, path: &std::path::Path) -> Result<(), Failu
                 options.history = history;
                 options.apply_guard_disabled_for_mutation_test = guard_off;
                 // The replica reaches PostgreSQL through the chaos proxy, whose faults leave connections
-                // half-open: bound every call (above acquire + statement time-outs, as the option asks).
-                options.call_timeout = options.acquire_timeout + options.statement_timeout + Duration::from_secs(1);
+                // half-open: every call is bounded (`--call-timeout`, on by default).
+                options.call_timeout = args.call_timeout;
             })
             .await?,
     );
@@ -220,7 +245,7 @@ async fn serve_rows(args: ServeArgs, path: &std::path::Path) -> Result<(), Failu
     tracing::info!(replica = %name, signal, "draining");
     tokio::select! {
         biased;
-        _ = manager.shutdown() => Ok(()),
+        report = manager.shutdown_within(args.drain_timeout) => report.map(|_| ()).ok_or_else(|| drain_cut(args.drain_timeout)),
         signal = termination() => {
             manager.abort();
             Err(Failure::runtime(format!("{signal} during the drain: stopped without draining")))
@@ -244,6 +269,17 @@ mod tests {
         let cli = Cli::try_parse_from(["serve", "--database-url", "postgres://h/db"]).unwrap();
         let config = ReplicaConfig { seed: 0, ..cli.serve.replica_config() };
         assert_eq!(config, ReplicaConfig::default());
+    }
+
+    /// The drain is bounded by default (`--drain-timeout`), and the flag sets the bound.
+    #[test]
+    fn the_drain_is_bounded_by_default() {
+        let parse = |extra: &[&str]| {
+            let args: Vec<&str> = ["serve", "--database-url", "postgres://h/db"].iter().chain(extra).copied().collect();
+            Cli::try_parse_from(args).unwrap().serve.drain_timeout
+        };
+        assert_eq!(parse(&[]), Duration::from_secs(20));
+        assert_eq!(parse(&["--drain-timeout", "3s"]), Duration::from_secs(3));
     }
 
     #[test]
