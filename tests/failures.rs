@@ -39,7 +39,8 @@ async fn get<S: Store>(store: &S, id: RowId) -> Row {
     store.get(id).await.unwrap().unwrap_or_else(|| panic!("row {id} vanished"))
 }
 
-/// What a row's pass does, by the row's `data.do`: `"fail"`, `"panic"`, `"hang"` (never returns), `"block"` (blocks
+/// What a row's pass does, by the row's `data.do`: `"fail"`, `"fail-once"` (fails its first attempt), `"sleep"` (waits
+/// `data.sleep_ms`, then marks the row done), `"panic"`, `"hang"` (never returns), `"block"` (blocks
 /// its thread for `data.block_ms`, then marks the row done), `"nul"` (writes a value PostgreSQL cannot store), `"hopeless"` (fails with an error its [`Handler::retry`] gives up on at once), `"unlocked"` (updates
 /// the row `data.other` without having locked it) or `"lock-self"` (locks its own row as a shared related row in
 /// `load`); anything else marks the row done. Counts its passes.
@@ -62,6 +63,11 @@ impl<S: Store> Handler<S> for Scripted {
         self.passes.fetch_add(1, Ordering::SeqCst);
         match row.data["do"].as_str() {
             Some("fail") => Err(WorkError::Failed(format!("row {} failed on purpose", row.id))),
+            Some("fail-once") if row.attempts == 0 => Err(WorkError::Failed(format!("row {} failed once", row.id))),
+            Some("sleep") => {
+                tokio::time::sleep(Duration::from_millis(row.data["sleep_ms"].as_u64().unwrap())).await;
+                Ok(Changes::status("done"))
+            }
             Some("hopeless") => Err(WorkError::Failed("hopeless: the spec names no command".into())),
             Some("panic") => panic!("row {} panicked on purpose", row.id),
             Some("hang") => std::future::pending().await,
@@ -491,4 +497,56 @@ async fn a_failed_row_is_fetched_again_when_its_retry_falls_due_on_postgres() {
     let took = store.now().await.unwrap();
     let took = Duration::from_micros((took.as_micros() - started.as_micros()) as u64);
     assert!(took < Duration::from_secs(10), "three attempts took {took:?} of store time");
+}
+
+/// A retry that falls due on a replica with no room to fetch is handed to a replica with an idle worker by a fetch
+/// hint, not left to the first replica's next free worker (issue 39; the swarm saw claims fetched up to 0.5 s past
+/// their retry while another replica's worker idled). Replica `busy` (one worker, a queue of two) fails row F, then
+/// its worker sleeps through S1 for 10 s with S2 queued behind it; replica `idle`, started 0.1 s later, found
+/// nothing twice and backed off for 30 s. F falls due 1 s after its failure: `idle` fetches it within 200 ms of that,
+/// where without the hint `busy` would fetch it only when S1 ends, 9 s later.
+#[tokio::test(start_paused = true)]
+async fn a_retry_due_on_a_replica_without_room_is_taken_by_a_replica_with_an_idle_worker() {
+    let store = MemStore::with_history(TokioClock::new(START));
+    let failing = store.insert(NewRow::new("task", "ready", json!({ "do": "fail-once" }))).await.unwrap().id;
+    for _ in 0..2 {
+        store.insert(NewRow::new("task", "ready", json!({ "do": "sleep", "sleep_ms": 10_000 }))).await.unwrap();
+    }
+    let replica = |name: &str| {
+        let config = PipelineConfig {
+            workers: 1,
+            fetch_backoff: vec![Duration::from_millis(500), Duration::from_secs(30)],
+            fetch_jitter: 0.0,
+            fetch_shortest_chance: 0.0,
+            retry: RetryPolicy { jitter: 0.0, ..RetryPolicy::default() },
+            ..PipelineConfig::new("tasks", "task", &["ready"])
+        };
+        let mut manager = PipelineManager::new(Arc::new(store.as_caller(name)), ManagerOptions { seed: 7 });
+        manager.register(config, Shared(Arc::new(Scripted::default()))).unwrap();
+        manager.start();
+        manager
+    };
+    let mut busy = replica("busy");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut idle = replica("idle");
+    let of_f = |c: &&lockstep::store::Commit| match &c.op {
+        CommitOp::Failure { lease, .. } => lease.id == failing,
+        CommitOp::Fetch { leases, .. } => leases.iter().any(|l| l.id == failing),
+        _ => false,
+    };
+    let f_commits = || store.history().iter().filter(of_f).map(|c| (c.at, c.caller.clone())).collect::<Vec<_>>();
+    wait_until("row F failed and was fetched again", 1_000, || async { f_commits().len() >= 3 }).await;
+    let commits = f_commits();
+    let (failed, by) = commits[1].clone();
+    let (refetched, taker) = commits[2].clone();
+    assert_eq!(by.as_deref(), Some("busy"), "the busy replica failed row F: {commits:?}");
+    let retry = RetryPolicy { jitter: 0.0, ..RetryPolicy::default() }.backoff(1, 0.0);
+    let waited = Duration::from_micros((refetched.as_micros() - failed.as_micros()) as u64);
+    assert!(
+        waited >= retry && waited <= retry + Duration::from_millis(200),
+        "row F failed at {failed}, fetched again {waited:?} later by {taker:?}, its retry delay {retry:?}"
+    );
+    assert_eq!(taker.as_deref(), Some("idle"), "the idle replica took the retry: {commits:?}");
+    busy.shutdown().await;
+    idle.shutdown().await;
 }

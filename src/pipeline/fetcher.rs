@@ -93,7 +93,9 @@ impl<S: Store> Fetcher<S> {
         Ok(pass)
     }
 
-    /// The fetcher's loop, until the pipeline stops. After a full queue it waits for a refill or a hint; after
+    /// The fetcher's loop, until the pipeline stops. After a full queue it waits for a refill, a hint or a retry
+    /// this replica noted falling due (which, if the queue has no room then, it hints to the other replicas:
+    /// [`Fetcher::hand_retries_on`]); after
     /// an empty fetch it sleeps the backoff, cut short by the first expiry of a lease it had to skip
     /// ([`Fetcher::empty_wait`]), unless a hint comes; after a fetch it did not make for contention
     /// ([`FetchPass::Contended`]) it sleeps the backoff unless one of its items ends otherwise (hints wait; see
@@ -110,7 +112,12 @@ impl<S: Store> Fetcher<S> {
     async fn run_first(mut self) {
         let shared = self.core.shared.clone();
         while !shared.is_stopping() {
-            let wait = match self.run_once().await {
+            let retries_due = shared.take_due_retries(self.core.clock.now());
+            let pass = self.run_once().await;
+            if retries_due && matches!(pass, Ok(FetchPass::Full | FetchPass::Contended)) {
+                self.hand_retries_on().await;
+            }
+            let wait = match pass {
                 Ok(FetchPass::Full) => None,
                 Ok(FetchPass::Fetched { fetched, limit }) if fetched == limit => continue,
                 Ok(FetchPass::Fetched { fetched: 0, .. }) => Some(self.empty_wait()),
@@ -135,12 +142,18 @@ impl<S: Store> Fetcher<S> {
                 // `biased`: tokio's `select!` otherwise draws its branch order from a thread-local RNG seeded
                 // from a process-wide counter, which madsim does not control, so the same seed would not give
                 // the same run twice in one process (DESIGN §5: a run is a function of the seed).
-                None => tokio::select! {
-                    biased;
-                    _ = shared.stop.notified() => {}
-                    _ = shared.refill.notified() => {}
-                    _ = shared.hint.notified() => {}
-                },
+                // A retry this replica noted falling due wakes it too: with no room, it hands the row on.
+                None => {
+                    let retry = shared.retry_due_after(self.core.clock.now());
+                    tokio::select! {
+                        biased;
+                        _ = shared.stop.notified() => {}
+                        _ = shared.refill.notified() => {}
+                        _ = shared.hint.notified() => {}
+                        _ = shared.retry_noted.notified() => {}
+                        _ = self.core.clock.sleep_until(retry.unwrap_or_else(|| self.core.clock.now())), if retry.is_some() => {}
+                    }
+                }
                 Some(delay) => self.sleep_unless_woken(delay, Wake::Backoff).await,
             }
         }
@@ -169,6 +182,17 @@ impl<S: Store> Fetcher<S> {
                 _ = shared.retry_noted.notified() => {}
                 _ = clock.sleep_until(until) => return,
             }
+        }
+    }
+
+    /// A retry this replica noted fell due while it had no room to fetch (its queue full, or backing off for
+    /// contention): it publishes a fetch hint of its kind, so that a replica with an idle worker takes the row now
+    /// rather than at its own poll (the swarm saw claims fetched up to 0.5 s past their retry while another
+    /// replica's worker idled, issue 39). A store error is logged: the rows wait for a poll, as before.
+    async fn hand_retries_on(&self) {
+        let kind = &self.core.config.kind;
+        if let Err(error) = self.core.store.hint(kind, None).await {
+            tracing::warn!(pipeline = %self.core.config.name, %error, "could not hint a retry that fell due");
         }
     }
 

@@ -550,6 +550,16 @@ impl Shared {
         retry_due.first().copied()
     }
 
+    /// Whether a retry noted ([`Shared::note_retry`]) fell due at or before `now` and was not yet taken: the first
+    /// fetcher takes them before a pass, so that a pass that fetches nothing for want of room can hand the rows to
+    /// the other replicas ([`super::fetcher`]).
+    pub fn take_due_retries(&self, now: Instant) -> bool {
+        let mut retry_due = lock(&self.retry_due);
+        let due = retry_due.first().is_some_and(|&first| first <= now);
+        forget_passed(&mut retry_due, now);
+        due
+    }
+
     /// An item ended: `contended` when related rows that items of the pipeline in another replica hold turned it
     /// away (its lease reset for retry; [`ItemOutcome::Retried`](super::ItemOutcome::Retried)), which lengthens
     /// the contention streak; any other end (applied, failed, stale, or turned away by another pipeline's rows or
