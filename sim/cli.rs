@@ -1,4 +1,4 @@
-//! The simulator's command line (simulator build only): `run | sweep | merge | replay | explain | shrink` over
+//! The simulator's command line (simulator build only): `run | sweep | swarm | merge | replay | explain | shrink` over
 //! scenario files: scenario files run under a seed, many seeds on every core (or one shard of them per machine,
 //! merged from their result files: [`super::sweep`]), failing seeds written as replay files and
 //! replayed exactly, one operation's or row's timeline read back from a trace (or a run's as an HTML page), and
@@ -120,7 +120,7 @@ impl Registry {
     }
 }
 
-/// The arguments of a simulator binary: `PROGRAM run | sweep | merge | replay | explain | shrink …`.
+/// The arguments of a simulator binary: `PROGRAM run | sweep | swarm | merge | replay | explain | shrink …`.
 #[derive(clap::Parser)]
 #[command(about = "Scenario files of this project's pipelines under lockstep's deterministic simulator")]
 struct Cli {
@@ -139,7 +139,7 @@ where
     Cli::try_parse_from(args).map(|cli| cli.command)
 }
 
-/// A user's simulator binary: parses the process's arguments as `PROGRAM run | sweep | merge | replay | explain |
+/// A user's simulator binary: parses the process's arguments as `PROGRAM run | sweep | swarm | merge | replay | explain |
 /// shrink …`, runs the command with `registry`, and returns the exit code (0 passed, 1 a check failed, 2 bad
 /// input, 3 a replay that did not reproduce, 4 a merged sweep with seeds missing, 130 an interrupted sweep).
 pub fn main(registry: Registry) -> ExitCode {
@@ -239,7 +239,8 @@ pub struct SweepOptions {
     /// Directory for the failing seeds' replay files.
     #[arg(long, default_value = REPLAY_DIR)]
     out: PathBuf,
-    /// Directory for a timeline page (HTML) of each failing seed, `{scenario}-seed-{seed}.html`.
+    /// Directory for a timeline page (HTML) of each failing seed, `{scenario}-seed-{seed}.html` (`swarm --seed N`:
+    /// the file of that one run's page).
     #[arg(long)]
     html: Option<PathBuf>,
     /// Run only the K-th (from 0) of N disjoint slices of the seeds: those with (seed - A) % N == K. Default:
@@ -264,7 +265,7 @@ pub struct SwarmArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// With `--seed`: print the seed's world as a scenario file (TOML) instead of running it.
-    #[arg(long, requires = "seed")]
+    #[arg(long, requires = "seed", conflicts_with_all = ["trace", "html", "out", "results", "shard", "jobs"])]
     emit: bool,
     /// A ranges file (TOML, every key optional; docs/simulator.md lists them) in place of the default ranges.
     #[arg(long)]
@@ -664,6 +665,8 @@ pub(crate) enum Worlds {
         origin: String,
         /// A user's pipeline set the row worlds run in place of the built-in rows.
         pipelines: Option<String>,
+        /// The arguments that draw the same worlds again (`--ranges FILE` and the flags), after `swarm --seed N`.
+        redraw: Vec<String>,
     },
 }
 
@@ -680,9 +683,15 @@ impl Worlds {
     fn identity(&self) -> ReplayScenario {
         match self {
             Worlds::File { file, .. } => ReplayFile::scenario_of(file),
-            Worlds::Swarm { ranges, origin, .. } => {
-                ReplayScenario { name: swarm::WORLD_NAME.into(), version: ranges.version_label(), path: origin.clone() }
-            }
+            Worlds::Swarm { ranges, origin, pipelines, .. } => ReplayScenario {
+                name: swarm::WORLD_NAME.into(),
+                // The pipeline set is part of what is swept: shards of another set's swarm are another sweep.
+                version: match pipelines {
+                    None => ranges.version_label(),
+                    Some(set) => format!("{}+{set}", ranges.version_label()),
+                },
+                path: origin.clone(),
+            },
         }
     }
 
@@ -696,13 +705,32 @@ impl Worlds {
 
     /// The world of `seed`: the file, or the world the seed draws (parsed) with what the result line says of it.
     /// Errors: a drawn world that is not a valid scenario file (a bug of the drawing code), with its text.
-    fn at(&self, seed: u64, sets: &PipelineSets) -> Result<(Cow<'_, ScenarioFile>, Option<swarm::World>), String> {
+    fn at(
+        &self,
+        seed: u64,
+        sets: &PipelineSets,
+        program: &str,
+    ) -> Result<(Cow<'_, ScenarioFile>, Option<swarm::World>), String> {
         match self {
             Worlds::File { file, .. } => Ok((Cow::Borrowed(file), None)),
-            Worlds::Swarm { ranges, pipelines, .. } => {
-                let world = swarm::draw(ranges, seed, pipelines.as_deref());
+            Worlds::Swarm { ranges, pipelines, redraw, .. } => {
+                let mut world = swarm::draw(ranges, seed, pipelines.as_deref());
+                // A comment line (no part of the version hash): the command that draws this world again.
+                let again: Vec<String> = ["swarm", "--seed", &seed.to_string()]
+                    .into_iter()
+                    .map(str::to_string)
+                    .chain(redraw.iter().cloned())
+                    .chain(std::iter::once("--emit".to_string()))
+                    .collect();
+                let line = format!("# Draw it again: {}\n", shell::command(program, &again));
+                let end = world.text.find('\n').map_or(0, |at| at + 1);
+                world.text.insert_str(end, &line);
                 match world.file(sets) {
-                    Ok(file) => Ok((Cow::Owned(file), Some(world))),
+                    Ok(mut file) => {
+                        // Replay files name the world by the command that draws it again (without `--emit`).
+                        file.origin = shell::command("swarm", &again[1..again.len() - 1]);
+                        Ok((Cow::Owned(file), Some(world)))
+                    }
                     Err(error) => Err(format!(
                         "seed {seed} drew a world that is not a valid scenario file (a bug of the swarm's drawing; \
                          report it): {error}\n{}",
@@ -836,7 +864,7 @@ fn sweep_worlds(worlds: &Worlds, seeds: Seeds, options: &SweepOptions, registry:
     let started = std::time::Instant::now();
     let seed_at = |i: u64| seeds.nth(shard, i);
     sim::for_each(&seed_at, jobs, stop, &|seed| {
-        let (file, world) = match worlds.at(seed, &registry.sets) {
+        let (file, world) = match worlds.at(seed, &registry.sets, &registry.invocation) {
             Ok(world) => world,
             Err(error) => {
                 let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
@@ -923,7 +951,7 @@ const SWARM_SEEDS_DEFAULT: SeedRange = SeedRange { first: 1, last: 100 };
 
 fn swarm_command(args: SwarmArgs, registry: &Registry) -> u8 {
     let program = &registry.program;
-    let (ranges, origin) = match swarm_ranges(&args) {
+    let (ranges, origin, redraw) = match swarm_ranges(&args) {
         Ok(ranges) => ranges,
         Err(error) => {
             eprintln!("{program} swarm: {error}");
@@ -938,12 +966,29 @@ fn swarm_command(args: SwarmArgs, registry: &Registry) -> u8 {
         eprintln!("{program} swarm: --pipelines {set}: this binary registers no such pipeline set (it has: {known})");
         return BAD_INPUT;
     }
-    let worlds = Worlds::Swarm { ranges: Box::new(ranges), origin, pipelines: args.pipelines.clone() };
+    let worlds = Worlds::Swarm { ranges: Box::new(ranges), origin, pipelines: args.pipelines.clone(), redraw };
+    if args.seed.is_none() && args.trace.is_some() {
+        eprintln!("{program} swarm: --trace is for one world (--seed N); a sweep of seeds writes none");
+        return BAD_INPUT;
+    }
+    if args.seed.is_some() {
+        let sweep_only = [
+            ("--shard", args.options.shard.is_some()),
+            ("--results", args.options.results != Path::new(RESULTS_DIR)),
+            ("--jobs", args.options.jobs.is_some()),
+        ];
+        if let Some((flag, _)) = sweep_only.iter().find(|(_, given)| *given) {
+            eprintln!(
+                "{program} swarm: {flag} is for a sweep of seeds (--seeds A..B); with --seed it would do nothing"
+            );
+            return BAD_INPUT;
+        }
+    }
     let Some(seed) = args.seed else {
         let seeds = args.seeds.clone().unwrap_or(SWARM_SEEDS_DEFAULT).seeds();
         return sweep_worlds(&worlds, seeds, &args.options, registry);
     };
-    let (file, world) = match worlds.at(seed, &registry.sets) {
+    let (file, world) = match worlds.at(seed, &registry.sets, &registry.invocation) {
         Ok(world) => world,
         Err(error) => {
             eprintln!("{program} swarm: {error}");
@@ -955,9 +1000,17 @@ fn swarm_command(args: SwarmArgs, registry: &Registry) -> u8 {
         print!("{}", world.text);
         return PASSED;
     }
-    // One world, run as `sim run` runs a file: the summary, the trace, the timeline, a replay file on failure.
+    // One world, run as `sim run` runs a file: the summary, the trace, the timeline, a replay file on failure. No
+    // output may be the ranges file, the replay file a failure writes, or the other output.
     let outputs = trace_and_html(&args.trace, &args.options.html);
-    if let Err(code) = check_outputs(&[], &outputs, program) {
+    let replay = args.options.out.join(format!("{}-seed-{seed}.replay.json", file.scenario.name));
+    let inputs: Vec<files::Named<'_>> = args
+        .ranges
+        .iter()
+        .map(|path| ("the ranges file", path.as_path()))
+        .chain(std::iter::once(("the replay file it writes on a failure (--out)", replay.as_path())))
+        .collect();
+    if let Err(code) = check_outputs(&inputs, &outputs, program) {
         return code;
     }
     if let Err(rule) = files::check_dir(&args.options.out) {
@@ -972,8 +1025,9 @@ fn swarm_command(args: SwarmArgs, registry: &Registry) -> u8 {
         Ok(html) => html,
         Err(code) => return code,
     };
-    println!("{} ({}), seed {seed}, build {}", worlds.label(), file.version_label(), registry.build_id);
-    println!("world: {}", world.summary);
+    let swarm_version = worlds.identity().version;
+    println!("{} ({swarm_version}), seed {seed}, build {}", worlds.label(), registry.build_id);
+    println!("world ({}): {}", file.version_label(), world.summary);
     let report = sim::run(&file.scenario, seed);
     print!("{}", render(&report));
     let title = format!("{} ({}), seed {seed}", worlds.label(), file.version_label());
@@ -982,46 +1036,66 @@ fn swarm_command(args: SwarmArgs, registry: &Registry) -> u8 {
     if code == PASSED { page.err().unwrap_or(PASSED) } else { code }
 }
 
-/// The ranges `args` give: the ranges file's (or the defaults), narrowed by the flags; and how to name them.
-fn swarm_ranges(args: &SwarmArgs) -> Result<(swarm::Ranges, String), String> {
+/// The ranges `args` give: the ranges file's (or the defaults), narrowed by the flags; how to name them; and the
+/// arguments that give them again (after `swarm --seed N`).
+///
+/// The flags narrow, never widen: `--max-replicas` caps both ends of `replicas`, `--overload` caps `overload`,
+/// `--kinds` and `--shapes` keep only the kinds and shapes the file also allows (an empty intersection of shapes is
+/// refused; of kinds, it is no faults). `--mutation` adds planted bugs, each once.
+fn swarm_ranges(args: &SwarmArgs) -> Result<(swarm::Ranges, String, Vec<String>), String> {
+    let mut redraw = Vec::new();
     let (mut ranges, mut origin) = match &args.ranges {
         None => (swarm::Ranges::default(), "the default ranges".to_string()),
         Some(path) => {
             let text = files::read_text(path, "ranges file", files::SCENARIO_FILE_BYTES_MAX)
                 .map_err(|error| format!("{}: {error}", path.display()))?;
+            redraw.extend(["--ranges".to_string(), path.display().to_string()]);
             (swarm::Ranges::parse(&text, &path.display().to_string())?, path.display().to_string())
         }
     };
-    let mut flags = Vec::new();
+    let mut flags: Vec<(String, String)> = Vec::new();
     if let Some(max) = args.max_replicas {
-        let low = (*ranges.replicas.start()).min(max);
-        ranges.replicas = low..=max;
-        flags.push(format!("--max-replicas {max}"));
+        ranges.replicas = (*ranges.replicas.start()).min(max)..=(*ranges.replicas.end()).min(max);
+        flags.push(("--max-replicas".into(), max.to_string()));
     }
     if let Some(overload) = args.overload {
-        ranges.overload = overload;
-        flags.push(format!("--overload {overload}"));
+        ranges.overload = ranges.overload.min(overload);
+        flags.push(("--overload".into(), overload.to_string()));
     }
     if let Some(kinds) = &args.kinds {
-        ranges.kinds = swarm::ranges::parse_kinds(kinds).map_err(|rule| format!("--kinds: {rule}"))?;
-        flags.push(format!("--kinds {}", kinds.join(",")));
+        let named = swarm::ranges::parse_kinds(kinds).map_err(|rule| format!("--kinds: {rule}"))?;
+        ranges.kinds.retain(|kind| named.contains(kind));
+        flags.push(("--kinds".into(), kinds.join(",")));
     }
     if let Some(shapes) = &args.shapes {
-        ranges.shapes = swarm::ranges::parse_shapes(shapes).map_err(|rule| format!("--shapes: {rule}"))?;
-        flags.push(format!("--shapes {}", shapes.join(",")));
+        let named = swarm::ranges::parse_shapes(shapes).map_err(|rule| format!("--shapes: {rule}"))?;
+        ranges.shapes.retain(|shape| named.contains(shape));
+        if ranges.shapes.is_empty() {
+            return Err(format!("--shapes {}: {origin} allows none of these shapes", shapes.join(",")));
+        }
+        flags.push(("--shapes".into(), shapes.join(",")));
     }
     if let Some(mutations) = &args.mutation {
-        ranges.mutations = mutations.clone();
-        flags.push(format!("--mutation {}", mutations.join(",")));
+        for mutation in mutations {
+            if !ranges.mutations.contains(mutation) {
+                ranges.mutations.push(mutation.clone());
+            }
+        }
+        flags.push(("--mutation".into(), mutations.join(",")));
     }
-    ranges.check().map_err(|(key, rule)| match flags.is_empty() {
+    if let Some(set) = &args.pipelines {
+        flags.push(("--pipelines".into(), set.clone()));
+    }
+    let named: Vec<String> = flags.iter().map(|(flag, value)| format!("{flag} {value}")).collect();
+    ranges.check().map_err(|(key, rule)| match named.is_empty() {
         true => format!("{origin}: {key}: {rule}"),
-        false => format!("{origin} with {}: {key}: {rule}", flags.join(" ")),
+        false => format!("{origin} with {}: {key}: {rule}", named.join(" ")),
     })?;
-    if !flags.is_empty() {
-        origin = format!("{origin} with {}", flags.join(" "));
+    if !named.is_empty() {
+        origin = format!("{origin} with {}", named.join(" "));
     }
-    Ok((ranges, origin))
+    redraw.extend(flags.into_iter().flat_map(|(flag, value)| [flag, value]));
+    Ok((ranges, origin, redraw))
 }
 
 /// What a swarm's result line says of `world`, whose `file` ran as `report`.
@@ -1032,6 +1106,7 @@ fn swarm_seed(world: &swarm::World, file: &ScenarioFile, report: &RunReport) -> 
         world: world.summary.clone(),
         rows: file.scenario.workload.rows_max > 0 || file.scenario.pipelines.is_some(),
         gang: file.scenario.gang.is_some(),
+        builtin: file.scenario.workload.rows_max > 0,
         on: reached.on,
         injected: reached.injected,
         paths: reached.paths,
@@ -1278,6 +1353,11 @@ fn with_rerun(error: &super::replay::ReplayError, registry: &Registry) -> String
         );
     }
     match error.rerun() {
+        // A drawn world's origin is the command that draws it again (`swarm --seed N …`).
+        Some((scenario, _)) if scenario.starts_with("swarm --seed ") => {
+            let words = shell::split(scenario).unwrap_or_default();
+            format!("{error}\ndraw it again with: {}", registry.command(&words))
+        }
         Some((scenario, seed)) => {
             format!("{error}\nrun it with: {}", registry.command(&["run", scenario, "--seed", &seed.to_string()]))
         }

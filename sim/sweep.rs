@@ -267,6 +267,9 @@ pub struct SwarmSeed {
     pub rows: bool,
     /// Whether it had operations.
     pub gang: bool,
+    /// Whether it ran the built-in row workload (not a user's set).
+    #[serde(default)]
+    pub builtin: bool,
     /// The fault kinds it switched on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub on: Vec<String>,
@@ -384,7 +387,7 @@ impl Tally {
                 injected: swarm.injected.clone(),
                 paths: swarm.paths.clone(),
             };
-            self.coverage.add(&reached, swarm.rows, swarm.gang);
+            self.coverage.add(&reached, (swarm.rows, swarm.builtin, swarm.gang));
         }
     }
 

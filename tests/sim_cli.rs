@@ -15,7 +15,7 @@ use std::process::Output;
 
 /// A seed of the planted scenario that breaks lease exclusivity (found by `lockstep sim sweep` over 1..9; the
 /// test checks that it does, so a change of behaviour shows here instead of passing vacuously).
-const PLANTED_SEED: &str = "6";
+const PLANTED_SEED: &str = "5";
 
 fn lockstep(args: &[&str], dir: &Path) -> Output {
     clean_command(env!("CARGO_BIN_EXE_lockstep")).args(args).current_dir(dir).output().expect("the binary runs")

@@ -122,7 +122,7 @@ fn shared_pairs_livelock_without_the_age_rule_and_pass_with_it() {
 /// (a 1 s retry after a handler's panic waited 3.6 s).
 #[test]
 fn failed_rows_retry_late_without_the_retry_wake_and_pass_with_it() {
-    let late = ("retries", "past its retry");
+    let late = ("retries", "after its retry fell due");
     passes_and_fails_when_mutated("scenarios/rows-retry-wake.toml", "the retry wake", late, |m| {
         m.retry_wake_disabled = true
     });

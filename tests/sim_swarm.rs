@@ -43,7 +43,7 @@ fn the_world_a_seed_emits_runs_as_the_swarm_ran_it() {
     let swarm = lockstep(&["sim", "swarm", "--seed", "11"], dir.path());
     let run = lockstep(&["sim", "run", "world.toml"], dir.path());
     let (swarm, run) = (text(&swarm), text(&run));
-    assert!(swarm.contains("world: "), "{swarm}");
+    assert!(swarm.contains("\nworld (v1-"), "{swarm}");
     assert_eq!(trace_hash(&swarm), trace_hash(&run), "the swarm's run:\n{swarm}\nthe file's run:\n{run}");
     // The emitted world is the same with the same ranges, and another with other ranges.
     let again = lockstep(&["sim", "swarm", "--seed", "11", "--emit"], dir.path());
@@ -135,6 +135,26 @@ fn bad_ranges_and_flags_are_refused_naming_them() {
         "--pipelines orders: this binary registers no such",
     );
     refused(&["sim", "swarm", "--emit"], "--seed");
+    refused(&["sim", "swarm", "--seeds", "1..3", "--trace", "t"], "--trace is for one world");
+    refused(&["sim", "swarm", "--seed", "1", "--shard", "0/2"], "--shard is for a sweep of seeds");
+    refused(&["sim", "swarm", "--seed", "1", "--emit", "--out", "d"], "cannot be used with");
+    std::fs::write(dir.path().join("rows.toml"), "shapes = [\"rows\"]\nreplicas = [1, 2]\n").expect("write");
+    refused(
+        &["sim", "swarm", "--seed", "1", "--ranges", "rows.toml", "--shapes", "gang"],
+        "allows none of these shapes",
+    );
+    refused(
+        &["sim", "swarm", "--seed", "1", "--ranges", "rows.toml", "--trace", "rows.toml"],
+        "the same file as the ranges file",
+    );
+    // The flags narrow the file's ranges, never widen them.
+    let narrowed = lockstep(
+        &["sim", "swarm", "--seed", "1", "--ranges", "rows.toml", "--max-replicas", "10", "--emit"],
+        dir.path(),
+    );
+    let world = String::from_utf8_lossy(&narrowed.stdout).into_owned();
+    assert!(world.contains("replicas = 1\n") || world.contains("replicas = 2\n"), "{world}");
+    assert!(world.contains("--ranges rows.toml --max-replicas 10 --emit"), "the header draws it again: {world}");
     std::fs::write(dir.path().join("bad.toml"), "replicas = [1, 2]\nspan = [\"1h\", \"1s\"]\n").expect("write");
     refused(&["sim", "swarm", "--seed", "1", "--ranges", "bad.toml"], "bad.toml: span: ");
     refused(&["sim", "swarm", "--seed", "1", "--ranges", "missing.toml"], "missing.toml");

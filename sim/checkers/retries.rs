@@ -86,7 +86,7 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
                     // sooner.
                     let at = commit.at.plus(policy.backoff(*attempt, 1.0));
                     let pipeline = pipeline_of.get(lease.id).cloned().unwrap_or_default();
-                    due.insert(lease.id, Due { at, pipeline, idle_at_due: None, failed: index });
+                    due.insert(lease.id, Due { at, pipeline, idle_at_due: None, failed: index, failed_at: commit.at });
                     pending.insert((at, lease.id));
                 }
             }
@@ -109,9 +109,9 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
                             lease.id,
                             index,
                             format!(
-                                "fetched {late} past its retry after the failure of commit {}, while a worker of \
-                                 its pipeline {} idled",
-                                due.failed, due.pipeline
+                                "fetched {late}: failed at {}, due at {} (its longest delay), fetched at {}, while \
+                                 a worker of its pipeline {} idled",
+                                due.failed_at, due.at, commit.at, due.pipeline
                             ),
                         );
                     }
@@ -132,7 +132,11 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
             fail(
                 id,
                 due.failed,
-                format!("not fetched again {late} past its retry when the liveness wait ended, while a worker idled"),
+                format!(
+                    "not fetched again {late}, when the liveness wait ended: failed at {}, due at {}, while a worker of \
+                     its pipeline {} idled",
+                    due.failed_at, due.at, due.pipeline
+                ),
             );
         }
     }
@@ -159,18 +163,26 @@ struct Due {
     pipeline: String,
     /// The pipeline's idle time when it fell due ([`IdleClock::idle_us`]), once the clock passed that instant.
     idle_at_due: Option<u64>,
-    /// The failure's commit.
+    /// The failure's commit, and its time.
     failed: usize,
+    failed_at: Timestamp,
 }
 
 impl Due {
-    /// How far past `bound` of idle time since the retry fell due the clock is now, for a message (seconds with
-    /// milliseconds); `None` within it, or before the retry fell due.
+    /// How far past `bound` of idle time since the retry fell due the clock is now, for a message (`0.052 s past
+    /// the bound of 0.500 s of idle time`); `None` within it, or before the retry fell due.
     fn late(&self, clock: &IdleClock<'_>, bound: Option<std::time::Duration>) -> Option<String> {
         let (bound, idle_at_due) = (bound?, self.idle_at_due?);
         let waited = clock.idle_us(&self.pipeline).saturating_sub(idle_at_due);
         let bound = bound.as_micros() as u64;
-        (waited > bound).then(|| format!("{:.3} s", (waited - bound) as f64 / 1e6))
+        let seconds = |micros: u64| micros as f64 / 1e6;
+        (waited > bound).then(|| {
+            format!(
+                "{:.3} s of idle time after its retry fell due ({:.3} s past the bound)",
+                seconds(waited),
+                seconds(waited - bound)
+            )
+        })
     }
 }
 
@@ -245,7 +257,7 @@ mod tests {
         let rows = [row(2, "task", "finished")];
         let violation = check(&input(&history, &[], &rows)).expect_err("the checker missed a late retry");
         assert!(
-            violation.contains("row 2: commit 1: fetched 0.880 s past its retry after the failure of commit 0"),
+            violation.contains("row 2: commit 1: fetched 1.880 s of idle time after its retry fell due (0.880 s past"),
             "{violation}"
         );
         let unjudged = CheckInput { retry_lateness_bound: None, ..input(&history, &[], &rows) };
@@ -266,7 +278,10 @@ mod tests {
         assert_eq!(check(&input(&history, &[], &rows)), Ok(()));
         history[2].at = at(102).plus(Duration::from_millis(500));
         let violation = check(&input(&history, &[], &rows)).expect_err("the checker missed a late retry");
-        assert!(violation.contains("fetched 0.380 s past its retry"), "{violation}");
+        assert!(
+            violation.contains("fetched 1.380 s of idle time after its retry fell due (0.380 s past"),
+            "{violation}"
+        );
     }
 
     /// A retry that waits while every worker of its pipeline is busy waits for capacity: only the time in which a
@@ -304,7 +319,7 @@ mod tests {
         history[5].at = at(106);
         let judged = CheckInput { capacity: &capacity, ..input(&history, &[], &rows) };
         let violation = check(&judged).expect_err("the checker missed a retry late by idle time");
-        assert!(violation.contains("past its retry"), "{violation}");
+        assert!(violation.contains("after its retry fell due (0.500 s past the bound)"), "{violation}");
         let unbounded = input(&history, &[], &rows);
         assert!(check(&unbounded).is_err(), "judged whole, the wait is late too");
     }
@@ -358,7 +373,7 @@ mod tests {
         let history = [failure(101, lease(2, 3), 1, false)];
         let rows = [row(2, "task", "ready")];
         let violation = check(&input(&history, &[], &rows)).expect_err("the checker missed a retry never fetched");
-        assert!(violation.contains("row 2: commit 0: not fetched again 47.880 s past its retry"), "{violation}");
+        assert!(violation.contains("row 2: commit 0: not fetched again 48.880 s of idle time"), "{violation}");
     }
 
     #[test]

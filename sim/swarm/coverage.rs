@@ -89,6 +89,8 @@ pub struct SwarmCoverage {
     pub rows_seeds: u64,
     /// Seeds with operations.
     pub gang_seeds: u64,
+    /// Seeds with the built-in row workload (the only worlds a contention fault can run in).
+    pub builtin_seeds: u64,
     /// Seeds whose world switched each kind on.
     pub on: BTreeMap<String, u64>,
     /// Seeds whose run injected each kind.
@@ -98,10 +100,12 @@ pub struct SwarmCoverage {
 }
 
 impl SwarmCoverage {
-    /// Counts one seed: what it `reached`, and whether its world had rows and operations.
-    pub fn add(&mut self, reached: &Reached, rows: bool, gang: bool) {
+    /// Counts one seed: what it `reached`, and whether its world had rows (the built-in ones, or a user's set),
+    /// the built-in rows, and operations.
+    pub fn add(&mut self, reached: &Reached, (rows, builtin, gang): (bool, bool, bool)) {
         self.seeds += 1;
         self.rows_seeds += u64::from(rows);
+        self.builtin_seeds += u64::from(builtin);
         self.gang_seeds += u64::from(gang);
         for (names, counts) in
             [(&reached.on, &mut self.on), (&reached.injected, &mut self.injected), (&reached.paths, &mut self.paths)]
@@ -119,8 +123,9 @@ impl SwarmCoverage {
         let under = |count: u64, of: u64| of > 0 && (count as f64) < share * of as f64;
         for kind in crate::sim::faults::FaultKind::ALL {
             let injected = self.injected.get(kind.name()).copied().unwrap_or(0);
-            if under(injected, self.seeds) {
-                low.push(format!("fault {} ({injected} of {} seeds)", kind.name(), self.seeds));
+            let of = self.kind_seeds(kind);
+            if under(injected, of) {
+                low.push(format!("fault {} ({injected} of {of} seeds)", kind.name()));
             }
         }
         for (path, scope) in PATHS {
@@ -131,6 +136,15 @@ impl SwarmCoverage {
             }
         }
         low
+    }
+
+    /// The worlds that can run `kind`: agent kinds need agents, contention the built-in rows.
+    fn kind_seeds(&self, kind: crate::sim::faults::FaultKind) -> u64 {
+        match kind {
+            kind if kind.targets_agents() => self.gang_seeds,
+            crate::sim::faults::FaultKind::Contention => self.builtin_seeds,
+            _ => self.seeds,
+        }
     }
 
     fn scope_seeds(&self, scope: Scope) -> u64 {
@@ -153,12 +167,13 @@ impl SwarmCoverage {
         for kind in crate::sim::faults::FaultKind::ALL {
             let on = self.on.get(kind.name()).copied().unwrap_or(0);
             let injected = self.injected.get(kind.name()).copied().unwrap_or(0);
+            let of = self.kind_seeds(kind);
             let _ = writeln!(
                 text,
-                "  {:<18} {:>6.1}% {:>8.1}%",
+                "  {:<18} {:>6.1}% {:>8.1}% of {of}",
                 kind.name(),
-                percent(on, self.seeds),
-                percent(injected, self.seeds)
+                percent(on, of),
+                percent(injected, of)
             );
         }
         let _ = writeln!(text, "  {:<18} {:>7}", "path", "reached");
@@ -187,7 +202,7 @@ mod tests {
         let mut coverage = SwarmCoverage::default();
         let both = Reached { on: vec!["kill".into()], injected: vec!["kill".into()], paths: vec!["applied".into()] };
         for _ in 0..150 {
-            coverage.add(&both, true, false);
+            coverage.add(&both, (true, true, false));
         }
         let low = coverage.below(0.01);
         assert!(low.contains(&"fault pause (0 of 150 seeds)".to_string()), "{low:?}");
@@ -195,6 +210,14 @@ mod tests {
         assert!(!low.iter().any(|line| line.starts_with("path applied")), "{low:?}");
         assert!(low.contains(&"path takeover (0 of 150 seeds)".to_string()), "{low:?}");
         assert!(!low.iter().any(|line| line.starts_with("path node-lost")), "no gang world: not judged: {low:?}");
+        assert!(!low.iter().any(|line| line.starts_with("fault agent-kill")), "no agents: not judged: {low:?}");
+        let mut gang_only = SwarmCoverage::default();
+        for _ in 0..150 {
+            gang_only.add(&Reached::default(), (false, false, true));
+        }
+        let low = gang_only.below(0.01);
+        assert!(!low.iter().any(|line| line.starts_with("fault contention")), "no built-in rows: {low:?}");
+        assert!(low.iter().any(|line| line.starts_with("fault agent-kill")), "{low:?}");
         assert!(coverage.table().contains("reached by under 1% of the worlds that can: fault pause"));
     }
 }

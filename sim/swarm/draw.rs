@@ -42,6 +42,8 @@ pub fn draw(ranges: &Ranges, seed: u64, pipelines: Option<&str>) -> World {
     let mut topology = rng::stream(seed, "swarm-topology");
     let shape = ranges.shapes[topology.random_range(0..ranges.shapes.len())];
     let replicas = pick(&mut topology, &ranges.replicas);
+    // Drawn whatever the shape, so that narrowing the shapes leaves the rest of the topology as it was.
+    let (agents, slots) = (pick(&mut topology, &ranges.agents), pick(&mut topology, &ranges.slots));
     let mut text = String::new();
     let mut body = String::new();
     let _ = writeln!(body, "name = \"swarm\"\nversion = 1\nseeds = [{seed}]");
@@ -49,7 +51,7 @@ pub fn draw(ranges: &Ranges, seed: u64, pipelines: Option<&str>) -> World {
         let _ = writeln!(body, "pipelines = \"{set}\"");
     }
     let span = ms(pick_duration(&mut topology, &ranges.span));
-    let gang = shape.gang().then(|| Gang::draw(ranges, seed, &mut topology, span));
+    let gang = shape.gang().then(|| Gang::draw(ranges, seed, (agents, slots), span));
     let _ = writeln!(body, "\n[topology]\nreplicas = {replicas}");
     if let Some(gang) = &gang {
         let _ = writeln!(body, "agents = {}\nslots = {}", gang.agents, gang.slots);
@@ -113,7 +115,10 @@ fn summary(
         parts.push(format!("{} agents x {} slots, {} operations", gang.agents, gang.slots, gang.operations.len()));
     }
     if let Some(rows) = rows {
-        parts.push(format!("rows at {:.2} x capacity (~{} rows)", rows.load, rows.expected_rows));
+        parts.push(format!(
+            "tasks at {:.2} x capacity, claims at {:.2} x their counters' (~{} rows)",
+            rows.load, rows.claims_load, rows.expected_rows
+        ));
     }
     if let Some(set) = set {
         parts.push(format!("pipeline set {set}"));
@@ -178,6 +183,8 @@ struct Rows {
     rows_max: usize,
     span: u64,
     load: f64,
+    /// The claims' arrival rate as a multiple of what their workers and counters can take.
+    claims_load: f64,
     expected_rows: u64,
     /// Seconds the task workers alone need for every task the world inserts (the backlog at the heal, at worst).
     task_work_s: f64,
@@ -274,6 +281,7 @@ impl Rows {
             rows_max,
             span,
             load,
+            claims_load: if claims_capacity > 0.0 { claims_per_minute / 60.0 / claims_capacity } else { 0.0 },
             expected_rows,
             task_work_s,
             claims_work_s,
@@ -339,9 +347,7 @@ struct Gang {
 }
 
 impl Gang {
-    fn draw(ranges: &Ranges, seed: u64, topology: &mut ChaCha8Rng, span: u64) -> Gang {
-        let agents = pick(topology, &ranges.agents);
-        let slots = pick(topology, &ranges.slots);
+    fn draw(ranges: &Ranges, seed: u64, (agents, slots): (usize, u32), span: u64) -> Gang {
         let mut rng = rng::stream(seed, "swarm-gang");
         let total = agents as u32 * slots;
         let controller_ttl = rng.random_range(6_000..=20_000u64);

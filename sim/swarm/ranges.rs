@@ -162,7 +162,18 @@ impl Ranges {
     /// Errors: TOML that does not parse, an unknown key, or a value that breaks its rule ([`Ranges::check`]),
     /// naming the key.
     pub fn parse(text: &str, origin: &str) -> Result<Ranges, String> {
-        let doc: RangesDoc = toml::from_str(text).map_err(|error| format!("{origin}: {}", error.message()))?;
+        let doc: RangesDoc = toml::from_str(text).map_err(|error| {
+            // The line and column where the error is, and the line itself, as scenario files' errors show them.
+            let at = error.span().map(|span| {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |at| at + 1) + 1;
+                let shown = text.lines().nth(line - 1).unwrap_or("");
+                (format!(":{line}:{column}"), format!("\n{line:>5} | {shown}"))
+            });
+            let (at, shown) = at.unwrap_or_default();
+            format!("{origin}{at}: {}{shown}", error.message())
+        })?;
         let mut ranges = Ranges::default();
         let at = |key: &str, rule: String| format!("{origin}: {key}: {rule}");
         if let Some(shapes) = doc.shapes {
@@ -217,7 +228,11 @@ impl Ranges {
             ranges.fault_rate = from..=to;
         }
         if let Some(mutations) = doc.mutations {
-            ranges.mutations = mutations;
+            for mutation in mutations {
+                if !ranges.mutations.contains(&mutation) {
+                    ranges.mutations.push(mutation);
+                }
+            }
         }
         ranges.check().map_err(|(key, rule)| at(key, rule))?;
         Ok(ranges)
@@ -344,6 +359,12 @@ mod tests {
         assert!(error.contains("kinds: unknown fault kind \"kil\""), "{error}");
         let error = Ranges::parse("replica = [1, 2]\n", "r.toml").unwrap_err();
         assert!(error.contains("unknown field `replica`"), "{error}");
+        assert!(error.starts_with("r.toml:1:1: "), "{error}");
+        let error = Ranges::parse("shapes = [\"rows\"]\nreplicas = [1]\n", "r.toml").unwrap_err();
+        assert!(error.starts_with("r.toml:2:12: "), "the line and column of the value: {error}");
+        assert!(error.contains("replicas = [1]"), "the line itself: {error}");
+        let twice = Ranges::parse("mutations = [\"waitlist_disabled\", \"waitlist_disabled\"]\n", "r.toml").unwrap();
+        assert_eq!(twice.mutations, ["waitlist_disabled"], "a mutation named twice is planted once");
         let error = Ranges::parse("overload = 99.0\n", "r.toml").unwrap_err();
         assert!(error.contains("overload: 99 must be within 0..=20"), "{error}");
     }

@@ -1,6 +1,6 @@
 //! The `lockstep` command line (DESIGN §6). The normal build carries the real-mode commands (`serve`, `agent`,
 //! `submit`, `status`, `abort`, `migrate`: controller replicas and node agents on PostgreSQL running real
-//! processes); the simulator build (`--cfg madsim`) carries `lockstep sim run | sweep | merge | replay | explain | shrink`
+//! processes); the simulator build (`--cfg madsim`) carries `lockstep sim run | sweep | swarm | merge | replay | explain | shrink`
 //! (`sim.rs`), and in the normal build `lockstep sim …` says how to get that build.
 //!
 //! Exit codes: 0 success; 1 a failed check, expectation or operation (or nothing found); 2 bad input (clap's
@@ -32,7 +32,7 @@ use std::process::ExitCode;
                   Real mode: controller replicas (`serve`) and node agents (`agent`) coordinate through one \
                   PostgreSQL database and run jobs as OS processes; `submit`, `status` and `abort` talk to the \
                   same database. Logs go to stderr, filtered by RUST_LOG (default: info,sqlx=warn).\n\n\
-                  Simulator: `sim run | sweep | merge | replay | explain | shrink` run scenario files deterministically (the \
+                  Simulator: `sim run | sweep | swarm | merge | replay | explain | shrink` run scenario files deterministically (the \
                   simulator build: `cargo sim …`)."
 )]
 struct Cli {
@@ -47,7 +47,7 @@ enum Command {
     #[cfg(not(madsim))]
     #[command(flatten)]
     Real(real::Command),
-    /// Scenario files under the deterministic simulator: run, sweep, merge, replay, explain, shrink.
+    /// Scenario files under the deterministic simulator: run, sweep, swarm, merge, replay, explain, shrink.
     #[cfg(madsim)]
     #[command(subcommand)]
     Sim(lockstep::sim::cli::Command),

@@ -1,4 +1,4 @@
-//! This project's own simulator binary: lockstep's `run | sweep | merge | replay | explain | shrink` for scenario files
+//! This project's own simulator binary: lockstep's `run | sweep | swarm | merge | replay | explain | shrink` for scenario files
 //! that name this project's pipeline sets (`pipelines = "orders"`). Build and run it in the simulator build:
 //! `env -u RUSTFLAGS cargo sim run scenarios/orders-mixed.toml` in a project of your own (with `cargo-config.toml`
 //! copied to `.cargo/config.toml`), or inside lockstep's workspace, from anywhere in it:
