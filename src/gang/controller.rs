@@ -132,7 +132,37 @@ pub struct PassLeft {
 }
 
 /// Runs one pass (see the module docs for its order).
+///
+/// An abort always ends the operation (issue 40): a pass retried on the same inbox would otherwise fail again on
+/// every retry for as long as some rule of it panics (a controller bug), and the abort behind it would never apply.
+/// So when the inbox holds an abort and the rules panic, the pass is run again as the abort alone: every job is
+/// aborted, every allocation released, every message consumed. (Without an abort, the panic fails the pass, as any
+/// panic of a handler does, and the pipeline retries it.)
 pub fn run_pass(input: PassInput) -> PassOutput {
+    let abort = input.messages.iter().find_map(|(_, message)| match message {
+        Message::Abort { reason } => Some(reason.clone()),
+        _ => None,
+    });
+    let Some(reason) = abort else { return run_rules(input) };
+    let spare = input.clone();
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_rules(input))) {
+        Ok(output) => output,
+        Err(_) => run_abort(spare, reason),
+    }
+}
+
+/// The pass of an operation whose rules panicked with an abort in its inbox ([`run_pass`]): the abort alone.
+fn run_abort(input: PassInput, reason: String) -> PassOutput {
+    let mut pass = Pass::new(input);
+    pass.consumed = std::mem::take(&mut pass.messages).into_iter().map(|(row, _)| row).collect();
+    if !pass.status.is_terminal() {
+        pass.end(OperationStatus::Aborted, reason);
+    }
+    pass.finish()
+}
+
+/// The rules of one pass, in the order of the module docs.
+fn run_rules(input: PassInput) -> PassOutput {
     let mut pass = Pass::new(input);
     if pass.status == OperationStatus::Starting {
         pass.start();
@@ -695,15 +725,45 @@ impl Pass {
         let mut pending: Vec<usize> =
             (0..self.jobs.len()).filter(|&i| self.jobs[i].status == JobStatus::Pending).collect();
         pending.sort_by_key(|&i| rules::schedule_key(&self.jobs[i].data));
+        let mut kept = if pending.is_empty() { BTreeMap::new() } else { self.kept_for_reuse() };
         for i in pending {
             if self.lingering_row(&self.jobs[i].data).is_some() {
                 continue; // its rank's previous process may still run elsewhere
+            }
+            let job = &self.jobs[i].data;
+            let key = (job.task.clone(), job.job_cookie);
+            // The reuse its gang restart planned, which waited for the rank's previous process: the allocation keeps
+            // its last job's cookie, descriptor and rank (a reserved allocation's last job had none).
+            if kept.get(&key).is_some_and(|k| k.gang_rank.is_none_or(|rank| job.gang_rank == Some(rank)))
+                && let Some(reuse) = kept.remove(&key)
+            {
+                self.jobs[i].data_mut().monitoring_descriptor = reuse.descriptor;
+                self.place(i, reuse.allocation);
+                continue;
             }
             // A ranked job of an incarnation placed whole restores its gang: see the module docs of `placement`.
             let exempt = gate && self.jobs[i].data.gang_rank.is_some();
             let Some((allocation, session)) = self.next_free(exempt) else { break };
             self.grant(i, allocation, session);
         }
+    }
+
+    /// The idle allocations this operation holds on live nodes, by the (task, job cookie) of the last job each ran,
+    /// with that job's rank and monitoring descriptor: a pending job of that cookie reuses its allocation, as its
+    /// gang restart planned (a plan that waited for a lingering process, [`Pass::create_job`]).
+    fn kept_for_reuse(&self) -> BTreeMap<(String, u32), KeptForReuse> {
+        let mut kept = BTreeMap::new();
+        for allocation in self.allocations.values() {
+            let idle = allocation.allocated && allocation.data.job.is_none() && self.alive(allocation);
+            let Some(last) = allocation.data.last.as_ref().filter(|_| idle) else { continue };
+            let reuse = KeptForReuse {
+                allocation: allocation.current(),
+                gang_rank: last.gang_rank,
+                descriptor: last.monitoring_descriptor.clone(),
+            };
+            kept.insert((last.task.clone(), last.job_cookie), reuse);
+        }
+        kept
     }
 
     /// Whether a ranked job of the current incarnation was ever placed: an all-or-nothing incarnation places all of
@@ -946,6 +1006,11 @@ impl Pass {
             Some(reuse) if self.defer_reuse => {
                 self.deferred.insert(i, reuse);
             }
+            // A rank whose previous process may still run in another allocation waits (`schedule` places it in
+            // the allocation planned here, still held and idle, once that process is known dead): a gang restart
+            // that gives a lingering rank to a reserved allocation (issue 40) must not place it at once.
+            Some((allocation, _))
+                if self.lingering_row(&self.jobs[i].data).is_some_and(|row| row != allocation.row) => {}
             Some((allocation, descriptor)) => {
                 self.jobs[i].data_mut().monitoring_descriptor = descriptor;
                 self.place(i, allocation);
@@ -958,7 +1023,8 @@ impl Pass {
     /// in the allocation where its previous process may still run settles that [`Lingering`] entry: the agent kills
     /// the old process before it starts the new one.
     ///
-    /// Panics if an aborted process of the job's rank may still run in another allocation (a controller bug).
+    /// Panics if an aborted process of the job's rank may still run in another allocation: every caller looks
+    /// first ([`Pass::create_job`], [`Pass::schedule`], [`Pass::gather`]), so only a controller bug gets here.
     fn place(&mut self, i: usize, allocation: AllocationRef) {
         if let Some(row) = self.lingering_row(&self.jobs[i].data) {
             assert_eq!(
@@ -1065,6 +1131,15 @@ impl Pass {
         });
         self.events.push((EVENT_JOB_STATE.into(), data));
     }
+}
+
+/// An idle allocation a pending job may reuse ([`Pass::kept_for_reuse`]).
+struct KeptForReuse {
+    allocation: AllocationRef,
+    /// The rank of the allocation's last job, which a reuse keeps.
+    gang_rank: Option<u32>,
+    /// The monitoring descriptor of the allocation's last job, which a reuse keeps.
+    descriptor: Option<String>,
 }
 
 /// Routes one of a pass's rows at its end (`Pass::finish`): into `written` when the pass `dirty`-ed it (its

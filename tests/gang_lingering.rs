@@ -1,0 +1,94 @@
+//! A rank with a lingering process (`gang::model::Lingering`) under node loss and restarts (issue 40), on the pure
+//! pass with the test agent of `gang_support`: no order of reports makes a pass panic, an abort always ends the
+//! operation, and a rank moves to another allocation only on evidence that its previous process is dead.
+
+#[path = "gang_support/mod.rs"]
+mod gang_support;
+
+use gang_support::World;
+use lockstep::gang::model::{JobStatus, Message, OperationStatus};
+use lockstep::store::RowId;
+
+/// The trainer of `gang-mixed-soak`: two ranks and two reserved jobs.
+const TRAINER: &str = "{tasks={trainer={job_count=4;command=t;gang_options={size=2}}}}";
+
+/// A running world: every job started.
+fn running(spec: &str, nodes: usize, slots: u32) -> World {
+    let mut world = World::new(spec, nodes, slots);
+    world.pass();
+    world.start_assigned();
+    assert_eq!(world.status, OperationStatus::Running);
+    world
+}
+
+/// The allocation row where the process of the trainer's `rank` may still run, if the operation says so.
+fn lingering_row(world: &World, rank: u32) -> Option<RowId> {
+    world.data.lingering.iter().find(|l| l.task == "trainer" && l.gang_rank == rank).map(|l| l.allocation)
+}
+
+/// A revival left rank 0 lingering in its old allocation (its node is alive, its kill not reported yet); the new
+/// incarnation's rank 1 starts and fails before rank 0's node reports: a gang restart whose plan gives rank 0 to a
+/// reserved allocation. Returns the world after the revival, with rank 1 and the reserved jobs running.
+fn revival_with_rank_zero_lingering() -> (World, RowId) {
+    let mut world = running(TRAINER, 8, 1);
+    world.lose_node_of("trainer", 1);
+    world.revival_next = true;
+    world.pass();
+    assert_eq!(world.data.incarnation, 1);
+    let row = lingering_row(&world, 0).expect("rank 0's process may still run on its live node");
+    assert_eq!(world.live("trainer", 0).status, JobStatus::Pending, "rank 0 waits for its old process");
+    world.start_assigned();
+    for cookie in 1..4 {
+        assert_eq!(world.live("trainer", cookie).status, JobStatus::Running, "cookie {cookie}");
+    }
+    (world, row)
+}
+
+#[test]
+fn a_restart_while_a_revived_rank_lingers_never_places_that_rank_elsewhere() {
+    let (mut world, row) = revival_with_rank_zero_lingering();
+    let reserved = world.live("trainer", 2).data.allocation.expect("the reserved job runs");
+    world.exit("trainer", 1, 1); // rank 1 fails before rank 0's old process is known dead
+    assert_eq!(world.status, OperationStatus::Running);
+    assert_eq!(world.data.incarnation, 2, "the failure restarted the gang");
+    // The restart gives rank 0 to the reserved allocation of cookie 2: that job waits, its allocation kept.
+    let waiting = world.live("trainer", 2);
+    assert_eq!((waiting.data.gang_rank, waiting.status), (Some(0), JobStatus::Pending));
+    assert_eq!(lingering_row(&world, 0), Some(row), "rank 0's old process may still run in its allocation");
+    assert!(world.allocations[&reserved.row].allocated, "the planned reuse is kept");
+    world.report_stale_kills();
+    world.pass();
+    assert!(world.data.lingering.is_empty(), "{:?}", world.data.lingering);
+    let placed = world.live("trainer", 2);
+    assert_eq!(placed.data.allocation, Some(reserved), "rank 0 reuses the reserved allocation its restart planned");
+    world.run_to_end();
+    assert_eq!(world.status, OperationStatus::Completed);
+}
+
+#[test]
+fn an_abort_behind_the_report_that_restarts_a_lingering_gang_ends_the_operation() {
+    let (mut world, _) = revival_with_rank_zero_lingering();
+    world.report("trainer", 1, lockstep::gang::model::JobOutcome::Exited { code: 1 });
+    world.send(Message::Abort { reason: "user asked".into() });
+    world.pass();
+    assert_eq!(world.status, OperationStatus::Aborted);
+    assert!(world.allocations.values().all(|a| !a.allocated), "every allocation released");
+}
+
+#[test]
+fn an_abort_ends_the_operation_even_when_the_rest_of_its_pass_panics() {
+    // A state only a controller bug makes (two held allocations whose last jobs claim one job cookie: the restart's
+    // plan refuses it), then a report that restarts the gang and an abort behind it: the abort still applies.
+    let mut world = running("{tasks={worker={job_count=3;command=w;gang_options={}}}}", 4, 1);
+    let first = world.live("worker", 0).data.allocation.unwrap().row;
+    let other = world.live("worker", 2).data.allocation.unwrap().row;
+    let last = world.allocations[&first].data.last.clone();
+    world.allocations.get_mut(&other).unwrap().data_mut().last = last;
+    world.report("worker", 1, lockstep::gang::model::JobOutcome::Exited { code: 1 });
+    world.send(Message::Abort { reason: "user asked".into() });
+    let output = world.pass();
+    assert_eq!(world.status, OperationStatus::Aborted);
+    assert_eq!(world.data.result.as_deref(), Some("user asked"));
+    assert_eq!(output.consumed.len(), 2, "both messages consumed");
+    assert!(world.allocations.values().all(|a| !a.allocated), "every allocation released");
+}
