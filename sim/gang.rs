@@ -27,6 +27,7 @@
 
 #[cfg(madsim)]
 use super::net_store::NetStore;
+use super::scenario::Mutation;
 use super::trace::Trace;
 use crate::agent::{AgentConfig, AgentPass, JobScript, ProcessEvent, ProcessEventKind};
 use crate::gang::api::{self, GangError, OperationView};
@@ -90,13 +91,14 @@ impl GangWorkload {
         config
     }
 
-    /// The controller's placement settings on every replica; `gate_disabled` plants the bug of
-    /// `[mutation] gang_gate_disabled`.
-    pub fn placement_settings(&self, gate_disabled: bool) -> PlacementSettings {
+    /// The controller's placement settings on every replica, with the bugs `mutation` plants (`[mutation]
+    /// gang_gate_disabled`, `lingering_gate_disabled`).
+    pub fn placement_settings(&self, mutation: &Mutation) -> PlacementSettings {
         PlacementSettings {
             default: self.controller.gang_placement,
             unfit_timeout: self.controller.gang_unfit_timeout,
-            gate_disabled_for_mutation_test: gate_disabled,
+            gate_disabled_for_mutation_test: mutation.gang_gate_disabled,
+            lingering_gate_disabled_for_mutation_test: mutation.lingering_gate_disabled,
         }
     }
 

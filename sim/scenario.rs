@@ -39,6 +39,13 @@ pub struct Mutation {
     ///
     /// [`PlacementSettings::gate_disabled_for_mutation_test`]: crate::gang::placement::PlacementSettings::gate_disabled_for_mutation_test
     pub gang_gate_disabled: bool,
+    /// The controller places a rank whose previous process may still run (`gang::model::Lingering`) in another
+    /// allocation at once ([`PlacementSettings::lingering_gate_disabled_for_mutation_test`]): in
+    /// scenarios/gang-revival-restart-race.toml two processes of one rank run at once, and checker
+    /// `rank_exclusivity` must fire.
+    ///
+    /// [`PlacementSettings::lingering_gate_disabled_for_mutation_test`]: crate::gang::placement::PlacementSettings::lingering_gate_disabled_for_mutation_test
+    pub lingering_gate_disabled: bool,
     /// Fixed `agent-clock-drift` faults may run an agent's clock slower than the margin rule of DESIGN §2 allows,
     /// so it keeps its processes past its node lease's expiry: checker `rank_exclusivity` must fire.
     pub agent_drift_beyond_margin: bool,

@@ -500,6 +500,7 @@ struct ExpectDoc {
 struct MutationDoc {
     apply_guard_disabled: Option<bool>,
     gang_gate_disabled: Option<bool>,
+    lingering_gate_disabled: Option<bool>,
     agent_drift_beyond_margin: Option<bool>,
     related_age_rule_disabled: Option<bool>,
     waitlist_disabled: Option<bool>,
@@ -645,6 +646,7 @@ impl FileDoc {
         scenario.mutation = Mutation {
             apply_guard_disabled: self.mutation.apply_guard_disabled.unwrap_or(false),
             gang_gate_disabled: self.mutation.gang_gate_disabled.unwrap_or(false),
+            lingering_gate_disabled: self.mutation.lingering_gate_disabled.unwrap_or(false),
             agent_drift_beyond_margin: self.mutation.agent_drift_beyond_margin.unwrap_or(false),
             related_age_rule_disabled: self.mutation.related_age_rule_disabled.unwrap_or(false),
             waitlist_disabled: self.mutation.waitlist_disabled.unwrap_or(false),
@@ -1977,13 +1979,14 @@ span = ["5s", "10s"]
     fn gang_placement_agent_clock_drift_and_their_mutations_are_read_and_checked_at_their_keys() {
         let file = parse(&format!(
             "{GANG}[controller]\ngang_placement = \"all_or_nothing\"\ngang_unfit_timeout = \"20s\"\n\
-             [mutation]\ngang_gate_disabled = true\n"
+             [mutation]\ngang_gate_disabled = true\nlingering_gate_disabled = true\n"
         ))
         .unwrap();
         let gang = file.scenario.gang.as_ref().unwrap();
         assert_eq!(gang.controller.gang_placement, crate::gang::GangPlacement::AllOrNothing);
         assert_eq!(gang.controller.gang_unfit_timeout, Duration::from_secs(20));
         assert!(file.scenario.mutation.gang_gate_disabled);
+        assert!(file.scenario.mutation.lingering_gate_disabled);
         let (_, key, rule) = error(&format!("{GANG}[controller]\ngang_placement = \"gang\"\n"));
         assert_eq!(key, "controller.gang_placement");
         assert!(rule.contains("expected incremental or all_or_nothing"), "{rule}");

@@ -185,13 +185,13 @@ impl World {
         let operations = scenario.gang.as_ref().map(|gang| gang.pipeline_config());
         let services = Arc::new(Self::start_services(&handle, &scenario, seed, &trace, &faults_on));
         let lease_ttl_max = Arc::new(AtomicU64::new(0));
-        let placement = scenario
-            .gang
-            .as_ref()
-            .map(|gang| gang.placement_settings(scenario.mutation.gang_gate_disabled))
-            .unwrap_or_default();
+        let placement =
+            scenario.gang.as_ref().map(|gang| gang.placement_settings(&scenario.mutation)).unwrap_or_default();
         if scenario.mutation.gang_gate_disabled {
             trace.record(&name, "mutation", "gang_gate_disabled");
+        }
+        if scenario.mutation.lingering_gate_disabled {
+            trace.record(&name, "mutation", "lingering_gate_disabled");
         }
         if scenario.mutation.agent_drift_beyond_margin {
             trace.record(&name, "mutation", "agent_drift_beyond_margin");

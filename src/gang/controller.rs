@@ -481,6 +481,9 @@ impl Pass {
     /// The allocation row `job`'s (task, rank) must be placed in, if an aborted process of that rank may still
     /// run there (`None`: anywhere).
     fn lingering_row(&self, job: &JobData) -> Option<RowId> {
+        if self.settings.lingering_gate_disabled_for_mutation_test {
+            return None;
+        }
         let rank = job.gang_rank?;
         self.lingering.allocation_of(&job.task, rank)
     }

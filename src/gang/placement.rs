@@ -58,6 +58,9 @@ pub struct PlacementSettings {
     /// TEST ONLY (simulator `[mutation] gang_gate_disabled`): all-or-nothing operations are placed incrementally
     /// while their data still says all-or-nothing, the bug the `gang_ranks_together` checker must catch.
     pub gate_disabled_for_mutation_test: bool,
+    /// TEST ONLY (simulator `[mutation] lingering_gate_disabled`): a rank whose previous process may still run
+    /// ([`super::model::Lingering`]) is placed anywhere at once, the bug the `rank_exclusivity` checker must catch.
+    pub lingering_gate_disabled_for_mutation_test: bool,
 }
 
 impl Default for PlacementSettings {
@@ -66,6 +69,7 @@ impl Default for PlacementSettings {
             default: GangPlacement::Incremental,
             unfit_timeout: UNFIT_TIMEOUT_DEFAULT,
             gate_disabled_for_mutation_test: false,
+            lingering_gate_disabled_for_mutation_test: false,
         }
     }
 }

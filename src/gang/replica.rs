@@ -74,6 +74,7 @@ impl ReplicaConfig {
             default: self.gang_placement,
             unfit_timeout: self.gang_unfit_timeout,
             gate_disabled_for_mutation_test: self.gang_gate_disabled_for_mutation_test,
+            lingering_gate_disabled_for_mutation_test: false,
         }
     }
 
