@@ -79,9 +79,6 @@ pub struct PassInput {
     pub free: Vec<(Allocation, LockToken)>,
     /// The live session of each node; a node missing here is dead.
     pub node_sessions: BTreeMap<RowId, LockToken>,
-    /// The lease expiry (store clock) of each node with a live session: a later one than recorded means its agent
-    /// renewed its lease since ([`Lingering`]).
-    pub node_expiries: BTreeMap<RowId, Timestamp>,
     /// The previous pass's lease expired before it applied: this pass is a revival.
     pub revival: bool,
     /// The store's time at the pass's read: waits and the unfit timeout are measured on it.
@@ -205,7 +202,6 @@ struct Pass {
     /// to pending jobs (as new grants), so a plain operation with more jobs than slots does not wait a pass.
     recycled: Vec<RowId>,
     node_sessions: BTreeMap<RowId, LockToken>,
-    node_expiries: BTreeMap<RowId, Timestamp>,
     revival: bool,
     consumed: Vec<RowId>,
     events: Vec<(String, Value)>,
@@ -253,7 +249,6 @@ impl Pass {
             free,
             recycled: Vec::new(),
             node_sessions: input.node_sessions,
-            node_expiries: input.node_expiries,
             revival: input.revival,
             consumed: Vec::with_capacity(messages),
             // About one event per message (a job started, a job ended); a gang restart reserves its own.
@@ -398,6 +393,8 @@ impl Pass {
                         .or_default()
                         .push(HeldAllocation { allocation: allocation.current(), last });
                 }
+                // Kept, idle, until its agent answers for the process that may still run there ([`Lingering`]).
+                _ if self.kept_for_lingering(row) => {}
                 _ => self.release(row),
             }
         }
@@ -420,7 +417,7 @@ impl Pass {
             let pool = self.data.spec.task_gang_size(task);
             let plan = rules::plan_task(task, pool, held.remove(&name).unwrap_or_default());
             for allocation in plan.released {
-                self.release(allocation.row);
+                self.release_unless_kept(allocation.row);
             }
             for planned in plan.jobs {
                 self.create_job(&name, planned);
@@ -429,7 +426,7 @@ impl Pass {
         self.defer_reuse = false;
         for (_, orphans) in held {
             for h in orphans {
-                self.release(h.allocation.row);
+                self.release_unless_kept(h.allocation.row);
             }
         }
     }
@@ -438,7 +435,10 @@ impl Pass {
 
     /// Records live ranked job `i`, about to be aborted, as [`Lingering`] if its process may still run: it was
     /// placed (its agent may have started it) in an allocation this operation holds, granted under the node's
-    /// session that is still live.
+    /// session that is still live. The allocation is marked with the job ([`AllocationData::lingering`]) and kept
+    /// until the entry settles.
+    ///
+    /// [`AllocationData::lingering`]: super::model::AllocationData::lingering
     fn linger(&mut self, i: usize) {
         let job = &self.jobs[i];
         let (Some(rank), Some(allocation)) = (job.data.gang_rank, job.data.allocation) else { return };
@@ -450,32 +450,67 @@ impl Pass {
         if !self.alive(held) {
             return;
         }
-        let node = held.data.node;
-        let (Some(session), Some(expiry)) = (held.data.node_session, self.node_expiries.get(&node)) else {
-            return;
-        };
+        let Some(session) = held.data.node_session else { return };
         let lingering = Lingering {
             job: job.data.id,
             task: job.data.task.clone(),
             gang_rank: rank,
             allocation: allocation.row,
-            node,
+            node: held.data.node,
             session,
-            lease_expiry: *expiry,
-            started: job.status == JobStatus::Running,
         };
         self.lingering.push(lingering);
+        let job = self.jobs[i].data.id;
+        if let Some(held) = self.allocations.get_mut(&allocation.row) {
+            held.data_mut().lingering = Some(job);
+            self.dirty_allocations.insert(allocation.row);
+        }
     }
 
-    /// Drops the [`Lingering`] entries whose processes are known dead: their node's session ended (the agent
-    /// fenced), or, for a job whose start was never reported, the node's lease was renewed since the abort.
+    /// Drops the [`Lingering`] entries whose node's session ended (the agent fenced, or its lease expired): their
+    /// processes died with it. Their allocations died with the session too ([`Pass::check_nodes`] releases them).
     fn settle_lingering(&mut self) {
-        let (sessions, expiries) = (&self.node_sessions, &self.node_expiries);
-        self.lingering.retain(|l| {
-            let same_session = sessions.get(&l.node) == Some(&l.session);
-            let renewed = expiries.get(&l.node).is_some_and(|expiry| *expiry > l.lease_expiry);
-            same_session && (l.started || !renewed)
-        });
+        let sessions = &self.node_sessions;
+        self.lingering.retain(|l| sessions.get(&l.node) == Some(&l.session));
+    }
+
+    /// The agent reported the end of `job` (its exit, its kill, or that it runs no process of it): a [`Lingering`]
+    /// entry of it is settled, and the allocation kept for it, idle, goes back to the free ones (to this pass's
+    /// pending jobs first).
+    fn answered(&mut self, job: JobId) {
+        for lingering in self.lingering.remove_job(job) {
+            let row = lingering.allocation;
+            let kept = self.allocations.get(&row).is_some_and(|a| {
+                a.allocated && a.data.operation == Some(self.operation) && a.data.lingering == Some(job)
+            });
+            if kept {
+                self.release(row);
+                self.recycled.push(row);
+            }
+        }
+    }
+
+    /// Releases allocation `row`, to be offered to this pass's pending jobs first, unless it is kept for a process
+    /// that may still run there ([`Pass::kept_for_lingering`]).
+    fn give_back_unless_kept(&mut self, row: RowId) {
+        if !self.kept_for_lingering(row) {
+            self.release(row);
+            self.recycled.push(row);
+        }
+    }
+
+    /// Releases allocation `row` unless it is kept for a process that may still run there ([`Pass::kept_for_lingering`]).
+    fn release_unless_kept(&mut self, row: RowId) {
+        if !self.kept_for_lingering(row) {
+            self.release(row);
+        }
+    }
+
+    /// Whether allocation `row`, held by this operation, is kept for a process that may still run there: marked
+    /// with a job that a [`Lingering`] entry names.
+    fn kept_for_lingering(&self, row: RowId) -> bool {
+        let marked = self.allocations.get(&row).and_then(|a| a.data.lingering.filter(|_| a.allocated));
+        marked.is_some_and(|job| self.lingering.holds_job(job))
     }
 
     /// The allocation row `job`'s (task, rank) must be placed in, if an aborted process of that rank may still
@@ -489,12 +524,8 @@ impl Pass {
     }
 
     fn handle(&mut self, message: Message) {
-        match &message {
-            Message::JobStarted { job, .. } => {
-                self.lingering.mark_started(*job);
-            }
-            Message::JobEnded { job, .. } => self.lingering.remove_job(*job),
-            _ => {}
+        if let Message::JobEnded { job, .. } = &message {
+            self.answered(*job);
         }
         match message {
             Message::JobStarted { job, allocation } => {
@@ -728,45 +759,15 @@ impl Pass {
         let mut pending: Vec<usize> =
             (0..self.jobs.len()).filter(|&i| self.jobs[i].status == JobStatus::Pending).collect();
         pending.sort_by_key(|&i| rules::schedule_key(&self.jobs[i].data));
-        let mut kept = if pending.is_empty() { BTreeMap::new() } else { self.kept_for_reuse() };
         for i in pending {
             if self.lingering_row(&self.jobs[i].data).is_some() {
                 continue; // its rank's previous process may still run elsewhere
-            }
-            let job = &self.jobs[i].data;
-            let key = (job.task.clone(), job.job_cookie);
-            // The reuse its gang restart planned, which waited for the rank's previous process: the allocation keeps
-            // its last job's cookie, descriptor and rank (a reserved allocation's last job had none).
-            if kept.get(&key).is_some_and(|k| k.gang_rank.is_none_or(|rank| job.gang_rank == Some(rank)))
-                && let Some(reuse) = kept.remove(&key)
-            {
-                self.jobs[i].data_mut().monitoring_descriptor = reuse.descriptor;
-                self.place(i, reuse.allocation);
-                continue;
             }
             // A ranked job of an incarnation placed whole restores its gang: see the module docs of `placement`.
             let exempt = gate && self.jobs[i].data.gang_rank.is_some();
             let Some((allocation, session)) = self.next_free(exempt) else { break };
             self.grant(i, allocation, session);
         }
-    }
-
-    /// The idle allocations this operation holds on live nodes, by the (task, job cookie) of the last job each ran,
-    /// with that job's rank and monitoring descriptor: a pending job of that cookie reuses its allocation, as its
-    /// gang restart planned (a plan that waited for a lingering process, [`Pass::create_job`]).
-    fn kept_for_reuse(&self) -> BTreeMap<(String, u32), KeptForReuse> {
-        let mut kept = BTreeMap::new();
-        for allocation in self.allocations.values() {
-            let idle = allocation.allocated && allocation.data.job.is_none() && self.alive(allocation);
-            let Some(last) = allocation.data.last.as_ref().filter(|_| idle) else { continue };
-            let reuse = KeptForReuse {
-                allocation: allocation.current(),
-                gang_rank: last.gang_rank,
-                descriptor: last.monitoring_descriptor.clone(),
-            };
-            kept.insert((last.task.clone(), last.job_cookie), reuse);
-        }
-        kept
     }
 
     /// Whether a ranked job of the current incarnation was ever placed: an all-or-nothing incarnation places all of
@@ -781,8 +782,8 @@ impl Pass {
 
     /// The all-or-nothing gate: places every ranked job of the current incarnation now (in the allocations its
     /// restart planned to reuse, then in free ones), if the free allocations cover them beyond the reservation of
-    /// the gangs ahead in the queue; else releases every allocation it holds and waits in the queue (joining it at
-    /// the tail the first time). An incarnation that needs more allocations than the live nodes offer fails once
+    /// the gangs ahead in the queue; else releases every allocation it holds (but those kept for a process that may
+    /// still run there, until its agent answers) and waits in the queue (joining it at the tail the first time). An incarnation that needs more allocations than the live nodes offer fails once
     /// that has lasted `unfit_timeout`. Returns whether the incarnation is placed.
     fn gather(&mut self) -> bool {
         let mut ranked: Vec<usize> = (0..self.jobs.len())
@@ -829,15 +830,14 @@ impl Pass {
             ));
             return true;
         }
-        for (_, (allocation, _)) in std::mem::take(&mut self.deferred) {
-            self.release(allocation.row);
+        // A waiting incarnation holds no allocation (the planned reuse included), but those kept, idle, until their
+        // agents answer for a process that may still run there ([`Lingering`]).
+        self.deferred.clear();
+        for row in self.held_allocations() {
+            if !self.kept_for_lingering(row) {
+                self.release(row);
+            }
         }
-        assert!(
-            self.held_allocations().is_empty(),
-            "operation {} waits for allocations while it holds some: {:?}",
-            self.operation,
-            self.held_allocations()
-        );
         let unfit_since = (need > self.cluster_slots)
             .then(|| self.data.waiting.as_ref().and_then(|w| w.unfit_since).unwrap_or(self.now));
         if let Some(from) = unfit_since {
@@ -936,7 +936,7 @@ impl Pass {
         }
         let idle = self.held_allocations().into_iter().find(|row| {
             let allocation = &self.allocations[row];
-            allocation.data.job.is_none() && self.alive(allocation)
+            allocation.data.job.is_none() && self.alive(allocation) && !self.kept_for_lingering(*row)
         })?;
         self.release(idle);
         let allocation = self.allocations.remove(&idle).expect("held");
@@ -1009,11 +1009,14 @@ impl Pass {
             Some(reuse) if self.defer_reuse => {
                 self.deferred.insert(i, reuse);
             }
-            // A rank whose previous process may still run in another allocation waits (`schedule` places it in
-            // the allocation planned here, still held and idle, once that process is known dead): a gang restart
-            // that gives a lingering rank to a reserved allocation (issue 40) must not place it at once.
+            // A rank whose previous process may still run in another allocation waits, as any pending lingering
+            // rank does (`schedule`), and the allocation planned for it goes back to the free ones (issue 40: a
+            // cookie whose previous jobs linger in two allocations, both kept, is planned into one of them).
             Some((allocation, _))
-                if self.lingering_row(&self.jobs[i].data).is_some_and(|row| row != allocation.row) => {}
+                if self.lingering_row(&self.jobs[i].data).is_some_and(|row| row != allocation.row) =>
+            {
+                self.give_back_unless_kept(allocation.row)
+            }
             Some((allocation, descriptor)) => {
                 self.jobs[i].data_mut().monitoring_descriptor = descriptor;
                 self.place(i, allocation);
@@ -1062,6 +1065,8 @@ impl Pass {
             file_paths: self.data.spec.tasks[&data.task].file_paths.clone(),
         };
         held.data_mut().job = Some(Arc::new(launch));
+        // Its agent kills any process still in it before it starts this one.
+        held.data_mut().lingering = None;
         self.dirty_allocations.insert(allocation.row);
         self.jobs[i].data_mut().allocation = Some(allocation);
         self.set_job_status(i, JobStatus::Assigned, None);
@@ -1083,6 +1088,7 @@ impl Pass {
             allocation.data_mut().node_session = None;
             allocation.data_mut().job = None;
             allocation.data_mut().last = None;
+            allocation.data_mut().lingering = None;
             self.dirty_allocations.insert(row);
         }
     }
@@ -1134,15 +1140,6 @@ impl Pass {
         });
         self.events.push((EVENT_JOB_STATE.into(), data));
     }
-}
-
-/// An idle allocation a pending job may reuse ([`Pass::kept_for_reuse`]).
-struct KeptForReuse {
-    allocation: AllocationRef,
-    /// The rank of the allocation's last job, which a reuse keeps.
-    gang_rank: Option<u32>,
-    /// The monitoring descriptor of the allocation's last job, which a reuse keeps.
-    descriptor: Option<String>,
 }
 
 /// Routes one of a pass's rows at its end (`Pass::finish`): into `written` when the pass `dirty`-ed it (its

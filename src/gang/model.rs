@@ -14,7 +14,7 @@
 
 use super::placement::GangWait;
 use super::spec::{FilePath, GangPlacement, OperationSpec};
-use crate::store::{LockToken, Row, RowId, Timestamp};
+use crate::store::{LockToken, Row, RowId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -289,10 +289,13 @@ pub struct OperationData {
 /// (where the agent kills before it starts), so no two processes of one rank ever run at once (the simulator's
 /// `rank_exclusivity`).
 ///
-/// Known dead when: the agent reports the job's end (an exit, or the kill of a process the controller moved on
-/// from); the node's session is no longer the one it ran under (the agent fenced, DESIGN §2's margin rule); or,
-/// for a job no start was reported for, the node's lease was renewed after the abort (the agent's pass that renewed
-/// it lists its allocations next, so it never starts the job and kills it if it had).
+/// Known dead only on evidence (issue 40): the agent reports the job's end (an exit, the kill of a process the
+/// controller moved on from, or that it runs no process of the job), or the node's session is no longer the one it
+/// ran under (the agent fenced, or its lease expired: DESIGN §2's margin rule). A renewal of the node lease is no
+/// evidence: an agent whose start report was not inserted yet, and whose allocation listing then failed after a
+/// successful heartbeat, still runs the job. So the allocation stays granted to the operation, idle and marked
+/// with the job ([`AllocationData::lingering`]), until the entry settles: the agent, which lists only its node's
+/// allocations, learns there which job to answer for, even one it never started.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lingering {
     /// The aborted job.
@@ -307,10 +310,6 @@ pub struct Lingering {
     pub node: RowId,
     /// The node session it ran under.
     pub session: LockToken,
-    /// The node's lease expiry when it was aborted (store clock); a later expiry means a renewal since.
-    pub lease_expiry: Timestamp,
-    /// Whether its start was reported (then only its end or the session's end clears it).
-    pub started: bool,
 }
 
 impl OperationData {
@@ -468,6 +467,11 @@ pub struct AllocationData {
     pub job: Option<Arc<JobLaunch>>,
     /// The last job placed in it during this grant.
     pub last: Option<LastJob>,
+    /// A job the controller moved on from while its process may still run here ([`Lingering`]): the allocation
+    /// stays granted, idle, until the agent reports the job's end, killing the process if it runs one and saying
+    /// that it runs none otherwise. `None` for every other allocation (and for data that predates the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lingering: Option<JobId>,
 }
 
 /// [`AllocationData::job`] encoded and decoded as the launch it shares (serde's own `Arc` support needs its `rc`
@@ -498,6 +502,7 @@ impl AllocationData {
             node_session: None,
             job: None,
             last: None,
+            lingering: None,
         }
     }
 }
@@ -621,7 +626,7 @@ impl Message {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::NewRow;
+    use crate::store::{NewRow, Timestamp};
     use serde_json::json;
 
     fn inbox_row(data: serde_json::Value) -> Row {

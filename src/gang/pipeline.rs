@@ -155,11 +155,6 @@ impl<S: Store> Handler<S> for OperationHandler {
         let now = store.now().await?;
         let nodes = store.list(KIND_NODE, None).await?;
         let node_sessions = live_sessions(&nodes, now);
-        let node_expiries = nodes
-            .iter()
-            .filter(|node| node_sessions.contains_key(&node.id))
-            .filter_map(|node| node.lock_expires_at.map(|expiry| (node.id, expiry)))
-            .collect();
         let slots = node_slots(&nodes);
         // Every live node offers one allocation row per slot: its agent inserts them before it takes its lease.
         let cluster_slots = slots.iter().filter(|(node, _)| node_sessions.contains_key(node)).map(|(_, n)| n).sum();
@@ -219,7 +214,6 @@ impl<S: Store> Handler<S> for OperationHandler {
             messages,
             free,
             node_sessions,
-            node_expiries,
             revival,
             now,
             queue: queue_read.as_ref().map(|(_, q)| q.entries.clone()).unwrap_or_default(),
