@@ -24,6 +24,7 @@
 //! | agent     | `fence`, `fence-kill` | the agent fenced itself (`reason killed`; then `op jobs` per operation) |
 //! | agent     | `job-kill`      | the agent killed jobs the controller moved on from (`op jobs`)          |
 //! | agent     | `session`       | the agent took a new node lease (`token`)                               |
+//! | agent     | `calls-fault`, `calls-healed` | a fault on one kind of the agent's store calls began (`calls effect [delay] span`) or ended (`calls`) |
 
 #[cfg(madsim)]
 use super::net_store::NetStore;

@@ -161,7 +161,8 @@ impl Scenario {
                 }
                 Fault::AgentKill { agent, .. }
                 | Fault::AgentPause { agent, .. }
-                | Fault::AgentClockDrift { agent, .. } => *agent < agents,
+                | Fault::AgentClockDrift { agent, .. }
+                | Fault::AgentCalls { agent, .. } => *agent < agents,
                 Fault::Partition { a, b, .. } => target_ok(*a) && target_ok(*b),
                 Fault::Isolate { node, .. } => target_ok(*node),
                 Fault::Contention { .. } if !rows => {
@@ -426,13 +427,14 @@ pub fn no_rows() -> WorkloadSpec {
     WorkloadSpec { span: Duration::ZERO, rows_max: 0, resources: 0, ..small_workload() }
 }
 
-/// One random process of each agent fault kind ([`FaultKind::targets_agents`]), `scale` faults of each per
-/// simulated minute, with spans that outlast the agents' 10 s node lease where that matters.
+/// One random process of each agent fault kind ([`FaultKind::targets_agents`]) but `agent-calls` (which the
+/// runs built on this predate; scenario files ask for it by name), `scale` faults of each per simulated minute,
+/// with spans that outlast the agents' 10 s node lease where that matters.
 pub fn agent_faults(scale: f64) -> Vec<RandomFault> {
     let secs = |from: u64, to: u64| Duration::from_secs(from)..Duration::from_secs(to);
     FaultKind::ALL
         .iter()
-        .filter(|kind| kind.targets_agents())
+        .filter(|kind| kind.targets_agents() && **kind != FaultKind::AgentCalls)
         .map(|&kind| {
             let span = match kind {
                 FaultKind::AgentKill => secs(1, 20),

@@ -16,7 +16,7 @@
 pub mod gang;
 
 use super::faults::Target;
-use super::faults::{Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
+use super::faults::{AgentCall, CallEffect, Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
 use super::replay::fnv1a64;
 use super::scenario::{Mutation, Scenario, no_rows};
 use super::user::PipelineSet;
@@ -473,6 +473,8 @@ struct FixedDoc {
     chance: Option<f64>,
     rate_ppm: Option<u64>,
     claims: Option<usize>,
+    calls: Option<String>,
+    delay: Option<Dur>,
 }
 
 #[derive(Deserialize)]
@@ -1090,6 +1092,7 @@ fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::AgentKill => &["agent", "down"],
         FaultKind::AgentPause => &["agent", "span"],
         FaultKind::AgentClockDrift => &["agent", "rate_ppm", "span"],
+        FaultKind::AgentCalls => &["agent", "calls", "delay", "span"],
         // Random-only kinds: at a fixed time, a partition or an isolate names the agent as its node.
         FaultKind::AgentPartition | FaultKind::AgentIsolate => &[],
     }
@@ -1111,6 +1114,8 @@ impl FixedDoc {
             ("chance", self.chance.is_some()),
             ("rate_ppm", self.rate_ppm.is_some()),
             ("claims", self.claims.is_some()),
+            ("calls", self.calls.is_some()),
+            ("delay", self.delay.is_some()),
         ];
         set.iter().filter(|(_, present)| *present).map(|(name, _)| *name).collect()
     }
@@ -1208,6 +1213,25 @@ impl FixedDoc {
             FaultKind::AgentClockDrift => {
                 let rate_ppm = clock_rate(at("rate_ppm"), self.rate_ppm.ok_or_else(|| need("rate_ppm"))?)?;
                 Fault::AgentClockDrift { agent: agent()?, rate_ppm, span: span()? }
+            }
+            FaultKind::AgentCalls => {
+                let name = self.calls.as_deref().ok_or_else(|| need("calls"))?;
+                let calls = AgentCall::parse(name).ok_or_else(|| {
+                    let names: Vec<&str> = AgentCall::ALL.iter().map(|call| call.name()).collect();
+                    (at("calls"), format!("\"{name}\" is not a kind of agent call: {}", names.join(", ")))
+                })?;
+                // Without a delay the calls fail at once.
+                let effect = match self.delay {
+                    None => CallEffect::Fail,
+                    Some(Dur(delay)) if delay.is_zero() => {
+                        return Err((
+                            at("delay"),
+                            "0s delays nothing: leave `delay` out to make the calls fail".into(),
+                        ));
+                    }
+                    Some(Dur(delay)) => CallEffect::Delay(within_window(at("delay"), delay, window)?),
+                };
+                Fault::AgentCalls { agent: agent()?, calls, effect, span: span()? }
             }
             FaultKind::AgentPartition | FaultKind::AgentIsolate => unreachable!("refused above"),
         })
@@ -1973,6 +1997,36 @@ span = ["5s", "10s"]
         assert_eq!(error(&format!("{GANG}[controller]\nlease_ttl = \"1s\"\n")).1, "controller.lease_ttl");
         assert_eq!(error(&GANG.replace("slots = 2", "slots = 0")).1, "topology.slots");
         assert_eq!(error(&GANG.replace("agents = 3", "agents = 201")).1, "topology.agents");
+    }
+
+    #[test]
+    fn agent_calls_faults_are_read_and_checked_at_their_keys() {
+        use crate::sim::faults::{AgentCall, CallEffect};
+        let fault = |fields: &str| {
+            format!(
+                "{GANG}[faults]\nuntil = \"30s\"\n[[faults.at]]\nat = \"5s\"\nkind = \"agent-calls\"\nagent = 1\n{fields}"
+            )
+        };
+        let file = parse(&fault("calls = \"allocations\"\ndelay = \"2s\"\nspan = \"10s\"\n")).unwrap();
+        let (delay, span) = (Duration::from_secs(2), Duration::from_secs(10));
+        let expected =
+            Fault::AgentCalls { agent: 1, calls: AgentCall::Allocations, effect: CallEffect::Delay(delay), span };
+        assert_eq!(file.scenario.faults.fixed[0].fault, expected);
+        let file = parse(&fault("calls = \"reports\"\nspan = \"10s\"\n")).unwrap();
+        let expected = Fault::AgentCalls { agent: 1, calls: AgentCall::Reports, effect: CallEffect::Fail, span };
+        assert_eq!(file.scenario.faults.fixed[0].fault, expected, "without a delay the calls fail");
+        let (_, key, rule) = error(&fault("calls = \"listings\"\nspan = \"10s\"\n"));
+        assert_eq!(key, "faults.at[0].calls");
+        assert!(rule.contains("reports, allocations, heartbeats"), "{rule}");
+        let (_, key, rule) = error(&fault("calls = \"heartbeats\"\ndelay = \"0s\"\nspan = \"10s\"\n"));
+        assert_eq!(key, "faults.at[0].delay");
+        assert!(rule.contains("leave `delay` out"), "{rule}");
+        let (_, key, _) = error(&fault("span = \"10s\"\n"));
+        assert_eq!(key, "faults.at[0].calls");
+        let random = format!(
+            "{GANG}[faults]\nuntil = \"30s\"\n[[faults.random]]\nkind = \"agent-calls\"\nper_minute = 2.0\nspan = [\"1s\", \"5s\"]\n"
+        );
+        assert_eq!(parse(&random).unwrap().scenario.faults.random[0].kind, FaultKind::AgentCalls);
     }
 
     #[test]
