@@ -115,3 +115,38 @@ fn a_restart_while_a_cookies_previous_rank_lingers_and_its_next_job_runs_elsewhe
     world.run_to_end();
     assert_eq!(world.status, OperationStatus::Completed);
 }
+
+#[test]
+fn a_gang_whose_nodes_keep_dying_fails_at_max_node_loss_restart_count() {
+    // Today only failures count toward max_failed_job_count: a gang on nodes that keep dying restarted forever.
+    let spec = "{tasks={w={job_count=2;command=w;gang_options={}}};max_node_loss_restart_count=3}";
+    let mut world = running(spec, 8, 1);
+    for restart in 1..=3 {
+        assert_eq!(world.status, OperationStatus::Running, "restart {restart}");
+        world.lose_node_of("w", 1);
+        world.pass();
+        world.start_assigned();
+    }
+    assert_eq!(world.status, OperationStatus::Failed);
+    assert_eq!(world.data.node_loss_restart_count, 3);
+    let result = world.data.result.clone().unwrap();
+    assert!(
+        result.starts_with("gang restarts caused by lost nodes (3) reached max_node_loss_restart_count 3"),
+        "{result}"
+    );
+    assert_eq!(world.switches().len(), 3, "the start and two restarts; the third loss failed the operation");
+}
+
+#[test]
+fn node_loss_restarts_are_bounded_by_default_and_failures_do_not_count_toward_them() {
+    let mut world = running("{tasks={w={job_count=2;command=w;gang_options={}}};max_failed_job_count=50}", 30, 1);
+    world.exit("w", 1, 1);
+    world.start_assigned();
+    assert_eq!(world.data.node_loss_restart_count, 0, "a failure is not a node loss");
+    for _ in 0..lockstep::gang::spec::MAX_NODE_LOSS_RESTART_COUNT_DEFAULT {
+        world.lose_node_of("w", 0);
+        world.pass();
+        world.start_assigned();
+    }
+    assert_eq!(world.status, OperationStatus::Failed);
+}

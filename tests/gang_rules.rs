@@ -170,6 +170,7 @@ fn task_gang_sizes_count_job_count_for_tasks_without_gang_options_only_in_gang_o
         fail_on_job_restart: false,
         restart_completed_jobs: false,
         gang_placement: None,
+        max_node_loss_restart_count: None,
         unrecognized: Vec::new(),
     };
     let gang = spec(vec![("a", task(3, Some(Some(2)))), ("b", task(2, None))]);
@@ -226,6 +227,7 @@ fn a_plain_task_completes_when_job_count_cookies_completed() {
         fail_on_job_restart: false,
         restart_completed_jobs: false,
         gang_placement: None,
+        max_node_loss_restart_count: None,
         unrecognized: Vec::new(),
     };
     let jobs = [

@@ -56,6 +56,8 @@ pub const REASON_INCARNATION_CHANGED: &str = "incarnation changed";
 pub const REASON_GANG_COMPLETED: &str = "gang task completed";
 /// Abort reason of a job whose node's session ended.
 pub const REASON_NODE_LOST: &str = "node lost";
+/// How the result of an operation failed by `max_node_loss_restart_count` begins (the audit knows it by this).
+pub const NODE_LOSS_LIMIT_PREFIX: &str = "gang restarts caused by lost nodes";
 
 /// What a pass read: the operation, its jobs and allocations, its unconsumed inbox, and the free allocations
 /// and live node sessions it may use.
@@ -626,6 +628,10 @@ impl Pass {
             }
         }
         if let Some(reason) = rules::gang_restart_trigger(&task, &job, &ending) {
+            let node_lost = matches!(&ending, Ending::Aborted { reason } if reason == REASON_NODE_LOST);
+            if node_lost && self.node_loss_limit_reached(i) {
+                return;
+            }
             self.begin_incarnation(reason, Some(i));
             return;
         }
@@ -677,8 +683,34 @@ impl Pass {
         });
         if let Some(i) = lacking {
             self.end_job(i, JobStatus::Aborted, None, Some(SwitchReason::LackAfterRevival.to_string()));
+            // The lacking job was lost with its node.
+            if self.node_loss_limit_reached(i) {
+                return;
+            }
             self.begin_incarnation(SwitchReason::LackAfterRevival, Some(i));
         }
+    }
+
+    /// Counts a gang restart that job `i`, lost with its node, is about to cause; once the count reaches
+    /// `max_node_loss_restart_count`, fails the operation instead and returns true.
+    fn node_loss_limit_reached(&mut self, i: usize) -> bool {
+        self.data.node_loss_restart_count += 1;
+        let (count, max) = (self.data.node_loss_restart_count, self.data.spec.node_loss_restarts_max());
+        if count < max {
+            return false;
+        }
+        let job = &self.jobs[i].data;
+        let node = job
+            .allocation
+            .and_then(|a| self.allocations.get(&a.row))
+            .map_or_else(|| "?".to_string(), |a| a.data.node_name.clone());
+        let reason = format!(
+            "{NODE_LOSS_LIMIT_PREFIX} ({count}) reached max_node_loss_restart_count {max} (last: job {} on node {node}): \
+             its nodes keep dying",
+            job.id
+        );
+        self.end(OperationStatus::Failed, reason);
+        true
     }
 
     /// Jobs whose node's session ended are aborted ("node lost"); idle allocations there are released.

@@ -245,6 +245,10 @@ pub struct OperationData {
     pub incarnation: u32,
     /// Failed jobs counted toward `max_failed_job_count`.
     pub failed_job_count: u32,
+    /// Gang restarts caused by a lost node, counted toward `max_node_loss_restart_count`
+    /// ([`OperationSpec::node_loss_restarts_max`]).
+    #[serde(default)]
+    pub node_loss_restart_count: u32,
     /// Index the next job gets.
     pub next_job_index: u64,
     /// Number the next fresh monitoring descriptor gets.
@@ -319,6 +323,7 @@ impl OperationData {
             spec,
             incarnation: 0,
             failed_job_count: 0,
+            node_loss_restart_count: 0,
             next_job_index: 0,
             next_descriptor: 0,
             result: None,
