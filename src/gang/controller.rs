@@ -87,8 +87,11 @@ pub struct PassInput {
     pub now: Timestamp,
     /// The gang queue's entries, read before the allocations (empty when there is no queue row yet).
     pub queue: Vec<QueueEntry>,
-    /// Allocations the live nodes offer, free or granted: the most an incarnation could ever get.
+    /// Allocations the live nodes offer, free or granted.
     pub cluster_slots: u32,
+    /// Allocations of the nodes expected back: no live session, their lease expired less than
+    /// [`PlacementSettings::node_return_grace`] ago. With `cluster_slots`, the most an incarnation could ever get.
+    pub returning_slots: u32,
     /// The replica's placement settings.
     pub settings: PlacementSettings,
 }
@@ -214,6 +217,7 @@ struct Pass {
     /// The pass took free allocations the queue's reservation governs, while gangs waited.
     queue_relied_on: bool,
     cluster_slots: u32,
+    returning_slots: u32,
     settings: PlacementSettings,
     /// While an all-or-nothing incarnation is planned: its jobs' planned reuse is deferred, not placed.
     defer_reuse: bool,
@@ -260,6 +264,7 @@ impl Pass {
             queue_changed: false,
             queue_relied_on: false,
             cluster_slots: input.cluster_slots,
+            returning_slots: input.returning_slots,
             settings: input.settings,
             defer_reuse: false,
             deferred: BTreeMap::new(),
@@ -870,14 +875,20 @@ impl Pass {
                 self.release(row);
             }
         }
-        let unfit_since = (need > self.cluster_slots)
+        let unfit_since = (need > self.possible_slots())
             .then(|| self.data.waiting.as_ref().and_then(|w| w.unfit_since).unwrap_or(self.now));
         if let Some(from) = unfit_since {
             let waited = elapsed(from, self.now);
             if waited >= self.settings.unfit_timeout {
-                let index = self.data.incarnation;
-                let reason =
-                    placement::unfit_reason(index, need, self.cluster_slots, waited, self.settings.unfit_timeout);
+                let reason = placement::unfit_reason(placement::Unfit {
+                    index: self.data.incarnation,
+                    need,
+                    live: self.cluster_slots,
+                    returning: self.returning_slots,
+                    waited,
+                    timeout: self.settings.unfit_timeout,
+                    grace: self.settings.node_return_grace,
+                });
                 self.end(OperationStatus::Failed, reason);
                 return false;
             }
@@ -905,7 +916,7 @@ impl Pass {
             EVENT_GANG_WAITING.into(),
             json!({ "incarnation": incarnation_id(self.operation, index), "need": need,
                     "position": self.queue.len() - 1, "reserved_ahead": reserved, "free": self.pool_left(),
-                    "cluster_slots": self.cluster_slots }),
+                    "cluster_slots": self.cluster_slots, "returning_slots": self.returning_slots }),
         ));
         self.now
     }
@@ -920,7 +931,13 @@ impl Pass {
 
     /// Free allocations held back for the waiting gangs ahead of this operation ([`placement::reserved_ahead`]).
     fn reservation(&self) -> u32 {
-        placement::reserved_ahead(&self.queue, self.operation, self.cluster_slots)
+        placement::reserved_ahead(&self.queue, self.operation, self.possible_slots())
+    }
+
+    /// The most allocations an incarnation could ever get: those of the live nodes and of the nodes expected back
+    /// ([`PlacementSettings::node_return_grace`]).
+    fn possible_slots(&self) -> u32 {
+        self.cluster_slots.saturating_add(self.returning_slots)
     }
 
     /// Allocations this pass may still grant from the free pool: the free ones read, and those released this pass

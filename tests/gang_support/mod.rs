@@ -136,6 +136,7 @@ impl World {
             now: self.now,
             queue: self.queue.clone(),
             cluster_slots: self.cluster_slots(),
+            returning_slots: 0,
             settings: self.settings.clone(),
         };
         let output = run_pass(input);
