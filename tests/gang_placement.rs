@@ -591,3 +591,34 @@ fn a_gang_whose_lost_node_never_returns_fails_after_the_grace_and_the_unfit_time
     );
     assert!(cluster.queued().is_empty());
 }
+
+#[test]
+fn a_restarting_gang_waits_ahead_of_the_gangs_that_arrived_after_it() {
+    // Issue 40: a gang that restarted and did not fit joined the queue at its end, so a gang submitted after it
+    // (waiting already) took the slots it freed, and it waited a whole job length more.
+    let mut cluster = Cluster::new(4);
+    let first = cluster.submit(GANG3);
+    cluster.round();
+    cluster.start(first);
+    cluster.round();
+    let later = cluster.submit(GANG2);
+    cluster.round();
+    assert_eq!(cluster.queued(), [later], "one free slot of the two it needs");
+    cluster.end(first, 1, JobOutcome::Exited { code: 1 });
+    cluster.round();
+    assert_eq!(cluster.op(first).data.incarnation, 1);
+    eprintln!(
+        "DEBUG later placed {} held {} first held {} waiting {:?}",
+        cluster.placed_ranks(later),
+        cluster.held(later),
+        cluster.held(first),
+        cluster.op(first).data.waiting
+    );
+    assert_eq!(cluster.queued(), [first, later], "the restarting gang waits ahead of the gang that came after it");
+    cluster.report_stale_kills(first);
+    cluster.round();
+    cluster.round();
+    assert_eq!(cluster.placed_ranks(first), 3, "placed first with the slots it freed");
+    assert_eq!(cluster.placed_ranks(later), 0);
+    assert_eq!(cluster.queued(), [later]);
+}

@@ -328,6 +328,7 @@ impl Pass {
         if self.data.spec.is_gang() {
             self.data.placement = Some(self.data.spec.gang_placement.unwrap_or(self.settings.default));
         }
+        self.data.started_at = Some(self.now);
         self.set_status(OperationStatus::Running, None);
         self.begin_incarnation(SwitchReason::OperationStarted, None);
     }
@@ -820,8 +821,9 @@ impl Pass {
     /// The all-or-nothing gate: places every ranked job of the current incarnation now (in the allocations its
     /// restart planned to reuse, then in free ones), if the free allocations cover them beyond the reservation of
     /// the gangs ahead in the queue; else releases every allocation it holds (but those kept for a process that may
-    /// still run there, until its agent answers) and waits in the queue (joining it at the tail the first time). An incarnation that needs more allocations than the live nodes offer fails once
-    /// that has lasted `unfit_timeout`. Returns whether the incarnation is placed.
+    /// still run there, until its agent answers) and waits in the queue ([`Pass::join_queue`]). An incarnation that
+    /// needs more allocations than the live nodes and those expected back offer fails once that has lasted
+    /// `unfit_timeout`. Returns whether the incarnation is placed.
     fn gather(&mut self) -> bool {
         let mut ranked: Vec<usize> = (0..self.jobs.len())
             .filter(|&i| {
@@ -893,14 +895,16 @@ impl Pass {
                 return false;
             }
         }
-        let since = self.join_queue(need, reserved);
+        let since = self.join_queue(need);
         self.data.waiting = Some(GangWait { since, need, unfit_since });
         false
     }
 
-    /// Puts the current incarnation at the tail of the gang queue, unless it is there already; returns when it
-    /// began to wait.
-    fn join_queue(&mut self, need: u32, reserved: u32) -> Timestamp {
+    /// Puts the current incarnation in the gang queue, unless it is there already; returns when it began to wait.
+    /// First come, first placed, by when each operation began ([`QueueEntry::arrived`]): a gang that restarts waits
+    /// ahead of the gangs whose operations began after its own (issue 40: at the tail, a gang submitted after it
+    /// took the slots it freed), and an operation waiting at its start joins at the tail.
+    fn join_queue(&mut self, need: u32) -> Timestamp {
         let index = self.data.incarnation;
         if let Some(entry) = self.queue.iter_mut().find(|e| e.operation == self.operation) {
             if (entry.incarnation, entry.need) != (index, need) {
@@ -909,13 +913,19 @@ impl Pass {
             }
             return entry.since;
         }
-        let entry = QueueEntry { operation: self.operation, incarnation: index, need, since: self.now };
-        self.queue.push(entry);
+        let arrived = self.data.started_at.unwrap_or(self.now);
+        let entry =
+            QueueEntry { operation: self.operation, incarnation: index, need, since: self.now, arrived: Some(arrived) };
+        // Ties (one store microsecond) go by row id: the operation inserted first.
+        let key = (arrived, self.operation);
+        let later = |e: &QueueEntry| (e.arrived.unwrap_or(e.since), e.operation) > key;
+        let position = self.queue.iter().position(later).unwrap_or(self.queue.len());
+        self.queue.insert(position, entry);
         self.queue_changed = true;
         self.events.push((
             EVENT_GANG_WAITING.into(),
             json!({ "incarnation": incarnation_id(self.operation, index), "need": need,
-                    "position": self.queue.len() - 1, "reserved_ahead": reserved, "free": self.pool_left(),
+                    "position": position, "reserved_ahead": self.reservation(), "free": self.pool_left(),
                     "cluster_slots": self.cluster_slots, "returning_slots": self.returning_slots }),
         ));
         self.now

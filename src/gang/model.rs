@@ -14,7 +14,7 @@
 
 use super::placement::GangWait;
 use super::spec::{FilePath, GangPlacement, OperationSpec};
-use crate::store::{LockToken, Row, RowId};
+use crate::store::{LockToken, Row, RowId, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -255,6 +255,10 @@ pub struct OperationData {
     pub next_descriptor: u64,
     /// Why the operation failed or was aborted.
     pub result: Option<String>,
+    /// When its first pass started it (store clock): its place in the gang queue ([`super::placement::QueueEntry`]).
+    /// `None` for an operation whose data predates the field (it waits as if it began when it joins the queue).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
     /// The placement of a gang operation's ranked jobs, fixed at its first pass (the spec's `gang_placement`, else
     /// the replica's default), so replicas with other defaults never disagree later. `None` for a plain operation,
     /// and for a gang operation started before lockstep had the key (placed incrementally).
@@ -327,6 +331,7 @@ impl OperationData {
             next_job_index: 0,
             next_descriptor: 0,
             result: None,
+            started_at: None,
             placement: None,
             waiting: None,
             lingering: Vec::new(),
@@ -631,7 +636,7 @@ impl Message {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{NewRow, Timestamp};
+    use crate::store::NewRow;
     use serde_json::json;
 
     fn inbox_row(data: serde_json::Value) -> Row {

@@ -7,8 +7,8 @@
 //!   incarnation that cannot be placed holds no allocation (even those a gang restart would have reused) and
 //!   waits in the gang queue.
 //!
-//! The gang queue is one row (kind [`KIND_GANG_QUEUE`]) listing the waiting gangs in the order they began to
-//! wait. Each operation's pass runs alone, so the rule that keeps it fair is read by every pass, gangs and plain
+//! The gang queue is one row (kind [`KIND_GANG_QUEUE`]) listing the waiting gangs in the order their operations
+//! began ([`QueueEntry::arrived`]): a gang that restarts and waits again keeps its place ahead of later operations. Each operation's pass runs alone, so the rule that keeps it fair is read by every pass, gangs and plain
 //! operations alike: a pass takes a free allocation only if the free allocations left cover the *reservation* of
 //! the gangs ahead of it (every waiting gang, for an operation not in the queue), and a waiting gang is placed only
 //! when the free allocations cover the reservation ahead of it plus its own need. Strict first come, first placed,
@@ -108,6 +108,10 @@ pub struct QueueEntry {
     pub need: u32,
     /// When it began to wait (store clock).
     pub since: Timestamp,
+    /// When its operation began (store clock): the queue's order ([`QueueEntry::arrived`] earlier first; `since`
+    /// for an entry written before the field). A gang that restarts keeps its place ahead of later operations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrived: Option<Timestamp>,
 }
 
 /// The gang queue row's data: the waiting gangs, first come first, and a version every write raises.
@@ -115,7 +119,7 @@ pub struct QueueEntry {
 pub struct GangQueue {
     /// Raised by every write; a pass writes the queue only if the version is still the one it read.
     pub version: u64,
-    /// The waiting gangs, in the order they began to wait.
+    /// The waiting gangs, in the order their operations began ([`QueueEntry::arrived`]).
     pub entries: Vec<QueueEntry>,
 }
 
@@ -212,7 +216,7 @@ mod tests {
     use crate::store::NewRow;
 
     fn entry(operation: i64, need: u32) -> QueueEntry {
-        QueueEntry { operation: RowId(operation), incarnation: 0, need, since: Timestamp::EPOCH }
+        QueueEntry { operation: RowId(operation), incarnation: 0, need, since: Timestamp::EPOCH, arrived: None }
     }
 
     #[test]
