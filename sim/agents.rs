@@ -11,6 +11,7 @@
 //! [`ProcessLog`]: crate::agent::ProcessLog
 //! [`ProcessLog::node_died`]: crate::agent::ProcessLog::node_died
 
+use super::agent_calls::{AgentStore, CallFaults};
 use super::db::Database;
 use super::gang;
 use super::net_store::{NetStore, NetStoreOptions};
@@ -44,6 +45,8 @@ pub struct AgentContext {
     pub trace: Trace,
     /// Incarnations started so far.
     pub incarnations: AtomicU64,
+    /// Faults on kinds of its store calls ([`super::agent_calls`]): the machine's, so they outlive a restart.
+    pub calls: Arc<CallFaults>,
 }
 
 /// One incarnation of the agent node, forever (agents do not drain). The node's init function.
@@ -57,7 +60,7 @@ pub async fn run(ctx: Arc<AgentContext>) {
         call_timeout: ctx.call_timeout,
         hints: true,
     };
-    let store = NetStore::connect(options, ctx.trace.clone()).await;
+    let store = AgentStore::new(NetStore::connect(options, ctx.trace.clone()).await, ctx.calls.clone());
     let (trace, name) = (ctx.trace.clone(), ctx.name.clone());
     let observer = Arc::new(move |pass: &crate::agent::AgentPass| gang::trace_pass(&trace, &name, pass));
     Agent::new(Arc::new(store), ctx.executor.clone(), ctx.config.clone())

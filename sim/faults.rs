@@ -68,6 +68,48 @@ pub enum Fault {
     /// (rate ≥ 1 − lease_margin / lease_ttl) it still fences before the store lets the node be declared lost; a
     /// scenario refuses a slower fixed rate unless `[mutation] agent_drift_beyond_margin` plants that bug.
     AgentClockDrift { agent: usize, rate_ppm: u64, span: Duration },
+    /// One kind of an agent's store calls fails at once or is delayed for `span`, its other calls going through
+    /// (`sim::agent_calls`): e.g. an agent that renews its node lease but cannot list its allocations.
+    AgentCalls { agent: usize, calls: AgentCall, effect: CallEffect, span: Duration },
+}
+
+/// One kind of an agent's store calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AgentCall {
+    /// Its reports: inserts of inbox rows (job started, job ended), `Store::insert_many` and `Store::insert`.
+    Reports,
+    /// Its listings of its node's allocation rows (`Store::list` of kind `allocation`).
+    Allocations,
+    /// Its node lease's heartbeats (`Store::heartbeat`).
+    Heartbeats,
+}
+
+impl AgentCall {
+    /// Every kind, in the order random faults draw them.
+    pub const ALL: [AgentCall; 3] = [AgentCall::Reports, AgentCall::Allocations, AgentCall::Heartbeats];
+
+    /// The kind's name in scenario files and traces: `reports`, `allocations`, `heartbeats`.
+    pub fn name(self) -> &'static str {
+        match self {
+            AgentCall::Reports => "reports",
+            AgentCall::Allocations => "allocations",
+            AgentCall::Heartbeats => "heartbeats",
+        }
+    }
+
+    /// The kind named `name` ([`AgentCall::name`]).
+    pub fn parse(name: &str) -> Option<AgentCall> {
+        AgentCall::ALL.into_iter().find(|call| call.name() == name)
+    }
+}
+
+/// What a fault does to the calls it reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallEffect {
+    /// Each call fails at once with `StoreError::Unavailable`, nothing done.
+    Fail,
+    /// Each call waits this long (simulated time) before it is made.
+    Delay(Duration),
 }
 
 /// A fault at a fixed time after the world starts.
@@ -102,11 +144,14 @@ pub enum FaultKind {
     AgentIsolate,
     /// [`Fault::AgentClockDrift`] of a random agent, at a rate within the margin rule.
     AgentClockDrift,
+    /// [`Fault::AgentCalls`] of a random agent: a kind of call drawn uniformly, failing (half the time) or delayed
+    /// by 1 to 5 s.
+    AgentCalls,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 15] = [
+    pub const ALL: [FaultKind; 16] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
@@ -122,6 +167,7 @@ impl FaultKind {
         FaultKind::AgentPartition,
         FaultKind::AgentIsolate,
         FaultKind::AgentClockDrift,
+        FaultKind::AgentCalls,
     ];
 
     /// Whether the kind's faults target agent nodes (a world without agents runs no such process).
@@ -133,6 +179,7 @@ impl FaultKind {
                 | FaultKind::AgentPartition
                 | FaultKind::AgentIsolate
                 | FaultKind::AgentClockDrift
+                | FaultKind::AgentCalls
         )
     }
 
@@ -159,6 +206,7 @@ impl FaultKind {
             FaultKind::AgentPartition => "agent-partition",
             FaultKind::AgentIsolate => "agent-isolate",
             FaultKind::AgentClockDrift => "agent-clock-drift",
+            FaultKind::AgentCalls => "agent-calls",
         }
     }
 }
@@ -203,6 +251,15 @@ impl std::fmt::Display for Fault {
             Fault::AgentPause { agent, span } => write!(f, "agent-pause agent-{agent} (span {})", d(span)),
             Fault::AgentClockDrift { agent, rate_ppm, span } => {
                 write!(f, "agent-clock-drift agent-{agent} (rate {rate_ppm} ppm, span {})", d(span))
+            }
+            Fault::AgentCalls { agent, calls, effect, span } => {
+                let calls = calls.name();
+                match effect {
+                    CallEffect::Fail => write!(f, "agent-calls agent-{agent} ({calls} fail, span {})", d(span)),
+                    CallEffect::Delay(delay) => {
+                        write!(f, "agent-calls agent-{agent} ({calls} delayed {}, span {})", d(delay), d(span))
+                    }
+                }
             }
         }
     }
@@ -305,6 +362,16 @@ fn draw(kind: FaultKind, span: &Range<Duration>, targets: Targets, rng: &mut Cha
                 if slow { rng.random_range(slow_from..950_000) } else { rng.random_range(1_050_000..1_300_000) };
             Fault::AgentClockDrift { agent, rate_ppm, span }
         }
+        FaultKind::AgentCalls => {
+            let agent = rng.random_range(0..agents);
+            let calls = AgentCall::ALL[rng.random_range(0..AgentCall::ALL.len())];
+            let effect = if rng.random_bool(0.5) {
+                CallEffect::Fail
+            } else {
+                CallEffect::Delay(Duration::from_millis(rng.random_range(1_000..5_000)))
+            };
+            Fault::AgentCalls { agent, calls, effect, span }
+        }
     }
 }
 
@@ -364,6 +431,7 @@ pub async fn inject(world: World, fault: Fault) {
         Fault::AgentKill { agent, down } => world.agent(agent).kill_for(down).await,
         Fault::AgentPause { agent, span } => world.agent(agent).pause(span).await,
         Fault::AgentClockDrift { agent, rate_ppm, span } => world.agent(agent).drift(rate_ppm, span).await,
+        Fault::AgentCalls { agent, calls, effect, span } => world.agent(agent).calls(calls, effect, span).await,
     }
 }
 

@@ -24,9 +24,11 @@
 //! | agent     | `fence`, `fence-kill` | the agent fenced itself (`reason killed`; then `op jobs` per operation) |
 //! | agent     | `job-kill`      | the agent killed jobs the controller moved on from (`op jobs`)          |
 //! | agent     | `session`       | the agent took a new node lease (`token`)                               |
+//! | agent     | `calls-fault`, `calls-healed` | a fault on one kind of the agent's store calls began (`calls effect [delay] span`) or ended (`calls`) |
 
 #[cfg(madsim)]
 use super::net_store::NetStore;
+use super::scenario::Mutation;
 use super::trace::Trace;
 use crate::agent::{AgentConfig, AgentPass, JobScript, ProcessEvent, ProcessEventKind};
 use crate::gang::api::{self, GangError, OperationView};
@@ -38,7 +40,9 @@ use crate::gang::model::{
     JobId, JobStatus, KIND_ALLOCATION, KIND_INBOX, KIND_JOB, KIND_NODE, KIND_OPERATION, OperationStatus,
 };
 use crate::gang::pipeline::operation_pipeline_config;
-use crate::gang::placement::{GangPlacement, KIND_GANG_QUEUE, PlacementSettings, UNFIT_TIMEOUT_DEFAULT};
+use crate::gang::placement::{
+    GangPlacement, KIND_GANG_QUEUE, NODE_RETURN_GRACE_DEFAULT, PlacementSettings, UNFIT_TIMEOUT_DEFAULT,
+};
 use crate::gang::{OperationSpec, SpecFormat};
 use crate::pipeline::PipelineConfig;
 use crate::pipeline::clock::RATE_PPM_EXACT;
@@ -90,13 +94,15 @@ impl GangWorkload {
         config
     }
 
-    /// The controller's placement settings on every replica; `gate_disabled` plants the bug of
-    /// `[mutation] gang_gate_disabled`.
-    pub fn placement_settings(&self, gate_disabled: bool) -> PlacementSettings {
+    /// The controller's placement settings on every replica, with the bugs `mutation` plants (`[mutation]
+    /// gang_gate_disabled`, `lingering_gate_disabled`).
+    pub fn placement_settings(&self, mutation: &Mutation) -> PlacementSettings {
         PlacementSettings {
             default: self.controller.gang_placement,
             unfit_timeout: self.controller.gang_unfit_timeout,
-            gate_disabled_for_mutation_test: gate_disabled,
+            node_return_grace: self.controller.node_return_grace.unwrap_or(NODE_RETURN_GRACE_DEFAULT),
+            gate_disabled_for_mutation_test: mutation.gang_gate_disabled,
+            lingering_gate_disabled_for_mutation_test: mutation.lingering_gate_disabled,
         }
     }
 
@@ -208,7 +214,7 @@ impl Default for AgentTunables {
 
 /// The operation pipeline's knobs on every replica (the rest of its config is
 /// [`operation_pipeline_config`]'s).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ControllerTunables {
     /// Workers per replica. Default: the engine's default.
     pub workers: usize,
@@ -223,6 +229,29 @@ pub struct ControllerTunables {
     /// An all-or-nothing incarnation needing more allocations than the live nodes offer fails after this long.
     /// Default 60 s ([`UNFIT_TIMEOUT_DEFAULT`]).
     pub gang_unfit_timeout: Duration,
+    /// A node lost less than this long ago counts as expected back ([`PlacementSettings::node_return_grace`]).
+    /// `None`: the default, 5 min ([`NODE_RETURN_GRACE_DEFAULT`]).
+    pub node_return_grace: Option<Duration>,
+}
+
+/// Written by hand so that tunables without `node_return_grace` print as they did before the field existed: the
+/// scenario's content hash ([`crate::sim::ScenarioFile::content_hash`]) is taken over this text, and replay files
+/// of older runs carry it.
+impl std::fmt::Debug for ControllerTunables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut tunables = f.debug_struct("ControllerTunables");
+        tunables
+            .field("workers", &self.workers)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("lease_margin", &self.lease_margin)
+            .field("min_processing_interval", &self.min_processing_interval)
+            .field("gang_placement", &self.gang_placement)
+            .field("gang_unfit_timeout", &self.gang_unfit_timeout);
+        if let Some(grace) = &self.node_return_grace {
+            tunables.field("node_return_grace", grace);
+        }
+        tunables.finish()
+    }
 }
 
 impl Default for ControllerTunables {
@@ -235,6 +264,7 @@ impl Default for ControllerTunables {
             min_processing_interval: config.min_processing_interval,
             gang_placement: GangPlacement::Incremental,
             gang_unfit_timeout: UNFIT_TIMEOUT_DEFAULT,
+            node_return_grace: None,
         }
     }
 }

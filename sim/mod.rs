@@ -33,6 +33,8 @@
 //! ([`rng`]) or from madsim's RNG, both seeded by the run's seed.
 
 #[cfg(madsim)]
+pub mod agent_calls;
+#[cfg(madsim)]
 pub mod agents;
 pub mod checkers;
 #[cfg(madsim)]

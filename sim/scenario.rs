@@ -39,6 +39,13 @@ pub struct Mutation {
     ///
     /// [`PlacementSettings::gate_disabled_for_mutation_test`]: crate::gang::placement::PlacementSettings::gate_disabled_for_mutation_test
     pub gang_gate_disabled: bool,
+    /// The controller places a rank whose previous process may still run (`gang::model::Lingering`) in another
+    /// allocation at once ([`PlacementSettings::lingering_gate_disabled_for_mutation_test`]): in
+    /// scenarios/gang-revival-restart-race.toml two processes of one rank run at once, and checker
+    /// `rank_exclusivity` must fire.
+    ///
+    /// [`PlacementSettings::lingering_gate_disabled_for_mutation_test`]: crate::gang::placement::PlacementSettings::lingering_gate_disabled_for_mutation_test
+    pub lingering_gate_disabled: bool,
     /// Fixed `agent-clock-drift` faults may run an agent's clock slower than the margin rule of DESIGN §2 allows,
     /// so it keeps its processes past its node lease's expiry: checker `rank_exclusivity` must fire.
     pub agent_drift_beyond_margin: bool,
@@ -71,9 +78,10 @@ pub struct Mutation {
 
 impl Mutation {
     /// Every mutation's key in a scenario file's `[mutation]` table.
-    pub const NAMES: [&'static str; 7] = [
+    pub const NAMES: [&'static str; 8] = [
         "apply_guard_disabled",
         "gang_gate_disabled",
+        "lingering_gate_disabled",
         "agent_drift_beyond_margin",
         "related_age_rule_disabled",
         "waitlist_disabled",
@@ -167,7 +175,8 @@ impl Scenario {
                 }
                 Fault::AgentKill { agent, .. }
                 | Fault::AgentPause { agent, .. }
-                | Fault::AgentClockDrift { agent, .. } => *agent < agents,
+                | Fault::AgentClockDrift { agent, .. }
+                | Fault::AgentCalls { agent, .. } => *agent < agents,
                 Fault::Partition { a, b, .. } => target_ok(*a) && target_ok(*b),
                 Fault::Isolate { node, .. } => target_ok(*node),
                 Fault::Contention { .. } if !rows => {
@@ -432,13 +441,14 @@ pub fn no_rows() -> WorkloadSpec {
     WorkloadSpec { span: Duration::ZERO, rows_max: 0, resources: 0, ..small_workload() }
 }
 
-/// One random process of each agent fault kind ([`FaultKind::targets_agents`]), `scale` faults of each per
-/// simulated minute, with spans that outlast the agents' 10 s node lease where that matters.
+/// One random process of each agent fault kind ([`FaultKind::targets_agents`]) but `agent-calls` (which the
+/// runs built on this predate; scenario files ask for it by name), `scale` faults of each per simulated minute,
+/// with spans that outlast the agents' 10 s node lease where that matters.
 pub fn agent_faults(scale: f64) -> Vec<RandomFault> {
     let secs = |from: u64, to: u64| Duration::from_secs(from)..Duration::from_secs(to);
     FaultKind::ALL
         .iter()
-        .filter(|kind| kind.targets_agents())
+        .filter(|kind| kind.targets_agents() && **kind != FaultKind::AgentCalls)
         .map(|&kind| {
             let span = match kind {
                 FaultKind::AgentKill => secs(1, 20),

@@ -16,7 +16,7 @@
 pub mod gang;
 
 use super::faults::Target;
-use super::faults::{Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
+use super::faults::{AgentCall, CallEffect, Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
 use super::replay::fnv1a64;
 use super::scenario::{Mutation, Scenario, no_rows};
 use super::user::PipelineSet;
@@ -473,6 +473,8 @@ struct FixedDoc {
     chance: Option<f64>,
     rate_ppm: Option<u64>,
     claims: Option<usize>,
+    calls: Option<String>,
+    delay: Option<Dur>,
 }
 
 #[derive(Deserialize)]
@@ -500,6 +502,7 @@ struct ExpectDoc {
 struct MutationDoc {
     apply_guard_disabled: Option<bool>,
     gang_gate_disabled: Option<bool>,
+    lingering_gate_disabled: Option<bool>,
     agent_drift_beyond_margin: Option<bool>,
     related_age_rule_disabled: Option<bool>,
     waitlist_disabled: Option<bool>,
@@ -645,6 +648,7 @@ impl FileDoc {
         scenario.mutation = Mutation {
             apply_guard_disabled: self.mutation.apply_guard_disabled.unwrap_or(false),
             gang_gate_disabled: self.mutation.gang_gate_disabled.unwrap_or(false),
+            lingering_gate_disabled: self.mutation.lingering_gate_disabled.unwrap_or(false),
             agent_drift_beyond_margin: self.mutation.agent_drift_beyond_margin.unwrap_or(false),
             related_age_rule_disabled: self.mutation.related_age_rule_disabled.unwrap_or(false),
             waitlist_disabled: self.mutation.waitlist_disabled.unwrap_or(false),
@@ -1088,6 +1092,7 @@ fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::AgentKill => &["agent", "down"],
         FaultKind::AgentPause => &["agent", "span"],
         FaultKind::AgentClockDrift => &["agent", "rate_ppm", "span"],
+        FaultKind::AgentCalls => &["agent", "calls", "delay", "span"],
         // Random-only kinds: at a fixed time, a partition or an isolate names the agent as its node.
         FaultKind::AgentPartition | FaultKind::AgentIsolate => &[],
     }
@@ -1109,6 +1114,8 @@ impl FixedDoc {
             ("chance", self.chance.is_some()),
             ("rate_ppm", self.rate_ppm.is_some()),
             ("claims", self.claims.is_some()),
+            ("calls", self.calls.is_some()),
+            ("delay", self.delay.is_some()),
         ];
         set.iter().filter(|(_, present)| *present).map(|(name, _)| *name).collect()
     }
@@ -1206,6 +1213,25 @@ impl FixedDoc {
             FaultKind::AgentClockDrift => {
                 let rate_ppm = clock_rate(at("rate_ppm"), self.rate_ppm.ok_or_else(|| need("rate_ppm"))?)?;
                 Fault::AgentClockDrift { agent: agent()?, rate_ppm, span: span()? }
+            }
+            FaultKind::AgentCalls => {
+                let name = self.calls.as_deref().ok_or_else(|| need("calls"))?;
+                let calls = AgentCall::parse(name).ok_or_else(|| {
+                    let names: Vec<&str> = AgentCall::ALL.iter().map(|call| call.name()).collect();
+                    (at("calls"), format!("\"{name}\" is not a kind of agent call: {}", names.join(", ")))
+                })?;
+                // Without a delay the calls fail at once.
+                let effect = match self.delay {
+                    None => CallEffect::Fail,
+                    Some(Dur(delay)) if delay.is_zero() => {
+                        return Err((
+                            at("delay"),
+                            "0s delays nothing: leave `delay` out to make the calls fail".into(),
+                        ));
+                    }
+                    Some(Dur(delay)) => CallEffect::Delay(within_window(at("delay"), delay, window)?),
+                };
+                Fault::AgentCalls { agent: agent()?, calls, effect, span: span()? }
             }
             FaultKind::AgentPartition | FaultKind::AgentIsolate => unreachable!("refused above"),
         })
@@ -1974,16 +2000,47 @@ span = ["5s", "10s"]
     }
 
     #[test]
+    fn agent_calls_faults_are_read_and_checked_at_their_keys() {
+        use crate::sim::faults::{AgentCall, CallEffect};
+        let fault = |fields: &str| {
+            format!(
+                "{GANG}[faults]\nuntil = \"30s\"\n[[faults.at]]\nat = \"5s\"\nkind = \"agent-calls\"\nagent = 1\n{fields}"
+            )
+        };
+        let file = parse(&fault("calls = \"allocations\"\ndelay = \"2s\"\nspan = \"10s\"\n")).unwrap();
+        let (delay, span) = (Duration::from_secs(2), Duration::from_secs(10));
+        let expected =
+            Fault::AgentCalls { agent: 1, calls: AgentCall::Allocations, effect: CallEffect::Delay(delay), span };
+        assert_eq!(file.scenario.faults.fixed[0].fault, expected);
+        let file = parse(&fault("calls = \"reports\"\nspan = \"10s\"\n")).unwrap();
+        let expected = Fault::AgentCalls { agent: 1, calls: AgentCall::Reports, effect: CallEffect::Fail, span };
+        assert_eq!(file.scenario.faults.fixed[0].fault, expected, "without a delay the calls fail");
+        let (_, key, rule) = error(&fault("calls = \"listings\"\nspan = \"10s\"\n"));
+        assert_eq!(key, "faults.at[0].calls");
+        assert!(rule.contains("reports, allocations, heartbeats"), "{rule}");
+        let (_, key, rule) = error(&fault("calls = \"heartbeats\"\ndelay = \"0s\"\nspan = \"10s\"\n"));
+        assert_eq!(key, "faults.at[0].delay");
+        assert!(rule.contains("leave `delay` out"), "{rule}");
+        let (_, key, _) = error(&fault("span = \"10s\"\n"));
+        assert_eq!(key, "faults.at[0].calls");
+        let random = format!(
+            "{GANG}[faults]\nuntil = \"30s\"\n[[faults.random]]\nkind = \"agent-calls\"\nper_minute = 2.0\nspan = [\"1s\", \"5s\"]\n"
+        );
+        assert_eq!(parse(&random).unwrap().scenario.faults.random[0].kind, FaultKind::AgentCalls);
+    }
+
+    #[test]
     fn gang_placement_agent_clock_drift_and_their_mutations_are_read_and_checked_at_their_keys() {
         let file = parse(&format!(
             "{GANG}[controller]\ngang_placement = \"all_or_nothing\"\ngang_unfit_timeout = \"20s\"\n\
-             [mutation]\ngang_gate_disabled = true\n"
+             [mutation]\ngang_gate_disabled = true\nlingering_gate_disabled = true\n"
         ))
         .unwrap();
         let gang = file.scenario.gang.as_ref().unwrap();
         assert_eq!(gang.controller.gang_placement, crate::gang::GangPlacement::AllOrNothing);
         assert_eq!(gang.controller.gang_unfit_timeout, Duration::from_secs(20));
         assert!(file.scenario.mutation.gang_gate_disabled);
+        assert!(file.scenario.mutation.lingering_gate_disabled);
         let (_, key, rule) = error(&format!("{GANG}[controller]\ngang_placement = \"gang\"\n"));
         assert_eq!(key, "controller.gang_placement");
         assert!(rule.contains("expected incremental or all_or_nothing"), "{rule}");

@@ -318,6 +318,7 @@ pub fn fault_counts(trace: &[TraceEvent]) -> BTreeMap<String, u64> {
                 kind
             }
             (_, kind @ ("contention" | "buggify" | "skipped")) => kind,
+            (_, "calls-fault") => "agent-calls",
             _ => continue,
         };
         *counts.entry(kind.to_string()).or_default() += 1;

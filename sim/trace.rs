@@ -64,6 +64,8 @@ pub const KINDS: &[&str] = &[
     "buggify-end",
     "build",
     "call-timeout",
+    "calls-fault",
+    "calls-healed",
     "clock-drift",
     "clock-exact",
     "commit",

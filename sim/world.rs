@@ -24,6 +24,7 @@
 use super::agents::{self, AgentContext};
 use super::db::{self, Database};
 pub use super::faults::Target;
+use super::faults::{AgentCall, CallEffect};
 use super::gang::{self, GangClient, SubmitOutcome};
 use super::net_store::{NetStore, NetStoreOptions};
 use super::replica::{self, ReplicaContext, Stop};
@@ -54,6 +55,7 @@ enum Slot {
     Clock(usize),
     Agent(usize),
     AgentClock(usize),
+    AgentCalls(usize, AgentCall),
     Db,
     Network,
     Replies,
@@ -185,13 +187,13 @@ impl World {
         let operations = scenario.gang.as_ref().map(|gang| gang.pipeline_config());
         let services = Arc::new(Self::start_services(&handle, &scenario, seed, &trace, &faults_on));
         let lease_ttl_max = Arc::new(AtomicU64::new(0));
-        let placement = scenario
-            .gang
-            .as_ref()
-            .map(|gang| gang.placement_settings(scenario.mutation.gang_gate_disabled))
-            .unwrap_or_default();
+        let placement =
+            scenario.gang.as_ref().map(|gang| gang.placement_settings(&scenario.mutation)).unwrap_or_default();
         if scenario.mutation.gang_gate_disabled {
             trace.record(&name, "mutation", "gang_gate_disabled");
+        }
+        if scenario.mutation.lingering_gate_disabled {
+            trace.record(&name, "mutation", "lingering_gate_disabled");
         }
         if scenario.mutation.agent_drift_beyond_margin {
             trace.record(&name, "mutation", "agent_drift_beyond_margin");
@@ -256,6 +258,7 @@ impl World {
                             clock: LocalClock::drifting().with_reader(db.time().reader()),
                             trace: trace.clone(),
                             incarnations: AtomicU64::new(0),
+                            calls: Arc::default(),
                         });
                         let init = ctx.clone();
                         let node = handle
@@ -518,6 +521,7 @@ impl World {
             if agent.ctx.clock.rate_ppm() != RATE_PPM_EXACT {
                 agent.ctx.clock.set_rate_ppm(RATE_PPM_EXACT);
             }
+            agent.ctx.calls.clear_all();
         }
         if std::mem::take(&mut state.db_down) {
             inner.handle.restart(inner.db_node.id());
@@ -683,6 +687,26 @@ impl AgentHandle<'_> {
         self.slot().ctx.clock.set_rate_ppm(RATE_PPM_EXACT);
         self.record("clock-exact", "");
         self.world.release(Slot::AgentClock(self.index));
+    }
+
+    /// Puts `effect` on the agent's store calls of kind `calls` for `span`, its other calls going through
+    /// ([`super::agent_calls`]; it outlives a restart of the agent). The trace says `calls-fault calls=… effect=…
+    /// span=…` and `calls-healed calls=…`, durations as scenario files write them.
+    pub async fn calls(&self, calls: AgentCall, effect: CallEffect, span: Duration) {
+        if !self.world.acquire(Slot::AgentCalls(self.index, calls), "agent-calls") {
+            return;
+        }
+        let show = crate::duration::format;
+        let effect_text = match effect {
+            CallEffect::Fail => "fail".to_string(),
+            CallEffect::Delay(delay) => format!("delay delay={}", show(delay)),
+        };
+        self.record("calls-fault", format!("calls={} effect={effect_text} span={}", calls.name(), show(span)));
+        self.slot().ctx.calls.set(calls, effect);
+        tokio::time::sleep(span).await;
+        self.slot().ctx.calls.clear(calls);
+        self.record("calls-healed", format!("calls={}", calls.name()));
+        self.world.release(Slot::AgentCalls(self.index, calls));
     }
 
     /// Cuts the agent off from the database for `span`: it must fence itself before its node is declared lost.

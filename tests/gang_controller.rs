@@ -219,22 +219,34 @@ fn revival_with_a_missing_ranked_job_restarts_without_reusing_allocations() {
 }
 
 #[test]
-fn an_aborted_rank_whose_start_was_never_reported_is_placed_elsewhere_once_its_node_renewed_its_lease() {
-    // Revival again, but the jobs were only assigned: no start was reported, so there may be no process at all.
-    // The agent's pass that renews its lease lists its allocations next: it never starts the job, and kills it if
-    // it had started it.
+fn an_aborted_rank_whose_start_was_never_reported_moves_on_its_agents_report_never_on_a_renewal_alone() {
+    // Revival again, but the jobs were only assigned: no start was reported, yet the agent may have started one
+    // (its report not inserted yet) and still run it after a renewal (its allocation listing failed after a
+    // successful heartbeat, issue 40). The allocation stays held, idle, marked with the job, until the agent reports
+    // the job's end: it kills a process it runs, or reports that it runs none.
     let mut world = World::new(GANG3, 6, 1);
     world.pass();
     world.lose_node_of("worker", 1);
     world.revival_next = true;
     world.pass();
     assert_eq!(world.live("worker", 0).status, JobStatus::Pending);
+    let lingering = world.data.lingering.iter().find(|l| l.gang_rank == 0).expect("rank 0 lingers").clone();
+    let held = &world.allocations[&lingering.allocation];
+    assert!(held.allocated && held.data.job.is_none(), "kept, idle, for the agent to see: {held:?}");
+    assert_eq!(held.data.lingering, Some(lingering.job), "marked with the job whose end the agent reports");
+    // Its node renews its lease meanwhile (a pass reads no lease expiry: a renewal is no evidence that it is dead).
     world.pass();
-    assert_eq!(world.live("worker", 0).status, JobStatus::Pending, "no renewal yet");
-    world.renew_leases();
+    world.pass();
+    assert_eq!(world.live("worker", 0).status, JobStatus::Pending, "no report, no move");
+    world.report_stale_kills();
     world.pass();
     assert!(world.data.lingering.is_empty());
     assert_eq!(world.live("worker", 0).status, JobStatus::Assigned);
+    let rank0 = world.live("worker", 0).data.allocation.unwrap();
+    let kept = world.jobs.iter().find(|j| j.data.id == lingering.job).unwrap().data.allocation.unwrap();
+    assert_ne!(rank0, kept, "the kept grant was released once answered, not reused (a revival reuses nothing)");
+    world.run_to_end();
+    assert_eq!(world.status, OperationStatus::Completed);
 }
 
 #[test]

@@ -35,6 +35,8 @@ struct Cluster {
     now: Timestamp,
     settings: PlacementSettings,
     next_row: i64,
+    /// Nodes whose session ended, with when (store clock): expected back for `settings.node_return_grace`.
+    lost: BTreeMap<RowId, Timestamp>,
 }
 
 impl Cluster {
@@ -47,6 +49,7 @@ impl Cluster {
             now: Timestamp(1_700_000_000_000_000),
             settings: PlacementSettings::default(),
             next_row: 1000,
+            lost: BTreeMap::new(),
         };
         for _ in 0..nodes {
             cluster.add_node();
@@ -87,6 +90,29 @@ impl Cluster {
         self.allocations.values().filter(|a| self.sessions.contains_key(&a.data.node)).count() as u32
     }
 
+    /// Allocations of the nodes lost less than `node_return_grace` ago.
+    fn returning_slots(&self) -> u32 {
+        let grace = self.settings.node_return_grace.as_micros() as i64;
+        let recent = |node: &RowId| self.lost.get(node).is_some_and(|at| self.now.as_micros() - at.as_micros() < grace);
+        self.allocations.values().filter(|a| recent(&a.data.node)).count() as u32
+    }
+
+    /// The session of the node running `id`'s placed live job of `cookie` ends (its agent died).
+    fn lose_node_of(&mut self, id: RowId, cookie: u32) -> RowId {
+        let job = self.live(id).into_iter().find(|j| j.data.job_cookie == cookie && j.data.allocation.is_some());
+        let node = self.allocations[&job.expect("placed").data.allocation.unwrap().row].data.node;
+        self.sessions.remove(&node);
+        self.lost.insert(node, self.now);
+        node
+    }
+
+    /// `node`'s agent comes back with a new session.
+    fn return_node(&mut self, node: RowId) {
+        let token = LockToken(self.row().0);
+        self.sessions.insert(node, token);
+        self.lost.remove(&node);
+    }
+
     /// One pass over `id`, its output applied.
     fn pass(&mut self, id: RowId) {
         let free: Vec<(Allocation, LockToken)> = self
@@ -95,7 +121,7 @@ impl Cluster {
             .filter(|a| !a.allocated)
             .filter_map(|a| self.sessions.get(&a.data.node).map(|s| (a.clone(), *s)))
             .collect();
-        let cluster_slots = self.cluster_slots();
+        let (cluster_slots, returning_slots) = (self.cluster_slots(), self.returning_slots());
         let op = self.ops.get_mut(&id).expect("operation exists");
         let input = PassInput {
             operation: id,
@@ -106,11 +132,11 @@ impl Cluster {
             messages: std::mem::take(&mut op.inbox),
             free,
             node_sessions: self.sessions.clone(),
-            node_expiries: self.sessions.keys().map(|node| (*node, self.now.plus(Duration::from_secs(10)))).collect(),
             revival: false,
             now: self.now,
             queue: self.queue.clone(),
             cluster_slots,
+            returning_slots,
             settings: self.settings.clone(),
         };
         let output = run_pass(input);
@@ -156,9 +182,13 @@ impl Cluster {
         };
         let violations = audit::rank_uniqueness(&view);
         assert!(violations.is_empty(), "{violations:?}");
-        let held = self.held(id);
         if op.data.waiting.is_some() {
-            assert_eq!(held, 0, "operation {id} waits while it holds {held} allocations");
+            // A waiting gang holds nothing but the allocations kept until their agents answer for a process that
+            // may still run there.
+            let kept =
+                op.data.lingering.iter().filter(|l| self.allocations[&l.allocation].data.lingering == Some(l.job));
+            let held = self.held(id);
+            assert_eq!(held, kept.count(), "operation {id} waits while it holds {held} allocations");
             assert!(self.queue.iter().any(|e| e.operation == id), "operation {id} waits outside the queue");
         } else {
             assert!(self.queue.iter().all(|e| e.operation != id), "operation {id} is queued but not waiting");
@@ -385,18 +415,21 @@ fn a_restart_that_fits_reuses_allocations_and_one_that_does_not_releases_them_al
     cluster.round();
     assert_eq!(cluster.op(gang).data.incarnation, 2);
     assert_eq!(cluster.placed_ranks(gang), 0, "nothing placed");
-    assert_eq!(cluster.held(gang), 0, "and nothing held, not even the allocations it could have reused");
+    // Nothing held, not even the allocations it could have reused, but the two where ranks 1 and 2 may still run:
+    // those stay, idle and marked, until their agents answer for the processes (issue 40).
+    assert_eq!(cluster.held(gang), 2);
     assert_eq!(cluster.queued(), [gang]);
     cluster.start(other);
     cluster.complete(other);
     cluster.round();
     cluster.round();
-    // Four free slots, but ranks 1 and 2 may still run where their allocations were released (their agents have
-    // not reported the kills): placing them elsewhere now could run two processes of one rank at once.
+    // Ranks 1 and 2 may still run in the allocations kept for them (their agents have not answered): placing them
+    // elsewhere now could run two processes of one rank at once.
     assert_eq!(cluster.op(gang).data.lingering.len(), 2);
     assert_eq!(cluster.placed_ranks(gang), 0);
     cluster.report_stale_kills(gang);
     cluster.round();
+    assert_eq!(cluster.held(gang), 3);
     assert_eq!(cluster.placed_ranks(gang), 3);
     assert!(cluster.op(gang).data.lingering.is_empty());
 }
@@ -423,7 +456,8 @@ fn a_gang_larger_than_the_cluster_fails_after_the_unfit_timeout_and_reserves_not
     assert!(
         result.starts_with(
             "gang_placement all_or_nothing: incarnation 0 needs 4 allocations at once, but the live nodes offered \
-             only 3 for 30s (gang_unfit_timeout 30s): it can never be placed"
+             only 3 (no node lost within node_return_grace 300s is expected back) for 30s (gang_unfit_timeout 30s): \
+             it can never be placed"
         ),
         "{result}"
     );
@@ -492,4 +526,99 @@ fn with_the_gate_disabled_for_a_mutation_test_an_all_or_nothing_gang_is_placed_i
     cluster.round();
     assert_eq!((cluster.placed_ranks(a), cluster.placed_ranks(b)), (2, 1));
     assert_eq!(cluster.op(b).data.placement, Some(GangPlacement::AllOrNothing), "while its data says otherwise");
+}
+
+#[test]
+fn a_restarting_gang_whose_node_is_down_keeps_its_place_and_its_slots_until_the_node_returns() {
+    // Issue 40: the gang needs more slots than the live nodes offer while its node is down; it was taken for unfit,
+    // held nothing back (later work took the slots it freed) and failed after the unfit timeout.
+    let mut cluster = Cluster::new(3);
+    let gang = cluster.submit(GANG3);
+    cluster.round();
+    cluster.start(gang);
+    cluster.round();
+    let node = cluster.lose_node_of(gang, 2);
+    cluster.round();
+    assert_eq!(cluster.op(gang).data.incarnation, 1, "the node loss restarted the gang");
+    assert_eq!(cluster.queued(), [gang]);
+    let waiting = cluster.op(gang).data.waiting.clone().expect("waits");
+    assert_eq!(waiting.unfit_since, None, "its node is expected back: not unfit");
+    cluster.report_stale_kills(gang); // ranks 0 and 1 were killed on their live nodes: their slots are free
+    cluster.round();
+    assert_eq!(cluster.held(gang), 0);
+    // Later work: a plain operation and a gang of one. Neither takes a slot the waiting gang freed.
+    let plain = cluster.submit("{tasks={p={job_count=1;command=p}}}");
+    let solo = cluster.submit(SOLO);
+    cluster.round();
+    assert_eq!(cluster.held(plain) + cluster.held(solo), 0, "the freed slots stay reserved for the gang");
+    cluster.now = cluster.now.plus(Duration::from_secs(90)); // past the 60 s unfit timeout
+    cluster.round();
+    assert_eq!(cluster.op(gang).status, OperationStatus::Running, "not failed while its node is expected back");
+    cluster.return_node(node);
+    cluster.round();
+    assert_eq!(cluster.placed_ranks(gang), 3, "placed whole once its node is back");
+    assert_eq!(cluster.held(plain) + cluster.held(solo), 0, "and the later work waits for a free slot");
+}
+
+#[test]
+fn a_gang_whose_lost_node_never_returns_fails_after_the_grace_and_the_unfit_timeout_naming_what_it_counted() {
+    let mut cluster = Cluster::new(3);
+    cluster.settings.unfit_timeout = Duration::from_secs(30);
+    cluster.settings.node_return_grace = Duration::from_secs(100);
+    let gang = cluster.submit(GANG3);
+    cluster.round();
+    cluster.start(gang);
+    cluster.round();
+    cluster.lose_node_of(gang, 0);
+    cluster.round();
+    cluster.now = cluster.now.plus(Duration::from_secs(99));
+    cluster.round();
+    assert_eq!(cluster.op(gang).data.waiting.as_ref().unwrap().unfit_since, None, "still expected back");
+    cluster.now = cluster.now.plus(Duration::from_secs(1));
+    cluster.round();
+    assert_eq!(cluster.op(gang).data.waiting.as_ref().unwrap().unfit_since, Some(cluster.now), "no longer");
+    cluster.now = cluster.now.plus(Duration::from_secs(30));
+    cluster.round();
+    let op = cluster.op(gang);
+    assert_eq!(op.status, OperationStatus::Failed);
+    let result = op.data.result.as_deref().unwrap();
+    assert!(
+        result.contains(
+            "incarnation 1 needs 3 allocations at once, but the live nodes offered only 2 (no node lost within \
+             node_return_grace 100s is expected back) for 30s"
+        ),
+        "{result}"
+    );
+    assert!(cluster.queued().is_empty());
+}
+
+#[test]
+fn a_restarting_gang_waits_ahead_of_the_gangs_that_arrived_after_it() {
+    // Issue 40: a gang that restarted and did not fit joined the queue at its end, so a gang submitted after it
+    // (waiting already) took the slots it freed, and it waited a whole job length more.
+    let mut cluster = Cluster::new(4);
+    let first = cluster.submit(GANG3);
+    cluster.round();
+    cluster.start(first);
+    cluster.round();
+    let later = cluster.submit(GANG2);
+    cluster.round();
+    assert_eq!(cluster.queued(), [later], "one free slot of the two it needs");
+    cluster.end(first, 1, JobOutcome::Exited { code: 1 });
+    cluster.round();
+    assert_eq!(cluster.op(first).data.incarnation, 1);
+    eprintln!(
+        "DEBUG later placed {} held {} first held {} waiting {:?}",
+        cluster.placed_ranks(later),
+        cluster.held(later),
+        cluster.held(first),
+        cluster.op(first).data.waiting
+    );
+    assert_eq!(cluster.queued(), [first, later], "the restarting gang waits ahead of the gang that came after it");
+    cluster.report_stale_kills(first);
+    cluster.round();
+    cluster.round();
+    assert_eq!(cluster.placed_ranks(first), 3, "placed first with the slots it freed");
+    assert_eq!(cluster.placed_ranks(later), 0);
+    assert_eq!(cluster.queued(), [later]);
 }

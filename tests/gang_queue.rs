@@ -175,7 +175,7 @@ impl Store for Racing {
 }
 
 fn entry(operation: i64, need: u32) -> QueueEntry {
-    QueueEntry { operation: RowId(operation), incarnation: 0, need, since: START }
+    QueueEntry { operation: RowId(operation), incarnation: 0, need, since: START, arrived: None }
 }
 
 #[tokio::test(start_paused = true)]

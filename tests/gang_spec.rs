@@ -392,3 +392,23 @@ fn a_spec_update_may_not_change_gang_placement() {
         ]
     );
 }
+
+#[test]
+fn max_node_loss_restart_count_is_lockstep_s_own_key_for_gang_operations_only() {
+    let gang = |max: &str| {
+        format!("{{tasks={{t={{job_count=2;command=c;gang_options={{}}}}}};max_node_loss_restart_count={max}}}")
+    };
+    let spec = yson(&gang("3")).unwrap();
+    assert_eq!((spec.max_node_loss_restart_count, spec.node_loss_restarts_max()), (Some(3), 3));
+    assert!(spec.unknown_keys().is_empty());
+    let spec = yson("{tasks={t={job_count=2;command=c;gang_options={}}}}").unwrap();
+    let default = lockstep::gang::spec::MAX_NODE_LOSS_RESTART_COUNT_DEFAULT;
+    assert_eq!((spec.max_node_loss_restart_count, spec.node_loss_restarts_max()), (None, default));
+    assert_eq!(violations(&gang("0")), vec!["max_node_loss_restart_count: 0 is less than 1"]);
+    assert_eq!(
+        violations("{tasks={t={job_count=2;command=c}};max_node_loss_restart_count=5}"),
+        vec![
+            "max_node_loss_restart_count: 5 needs a gang operation: no task has gang_options, so nothing restarts a gang"
+        ]
+    );
+}

@@ -284,17 +284,18 @@ fn the_gang_page_quotes_submits_warning_for_an_unknown_key() {
 /// The gang page's unfit-gang message is the controller's reason, durations as people read them.
 #[test]
 fn the_gang_page_quotes_the_unfit_reason() {
-    use lockstep::gang::placement::unfit_reason;
+    use lockstep::gang::placement::{Unfit, unfit_reason};
     use std::time::Duration;
     let gang = page("docs/gang.md");
     let section = gang.section("## Placement").split_whitespace().collect::<Vec<_>>().join(" ");
     let start = section.find("`gang_placement all_or_nothing: ").expect("the page quotes the unfit reason") + 1;
     let quoted = &section[start..start + section[start..].find('`').unwrap()];
-    let sixty = Duration::from_secs(60);
-    assert_eq!(quoted, unfit_reason(0, 4, 3, sixty, sixty));
+    let (sixty, grace) = (Duration::from_secs(60), Duration::from_secs(300));
+    let unfit = Unfit { index: 0, need: 4, live: 3, returning: 0, waited: sixty, timeout: sixty, grace };
+    assert_eq!(quoted, unfit_reason(unfit));
     // A wait measured on the store's clock reads to the millisecond, not as Debug's nanoseconds.
-    let waited = unfit_reason(0, 4, 3, Duration::from_nanos(61_234_567_891), sixty);
-    assert!(waited.contains("only 3 for 61.234s (gang_unfit_timeout 60s)"), "{waited}");
+    let waited = unfit_reason(Unfit { waited: Duration::from_nanos(61_234_567_891), returning: 1, ..unfit });
+    assert!(waited.contains("expected back, offer 1 more) for 61.234s (gang_unfit_timeout 60s)"), "{waited}");
 }
 
 /// The real-mode page's claim about `--help`: clap names the unset variable as `[env: LOCKSTEP_SCHEMA=]`.

@@ -8,7 +8,8 @@
 //! - `process_outlived_operation`: at the end (every operation ended, the replicas drained, a lease ttl passed) no
 //!   process is alive: agents killed what their operations left, and fenced agents killed theirs;
 //! - `gang_audit`: rank uniqueness per incarnation, reuse keeping cookie/rank/descriptor, the completion and
-//!   failure rules ([`audit::operation`] on every operation's view);
+//!   failure rules ([`audit::operation`] on every operation's view), and no controller pass failed (a panic or an
+//!   error recorded on an operation row, [`failed_passes`]);
 //! - `liveness`: every submitted operation ended within the liveness bound after the heal;
 //! - `expect`: the scenario's per-operation expectations (final state, incarnation bounds, completion time) and
 //!   trace expectations (counts of trace lines of a kind: what must have happened).
@@ -93,11 +94,12 @@ pub fn check_all(input: &GangCheckInput<'_>) -> Vec<Violation> {
         "processes alive at the end, after every operation ended",
     );
     push("process_outlived_operation", live, alive);
-    let audits: Vec<String> = input
+    let mut audits: Vec<String> = input
         .views
         .iter()
         .flat_map(|view| audit::operation(view).into_iter().map(move |v| format!("operation {}: {v}", view.id)))
         .collect();
+    audits.extend(failed_passes(input.trace));
     push("gang_audit", audits, ("broken gang rule", "broken gang rules"));
     let unfinished = (
         "operation not ended within the liveness bound after the heal",
@@ -107,6 +109,22 @@ pub fn check_all(input: &GangCheckInput<'_>) -> Vec<Violation> {
     let unmet = expectations(input.expectations, input.reports, input.trace);
     push("expect", unmet, ("unmet expectation", "unmet expectations"));
     violations
+}
+
+/// Every controller pass that failed (part of `gang_audit`): a failure recorded on an operation row, from the
+/// trace's `commit failure` lines about an operation. A pass fails only by a panic or an error of its own (a store
+/// that fails or a lock that is contended leaves the lease to expire or resets it, recording nothing), and a pass
+/// retried on the same inbox fails again: the operation never moves and an abort waits behind it (issue 40).
+pub fn failed_passes(trace: &[TraceEvent]) -> Vec<String> {
+    trace
+        .iter()
+        .filter(|e| e.kind == "commit" && e.node.starts_with("replica-"))
+        .filter_map(|e| {
+            let text = e.fields.text();
+            let failed = text.starts_with("failure ") && text.split_whitespace().any(|t| t.starts_with("op="));
+            failed.then(|| format!("a controller pass failed at {:.6} s: {text}", e.at.as_secs_f64()))
+        })
+        .collect()
 }
 
 /// Every unmet expectation, as a sentence naming the operation (or the trace lines), what was expected and what
@@ -205,6 +223,23 @@ mod tests {
 
     fn expecting(expectation: OperationExpectation) -> Expectations {
         Expectations { operations: vec![expectation], trace: Vec::new() }
+    }
+
+    #[test]
+    fn a_failure_recorded_on_an_operation_row_is_a_broken_gang_rule() {
+        let line = |node: &str, text: &str| TraceEvent {
+            at: Duration::from_millis(23_500),
+            node: node.into(),
+            kind: "commit",
+            fields: text.to_string().into(),
+        };
+        let trace = [
+            line("replica-0", "failure 13#14 attempt=1 retry op=13"),
+            line("replica-1", "failure 8#3 attempt=2 retry"), // a row of the row workload
+            line("replica-0", "apply 13#15 applied related=[] inserted=[] op=13"),
+        ];
+        let failed = failed_passes(&trace);
+        assert_eq!(failed, ["a controller pass failed at 23.500000 s: failure 13#14 attempt=1 retry op=13"]);
     }
 
     #[test]

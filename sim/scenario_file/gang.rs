@@ -65,6 +65,7 @@ pub(super) struct ControllerDoc {
     min_processing_interval: Option<Dur>,
     gang_placement: Option<String>,
     gang_unfit_timeout: Option<Dur>,
+    node_return_grace: Option<Dur>,
 }
 
 /// One `[[operations]]`.
@@ -446,6 +447,9 @@ fn controller_tunables(doc: ControllerDoc) -> Result<ControllerTunables, Broken>
     }
     if let Some(timeout) = doc.gang_unfit_timeout {
         tunables.gang_unfit_timeout = within_max(at("gang_unfit_timeout"), timeout.0)?;
+    }
+    if let Some(grace) = doc.node_return_grace {
+        tunables.node_return_grace = Some(within_max(at("node_return_grace"), grace.0)?);
     }
     // The engine's own check of the operation pipeline's config, at the key it most likely comes from.
     let probe = GangWorkload {

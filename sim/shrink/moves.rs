@@ -389,6 +389,7 @@ fn materialized(table: &Table, trace: &str) -> Option<Candidate> {
                 ("loss", Value::Float(field_f64(line, "loss")?)),
                 ("span", span_value(span)),
             ])),
+            Kind::Event if line.split_whitespace().nth(2) == Some("calls-fault") => Some(agent_calls(&lane.key, line)?),
             Kind::Event if line.split_whitespace().nth(2) == Some("contention") => {
                 let claims = field_text(line, "claims")?.parse::<i64>().ok()?;
                 Some(fields([("kind", "contention".into()), ("claims", Value::Integer(claims))]))
@@ -439,6 +440,23 @@ fn node_fault(kind: Kind, node: &str, span: u64, line: &str) -> Option<Table> {
     if kind == Kind::Drift {
         fault.insert("rate_ppm".into(), Value::Integer(field_text(line, "rate_ppm")?.parse().ok()?));
     }
+    Some(fault)
+}
+
+/// An `agent-calls` fault from its `calls-fault` line: the agent of the lane, the kind of calls, the delay (none
+/// when the calls failed) and the span, as the line names them.
+fn agent_calls(node: &str, line: &str) -> Option<Table> {
+    let agent = node.strip_prefix("agent-")?.parse::<i64>().ok()?;
+    let duration = |key: &str| crate::duration::parse(field_text(line, key)?).ok();
+    let mut fault = fields([
+        ("kind", "agent-calls".into()),
+        ("agent", Value::Integer(agent)),
+        ("calls", field_text(line, "calls")?.into()),
+    ]);
+    if field_text(line, "effect")? == "delay" {
+        fault.insert("delay".into(), duration_value(duration("delay")?));
+    }
+    fault.insert("span".into(), duration_value(duration("span")?));
     Some(fault)
 }
 

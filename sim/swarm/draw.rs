@@ -560,6 +560,7 @@ impl Faults {
                 FaultKind::Degrade | FaultKind::LostReplies => Some((2_000, 20_000)),
                 FaultKind::DbRestart => Some((200, 3_000)),
                 FaultKind::ClockDrift | FaultKind::AgentClockDrift => Some((5_000, 30_000)),
+                FaultKind::AgentCalls => Some((2_000, 30_000)),
                 FaultKind::Contention => None,
                 FaultKind::Buggify => Some((2_000, 10_000)),
                 // Node loss from a blink to a minute: long enough that gangs restart without the node.

@@ -1,7 +1,8 @@
 //! Node agents (DESIGN §4): an agent leases its node's row, runs the jobs the controller puts in its node's
 //! allocations through an [`Executor`], reports their starts and ends to their operations' inboxes, kills the
 //! processes the controller moved on from (older incarnations, ended jobs; each kill is reported too, so the
-//! controller knows the process is gone), and kills every process when it cannot
+//! controller knows the process is gone; a job an allocation is marked with as possibly still running here, when it
+//! runs none of it, is reported too: [`REASON_NOT_RUNNING`]), and kills every process when it cannot
 //! renew its node lease (self-fencing), so that when the controller declares the node lost its processes are dead.
 //!
 //! The node lease is the engine's lease (DESIGN §2): the agent fetches its node row (kind `node`, status = the
@@ -221,6 +222,9 @@ pub struct AgentPass {
     pub killed: Vec<JobId>,
     /// Jobs whose processes ended by themselves, with their exit.
     pub exited: Vec<(JobId, ExitStatus)>,
+    /// Jobs an allocation was marked with as possibly still running here, whose end the pass reported because no
+    /// process of theirs runs here ([`REASON_NOT_RUNNING`]).
+    pub answered: Vec<JobId>,
     /// Reports inserted into inboxes.
     pub reported: usize,
     /// Jobs whose processes the fence killed (empty unless `fenced`).
@@ -243,6 +247,12 @@ pub type PassObserver = Arc<dyn Fn(&AgentPass) + Send + Sync>;
 /// The reason an agent reports for a process it killed because the controller moved on from its job (the job
 /// ended, or its allocation now names another job or none).
 pub const REASON_MOVED_ON: &str = "process killed: the controller moved on";
+
+/// The reason an agent reports for a job the controller marked as possibly still running in one of its
+/// allocations ([`AllocationData::lingering`]) when it runs no process of it: it never started it, or the process
+/// ended (and that end was reported too). The report is the evidence the controller waits for before it places the
+/// job's rank in another allocation (`gang::model::Lingering`).
+pub const REASON_NOT_RUNNING: &str = "no process of the job runs here: the controller moved on from it";
 
 /// The reason of the jobs a stopping agent interrupts ([`Agent::stop`]).
 pub const REASON_NODE_STOPPING: &str = "node stopping";
@@ -284,6 +294,9 @@ pub struct Agent<S: Store, E: Executor> {
     finished: BTreeSet<JobId>,
     /// Reports not yet inserted: (operation, message), in order.
     outbox: VecDeque<(RowId, Message)>,
+    /// Jobs marked lingering in its allocations ([`AllocationData::lingering`]) whose end this session reported
+    /// (a kill, or [`REASON_NOT_RUNNING`]), so it is reported once. Pruned to the marks its allocations still carry.
+    answered: BTreeSet<JobId>,
     observer: Option<PassObserver>,
     /// Jobs a fence killed and has not reported yet (a fence abandoned at the deadline leaves them to the next).
     fence_killed: Vec<JobId>,
@@ -318,6 +331,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
             prepared_wake: Arc::default(),
             finished: BTreeSet::new(),
             outbox: VecDeque::new(),
+            answered: BTreeSet::new(),
             observer: None,
             fence_killed: Vec::new(),
             extended: Arc::default(),
@@ -635,6 +649,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
         let token = row.lock_token.expect("a fetched row carries its lease token");
         self.node = Some(row.id);
         self.finished.clear();
+        self.answered.clear();
         let deadline = sent + self.config.lease_ttl - self.config.lease_margin;
         self.session = Some(Session { lease: Lease { id: row.id, token }, deadline });
         tracing::info!(node = %self.config.name, %token, "node session started");
@@ -757,16 +772,22 @@ impl<S: Store, E: Executor> Agent<S, E> {
         let stale: Vec<RowId> =
             self.processes.iter().filter(|(row, p)| is_stale(row, p.allocation, p.job)).map(|(row, _)| *row).collect();
         for row in stale {
+            // Listed until it has ended: a fence that abandons this pass at the lease's local deadline, in the middle
+            // of the kill, then waits for it too before it gives the lease back (issue 40).
+            let handle = &mut self.processes.get_mut(&row).expect("listed").handle;
+            handle.request_kill();
+            handle.ended().await;
             let running = self.processes.remove(&row).expect("listed");
-            running.handle.kill().await;
             // The controller ignores a report on a job it ended, but learns from it that the process is gone: a
             // gang restart places the job's rank elsewhere only then (gang::model::Lingering).
             let outcome = JobOutcome::Aborted { reason: REASON_MOVED_ON.into() };
             let message = Message::JobEnded { job: running.job, allocation: running.allocation, outcome };
             self.outbox.push_back((running.job.operation, message));
+            self.answered.insert(running.job);
             pass.killed.push(running.job);
         }
         self.preparing.retain(|row, p| !is_stale(row, p.allocation, p.job));
+        self.answer_lingering(session, allocations, pass);
         while let Ok((row, job, result)) = self.prepared_rx.try_recv() {
             if let Some(preparing) = self.preparing.get_mut(&row).filter(|p| p.job == job) {
                 preparing.result = Some(result);
@@ -806,6 +827,29 @@ impl<S: Store, E: Executor> Agent<S, E> {
             .filter_map(|allocation| allocation.data.job.as_ref().map(|launch| launch.job))
             .collect();
         self.finished.retain(|job| named.contains(job));
+    }
+
+    /// Reports, once per session, the end of each job its allocations are marked with as possibly still running
+    /// ([`AllocationData::lingering`]) when it runs no process of it (it never started it, or the process ended): the
+    /// controller places the job's rank in another allocation only on such evidence. A process of the job that
+    /// still runs here was killed and reported by [`Agent::reconcile`] first: the allocation no longer names it.
+    fn answer_lingering(&mut self, session: Session, allocations: &[Allocation], pass: &mut AgentPass) {
+        let mut marked = BTreeSet::new();
+        for allocation in allocations {
+            let ours = allocation.allocated && allocation.data.node_session == Some(session.lease.token);
+            let Some(job) = allocation.data.lingering.filter(|_| ours) else { continue };
+            marked.insert(job);
+            let runs = self.processes.values().any(|p| p.job == job) || self.preparing.values().any(|p| p.job == job);
+            if runs || self.answered.contains(&job) {
+                continue;
+            }
+            self.answered.insert(job);
+            let outcome = JobOutcome::Aborted { reason: REASON_NOT_RUNNING.into() };
+            let message = Message::JobEnded { job, allocation: allocation.current(), outcome };
+            self.outbox.push_back((job.operation, message));
+            pass.answered.push(job);
+        }
+        self.answered.retain(|job| marked.contains(job));
     }
 
     /// Spawns the prepared job of allocation row `row` and queues its report (started, or failed to start), unless

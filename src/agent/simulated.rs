@@ -297,12 +297,21 @@ pub struct SimulatedExecutor {
     script: Arc<JobScript>,
     attempts: Arc<Mutex<BTreeMap<CookieKey, u32>>>,
     log: ProcessLog,
+    /// How long a process takes to die once its kill is requested.
+    kill_delay: Duration,
 }
 
 impl SimulatedExecutor {
     /// An executor playing `script`, logging to `log`.
     pub fn new(script: JobScript, log: ProcessLog) -> SimulatedExecutor {
-        SimulatedExecutor { script: Arc::new(script), attempts: Arc::default(), log }
+        SimulatedExecutor { script: Arc::new(script), attempts: Arc::default(), log, kill_delay: Duration::ZERO }
+    }
+
+    /// The same executor whose processes die `delay` after their kill is requested (a process tree that takes a
+    /// while to end), instead of at once. Default zero.
+    pub fn with_kill_delay(mut self, delay: Duration) -> SimulatedExecutor {
+        self.kill_delay = delay;
+        self
     }
 
     /// Its process log.
@@ -355,6 +364,7 @@ impl Executor for SimulatedExecutor {
         let (handle, mut control) = process_pair();
         let log = self.log.clone();
         let exited = event(ProcessEventKind::Killed);
+        let kill_delay = self.kill_delay;
         tokio::spawn(async move {
             let run = async {
                 match end {
@@ -368,7 +378,12 @@ impl Executor for SimulatedExecutor {
             // `biased`: a kill and an exit due at the same instant resolve the same way in every run.
             let status = tokio::select! {
                 biased;
-                _ = control.kill_requested() => ExitStatus::Killed,
+                _ = control.kill_requested() => {
+                    if !kill_delay.is_zero() {
+                        tokio::time::sleep(kill_delay).await;
+                    }
+                    ExitStatus::Killed
+                }
                 code = run => ExitStatus::Exited(code),
             };
             let kind = match status {

@@ -209,6 +209,12 @@ pub async fn run(
             options.scenario.display()
         )));
     }
+    if mutation.lingering_gate_disabled {
+        return Err(usage(format!(
+            "{}: [mutation] lingering_gate_disabled is run only by the simulator: `lockstep serve` has no switch for it",
+            options.scenario.display()
+        )));
+    }
     if mutation.related_age_rule_disabled {
         return Err(usage(format!(
             "{}: [mutation] related_age_rule_disabled is a MemStore switch; PostgreSQL's related locks always apply \

@@ -77,6 +77,10 @@ pub fn real_fault(fault: &Fault, network: bool) -> Result<RealFault, String> {
             "{fault}: not possible on real processes (a process's monotonic clock cannot be made to run at \
              another rate from outside)"
         )),
+        Fault::AgentCalls { .. } => Err(format!(
+            "{fault}: not possible on real processes yet (the agents' store calls do not pass through the chaos \
+             harness)"
+        )),
         Fault::Buggify { .. } => {
             Err(format!("{fault}: not possible on real processes (buggify points exist only in the simulator build)"))
         }

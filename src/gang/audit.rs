@@ -6,7 +6,7 @@
 //! [`ProcessLog::exclusivity_violations`]: crate::agent::ProcessLog::exclusivity_violations
 
 use super::api::OperationView;
-use super::controller::EVENT_INCARNATION_STARTED;
+use super::controller::{EVENT_INCARNATION_STARTED, NODE_LOSS_LIMIT_PREFIX};
 use super::model::{AllocationRef, JobStatus, OperationStatus};
 use super::placement::{GangPlacement, UNFIT_REASON_PREFIX};
 use std::collections::{BTreeMap, BTreeSet};
@@ -91,7 +91,8 @@ pub fn reuse_keeps_identity(view: &OperationView) -> Vec<String> {
 /// - completed: every gang task has a completed job for each rank, every plain task `job_count` completed
 ///   cookies, all in the last incarnation;
 /// - failed: failed jobs reached `max_failed_job_count`, or `fail_on_job_restart` fired, or an all-or-nothing
-///   incarnation needing more allocations than the live nodes offer was never placed (`gang_unfit_timeout`);
+///   incarnation needing more allocations than the live nodes offer was never placed (`gang_unfit_timeout`), or
+///   gang restarts caused by lost nodes reached `max_node_loss_restart_count`;
 /// - `failed_job_count` equals the number of failed jobs;
 /// - every restart after the start was triggered by a ranked job of a gang task that did not complete;
 /// - no job is left alive once the operation ended.
@@ -139,13 +140,15 @@ pub fn completion_and_failure(view: &OperationView) -> Vec<String> {
             let restart = view.data.result.as_deref().is_some_and(|r| r.contains("fail_on_job_restart"));
             let unfit = view.data.placement == Some(GangPlacement::AllOrNothing)
                 && view.data.result.as_deref().is_some_and(|r| r.starts_with(UNFIT_REASON_PREFIX));
+            let nodes_lost = view.data.node_loss_restart_count >= spec.node_loss_restarts_max()
+                && view.data.result.as_deref().is_some_and(|r| r.starts_with(NODE_LOSS_LIMIT_PREFIX));
             if unfit && view.current_jobs().any(|j| j.data.gang_rank.is_some() && j.data.allocation.is_some()) {
                 violations.push(format!(
                     "failed as a gang that can never be placed, but incarnation {} had ranks placed",
                     view.data.incarnation
                 ));
             }
-            if !limit && !restart && !unfit {
+            if !limit && !restart && !unfit && !nodes_lost {
                 violations.push(format!(
                     "failed with {} failed jobs of {} allowed: {:?}",
                     view.data.failed_job_count, spec.max_failed_job_count, view.data.result

@@ -56,6 +56,8 @@ pub const REASON_INCARNATION_CHANGED: &str = "incarnation changed";
 pub const REASON_GANG_COMPLETED: &str = "gang task completed";
 /// Abort reason of a job whose node's session ended.
 pub const REASON_NODE_LOST: &str = "node lost";
+/// How the result of an operation failed by `max_node_loss_restart_count` begins (the audit knows it by this).
+pub const NODE_LOSS_LIMIT_PREFIX: &str = "gang restarts caused by lost nodes";
 
 /// What a pass read: the operation, its jobs and allocations, its unconsumed inbox, and the free allocations
 /// and live node sessions it may use.
@@ -79,17 +81,17 @@ pub struct PassInput {
     pub free: Vec<(Allocation, LockToken)>,
     /// The live session of each node; a node missing here is dead.
     pub node_sessions: BTreeMap<RowId, LockToken>,
-    /// The lease expiry (store clock) of each node with a live session: a later one than recorded means its agent
-    /// renewed its lease since ([`Lingering`]).
-    pub node_expiries: BTreeMap<RowId, Timestamp>,
     /// The previous pass's lease expired before it applied: this pass is a revival.
     pub revival: bool,
     /// The store's time at the pass's read: waits and the unfit timeout are measured on it.
     pub now: Timestamp,
     /// The gang queue's entries, read before the allocations (empty when there is no queue row yet).
     pub queue: Vec<QueueEntry>,
-    /// Allocations the live nodes offer, free or granted: the most an incarnation could ever get.
+    /// Allocations the live nodes offer, free or granted.
     pub cluster_slots: u32,
+    /// Allocations of the nodes expected back: no live session, their lease expired less than
+    /// [`PlacementSettings::node_return_grace`] ago. With `cluster_slots`, the most an incarnation could ever get.
+    pub returning_slots: u32,
     /// The replica's placement settings.
     pub settings: PlacementSettings,
 }
@@ -132,7 +134,37 @@ pub struct PassLeft {
 }
 
 /// Runs one pass (see the module docs for its order).
+///
+/// An abort always ends the operation (issue 40): a pass retried on the same inbox would otherwise fail again on
+/// every retry for as long as some rule of it panics (a controller bug), and the abort behind it would never apply.
+/// So when the inbox holds an abort and the rules panic, the pass is run again as the abort alone: every job is
+/// aborted, every allocation released, every message consumed. (Without an abort, the panic fails the pass, as any
+/// panic of a handler does, and the pipeline retries it.)
 pub fn run_pass(input: PassInput) -> PassOutput {
+    let abort = input.messages.iter().find_map(|(_, message)| match message {
+        Message::Abort { reason } => Some(reason.clone()),
+        _ => None,
+    });
+    let Some(reason) = abort else { return run_rules(input) };
+    let spare = input.clone();
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_rules(input))) {
+        Ok(output) => output,
+        Err(_) => run_abort(spare, reason),
+    }
+}
+
+/// The pass of an operation whose rules panicked with an abort in its inbox ([`run_pass`]): the abort alone.
+fn run_abort(input: PassInput, reason: String) -> PassOutput {
+    let mut pass = Pass::new(input);
+    pass.consumed = std::mem::take(&mut pass.messages).into_iter().map(|(row, _)| row).collect();
+    if !pass.status.is_terminal() {
+        pass.end(OperationStatus::Aborted, reason);
+    }
+    pass.finish()
+}
+
+/// The rules of one pass, in the order of the module docs.
+fn run_rules(input: PassInput) -> PassOutput {
     let mut pass = Pass::new(input);
     if pass.status == OperationStatus::Starting {
         pass.start();
@@ -175,7 +207,6 @@ struct Pass {
     /// to pending jobs (as new grants), so a plain operation with more jobs than slots does not wait a pass.
     recycled: Vec<RowId>,
     node_sessions: BTreeMap<RowId, LockToken>,
-    node_expiries: BTreeMap<RowId, Timestamp>,
     revival: bool,
     consumed: Vec<RowId>,
     events: Vec<(String, Value)>,
@@ -186,6 +217,7 @@ struct Pass {
     /// The pass took free allocations the queue's reservation governs, while gangs waited.
     queue_relied_on: bool,
     cluster_slots: u32,
+    returning_slots: u32,
     settings: PlacementSettings,
     /// While an all-or-nothing incarnation is planned: its jobs' planned reuse is deferred, not placed.
     defer_reuse: bool,
@@ -223,7 +255,6 @@ impl Pass {
             free,
             recycled: Vec::new(),
             node_sessions: input.node_sessions,
-            node_expiries: input.node_expiries,
             revival: input.revival,
             consumed: Vec::with_capacity(messages),
             // About one event per message (a job started, a job ended); a gang restart reserves its own.
@@ -233,6 +264,7 @@ impl Pass {
             queue_changed: false,
             queue_relied_on: false,
             cluster_slots: input.cluster_slots,
+            returning_slots: input.returning_slots,
             settings: input.settings,
             defer_reuse: false,
             deferred: BTreeMap::new(),
@@ -296,6 +328,7 @@ impl Pass {
         if self.data.spec.is_gang() {
             self.data.placement = Some(self.data.spec.gang_placement.unwrap_or(self.settings.default));
         }
+        self.data.started_at = Some(self.now);
         self.set_status(OperationStatus::Running, None);
         self.begin_incarnation(SwitchReason::OperationStarted, None);
     }
@@ -368,6 +401,8 @@ impl Pass {
                         .or_default()
                         .push(HeldAllocation { allocation: allocation.current(), last });
                 }
+                // Kept, idle, until its agent answers for the process that may still run there ([`Lingering`]).
+                _ if self.kept_for_lingering(row) => {}
                 _ => self.release(row),
             }
         }
@@ -390,7 +425,7 @@ impl Pass {
             let pool = self.data.spec.task_gang_size(task);
             let plan = rules::plan_task(task, pool, held.remove(&name).unwrap_or_default());
             for allocation in plan.released {
-                self.release(allocation.row);
+                self.release_unless_kept(allocation.row);
             }
             for planned in plan.jobs {
                 self.create_job(&name, planned);
@@ -399,7 +434,7 @@ impl Pass {
         self.defer_reuse = false;
         for (_, orphans) in held {
             for h in orphans {
-                self.release(h.allocation.row);
+                self.release_unless_kept(h.allocation.row);
             }
         }
     }
@@ -408,7 +443,10 @@ impl Pass {
 
     /// Records live ranked job `i`, about to be aborted, as [`Lingering`] if its process may still run: it was
     /// placed (its agent may have started it) in an allocation this operation holds, granted under the node's
-    /// session that is still live.
+    /// session that is still live. The allocation is marked with the job ([`AllocationData::lingering`]) and kept
+    /// until the entry settles.
+    ///
+    /// [`AllocationData::lingering`]: super::model::AllocationData::lingering
     fn linger(&mut self, i: usize) {
         let job = &self.jobs[i];
         let (Some(rank), Some(allocation)) = (job.data.gang_rank, job.data.allocation) else { return };
@@ -420,48 +458,82 @@ impl Pass {
         if !self.alive(held) {
             return;
         }
-        let node = held.data.node;
-        let (Some(session), Some(expiry)) = (held.data.node_session, self.node_expiries.get(&node)) else {
-            return;
-        };
+        let Some(session) = held.data.node_session else { return };
         let lingering = Lingering {
             job: job.data.id,
             task: job.data.task.clone(),
             gang_rank: rank,
             allocation: allocation.row,
-            node,
+            node: held.data.node,
             session,
-            lease_expiry: *expiry,
-            started: job.status == JobStatus::Running,
         };
         self.lingering.push(lingering);
+        let job = self.jobs[i].data.id;
+        if let Some(held) = self.allocations.get_mut(&allocation.row) {
+            held.data_mut().lingering = Some(job);
+            self.dirty_allocations.insert(allocation.row);
+        }
     }
 
-    /// Drops the [`Lingering`] entries whose processes are known dead: their node's session ended (the agent
-    /// fenced), or, for a job whose start was never reported, the node's lease was renewed since the abort.
+    /// Drops the [`Lingering`] entries whose node's session ended (the agent fenced, or its lease expired): their
+    /// processes died with it. Their allocations died with the session too ([`Pass::check_nodes`] releases them).
     fn settle_lingering(&mut self) {
-        let (sessions, expiries) = (&self.node_sessions, &self.node_expiries);
-        self.lingering.retain(|l| {
-            let same_session = sessions.get(&l.node) == Some(&l.session);
-            let renewed = expiries.get(&l.node).is_some_and(|expiry| *expiry > l.lease_expiry);
-            same_session && (l.started || !renewed)
-        });
+        let sessions = &self.node_sessions;
+        self.lingering.retain(|l| sessions.get(&l.node) == Some(&l.session));
+    }
+
+    /// The agent reported the end of `job` (its exit, its kill, or that it runs no process of it): a [`Lingering`]
+    /// entry of it is settled, and the allocation kept for it, idle, goes back to the free ones (to this pass's
+    /// pending jobs first).
+    fn answered(&mut self, job: JobId) {
+        for lingering in self.lingering.remove_job(job) {
+            let row = lingering.allocation;
+            let kept = self.allocations.get(&row).is_some_and(|a| {
+                a.allocated && a.data.operation == Some(self.operation) && a.data.lingering == Some(job)
+            });
+            if kept {
+                self.release(row);
+                self.recycled.push(row);
+            }
+        }
+    }
+
+    /// Releases allocation `row`, to be offered to this pass's pending jobs first, unless it is kept for a process
+    /// that may still run there ([`Pass::kept_for_lingering`]).
+    fn give_back_unless_kept(&mut self, row: RowId) {
+        if !self.kept_for_lingering(row) {
+            self.release(row);
+            self.recycled.push(row);
+        }
+    }
+
+    /// Releases allocation `row` unless it is kept for a process that may still run there ([`Pass::kept_for_lingering`]).
+    fn release_unless_kept(&mut self, row: RowId) {
+        if !self.kept_for_lingering(row) {
+            self.release(row);
+        }
+    }
+
+    /// Whether allocation `row`, held by this operation, is kept for a process that may still run there: marked
+    /// with a job that a [`Lingering`] entry names.
+    fn kept_for_lingering(&self, row: RowId) -> bool {
+        let marked = self.allocations.get(&row).and_then(|a| a.data.lingering.filter(|_| a.allocated));
+        marked.is_some_and(|job| self.lingering.holds_job(job))
     }
 
     /// The allocation row `job`'s (task, rank) must be placed in, if an aborted process of that rank may still
     /// run there (`None`: anywhere).
     fn lingering_row(&self, job: &JobData) -> Option<RowId> {
+        if self.settings.lingering_gate_disabled_for_mutation_test {
+            return None;
+        }
         let rank = job.gang_rank?;
         self.lingering.allocation_of(&job.task, rank)
     }
 
     fn handle(&mut self, message: Message) {
-        match &message {
-            Message::JobStarted { job, .. } => {
-                self.lingering.mark_started(*job);
-            }
-            Message::JobEnded { job, .. } => self.lingering.remove_job(*job),
-            _ => {}
+        if let Message::JobEnded { job, .. } = &message {
+            self.answered(*job);
         }
         match message {
             Message::JobStarted { job, allocation } => {
@@ -562,6 +634,10 @@ impl Pass {
             }
         }
         if let Some(reason) = rules::gang_restart_trigger(&task, &job, &ending) {
+            let node_lost = matches!(&ending, Ending::Aborted { reason } if reason == REASON_NODE_LOST);
+            if node_lost && self.node_loss_limit_reached(i) {
+                return;
+            }
             self.begin_incarnation(reason, Some(i));
             return;
         }
@@ -613,8 +689,34 @@ impl Pass {
         });
         if let Some(i) = lacking {
             self.end_job(i, JobStatus::Aborted, None, Some(SwitchReason::LackAfterRevival.to_string()));
+            // The lacking job was lost with its node.
+            if self.node_loss_limit_reached(i) {
+                return;
+            }
             self.begin_incarnation(SwitchReason::LackAfterRevival, Some(i));
         }
+    }
+
+    /// Counts a gang restart that job `i`, lost with its node, is about to cause; once the count reaches
+    /// `max_node_loss_restart_count`, fails the operation instead and returns true.
+    fn node_loss_limit_reached(&mut self, i: usize) -> bool {
+        self.data.node_loss_restart_count += 1;
+        let (count, max) = (self.data.node_loss_restart_count, self.data.spec.node_loss_restarts_max());
+        if count < max {
+            return false;
+        }
+        let job = &self.jobs[i].data;
+        let node = job
+            .allocation
+            .and_then(|a| self.allocations.get(&a.row))
+            .map_or_else(|| "?".to_string(), |a| a.data.node_name.clone());
+        let reason = format!(
+            "{NODE_LOSS_LIMIT_PREFIX} ({count}) reached max_node_loss_restart_count {max} (last: job {} on node {node}): \
+             its nodes keep dying",
+            job.id
+        );
+        self.end(OperationStatus::Failed, reason);
+        true
     }
 
     /// Jobs whose node's session ended are aborted ("node lost"); idle allocations there are released.
@@ -718,9 +820,10 @@ impl Pass {
 
     /// The all-or-nothing gate: places every ranked job of the current incarnation now (in the allocations its
     /// restart planned to reuse, then in free ones), if the free allocations cover them beyond the reservation of
-    /// the gangs ahead in the queue; else releases every allocation it holds and waits in the queue (joining it at
-    /// the tail the first time). An incarnation that needs more allocations than the live nodes offer fails once
-    /// that has lasted `unfit_timeout`. Returns whether the incarnation is placed.
+    /// the gangs ahead in the queue; else releases every allocation it holds (but those kept for a process that may
+    /// still run there, until its agent answers) and waits in the queue ([`Pass::join_queue`]). An incarnation that
+    /// needs more allocations than the live nodes and those expected back offer fails once that has lasted
+    /// `unfit_timeout`. Returns whether the incarnation is placed.
     fn gather(&mut self) -> bool {
         let mut ranked: Vec<usize> = (0..self.jobs.len())
             .filter(|&i| {
@@ -766,35 +869,42 @@ impl Pass {
             ));
             return true;
         }
-        for (_, (allocation, _)) in std::mem::take(&mut self.deferred) {
-            self.release(allocation.row);
+        // A waiting incarnation holds no allocation (the planned reuse included), but those kept, idle, until their
+        // agents answer for a process that may still run there ([`Lingering`]).
+        self.deferred.clear();
+        for row in self.held_allocations() {
+            if !self.kept_for_lingering(row) {
+                self.release(row);
+            }
         }
-        assert!(
-            self.held_allocations().is_empty(),
-            "operation {} waits for allocations while it holds some: {:?}",
-            self.operation,
-            self.held_allocations()
-        );
-        let unfit_since = (need > self.cluster_slots)
+        let unfit_since = (need > self.possible_slots())
             .then(|| self.data.waiting.as_ref().and_then(|w| w.unfit_since).unwrap_or(self.now));
         if let Some(from) = unfit_since {
             let waited = elapsed(from, self.now);
             if waited >= self.settings.unfit_timeout {
-                let index = self.data.incarnation;
-                let reason =
-                    placement::unfit_reason(index, need, self.cluster_slots, waited, self.settings.unfit_timeout);
+                let reason = placement::unfit_reason(placement::Unfit {
+                    index: self.data.incarnation,
+                    need,
+                    live: self.cluster_slots,
+                    returning: self.returning_slots,
+                    waited,
+                    timeout: self.settings.unfit_timeout,
+                    grace: self.settings.node_return_grace,
+                });
                 self.end(OperationStatus::Failed, reason);
                 return false;
             }
         }
-        let since = self.join_queue(need, reserved);
+        let since = self.join_queue(need);
         self.data.waiting = Some(GangWait { since, need, unfit_since });
         false
     }
 
-    /// Puts the current incarnation at the tail of the gang queue, unless it is there already; returns when it
-    /// began to wait.
-    fn join_queue(&mut self, need: u32, reserved: u32) -> Timestamp {
+    /// Puts the current incarnation in the gang queue, unless it is there already; returns when it began to wait.
+    /// First come, first placed, by when each operation began ([`QueueEntry::arrived`]): a gang that restarts waits
+    /// ahead of the gangs whose operations began after its own (issue 40: at the tail, a gang submitted after it
+    /// took the slots it freed), and an operation waiting at its start joins at the tail.
+    fn join_queue(&mut self, need: u32) -> Timestamp {
         let index = self.data.incarnation;
         if let Some(entry) = self.queue.iter_mut().find(|e| e.operation == self.operation) {
             if (entry.incarnation, entry.need) != (index, need) {
@@ -803,14 +913,20 @@ impl Pass {
             }
             return entry.since;
         }
-        let entry = QueueEntry { operation: self.operation, incarnation: index, need, since: self.now };
-        self.queue.push(entry);
+        let arrived = self.data.started_at.unwrap_or(self.now);
+        let entry =
+            QueueEntry { operation: self.operation, incarnation: index, need, since: self.now, arrived: Some(arrived) };
+        // Ties (one store microsecond) go by row id: the operation inserted first.
+        let key = (arrived, self.operation);
+        let later = |e: &QueueEntry| (e.arrived.unwrap_or(e.since), e.operation) > key;
+        let position = self.queue.iter().position(later).unwrap_or(self.queue.len());
+        self.queue.insert(position, entry);
         self.queue_changed = true;
         self.events.push((
             EVENT_GANG_WAITING.into(),
             json!({ "incarnation": incarnation_id(self.operation, index), "need": need,
-                    "position": self.queue.len() - 1, "reserved_ahead": reserved, "free": self.pool_left(),
-                    "cluster_slots": self.cluster_slots }),
+                    "position": position, "reserved_ahead": self.reservation(), "free": self.pool_left(),
+                    "cluster_slots": self.cluster_slots, "returning_slots": self.returning_slots }),
         ));
         self.now
     }
@@ -825,7 +941,13 @@ impl Pass {
 
     /// Free allocations held back for the waiting gangs ahead of this operation ([`placement::reserved_ahead`]).
     fn reservation(&self) -> u32 {
-        placement::reserved_ahead(&self.queue, self.operation, self.cluster_slots)
+        placement::reserved_ahead(&self.queue, self.operation, self.possible_slots())
+    }
+
+    /// The most allocations an incarnation could ever get: those of the live nodes and of the nodes expected back
+    /// ([`PlacementSettings::node_return_grace`]).
+    fn possible_slots(&self) -> u32 {
+        self.cluster_slots.saturating_add(self.returning_slots)
     }
 
     /// Allocations this pass may still grant from the free pool: the free ones read, and those released this pass
@@ -873,7 +995,7 @@ impl Pass {
         }
         let idle = self.held_allocations().into_iter().find(|row| {
             let allocation = &self.allocations[row];
-            allocation.data.job.is_none() && self.alive(allocation)
+            allocation.data.job.is_none() && self.alive(allocation) && !self.kept_for_lingering(*row)
         })?;
         self.release(idle);
         let allocation = self.allocations.remove(&idle).expect("held");
@@ -946,6 +1068,14 @@ impl Pass {
             Some(reuse) if self.defer_reuse => {
                 self.deferred.insert(i, reuse);
             }
+            // A rank whose previous process may still run in another allocation waits, as any pending lingering
+            // rank does (`schedule`), and the allocation planned for it goes back to the free ones (issue 40: a
+            // cookie whose previous jobs linger in two allocations, both kept, is planned into one of them).
+            Some((allocation, _))
+                if self.lingering_row(&self.jobs[i].data).is_some_and(|row| row != allocation.row) =>
+            {
+                self.give_back_unless_kept(allocation.row)
+            }
             Some((allocation, descriptor)) => {
                 self.jobs[i].data_mut().monitoring_descriptor = descriptor;
                 self.place(i, allocation);
@@ -958,7 +1088,8 @@ impl Pass {
     /// in the allocation where its previous process may still run settles that [`Lingering`] entry: the agent kills
     /// the old process before it starts the new one.
     ///
-    /// Panics if an aborted process of the job's rank may still run in another allocation (a controller bug).
+    /// Panics if an aborted process of the job's rank may still run in another allocation: every caller looks
+    /// first ([`Pass::create_job`], [`Pass::schedule`], [`Pass::gather`]), so only a controller bug gets here.
     fn place(&mut self, i: usize, allocation: AllocationRef) {
         if let Some(row) = self.lingering_row(&self.jobs[i].data) {
             assert_eq!(
@@ -993,6 +1124,8 @@ impl Pass {
             file_paths: self.data.spec.tasks[&data.task].file_paths.clone(),
         };
         held.data_mut().job = Some(Arc::new(launch));
+        // Its agent kills any process still in it before it starts this one.
+        held.data_mut().lingering = None;
         self.dirty_allocations.insert(allocation.row);
         self.jobs[i].data_mut().allocation = Some(allocation);
         self.set_job_status(i, JobStatus::Assigned, None);
@@ -1014,6 +1147,7 @@ impl Pass {
             allocation.data_mut().node_session = None;
             allocation.data_mut().job = None;
             allocation.data_mut().last = None;
+            allocation.data_mut().lingering = None;
             self.dirty_allocations.insert(row);
         }
     }

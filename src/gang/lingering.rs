@@ -69,21 +69,21 @@ impl LingeringSet {
         self.by_job.range((job, 0)..=(job, u64::MAX)).map(|(_, seq)| *seq)
     }
 
-    /// Drops the entries of `job`.
-    pub(crate) fn remove_job(&mut self, job: JobId) {
+    /// Drops the entries of `job` and returns them.
+    pub(crate) fn remove_job(&mut self, job: JobId) -> Vec<Lingering> {
         let seqs: Vec<u64> = self.of_job(job).collect();
+        let mut removed = Vec::with_capacity(seqs.len());
         for seq in seqs {
             let lingering = self.forget(seq);
             self.unrank(&lingering);
+            removed.push(lingering);
         }
+        removed
     }
 
-    /// Records that `job`'s start was reported.
-    pub(crate) fn mark_started(&mut self, job: JobId) {
-        let seqs: Vec<u64> = self.of_job(job).collect();
-        for seq in seqs {
-            self.entries.get_mut(&seq).expect("indexed entry").started = true;
-        }
+    /// Whether an entry names `job`.
+    pub(crate) fn holds_job(&self, job: JobId) -> bool {
+        self.of_job(job).next().is_some()
     }
 
     /// Keeps only the entries `keep` says to keep.
@@ -124,7 +124,7 @@ impl LingeringSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{LockToken, Timestamp};
+    use crate::store::LockToken;
 
     fn entry(job: u64, task: &str, rank: u32) -> Lingering {
         Lingering {
@@ -134,8 +134,6 @@ mod tests {
             allocation: RowId(100 + job as i64),
             node: RowId(7),
             session: LockToken(9),
-            lease_expiry: Timestamp::EPOCH,
-            started: false,
         }
     }
 
@@ -150,10 +148,10 @@ mod tests {
         set.push(again);
         assert_eq!(set.allocation_of("a", 0), Some(RowId(104)));
         assert_eq!(set.allocation_of("a", 2), None);
-        list.iter_mut().filter(|l| l.job.index == 2).for_each(|l| l.started = true);
-        set.mark_started(JobId { operation: RowId(1), index: 2 });
+        assert!(set.holds_job(JobId { operation: RowId(1), index: 2 }));
         list.retain(|l| l.job.index != 3);
-        set.remove_job(JobId { operation: RowId(1), index: 3 });
+        assert_eq!(set.remove_job(JobId { operation: RowId(1), index: 3 }), vec![entry(3, "b", 0)]);
+        assert!(!set.holds_job(JobId { operation: RowId(1), index: 3 }));
         list.retain(|l| !(l.task == "a" && l.gang_rank == 1));
         set.remove_rank("a", 1);
         list.push(entry(5, "b", 0));

@@ -245,12 +245,20 @@ pub struct OperationData {
     pub incarnation: u32,
     /// Failed jobs counted toward `max_failed_job_count`.
     pub failed_job_count: u32,
+    /// Gang restarts caused by a lost node, counted toward `max_node_loss_restart_count`
+    /// ([`OperationSpec::node_loss_restarts_max`]).
+    #[serde(default)]
+    pub node_loss_restart_count: u32,
     /// Index the next job gets.
     pub next_job_index: u64,
     /// Number the next fresh monitoring descriptor gets.
     pub next_descriptor: u64,
     /// Why the operation failed or was aborted.
     pub result: Option<String>,
+    /// When its first pass started it (store clock): its place in the gang queue ([`super::placement::QueueEntry`]).
+    /// `None` for an operation whose data predates the field (it waits as if it began when it joins the queue).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
     /// The placement of a gang operation's ranked jobs, fixed at its first pass (the spec's `gang_placement`, else
     /// the replica's default), so replicas with other defaults never disagree later. `None` for a plain operation,
     /// and for a gang operation started before lockstep had the key (placed incrementally).
@@ -289,10 +297,13 @@ pub struct OperationData {
 /// (where the agent kills before it starts), so no two processes of one rank ever run at once (the simulator's
 /// `rank_exclusivity`).
 ///
-/// Known dead when: the agent reports the job's end (an exit, or the kill of a process the controller moved on
-/// from); the node's session is no longer the one it ran under (the agent fenced, DESIGN §2's margin rule); or,
-/// for a job no start was reported for, the node's lease was renewed after the abort (the agent's pass that renewed
-/// it lists its allocations next, so it never starts the job and kills it if it had).
+/// Known dead only on evidence (issue 40): the agent reports the job's end (an exit, the kill of a process the
+/// controller moved on from, or that it runs no process of the job), or the node's session is no longer the one it
+/// ran under (the agent fenced, or its lease expired: DESIGN §2's margin rule). A renewal of the node lease is no
+/// evidence: an agent whose start report was not inserted yet, and whose allocation listing then failed after a
+/// successful heartbeat, still runs the job. So the allocation stays granted to the operation, idle and marked
+/// with the job ([`AllocationData::lingering`]), until the entry settles: the agent, which lists only its node's
+/// allocations, learns there which job to answer for, even one it never started.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lingering {
     /// The aborted job.
@@ -307,10 +318,6 @@ pub struct Lingering {
     pub node: RowId,
     /// The node session it ran under.
     pub session: LockToken,
-    /// The node's lease expiry when it was aborted (store clock); a later expiry means a renewal since.
-    pub lease_expiry: Timestamp,
-    /// Whether its start was reported (then only its end or the session's end clears it).
-    pub started: bool,
 }
 
 impl OperationData {
@@ -320,9 +327,11 @@ impl OperationData {
             spec,
             incarnation: 0,
             failed_job_count: 0,
+            node_loss_restart_count: 0,
             next_job_index: 0,
             next_descriptor: 0,
             result: None,
+            started_at: None,
             placement: None,
             waiting: None,
             lingering: Vec::new(),
@@ -468,6 +477,11 @@ pub struct AllocationData {
     pub job: Option<Arc<JobLaunch>>,
     /// The last job placed in it during this grant.
     pub last: Option<LastJob>,
+    /// A job the controller moved on from while its process may still run here ([`Lingering`]): the allocation
+    /// stays granted, idle, until the agent reports the job's end, killing the process if it runs one and saying
+    /// that it runs none otherwise. `None` for every other allocation (and for data that predates the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lingering: Option<JobId>,
 }
 
 /// [`AllocationData::job`] encoded and decoded as the launch it shares (serde's own `Arc` support needs its `rc`
@@ -498,6 +512,7 @@ impl AllocationData {
             node_session: None,
             job: None,
             last: None,
+            lingering: None,
         }
     }
 }

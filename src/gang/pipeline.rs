@@ -155,14 +155,11 @@ impl<S: Store> Handler<S> for OperationHandler {
         let now = store.now().await?;
         let nodes = store.list(KIND_NODE, None).await?;
         let node_sessions = live_sessions(&nodes, now);
-        let node_expiries = nodes
-            .iter()
-            .filter(|node| node_sessions.contains_key(&node.id))
-            .filter_map(|node| node.lock_expires_at.map(|expiry| (node.id, expiry)))
-            .collect();
         let slots = node_slots(&nodes);
         // Every live node offers one allocation row per slot: its agent inserts them before it takes its lease.
         let cluster_slots = slots.iter().filter(|(node, _)| node_sessions.contains_key(node)).map(|(_, n)| n).sum();
+        let returning = returning_nodes(&nodes, &node_sessions, now, self.settings.node_return_grace);
+        let returning_slots = slots.iter().filter(|(node, _)| returning.contains(node)).map(|(_, n)| n).sum();
         let owner = format!("{}:{operation}", self.pipeline);
         let read_allocation = |r: &Row| AllocationRead {
             row: r.id,
@@ -219,11 +216,11 @@ impl<S: Store> Handler<S> for OperationHandler {
             messages,
             free,
             node_sessions,
-            node_expiries,
             revival,
             now,
             queue: queue_read.as_ref().map(|(_, q)| q.entries.clone()).unwrap_or_default(),
             cluster_slots,
+            returning_slots,
             settings: self.settings.clone(),
         };
         let mut output = run_pass(input);
@@ -567,6 +564,25 @@ fn live_sessions(nodes: &[Row], now: Timestamp) -> BTreeMap<RowId, LockToken> {
         }
     }
     sessions
+}
+
+/// The nodes expected back ([`PlacementSettings::node_return_grace`]): no live session, and their agent's lease
+/// expired less than `grace` ago (store clock). A lease given back (a graceful stop, or a fence whose release
+/// answered) leaves no expiry: such a node is not waited for (a fenced agent takes a new session at once).
+fn returning_nodes(
+    nodes: &[Row],
+    live: &BTreeMap<RowId, LockToken>,
+    now: Timestamp,
+    grace: std::time::Duration,
+) -> std::collections::BTreeSet<RowId> {
+    let recent = |expired: Timestamp| now.as_micros().saturating_sub(expired.as_micros()) < grace.as_micros() as i64;
+    nodes
+        .iter()
+        .filter(|node| !live.contains_key(&node.id))
+        .filter(|node| node.lock_owner.as_deref() == Some(node_lease_owner(&node.status).as_str()))
+        .filter(|node| node.lock_expires_at.is_some_and(recent))
+        .map(|node| node.id)
+        .collect()
 }
 
 fn node_slots(nodes: &[Row]) -> BTreeMap<RowId, u32> {

@@ -7,8 +7,8 @@
 //!   incarnation that cannot be placed holds no allocation (even those a gang restart would have reused) and
 //!   waits in the gang queue.
 //!
-//! The gang queue is one row (kind [`KIND_GANG_QUEUE`]) listing the waiting gangs in the order they began to
-//! wait. Each operation's pass runs alone, so the rule that keeps it fair is read by every pass, gangs and plain
+//! The gang queue is one row (kind [`KIND_GANG_QUEUE`]) listing the waiting gangs in the order their operations
+//! began ([`QueueEntry::arrived`]): a gang that restarts and waits again keeps its place ahead of later operations. Each operation's pass runs alone, so the rule that keeps it fair is read by every pass, gangs and plain
 //! operations alike: a pass takes a free allocation only if the free allocations left cover the *reservation* of
 //! the gangs ahead of it (every waiting gang, for an operation not in the queue), and a waiting gang is placed only
 //! when the free allocations cover the reservation ahead of it plus its own need. Strict first come, first placed,
@@ -45,6 +45,12 @@ pub const GANG_QUEUE_STATUS: &str = "queue";
 /// be placed is told so within a minute.
 pub const UNFIT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
 
+/// Default of [`PlacementSettings::node_return_grace`]: a node whose agent is restarted, or whose machine reboots,
+/// is back within minutes; a gang that lost it waits that long, holding its place and its reservation, before it
+/// counts as one that can never be placed (issue 40: a node down 90 s failed a gang as unfit, the unfit timeout
+/// being 60 s, although the node came back at 105 s).
+pub const NODE_RETURN_GRACE_DEFAULT: Duration = Duration::from_secs(300);
+
 /// What a replica's controller passes know about placement besides the operation itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlacementSettings {
@@ -55,9 +61,17 @@ pub struct PlacementSettings {
     /// fit for this long, measured on the store's clock. Default [`UNFIT_TIMEOUT_DEFAULT`]
     /// (`lockstep serve --gang-unfit-timeout`).
     pub unfit_timeout: Duration,
+    /// A node whose lease expired less than this long ago (store clock) is expected back: its allocations count
+    /// toward what an incarnation could ever get (the unfit rule, and the reservations of the gang queue). Default
+    /// [`NODE_RETURN_GRACE_DEFAULT`]. A gang that waits for a node that does not come back fails at the latest this
+    /// plus `unfit_timeout` after the node was lost.
+    pub node_return_grace: Duration,
     /// TEST ONLY (simulator `[mutation] gang_gate_disabled`): all-or-nothing operations are placed incrementally
     /// while their data still says all-or-nothing, the bug the `gang_ranks_together` checker must catch.
     pub gate_disabled_for_mutation_test: bool,
+    /// TEST ONLY (simulator `[mutation] lingering_gate_disabled`): a rank whose previous process may still run
+    /// ([`super::model::Lingering`]) is placed anywhere at once, the bug the `rank_exclusivity` checker must catch.
+    pub lingering_gate_disabled_for_mutation_test: bool,
 }
 
 impl Default for PlacementSettings {
@@ -65,7 +79,9 @@ impl Default for PlacementSettings {
         PlacementSettings {
             default: GangPlacement::Incremental,
             unfit_timeout: UNFIT_TIMEOUT_DEFAULT,
+            node_return_grace: NODE_RETURN_GRACE_DEFAULT,
             gate_disabled_for_mutation_test: false,
+            lingering_gate_disabled_for_mutation_test: false,
         }
     }
 }
@@ -92,6 +108,10 @@ pub struct QueueEntry {
     pub need: u32,
     /// When it began to wait (store clock).
     pub since: Timestamp,
+    /// When its operation began (store clock): the queue's order ([`QueueEntry::arrived`] earlier first; `since`
+    /// for an entry written before the field). A gang that restarts keeps its place ahead of later operations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrived: Option<Timestamp>,
 }
 
 /// The gang queue row's data: the waiting gangs, first come first, and a version every write raises.
@@ -99,7 +119,7 @@ pub struct QueueEntry {
 pub struct GangQueue {
     /// Raised by every write; a pass writes the queue only if the version is still the one it read.
     pub version: u64,
-    /// The waiting gangs, in the order they began to wait.
+    /// The waiting gangs, in the order their operations began ([`QueueEntry::arrived`]).
     pub entries: Vec<QueueEntry>,
 }
 
@@ -129,13 +149,14 @@ pub fn canonical_queue(rows: &[Row]) -> Result<Option<(RowId, GangQueue)>, Decod
 }
 
 /// The allocations reserved ahead of `operation`: the needs of the queue's gangs before it (all of them if it is
-/// not in the queue), leaving out gangs that need more than `cluster_slots` (the live nodes' allocations), which
-/// could never use what they would hold back.
-pub fn reserved_ahead(entries: &[QueueEntry], operation: RowId, cluster_slots: u32) -> u32 {
+/// not in the queue), leaving out gangs that need more than `possible_slots` (the allocations of the live nodes and
+/// of the nodes expected back, [`PlacementSettings::node_return_grace`]), which could never use what they would
+/// hold back.
+pub fn reserved_ahead(entries: &[QueueEntry], operation: RowId, possible_slots: u32) -> u32 {
     entries
         .iter()
         .take_while(|entry| entry.operation != operation)
-        .filter(|entry| entry.need <= cluster_slots)
+        .filter(|entry| entry.need <= possible_slots)
         .map(|entry| entry.need)
         .sum()
 }
@@ -143,22 +164,49 @@ pub fn reserved_ahead(entries: &[QueueEntry], operation: RowId, cluster_slots: u
 /// How the result of an operation failed by [`unfit_reason`] begins.
 pub const UNFIT_REASON_PREFIX: &str = "gang_placement all_or_nothing: ";
 
-/// The reason an all-or-nothing operation fails when its incarnation `index` needs `need` allocations at once and
-/// the live nodes have offered only `slots` for `waited` (at least `timeout`).
+/// What an unfit incarnation counted ([`unfit_reason`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unfit {
+    /// The incarnation's index.
+    pub index: u32,
+    /// Allocations it needs at once.
+    pub need: u32,
+    /// Allocations of the live nodes.
+    pub live: u32,
+    /// Allocations of the nodes expected back (lost within `node_return_grace`).
+    pub returning: u32,
+    /// How long it has not fit (at least `timeout`).
+    pub waited: Duration,
+    /// `gang_unfit_timeout`.
+    pub timeout: Duration,
+    /// `node_return_grace`.
+    pub grace: Duration,
+}
+
+/// The reason an all-or-nothing operation fails when its incarnation needs more allocations at once than the live
+/// nodes and the nodes expected back offer, and has for `timeout`: it names what it counted.
 ///
 /// ```
-/// # use lockstep::gang::placement::unfit_reason;
+/// # use lockstep::gang::placement::{Unfit, unfit_reason};
 /// # use std::time::Duration;
-/// let reason = unfit_reason(0, 1, 0, Duration::from_secs(61), Duration::from_secs(60));
-/// assert!(reason.contains("incarnation 0 needs 1 allocation at once, but the live nodes offered only 0 for "));
+/// let (waited, timeout, grace) = (Duration::from_secs(61), Duration::from_secs(60), Duration::from_secs(300));
+/// let reason = unfit_reason(Unfit { index: 0, need: 1, live: 0, returning: 0, waited, timeout, grace });
+/// assert!(reason.contains("incarnation 0 needs 1 allocation at once, but the live nodes offered only 0 "));
 /// ```
-pub fn unfit_reason(index: u32, need: u32, slots: u32, waited: Duration, timeout: Duration) -> String {
+pub fn unfit_reason(unfit: Unfit) -> String {
+    let show = crate::duration::format;
+    let back = match unfit.returning {
+        0 => format!("no node lost within node_return_grace {} is expected back", show(unfit.grace)),
+        n => format!("nodes lost within node_return_grace {}, expected back, offer {n} more", show(unfit.grace)),
+    };
     format!(
-        "{UNFIT_REASON_PREFIX}incarnation {index} needs {} at once, but the live nodes offered only {slots} for {} \
+        "{UNFIT_REASON_PREFIX}incarnation {} needs {} at once, but the live nodes offered only {} ({back}) for {} \
          (gang_unfit_timeout {}): it can never be placed",
-        crate::sim::summary::count(need, "allocation"),
-        crate::duration::format(waited),
-        crate::duration::format(timeout)
+        unfit.index,
+        crate::sim::summary::count(unfit.need, "allocation"),
+        unfit.live,
+        show(unfit.waited),
+        show(unfit.timeout)
     )
 }
 
@@ -168,7 +216,7 @@ mod tests {
     use crate::store::NewRow;
 
     fn entry(operation: i64, need: u32) -> QueueEntry {
-        QueueEntry { operation: RowId(operation), incarnation: 0, need, since: Timestamp::EPOCH }
+        QueueEntry { operation: RowId(operation), incarnation: 0, need, since: Timestamp::EPOCH, arrived: None }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! store and any of them may die (`lockstep serve` is one replica on PostgreSQL).
 
 use super::pipeline::{OperationHandler, operation_pipeline_config};
-use super::placement::{GangPlacement, PlacementSettings, UNFIT_TIMEOUT_DEFAULT};
+use super::placement::{GangPlacement, NODE_RETURN_GRACE_DEFAULT, PlacementSettings, UNFIT_TIMEOUT_DEFAULT};
 use crate::pipeline::{ConfigError, ManagerOptions, PipelineConfig, PipelineManager};
 use crate::store::Store;
 use std::sync::Arc;
@@ -34,6 +34,9 @@ pub struct ReplicaConfig {
     /// An all-or-nothing incarnation needing more allocations than the live nodes offer fails after this long
     /// (store clock). Default [`UNFIT_TIMEOUT_DEFAULT`] (60 s).
     pub gang_unfit_timeout: Duration,
+    /// A node lost less than this long ago (store clock) is expected back: its slots count toward what a gang could
+    /// ever get ([`PlacementSettings::node_return_grace`]). Default [`NODE_RETURN_GRACE_DEFAULT`] (5 min).
+    pub node_return_grace: Duration,
     /// Mutation testing only (`lockstep chaos run`'s `[mutation] gang_gate_disabled`): all-or-nothing gangs are
     /// placed incrementally ([`PlacementSettings::gate_disabled_for_mutation_test`]). Default false.
     pub gang_gate_disabled_for_mutation_test: bool,
@@ -51,6 +54,7 @@ impl Default for ReplicaConfig {
             seed: 0,
             gang_placement: GangPlacement::Incremental,
             gang_unfit_timeout: UNFIT_TIMEOUT_DEFAULT,
+            node_return_grace: NODE_RETURN_GRACE_DEFAULT,
             gang_gate_disabled_for_mutation_test: false,
         }
     }
@@ -73,7 +77,9 @@ impl ReplicaConfig {
         PlacementSettings {
             default: self.gang_placement,
             unfit_timeout: self.gang_unfit_timeout,
+            node_return_grace: self.node_return_grace,
             gate_disabled_for_mutation_test: self.gang_gate_disabled_for_mutation_test,
+            lingering_gate_disabled_for_mutation_test: false,
         }
     }
 

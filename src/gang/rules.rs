@@ -135,10 +135,10 @@ pub struct TaskPlan {
 /// Task without ranks (pool 0): an allocation is reused by the cookie of its last job. At the start (nothing
 /// held) cookie c of a ranked task gets rank c for c < s (so a task without `gang_options` in a gang operation,
 /// whose pool is its `job_count`, has rank = cookie always). An allocation whose cookie or rank no longer fits the
-/// task is released.
-///
-/// Panics if two held allocations claim one cookie or one rank (the controller would have run two jobs of one
-/// cookie or rank in one incarnation).
+/// task is released, and so is one whose last job's cookie or rank a held allocation before it (ranked first, by
+/// rank, then by cookie) claimed: two held allocations may name one cookie when one is kept for a process that may
+/// still run there (`gang::model::Lingering`) while the cookie's next job ran elsewhere (issue 40). The caller
+/// keeps those it must keep.
 pub fn plan_task(task: &TaskSpec, rank_pool: u32, mut held: Vec<HeldAllocation>) -> TaskPlan {
     let n = task.job_count;
     let size = rank_pool;
@@ -150,14 +150,14 @@ pub fn plan_task(task: &TaskSpec, rank_pool: u32, mut held: Vec<HeldAllocation>)
     let mut reserved_held = Vec::new();
     for h in held {
         let fits = h.last.job_cookie < n && h.last.gang_rank.is_none_or(|r| r < size);
-        if !fits {
+        let rank_taken = ranked && h.last.gang_rank.is_some_and(|rank| ranks_used.contains(&rank));
+        if !fits || rank_taken || !cookies_used.insert(h.last.job_cookie) {
             plan.released.push(h.allocation);
             continue;
         }
-        assert!(cookies_used.insert(h.last.job_cookie), "two held allocations with job cookie {}", h.last.job_cookie);
         match h.last.gang_rank {
             Some(rank) if ranked => {
-                assert!(ranks_used.insert(rank), "two held allocations with gang rank {rank}");
+                ranks_used.insert(rank);
                 plan.jobs.push(planned(h.last.job_cookie, Some(rank), true, &h));
             }
             _ if ranked => reserved_held.push(h),

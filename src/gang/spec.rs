@@ -16,6 +16,10 @@ use std::fmt;
 /// Default of `max_failed_job_count` (YTsaurus operation options: 10).
 pub const MAX_FAILED_JOB_COUNT_DEFAULT: u32 = 10;
 
+/// Default of `max_node_loss_restart_count` (lockstep's own key): as many restarts for lost nodes as
+/// YTsaurus allows failed jobs ([`MAX_FAILED_JOB_COUNT_DEFAULT`]).
+pub const MAX_NODE_LOSS_RESTART_COUNT_DEFAULT: u32 = 10;
+
 /// A Vanilla operation's spec.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperationSpec {
@@ -32,6 +36,13 @@ pub struct OperationSpec {
     /// itself [`GangPlacement::Incremental`], YTsaurus's behaviour, unless set). Only a gang operation may set it.
     #[serde(default)]
     pub gang_placement: Option<GangPlacement>,
+    /// lockstep's own key, not YTsaurus's: a gang operation fails once this many of its gang restarts were caused
+    /// by a lost node (a ranked job aborted "node lost", or missing at a revival): failures count toward
+    /// `max_failed_job_count`, node losses toward this, so a gang on nodes that keep dying does not restart
+    /// forever. `None` (left out): [`MAX_NODE_LOSS_RESTART_COUNT_DEFAULT`]. At least 1; only a gang operation may
+    /// set it. See [`OperationSpec::node_loss_restarts_max`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_node_loss_restart_count: Option<u32>,
     /// Paths of keys the controller does not interpret, e.g. `stderr_table_path` (YTsaurus reports them in an
     /// `unrecognized_spec` alert rather than failing).
     #[serde(default)]
@@ -141,6 +152,12 @@ impl TaskSpec {
 }
 
 impl OperationSpec {
+    /// Gang restarts caused by lost nodes after which the operation fails: `max_node_loss_restart_count`, else
+    /// [`MAX_NODE_LOSS_RESTART_COUNT_DEFAULT`].
+    pub fn node_loss_restarts_max(&self) -> u32 {
+        self.max_node_loss_restart_count.unwrap_or(MAX_NODE_LOSS_RESTART_COUNT_DEFAULT)
+    }
+
     /// The [unrecognized](OperationSpec::unrecognized) keys that are not [`IGNORED_KEYS`]: likely typos, which a
     /// scenario file refuses and `lockstep submit` warns about. Paths as in `unrecognized` (`tasks.t.gang_option`).
     pub fn unknown_keys(&self) -> Vec<&str> {
@@ -539,8 +556,14 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-const OPERATION_KEYS: [&str; 5] =
-    ["tasks", "max_failed_job_count", "fail_on_job_restart", "restart_completed_jobs", "gang_placement"];
+const OPERATION_KEYS: [&str; 6] = [
+    "tasks",
+    "max_failed_job_count",
+    "fail_on_job_restart",
+    "restart_completed_jobs",
+    "gang_placement",
+    "max_node_loss_restart_count",
+];
 const TASK_KEYS: [&str; 8] = [
     "job_count",
     "command",
@@ -575,6 +598,11 @@ impl Decoder {
             fail_on_job_restart: self.flag(root.get("fail_on_job_restart"), "fail_on_job_restart"),
             restart_completed_jobs: self.flag(root.get("restart_completed_jobs"), "restart_completed_jobs"),
             gang_placement: self.placement(root.get("gang_placement"), "gang_placement"),
+            max_node_loss_restart_count: self.count(
+                root.get("max_node_loss_restart_count"),
+                "max_node_loss_restart_count",
+                1,
+            ),
             unrecognized,
         })
     }

@@ -39,6 +39,12 @@ pub fn violations(spec: &OperationSpec) -> Vec<Violation> {
             format!("{placement} needs a gang operation: no task has gang_options, so no job has a gang rank"),
         );
     }
+    if let (None, Some(max)) = (&gang_task, spec.max_node_loss_restart_count) {
+        fail(
+            "max_node_loss_restart_count".into(),
+            format!("{max} needs a gang operation: no task has gang_options, so nothing restarts a gang"),
+        );
+    }
     for (name, task) in &spec.tasks {
         let path = field("tasks", name);
         let at = |key: &str| field(&path, key);

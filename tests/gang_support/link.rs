@@ -21,6 +21,9 @@ pub enum Mode {
     Hanging = 2,
     /// Heartbeats go through; every other call hangs (a store that renews leases but whose other calls stall).
     HeartbeatsOnly = 3,
+    /// Listings of allocation rows fail at once; every other call goes through (an agent that renews its lease
+    /// but cannot see its allocations).
+    AllocationListsFailing = 4,
 }
 
 /// A handle on `inner` through a link; clones share the link.
@@ -50,6 +53,7 @@ impl Link {
             match self.mode.load(Ordering::SeqCst) {
                 0 => return Ok(()),
                 3 if heartbeat => return Ok(()),
+                4 => return Ok(()),
                 1 => return Err(StoreError::Unavailable("link cut".into())),
                 // A hanging call waits for the link to open, polling on simulated time.
                 _ => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
@@ -101,6 +105,9 @@ impl Store for Link {
     fn list(&self, kind: &str, parent: Option<RowId>) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send {
         let kind = kind.to_string();
         async move {
+            if kind == "allocation" && self.mode.load(Ordering::SeqCst) == Mode::AllocationListsFailing as u8 {
+                return Err(StoreError::Unavailable("allocation listing failed".into()));
+            }
             self.gate().await?;
             self.inner.list(&kind, parent).await
         }

@@ -38,8 +38,6 @@ pub struct World {
     pub queue: Vec<QueueEntry>,
     /// The replica's placement settings.
     pub settings: PlacementSettings,
-    /// Each live node's lease expiry (store clock); [`World::renew_leases`] moves them on.
-    pub expiries: BTreeMap<RowId, Timestamp>,
 }
 
 impl World {
@@ -61,7 +59,6 @@ impl World {
             now: Timestamp(1_700_000_000_000_000),
             queue: Vec::new(),
             settings: PlacementSettings::default(),
-            expiries: BTreeMap::new(),
         };
         for n in 0..nodes {
             let node = world.row();
@@ -82,28 +79,24 @@ impl World {
         self.allocations.values().filter(|a| self.sessions.contains_key(&a.data.node)).count() as u32
     }
 
-    fn expiry(&self, node: RowId) -> Timestamp {
-        self.expiries.get(&node).copied().unwrap_or(self.now.plus(std::time::Duration::from_secs(10)))
-    }
-
-    /// Every live node's agent renews its lease (its expiry moves on by a second).
-    pub fn renew_leases(&mut self) {
-        let nodes: Vec<RowId> = self.sessions.keys().copied().collect();
-        for node in nodes {
-            let renewed = self.expiry(node).plus(std::time::Duration::from_secs(1));
-            self.expiries.insert(node, renewed);
-        }
-    }
-
-    /// The agents kill the processes the controller moved on from and report them (messages only): one
-    /// `JobEnded` (aborted, "process killed") for each job the operation's data says may still run.
+    /// The agents answer for the processes the controller moved on from (messages only): each allocation marked
+    /// with a job that may still run there (`AllocationData::lingering`) gets a `JobEnded` (aborted, "process
+    /// killed") for that job, as its agent sends it after killing the process, or on finding none. Every lingering
+    /// entry's allocation carries its mark (or the agent would never learn of it).
     pub fn report_stale_kills(&mut self) {
-        let lingering = self.data.lingering.clone();
-        for l in lingering {
-            let job = self.job(l.job).clone();
-            let allocation = job.data.allocation.expect("a lingering job was placed");
+        for l in &self.data.lingering {
+            let marked = self.allocations.get(&l.allocation).and_then(|a| a.data.lingering);
+            assert_eq!(marked, Some(l.job), "the allocation of lingering job {} is not marked with it", l.job);
+        }
+        let marked: Vec<(JobId, AllocationRef)> = self
+            .allocations
+            .values()
+            .filter(|a| a.allocated)
+            .filter_map(|a| a.data.lingering.map(|job| (job, a.current())))
+            .collect();
+        for (job, allocation) in marked {
             let outcome = JobOutcome::Aborted { reason: "process killed".into() };
-            self.send(Message::JobEnded { job: l.job, allocation, outcome });
+            self.send(Message::JobEnded { job, allocation, outcome });
         }
     }
 
@@ -139,11 +132,11 @@ impl World {
             messages: std::mem::take(&mut self.inbox),
             free,
             node_sessions: self.sessions.clone(),
-            node_expiries: self.sessions.keys().map(|node| (*node, self.expiry(*node))).collect(),
             revival: std::mem::take(&mut self.revival_next),
             now: self.now,
             queue: self.queue.clone(),
             cluster_slots: self.cluster_slots(),
+            returning_slots: 0,
             settings: self.settings.clone(),
         };
         let output = run_pass(input);

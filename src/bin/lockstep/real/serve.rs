@@ -59,6 +59,11 @@ pub struct ServeArgs {
     /// whatever the database does.
     #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = DRAIN_TIMEOUT_DEFAULT_TEXT)]
     pub drain_timeout: Duration,
+    /// A node whose lease expired less than this long ago (database clock) is expected back: its slots count
+    /// toward what an all-or-nothing gang could ever get, so a gang that lost it waits (holding its place in the
+    /// queue) instead of failing as one that can never be placed.
+    #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "5m")]
+    pub node_return_grace: Duration,
     #[command(flatten)]
     pub chaos: ChaosServe,
 }
@@ -102,6 +107,7 @@ impl ServeArgs {
             seed: u64::from(std::process::id()),
             gang_placement: self.gang_placement,
             gang_unfit_timeout: self.gang_unfit_timeout,
+            node_return_grace: self.node_return_grace,
             gang_gate_disabled_for_mutation_test: self.chaos.chaos_gang_gate_off,
         }
     }
