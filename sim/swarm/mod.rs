@@ -108,7 +108,7 @@ mod tests {
     #[test]
     fn every_world_of_the_default_ranges_is_a_valid_scenario_file() {
         let ranges = Ranges::default();
-        for seed in 1..=3_000 {
+        for seed in 1..=1_000 {
             let world = draw(&ranges, seed, None);
             if let Err(error) = world.file(&PipelineSets::new()) {
                 panic!("seed {seed} drew an invalid world: {error}\n{}", world.text);
@@ -139,7 +139,7 @@ mod tests {
             ..Ranges::default()
         };
         for ranges in [narrow, wide] {
-            for seed in 1..=500 {
+            for seed in 1..=250 {
                 let world = draw(&ranges, seed, None);
                 if let Err(error) = world.file(&PipelineSets::new()) {
                     panic!("seed {seed} drew an invalid world from {ranges:?}: {error}\n{}", world.text);
