@@ -26,7 +26,7 @@ use madsim::runtime::{Handle, NodeHandle};
 use madsim::task::NodeId;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,6 +76,9 @@ pub struct Database {
     /// Instants the node was killed (simulated), oldest first: a reply still held by the node when it died is
     /// lost.
     kills: Mutex<Vec<Instant>>,
+    /// Subscribers whose hints are dropped in silence (fault `hint-loss`): the machine's, so they outlive a restart
+    /// of the node.
+    muted: Mutex<BTreeSet<IpAddr>>,
 }
 
 /// One incarnation of the node: lost at a restart.
@@ -109,7 +112,32 @@ impl Database {
             node_id: OnceLock::new(),
             serving: Mutex::new(None),
             kills: Mutex::new(Vec::new()),
+            muted: Mutex::new(BTreeSet::new()),
         })
+    }
+
+    /// Drops every hint to the subscriber at `ip` in silence from now on, its subscription kept (fault `hint-loss`).
+    pub fn mute_hints(&self, ip: IpAddr) {
+        self.muted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(ip);
+    }
+
+    /// Ends the silence of [`Database::mute_hints`], and the subscription with it: the subscriber's next renewal
+    /// subscribes anew and catches up, as a `LISTEN` session found dead is replaced.
+    pub fn unmute_hints(&self, ip: IpAddr) {
+        let was = self.muted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&ip);
+        if let (true, Some(serving)) = (was, self.serving().as_mut()) {
+            serving.subscribers.remove(&ip);
+        }
+    }
+
+    /// Ends every silence ([`Database::unmute_hints`]; the heal).
+    pub fn unmute_all_hints(&self) {
+        let muted = std::mem::take(&mut *self.muted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        if let Some(serving) = self.serving().as_mut() {
+            for ip in muted {
+                serving.subscribers.remove(&ip);
+            }
+        }
     }
 
     /// Records the id of the node that serves the database (the world calls it once, right after building the
@@ -297,7 +325,10 @@ async fn forward_hints(db: &Database) {
         // A hint lost on its link ends that subscription, as a lost `NOTIFY` can only mean a broken `LISTEN`
         // session on PostgreSQL (TCP delivers or breaks): the subscriber's next renewal subscribes anew and catches
         // up on every kind ([`crate::store::HINT_EVERY_KIND`]), as PgStore's listener does after it listens again.
+        let muted = db.muted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         serving.subscribers.retain(|ip, (sender, _)| match db.wire.send(db.ip, *ip) {
+            // A hint-loss fault: dropped in silence, the subscription kept.
+            Some(_) if muted.contains(ip) => true,
             Some(latency) => {
                 // A subscriber whose node died is gone until it subscribes again.
                 let _ = sender.send((now + latency, kind.clone()));

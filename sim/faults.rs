@@ -71,6 +71,15 @@ pub enum Fault {
     /// One kind of an agent's store calls fails at once or is delayed for `span`, its other calls going through
     /// (`sim::agent_calls`): e.g. an agent that renews its node lease but cannot list its allocations.
     AgentCalls { agent: usize, calls: AgentCall, effect: CallEffect, span: Duration },
+    /// The hint channel to a replica dies silently for `span`: the database drops every fetch hint it would send
+    /// it, with no error and no notice, so the replica's fetchers find new rows only by polling. At the end the
+    /// replica's subscription is found dead (PgStore's periodic `LISTEN` probe finds a half-open session) and ends:
+    /// the renewal that subscribes anew catches up on every kind.
+    HintLoss { replica: usize, span: Duration },
+    /// A replica crashes again each time it starts, for `span` (a process that dies at start under a supervisor
+    /// that restarts it): it runs for 0.05 to 0.5 s, dies, and is started again 0.5 to 2 s later; at the end it is
+    /// started and left to run.
+    CrashLoop { replica: usize, span: Duration },
 }
 
 /// One kind of an agent's store calls.
@@ -147,11 +156,15 @@ pub enum FaultKind {
     /// [`Fault::AgentCalls`] of a random agent: a kind of call drawn uniformly, failing (half the time) or delayed
     /// by 1 to 5 s.
     AgentCalls,
+    /// [`Fault::HintLoss`] of a random replica.
+    HintLoss,
+    /// [`Fault::CrashLoop`] of a random replica.
+    CrashLoop,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 16] = [
+    pub const ALL: [FaultKind; 18] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
@@ -168,6 +181,8 @@ impl FaultKind {
         FaultKind::AgentIsolate,
         FaultKind::AgentClockDrift,
         FaultKind::AgentCalls,
+        FaultKind::HintLoss,
+        FaultKind::CrashLoop,
     ];
 
     /// Whether the kind's faults target agent nodes (a world without agents runs no such process).
@@ -207,6 +222,8 @@ impl FaultKind {
             FaultKind::AgentIsolate => "agent-isolate",
             FaultKind::AgentClockDrift => "agent-clock-drift",
             FaultKind::AgentCalls => "agent-calls",
+            FaultKind::HintLoss => "hint-loss",
+            FaultKind::CrashLoop => "crash-loop",
         }
     }
 }
@@ -252,6 +269,8 @@ impl std::fmt::Display for Fault {
             Fault::AgentClockDrift { agent, rate_ppm, span } => {
                 write!(f, "agent-clock-drift agent-{agent} (rate {rate_ppm} ppm, span {})", d(span))
             }
+            Fault::HintLoss { replica, span } => write!(f, "hint-loss replica-{replica} (span {})", d(span)),
+            Fault::CrashLoop { replica, span } => write!(f, "crash-loop replica-{replica} (span {})", d(span)),
             Fault::AgentCalls { agent, calls, effect, span } => {
                 let calls = calls.name();
                 match effect {
@@ -362,6 +381,8 @@ fn draw(kind: FaultKind, span: &Range<Duration>, targets: Targets, rng: &mut Cha
                 if slow { rng.random_range(slow_from..950_000) } else { rng.random_range(1_050_000..1_300_000) };
             Fault::AgentClockDrift { agent, rate_ppm, span }
         }
+        FaultKind::HintLoss => Fault::HintLoss { replica, span },
+        FaultKind::CrashLoop => Fault::CrashLoop { replica, span },
         FaultKind::AgentCalls => {
             let agent = rng.random_range(0..agents);
             let calls = AgentCall::ALL[rng.random_range(0..AgentCall::ALL.len())];
@@ -432,6 +453,8 @@ pub async fn inject(world: World, fault: Fault) {
         Fault::AgentPause { agent, span } => world.agent(agent).pause(span).await,
         Fault::AgentClockDrift { agent, rate_ppm, span } => world.agent(agent).drift(rate_ppm, span).await,
         Fault::AgentCalls { agent, calls, effect, span } => world.agent(agent).calls(calls, effect, span).await,
+        Fault::HintLoss { replica, span } => world.replica(replica).lose_hints(span).await,
+        Fault::CrashLoop { replica, span } => world.replica(replica).crash_loop(span).await,
     }
 }
 

@@ -1093,6 +1093,7 @@ fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::AgentPause => &["agent", "span"],
         FaultKind::AgentClockDrift => &["agent", "rate_ppm", "span"],
         FaultKind::AgentCalls => &["agent", "calls", "delay", "span"],
+        FaultKind::HintLoss | FaultKind::CrashLoop => &["replica", "span"],
         // Random-only kinds: at a fixed time, a partition or an isolate names the agent as its node.
         FaultKind::AgentPartition | FaultKind::AgentIsolate => &[],
     }
@@ -1233,6 +1234,8 @@ impl FixedDoc {
                 };
                 Fault::AgentCalls { agent: agent()?, calls, effect, span: span()? }
             }
+            FaultKind::HintLoss => Fault::HintLoss { replica: replica()?, span: span()? },
+            FaultKind::CrashLoop => Fault::CrashLoop { replica: replica()?, span: span()? },
             FaultKind::AgentPartition | FaultKind::AgentIsolate => unreachable!("refused above"),
         })
     }

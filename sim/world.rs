@@ -41,6 +41,7 @@ use crate::store::{Row, Timestamp};
 use madsim::net::NetSim;
 use madsim::runtime::{Handle, NodeHandle};
 use madsim::task::NodeId;
+use rand::Rng;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::ops::Range;
@@ -56,6 +57,7 @@ enum Slot {
     Agent(usize),
     AgentClock(usize),
     AgentCalls(usize, AgentCall),
+    Hints(usize),
     Db,
     Network,
     Replies,
@@ -523,6 +525,7 @@ impl World {
             }
             agent.ctx.calls.clear_all();
         }
+        inner.db.unmute_all_hints();
         if std::mem::take(&mut state.db_down) {
             inner.handle.restart(inner.db_node.id());
         }
@@ -748,6 +751,52 @@ impl ReplicaHandle<'_> {
         self.kill();
         tokio::time::sleep(down).await;
         self.start();
+        self.world.release(Slot::Replica(self.index));
+    }
+
+    /// The hint channel to the replica dies silently for `span` ([`super::db::Database::mute_hints`]): its fetchers
+    /// find new rows by polling only. At the end its subscription ends and its renewal catches up. The trace says
+    /// `hint-loss span=…` and `hint-loss-end`.
+    pub async fn lose_hints(&self, span: Duration) {
+        if !self.world.acquire(Slot::Hints(self.index), "hint-loss") {
+            return;
+        }
+        self.record("hint-loss", format!("span={}", crate::duration::format(span)));
+        let ip = self.ctx().ip;
+        self.world.inner.db.mute_hints(ip);
+        tokio::time::sleep(span).await;
+        self.world.inner.db.unmute_hints(ip);
+        self.record("hint-loss-end", "");
+        self.world.release(Slot::Hints(self.index));
+    }
+
+    /// The replica crashes each time it starts, for `span`: killed now, then started and killed again after
+    /// 0.05–0.5 s of running, 0.5–2 s apart (each draw from the stream `crash-loop` of the replica), until the span
+    /// is over; then it starts and runs. The trace says `crash-loop span=…` at the start, `crash-loop-end`
+    /// at the end (the crashes themselves write no `kill` line, so the shrinker writes the loop back whole).
+    pub async fn crash_loop(&self, span: Duration) {
+        if !self.world.acquire(Slot::Replica(self.index), "crash-loop") {
+            return;
+        }
+        let mut rng = super::rng::keyed(self.world.inner.seed, "crash-loop", self.index as u64);
+        let deadline = tokio::time::Instant::now() + span;
+        self.record("crash-loop", format!("span={}", crate::duration::format(span)));
+        self.world.inner.handle.kill(self.node());
+        self.world.state().killed.insert(self.index);
+        loop {
+            let down = Duration::from_millis(rng.random_range(500..=2_000));
+            if tokio::time::Instant::now() + down >= deadline {
+                break;
+            }
+            tokio::time::sleep(down).await;
+            self.world.inner.handle.restart(self.node());
+            tokio::time::sleep(Duration::from_millis(rng.random_range(50..=500))).await;
+            self.world.inner.handle.kill(self.node());
+        }
+        tokio::time::sleep_until(deadline).await;
+        self.world.inner.handle.restart(self.node());
+        self.world.state().killed.remove(&self.index);
+        self.record("crash-loop-end", "");
         self.world.release(Slot::Replica(self.index));
     }
 

@@ -390,6 +390,9 @@ fn materialized(table: &Table, trace: &str) -> Option<Candidate> {
                 ("span", span_value(span)),
             ])),
             Kind::Event if line.split_whitespace().nth(2) == Some("calls-fault") => Some(agent_calls(&lane.key, line)?),
+            Kind::Event if matches!(line.split_whitespace().nth(2), Some("hint-loss" | "crash-loop")) => {
+                Some(replica_span_fault(&lane.key, line)?)
+            }
             Kind::Event if line.split_whitespace().nth(2) == Some("contention") => {
                 let claims = field_text(line, "claims")?.parse::<i64>().ok()?;
                 Some(fields([("kind", "contention".into()), ("claims", Value::Integer(claims))]))
@@ -441,6 +444,15 @@ fn node_fault(kind: Kind, node: &str, span: u64, line: &str) -> Option<Table> {
         fault.insert("rate_ppm".into(), Value::Integer(field_text(line, "rate_ppm")?.parse().ok()?));
     }
     Some(fault)
+}
+
+/// A `hint-loss` or `crash-loop` fault from its line (`hint-loss span=…`): the replica of the lane and the span the
+/// line names.
+fn replica_span_fault(node: &str, line: &str) -> Option<Table> {
+    let replica = node.strip_prefix("replica-")?.parse::<i64>().ok()?;
+    let kind = line.split_whitespace().nth(2)?;
+    let span = crate::duration::parse(field_text(line, "span")?).ok()?;
+    Some(fields([("kind", kind.into()), ("replica", Value::Integer(replica)), ("span", duration_value(span))]))
 }
 
 /// An `agent-calls` fault from its `calls-fault` line: the agent of the lane, the kind of calls, the delay (none

@@ -561,6 +561,9 @@ impl Faults {
                 FaultKind::DbRestart => Some((200, 3_000)),
                 FaultKind::ClockDrift | FaultKind::AgentClockDrift => Some((5_000, 30_000)),
                 FaultKind::AgentCalls => Some((2_000, 30_000)),
+                // A dead hint channel: fetchers poll. A crash loop long enough that the replica's leases lapse.
+                FaultKind::HintLoss => Some((2_000, 60_000)),
+                FaultKind::CrashLoop => Some((2_000, 3 * ttl)),
                 FaultKind::Contention => None,
                 FaultKind::Buggify => Some((2_000, 10_000)),
                 // Node loss from a blink to a minute: long enough that gangs restart without the node.

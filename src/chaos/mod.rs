@@ -77,6 +77,14 @@ pub fn real_fault(fault: &Fault, network: bool) -> Result<RealFault, String> {
             "{fault}: not possible on real processes (a process's monotonic clock cannot be made to run at \
              another rate from outside)"
         )),
+        Fault::HintLoss { .. } => Err(format!(
+            "{fault}: not possible on real processes yet (the replicas' LISTEN sessions do not pass through the chaos \
+             proxy apart from their other connections)"
+        )),
+        Fault::CrashLoop { .. } => Err(format!(
+            "{fault}: not possible on real processes yet (the chaos harness restarts a killed replica once, not in a \
+             loop)"
+        )),
         Fault::AgentCalls { .. } => Err(format!(
             "{fault}: not possible on real processes yet (the agents' store calls do not pass through the chaos \
              harness)"
