@@ -6,7 +6,8 @@
 //! - every sample output they show is what its command prints today: each `text` block that follows a shell block
 //!   is compared with the real output of that block's command (normalised only where it truly varies: wall times,
 //!   build ids), and every other `text` block is listed here as not being an output;
-//! - every relative link resolves to a file, and every `#anchor` to a heading of its page.
+//! - every relative link resolves to a file, and every `#anchor` to a heading of its page;
+//! - every "DESIGN §N" citation names a section of docs/design.md.
 //!
 //! Some checks need the simulator build (`env -u RUSTFLAGS cargo sim-test --test readme`), the others the normal
 //! build (`cargo test --test readme`); `scripts/test` runs both.
@@ -587,11 +588,59 @@ enum Build {
 
 const THIS_BUILD: Build = if cfg!(madsim) { Build::Sim } else { Build::Normal };
 
+/// Every "DESIGN §N" citation in the repository's code, scripts and pages names a section `## N.` of
+/// docs/design.md, the design that stands in the repository.
+#[test]
+fn every_design_citation_names_a_section_of_the_design_page() {
+    let design = page("docs/design.md");
+    let sections: BTreeSet<String> = design
+        .text
+        .lines()
+        .filter_map(|line| line.strip_prefix("## "))
+        .filter_map(|heading| heading.split_once(". ").map(|(number, _)| number.to_string()))
+        .collect();
+    assert!(sections.len() >= 6, "docs/design.md has sections {sections:?}");
+    let mut cited = 0;
+    let mut files = Vec::new();
+    for dir in ["src", "sim", "tests", "docs", "scripts", "benches", "examples", ".cargo"] {
+        collect_files(&markdown::root().join(dir), &mut files);
+    }
+    files.push(markdown::root().join("README.md"));
+    for file in files {
+        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+        for (at, _) in text.match_indices("DESIGN §") {
+            let number: String = text[at + "DESIGN §".len()..].chars().take_while(char::is_ascii_digit).collect();
+            if number.is_empty() {
+                continue; // the page's own explanation, "DESIGN §N"
+            }
+            assert!(sections.contains(&number), "{}: DESIGN §{number} is no section of docs/design.md", file.display());
+            cited += 1;
+        }
+    }
+    assert!(cited >= 100, "only {cited} citations found: the walk missed the code");
+}
+
+/// Every file under `dir`, recursively, except build output.
+fn collect_files(dir: &Path, files: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if !path.ends_with("target") {
+                collect_files(&path, files);
+            }
+        } else {
+            files.push(path);
+        }
+    }
+}
+
 /// Every `text` block of the README and `docs/`, by page and first line (a prefix of it).
 const TEXT_BLOCKS: &[(&str, &str, Sample)] = &[
     ("README.md", "scenarios/gang-seed-example.toml (", Sample::Output(Build::Sim)),
     ("docs/chaos.md", "pauses inside a pass: ", Sample::NotOutput),
     ("docs/chaos.md", "tests/fixtures/chaos-rows-kill-pause.toml (chaos, real PostgreSQL)", Sample::NotOutput),
+    ("docs/design.md", "            ┌", Sample::NotOutput),
     ("docs/engine.md", "processed 200 images in 0.53 s", Sample::Output(Build::Normal)),
     ("docs/engine.md", "processed 200 images in 0.51 s", Sample::Output(Build::Sim)),
     ("docs/gang.md", "{tasks={trainer=", Sample::NotOutput),
