@@ -61,7 +61,7 @@ fn a_swarm_sweep_records_each_world_and_reports_coverage_per_fault_kind_and_path
     let output = lockstep(&["sim", "swarm", "--seeds", "1..5", "--ranges", "ranges.toml", "--jobs", "2"], dir.path());
     let out = text(&output);
     assert!(matches!(output.status.code(), Some(0 | 1)), "{out}");
-    assert!(out.contains("swarm of ranges.toml (swarm-v2-"), "{out}");
+    assert!(out.contains("swarm of ranges.toml (swarm-v3-"), "{out}");
     assert!(out.contains("coverage over 4 worlds"), "{out}");
     for kind in ["kill", "agent-kill", "db-restart"] {
         assert!(out.lines().any(|line| line.trim_start().starts_with(kind)), "no row for {kind}:\n{out}");

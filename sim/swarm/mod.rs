@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 
 /// The version of the drawing code: part of every ranges label ([`Ranges::version_label`]), bumped when a seed
 /// draws another world from the same ranges.
-pub const DRAW_VERSION: u32 = 2;
+pub const DRAW_VERSION: u32 = 3;
 
 /// The name of every drawn world's scenario (its replay files are `swarm-seed-N.replay.json`).
 pub const WORLD_NAME: &str = "swarm";
