@@ -420,7 +420,7 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
         Call::Apply(params) => Reply::Apply(store.apply(params).await?),
         Call::ApplyBatch(batch) => Reply::Applies(store.apply_batch(batch).await?),
         Call::RecordFailure(params) => Reply::Failure(store.record_failure(params).await?),
-        Call::Reset(lease) => Reply::Held(store.reset_for_retry(lease).await?),
+        Call::Reset(lease, delay) => Reply::Held(store.reset_for_retry(lease, delay).await?),
         Call::Release(leases) => Reply::Count(store.release(leases).await?),
         Call::Insert(row) => Reply::Row(Box::new(store.insert(row).await?)),
         Call::InsertMany { rows, hints } => Reply::Ids(store.insert_many(rows, hints).await?),

@@ -805,8 +805,8 @@ impl Store for Keyed {
     ) -> Result<crate::store::FailureOutcome, StoreError> {
         self.store.record_failure(params).await
     }
-    async fn reset_for_retry(&self, lease: Lease) -> Result<bool, StoreError> {
-        self.store.reset_for_retry(lease).await
+    async fn reset_for_retry(&self, lease: Lease, delay: Duration) -> Result<bool, StoreError> {
+        self.store.reset_for_retry(lease, delay).await
     }
     async fn release(&self, leases: Vec<Lease>) -> Result<usize, StoreError> {
         self.store.release(leases).await

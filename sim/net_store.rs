@@ -267,8 +267,8 @@ impl Store for NetStore {
         }
     }
 
-    async fn reset_for_retry(&self, lease: Lease) -> Result<bool, StoreError> {
-        match self.call(Call::Reset(lease)).await? {
+    async fn reset_for_retry(&self, lease: Lease, delay: Duration) -> Result<bool, StoreError> {
+        match self.call(Call::Reset(lease, delay)).await? {
             Reply::Held(held) => Ok(held),
             other => unexpected("reset_for_retry", other),
         }

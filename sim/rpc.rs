@@ -65,7 +65,7 @@ pub enum Call {
     Apply(ApplyParams),
     ApplyBatch(Vec<ApplyParams>),
     RecordFailure(FailureParams),
-    Reset(Lease),
+    Reset(Lease, Duration),
     Release(Vec<Lease>),
     Insert(NewRow),
     /// [`Store::insert_many`](crate::store::Store::insert_many): rows and their hints in one round trip.
@@ -124,7 +124,7 @@ impl Call {
             Call::Apply(_) => "apply",
             Call::ApplyBatch(_) => "apply_batch",
             Call::RecordFailure(_) => "record_failure",
-            Call::Reset(_) => "reset_for_retry",
+            Call::Reset(..) => "reset_for_retry",
             Call::Release(_) => "release",
             Call::Insert(_) => "insert",
             Call::InsertMany { .. } => "insert_many",

@@ -20,6 +20,7 @@ use super::checkers::{self, CheckInput, RowModel, Violation};
 use super::coverage::Coverage;
 #[cfg(madsim)]
 use super::faults::FaultRunner;
+use super::faults::{Fault, FaultKind};
 use super::gang::{self, OperationReport, SubmitOutcome};
 use super::scenario::Scenario;
 use super::service::Effect;
@@ -619,14 +620,19 @@ pub fn capacity_of(scenario: &Scenario) -> checkers::capacity::Capacity {
         }
     }
     // Calls sent before the heal resolve within their time-out; a broken hint subscription is renewed within a
-    // second (`net_store::HINT_RENEW_INTERVAL`, simulator build only).
-    let settle = scenario.call_timeout + Duration::from_secs(1);
+    // second (`net_store::HINT_RENEW_INTERVAL`, simulator build only). A fetch stall that buggify began before the
+    // heal sleeps one lease ttl past it (`Point::FetchStall`).
+    let buggify = scenario.faults.fixed.iter().any(|event| matches!(event.fault, Fault::Buggify { .. }))
+        || scenario.faults.random.iter().any(|random| random.kind == FaultKind::Buggify);
+    let stall = if buggify { spec.lease_ttl } else { Duration::ZERO };
+    let settle = scenario.call_timeout + Duration::from_secs(1) + stall;
     checkers::capacity::Capacity {
         replicas: scenario.replicas,
         lease_ttl: spec.lease_ttl,
         workers,
         pipelines_of_kind,
         settle,
+        fault_free: scenario.faults.fixed.is_empty() && scenario.faults.random.is_empty(),
     }
 }
 

@@ -149,8 +149,12 @@ impl Store for Slow {
     ) -> impl Future<Output = Result<lockstep::store::FailureOutcome, StoreError>> + Send {
         self.inner.record_failure(p)
     }
-    fn reset_for_retry(&self, lease: Lease) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.inner.reset_for_retry(lease)
+    fn reset_for_retry(
+        &self,
+        lease: Lease,
+        delay: std::time::Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.inner.reset_for_retry(lease, delay)
     }
     fn release(&self, leases: Vec<Lease>) -> impl Future<Output = Result<usize, StoreError>> + Send {
         self.inner.release(leases)

@@ -262,7 +262,8 @@ async fn related_lock_contention_resets_the_lease_and_the_row_is_retried() {
     let row = store.get(parent).await.unwrap().unwrap();
     assert_eq!(row.lock_owner.as_deref(), Some("tasks"), "owner is kept");
     assert_eq!((row.lock_token, row.lock_expires_at), (None, None), "token and expiry are cleared");
-    assert_eq!(row.last_processed_at, Some(clock.now()));
+    assert_eq!(row.last_processed_at, None, "the reset row keeps its place in fetch order");
+    assert_eq!(row.not_before, Some(clock.now().plus(Duration::from_millis(500))), "it waits out retry_delay");
     assert_eq!(p.metrics().retries, 1);
 
     // Fresh (intent-marked) children are skipped by their own pipeline; the held one is finished by it.
@@ -536,8 +537,9 @@ fn a_config_that_needs_more_connections_than_the_store_has_is_refused() {
         fn reset_for_retry(
             &self,
             l: lockstep::store::Lease,
+            delay: std::time::Duration,
         ) -> impl Future<Output = Result<bool, lockstep::store::StoreError>> + Send {
-            self.0.reset_for_retry(l)
+            self.0.reset_for_retry(l, delay)
         }
         fn release(
             &self,

@@ -135,8 +135,12 @@ impl Store for Racing {
     fn apply(&self, p: ApplyParams) -> impl Future<Output = Result<ApplyOutcome, StoreError>> + Send {
         self.inner.apply(p)
     }
-    fn reset_for_retry(&self, lease: Lease) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.inner.reset_for_retry(lease)
+    fn reset_for_retry(
+        &self,
+        lease: Lease,
+        delay: std::time::Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.inner.reset_for_retry(lease, delay)
     }
     fn record_failure(&self, p: FailureParams) -> impl Future<Output = Result<FailureOutcome, StoreError>> + Send {
         self.inner.record_failure(p)

@@ -101,8 +101,8 @@ impl Store for Counting {
     async fn record_failure(&self, params: FailureParams) -> Result<FailureOutcome, StoreError> {
         self.inner.record_failure(params).await
     }
-    async fn reset_for_retry(&self, lease: Lease) -> Result<bool, StoreError> {
-        self.inner.reset_for_retry(lease).await
+    async fn reset_for_retry(&self, lease: Lease, delay: Duration) -> Result<bool, StoreError> {
+        self.inner.reset_for_retry(lease, delay).await
     }
     async fn release(&self, leases: Vec<Lease>) -> Result<usize, StoreError> {
         self.inner.release(leases).await

@@ -82,8 +82,13 @@ async fn revival_after_a_lost_pass(dead: DeadPass, takeover: Takeover) {
     if let DeadPass::LockedTheFirstJob = dead {
         jobs.truncate(1);
     }
-    let params =
-        LockRelatedParams { holder: lease, related: jobs, owner: OPERATION_PIPELINE.into(), lease_ttl: seconds(30) };
+    let params = LockRelatedParams {
+        holder: lease,
+        related: jobs,
+        owner: OPERATION_PIPELINE.into(),
+        lease_ttl: seconds(30),
+        retry_delay: std::time::Duration::from_millis(500),
+    };
     assert_eq!(store.lock_related(params).await.unwrap(), LockOutcome::Locked);
 
     // Meanwhile the node of cookie 1 dies: its agent runs no more passes and its lease expires.

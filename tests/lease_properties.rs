@@ -267,7 +267,9 @@ impl Model {
                     LockOutcome::Contended { by_own_pipeline }
                 };
                 let lease_ttl = Duration::from_millis(ttl_ms);
-                let params = LockRelatedParams { holder: lease, related: related.clone(), owner, lease_ttl };
+                let retry_delay = Duration::from_millis(500);
+                let params =
+                    LockRelatedParams { holder: lease, related: related.clone(), owner, lease_ttl, retry_delay };
                 let outcome = self.store.lock_related(params).await.unwrap();
                 assert_eq!(outcome, expected, "lock_related of {related:?} for {lease:?}");
                 match outcome {
@@ -336,7 +338,7 @@ impl Model {
             Step::Reset { holder, pick } => {
                 let lease = self.lease(holder, pick);
                 let expected = self.carries(lease.id, lease.token);
-                let held = self.store.reset_for_retry(lease).await.unwrap();
+                let held = self.store.reset_for_retry(lease, Duration::from_millis(500)).await.unwrap();
                 assert_eq!(held, expected, "reset of {lease:?}");
                 if held {
                     reached.resets += 1;

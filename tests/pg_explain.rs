@@ -167,7 +167,13 @@ async fn an_apply_locks_first_only_the_rows_of_a_lease_that_holds_related_rows()
     let lease = |i: usize| Lease { id: leased[i].id, token: leased[i].lock_token.expect("a leased row has a token") };
     let (alone, parent) = (lease(0), lease(1));
     let related = vec![ids[2], ids[3]];
-    let lock = LockRelatedParams { holder: parent, related, owner: "jobs".into(), lease_ttl: Duration::from_secs(30) };
+    let lock = LockRelatedParams {
+        holder: parent,
+        related,
+        owner: "jobs".into(),
+        lease_ttl: Duration::from_secs(30),
+        retry_delay: std::time::Duration::from_millis(500),
+    };
     assert_eq!(store.lock_related(lock).await.expect("lock related rows"), LockOutcome::Locked);
     let done = || RowUpdate { status: Some("done".into()), data: None };
 

@@ -101,6 +101,7 @@ async fn family(store: &PgStore, round: usize) -> Family {
             related: related.clone(),
             owner: "ops".into(),
             lease_ttl: LEASE_TTL,
+            retry_delay: std::time::Duration::from_millis(500),
         })
         .await
         .expect("lock_related");
@@ -132,13 +133,20 @@ async fn write(store: &PgStore, family: &Family, write: Write) -> Result<(), Sto
             let outcomes = store.apply_batch(vec![main, lone]).await?;
             assert!(outcomes.iter().all(applied), "{outcomes:?}");
         }
-        Write::ResetForRetry => assert!(store.reset_for_retry(family.parent).await?),
+        Write::ResetForRetry => {
+            assert!(store.reset_for_retry(family.parent, std::time::Duration::from_millis(500)).await?)
+        }
         Write::Release => assert_eq!(store.release(vec![family.parent, family.lone]).await?, 2),
         Write::LockMore => {
             let mut related = family.related.clone();
             related.extend(&family.more);
-            let params =
-                LockRelatedParams { holder: family.parent, related, owner: "ops".into(), lease_ttl: LEASE_TTL };
+            let params = LockRelatedParams {
+                holder: family.parent,
+                related,
+                owner: "ops".into(),
+                lease_ttl: LEASE_TTL,
+                retry_delay: std::time::Duration::from_millis(500),
+            };
             assert_eq!(store.lock_related(params).await?, LockOutcome::Locked);
         }
     }

@@ -495,7 +495,13 @@ async fn a_call_waiting_on_a_row_lock_past_lock_timeout_fails_with_a_timeout_and
     let other = hold_row_lock(store, related.id).await;
     let update = RowUpdate::status("blocked");
     times_out("update_unleased", lock_timeout, store.update_unleased(related.id, update)).await;
-    let lock = LockRelatedParams { holder: lease, related: vec![related.id], owner: "jobs".into(), lease_ttl: YEAR };
+    let lock = LockRelatedParams {
+        holder: lease,
+        related: vec![related.id],
+        owner: "jobs".into(),
+        lease_ttl: YEAR,
+        retry_delay: std::time::Duration::from_millis(500),
+    };
     times_out("lock_related", lock_timeout, store.lock_related(lock)).await;
     drop(other);
     assert_eq!(store.get(related.id).await.expect("get"), Some(related), "the calls that timed out wrote nothing");
@@ -814,6 +820,7 @@ async fn a_populated_schema_of_migration_0004_migrates_and_its_related_locks_hea
         related: vec![id(4), id(5)],
         owner: "tasks".into(),
         lease_ttl: Duration::from_secs(30),
+        retry_delay: std::time::Duration::from_millis(500),
     };
     assert_eq!(store.lock_related(lock).await.unwrap(), LockOutcome::Locked);
     let related: Vec<(i64, Option<i64>)> =
@@ -863,7 +870,13 @@ async fn a_stores_lease_in_pass_is_its_own_live_lease_past_its_related_locks_out
     let lease = lease_of(&leased[0]);
     assert_eq!(in_pass().await.unwrap(), None, "no related lock yet");
     let ttl = Duration::from_secs(30);
-    let lock = LockRelatedParams { holder: lease, related: vec![child.id], owner: "jobs".into(), lease_ttl: ttl };
+    let lock = LockRelatedParams {
+        holder: lease,
+        related: vec![child.id],
+        owner: "jobs".into(),
+        lease_ttl: ttl,
+        retry_delay: std::time::Duration::from_millis(500),
+    };
     assert_eq!(store.lock_related(lock).await.unwrap(), LockOutcome::Locked);
     assert_eq!(in_pass().await.unwrap(), Some(lease));
     let hour = Duration::from_secs(3600);
@@ -902,7 +915,13 @@ async fn stale_writes_are_recorded_in_the_history_as_in_memstore() {
     h.advance(Duration::from_secs(2));
     let new = store.fetch(params(ttl, Duration::ZERO)).await.unwrap();
     let new = lease_of(new.iter().find(|r| r.id == row.id).expect("the expired lease was taken again"));
-    let lock = LockRelatedParams { holder: old, related: vec![child.id], owner: "jobs".into(), lease_ttl: ttl };
+    let lock = LockRelatedParams {
+        holder: old,
+        related: vec![child.id],
+        owner: "jobs".into(),
+        lease_ttl: ttl,
+        retry_delay: std::time::Duration::from_millis(500),
+    };
     assert_eq!(store.lock_related(lock).await.unwrap(), LockOutcome::Stale);
     // A stale apply in a batch with a current one: its record too.
     let batch =
@@ -910,7 +929,7 @@ async fn stale_writes_are_recorded_in_the_history_as_in_memstore() {
     let outcomes = store.apply_batch(batch).await.unwrap();
     assert_eq!(outcomes[0], ApplyOutcome::Stale, "{outcomes:?}");
     // A refused reset-and-retry: its `Reset … held=false` record.
-    assert!(!store.reset_for_retry(old).await.unwrap());
+    assert!(!store.reset_for_retry(old, std::time::Duration::from_millis(500)).await.unwrap());
     let history = store.history().await.unwrap();
     let refused = history.iter().filter(|c| matches!(c.op, CommitOp::Reset { lease, held: false } if lease == old));
     assert_eq!(refused.count(), 1, "{history:?}");

@@ -30,6 +30,9 @@ pub struct Capacity {
     /// its time-out), and a hint subscription a fault broke is renewed within a second. Waits are judged from the
     /// heal plus this span.
     pub settle: Duration,
+    /// Whether the world's fault plan is empty: then nothing heals, and the retries' waits are judged from the
+    /// run's start (a fault-free scenario's failures all fall before its heal, at the end of its workload).
+    pub fault_free: bool,
 }
 
 /// No pipeline listed: every wait is judged whole (the checkers' unit tests; a world whose capacity is not known).
@@ -39,6 +42,7 @@ pub static UNBOUNDED: Capacity = Capacity {
     workers: BTreeMap::new(),
     pipelines_of_kind: BTreeMap::new(),
     settle: Duration::ZERO,
+    fault_free: false,
 };
 
 /// One live lease: its pipeline, its holder and when it lapses unless extended or ended.
@@ -188,6 +192,7 @@ mod tests {
             workers: BTreeMap::from([("p".to_string(), 1)]),
             pipelines_of_kind: BTreeMap::new(),
             settle: Duration::ZERO,
+            fault_free: false,
         }
     }
 

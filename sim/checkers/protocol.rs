@@ -252,6 +252,7 @@ mod tests {
             workers: BTreeMap::from([("tasks".to_string(), 1), ("jobs".to_string(), 1)]),
             pipelines_of_kind: BTreeMap::from([("task".to_string(), vec!["tasks".to_string()])]),
             settle: Duration::ZERO,
+            fault_free: false,
         }
     }
 

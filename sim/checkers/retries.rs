@@ -7,15 +7,17 @@
 //!    handlers leave the decision to the policy);
 //! 3. no fetch leases a row after it gave up, and a row that gave up ends in the failed status, and only such a
 //!    row does;
-//! 4. a row that failed after the heal, and did not give up, is fetched again within
+//! 4. a row that failed after the heal (anywhere in a fault-free world), and did not give up, is fetched again within
 //!    [`CheckInput::retry_lateness_bound`] of idle time after its retry falls due (its policy's longest delay for
 //!    that attempt, jitter included: a row that failed since it was last processed is paced by its retry time
 //!    alone, [`crate::store::Store::fetch`]): a replica wakes its fetcher for a retry, rather than leaving the
 //!    row to its empty-fetch backoff (a new user's trial saw a 1 s retry wait 3.6 s). Idle time is store time in
 //!    which some replica of the row's pipeline had an idle worker ([`super::capacity`]): a retry that waits while
-//!    every worker is busy (an overloaded world) waits for capacity, not for a fetcher. A retry whose row a related
-//!    lock or intent mark named before the fetch is not judged: the lock holds the row off, and its end wakes no
-//!    fetcher of the row's kind.
+//!    every worker is busy (an overloaded world) waits for capacity, not for a fetcher. A retry waits its turn in
+//!    fetch order too: a fetch of its pipeline that leased only rows ahead of it (processed longer ago, or never,
+//!    then by id) starts its wait again, since fetches serve the oldest rows first and a row reset for retry keeps
+//!    its place ([`crate::store::Store::reset_for_retry`]). A retry whose row a related lock or intent mark named
+//!    before the fetch is not judged: the lock holds the row off, and its end wakes no fetcher of the row's kind.
 
 use super::capacity::IdleClock;
 use super::row_map::RowMap;
@@ -48,6 +50,10 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
     let mut clock = IdleClock::new(input.capacity, input.history.first().map_or(input.heal_at, |c| c.at));
     // The pipeline of each live lease's fetch, by row: a failure's retry is judged by its pipeline's idle time.
     let mut pipeline_of: RowMap<String> = RowMap::new();
+    // When each row was last processed (its applied applies), for its place in fetch order; and the rows of `due`
+    // whose retry fell due (some may have left `due` since).
+    let mut processed_at: RowMap<Timestamp> = RowMap::new();
+    let mut past_due: std::collections::BTreeSet<RowId> = std::collections::BTreeSet::new();
     let policy = workload::retry_policy(input.attempts_max);
     let mut broken: BTreeMap<RowId, String> = BTreeMap::new();
     let mut fail = |id: RowId, index: usize, what: String| {
@@ -60,6 +66,7 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
             // Only this retry's own instant: a row fetched before an earlier retry fell due may have failed again.
             if let Some(due) = due.get_mut(id).filter(|due| due.at == at) {
                 due.idle_at_due = Some(clock.idle_us(&due.pipeline));
+                past_due.insert(id);
             }
         }
         clock.advance(commit.at);
@@ -80,7 +87,8 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
                 }
                 if *giving_up {
                     gave_up.insert(lease.id, ());
-                } else if input.retry_lateness_bound.is_some() && commit.at >= input.heal_at.plus(input.capacity.settle)
+                } else if input.retry_lateness_bound.is_some()
+                    && (input.capacity.fault_free || commit.at >= input.heal_at.plus(input.capacity.settle))
                 {
                     // Eligible once its delay has passed ([`crate::store::Store::fetch`]); a hint only makes it
                     // sooner.
@@ -97,7 +105,24 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
                     due.remove(id);
                 }
             }
+            CommitOp::Apply { lease, applied: true, .. } => {
+                processed_at.insert(lease.id, commit.at);
+            }
             CommitOp::Fetch { leases, pipeline } => {
+                // A fetch that leased only rows ahead of a due retry served them first: the retry's wait restarts.
+                let place = |id: RowId| (processed_at.get(id).copied(), id);
+                if let Some(last) = leases.iter().map(|lease| place(lease.id)).max() {
+                    let idle = clock.idle_us(pipeline);
+                    past_due.retain(|&id| match due.get_mut(id) {
+                        Some(due) => {
+                            if &due.pipeline == pipeline && due.idle_at_due.is_some() && last < place(id) {
+                                due.idle_at_due = Some(idle);
+                            }
+                            true
+                        }
+                        None => false,
+                    });
+                }
                 for lease in leases {
                     pipeline_of.insert(lease.id, pipeline.clone());
                     if gave_up.contains(lease.id) {
@@ -296,6 +321,7 @@ mod tests {
             workers: BTreeMap::from([("p".to_string(), 1)]),
             pipelines_of_kind: BTreeMap::new(),
             settle: Duration::ZERO,
+            fault_free: false,
         };
         let by_replica = |mut commit: crate::store::Commit| {
             commit.caller = Some(std::sync::Arc::from("replica-0"));

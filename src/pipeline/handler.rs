@@ -228,7 +228,8 @@ impl<'a, S: Store> LoadCx<'a, S> {
     async fn lock_and_read(&self, related: Vec<RowId>, owner: String) -> Result<Vec<Row>, WorkError> {
         self.not_its_own_row(&related)?;
         let turns = self.take_turns(&related).await;
-        let params = LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl };
+        let params =
+            LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl, retry_delay: self.wait };
         let related = params.related.clone();
         match self.store.lock_related_and_read(params).await? {
             LockRead::Locked(rows) => {
@@ -245,7 +246,8 @@ impl<'a, S: Store> LoadCx<'a, S> {
     async fn lock(&self, related: Vec<RowId>, owner: String) -> Result<(), WorkError> {
         self.not_its_own_row(&related)?;
         let turns = self.take_turns(&related).await;
-        let params = LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl };
+        let params =
+            LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl, retry_delay: self.wait };
         let related = params.related.clone();
         match self.store.lock_related_or_reset(params).await? {
             LockAttempt::Locked => {

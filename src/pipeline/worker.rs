@@ -255,7 +255,7 @@ async fn stopped<S: Store, H: Handler<S>>(
     error: WorkError,
 ) -> ItemOutcome {
     match error {
-        WorkError::Contended => match core.store.reset_for_retry(lease).await {
+        WorkError::Contended => match core.store.reset_for_retry(lease, core.config.retry_delay).await {
             Ok(true) => ItemOutcome::Retried { behind_other_replica: false },
             Ok(false) => ItemOutcome::Stale,
             Err(error) => failed(&core.config.name, lease, WorkError::Store(error)),

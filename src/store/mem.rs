@@ -1043,7 +1043,7 @@ impl Store for MemStore {
         })
     }
 
-    async fn reset_for_retry(&self, lease: Lease) -> Result<bool, StoreError> {
+    async fn reset_for_retry(&self, lease: Lease, delay: Duration) -> Result<bool, StoreError> {
         let now = self.now();
         let mut state = self.lock();
         let held = state.holds(lease);
@@ -1053,7 +1053,7 @@ impl Store for MemStore {
             }
             let owner = state.rows[&lease.id].lock_owner.clone();
             state.set_lease(lease.id, None, owner, None);
-            state.set_processed_at(lease.id, now);
+            state.rows.get_mut(&lease.id).expect("held row").not_before = Some(now.plus(delay));
         }
         state.record(&self.caller, now, CommitOp::Reset { lease, held });
         Ok(held)
@@ -1370,6 +1370,7 @@ mod tests {
             related: vec![RowId(2)],
             owner: "p".into(),
             lease_ttl: Duration::from_secs(30),
+            retry_delay: Duration::from_millis(500),
         };
         assert_eq!(
             store.lock_related_or_reset(lock).await.unwrap(),

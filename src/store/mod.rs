@@ -171,12 +171,12 @@ pub trait Store: Send + Sync + 'static {
         params: LockRelatedParams,
     ) -> impl Future<Output = Result<LockAttempt, StoreError>> + Send {
         async move {
-            let holder = params.holder;
+            let (holder, retry_delay) = (params.holder, params.retry_delay);
             Ok(match self.lock_related(params).await? {
                 LockOutcome::Locked => LockAttempt::Locked,
                 LockOutcome::Stale => LockAttempt::Stale,
                 LockOutcome::Contended { by_own_pipeline } => {
-                    LockAttempt::Reset { held: self.reset_for_retry(holder).await?, by_own_pipeline }
+                    LockAttempt::Reset { held: self.reset_for_retry(holder, retry_delay).await?, by_own_pipeline }
                 }
             })
         }
@@ -263,9 +263,14 @@ pub trait Store: Send + Sync + 'static {
     fn record_failure(&self, params: FailureParams) -> impl Future<Output = Result<FailureOutcome, StoreError>> + Send;
 
     /// Reset-and-retry: if the row still carries `lease.token`, keeps `lock_owner`, clears `lock_token` and
-    /// `lock_expires_at`, sets `last_processed_at = now`, and releases related rows locked with the token.
-    /// Returns whether the lease was still held (dstack PIPELINES, checklist 7).
-    fn reset_for_retry(&self, lease: Lease) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// `lock_expires_at`, sets `not_before = now + delay` (no fetch takes the row before, hinted or not), and
+    /// releases related rows locked with the token. Returns whether the lease was still held (dstack PIPELINES,
+    /// checklist 7).
+    ///
+    /// `last_processed_at` stays as it is, so a contended row keeps its place in fetch order (DESIGN §3, related
+    /// locks): dstack's reset stamps it `now`, which sends the row behind every row that arrived while it waited,
+    /// and under overload a contended parent then waits for the whole backlog (the swarm's starvation seeds).
+    fn reset_for_retry(&self, lease: Lease, delay: Duration) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Gives leases back unprocessed (on shutdown): clears the lease columns of every row still carrying its
     /// token, and of related rows locked with it, without touching `last_processed_at`. Returns how many main

@@ -297,6 +297,9 @@ pub struct LockRelatedParams {
     pub owner: String,
     /// Lease length of the related locks and of the intent marks left on contention.
     pub lease_ttl: Duration,
+    /// How long a contended holder's row waits before a fetch may take it again, when the call resets it
+    /// ([`Store::lock_related_or_reset`](super::Store::lock_related_or_reset)); the pipeline's `retry_delay`.
+    pub retry_delay: Duration,
 }
 
 /// The owner of a related row shared by several items of one pipeline, `{pipeline}:{item}` (dstack PIPELINES,

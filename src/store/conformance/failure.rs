@@ -66,7 +66,11 @@ pub async fn a_row_failed_since_it_was_processed_waits_for_its_retry_not_the_int
     const _: () = assert!(BACKOFF.as_secs() < MIN_PROCESSING_INTERVAL.as_secs());
     let row = insert(&h, "job").await;
     let lease = lease_single(&h, "jobs", &row).await;
-    assert!(h.store().reset_for_retry(lease).await.expect("reset_for_retry"), "lease {} lost", lease.token);
+    assert!(
+        h.store().reset_for_retry(lease, RETRY_DELAY).await.expect("reset_for_retry"),
+        "lease {} lost",
+        lease.token
+    );
     h.advance(past(RETRY_DELAY));
     let lease = lease_single(&h, "jobs", &row).await;
     record(&h, lease, "boom", Retry::After(BACKOFF)).await;

@@ -115,6 +115,24 @@ pub async fn retries_a_row_it_reset_after_retry_delay<H: Harness>(h: H) {
     assert!(retry.token > lease.token, "token {} after {}", retry.token, lease.token);
 }
 
+/// A row reset for retry keeps its place in fetch order: once its retry delay passed it is fetched before rows
+/// that arrived while it waited (dstack's reset stamps `last_processed_at = now`, which sent a contended row behind
+/// every newer row, and under overload a contended parent waited for the whole backlog).
+pub async fn a_row_reset_for_retry_keeps_its_place_in_fetch_order<H: Harness>(h: H) {
+    let first = insert(&h, "job").await;
+    let lease = lease_single(&h, "jobs", &first).await;
+    assert!(reset_for_retry(&h, lease).await, "reset of a held lease");
+    let mut later = Vec::new();
+    for _ in 0..3 {
+        later.push(insert(&h, "job").await.id);
+    }
+    h.advance(past(RETRY_DELAY));
+    let mut params = fetch_params("jobs", "job");
+    params.limit = 2;
+    let leased = ids(&fetch_with(&h, params).await);
+    assert_eq!(leased, vec![first.id, later[0]], "the reset row {} lost its place to newer rows", first.id);
+}
+
 /// A processed row waits `min_processing_interval` from its `last_processed_at`.
 pub async fn skips_a_processed_row_until_min_processing_interval_passed<H: Harness>(h: H) {
     let row = insert(&h, "job").await;

@@ -113,6 +113,7 @@ macro_rules! __conformance_cases {
                 takes_an_expired_lease_of_another_pipeline,
                 skips_a_row_another_pipeline_reset_for_retry,
                 retries_a_row_it_reset_after_retry_delay,
+                a_row_reset_for_retry_keeps_its_place_in_fetch_order,
                 skips_a_processed_row_until_min_processing_interval_passed,
                 takes_a_new_row_without_waiting_min_processing_interval,
                 takes_a_hinted_row_without_waiting_min_processing_interval,
@@ -411,8 +412,13 @@ fn applied_now(outcome: &ApplyOutcome, lease: Lease) -> Timestamp {
 }
 
 async fn lock_related<H: Harness>(h: &H, holder: Lease, related: &[RowId], owner: &str) -> LockOutcome {
-    let params =
-        LockRelatedParams { holder, related: related.to_vec(), owner: owner.to_string(), lease_ttl: LEASE_TTL };
+    let params = LockRelatedParams {
+        holder,
+        related: related.to_vec(),
+        owner: owner.to_string(),
+        lease_ttl: LEASE_TTL,
+        retry_delay: RETRY_DELAY,
+    };
     let what = format!("lock_related {}#{} {owner}", holder.id, holder.token);
     h.store().lock_related(params).await.expect(&what)
 }
@@ -422,7 +428,7 @@ async fn refetch<H: Harness>(h: &H, lease: Lease) -> Option<Row> {
 }
 
 async fn reset_for_retry<H: Harness>(h: &H, lease: Lease) -> bool {
-    h.store().reset_for_retry(lease).await.expect("reset_for_retry")
+    h.store().reset_for_retry(lease, RETRY_DELAY).await.expect("reset_for_retry")
 }
 
 /// Asserts `before <= at <= after`: `at` was written by a call made between two reads of the store's clock.

@@ -388,8 +388,8 @@ pub async fn lock_related_with_a_stale_holder_is_stale_and_writes_nothing<H: Har
     assert_eq!(get(&h, parent.id).await, parent_before, "a stale holder wrote main row {}", parent.id);
 }
 
-/// Reset-and-retry keeps the owner, clears the token and expiry, sets `last_processed_at` to now, leaves the
-/// status alone, and releases the related rows locked with the token.
+/// Reset-and-retry keeps the owner, clears the token and expiry, sets `not_before` to now + the delay, leaves
+/// `last_processed_at` and the status alone, and releases the related rows locked with the token.
 pub async fn reset_for_retry_keeps_the_owner_and_releases_the_lease_and_related_locks<H: Harness>(h: H) {
     let (parent, children) = family(&h, 2).await;
     let lease = lease_with_children(&h, &parent, &children).await;
@@ -401,8 +401,9 @@ pub async fn reset_for_retry_keeps_the_owner_and_releases_the_lease_and_related_
     assert_eq!(stored.lock_owner.as_deref(), Some(PARENT_PIPELINE), "owner of reset row {}", parent.id);
     assert_eq!(stored.lock_token, None, "token of reset row {}", parent.id);
     assert_eq!(stored.lock_expires_at, None, "expiry of reset row {}", parent.id);
-    let processed = stored.last_processed_at.expect("a reset row was processed");
-    assert_within(processed, before, after, "last_processed_at of a reset row");
+    assert_eq!(stored.last_processed_at, parent.last_processed_at, "last_processed_at of reset row {}", parent.id);
+    let retry = stored.not_before.expect("a reset row waits for its retry");
+    assert_within(retry, before.plus(RETRY_DELAY), after.plus(RETRY_DELAY), "not_before of a reset row");
     assert_eq!(stored.status, parent.status, "status of reset row {}", parent.id);
     assert_eq!(refetch(&h, lease).await, None, "token {} survived its reset", lease.token);
     for child in &children {
@@ -429,8 +430,13 @@ pub async fn reset_for_retry_of_a_lease_no_longer_held_writes_nothing<H: Harness
 }
 
 async fn lock_and_read<H: Harness>(h: &H, holder: Lease, related: &[RowId], owner: &str) -> LockRead {
-    let params =
-        LockRelatedParams { holder, related: related.to_vec(), owner: owner.to_string(), lease_ttl: LEASE_TTL };
+    let params = LockRelatedParams {
+        holder,
+        related: related.to_vec(),
+        owner: owner.to_string(),
+        lease_ttl: LEASE_TTL,
+        retry_delay: RETRY_DELAY,
+    };
     let what = format!("lock_related_and_read {}#{} {owner}", holder.id, holder.token);
     h.store().lock_related_and_read(params).await.expect(&what)
 }

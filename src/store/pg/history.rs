@@ -211,12 +211,17 @@ impl PgStore {
         })
     }
 
-    pub(super) async fn reset_recorded(&self, lease: Lease) -> Result<bool, StoreError> {
+    pub(super) async fn reset_recorded(&self, lease: Lease, delay: Duration) -> Result<bool, StoreError> {
         self.run_again_on_conflict("reset_for_retry", || async {
             let mut session = Session::acquire(&self.inner.pool).await?;
             let mut tx = session.begin().await?;
-            let query =
-                |statement| sqlx::query_scalar(statement).bind(self.offset()).bind(lease.id.0).bind(lease.token.0);
+            let query = |statement| {
+                sqlx::query_scalar(statement)
+                    .bind(self.offset())
+                    .bind(lease.id.0)
+                    .bind(lease.token.0)
+                    .bind(interval(delay))
+            };
             let reset: Option<i64> = lease_write(&mut tx, &sql::RESET_FOR_RETRY, query).await?;
             // A refused reset (its token superseded) is recorded too, as MemStore records it: a paused pass's
             // superseded write is often its reset-and-retry.

@@ -888,12 +888,12 @@ impl Store for PgStore {
     }
 
     async fn lock_related_and_read(&self, p: LockRelatedParams) -> Result<LockRead, StoreError> {
-        let holder = p.holder;
+        let (holder, retry_delay) = (p.holder, p.retry_delay);
         Ok(match self.lock_related_reading(p, true).await? {
             (LockOutcome::Locked, rows) => LockRead::Locked(rows),
             (LockOutcome::Stale, _) => LockRead::Stale,
             (LockOutcome::Contended { by_own_pipeline }, _) => {
-                LockRead::Reset { held: self.reset_for_retry(holder).await?, by_own_pipeline }
+                LockRead::Reset { held: self.reset_for_retry(holder, retry_delay).await?, by_own_pipeline }
             }
         })
     }
@@ -951,15 +951,19 @@ impl Store for PgStore {
         .await
     }
 
-    async fn reset_for_retry(&self, lease: Lease) -> Result<bool, StoreError> {
+    async fn reset_for_retry(&self, lease: Lease, delay: Duration) -> Result<bool, StoreError> {
         self.bounded(async {
             if self.inner.history.is_some() {
-                return self.reset_recorded(lease).await;
+                return self.reset_recorded(lease, delay).await;
             }
             let reset = self
                 .run_again_on_conflict("reset_for_retry", || async {
                     let query = |statement| {
-                        sqlx::query_scalar::<_, i64>(statement).bind(self.offset()).bind(lease.id.0).bind(lease.token.0)
+                        sqlx::query_scalar::<_, i64>(statement)
+                            .bind(self.offset())
+                            .bind(lease.id.0)
+                            .bind(lease.token.0)
+                            .bind(interval(delay))
                     };
                     write::lease_write(&mut *self.inner.pool.acquire().await?, &sql::RESET_FOR_RETRY, query).await
                 })

@@ -549,10 +549,11 @@ pub(super) const RECORD_FAILURE: LeaseWrite = lease_write!(
 );
 
 /// Reset-and-retry (mem.rs `reset_for_retry`; `lease_write!`): keep the owner, clear token and expiry, set
-/// `last_processed_at = now`, and unlock related rows. Returns one row when the lease was held. `$2` id, `$3`
-/// token.
+/// `not_before = now + $4` (`last_processed_at` stays: the row keeps its place in fetch order), and unlock related
+/// rows. Returns one row when the lease was held. `$2` id, `$3` token, `$4` delay.
 pub(super) const RESET_FOR_RETRY: LeaseWrite = lease_write!(
-    "lock_token = NULL, lock_expires_at = NULL, related_token = NULL, last_processed_at = lockstep_now($1)",
+    "lock_token = NULL, lock_expires_at = NULL, related_token = NULL,
+        not_before = lockstep_ts_plus(lockstep_now($1), $4)",
     "id",
     "id"
 );
