@@ -9,6 +9,7 @@
 mod support;
 
 use support::command::clean_command;
+use support::scratch::Scratch;
 
 use lockstep::store::PgStore;
 use sqlx::Connection;
@@ -187,6 +188,32 @@ fn a_lease_ttl_past_an_hour_is_refused_naming_the_flag() {
         args.extend(["--database-url", "postgres://nobody@127.0.0.1:1/x", "--lease-ttl", "99999999999h"]);
         usage_error(&lockstep_bare(&args), &["--lease-ttl", "99999999999h exceeds the longest lease ttl, 1h"]);
     }
+}
+
+/// `agent` refuses a work dir that group or others can write (exit 2, before it connects), naming the flag, the
+/// directory, its mode and the rule; nothing is made in it.
+#[test]
+fn an_agent_refuses_a_work_dir_others_can_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = Scratch::new("cli-work-dir-mode");
+    let work_dir = scratch.join("node");
+    std::fs::create_dir(&work_dir).unwrap();
+    std::fs::set_permissions(&work_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let work = work_dir.to_str().unwrap();
+    let args = [
+        "agent",
+        "--node",
+        "n",
+        "--slots",
+        "1",
+        "--work-dir",
+        work,
+        "--database-url",
+        "postgres://nobody@127.0.0.1:1/x",
+    ];
+    let expected = format!("--work-dir: work dir {work}: mode 0777 lets group and others write it");
+    usage_error(&lockstep_bare(&args), &[&expected, "chmod go-w"]);
+    assert_eq!(std::fs::read_dir(&work_dir).unwrap().count(), 0, "nothing is made in a refused work dir");
 }
 
 #[test]
