@@ -11,7 +11,8 @@ mod support;
 use support::command::clean_command;
 use support::scratch::Scratch;
 
-use lockstep::store::PgStore;
+use lockstep::gang::{SpecFormat, api};
+use lockstep::store::{PgStore, RowId};
 use sqlx::Connection;
 use std::process::Output;
 use support::pg::{database_url, unique_schema};
@@ -155,30 +156,89 @@ async fn submit_warns_about_each_unknown_spec_key_with_the_closest_known_one() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `submit -` reads the spec from standard input, as Unix commands take `-` (a new user's trial: it looked for a
-/// file named `-`); its format comes from `--format`, since there is no extension to tell it by.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn submit_dash_reads_the_spec_from_standard_input() {
+/// Runs the binary with `args` on `schema`, `input` written to its standard input.
+fn lockstep_with_input(args: &[&str], schema: &str, input: &[u8]) -> Output {
     use std::io::Write as _;
-    let harness = support::pg::PgHarness::new().await;
-    let schema = lockstep::store::conformance::Harness::store(&harness).schema().to_string();
     let mut child = clean_command(env!("CARGO_BIN_EXE_lockstep"))
-        .args(["submit", "-", "--format", "json", "--database-url", &database_url(), "--schema", &schema])
+        .args(args)
+        .args(["--database-url", &database_url(), "--schema", schema])
         .env("RUST_LOG", "warn")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("the binary runs");
-    let spec = br#"{"tasks": {"t": {"job_count": 1, "command": "true"}}}"#;
-    child.stdin.take().expect("its stdin").write_all(spec).expect("the spec is written");
-    let output = child.wait_with_output().expect("submit ends");
+    child.stdin.take().expect("its stdin").write_all(input).expect("the input is written");
+    child.wait_with_output().expect("the command ends")
+}
+
+/// `submit -` reads the spec from standard input, as Unix commands take `-` (a new user's trial: it looked for a
+/// file named `-`); its format is YSON unless `--format` says otherwise (a spec file's comes from its extension).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_dash_reads_the_spec_from_standard_input() {
+    let harness = support::pg::PgHarness::new().await;
+    let schema = lockstep::store::conformance::Harness::store(&harness).schema().to_string();
+    let json = br#"{"tasks": {"t": {"job_count": 1, "command": "true"}}}"#;
+    let yson = br#"{tasks={t={job_count=1; command="true"}}}"#;
+    for (args, spec) in [(&["submit", "-", "--format", "json"][..], &json[..]), (&["submit", "-"], &yson[..])] {
+        let output = lockstep_with_input(args, &schema, spec);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {stderr}");
+        let id: i64 = String::from_utf8_lossy(&output.stdout).trim().parse().expect("submit prints the id");
+        let status = lockstep(&["status", &id.to_string()], &schema);
+        assert_eq!(status.status.code(), Some(0), "{}", String::from_utf8_lossy(&status.stderr));
+    }
+    // JSON on standard input without --format is read as YSON, and the error says where it stopped.
+    let output = lockstep_with_input(&["submit", "-"], &schema, json);
+    usage_error(&output, &["spec - is invalid"]);
+}
+
+/// Submits a one-task operation (task `task`, 2 jobs) through the library and returns its id.
+async fn submit_task(store: &PgStore, task: &str) -> RowId {
+    let spec = format!("{{tasks={{{task}={{job_count=2; command=\"true\"}}}}}}");
+    api::submit_text(store, &spec, SpecFormat::Yson).await.expect("the spec is submitted")
+}
+
+/// Puts operation `operation` of `schema` in state `state`, submitted `age` before the database's `now` (no
+/// replica runs in these tests to move it).
+async fn place(schema: &str, operation: RowId, state: &str, age: &str) {
+    execute(format!(
+        "UPDATE {schema}.resources SET status = '{state}', created_at = now() - interval '{age}' WHERE id = {operation}"
+    ))
+    .await;
+}
+
+/// `abort` exits 0 for a state already reached: an operation already aborted (saying so), and one that completed
+/// or failed before the abort (saying it ended so, and that nothing was aborted); it exits 1 only when it cannot
+/// ask, as for an operation that does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_of_an_operation_that_already_ended_exits_0_naming_its_state() {
+    let harness = support::pg::PgHarness::new().await;
+    let store = lockstep::store::conformance::Harness::store(&harness);
+    let schema = store.schema().to_string();
+    let live = submit_task(store, "live").await;
+    let output = lockstep(&["abort", &live.to_string()], &schema);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    let id: i64 = String::from_utf8_lossy(&output.stdout).trim().parse().expect("submit prints the id");
-    let status = lockstep(&["status", &id.to_string()], &schema);
-    assert_eq!(status.status.code(), Some(0), "{}", String::from_utf8_lossy(&status.stderr));
-    usage_error(&lockstep_bare(&["submit", "-"]), &["-: a spec on standard input has no extension", "--format"]);
+    assert_eq!(
+        (output.status.code(), stderr.trim()),
+        (Some(0), format!("abort of operation {live} requested").as_str())
+    );
+    for (state, said) in [
+        ("aborted", "already aborted".to_string()),
+        ("completed", "already completed: it ended before the abort, so nothing was aborted".to_string()),
+        ("failed", "already failed: it ended before the abort, so nothing was aborted".to_string()),
+    ] {
+        let operation = submit_task(store, state).await;
+        place(&schema, operation, state, "1 second").await;
+        let output = lockstep(&["abort", &operation.to_string()], &schema);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{state}: {stderr}");
+        assert_eq!(stderr.trim(), format!("operation {operation} {said}"), "{state}");
+    }
+    let output = lockstep(&["abort", "999999"], &schema);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("operation 999999 not found"), "{stderr}");
 }
 
 #[test]

@@ -39,9 +39,10 @@ impl From<FormatArg> for SpecFormat {
 pub struct SubmitArgs {
     #[command(flatten)]
     pub database: Database,
-    /// The spec file: YSON (.yson), JSON (.json) or YAML (.yaml, .yml); `-` reads standard input (with --format).
+    /// The spec file: YSON (.yson), JSON (.json) or YAML (.yaml, .yml); `-` reads standard input (YSON unless
+    /// --format says otherwise).
     pub spec: PathBuf,
-    /// The spec's format, when its extension does not tell.
+    /// The spec's format, when its extension does not tell (standard input: YSON when not given).
     #[arg(long, value_enum)]
     pub format: Option<FormatArg>,
     /// Follow the operation to its end (state and incarnation changes on stderr); exit 0 if it completed, 1 if it
@@ -91,15 +92,14 @@ pub struct MigrateArgs {
     pub database: Database,
 }
 
-/// The format of `path`: `--format` if given, else its extension. Errors (usage): no known extension.
+/// The format of `path`: `--format` if given, else YSON for standard input (`-`, as YTsaurus's own specs are
+/// written), else its extension. Errors (usage): a file without a known extension.
 pub fn spec_format(path: &Path, flag: Option<FormatArg>) -> Result<SpecFormat, Failure> {
     if let Some(format) = flag {
         return Ok(format.into());
     }
     if is_stdin(path) {
-        return Err(Failure::usage(
-            "-: a spec on standard input has no extension to tell its format by; pass --format",
-        ));
+        return Ok(SpecFormat::Yson);
     }
     match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
         Some("yson") => Ok(SpecFormat::Yson),
@@ -233,11 +233,22 @@ pub async fn status(args: StatusArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `abort`: records the request in the operation's inbox; a replica's next pass aborts it.
+/// `abort`: records the request in the operation's inbox; a replica's next pass aborts it. An operation that has
+/// already ended is a state reached, not a failure: exit 0 with a message naming its state, also when it completed
+/// or failed before the abort (then nothing was aborted, and the message says so): either way the operation runs
+/// nothing any more, which is what a script that aborts wants to know. An operation that does not exist is exit 1.
 pub async fn abort(args: AbortArgs) -> Result<(), Failure> {
     let store = args.database.connect_migrated("lockstep abort", CLIENT_CONNECTIONS).await?;
-    api::abort(&store, RowId(args.operation), &args.reason).await.map_err(gang_failure)?;
-    eprintln!("abort of operation {} requested", args.operation);
+    match api::abort(&store, RowId(args.operation), &args.reason).await {
+        Ok(()) => eprintln!("abort of operation {} requested", args.operation),
+        Err(GangError::Ended { operation, status: OperationStatus::Aborted }) => {
+            eprintln!("operation {operation} already aborted")
+        }
+        Err(GangError::Ended { operation, status }) => {
+            eprintln!("operation {operation} already {status}: it ended before the abort, so nothing was aborted")
+        }
+        Err(error) => return Err(gang_failure(error)),
+    }
     Ok(())
 }
 
@@ -261,6 +272,8 @@ mod tests {
         assert_eq!(spec_format(Path::new("a.JSON"), None).unwrap(), SpecFormat::Json);
         assert_eq!(spec_format(Path::new("a.yml"), None).unwrap(), SpecFormat::Yaml);
         assert_eq!(spec_format(Path::new("a.txt"), Some(FormatArg::Yaml)).unwrap(), SpecFormat::Yaml);
+        assert_eq!(spec_format(Path::new("-"), None).unwrap(), SpecFormat::Yson, "standard input is YSON by default");
+        assert_eq!(spec_format(Path::new("-"), Some(FormatArg::Json)).unwrap(), SpecFormat::Json);
         let error = spec_format(Path::new("spec"), None).unwrap_err();
         assert_eq!(error.code, 2);
         assert!(error.message.contains("--format"), "{}", error.message);

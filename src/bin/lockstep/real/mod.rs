@@ -3,9 +3,10 @@
 //! (`lockstep::gang::replica`, `lockstep::agent`, `lockstep::gang::api`, `lockstep::gang::status`); this module
 //! parses flags, connects, waits for signals and maps outcomes to exit codes.
 //!
-//! Exit codes: 0 success (`submit --wait`: the operation completed); 1 a runtime failure (database unreachable,
-//! operation not found or already ended) or, with `submit --wait`, an operation that failed or was aborted; 2 bad
-//! usage: an unknown flag, a bad value, a spec that does not parse or breaks a rule (the message names the field).
+//! Exit codes: 0 success (`submit --wait`: the operation completed; `abort`: the abort was requested, or the
+//! operation had already ended, which the message says); 1 a runtime failure (database unreachable, operation not
+//! found) or, with `submit --wait`, an operation that failed or was aborted; 2 bad usage: an unknown flag, a bad
+//! value, a spec that does not parse or breaks a rule (the message names the field).
 
 mod agent;
 mod chaos;
@@ -78,7 +79,7 @@ pub enum Command {
     Submit(client::SubmitArgs),
     /// Show an operation: state, incarnation, and jobs by task with rank, cookie, state and node.
     Status(client::StatusArgs),
-    /// Ask a running operation to abort.
+    /// Ask a running operation to abort (exit 0 also when it had already ended: the message says how).
     Abort(client::AbortArgs),
     /// Create the schema and apply the database migrations (idempotent).
     Migrate(client::MigrateArgs),
