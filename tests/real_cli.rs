@@ -208,6 +208,68 @@ async fn place(schema: &str, operation: RowId, state: &str, age: &str) {
     .await;
 }
 
+/// The ids in the first column of `list`'s table (after its header), in order.
+fn listed(output: &Output) -> Vec<String> {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let mut lines = stdout.lines();
+    assert!(lines.next().is_some_and(|header| header.starts_with("operation  state")), "{stdout}");
+    lines
+        .filter(|line| !line.starts_with('('))
+        .map(|line| line.split_whitespace().next().unwrap().to_string())
+        .collect()
+}
+
+/// `list` lists operations newest first with state, submission time, age, incarnation, tasks and result; filters
+/// by state (the flag repeated, or a comma list) and by age on the database's clock (`--since`, `--older-than`,
+/// both for a window); `--limit` keeps the newest and counts the rest; `--json` gives the same in JSON. A window
+/// that selects nothing and an unknown state are usage errors (exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_operations_newest_first_filtered_by_state_and_age() {
+    let harness = support::pg::PgHarness::new().await;
+    let store = lockstep::store::conformance::Harness::store(&harness);
+    let schema = store.schema().to_string();
+    let empty = lockstep(&["list"], &schema);
+    assert_eq!(String::from_utf8_lossy(&empty.stdout), "no operations\n");
+    let (old, running, new) =
+        (submit_task(store, "old").await, submit_task(store, "mid").await, submit_task(store, "new").await);
+    place(&schema, old, "completed", "2 hours").await;
+    place(&schema, running, "running", "10 minutes").await;
+    let ids = |list: &[RowId]| list.iter().map(ToString::to_string).collect::<Vec<_>>();
+    assert_eq!(listed(&lockstep(&["list"], &schema)), ids(&[new, running, old]));
+    let table = String::from_utf8_lossy(&lockstep(&["list"], &schema).stdout).into_owned();
+    let line = table.lines().find(|line| line.starts_with(&format!("{running} "))).expect("the running one");
+    for cell in ["running", &format!("{running}-i0"), "mid:2", "10m"] {
+        assert!(line.contains(cell), "{cell:?} missing from: {line}");
+    }
+    assert_eq!(listed(&lockstep(&["list", "--state", "starting,running"], &schema)), ids(&[new, running]));
+    assert_eq!(
+        listed(&lockstep(&["list", "--state", "completed", "--state", "running"], &schema)),
+        ids(&[running, old])
+    );
+    assert_eq!(listed(&lockstep(&["list", "--since", "1h"], &schema)), ids(&[new, running]));
+    assert_eq!(listed(&lockstep(&["list", "--older-than", "1h"], &schema)), ids(&[old]));
+    assert_eq!(listed(&lockstep(&["list", "--since", "1h", "--older-than", "5m"], &schema)), ids(&[running]));
+    let limited = lockstep(&["list", "--limit", "1"], &schema);
+    assert_eq!(listed(&limited), ids(&[new]));
+    assert!(String::from_utf8_lossy(&limited.stdout).ends_with("(2 older operations left out by --limit)\n"));
+    let output = lockstep(&["list", "--json", "--state", "completed"], &schema);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("list --json prints JSON");
+    let operations = json["operations"].as_array().expect("an operations array");
+    assert_eq!(operations.len(), 1, "{json}");
+    assert_eq!(operations[0]["operation"], serde_json::json!(old.0), "{json}");
+    assert_eq!(operations[0]["state"], "completed", "{json}");
+    assert_eq!(operations[0]["tasks"], serde_json::json!([{"name": "old", "job_count": 2, "gang": false}]));
+    assert!(operations[0]["age_ms"].as_u64().is_some_and(|age| age >= 7_200_000), "{json}");
+    assert_eq!(json["left_out"], 0, "{json}");
+    usage_error(
+        &lockstep(&["list", "--since", "1h", "--older-than", "2h"], &schema),
+        &["--since 1h with --older-than 2h selects nothing"],
+    );
+    usage_error(&lockstep(&["list", "--state", "runing"], &schema), &["invalid value 'runing' for '--state"]);
+}
+
 /// `abort` exits 0 for a state already reached: an operation already aborted (saying so), and one that completed
 /// or failed before the abort (saying it ended so, and that nothing was aborted); it exits 1 only when it cannot
 /// ask, as for an operation that does not exist.

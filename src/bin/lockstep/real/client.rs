@@ -1,9 +1,10 @@
-//! The client commands: `submit`, `status`, `abort`, `migrate`. Each connects, makes its calls through
+//! The client commands: `submit`, `status`, `list`, `abort`, `migrate`. Each connects, makes its calls through
 //! `lockstep::gang::api` (write requests go to the operation's inbox with a fetch hint, so they never contend with a
 //! replica's lease), and exits.
 
 use super::{Database, Failure, duration};
 use lockstep::gang::api::{self, GangError};
+use lockstep::gang::listing::{LIST_LEN_MAX_DEFAULT, ListFilter, OperationList};
 use lockstep::gang::model::OperationStatus;
 use lockstep::gang::status::StatusReport;
 use lockstep::gang::{OperationSpec, SpecFormat};
@@ -63,7 +64,7 @@ pub struct SubmitArgs {
 pub struct StatusArgs {
     #[command(flatten)]
     pub database: Database,
-    /// The operation's id, as `submit` printed it.
+    /// The operation's id, as `submit` printed it (`lockstep list` lists them).
     pub operation: i64,
     /// Print the report as JSON.
     #[arg(long)]
@@ -71,6 +72,53 @@ pub struct StatusArgs {
     /// Show the jobs of every incarnation, not only the current one.
     #[arg(long)]
     pub all: bool,
+}
+
+/// An operation state on the command line (`--state`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateArg {
+    Starting,
+    Running,
+    Completed,
+    Failed,
+    Aborted,
+}
+
+impl From<StateArg> for OperationStatus {
+    fn from(state: StateArg) -> OperationStatus {
+        match state {
+            StateArg::Starting => OperationStatus::Starting,
+            StateArg::Running => OperationStatus::Running,
+            StateArg::Completed => OperationStatus::Completed,
+            StateArg::Failed => OperationStatus::Failed,
+            StateArg::Aborted => OperationStatus::Aborted,
+        }
+    }
+}
+
+/// Flags of `list`.
+#[derive(clap::Args, Debug)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// Only operations in this state; repeat the flag or give a comma list for several (`--state
+    /// starting,running`). Every state when not given.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "STATE")]
+    pub state: Vec<StateArg>,
+    /// Only operations submitted at most this long ago (a duration: 90s, 30m, 1h, 48h), on the database's clock.
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = duration::parse_nonzero)]
+    pub since: Option<Duration>,
+    /// Only operations submitted more than this long ago, on the database's clock; with --since, the operations
+    /// submitted between the two ages.
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = duration::parse_nonzero)]
+    pub older_than: Option<Duration>,
+    /// At most this many operations, the newest; a last line (or `left_out` in JSON) counts the rest.
+    #[arg(long, value_name = "N", default_value_t = LIST_LEN_MAX_DEFAULT, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: u32,
+    /// Print the list as JSON: `{"now": …, "operations": [{"operation", "state", "submitted_at", "age_ms",
+    /// "incarnation", "tasks", "result"}, …], "left_out": N}` (times in microseconds since the Unix epoch).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Flags of `abort`.
@@ -229,6 +277,27 @@ pub async fn status(args: StatusArgs) -> Result<(), Failure> {
         println!("{json}");
     } else {
         print!("{}", report.render());
+    }
+    Ok(())
+}
+
+/// `list`: the operations the flags select, as a table, or as JSON with `--json`. Errors (usage): `--since` not
+/// longer than `--older-than`.
+pub async fn list(args: ListArgs) -> Result<(), Failure> {
+    let filter = ListFilter {
+        states: args.state.iter().map(|state| OperationStatus::from(*state)).collect(),
+        since: args.since,
+        older_than: args.older_than,
+        limit: args.limit,
+    };
+    filter.check().map_err(Failure::usage)?;
+    let store = args.database.connect_migrated("lockstep list", CLIENT_CONNECTIONS).await?;
+    let list = OperationList::read(&store, &filter).await.map_err(gang_failure)?;
+    if args.json {
+        let json = serde_json::to_string_pretty(&list).expect("operation lists serialize");
+        println!("{json}");
+    } else {
+        print!("{}", list.render());
     }
     Ok(())
 }
