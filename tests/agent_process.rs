@@ -34,6 +34,8 @@ impl TempDir {
         let dir = std::env::temp_dir().join(format!("lockstep-agent-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        // Writable by its owner only, whatever the umask: the agent refuses a work dir others can write.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         TempDir(dir)
     }
 }
@@ -267,7 +269,7 @@ async fn opening_a_work_dir_ends_the_trees_an_earlier_agent_left() {
     {
         // The record an agent writes, then the work dir as that agent left it (its lock gone with it).
         let first = OsExecutor::open(&dir.0, None).await.unwrap();
-        let records = JobRecords::new(dir.0.join(".lockstep/jobs"));
+        let records = JobRecords::open(&dir.0.join(".lockstep/jobs")).unwrap();
         records.write("5-3", &JobTree { marker: marker_value, leader: Leader::read(pid) }).unwrap();
         let second = OsExecutor::open(&dir.0, None).await.unwrap_err();
         assert!(second.to_string().contains("in use by another agent"), "{second}");
@@ -279,7 +281,7 @@ async fn opening_a_work_dir_ends_the_trees_an_earlier_agent_left() {
     assert!(markers.iter().all(|m| !alive_with(m).is_empty()), "the children outlive their shell");
     // What the next agent's start does first (and logs): every leftover process counted, whether the group kill
     // or a scan ended it (it said `processes=0` when the group kill ended them all).
-    let records = JobRecords::new(dir.0.join(".lockstep/jobs"));
+    let records = JobRecords::open(&dir.0.join(".lockstep/jobs")).unwrap();
     let (jobs, processes) = records.end_leftovers().await.unwrap();
     assert_eq!(jobs, 1);
     assert!(processes >= markers.len(), "{processes} processes counted for {} sleeps", markers.len());
@@ -318,7 +320,7 @@ fn capture_logs(captured: &Arc<Mutex<Vec<u8>>>) -> tracing::subscriber::DefaultG
 async fn opening_a_work_dir_whose_earlier_jobs_all_ended_removes_their_records_without_a_warning() {
     let dir = TempDir::new("ended-leftovers");
     drop(OsExecutor::open(&dir.0, None).await.unwrap());
-    let records = JobRecords::new(dir.0.join(".lockstep/jobs"));
+    let records = JobRecords::open(&dir.0.join(".lockstep/jobs")).unwrap();
     let marker = format!("5-4:{}:no process has this marker", std::process::id());
     records.write("5-4", &JobTree { marker, leader: None }).unwrap();
     let logs = Arc::new(Mutex::new(Vec::new()));
@@ -432,4 +434,101 @@ async fn a_jobs_path_does_not_hide_its_shell() {
     assert_eq!(wait(&handle).await, ExitStatus::Exited(4));
     let stdout = std::fs::read_to_string(executor.sandbox("5-3").join("stdout")).unwrap();
     assert_eq!(stdout, "/nonexistent\n");
+}
+
+/// A work dir that group or others can write is refused at open, naming the mode and the rule: whoever can write
+/// it could plant job records (processes to kill) or links (files to write through). The agent's command exits 2
+/// with the message (tests/real_cli.rs).
+#[tokio::test]
+async fn a_work_dir_others_can_write_is_refused() {
+    let dir = TempDir::new("open-mode");
+    for (mode, who) in [(0o777, "group and others"), (0o770, "its group"), (0o703, "others")] {
+        std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(mode)).unwrap();
+        let error = OsExecutor::open(&dir.0, None).await.unwrap_err().to_string();
+        let expected = format!("work dir {}: mode {mode:04o} lets {who} write it", dir.0.display());
+        assert!(error.starts_with(&expected), "{error}");
+        assert!(error.contains("chmod go-w"), "{error}");
+        assert!(!dir.0.join(".lockstep").exists(), "nothing is made in a refused work dir");
+    }
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    OsExecutor::open(&dir.0, None).await.unwrap();
+}
+
+/// A symbolic link planted where a job's sandbox goes (or where its output file goes, inside a real sandbox) is not
+/// followed: the start fails naming the link, and the directory it points to is neither written nor changed mode.
+#[tokio::test]
+async fn a_symlink_planted_in_the_sandbox_path_is_not_followed() {
+    let dir = TempDir::new("sandbox-link");
+    let outside = dir.0.join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let work = dir.0.join("work");
+    let executor = OsExecutor::open(&work, None).await.unwrap();
+    let sandbox = executor.sandbox("5-3");
+    std::os::unix::fs::symlink(&outside, &sandbox).unwrap();
+    let error = executor.start(request("echo escaped > escaped", &[], Vec::new())).await.unwrap_err().to_string();
+    assert!(error.contains(&format!("{} is a symbolic link", sandbox.display())), "{error}");
+    let mode = std::fs::metadata(&outside).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o755, "the link's target was changed mode");
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "something was written through the link");
+    assert_eq!(std::fs::read_dir(work.join(".lockstep/jobs")).unwrap().count(), 0, "the failed start's record");
+    // A link at an output file in a real sandbox: the file it points to is not truncated or changed mode.
+    std::fs::remove_file(&sandbox).unwrap();
+    std::fs::create_dir(&sandbox).unwrap();
+    let target = outside.join("precious");
+    std::fs::write(&target, "keep me").unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::symlink(&target, sandbox.join("stdout")).unwrap();
+    let error = executor.start(request("echo escaped", &[], Vec::new())).await.unwrap_err().to_string();
+    assert!(error.contains(&format!("{} is a symbolic link", sandbox.join("stdout").display())), "{error}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+    assert_eq!(std::fs::metadata(&target).unwrap().permissions().mode() & 0o777, 0o644);
+}
+
+/// A job record whose leader is now an unrelated process (the pid and start time of a `sleep` this test started,
+/// as a record from before a reboot or one planted in the work dir would name it) does not get that process, or
+/// its session and process group, killed: it does not carry the job's marker. The record goes all the same.
+#[tokio::test]
+async fn a_stale_record_naming_an_unrelated_process_does_not_kill_it() {
+    let dir = TempDir::new("stale-record");
+    let sleep_marker = marker(40);
+    let _reaper = Reaper(vec![sleep_marker.clone()]);
+    // A session and process group of its own, as a job's shell leads: the record's killpg would reach it.
+    let mut unrelated = clean_command("setsid");
+    unrelated.args(["sleep", &sleep_marker]).env_remove(JOB_MARKER_VAR);
+    unrelated.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    let mut unrelated = unrelated.spawn().unwrap();
+    let pid = i32::try_from(unrelated.id()).unwrap();
+    until(Duration::from_secs(5), "the unrelated sleep running", || alive_with(&sleep_marker) == vec![pid]).await;
+    drop(OsExecutor::open(&dir.0, None).await.unwrap());
+    let records = JobRecords::open(&dir.0.join(".lockstep/jobs")).unwrap();
+    let leader = Leader::read(pid).expect("the sleep is alive");
+    records.write("5-3", &JobTree { marker: format!("5-3:{:016x}", 7), leader: Some(leader) }).unwrap();
+    let stale = Leader { pid, start_ticks: leader.start_ticks.saturating_sub(100) };
+    records.write("5-4", &JobTree { marker: format!("5-4:{:016x}", 7), leader: Some(stale) }).unwrap();
+    let _executor = OsExecutor::open(&dir.0, None).await.unwrap();
+    assert_eq!(alive_with(&sleep_marker), vec![pid], "the unrelated process was killed");
+    assert_eq!(std::fs::read_dir(dir.0.join(".lockstep/jobs")).unwrap().count(), 0, "the records are gone");
+    unrelated.kill().unwrap();
+    unrelated.wait().unwrap();
+}
+
+/// A symbolic link among the job records is not read through (its target could hold any record): it is skipped
+/// with a warning and left in place.
+#[tokio::test]
+async fn a_symlinked_job_record_is_not_read() {
+    let dir = TempDir::new("record-link");
+    drop(OsExecutor::open(&dir.0, None).await.unwrap());
+    let elsewhere = dir.0.join("elsewhere");
+    let tree = JobTree { marker: format!("5-5:{}:no process has this marker", std::process::id()), leader: None };
+    std::fs::write(&elsewhere, serde_json::to_vec(&tree).unwrap()).unwrap();
+    let link = dir.0.join(".lockstep/jobs/5-5");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let guard = capture_logs(&logs);
+    let _executor = OsExecutor::open(&dir.0, None).await.unwrap();
+    drop(guard);
+    let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    assert!(logs.contains("is a symbolic link") && logs.contains("job record unreadable; skipped"), "{logs}");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays");
 }

@@ -645,6 +645,8 @@ const TEXT_BLOCKS: &[(&str, &str, Sample)] = &[
     ("docs/engine.md", "processed 200 images in 0.51 s", Sample::Output(Build::Sim)),
     ("docs/gang.md", "{tasks={trainer=", Sample::NotOutput),
     ("docs/layout.md", "src/store/", Sample::NotOutput),
+    // `lockstep list`'s table needs PostgreSQL; `gang::listing`'s unit test renders it from the page.
+    ("docs/real-mode.md", "operation  state", Sample::NotOutput),
     ("docs/scenarios.md", "lockstep sim: x.toml:", Sample::Output(Build::Sim)),
     ("docs/scenarios.md", "lockstep sim: y.toml:", Sample::Output(Build::Sim)),
     ("docs/simulator.md", "tests/fixtures/timeline-planted.toml (", Sample::Output(Build::Sim)),

@@ -9,8 +9,10 @@
 mod support;
 
 use support::command::clean_command;
+use support::scratch::Scratch;
 
-use lockstep::store::PgStore;
+use lockstep::gang::{SpecFormat, api};
+use lockstep::store::{PgStore, RowId};
 use sqlx::Connection;
 use std::process::Output;
 use support::pg::{database_url, unique_schema};
@@ -154,30 +156,151 @@ async fn submit_warns_about_each_unknown_spec_key_with_the_closest_known_one() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `submit -` reads the spec from standard input, as Unix commands take `-` (a new user's trial: it looked for a
-/// file named `-`); its format comes from `--format`, since there is no extension to tell it by.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn submit_dash_reads_the_spec_from_standard_input() {
+/// Runs the binary with `args` on `schema`, `input` written to its standard input.
+fn lockstep_with_input(args: &[&str], schema: &str, input: &[u8]) -> Output {
     use std::io::Write as _;
-    let harness = support::pg::PgHarness::new().await;
-    let schema = lockstep::store::conformance::Harness::store(&harness).schema().to_string();
     let mut child = clean_command(env!("CARGO_BIN_EXE_lockstep"))
-        .args(["submit", "-", "--format", "json", "--database-url", &database_url(), "--schema", &schema])
+        .args(args)
+        .args(["--database-url", &database_url(), "--schema", schema])
         .env("RUST_LOG", "warn")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("the binary runs");
-    let spec = br#"{"tasks": {"t": {"job_count": 1, "command": "true"}}}"#;
-    child.stdin.take().expect("its stdin").write_all(spec).expect("the spec is written");
-    let output = child.wait_with_output().expect("submit ends");
+    child.stdin.take().expect("its stdin").write_all(input).expect("the input is written");
+    child.wait_with_output().expect("the command ends")
+}
+
+/// `submit -` reads the spec from standard input, as Unix commands take `-` (a new user's trial: it looked for a
+/// file named `-`); its format is YSON unless `--format` says otherwise (a spec file's comes from its extension).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_dash_reads_the_spec_from_standard_input() {
+    let harness = support::pg::PgHarness::new().await;
+    let schema = lockstep::store::conformance::Harness::store(&harness).schema().to_string();
+    let json = br#"{"tasks": {"t": {"job_count": 1, "command": "true"}}}"#;
+    let yson = br#"{tasks={t={job_count=1; command="true"}}}"#;
+    for (args, spec) in [(&["submit", "-", "--format", "json"][..], &json[..]), (&["submit", "-"], &yson[..])] {
+        let output = lockstep_with_input(args, &schema, spec);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {stderr}");
+        let id: i64 = String::from_utf8_lossy(&output.stdout).trim().parse().expect("submit prints the id");
+        let status = lockstep(&["status", &id.to_string()], &schema);
+        assert_eq!(status.status.code(), Some(0), "{}", String::from_utf8_lossy(&status.stderr));
+    }
+    // JSON on standard input without --format is read as YSON, and the error says where it stopped.
+    let output = lockstep_with_input(&["submit", "-"], &schema, json);
+    usage_error(&output, &["spec - is invalid"]);
+}
+
+/// Submits a one-task operation (task `task`, 2 jobs) through the library and returns its id.
+async fn submit_task(store: &PgStore, task: &str) -> RowId {
+    let spec = format!("{{tasks={{{task}={{job_count=2; command=\"true\"}}}}}}");
+    api::submit_text(store, &spec, SpecFormat::Yson).await.expect("the spec is submitted")
+}
+
+/// Puts operation `operation` of `schema` in state `state`, submitted `age` before the database's `now` (no
+/// replica runs in these tests to move it).
+async fn place(schema: &str, operation: RowId, state: &str, age: &str) {
+    execute(format!(
+        "UPDATE {schema}.resources SET status = '{state}', created_at = now() - interval '{age}' WHERE id = {operation}"
+    ))
+    .await;
+}
+
+/// The ids in the first column of `list`'s table (after its header), in order.
+fn listed(output: &Output) -> Vec<String> {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let mut lines = stdout.lines();
+    assert!(lines.next().is_some_and(|header| header.starts_with("operation  state")), "{stdout}");
+    lines
+        .filter(|line| !line.starts_with('('))
+        .map(|line| line.split_whitespace().next().unwrap().to_string())
+        .collect()
+}
+
+/// `list` lists operations newest first with state, submission time, age, incarnation, tasks and result; filters
+/// by state (the flag repeated, or a comma list) and by age on the database's clock (`--since`, `--older-than`,
+/// both for a window); `--limit` keeps the newest and counts the rest; `--json` gives the same in JSON. A window
+/// that selects nothing and an unknown state are usage errors (exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_operations_newest_first_filtered_by_state_and_age() {
+    let harness = support::pg::PgHarness::new().await;
+    let store = lockstep::store::conformance::Harness::store(&harness);
+    let schema = store.schema().to_string();
+    let empty = lockstep(&["list"], &schema);
+    assert_eq!(String::from_utf8_lossy(&empty.stdout), "no operations\n");
+    let (old, running, new) =
+        (submit_task(store, "old").await, submit_task(store, "mid").await, submit_task(store, "new").await);
+    place(&schema, old, "completed", "2 hours").await;
+    place(&schema, running, "running", "10 minutes").await;
+    let ids = |list: &[RowId]| list.iter().map(ToString::to_string).collect::<Vec<_>>();
+    assert_eq!(listed(&lockstep(&["list"], &schema)), ids(&[new, running, old]));
+    let table = String::from_utf8_lossy(&lockstep(&["list"], &schema).stdout).into_owned();
+    let line = table.lines().find(|line| line.starts_with(&format!("{running} "))).expect("the running one");
+    for cell in ["running", &format!("{running}-i0"), "mid:2", "10m"] {
+        assert!(line.contains(cell), "{cell:?} missing from: {line}");
+    }
+    assert_eq!(listed(&lockstep(&["list", "--state", "starting,running"], &schema)), ids(&[new, running]));
+    assert_eq!(
+        listed(&lockstep(&["list", "--state", "completed", "--state", "running"], &schema)),
+        ids(&[running, old])
+    );
+    assert_eq!(listed(&lockstep(&["list", "--since", "1h"], &schema)), ids(&[new, running]));
+    assert_eq!(listed(&lockstep(&["list", "--older-than", "1h"], &schema)), ids(&[old]));
+    assert_eq!(listed(&lockstep(&["list", "--since", "1h", "--older-than", "5m"], &schema)), ids(&[running]));
+    let limited = lockstep(&["list", "--limit", "1"], &schema);
+    assert_eq!(listed(&limited), ids(&[new]));
+    assert!(String::from_utf8_lossy(&limited.stdout).ends_with("(2 older operations left out by --limit)\n"));
+    let output = lockstep(&["list", "--json", "--state", "completed"], &schema);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("list --json prints JSON");
+    let operations = json["operations"].as_array().expect("an operations array");
+    assert_eq!(operations.len(), 1, "{json}");
+    assert_eq!(operations[0]["operation"], serde_json::json!(old.0), "{json}");
+    assert_eq!(operations[0]["state"], "completed", "{json}");
+    assert_eq!(operations[0]["tasks"], serde_json::json!([{"name": "old", "job_count": 2, "gang": false}]));
+    assert!(operations[0]["age_ms"].as_u64().is_some_and(|age| age >= 7_200_000), "{json}");
+    assert_eq!(json["left_out"], 0, "{json}");
+    usage_error(
+        &lockstep(&["list", "--since", "1h", "--older-than", "2h"], &schema),
+        &["--since 1h with --older-than 2h selects nothing"],
+    );
+    usage_error(&lockstep(&["list", "--state", "runing"], &schema), &["invalid value 'runing' for '--state"]);
+}
+
+/// `abort` exits 0 for a state already reached: an operation already aborted (saying so), and one that completed
+/// or failed before the abort (saying it ended so, and that nothing was aborted); it exits 1 only when it cannot
+/// ask, as for an operation that does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_of_an_operation_that_already_ended_exits_0_naming_its_state() {
+    let harness = support::pg::PgHarness::new().await;
+    let store = lockstep::store::conformance::Harness::store(&harness);
+    let schema = store.schema().to_string();
+    let live = submit_task(store, "live").await;
+    let output = lockstep(&["abort", &live.to_string()], &schema);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    let id: i64 = String::from_utf8_lossy(&output.stdout).trim().parse().expect("submit prints the id");
-    let status = lockstep(&["status", &id.to_string()], &schema);
-    assert_eq!(status.status.code(), Some(0), "{}", String::from_utf8_lossy(&status.stderr));
-    usage_error(&lockstep_bare(&["submit", "-"]), &["-: a spec on standard input has no extension", "--format"]);
+    assert_eq!(
+        (output.status.code(), stderr.trim()),
+        (Some(0), format!("abort of operation {live} requested").as_str())
+    );
+    for (state, said) in [
+        ("aborted", "already aborted".to_string()),
+        ("completed", "already completed: it ended before the abort, so nothing was aborted".to_string()),
+        ("failed", "already failed: it ended before the abort, so nothing was aborted".to_string()),
+    ] {
+        let operation = submit_task(store, state).await;
+        place(&schema, operation, state, "1 second").await;
+        let output = lockstep(&["abort", &operation.to_string()], &schema);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{state}: {stderr}");
+        assert_eq!(stderr.trim(), format!("operation {operation} {said}"), "{state}");
+    }
+    let output = lockstep(&["abort", "999999"], &schema);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("operation 999999 not found"), "{stderr}");
 }
 
 #[test]
@@ -187,6 +310,32 @@ fn a_lease_ttl_past_an_hour_is_refused_naming_the_flag() {
         args.extend(["--database-url", "postgres://nobody@127.0.0.1:1/x", "--lease-ttl", "99999999999h"]);
         usage_error(&lockstep_bare(&args), &["--lease-ttl", "99999999999h exceeds the longest lease ttl, 1h"]);
     }
+}
+
+/// `agent` refuses a work dir that group or others can write (exit 2, before it connects), naming the flag, the
+/// directory, its mode and the rule; nothing is made in it.
+#[test]
+fn an_agent_refuses_a_work_dir_others_can_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = Scratch::new("cli-work-dir-mode");
+    let work_dir = scratch.join("node");
+    std::fs::create_dir(&work_dir).unwrap();
+    std::fs::set_permissions(&work_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let work = work_dir.to_str().unwrap();
+    let args = [
+        "agent",
+        "--node",
+        "n",
+        "--slots",
+        "1",
+        "--work-dir",
+        work,
+        "--database-url",
+        "postgres://nobody@127.0.0.1:1/x",
+    ];
+    let expected = format!("--work-dir: work dir {work}: mode 0777 lets group and others write it");
+    usage_error(&lockstep_bare(&args), &[&expected, "chmod go-w"]);
+    assert_eq!(std::fs::read_dir(&work_dir).unwrap().count(), 0, "nothing is made in a refused work dir");
 }
 
 #[test]

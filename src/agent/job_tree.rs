@@ -17,10 +17,21 @@
 //!
 //! Ending a tree: SIGKILL every process found, look again, until a look finds none (zombies are dead: their parent
 //! or init reaps them), at most [`END_ROUNDS_MAX`] rounds.
+//!
+//! **A record is a claim, checked before it is acted on** ([`JobTree::verified`]). A tree read from a job record
+//! (an earlier agent's, or one planted in the work dir, or one from before a reboot, when pids and start times
+//! begin again) is trusted only as far as the marker bears it out: every process it kills carries the job's marker,
+//! and its leader's session and process group count only when the leader itself still carries the marker, or, once
+//! it has died, when a process of its session does. The marker is the check rather than the recorded start time
+//! because anyone can read any process's pid and start time (`/proc/PID/stat` is world-readable, and after a reboot
+//! an unrelated process may get the same pid at the same tick), while the marker is in the environment the agent
+//! gave the job's shell at exec, unique to the agent's run and the job, inherited only by the job's own processes,
+//! and readable (`/proc/PID/environ`) only by the process's own user.
 
+use super::work_dir::DirHandle;
 use std::collections::BTreeSet;
-use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 use tokio::time::Duration;
 
 /// The environment variable that marks a job's processes (docs/real-mode.md, "What a job sees").
@@ -117,15 +128,8 @@ impl JobTree {
     pub fn members(&self) -> Vec<i32> {
         let session = self.session_leader();
         let me = i32::try_from(std::process::id()).unwrap_or(-1);
-        let entries = match std::fs::read_dir("/proc") {
-            Ok(entries) => entries,
-            Err(error) => {
-                tracing::warn!(marker = %self.marker, %error, "cannot list /proc: only the process group was killed");
-                return Vec::new();
-            }
-        };
-        let mut members: Vec<i32> = entries
-            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        let mut members: Vec<i32> = proc_pids()
+            .into_iter()
             .filter(|pid| *pid != me)
             .filter(|pid| {
                 let Some(stat) = ProcStat::read(*pid) else { return false };
@@ -139,6 +143,28 @@ impl JobTree {
         members
     }
 
+    /// The tree a record describes, as far as `/proc` bears it out (module docs): the leader is kept only while it
+    /// runs with its recorded start time and carries the marker, or, once its pid is held by no live process, while a
+    /// process of its session that started no earlier carries the marker; otherwise only marked processes are the
+    /// tree's. A record with an empty marker names no process.
+    pub fn verified(&self) -> JobTree {
+        let leader = self.leader.filter(|leader| !self.marker.is_empty() && self.leader_is_the_jobs(*leader));
+        JobTree { marker: self.marker.clone(), leader }
+    }
+
+    /// Whether `leader` (from a record) still stands for the job (see [`JobTree::verified`]). Blocking.
+    fn leader_is_the_jobs(&self, leader: Leader) -> bool {
+        match ProcStat::read(leader.pid) {
+            Some(stat) if !stat.is_dead() => stat.start_ticks == leader.start_ticks && self.marked(leader.pid),
+            // Gone or a zombie: its session (kept while any member lives) is the job's only if a member is marked.
+            _ => proc_pids().into_iter().any(|pid| {
+                ProcStat::read(pid).is_some_and(|stat| {
+                    !stat.is_dead() && stat.session == leader.pid && stat.start_ticks >= leader.start_ticks
+                }) && self.marked(pid)
+            }),
+        }
+    }
+
     /// The leader, while its pid (the job's session and process group id) still stands for the job: not held by a
     /// different process (then the job's session has ended and the id may be reused).
     fn session_leader(&self) -> Option<Leader> {
@@ -147,11 +173,26 @@ impl JobTree {
     }
 
     /// Whether process `pid` was started with this tree's marker in its environment (false if unreadable: another
-    /// user's process, or gone).
+    /// user's process, or gone; false for an empty marker, which no job has).
     fn marked(&self, pid: i32) -> bool {
+        if self.marker.is_empty() {
+            return false;
+        }
         let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { return false };
         let wanted = marker_entry(&self.marker);
         environ.split(|byte| *byte == 0).any(|entry| entry == wanted.as_bytes())
+    }
+}
+
+/// The pids in `/proc` now (none, with a warning, if it cannot be listed: then only a process group kill ends a
+/// tree).
+fn proc_pids() -> Vec<i32> {
+    match std::fs::read_dir("/proc") {
+        Ok(entries) => entries.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok()).collect(),
+        Err(error) => {
+            tracing::warn!(%error, "cannot list /proc");
+            Vec::new()
+        }
     }
 }
 
@@ -193,67 +234,84 @@ impl ProcStat {
     }
 }
 
+/// What [`JobRecords::read_all`] found: the records by job, and the unreadable ones by path with the reason.
+type RecordsRead = (Vec<(String, JobTree)>, Vec<(String, String)>);
+
 /// The job records of a work dir (`WORK_DIR/.lockstep/jobs/{job id}`, JSON [`JobTree`]s): one per job whose tree
 /// may be alive, written before the job is spawned and removed once its tree is confirmed dead, so that a later
-/// agent on the same work dir can end what an agent killed with SIGKILL left ([`JobRecords::end_leftovers`]).
+/// agent on the same work dir can end what an agent killed with SIGKILL left ([`JobRecords::end_leftovers`]). The
+/// directory is held by descriptor and no record is read or written through a symbolic link
+/// ([`super::work_dir`]).
 #[derive(Clone, Debug)]
 pub struct JobRecords {
-    dir: PathBuf,
+    dir: Arc<DirHandle>,
 }
 
 impl JobRecords {
-    /// The records in `dir` (which must exist).
-    pub fn new(dir: impl Into<PathBuf>) -> JobRecords {
-        JobRecords { dir: dir.into() }
+    /// The records in the directory `dir`, held open.
+    pub fn new(dir: DirHandle) -> JobRecords {
+        JobRecords { dir: Arc::new(dir) }
     }
 
-    fn path(&self, job: &str) -> PathBuf {
-        self.dir.join(job)
+    /// The records in the existing directory at `path`, which must not be a symbolic link. Blocking.
+    pub fn open(path: &Path) -> std::io::Result<JobRecords> {
+        DirHandle::open(path).map(JobRecords::new)
     }
 
     /// Writes (or replaces, atomically) the record of `job`. Blocking.
     pub fn write(&self, job: &str, tree: &JobTree) -> std::io::Result<()> {
+        use std::io::Write;
         let text = serde_json::to_vec(tree).expect("a job tree serializes");
-        let temporary = self.dir.join(format!(".{job}.tmp"));
-        std::fs::write(&temporary, text)?;
-        std::fs::rename(&temporary, self.path(job))
+        let temporary = format!(".{job}.tmp");
+        self.dir.create_file(&temporary, 0o600)?.write_all(&text)?;
+        self.dir.rename(&temporary, job)
     }
 
     /// Removes the record of `job` (absent is fine). Blocking.
     pub fn remove(&self, job: &str) -> std::io::Result<()> {
-        match std::fs::remove_file(self.path(job)) {
+        match self.dir.remove_file(job) {
             Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
             _ => Ok(()),
         }
     }
 
-    /// Every record, by job; unreadable records are logged and skipped (and left in place). Blocking.
-    fn read_all(&self) -> std::io::Result<Vec<(String, JobTree)>> {
-        let mut records = Vec::new();
-        for entry in std::fs::read_dir(&self.dir)? {
-            let path = entry?.path();
-            let Some(job) = path.file_name().and_then(OsStr::to_str).filter(|name| !name.starts_with('.')) else {
+    /// Every record, by job, and the unreadable ones (a symbolic link among them), by path with the reason, which
+    /// stay in place. Blocking.
+    fn read_all(&self) -> std::io::Result<RecordsRead> {
+        let (mut records, mut unreadable) = (Vec::new(), Vec::new());
+        for job in self.dir.names()? {
+            if job.starts_with('.') {
                 continue;
-            };
-            match std::fs::read(&path).map(|text| serde_json::from_slice::<JobTree>(&text)) {
-                Ok(Ok(tree)) => records.push((job.to_string(), tree)),
-                Ok(Err(error)) => tracing::warn!(record = %path.display(), %error, "job record unreadable; skipped"),
-                Err(error) => tracing::warn!(record = %path.display(), %error, "job record unreadable; skipped"),
+            }
+            match self.dir.read_file(&job).map(|text| serde_json::from_slice::<JobTree>(&text)) {
+                Ok(Ok(tree)) => records.push((job, tree)),
+                Ok(Err(error)) => {
+                    unreadable.push((self.dir.path().join(&job).display().to_string(), error.to_string()))
+                }
+                Err(error) => unreadable.push((self.dir.path().join(&job).display().to_string(), error.to_string())),
             }
         }
         records.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(records)
+        Ok((records, unreadable))
     }
 
-    /// Ends the tree of every recorded job and removes its record: what an earlier agent on this work dir left
-    /// when it died without ending its jobs (SIGKILL, OOM kill, a crash). Returns (jobs, processes signalled).
+    /// Ends the tree of every recorded job, as far as `/proc` bears the record out ([`JobTree::verified`]), and
+    /// removes its record (unreadable records are logged and left in place): what an earlier agent on this work dir left when it died without ending its jobs
+    /// (SIGKILL, OOM kill, a crash). Returns (jobs, processes signalled).
     /// Errors: the directory cannot be read, or a tree outlived [`JobTree::end`] (its record stays).
     pub async fn end_leftovers(&self) -> Result<(usize, usize), String> {
         let records = self.clone();
-        let records = tokio::task::spawn_blocking(move || records.read_all())
-            .await
-            .map_err(|error| error.to_string())?
-            .map_err(|error| format!("cannot read {}: {error}", self.dir.display()))?;
+        let (records, unreadable) = tokio::task::spawn_blocking(move || {
+            let (read, unreadable) = records.read_all()?;
+            let verified: Vec<_> = read.into_iter().map(|(job, tree)| (job, tree.verified())).collect();
+            Ok::<_, std::io::Error>((verified, unreadable))
+        })
+        .await
+        .map_err(|error| error.to_string())?
+        .map_err(|error| format!("cannot read {}: {error}", self.dir().display()))?;
+        for (record, error) in unreadable {
+            tracing::warn!(%record, %error, "job record unreadable; skipped");
+        }
         let mut signalled = 0;
         for (job, tree) in &records {
             signalled += tree.end().await.map_err(|error| error.to_string())?;
@@ -261,14 +319,14 @@ impl JobRecords {
             tokio::task::spawn_blocking(move || records.remove(&job))
                 .await
                 .map_err(|error| error.to_string())?
-                .map_err(|error| format!("cannot remove a job record in {}: {error}", self.dir.display()))?;
+                .map_err(|error| format!("cannot remove a job record in {}: {error}", self.dir().display()))?;
         }
         Ok((records.len(), signalled))
     }
 
-    /// The directory.
+    /// The directory's path.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.dir.path()
     }
 }
 

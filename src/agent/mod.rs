@@ -29,6 +29,8 @@ pub mod job_tree;
 #[cfg(not(madsim))]
 pub mod process;
 pub mod simulated;
+#[cfg(not(madsim))]
+pub mod work_dir;
 
 pub use executor::{Executor, ExecutorError, ExitStatus, ProcessHandle, StartRequest};
 pub use simulated::{

@@ -8,6 +8,10 @@
 //! agent's reaches it: not `DATABASE_URL`, not `LOCKSTEP_SCHEMA`. Its sandbox is readable by its user only (0700,
 //! stdout and stderr 0600).
 //!
+//! **The work dir is checked, and nothing under it is followed through a link** ([`super::work_dir`]): it must be
+//! owned by the agent's user and not writable by group or others; sandboxes, output files, copies, records and the
+//! lock are reached by descriptor with `O_NOFOLLOW`, and the shell starts in its sandbox by `fchdir`.
+//!
 //! **Its whole process tree ends with it** ([`super::job_tree`]: the shell leads a session of its own, every
 //! process carries the marker):
 //! - exit: when the shell exits, the tree is killed before the exit is reported, so the agent never reports an
@@ -22,11 +26,13 @@
 
 use super::executor::{Executor, ExecutorError, ExitStatus, ProcessHandle, StartRequest, process_pair};
 use super::job_tree::{JOB_MARKER_VAR, JobRecords, JobTree, Leader};
+use super::work_dir::DirHandle;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::File;
 use std::future::Future;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -49,6 +55,8 @@ pub struct OsExecutor {
 #[derive(Debug)]
 struct Inner {
     work_dir: PathBuf,
+    /// The work dir, held open: every sandbox is made and opened relative to it.
+    dir: DirHandle,
     files_root: Option<PathBuf>,
     /// The agent's values of [`ENV_ALLOWED`], read once at open.
     allowed: Vec<(&'static str, OsString)>,
@@ -66,7 +74,7 @@ struct Inner {
 pub struct PreparedJob {
     job: String,
     command: String,
-    sandbox: PathBuf,
+    sandbox: DirHandle,
     stdout: File,
     stderr: File,
     environment: Vec<(OsString, OsString)>,
@@ -86,18 +94,19 @@ impl Drop for PreparedJob {
 }
 
 impl OsExecutor {
-    /// Opens `work_dir` for one agent: creates it if missing, locks it (a second agent on the same work dir is
-    /// refused), and ends every process tree an earlier agent on it left (its job records), before any job
-    /// starts. Sandboxes are `work_dir/{job id}`. `files_root` maps the Cypress paths of `file_paths` to local
-    /// files (`//tmp/x` → `files_root/tmp/x`), copied into the sandbox under their sandbox names; without it a job
-    /// with `file_paths` cannot start.
+    /// Opens `work_dir` for one agent: creates it (0700) if missing, checks that it is owned by the agent's user
+    /// and not writable by group or others ([`DirHandle::open_work_dir`]), locks it (a second agent on the same work
+    /// dir is refused), and ends every process tree an earlier agent on it left (its job records, as far as
+    /// `/proc` bears them out: [`JobTree::verified`]), before any job starts. Sandboxes are `work_dir/{job id}`.
+    /// `files_root` maps the Cypress paths of `file_paths` to local files (`//tmp/x` → `files_root/tmp/x`), copied
+    /// into the sandbox under their sandbox names; without it a job with `file_paths` cannot start.
     ///
-    /// Errors (naming the directory): it cannot be created or locked, another process holds its lock, or a
-    /// leftover tree could not be ended.
+    /// Errors (naming the directory): it cannot be created or locked, it breaks the owner or mode rule, an entry
+    /// the agent uses is a symbolic link, another process holds its lock, or a leftover tree could not be ended.
     pub async fn open(work_dir: impl Into<PathBuf>, files_root: Option<PathBuf>) -> Result<OsExecutor, ExecutorError> {
         let work_dir = work_dir.into();
         let dir = work_dir.clone();
-        let (lock, records) = tokio::task::spawn_blocking(move || lock_work_dir(&dir))
+        let (dir, lock, records) = tokio::task::spawn_blocking(move || lock_work_dir(&dir))
             .await
             .map_err(|error| ExecutorError(format!("work dir {}: {error}", work_dir.display())))??;
         let (jobs, processes) = records
@@ -121,7 +130,7 @@ impl OsExecutor {
             );
         }
         let allowed = ENV_ALLOWED.iter().filter_map(|name| Some((*name, std::env::var_os(name)?))).collect();
-        let inner = Inner { work_dir, files_root, allowed, records, run: rand::random(), _lock: lock };
+        let inner = Inner { work_dir, dir, files_root, allowed, records, run: rand::random(), _lock: lock };
         Ok(OsExecutor { inner: Arc::new(inner) })
     }
 
@@ -140,28 +149,15 @@ impl OsExecutor {
     }
 }
 
-/// Creates the work dir and its state dir, and takes the work dir's lock. Blocking.
-fn lock_work_dir(work_dir: &Path) -> Result<(File, JobRecords), ExecutorError> {
-    let error = |what: &str, path: &Path, e: std::io::Error| {
-        ExecutorError(format!("work dir {}: {what} {}: {e}", work_dir.display(), path.display()))
-    };
-    std::fs::create_dir_all(work_dir).map_err(|e| error("cannot create", work_dir, e))?;
-    let state = work_dir.join(STATE_DIR);
-    let jobs = state.join("jobs");
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&jobs)
-        .map_err(|e| error("cannot create", &jobs, e))?;
-    let path = state.join("lock");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| error("cannot open", &path, e))?;
-    use std::os::fd::AsRawFd;
+/// Opens and checks the work dir, creates its state dir, and takes the work dir's lock. Blocking.
+fn lock_work_dir(work_dir: &Path) -> Result<(DirHandle, File, JobRecords), ExecutorError> {
+    let error = |e: std::io::Error| ExecutorError(format!("work dir {}: {e}", work_dir.display()));
+    let dir = DirHandle::open_work_dir(work_dir)
+        .map_err(|rule| ExecutorError(format!("work dir {}: {rule}", work_dir.display())))?;
+    let state = dir.subdir(STATE_DIR, 0o700).map_err(error)?;
+    let jobs = state.subdir("jobs", 0o700).map_err(error)?;
+    let lock = state.create_file("lock", 0o600).map_err(error)?;
+    let path = state.path().join("lock");
     // SAFETY: flock on a descriptor we own; it only takes an advisory lock.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let e = std::io::Error::last_os_error();
@@ -172,30 +168,27 @@ fn lock_work_dir(work_dir: &Path) -> Result<(File, JobRecords), ExecutorError> {
                 path.display()
             )));
         }
-        return Err(error("cannot lock", &path, e));
+        return Err(ExecutorError(format!("work dir {}: cannot lock {}: {e}", work_dir.display(), path.display())));
     }
-    Ok((lock, JobRecords::new(jobs)))
+    Ok((dir, lock, JobRecords::new(jobs)))
 }
 
-/// Everything [`OsExecutor::prepare`] does, on the blocking pool.
+/// Everything [`OsExecutor::prepare`] does, on the blocking pool. Returns the sandbox, held open, and the output
+/// files.
 fn prepare_blocking(
+    work_dir: &DirHandle,
     files_root: Option<&Path>,
     records: &JobRecords,
-    sandbox: &Path,
     job: &str,
     request: &StartRequest,
     tree: &JobTree,
-) -> Result<(File, File), ExecutorError> {
+) -> Result<(DirHandle, File, File), ExecutorError> {
     let error = |what: &str, path: &Path, e: std::io::Error| ExecutorError(format!("{what} {}: {e}", path.display()));
     // Recorded first: if the agent dies at any point after this, the next one finds the job's processes.
     records.write(job, tree).map_err(|e| error("cannot write the job record in", records.dir(), e))?;
-    std::fs::DirBuilder::new().mode(0o700).create(sandbox).or_else(|e| match e.kind() {
-        std::io::ErrorKind::AlreadyExists => Ok(()),
-        _ => Err(error("cannot create sandbox", sandbox, e)),
-    })?;
-    // Also when the sandbox already existed (a start given up earlier).
-    std::fs::set_permissions(sandbox, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| error("cannot restrict sandbox", sandbox, e))?;
+    // Its mode is set also when the sandbox already existed (a start given up earlier).
+    let sandbox =
+        work_dir.subdir(job, 0o700).map_err(|e| ExecutorError(format!("cannot make the sandbox of job {job}: {e}")))?;
     for file in &request.launch.file_paths {
         let root = files_root
             .ok_or_else(|| ExecutorError(format!("file {} requested but the agent has no files root", file.path)))?;
@@ -209,33 +202,27 @@ fn prepare_blocking(
         if !crate::gang::spec::sandbox_name_allowed(name) {
             return Err(ExecutorError(format!("bad sandbox file name {name:?} for {}", file.path)));
         }
-        copy_file(&source, &sandbox.join(name)).map_err(|e| error("cannot copy", &source, e))?;
+        copy_file(&source, &sandbox, name).map_err(|e| error("cannot copy", &source, e))?;
     }
     let open = |name: &str| {
-        let path = sandbox.join(name);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| error("cannot create", &path, e))?;
-        // `mode` applies to new files only.
-        file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(|e| error("cannot restrict", &path, e))?;
-        Ok::<_, ExecutorError>(file)
+        sandbox
+            .create_file(name, 0o600)
+            .map_err(|e| ExecutorError(format!("cannot create the output of job {job}: {e}")))
     };
-    Ok((open("stdout")?, open("stderr")?))
+    let (stdout, stderr) = (open("stdout")?, open("stderr")?);
+    Ok((sandbox, stdout, stderr))
 }
 
-/// Copies `source` to `target` with the source's permission bits, as `std::fs::copy` does, but by reading it:
-/// `std::fs::copy` refuses anything but a regular file, and a named pipe is a fine source (a test makes a copy that
-/// lasts as long as it likes with one). Blocking.
-fn copy_file(source: &Path, target: &Path) -> std::io::Result<u64> {
+/// Copies `source` to the file `name` in `sandbox` with the source's permission bits (not its set-id bits), as
+/// `std::fs::copy` does, but by reading it: `std::fs::copy` refuses anything but a regular file, and a named pipe
+/// is a fine source (a test makes a copy that lasts as long as it likes with one). The source is under the files
+/// root, which the agent's operator chose; the target is written without following a link. Blocking.
+fn copy_file(source: &Path, sandbox: &DirHandle, name: &str) -> std::io::Result<u64> {
     let mut reader = File::open(source)?;
-    let permissions = reader.metadata()?.permissions();
-    let mut writer = File::create(target)?;
+    let mode = reader.metadata()?.permissions().mode() & 0o777;
+    let mut writer = sandbox.create_file(name, 0o600)?;
     let copied = std::io::copy(&mut reader, &mut writer)?;
-    writer.set_permissions(permissions)?;
+    writer.set_permissions(std::fs::Permissions::from_mode(mode))?;
     Ok(copied)
 }
 
@@ -249,16 +236,15 @@ impl Executor for OsExecutor {
         let executor = self.clone();
         async move {
             let job = request.launch.job.to_string();
-            let sandbox = executor.sandbox(&job);
             let marker = format!("{job}:{:016x}", executor.inner.run);
             let tree = JobTree { marker: marker.clone(), leader: None };
             let environment = executor.environment(&request.launch.environment, &marker);
             let inner = executor.inner.clone();
-            let (job_in, sandbox_in, tree_in) = (job.clone(), sandbox.clone(), tree.clone());
+            let (job_in, tree_in) = (job.clone(), tree.clone());
             let command = request.launch.command.clone();
-            let (stdout, stderr) = tokio::task::spawn_blocking(move || {
+            let (sandbox, stdout, stderr) = tokio::task::spawn_blocking(move || {
                 let files_root = inner.files_root.as_deref();
-                prepare_blocking(files_root, &inner.records, &sandbox_in, &job_in, &request, &tree_in)
+                prepare_blocking(&inner.dir, files_root, &inner.records, &job_in, &request, &tree_in)
             })
             .await
             .map_err(|error| ExecutorError(format!("preparation of job {job} failed: {error}")))?
@@ -275,7 +261,8 @@ impl Executor for OsExecutor {
         // it, so a job's `PATH` without /bin (or one written as "/opt/x:$PATH", which nothing expands) made every
         // start fail with "cannot spawn sh" (a new user's trial).
         let mut command = tokio::process::Command::new(SHELL);
-        command.arg("-c").arg(&prepared.command).current_dir(&prepared.sandbox);
+        command.arg("-c").arg(&prepared.command);
+        start_in(&mut command, &prepared.sandbox);
         command.env_clear().envs(prepared.environment.iter().map(|(name, value)| (name, value)));
         let stdout = prepared.stdout.try_clone().map_err(|e| ExecutorError(format!("cannot pass stdout: {e}")))?;
         let stderr = prepared.stderr.try_clone().map_err(|e| ExecutorError(format!("cannot pass stderr: {e}")))?;
@@ -339,6 +326,22 @@ fn exit_status(status: std::process::ExitStatus) -> ExitStatus {
         (Some(code), _) => ExitStatus::Exited(code),
         (None, Some(signal)) => ExitStatus::Signaled(signal),
         (None, None) => ExitStatus::Killed,
+    }
+}
+
+/// Makes the job's shell start in `sandbox` by its descriptor (`fchdir`), not its path: a link swapped in for the
+/// sandbox after it was made is not followed. The descriptor is open (close-on-exec) in the forked child until the
+/// exec, and `prepared` (which owns it) outlives the spawn.
+fn start_in(command: &mut tokio::process::Command, sandbox: &DirHandle) {
+    let fd = sandbox.fd().as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and only makes an async-signal-safe call (fchdir).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::fchdir(fd) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

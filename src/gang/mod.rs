@@ -6,7 +6,7 @@
 //!   [`placement`]: all-or-nothing placement of a gang's ranks and the gang queue that keeps waiting gangs fair.
 //! - [`pipeline`]: the operation pipeline that runs passes over the store; [`api`]: submit, abort, spec update,
 //!   status; [`replica`]: a controller replica (the operation pipeline on a manager); [`status`]: the status
-//!   report `lockstep status` prints.
+//!   report `lockstep status` prints; [`listing`]: the operations `lockstep list` lists.
 //! - [`env`](mod@env): the job environment (`YT_*` variables); [`audit`]: the rules as checks over recorded rows.
 
 pub mod api;
@@ -16,6 +16,7 @@ pub(crate) mod decoded;
 pub mod env;
 mod last_pass;
 mod lingering;
+pub mod listing;
 pub mod model;
 pub mod pipeline;
 pub mod placement;

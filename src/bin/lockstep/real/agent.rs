@@ -29,9 +29,11 @@ pub struct AgentArgs {
     /// Allocations (job slots) the node offers, 1 to 1024.
     #[arg(long)]
     pub slots: u32,
-    /// Directory of the job sandboxes (`WORK_DIR/{job id}`, holding the job's stdout and stderr); created if
-    /// missing. One agent per work dir (it is locked): a restarted agent given the same one ends the processes its
-    /// predecessor's jobs left.
+    /// Directory of the job sandboxes (`WORK_DIR/{job id}`, holding the job's stdout and stderr); created (mode
+    /// 0700) if missing. It must be owned by the agent's user and not writable by group or others (else exit 2);
+    /// nothing under it is followed through a symbolic link. One agent per work dir (it is locked): a restarted
+    /// agent given the same one ends the processes its predecessor's jobs left (those still carrying their job's
+    /// marker).
     #[arg(long)]
     pub work_dir: PathBuf,
     /// Local directory standing for Cypress: `file_paths` entry `//tmp/x` is copied from `FILES_ROOT/tmp/x`. Without

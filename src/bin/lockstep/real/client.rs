@@ -1,9 +1,10 @@
-//! The client commands: `submit`, `status`, `abort`, `migrate`. Each connects, makes its calls through
+//! The client commands: `submit`, `status`, `list`, `abort`, `migrate`. Each connects, makes its calls through
 //! `lockstep::gang::api` (write requests go to the operation's inbox with a fetch hint, so they never contend with a
 //! replica's lease), and exits.
 
 use super::{Database, Failure, duration};
 use lockstep::gang::api::{self, GangError};
+use lockstep::gang::listing::{LIST_LEN_MAX_DEFAULT, ListFilter, OperationList};
 use lockstep::gang::model::OperationStatus;
 use lockstep::gang::status::StatusReport;
 use lockstep::gang::{OperationSpec, SpecFormat};
@@ -39,9 +40,10 @@ impl From<FormatArg> for SpecFormat {
 pub struct SubmitArgs {
     #[command(flatten)]
     pub database: Database,
-    /// The spec file: YSON (.yson), JSON (.json) or YAML (.yaml, .yml); `-` reads standard input (with --format).
+    /// The spec file: YSON (.yson), JSON (.json) or YAML (.yaml, .yml); `-` reads standard input (YSON unless
+    /// --format says otherwise).
     pub spec: PathBuf,
-    /// The spec's format, when its extension does not tell.
+    /// The spec's format, when its extension does not tell (standard input: YSON when not given).
     #[arg(long, value_enum)]
     pub format: Option<FormatArg>,
     /// Follow the operation to its end (state and incarnation changes on stderr); exit 0 if it completed, 1 if it
@@ -62,7 +64,7 @@ pub struct SubmitArgs {
 pub struct StatusArgs {
     #[command(flatten)]
     pub database: Database,
-    /// The operation's id, as `submit` printed it.
+    /// The operation's id, as `submit` printed it (`lockstep list` lists them).
     pub operation: i64,
     /// Print the report as JSON.
     #[arg(long)]
@@ -70,6 +72,53 @@ pub struct StatusArgs {
     /// Show the jobs of every incarnation, not only the current one.
     #[arg(long)]
     pub all: bool,
+}
+
+/// An operation state on the command line (`--state`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateArg {
+    Starting,
+    Running,
+    Completed,
+    Failed,
+    Aborted,
+}
+
+impl From<StateArg> for OperationStatus {
+    fn from(state: StateArg) -> OperationStatus {
+        match state {
+            StateArg::Starting => OperationStatus::Starting,
+            StateArg::Running => OperationStatus::Running,
+            StateArg::Completed => OperationStatus::Completed,
+            StateArg::Failed => OperationStatus::Failed,
+            StateArg::Aborted => OperationStatus::Aborted,
+        }
+    }
+}
+
+/// Flags of `list`.
+#[derive(clap::Args, Debug)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub database: Database,
+    /// Only operations in this state; repeat the flag or give a comma list for several (`--state
+    /// starting,running`). Every state when not given.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "STATE")]
+    pub state: Vec<StateArg>,
+    /// Only operations submitted at most this long ago (a duration: 90s, 30m, 1h, 48h), on the database's clock.
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = duration::parse_nonzero)]
+    pub since: Option<Duration>,
+    /// Only operations submitted more than this long ago, on the database's clock; with --since, the operations
+    /// submitted between the two ages.
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = duration::parse_nonzero)]
+    pub older_than: Option<Duration>,
+    /// At most this many operations, the newest; a last line (or `left_out` in JSON) counts the rest.
+    #[arg(long, value_name = "N", default_value_t = LIST_LEN_MAX_DEFAULT, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: u32,
+    /// Print the list as JSON: `{"now": …, "operations": [{"operation", "state", "submitted_at", "age_ms",
+    /// "incarnation", "tasks", "result"}, …], "left_out": N}` (times in microseconds since the Unix epoch).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Flags of `abort`.
@@ -91,15 +140,14 @@ pub struct MigrateArgs {
     pub database: Database,
 }
 
-/// The format of `path`: `--format` if given, else its extension. Errors (usage): no known extension.
+/// The format of `path`: `--format` if given, else YSON for standard input (`-`, as YTsaurus's own specs are
+/// written), else its extension. Errors (usage): a file without a known extension.
 pub fn spec_format(path: &Path, flag: Option<FormatArg>) -> Result<SpecFormat, Failure> {
     if let Some(format) = flag {
         return Ok(format.into());
     }
     if is_stdin(path) {
-        return Err(Failure::usage(
-            "-: a spec on standard input has no extension to tell its format by; pass --format",
-        ));
+        return Ok(SpecFormat::Yson);
     }
     match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
         Some("yson") => Ok(SpecFormat::Yson),
@@ -233,11 +281,43 @@ pub async fn status(args: StatusArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `abort`: records the request in the operation's inbox; a replica's next pass aborts it.
+/// `list`: the operations the flags select, as a table, or as JSON with `--json`. Errors (usage): `--since` not
+/// longer than `--older-than`.
+pub async fn list(args: ListArgs) -> Result<(), Failure> {
+    let filter = ListFilter {
+        states: args.state.iter().map(|state| OperationStatus::from(*state)).collect(),
+        since: args.since,
+        older_than: args.older_than,
+        limit: args.limit,
+    };
+    filter.check().map_err(Failure::usage)?;
+    let store = args.database.connect_migrated("lockstep list", CLIENT_CONNECTIONS).await?;
+    let list = OperationList::read(&store, &filter).await.map_err(gang_failure)?;
+    if args.json {
+        let json = serde_json::to_string_pretty(&list).expect("operation lists serialize");
+        println!("{json}");
+    } else {
+        print!("{}", list.render());
+    }
+    Ok(())
+}
+
+/// `abort`: records the request in the operation's inbox; a replica's next pass aborts it. An operation that has
+/// already ended is a state reached, not a failure: exit 0 with a message naming its state, also when it completed
+/// or failed before the abort (then nothing was aborted, and the message says so): either way the operation runs
+/// nothing any more, which is what a script that aborts wants to know. An operation that does not exist is exit 1.
 pub async fn abort(args: AbortArgs) -> Result<(), Failure> {
     let store = args.database.connect_migrated("lockstep abort", CLIENT_CONNECTIONS).await?;
-    api::abort(&store, RowId(args.operation), &args.reason).await.map_err(gang_failure)?;
-    eprintln!("abort of operation {} requested", args.operation);
+    match api::abort(&store, RowId(args.operation), &args.reason).await {
+        Ok(()) => eprintln!("abort of operation {} requested", args.operation),
+        Err(GangError::Ended { operation, status: OperationStatus::Aborted }) => {
+            eprintln!("operation {operation} already aborted")
+        }
+        Err(GangError::Ended { operation, status }) => {
+            eprintln!("operation {operation} already {status}: it ended before the abort, so nothing was aborted")
+        }
+        Err(error) => return Err(gang_failure(error)),
+    }
     Ok(())
 }
 
@@ -261,6 +341,8 @@ mod tests {
         assert_eq!(spec_format(Path::new("a.JSON"), None).unwrap(), SpecFormat::Json);
         assert_eq!(spec_format(Path::new("a.yml"), None).unwrap(), SpecFormat::Yaml);
         assert_eq!(spec_format(Path::new("a.txt"), Some(FormatArg::Yaml)).unwrap(), SpecFormat::Yaml);
+        assert_eq!(spec_format(Path::new("-"), None).unwrap(), SpecFormat::Yson, "standard input is YSON by default");
+        assert_eq!(spec_format(Path::new("-"), Some(FormatArg::Json)).unwrap(), SpecFormat::Json);
         let error = spec_format(Path::new("spec"), None).unwrap_err();
         assert_eq!(error.code, 2);
         assert!(error.message.contains("--format"), "{}", error.message);

@@ -3,9 +3,10 @@
 //! (`lockstep::gang::replica`, `lockstep::agent`, `lockstep::gang::api`, `lockstep::gang::status`); this module
 //! parses flags, connects, waits for signals and maps outcomes to exit codes.
 //!
-//! Exit codes: 0 success (`submit --wait`: the operation completed); 1 a runtime failure (database unreachable,
-//! operation not found or already ended) or, with `submit --wait`, an operation that failed or was aborted; 2 bad
-//! usage: an unknown flag, a bad value, a spec that does not parse or breaks a rule (the message names the field).
+//! Exit codes: 0 success (`submit --wait`: the operation completed; `abort`: the abort was requested, or the
+//! operation had already ended, which the message says); 1 a runtime failure (database unreachable, operation not
+//! found) or, with `submit --wait`, an operation that failed or was aborted; 2 bad usage: an unknown flag, a bad
+//! value, a spec that does not parse or breaks a rule (the message names the field).
 
 mod agent;
 mod chaos;
@@ -78,7 +79,10 @@ pub enum Command {
     Submit(client::SubmitArgs),
     /// Show an operation: state, incarnation, and jobs by task with rank, cookie, state and node.
     Status(client::StatusArgs),
-    /// Ask a running operation to abort.
+    /// List operations, newest first: id, state, submission time and age, incarnation, tasks, result; filtered by
+    /// state and age.
+    List(client::ListArgs),
+    /// Ask a running operation to abort (exit 0 also when it had already ended: the message says how).
     Abort(client::AbortArgs),
     /// Create the schema and apply the database migrations (idempotent).
     Migrate(client::MigrateArgs),
@@ -109,7 +113,7 @@ pub struct Database {
     #[arg(long, value_name = "PATH")]
     pub database_url_file: Option<PathBuf>,
     /// Schema holding lockstep's tables. `migrate`, `serve` and `agent` create and migrate it if needed;
-    /// `submit`, `status` and `abort` refuse a schema that is not migrated (exit 2) and change nothing. Replicas,
+    /// `submit`, `status`, `list` and `abort` refuse a schema that is not migrated (exit 2) and change nothing. Replicas,
     /// agents and clients of one cluster use the same schema.
     #[arg(long, env = "LOCKSTEP_SCHEMA", default_value = PgOptions::SCHEMA_DEFAULT)]
     pub schema: String,
@@ -130,7 +134,7 @@ impl Database {
         self.connect_with(name, max_connections, true, lease_ttl).await
     }
 
-    /// As [`Database::connect`] but runs no DDL (`submit`, `status`, `abort`): a schema that is missing or not
+    /// As [`Database::connect`] but runs no DDL (`submit`, `status`, `list`, `abort`): a schema that is missing or not
     /// fully migrated is a usage error (exit 2) naming the schema and the `migrate` command.
     pub async fn connect_migrated(&self, name: &str, max_connections: u32) -> Result<PgStore, Failure> {
         self.connect_with(name, max_connections, false, None).await
@@ -273,6 +277,7 @@ pub fn run(command: Command) -> ExitCode {
             Command::Agent(args) => agent::run(args).await,
             Command::Submit(args) => client::submit(args).await,
             Command::Status(args) => client::status(args).await,
+            Command::List(args) => client::list(args).await,
             Command::Abort(args) => client::abort(args).await,
             Command::Migrate(args) => client::migrate(args).await,
             Command::Chaos(command) => match chaos::execute(command).await {
