@@ -272,10 +272,11 @@ fn help_says_the_url_flag_is_visible_in_the_process_list_and_names_the_other_way
 fn serve_help_states_the_max_connections_rule_that_serve_checks() {
     let output = lockstep_bare(&["serve", "--help"]);
     let help = String::from_utf8_lossy(&output.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
-    let stated = "Default, and the least accepted: workers + 3 (the workers, two fetch loops, the heartbeater)";
+    let stated = "Default, and the least accepted: workers + 5 (the workers, two fetch loops, the heartbeater, two \
+                  apply batches in flight)";
     assert!(help.contains(stated), "{help}");
     let workers = 5;
-    let needed = workers + 3;
+    let needed = workers + 5;
     let args = ["serve", "--database-url", "postgres://nobody@127.0.0.1:1/x", "--workers", &workers.to_string()];
     let fewer = (needed - 1).to_string();
     usage_error(
