@@ -690,10 +690,14 @@ pub(super) const UPDATE_UNLEASED: &str = "WITH locked AS (
 SELECT busy FROM target";
 
 /// The fetch hints of a call's applied items ([`ApplyParams::hints`](crate::store::ApplyParams::hints)), in one
-/// statement: mark the rows named and `NOTIFY` each payload once. `$1` row ids, `$2` channel, `$3` payloads (one
-/// per kind).
-pub(super) const HINTS: &str = "WITH marked AS (
-    UPDATE resources SET hinted = true WHERE id = ANY($1::int8[])
+/// statement: lock the rows named in id order (DESIGN §2, one lock order: it writes several rows, and a heartbeat
+/// or apply of a lease holding some of them locks them in id order too), mark them, and `NOTIFY` each payload
+/// once. The marks take the locked ids as one array (an init plan, run before the first row is written), as
+/// [`APPLY_BATCH_MAIN`] does. `$1` row ids, `$2` channel, `$3` payloads (one per kind).
+pub(super) const HINTS: &str = "WITH locked AS (
+    SELECT id FROM resources WHERE id = ANY($1::int8[]) ORDER BY id FOR NO KEY UPDATE
+), marked AS (
+    UPDATE resources SET hinted = true WHERE id = ANY(ARRAY(SELECT id FROM locked))
 )
 SELECT pg_notify($2, payload) FROM unnest($3::text[]) AS payload";
 
