@@ -185,7 +185,9 @@ pub trait Store: Send + Sync + 'static {
     /// [`Store::lock_related_or_reset`], and when the lock is taken, the related rows as it left them, read in the
     /// same call: what a handler that locks rows in order to read them needs, in one round trip (issue 17: a
     /// lock and then a read of what it locked were two). Nobody else writes a row while it carries the holder's
-    /// token, so the rows read are the rows the holder will apply to. Errors as `lock_related_or_reset`'s.
+    /// token, and the apply is stale unless every row locked still carries it ([`ApplyParams::locked`]: a lock
+    /// that expired while its holder stalled may have gone to the row's own pipeline), so the rows read are the
+    /// rows the holder will apply to. Errors as `lock_related_or_reset`'s.
     ///
     /// The default makes the lock (and reset) calls, then reads each row with [`Store::get`]; backends override it
     /// with one transaction (PgStore) or one round trip (the simulator's network store).
@@ -212,8 +214,9 @@ pub trait Store: Send + Sync + 'static {
         }
     }
 
-    /// The guarded apply: if the main row and every row of `params.related` still carry `params.lease.token`,
-    /// writes the update, the related updates, the inserts and the events; clears the lease columns of the main
+    /// The guarded apply: if the main row and every row of `params.related` and `params.locked` still carry
+    /// `params.lease.token`, writes the update, the related updates, the inserts and the events; clears the lease
+    /// columns of the main
     /// row and of every related row locked with the token; sets the main row's `last_processed_at` and every
     /// written row's `updated_at` to one `now`, and the main row's `attempts` to 0 (a success ends a streak of
     /// failures; `errors` stay). It leaves `hinted` as it is: only a fetch consumes a hint, and one

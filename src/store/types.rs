@@ -416,6 +416,13 @@ pub struct ApplyParams {
     pub update: RowUpdate,
     /// Changes to related rows locked with the same token; every related row locked with it is unlocked.
     pub related: Vec<RelatedUpdate>,
+    /// Related rows locked with the same token whose lock the apply relies on though it need not update them (a
+    /// parent that read its children under their locks): each must still carry the token at apply, as the rows of
+    /// `related` must, else the apply is `Stale` and writes nothing. A related lock that expired while its holder
+    /// stalled may have gone to the row's own pipeline, which may have changed the row: what the holder read is
+    /// then not what it would apply to. The engine gives every row the item locked through its
+    /// [`LoadCx`](crate::pipeline::LoadCx); ids may repeat and may also be in `related`.
+    pub locked: Vec<RowId>,
     /// Rows to create in the same transaction.
     pub inserts: Vec<NewRow>,
     /// Events to append in the same transaction.
@@ -429,9 +436,25 @@ pub struct ApplyParams {
 }
 
 impl ApplyParams {
+    /// Every related row the apply's guard covers: the rows of `related` and of `locked`, by id, each once.
+    pub fn guarded_related(&self) -> Vec<RowId> {
+        let mut ids: Vec<RowId> = self.related.iter().map(|r| r.id).chain(self.locked.iter().copied()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     /// An apply of `update` to the leased row with no related rows, inserts, events or hints.
     pub fn new(lease: Lease, update: RowUpdate) -> ApplyParams {
-        ApplyParams { lease, update, related: Vec::new(), inserts: Vec::new(), events: Vec::new(), hints: Vec::new() }
+        ApplyParams {
+            lease,
+            update,
+            related: Vec::new(),
+            locked: Vec::new(),
+            inserts: Vec::new(),
+            events: Vec::new(),
+            hints: Vec::new(),
+        }
     }
 }
 
@@ -441,7 +464,7 @@ pub enum ApplyOutcome {
     /// Everything was written; the main row and its related rows are unlocked. Holds the ids given to
     /// `inserts`, in order, and the transaction's one `now`.
     Applied { inserted: Vec<RowId>, now: Timestamp },
-    /// The main row (or a related row) no longer carries the token: nothing was written.
+    /// The main row (or a related row of `related` or `locked`) no longer carries the token: nothing was written.
     Stale,
 }
 

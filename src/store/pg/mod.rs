@@ -86,7 +86,7 @@ impl PgStore {
     async fn apply_unhinted(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
         self.bounded(async {
             check_apply(&p)?;
-            let simple = p.related.is_empty() && p.inserts.is_empty() && p.events.is_empty();
+            let simple = p.related.is_empty() && p.locked.is_empty() && p.inserts.is_empty() && p.events.is_empty();
             let guarded = !self.inner.apply_guard_disabled;
             if !simple || self.inner.history.is_some() {
                 let record = self.inner.history.is_some().then_some(self);

@@ -341,6 +341,18 @@ FROM unnest($2::int8[], $3::text[], $4::jsonb[]) AS u(id, status, data)
 WHERE r.id = u.id AND r.lock_token = $5 AND r.id IN (SELECT id FROM locked)
 RETURNING r.id";
 
+/// Apply, step 0 when the item locked related rows ([`ApplyParams::locked`](crate::store::ApplyParams::locked);
+/// mem.rs `State::apply`): lock every row carrying the token (the main row if still held, and the related rows) in
+/// id order, as [`APPLY_RELATED`] does, and count the rows of `$1` among them. The caller compares the count with
+/// the distinct ids it sent and rolls back on a shortfall (Stale: a related lock was lost, its row may have been
+/// written since the holder read it). A row carrying `related_token = $2` carries `lock_token = $2` too.
+///
+/// `$1` related ids (distinct), `$2` token, `$3` main row id.
+pub(super) const APPLY_LOCKED_HELD: &str = "WITH locked AS (
+    SELECT id FROM resources WHERE (id = $3 AND lock_token = $2) OR related_token = $2 ORDER BY id FOR NO KEY UPDATE
+)
+SELECT count(*) FROM locked WHERE id = ANY($1)";
+
 /// A write of one lease ([`APPLY_MAIN`], [`RECORD_FAILURE`], [`RESET_FOR_RETRY`]) in its two statements, run in
 /// this order until one returns a row ([`LeaseWrite::statements`]): if the main row `$2` still carries the token
 /// `$3`, set `$set` on it, unlock the related rows locked with the token, and return `$select` (of the main row as

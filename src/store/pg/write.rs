@@ -35,6 +35,20 @@ pub(super) async fn apply_in_transaction(
     let mut session = Session::acquire(pool).await?;
     let mut tx = session.begin().await?;
     let related_ids: Vec<RowId> = merge_related(p.related.clone()).into_keys().collect();
+    if guarded && !p.locked.is_empty() {
+        // Every related row the item locked, updated or not, must still carry the token (`ApplyParams::locked`).
+        let guarded_ids: Vec<i64> = p.guarded_related().into_iter().map(|id| id.0).collect();
+        let held: i64 = sqlx::query_scalar(sql::APPLY_LOCKED_HELD)
+            .bind(&guarded_ids)
+            .bind(token)
+            .bind(p.lease.id.0)
+            .fetch_one(&mut *tx)
+            .await?;
+        if held != guarded_ids.len() as i64 {
+            tx.rollback().await?;
+            return Ok(ApplyOutcome::Stale);
+        }
+    }
     if !p.related.is_empty() {
         let related = merge_related(p.related);
         let (ids, statuses, data) = related_columns(&related);
