@@ -146,6 +146,8 @@ struct State {
     /// column. Every other write of a row's token (a fetch, a mark, an unlock) takes the row out. A write API that
     /// takes over an expired lock clears only these rows of its token, never the lease's own row.
     related_locked: BTreeSet<RowId>,
+    /// The row each key of [`Store::insert_keyed`] names (PostgreSQL's `insert_keys`); kept for good, as rows are.
+    insert_keys: BTreeMap<String, RowId>,
     /// Children of each parent, then kind, by id: a parent's `list` and `query` read only its children, as
     /// PostgreSQL's `resources_parent_idx` lets them (issue 17). Nested like [`StatusIndex`], so that a lookup
     /// borrows the kind.
@@ -1124,6 +1126,20 @@ impl Store for MemStore {
         };
         self.publish_kinds(&hints);
         Ok(ids)
+    }
+
+    async fn insert_keyed(&self, p: InsertKeyedParams) -> Result<KeyedInsert, StoreError> {
+        check_insert_keyed(&p)?;
+        let now = self.now();
+        let mut state = self.lock();
+        Ok(match state.insert_keys.get(&p.key) {
+            Some(id) => KeyedInsert { id: *id, inserted: false },
+            None => {
+                let id = state.insert_recorded(&self.caller, p.row, now);
+                state.insert_keys.insert(p.key, id);
+                KeyedInsert { id, inserted: true }
+            }
+        })
     }
 
     async fn get(&self, id: RowId) -> Result<Option<Row>, StoreError> {

@@ -21,7 +21,8 @@ pub use pg::{PgOptions, PgStore};
 pub use types::*;
 pub use values::{
     FAILURE_ERROR_BYTES_MAX, FAILURE_ERRORS_KEPT, KEY_TEXT_BYTES_MAX, bounded_error, check_apply, check_event,
-    check_failure, check_fetch, check_json, check_key, check_new_row, check_query, check_text, check_update,
+    check_failure, check_fetch, check_insert_keyed, check_json, check_key, check_new_row, check_query, check_text,
+    check_update,
 };
 
 use std::future::Future;
@@ -311,6 +312,22 @@ pub trait Store: Send + Sync + 'static {
             }
             Ok(ids)
         }
+    }
+
+    /// Inserts `params.row` unless a row was inserted under `params.key` before, in one transaction with the key
+    /// (a unique index of keys the store keeps: PostgreSQL's `insert_keys` table, MemStore's map, the simulated
+    /// database's index of keyed inserts). Returns the row the key names and whether this call inserted it. So a
+    /// call whose outcome is unknown (an error, a lost reply) can be made again with the same key and inserts
+    /// nothing twice (issue 42: a retried submit runs once); a second call returns the first row whatever its own
+    /// row holds. Two calls with one key at once insert one row: the later waits for the earlier's transaction and
+    /// returns its row.
+    ///
+    /// Errors: `Invalid` for a key or a row [`Store::insert`] would refuse (empty or oversized key, NUL), before
+    /// any write; the store's. The default refuses every call (`Invalid`): a store that keeps no keys cannot keep
+    /// the promise. MemStore, PgStore and the simulator's network store implement it.
+    fn insert_keyed(&self, params: InsertKeyedParams) -> impl Future<Output = Result<KeyedInsert, StoreError>> + Send {
+        let key = params.key;
+        async move { Err(StoreError::Invalid(format!("insert_keyed {key:?}: this store keeps no insert keys"))) }
     }
 
     /// Reads a row.

@@ -205,6 +205,26 @@ impl NewRow {
     }
 }
 
+/// Parameters of [`Store::insert_keyed`](super::Store::insert_keyed): an insert made at most once per key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InsertKeyedParams {
+    /// The idempotency key: the caller's name for this one insert (a submit's `--key`, or one the client made).
+    /// The store keeps it for good, so the key names one row for the life of the store. Non-empty text of at most
+    /// [`KEY_TEXT_BYTES_MAX`](super::KEY_TEXT_BYTES_MAX) bytes, no NUL.
+    pub key: String,
+    /// The row to insert unless `key` names one already.
+    pub row: NewRow,
+}
+
+/// What [`Store::insert_keyed`](super::Store::insert_keyed) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyedInsert {
+    /// The row the key names: the one this call inserted, or the one an earlier call with the key inserted.
+    pub id: RowId,
+    /// Whether this call inserted it (false: the key named a row already, and nothing was inserted).
+    pub inserted: bool,
+}
+
 /// Changes to one row's own columns; `None` leaves a column as it is.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RowUpdate {

@@ -24,9 +24,10 @@ pub use options::PgOptions;
 
 use crate::store::{
     ApplyOutcome, ApplyParams, CommitOp, Event, FAILURE_ERRORS_KEPT, FailureOutcome, FailureParams, FetchParams,
-    HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, Lease, LockOutcome, LockRead, LockRelatedParams, NewHint, NewRow,
-    Retry, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp, WriteOutcome, bounded_error, check_apply,
-    check_failure, check_fetch, check_key, check_new_row, check_query, check_text, check_update, duration_micros,
+    HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, InsertKeyedParams, KeyedInsert, Lease, LockOutcome, LockRead,
+    LockRelatedParams, NewHint, NewRow, Retry, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp,
+    WriteOutcome, bounded_error, check_apply, check_failure, check_fetch, check_insert_keyed, check_key, check_new_row,
+    check_query, check_text, check_update, duration_micros,
 };
 use codec::{PgTime, interval};
 use session::Session;
@@ -1021,6 +1022,14 @@ impl Store for PgStore {
             .await?;
         self.publish_hints(hints).await;
         Ok(ids)
+    }
+
+    async fn insert_keyed(&self, p: InsertKeyedParams) -> Result<KeyedInsert, StoreError> {
+        check_insert_keyed(&p)?;
+        self.bounded(self.run_again_on_conflict("insert_keyed", || {
+            write::insert_keyed_in_transaction(&self.inner.pool, self.offset(), p.clone())
+        }))
+        .await
     }
 
     async fn get(&self, id: RowId) -> Result<Option<Row>, StoreError> {

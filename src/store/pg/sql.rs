@@ -38,11 +38,11 @@ pub(super) const SCHEMA_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_namespac
 pub(super) const MIGRATIONS_TABLE_EXISTS: &str =
     "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = '_sqlx_migrations')";
 
-/// The relations of schema `$1` whose names lockstep's migrations create (`resources`, `events`, `lock_tokens`),
-/// by name: found in a schema no lockstep migration is recorded in, they are another application's.
+/// The relations of schema `$1` whose names lockstep's migrations create (`resources`, `events`, `lock_tokens`,
+/// `insert_keys`), by name: found in a schema no lockstep migration is recorded in, they are another application's.
 pub(super) const CLASHING_RELATIONS: &str = "SELECT c.relname::text FROM pg_class c \
      JOIN pg_namespace n ON n.oid = c.relnamespace \
-     WHERE n.nspname = $1 AND c.relname IN ('resources', 'events', 'lock_tokens') ORDER BY c.relname";
+     WHERE n.nspname = $1 AND c.relname IN ('resources', 'events', 'lock_tokens', 'insert_keys') ORDER BY c.relname";
 
 /// The versions of the migrations applied successfully to `schema` (a checked identifier, as for `create_schema`).
 pub(super) fn applied_migrations(schema: &str) -> String {
@@ -597,6 +597,18 @@ VALUES ($2, $3, $4, $5, lockstep_now($1), lockstep_now($1))
 RETURNING ",
     row_columns!()
 );
+
+/// A keyed insert, step 1 (mem.rs `insert_keyed`; `migrations/0007_insert_keys.sql`): the row key `$1` names, if
+/// any.
+pub(super) const KEYED_ROW: &str = "SELECT row_id FROM insert_keys WHERE key = $1";
+
+/// A keyed insert, step 2, after [`INSERT`] in the same transaction: the key `$2` names the new row `$3`, unless a
+/// concurrent insert with the key committed first (then no row: the caller rolls back and reads that one's row with
+/// [`KEYED_ROW`]). `ON CONFLICT` waits for a concurrent inserter of the key to end before it decides.
+pub(super) const INSERT_KEY: &str = "INSERT INTO insert_keys (key, row_id, created_at)
+VALUES ($2, $3, lockstep_now($1))
+ON CONFLICT (key) DO NOTHING
+RETURNING row_id";
 
 /// Inserts many rows in one statement, ids assigned in input order (rows are produced in `ordinality` order and
 /// each takes the next id as it is inserted; the caller checks the returned ids increase). `$2` kinds, `$3`
