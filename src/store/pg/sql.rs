@@ -341,11 +341,12 @@ FROM unnest($2::int8[], $3::text[], $4::jsonb[]) AS u(id, status, data)
 WHERE r.id = u.id AND r.lock_token = $5 AND r.id IN (SELECT id FROM locked)
 RETURNING r.id";
 
-/// Apply, step 0 when the item locked related rows ([`ApplyParams::locked`](crate::store::ApplyParams::locked);
-/// mem.rs `State::apply`): lock every row carrying the token (the main row if still held, and the related rows) in
-/// id order, as [`APPLY_RELATED`] does, and count the rows of `$1` among them. The caller compares the count with
-/// the distinct ids it sent and rolls back on a shortfall (Stale: a related lock was lost, its row may have been
-/// written since the holder read it). A row carrying `related_token = $2` carries `lock_token = $2` too.
+/// Apply, step 0 when the item locked related rows it does not update
+/// ([`ApplyParams::locked`](crate::store::ApplyParams::locked); mem.rs `State::apply`): lock every row carrying the
+/// token (the main row if still held, and the related rows) in id order, as [`APPLY_RELATED`] does, and count the
+/// rows of `$1` among them. The caller compares the count with the distinct ids it sent and rolls back on a
+/// shortfall (Stale: a related lock was lost, its row may have been written since the holder read it). A row
+/// carrying `related_token = $2` carries `lock_token = $2` too.
 ///
 /// `$1` related ids (distinct), `$2` token, `$3` main row id.
 pub(super) const APPLY_LOCKED_HELD: &str = "WITH locked AS (

@@ -36,16 +36,20 @@ pub(super) async fn apply_in_transaction(
     let mut session = Session::acquire(pool).await?;
     let mut tx = session.begin().await?;
     let related_ids: Vec<RowId> = merge_related(p.related.clone()).into_keys().collect();
-    if guarded && !p.locked.is_empty() {
-        // Every related row the item locked, updated or not, must still carry the token (`ApplyParams::locked`).
-        let guarded_ids: Vec<i64> = p.guarded_related().into_iter().map(|id| id.0).collect();
+    // Every related row the item locked must still carry the token (`ApplyParams::locked`): the rows it updates are
+    // counted by `APPLY_RELATED` below, the others here, in one more statement only when there are any.
+    let mut unwritten: Vec<i64> =
+        p.locked.iter().filter(|id| related_ids.binary_search(id).is_err()).map(|id| id.0).collect();
+    unwritten.sort_unstable();
+    unwritten.dedup();
+    if guarded && !unwritten.is_empty() {
         let held: i64 = sqlx::query_scalar(sql::APPLY_LOCKED_HELD)
-            .bind(&guarded_ids)
+            .bind(&unwritten)
             .bind(token)
             .bind(p.lease.id.0)
             .fetch_one(&mut *tx)
             .await?;
-        if held != guarded_ids.len() as i64 {
+        if held != unwritten.len() as i64 {
             tx.rollback().await?;
             return Ok(ApplyOutcome::Stale);
         }
