@@ -390,15 +390,15 @@ fn commit_row(op: &CommitOp) -> Option<RowId> {
 }
 
 /// Inserts `row` unless a row was inserted under `key` already (the database's unique index of keyed inserts);
-/// returns the row either way.
-async fn insert_keyed(db: &Database, store: &MemStore, key: String, row: NewRow) -> Result<Row, StoreError> {
+/// returns the row either way, and whether this call inserted it.
+async fn insert_keyed(db: &Database, store: &MemStore, key: String, row: NewRow) -> Result<(Row, bool), StoreError> {
     let existing = db.keys().get(&key).copied();
     Ok(match existing {
-        Some(id) => store.get(id).await?.expect("a keyed row is never deleted"),
+        Some(id) => (store.get(id).await?.expect("a keyed row is never deleted"), false),
         None => {
             let row = store.insert(row).await?;
             db.keys().insert(key, row.id);
-            row
+            (row, true)
         }
     })
 }
@@ -425,26 +425,26 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
         Call::Insert(row) => Reply::Row(Box::new(store.insert(row).await?)),
         Call::InsertMany { rows, hints } => Reply::Ids(store.insert_many(rows, hints).await?),
         Call::InsertKeyed { key, row, hint } => {
-            let row = insert_keyed(db, store, key, row).await?;
+            let (row, inserted) = insert_keyed(db, store, key, row).await?;
             match hint {
                 None => {}
                 Some(InsertHint::Kind) => store.hint(&row.kind, None).await?,
                 Some(InsertHint::Row) => store.hint(&row.kind, Some(row.id)).await?,
             }
-            Reply::Row(Box::new(row))
+            Reply::Keyed(Box::new(row), inserted)
         }
         Call::InsertJob { key, tasks, mut job } => {
             let mut ids = Vec::with_capacity(tasks.len());
             let mut kinds = Vec::new();
             for (index, task) in tasks.into_iter().enumerate() {
-                let task = insert_keyed(db, store, format!("{key}-task-{index}"), task).await?;
+                let (task, _) = insert_keyed(db, store, format!("{key}-task-{index}"), task).await?;
                 if !kinds.contains(&task.kind) {
                     kinds.push(task.kind);
                 }
                 ids.push(task.id.0);
             }
             job.data["tasks"] = serde_json::json!(ids);
-            let job = insert_keyed(db, store, key, job).await?;
+            let (job, _) = insert_keyed(db, store, key, job).await?;
             for kind in kinds {
                 store.hint(&kind, None).await?;
             }

@@ -632,6 +632,13 @@ pub enum SubmitOutcome {
 /// Most attempts the gang client makes at one call before it fails the run.
 pub const GANG_CLIENT_ATTEMPTS_MAX: u32 = super::workload::CLIENT_ATTEMPTS_MAX;
 
+/// How the gang client retries a submission whose outcome is unknown: the workload client's attempts and backoff.
+const GANG_CLIENT_SUBMIT_RETRY: api::SubmitRetry = api::SubmitRetry {
+    attempts_max: GANG_CLIENT_ATTEMPTS_MAX,
+    backoff_min: super::workload::CLIENT_BACKOFF.0,
+    backoff_max: super::workload::CLIENT_BACKOFF.1,
+};
+
 #[cfg(madsim)]
 /// The gang client: submits every operation and runs every control action at its time, retrying each call
 /// until it succeeds (with the row client's backoff). Every write goes through [`Keyed`], so a retry of a call
@@ -676,33 +683,32 @@ impl GangClient {
         }
     }
 
+    /// Submits through the real `submit` command's path ([`api::submit_keyed`]: keyed insert, hint, retried with the
+    /// key while the outcome is unknown), keyed by the operation's name.
     async fn submit(&self, node: &Arc<str>, submission: &Submission) {
         let key = format!("operation-{}", submission.name);
         let spec = match OperationSpec::parse(&submission.spec, submission.format) {
             Ok(spec) => spec,
             Err(error) => return self.refused(node, submission, error.to_string()),
         };
-        let mut backoff = super::workload::CLIENT_BACKOFF.0;
-        for attempt in 1..=GANG_CLIENT_ATTEMPTS_MAX {
-            let store = Keyed::new(self.store.clone(), key.clone());
-            match api::submit(&store, spec.clone()).await {
-                Ok(id) => {
-                    self.trace.record(
-                        node,
-                        "submit",
-                        format!("op={id} name={} attempts={attempt}", value(&submission.name)),
-                    );
-                    self.outcomes().push((submission.name.clone(), SubmitOutcome::Submitted(id)));
-                    return;
-                }
-                Err(GangError::Store(_)) => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(super::workload::CLIENT_BACKOFF.1);
-                }
-                Err(error) => return self.refused(node, submission, error.to_string()),
+        match api::submit_keyed(&*self.store, spec, &key, GANG_CLIENT_SUBMIT_RETRY).await {
+            Ok(submitted) => {
+                let (id, attempts) = (submitted.operation, submitted.attempts);
+                self.trace.record(
+                    node,
+                    "submit",
+                    format!("op={id} name={} attempts={attempts}", value(&submission.name)),
+                );
+                self.outcomes().push((submission.name.clone(), SubmitOutcome::Submitted(id)));
             }
+            Err(GangError::Store(error)) => {
+                panic!(
+                    "gang client: submit of {} failed {GANG_CLIENT_ATTEMPTS_MAX} times in a row: {error}",
+                    submission.name
+                )
+            }
+            Err(error) => self.refused(node, submission, error.to_string()),
         }
-        panic!("gang client: submit of {} failed {GANG_CLIENT_ATTEMPTS_MAX} times in a row", submission.name)
     }
 
     fn refused(&self, node: &Arc<str>, submission: &Submission, error: String) {

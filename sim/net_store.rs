@@ -17,8 +17,8 @@ use super::rpc::{Call, InsertHint, Reply, Request, Response};
 use super::trace::Trace;
 use crate::store::{
     ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HINT_BUFFER_LEN_MAX, HeartbeatParams,
-    Hint, Lease, LockAttempt, LockOutcome, LockRead, LockRelatedParams, NewHint, NewRow, Row, RowId, RowQuery,
-    RowUpdate, Store, StoreError, Timestamp, WriteOutcome,
+    Hint, InsertKeyedParams, KeyedInsert, Lease, LockAttempt, LockOutcome, LockRead, LockRelatedParams, NewHint,
+    NewRow, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp, WriteOutcome, check_insert_keyed,
 };
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -86,7 +86,7 @@ impl NetStore {
         hint: Option<InsertHint>,
     ) -> Result<Row, StoreError> {
         match self.call(Call::InsertKeyed { key, row, hint }).await? {
-            Reply::Row(row) => Ok(*row),
+            Reply::Keyed(row, _) => Ok(*row),
             other => unexpected("insert_keyed", other),
         }
     }
@@ -292,6 +292,15 @@ impl Store for NetStore {
         match self.call(Call::InsertMany { rows, hints }).await? {
             Reply::Ids(ids) => Ok(ids),
             other => unexpected("insert_many", other),
+        }
+    }
+
+    async fn insert_keyed(&self, params: InsertKeyedParams) -> Result<KeyedInsert, StoreError> {
+        // The database's unique index of keyed inserts serves it, as it serves the workload's keyed inserts.
+        check_insert_keyed(&params)?;
+        match self.call(Call::InsertKeyed { key: params.key, row: params.row, hint: None }).await? {
+            Reply::Keyed(row, inserted) => Ok(KeyedInsert { id: row.id, inserted }),
+            other => unexpected("insert_keyed", other),
         }
     }
 

@@ -74,7 +74,8 @@ pub enum Call {
         hints: Vec<NewHint>,
     },
     /// Inserts `row` unless a row was already inserted under `key` (a unique index the database keeps), and
-    /// returns the row either way: an insert whose reply was lost can be retried. Then sends `hint`, if any.
+    /// returns the row either way, and whether this call inserted it: an insert whose reply was lost can be
+    /// retried ([`Store::insert_keyed`](crate::store::Store::insert_keyed)). Then sends `hint`, if any.
     InsertKeyed {
         key: String,
         row: NewRow,
@@ -162,6 +163,8 @@ pub enum Reply {
     MaybeRow(Option<Box<Row>>),
     MaybeRows(Vec<Option<Row>>),
     Row(Box<Row>),
+    /// A [`Call::InsertKeyed`]'s row, and whether the call inserted it (false: its key named it already).
+    Keyed(Box<Row>, bool),
     Leases(Vec<Lease>),
     Ids(Vec<RowId>),
     Lock(LockOutcome),

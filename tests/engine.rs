@@ -592,12 +592,13 @@ fn a_config_that_needs_more_connections_than_the_store_has_is_refused() {
     }
     let store = Arc::new(Limited(MemStore::new(ManualClock::new(START))));
     let mut manager = PipelineManager::new(store, ManagerOptions::default());
-    // 9 workers, 2 fetchers (the default) and a heartbeater: the store's 12.
-    manager.register(config(9), MarkDone::default()).unwrap();
+    // 7 workers, 2 fetchers (the default), a heartbeater and 2 apply batches in flight (the default): the store's 12.
+    manager.register(config(7), MarkDone::default()).unwrap();
     let error = manager.register(PipelineConfig { name: "more".into(), ..config(1) }, MarkDone::default());
     assert_eq!(
         error.unwrap_err().to_string(),
-        "store allows 12 connections but the pipelines need 16 (workers + fetchers + heartbeater each)"
+        "store allows 12 connections but the pipelines need 18 (workers + fetchers + heartbeater + apply batches in \
+         flight each)"
     );
 }
 
@@ -1075,7 +1076,8 @@ async fn items_that_lock_each_others_rows_as_shared_finish() {
 }
 
 /// A pipeline of the default config runs on a store of the default options: the default pool
-/// (`PgOptions::MAX_CONNECTIONS_DEFAULT`, 23) holds the default pipeline's 20 workers, 2 fetchers and heartbeater.
+/// (`PgOptions::MAX_CONNECTIONS_DEFAULT`, 25) holds the default pipeline's 20 workers, 2 fetchers, heartbeater and
+/// 2 apply batches in flight.
 /// A new user's trial: with the pool at 11 the manager refused the default pipeline at register.
 #[tokio::test]
 async fn a_default_pipeline_runs_on_a_postgres_store_of_the_default_options() {

@@ -134,3 +134,32 @@ async fn two_all_or_nothing_gangs_on_three_slots_take_turns_through_the_gang_que
     }
     cluster.finish().await;
 }
+
+/// A submit is keyed on PostgreSQL as everywhere (issue 42: a retried submit runs once): a second submit with the
+/// same key, even of another spec, returns the first operation and inserts nothing; another key submits another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_submit_with_the_same_key_returns_the_first_operation_and_inserts_nothing_on_postgres() {
+    use lockstep::gang::OperationSpec;
+    let harness = support::pg::PgHarness::new().await;
+    let store = harness.store().clone();
+    let retry = api::SubmitRetry {
+        attempts_max: 1,
+        backoff_min: Duration::from_millis(10),
+        backoff_max: Duration::from_millis(10),
+    };
+    let spec = |command: &str| {
+        let text = format!(r#"{{"tasks": {{"t": {{"job_count": 1, "command": "{command}"}}}}}}"#);
+        OperationSpec::parse(&text, SpecFormat::Json).unwrap()
+    };
+    let first = api::submit_keyed(&store, spec("true"), "nightly-42", retry).await.unwrap();
+    assert!(first.created, "{first:?}");
+    let rows_after_first = store.list("operation", None).await.unwrap();
+    let again = api::submit_keyed(&store, spec("false"), "nightly-42", retry).await.unwrap();
+    assert_eq!((again.operation, again.created), (first.operation, false), "the second submit with the key");
+    let rows = store.list("operation", None).await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].data, rows_after_first[0].data, "the second submit changed the first operation's spec");
+    assert!(rows[0].hinted, "each submit hints the operation it names");
+    let other = api::submit_keyed(&store, spec("true"), "nightly-43", retry).await.unwrap();
+    assert!(other.created && other.operation != first.operation, "{other:?}");
+}

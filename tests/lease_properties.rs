@@ -367,7 +367,15 @@ impl Model {
                     // Property 2: a write API never overrides a live lease.
                     assert_eq!(self.live(id, now), None, "update_unleased wrote row {id} under a live lease");
                     if let Some((token, _)) = self.rows[&id].lease {
-                        self.consume(token);
+                        // The write takes the row over, and the rows locked as related with its token (PostgreSQL's
+                        // `related_token`), but not the main row of the token: that lease is its holder's to lose.
+                        let main = self.given.iter().flatten().find(|lease| lease.token == token).map(|lease| lease.id);
+                        for (row_id, expected) in self.rows.iter_mut() {
+                            let carries = expected.lease.is_some_and(|(t, _)| t == token);
+                            if carries && (*row_id == id || Some(*row_id) != main) {
+                                expected.lease = None;
+                            }
+                        }
                     }
                     self.rows.get_mut(&id).unwrap().data = data;
                 }

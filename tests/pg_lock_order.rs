@@ -268,3 +268,59 @@ async fn a_call_chosen_as_a_deadlock_victim_is_run_again_and_succeeds() {
     assert_eq!(held, vec![family.parent]);
     assert_eq!(victim.conflict_retries(), 1, "the deadlock was retried once");
 }
+
+/// The statement of an apply's fetch hints marks several rows, so it locks them in id order like every other such
+/// statement (DESIGN §2, one lock order): while it waits for a lower row another session holds, a higher row it
+/// names is not locked yet, even when the hints name the higher row first and the lower row's live version lies
+/// after the higher one's in the table (it was written since).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hints_of_an_apply_lock_their_rows_in_id_order() {
+    use lockstep::store::NewHint;
+    let h = PgHarness::new().await;
+    let schema = h.store().schema().to_string();
+    // The session name is scoped to this test's schema, so no other run's sessions are looked at.
+    let application_name = format!("{schema}_hints");
+    let store = support::pg::store_with(|o| {
+        o.schema = schema.clone();
+        o.application_name = application_name.clone();
+    })
+    .await;
+    let job = || NewRow::new("job", "waiting", serde_json::json!({}));
+    let rows = vec![job(), job(), NewRow::new("task", "ready", serde_json::json!({}))];
+    let ids = store.insert_many(rows, Vec::new()).await.expect("insert");
+    let (low, high) = (ids[0], ids[1]);
+    for round in 0..3 {
+        let update = RowUpdate { status: None, data: Some(serde_json::json!({ "round": round })) };
+        store.update_unleased(low, update).await.expect("update the lower row");
+    }
+    let main = lease_one(&store, "task").await;
+
+    // 1. Another session locks the lower row.
+    let mut other = PgConnection::connect(&database_url()).await.expect("connect");
+    sqlx::query("BEGIN").execute(&mut other).await.expect("begin");
+    let lock = |id: RowId, nowait: &str| {
+        format!("SELECT 1 FROM \"{schema}\".resources WHERE id = {} FOR UPDATE {nowait}", id.0)
+    };
+    sqlx::query(sqlx::AssertSqlSafe(lock(low, ""))).execute(&mut other).await.expect("lock the lower row");
+    // 2. An apply whose hints name the higher row first: it commits, then its hints wait for the lower row.
+    let hints = vec![NewHint::row("job", high), NewHint::row("job", low)];
+    let params = ApplyParams { hints, ..ApplyParams::new(main, RowUpdate::status("done")) };
+    let apply = tokio::spawn({
+        let store = store.clone();
+        async move { store.apply(params).await }
+    });
+    let mut watcher = PgConnection::connect(&database_url()).await.expect("connect");
+    until_waiting_on_a_lock(&mut watcher, &application_name).await;
+    // 3. Meanwhile the higher row is free: it is locked only after the lower one.
+    sqlx::query("BEGIN").execute(&mut watcher).await.expect("begin");
+    let free = sqlx::query(sqlx::AssertSqlSafe(lock(high, "NOWAIT"))).execute(&mut watcher).await;
+    assert!(free.is_ok(), "the hints locked row {high} before row {low}: {free:?}");
+    sqlx::query("ROLLBACK").execute(&mut watcher).await.expect("rollback");
+    // 4. The other session lets go; the hints go through.
+    sqlx::query("ROLLBACK").execute(&mut other).await.expect("rollback");
+    let outcome = apply.await.expect("no panic").expect("the apply");
+    assert!(matches!(outcome, ApplyOutcome::Applied { .. }), "{outcome:?}");
+    for id in [low, high] {
+        assert!(store.get(id).await.expect("get").expect("the row").hinted, "row {id} hinted");
+    }
+}

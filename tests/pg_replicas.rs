@@ -67,7 +67,7 @@ async fn read_retrying<T, F: Future<Output = Result<T, StoreError>>>(read: impl 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_replicas_process_every_row_exactly_once_when_one_is_dropped_midway() {
-    let harness = PgHarness::with(|o| o.max_connections = 12).await;
+    let harness = PgHarness::with(|o| o.max_connections = 13).await;
     let schema = harness.store().schema().to_string();
     let rows = (0..ROWS).map(|i| NewRow::new("job", "ready", json!({ "n": i }))).collect();
     let ids = harness.store().insert_many(rows, Vec::new()).await.unwrap();
@@ -79,7 +79,7 @@ async fn four_replicas_process_every_row_exactly_once_when_one_is_dropped_midway
         let store = store_with(|o| {
             o.application_name = format!("{schema}_r{replica}");
             o.schema = schema;
-            o.max_connections = 12;
+            o.max_connections = 13;
         })
         .await;
         let mut manager = PipelineManager::new(Arc::new(store), ManagerOptions { seed: replica as u64 });

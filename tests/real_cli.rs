@@ -156,6 +156,44 @@ async fn submit_warns_about_each_unknown_spec_key_with_the_closest_known_one() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A submit is keyed (issue 42: a retried submit runs once): run again with the key of an earlier submit, it
+/// creates nothing and prints that submit's operation, exit 0; without `--key` it makes a key and prints it on
+/// stderr, and that key does the same; a bad key is a usage error naming `--key`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submit_run_again_with_its_key_prints_the_first_operation_and_creates_nothing() {
+    use lockstep::store::Store as _;
+    let harness = support::pg::PgHarness::new().await;
+    let store = lockstep::store::conformance::Harness::store(&harness).clone();
+    let schema = store.schema().to_string();
+    let dir = std::env::temp_dir().join(format!("lockstep-real-cli-{schema}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = dir.join("one.json");
+    std::fs::write(&spec, r#"{"tasks": {"t": {"job_count": 1, "command": "true"}}}"#).unwrap();
+    let spec = spec.to_str().unwrap();
+    let submit = |extra: &[&str]| {
+        let output = lockstep(&[&["submit", spec][..], extra].concat(), &schema);
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        let id: i64 = String::from_utf8_lossy(&output.stdout).trim().parse().expect("submit prints the id");
+        (id, stderr)
+    };
+    let (first, stderr) = submit(&["--key", "nightly-42"]);
+    assert!(!stderr.contains("submit key:"), "a key given is not printed: {stderr}");
+    let (again, stderr) = submit(&["--key", "nightly-42"]);
+    assert_eq!(again, first, "the second submit with key nightly-42");
+    assert!(stderr.contains(&format!("key nightly-42 names operation {first}, submitted before")), "{stderr}");
+    let (made, stderr) = submit(&[]);
+    assert_ne!(made, first);
+    let line = stderr.lines().find(|line| line.starts_with("submit key: ")).unwrap_or_else(|| panic!("{stderr}"));
+    let key = line["submit key: ".len()..].split_whitespace().next().expect("the key");
+    assert_eq!(key.len(), 32, "a made key is 128 bits in hex: {line}");
+    assert_eq!(submit(&["--key", key]).0, made, "the made key names the operation it made");
+    let operations = store.list("operation", None).await.expect("list");
+    assert_eq!(operations.len(), 2, "one operation per key: {operations:?}");
+    usage_error(&lockstep(&["submit", spec, "--key", ""], &schema), &["--key", "must not be empty"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Runs the binary with `args` on `schema`, `input` written to its standard input.
 fn lockstep_with_input(args: &[&str], schema: &str, input: &[u8]) -> Output {
     use std::io::Write as _;
@@ -421,10 +459,11 @@ fn help_says_the_url_flag_is_visible_in_the_process_list_and_names_the_other_way
 fn serve_help_states_the_max_connections_rule_that_serve_checks() {
     let output = lockstep_bare(&["serve", "--help"]);
     let help = String::from_utf8_lossy(&output.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
-    let stated = "Default, and the least accepted: workers + 3 (the workers, two fetch loops, the heartbeater)";
+    let stated = "Default, and the least accepted: workers + 5 (the workers, two fetch loops, the heartbeater, two \
+                  apply batches in flight)";
     assert!(help.contains(stated), "{help}");
     let workers = 5;
-    let needed = workers + 3;
+    let needed = workers + 5;
     let args = ["serve", "--database-url", "postgres://nobody@127.0.0.1:1/x", "--workers", &workers.to_string()];
     let fewer = (needed - 1).to_string();
     usage_error(

@@ -35,6 +35,14 @@ pub const CLIENT_ATTEMPTS_MAX: u32 = 20;
 /// Pause between two attempts of a client call.
 const CLIENT_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
+/// How the gang client retries a submission whose outcome is unknown ([`api::submit_keyed`]): as [`retried`] does
+/// its other calls.
+const SUBMIT_RETRY: api::SubmitRetry = api::SubmitRetry {
+    attempts_max: CLIENT_ATTEMPTS_MAX,
+    backoff_min: CLIENT_RETRY_PAUSE,
+    backoff_max: CLIENT_RETRY_PAUSE,
+};
+
 /// Trace kinds built from what was recorded (PostgreSQL's history and events, the agents' records), as opposed
 /// to what the harness did (faults, heals, submissions): `faults.txt` leaves them out.
 pub const RECORDED_KINDS: [&str; 18] = [
@@ -107,7 +115,21 @@ impl GangClient {
             if let Some(submission) = self.gang.operations.get(step) {
                 let outcome = match OperationSpec::parse(&submission.spec, submission.format) {
                     Err(error) => Err(error.to_string()),
-                    Ok(spec) => retried(|| api::submit(store, spec.clone())).await?,
+                    // Keyed as the real `submit` and the simulator's client submit: a retry after an unknown
+                    // outcome creates nothing twice.
+                    Ok(spec) => {
+                        match api::submit_keyed(store, spec, &format!("operation-{}", submission.name), SUBMIT_RETRY)
+                            .await
+                        {
+                            Ok(submitted) => Ok(submitted.operation),
+                            Err(GangError::Store(error)) => {
+                                let message =
+                                    format!("the gang client's submit failed {CLIENT_ATTEMPTS_MAX} times: {error}");
+                                return Err(ChaosError { code: 1, message });
+                            }
+                            Err(error) => Err(error.to_string()),
+                        }
+                    }
                 };
                 match outcome {
                     Ok(id) => {

@@ -83,7 +83,8 @@ impl ReplicaConfig {
         }
     }
 
-    /// Store connections the replica uses at most: the pipeline's workers, fetch loops and heartbeater.
+    /// Store connections the replica uses at most: the pipeline's workers, fetch loops, heartbeater and apply batches
+    /// in flight ([`PipelineConfig::connections_needed`]).
     pub fn connections_needed(&self) -> usize {
         self.pipeline_config().connections_needed()
     }

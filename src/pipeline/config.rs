@@ -301,7 +301,8 @@ pub enum ConfigError {
     Duplicate(String),
     /// The store's connection pool cannot serve every worker, fetcher and heartbeater (DESIGN §3).
     #[error(
-        "store allows {available} connections but the pipelines need {needed} (workers + fetchers + heartbeater each)"
+        "store allows {available} connections but the pipelines need {needed} (workers + fetchers + heartbeater + \
+         apply batches in flight each)"
     )]
     Connections { needed: usize, available: usize },
 }
@@ -359,12 +360,21 @@ impl PipelineConfig {
         (self.workers as f64 * self.queue_lower_factor).ceil() as usize
     }
 
-    /// Store connections this pipeline can use at once: one per worker and fetcher, and the heartbeater's. Apply
-    /// batches are not counted apart: a worker hands its apply over and makes no store call for it, so a batch in
-    /// flight uses a connection its workers' applies would otherwise use (with more batches in flight than
-    /// workers in store calls, a batch waits for a free connection, as any call does).
+    /// Store connections this pipeline can use at once: one per worker and fetch loop, the heartbeater's, and,
+    /// with apply batching on ([`PipelineConfig::apply_batching`]), one per apply batch in flight
+    /// (`apply_batches_in_flight`). A worker hands its apply over and takes its next item, whose load needs a
+    /// connection while the batch holds another; sized without the batches, a slow database's batches held
+    /// connections the workers then timed out waiting for, and each item dropped so waited a lease ttl (issue 42).
+    /// A refetch batch needs none of its own: the workers waiting for it make no store call meanwhile.
     pub fn connections_needed(&self) -> usize {
-        self.workers + self.fetchers + 1
+        let batches = if self.apply_batching() { self.apply_batches_in_flight } else { 0 };
+        self.workers + self.fetchers + 1 + batches
+    }
+
+    /// Whether workers hand their applies to batches ([`super::batcher`]): `apply_batch_window` is not zero and
+    /// `apply_batch_max` is more than 1. Otherwise each worker makes its apply's store call itself.
+    pub fn apply_batching(&self) -> bool {
+        !self.apply_batch_window.is_zero() && self.apply_batch_max > 1
     }
 
     /// Checks every rule; the first broken one is returned.
@@ -506,6 +516,29 @@ mod tests {
         let odd = PipelineConfig { workers: 3, ..config };
         assert_eq!(odd.queue_len_max(), 6);
         assert_eq!(odd.queue_len_low(), 2);
+    }
+
+    #[test]
+    fn connections_needed_counts_workers_fetch_loops_the_heartbeater_and_apply_batches_in_flight() {
+        let config = PipelineConfig {
+            workers: 7,
+            fetchers: 2,
+            apply_batches_in_flight: 3,
+            ..PipelineConfig::new("p", "k", &["ready"])
+        };
+        assert!(config.apply_batching(), "batching is on by default");
+        assert_eq!(config.connections_needed(), 7 + 2 + 1 + 3);
+        let unbatched = PipelineConfig { apply_batch_window: Duration::ZERO, ..config.clone() };
+        assert!(!unbatched.apply_batching());
+        assert_eq!(unbatched.connections_needed(), 7 + 2 + 1, "each worker makes its own apply");
+        let single = PipelineConfig { apply_batch_max: 1, ..config };
+        assert_eq!(single.connections_needed(), 7 + 2 + 1, "batches of one are no batching");
+        let default = PipelineConfig::new("p", "k", &["ready"]);
+        assert_eq!(
+            default.connections_needed(),
+            WORKERS_DEFAULT + FETCHERS_DEFAULT + 1 + APPLY_BATCHES_IN_FLIGHT_DEFAULT,
+            "the default pipeline"
+        );
     }
 
     #[test]

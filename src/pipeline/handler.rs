@@ -113,6 +113,12 @@ impl Changes {
 /// handler updates any other row ([`WorkError::Failed`], "related row … is not locked by this lease"), where the
 /// store would find the row not carrying the lease's token and refuse the apply as stale, again at every retry
 /// (a new user's trial: an item that never finished and never said why).
+///
+/// Every row locked through it guards the item's apply, updated or not ([`ApplyParams::locked`]): if one of its
+/// locks expired while the item stalled and the row's own pipeline took it, the apply is stale and writes nothing,
+/// so a handler never applies what it decided from rows someone else has changed since.
+///
+/// [`ApplyParams::locked`]: crate::store::ApplyParams::locked
 pub struct LoadCx<'a, S: Store> {
     store: &'a S,
     lease: Lease,
@@ -180,6 +186,13 @@ impl<'a, S: Store> LoadCx<'a, S> {
             )));
         }
         Ok(())
+    }
+
+    /// Every row this context's calls locked, by id: the apply's guard covers them all ([`ApplyParams::locked`]).
+    ///
+    /// [`ApplyParams::locked`]: crate::store::ApplyParams::locked
+    pub(crate) fn locked_rows(&self) -> Vec<RowId> {
+        self.locked.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).iter().copied().collect()
     }
 
     fn record_locked(&self, related: &[RowId]) {

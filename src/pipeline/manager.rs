@@ -59,7 +59,8 @@ impl<S: Store> PipelineManager<S> {
     }
 
     /// Adds a pipeline. Errors: a broken config rule, a duplicate name, or more connections needed in total
-    /// than [`Store::connection_limit`] allows (DESIGN §3: the pool is sized for workers + fetchers + heartbeater).
+    /// than [`Store::connection_limit`] allows (DESIGN §3: the pool is sized for workers + fetchers + heartbeater
+    /// + apply batches in flight, [`PipelineConfig::connections_needed`]).
     pub fn register<H: Handler<S>>(&mut self, config: PipelineConfig, handler: H) -> Result<(), ConfigError> {
         if self.pipelines.iter().any(|p| p.pipeline.config.name == config.name) {
             return Err(ConfigError::Duplicate(config.name));

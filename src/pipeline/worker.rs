@@ -173,11 +173,13 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
         Ok(changes) => changes,
         Err(error) => return Step::Done(stopped(core, handler, lease, attempts, error).await),
     };
-    // 4. Guarded apply, batched with other workers' applies (each still guarded by its own token).
+    // 4. Guarded apply, batched with other workers' applies (each still guarded by its own token, and by every
+    //    related lock the item took: what it read under them is what it applies to).
     let params = ApplyParams {
         lease,
         update: changes.update,
         related: changes.related,
+        locked: cx.locked_rows(),
         inserts: changes.inserts,
         events: changes.events,
         hints: changes.hints,

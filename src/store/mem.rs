@@ -142,6 +142,12 @@ struct State {
     by_status: StatusIndex<FetchKey>,
     /// Rows carrying each token: a main row and the related rows locked with its token.
     by_token: BTreeMap<LockToken, BTreeSet<RowId>>,
+    /// Rows whose token a related lock wrote ([`Store::lock_related`]), not a fetch: PostgreSQL's `related_token`
+    /// column. Every other write of a row's token (a fetch, a mark, an unlock) takes the row out. A write API that
+    /// takes over an expired lock clears only these rows of its token, never the lease's own row.
+    related_locked: BTreeSet<RowId>,
+    /// The row each key of [`Store::insert_keyed`] names (PostgreSQL's `insert_keys`); kept for good, as rows are.
+    insert_keys: BTreeMap<String, RowId>,
     /// Children of each parent, then kind, by id: a parent's `list` and `query` read only its children, as
     /// PostgreSQL's `resources_parent_idx` lets them (issue 17). Nested like [`StatusIndex`], so that a lookup
     /// borrows the kind.
@@ -593,6 +599,7 @@ impl State {
     }
 
     fn set_lease(&mut self, id: RowId, token: Option<LockToken>, owner: Option<String>, expires: Option<Timestamp>) {
+        self.related_locked.remove(&id);
         let row = self.rows.get_mut(&id).expect("set_lease on a missing row");
         if let Some(old) = row.lock_token.take() {
             let rows = self.by_token.get_mut(&old).expect("token index lost a token");
@@ -636,6 +643,13 @@ impl State {
             row.lock_expires_at = Some(expires);
         }
         self.by_token.entry(token).or_default().extend(ids.iter().copied());
+        self.related_locked.extend(ids.iter().copied());
+    }
+
+    /// Rows locked as related rows ([`State::related_locked`]) with `token`, but `except`.
+    fn related_locked_with(&self, token: LockToken, except: RowId) -> Vec<RowId> {
+        let rows = self.by_token.get(&token).into_iter().flatten().copied();
+        rows.filter(|id| *id != except && self.related_locked.contains(id)).collect()
     }
 
     /// Unlocks every row locked with the lease's token (its own row, if held, and its related rows); returns the
@@ -645,6 +659,7 @@ impl State {
     fn unlock_lease(&mut self, lease: Lease) -> Vec<RowId> {
         let rows = self.by_token.remove(&lease.token).unwrap_or_default();
         for id in &rows {
+            self.related_locked.remove(id);
             let row = self.rows.get_mut(id).expect("token index names a missing row");
             debug_assert_eq!(row.lock_token, Some(lease.token), "token index out of date for row {id}");
             row.lock_token = None;
@@ -735,7 +750,8 @@ impl State {
         guard_disabled: bool,
     ) -> ApplyOutcome {
         let lease = p.lease;
-        let related_held = p.related.iter().all(|r| self.holds(Lease { id: r.id, token: lease.token }));
+        // Every related row the item locked, updated or not, still carries the token (`ApplyParams::locked`).
+        let related_held = p.guarded_related().into_iter().all(|id| self.holds(Lease { id, token: lease.token }));
         if (!self.holds(lease) || !related_held) && !guard_disabled {
             let related = p.related.iter().map(|r| r.id).collect();
             self.record(caller, now, CommitOp::Apply { lease, applied: false, related, inserted: Vec::new() });
@@ -1112,6 +1128,20 @@ impl Store for MemStore {
         Ok(ids)
     }
 
+    async fn insert_keyed(&self, p: InsertKeyedParams) -> Result<KeyedInsert, StoreError> {
+        check_insert_keyed(&p)?;
+        let now = self.now();
+        let mut state = self.lock();
+        Ok(match state.insert_keys.get(&p.key) {
+            Some(id) => KeyedInsert { id: *id, inserted: false },
+            None => {
+                let id = state.insert_recorded(&self.caller, p.row, now);
+                state.insert_keys.insert(p.key, id);
+                KeyedInsert { id, inserted: true }
+            }
+        })
+    }
+
     async fn get(&self, id: RowId) -> Result<Option<Row>, StoreError> {
         Ok(self.lock().rows.get(&id).cloned())
     }
@@ -1170,8 +1200,14 @@ impl Store for MemStore {
                 if live || reset_mark {
                     WriteOutcome::Busy
                 } else {
-                    // An expired lease is taken over and cleared, so its holder's late apply is stale.
-                    let related = state.related_of(Lease { id, token: row.lock_token.unwrap_or(LockToken(0)) });
+                    // An expired lease is taken over and cleared, so its holder's late apply is stale; so is an
+                    // expired related lock, with the other rows its holder locked as related (its late apply is
+                    // stale too), but not the holder's own row: its lease is the holder's to lose (PostgreSQL
+                    // unlocks the rows carrying the token as `related_token`, `sql::UPDATE_UNLEASED`).
+                    let related = match row.lock_token {
+                        Some(token) => state.related_locked_with(token, id),
+                        None => Vec::new(),
+                    };
                     for related_id in related {
                         state.unlock(related_id);
                     }

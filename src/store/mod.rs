@@ -21,7 +21,8 @@ pub use pg::{PgOptions, PgStore};
 pub use types::*;
 pub use values::{
     FAILURE_ERROR_BYTES_MAX, FAILURE_ERRORS_KEPT, KEY_TEXT_BYTES_MAX, bounded_error, check_apply, check_event,
-    check_failure, check_fetch, check_json, check_key, check_new_row, check_query, check_text, check_update,
+    check_failure, check_fetch, check_insert_keyed, check_json, check_key, check_new_row, check_query, check_text,
+    check_update,
 };
 
 use std::future::Future;
@@ -185,7 +186,9 @@ pub trait Store: Send + Sync + 'static {
     /// [`Store::lock_related_or_reset`], and when the lock is taken, the related rows as it left them, read in the
     /// same call: what a handler that locks rows in order to read them needs, in one round trip (issue 17: a
     /// lock and then a read of what it locked were two). Nobody else writes a row while it carries the holder's
-    /// token, so the rows read are the rows the holder will apply to. Errors as `lock_related_or_reset`'s.
+    /// token, and the apply is stale unless every row locked still carries it ([`ApplyParams::locked`]: a lock
+    /// that expired while its holder stalled may have gone to the row's own pipeline), so the rows read are the
+    /// rows the holder will apply to. Errors as `lock_related_or_reset`'s.
     ///
     /// The default makes the lock (and reset) calls, then reads each row with [`Store::get`]; backends override it
     /// with one transaction (PgStore) or one round trip (the simulator's network store).
@@ -212,8 +215,9 @@ pub trait Store: Send + Sync + 'static {
         }
     }
 
-    /// The guarded apply: if the main row and every row of `params.related` still carry `params.lease.token`,
-    /// writes the update, the related updates, the inserts and the events; clears the lease columns of the main
+    /// The guarded apply: if the main row and every row of `params.related` and `params.locked` still carry
+    /// `params.lease.token`, writes the update, the related updates, the inserts and the events; clears the lease
+    /// columns of the main
     /// row and of every related row locked with the token; sets the main row's `last_processed_at` and every
     /// written row's `updated_at` to one `now`, and the main row's `attempts` to 0 (a success ends a streak of
     /// failures; `errors` stay). It leaves `hinted` as it is: only a fetch consumes a hint, and one
@@ -313,6 +317,22 @@ pub trait Store: Send + Sync + 'static {
             }
             Ok(ids)
         }
+    }
+
+    /// Inserts `params.row` unless a row was inserted under `params.key` before, in one transaction with the key
+    /// (a unique index of keys the store keeps: PostgreSQL's `insert_keys` table, MemStore's map, the simulated
+    /// database's index of keyed inserts). Returns the row the key names and whether this call inserted it. So a
+    /// call whose outcome is unknown (an error, a lost reply) can be made again with the same key and inserts
+    /// nothing twice (issue 42: a retried submit runs once); a second call returns the first row whatever its own
+    /// row holds. Two calls with one key at once insert one row: the later waits for the earlier's transaction and
+    /// returns its row.
+    ///
+    /// Errors: `Invalid` for a key or a row [`Store::insert`] would refuse (empty or oversized key, NUL), before
+    /// any write; the store's. The default refuses every call (`Invalid`): a store that keeps no keys cannot keep
+    /// the promise. MemStore, PgStore and the simulator's network store implement it.
+    fn insert_keyed(&self, params: InsertKeyedParams) -> impl Future<Output = Result<KeyedInsert, StoreError>> + Send {
+        let key = params.key;
+        async move { Err(StoreError::Invalid(format!("insert_keyed {key:?}: this store keeps no insert keys"))) }
     }
 
     /// Reads a row.

@@ -205,6 +205,26 @@ impl NewRow {
     }
 }
 
+/// Parameters of [`Store::insert_keyed`](super::Store::insert_keyed): an insert made at most once per key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InsertKeyedParams {
+    /// The idempotency key: the caller's name for this one insert (a submit's `--key`, or one the client made).
+    /// The store keeps it for good, so the key names one row for the life of the store. Non-empty text of at most
+    /// [`KEY_TEXT_BYTES_MAX`](super::KEY_TEXT_BYTES_MAX) bytes, no NUL.
+    pub key: String,
+    /// The row to insert unless `key` names one already.
+    pub row: NewRow,
+}
+
+/// What [`Store::insert_keyed`](super::Store::insert_keyed) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyedInsert {
+    /// The row the key names: the one this call inserted, or the one an earlier call with the key inserted.
+    pub id: RowId,
+    /// Whether this call inserted it (false: the key named a row already, and nothing was inserted).
+    pub inserted: bool,
+}
+
 /// Changes to one row's own columns; `None` leaves a column as it is.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RowUpdate {
@@ -419,6 +439,13 @@ pub struct ApplyParams {
     pub update: RowUpdate,
     /// Changes to related rows locked with the same token; every related row locked with it is unlocked.
     pub related: Vec<RelatedUpdate>,
+    /// Related rows locked with the same token whose lock the apply relies on though it need not update them (a
+    /// parent that read its children under their locks): each must still carry the token at apply, as the rows of
+    /// `related` must, else the apply is `Stale` and writes nothing. A related lock that expired while its holder
+    /// stalled may have gone to the row's own pipeline, which may have changed the row: what the holder read is
+    /// then not what it would apply to. The engine gives every row the item locked through its
+    /// [`LoadCx`](crate::pipeline::LoadCx); ids may repeat and may also be in `related`.
+    pub locked: Vec<RowId>,
     /// Rows to create in the same transaction.
     pub inserts: Vec<NewRow>,
     /// Events to append in the same transaction.
@@ -432,9 +459,25 @@ pub struct ApplyParams {
 }
 
 impl ApplyParams {
+    /// Every related row the apply's guard covers: the rows of `related` and of `locked`, by id, each once.
+    pub fn guarded_related(&self) -> Vec<RowId> {
+        let mut ids: Vec<RowId> = self.related.iter().map(|r| r.id).chain(self.locked.iter().copied()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     /// An apply of `update` to the leased row with no related rows, inserts, events or hints.
     pub fn new(lease: Lease, update: RowUpdate) -> ApplyParams {
-        ApplyParams { lease, update, related: Vec::new(), inserts: Vec::new(), events: Vec::new(), hints: Vec::new() }
+        ApplyParams {
+            lease,
+            update,
+            related: Vec::new(),
+            locked: Vec::new(),
+            inserts: Vec::new(),
+            events: Vec::new(),
+            hints: Vec::new(),
+        }
     }
 }
 
@@ -444,7 +487,7 @@ pub enum ApplyOutcome {
     /// Everything was written; the main row and its related rows are unlocked. Holds the ids given to
     /// `inserts`, in order, and the transaction's one `now`.
     Applied { inserted: Vec<RowId>, now: Timestamp },
-    /// The main row (or a related row) no longer carries the token: nothing was written.
+    /// The main row (or a related row of `related` or `locked`) no longer carries the token: nothing was written.
     Stale,
 }
 

@@ -8,7 +8,10 @@
 //! `serde_json::Value` cannot hold NaN or an infinity, and `jsonb`'s `numeric` holds every number it can, so
 //! numbers need no check here.
 
-use super::{ApplyParams, FailureParams, FetchParams, NewEvent, NewRow, Retry, RowQuery, RowUpdate, StoreError};
+use super::{
+    ApplyParams, FailureParams, FetchParams, InsertKeyedParams, NewEvent, NewRow, Retry, RowQuery, RowUpdate,
+    StoreError,
+};
 use serde_json::Value;
 
 /// Most bytes of a `kind` or `status`: both are keys of the fetch index (`resources_fetch_idx`), whose entries
@@ -90,6 +93,16 @@ pub fn check_new_row(what: &str, row: &NewRow) -> Result<(), StoreError> {
     check_key(what, "kind", &row.kind)?;
     check_key(what, "status", &row.status)?;
     check_json(what, "data", &row.data)
+}
+
+/// Checks a keyed insert ([`Store::insert_keyed`](super::Store::insert_keyed)): its key is non-empty text an index
+/// key can hold, and its row one [`check_new_row`] passes.
+pub fn check_insert_keyed(p: &InsertKeyedParams) -> Result<(), StoreError> {
+    check_key("insert_keyed", "key", &p.key)?;
+    if p.key.is_empty() {
+        return Err(invalid("insert_keyed", "key", "must not be empty"));
+    }
+    check_new_row("insert_keyed", &p.row)
 }
 
 /// Checks an update of a row's own columns.

@@ -71,6 +71,7 @@ pub async fn apply_stamps_every_row_it_writes_with_one_now<H: Harness>(h: H) {
             NewEvent { row_id: parent.id, kind: "started".into(), data: json!({}) },
             NewEvent { row_id: children[0].id, kind: "started".into(), data: json!({}) },
         ],
+        locked: Vec::new(),
         hints: Vec::new(),
     };
     let before = now(&h).await;
@@ -223,6 +224,7 @@ pub async fn stale_apply_writes_no_related_update_insert_or_event<H: Harness>(h:
             .collect(),
         inserts: vec![NewRow::new("allocation", "new", json!({})).with_parent(parent.id)],
         events: vec![NewEvent { row_id: children[0].id, kind: "started".into(), data: json!({}) }],
+        locked: Vec::new(),
         hints: Vec::new(),
     };
     assert_eq!(apply(&h, params).await, ApplyOutcome::Stale, "apply of superseded {}#{}", old.id, old.token);
@@ -254,6 +256,59 @@ pub async fn apply_is_stale_when_a_related_row_lost_the_token<H: Harness>(h: H) 
     assert_eq!(get(&h, parent.id).await, parent_before, "a stale apply wrote main row {}", parent.id);
     assert_eq!(get(&h, children[0].id).await, child_before, "a stale apply wrote row {}", children[0].id);
     assert_eq!(h.store().events(parent.id).await.expect("events"), vec![], "a stale apply wrote events");
+}
+
+/// A related row the parent locked and read but does not update guards the apply too (`ApplyParams::locked`): once
+/// its lock expired while the parent stalled and its own pipeline took the row and changed it, the parent's apply
+/// is stale and writes nothing, though the main row still carries the token. The parent read a row that is no
+/// longer the row it would apply to (`Store::lock_related_and_read`).
+pub async fn apply_is_stale_when_a_locked_row_it_does_not_update_lost_the_token<H: Harness>(h: H) {
+    let (parent, mut children) = family(&h, 1).await;
+    // A second child of another kind, so that the child pipeline's fetch takes the first alone.
+    children.push(insert_new(&h, NewRow::new("allocation", READY, json!({})).with_parent(parent.id)).await);
+    let lease = lease_with_children(&h, &parent, &children).await;
+    h.advance(past(LEASE_TTL));
+    let child_lease = lease_single(&h, CHILD_PIPELINE, &children[0]).await;
+    applied_now(&apply(&h, ApplyParams::new(child_lease, RowUpdate::status("done"))).await, child_lease);
+    let parent_before = get(&h, parent.id).await;
+    let (lost_before, kept_before) = (get(&h, children[0].id).await, get(&h, children[1].id).await);
+    assert_eq!(parent_before.lock_token, Some(lease.token), "main row {} still carries the token", parent.id);
+    let mut params = ApplyParams::new(lease, RowUpdate::status("all-children-ready"));
+    params.locked = ids(&children);
+    params.events = vec![NewEvent { row_id: parent.id, kind: "decided".into(), data: json!({}) }];
+    let outcome = apply(&h, params).await;
+    assert_eq!(
+        outcome,
+        ApplyOutcome::Stale,
+        "apply of {}#{} after losing child {}",
+        parent.id,
+        lease.token,
+        lost_before.id
+    );
+    assert_eq!(get(&h, parent.id).await, parent_before, "a stale apply wrote main row {}", parent.id);
+    assert_eq!(get(&h, lost_before.id).await, lost_before, "a stale apply wrote row {}", lost_before.id);
+    assert_eq!(get(&h, kept_before.id).await, kept_before, "a stale apply unlocked row {}", kept_before.id);
+    assert_eq!(h.store().events(parent.id).await.expect("events"), vec![], "a stale apply wrote events");
+}
+
+/// Related rows the apply names as locked but does not update, still locked with the token, let it apply: they
+/// are unlocked and left as they were (status, data, `updated_at`).
+pub async fn apply_with_held_locked_rows_applies_and_unlocks_them_unwritten<H: Harness>(h: H) {
+    let (parent, children) = family(&h, 2).await;
+    let lease = lease_with_children(&h, &parent, &children).await;
+    h.advance(Duration::from_secs(1));
+    let mut params = ApplyParams::new(lease, RowUpdate::status("running"));
+    params.related = vec![RelatedUpdate { id: children[0].id, update: RowUpdate::status("started") }];
+    params.locked = ids(&children);
+    let at = applied_now(&apply(&h, params).await, lease);
+    assert_eq!(get(&h, parent.id).await.status, "running", "status of main row {}", parent.id);
+    let written = get(&h, children[0].id).await;
+    assert_eq!((written.status.as_str(), written.updated_at), ("started", at), "related row {}", written.id);
+    assert_unlocked(&written);
+    let unwritten = get(&h, children[1].id).await;
+    assert_unlocked(&unwritten);
+    assert_eq!(unwritten.status, READY, "status of locked row {}", unwritten.id);
+    assert_eq!(unwritten.updated_at, children[1].updated_at, "updated_at of locked row {}", unwritten.id);
 }
 
 /// A related update for a row that was never locked with the token makes the apply stale: related rows are

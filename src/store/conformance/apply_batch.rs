@@ -96,6 +96,27 @@ pub async fn apply_batch_item_with_a_lost_related_row_is_stale_alone<H: Harness>
     assert_eq!(get(&h, task.id).await.status, "done", "status of row {}", task.id);
 }
 
+/// An item whose related lock it relies on without updating the row (`ApplyParams::locked`) was lost is stale
+/// alone, even in a batch of main-row updates only; the other items apply.
+pub async fn apply_batch_item_with_a_lost_locked_row_is_stale_alone<H: Harness>(h: H) {
+    let (parent, children) = family(&h, 1).await;
+    let lease = lease_with_children(&h, &parent, &children).await;
+    h.advance(past(LEASE_TTL));
+    let child_lease = lease_single(&h, CHILD_PIPELINE, &children[0]).await;
+    applied_now(&apply(&h, ApplyParams::new(child_lease, RowUpdate::status("done"))).await, child_lease);
+    let parent_before = get(&h, parent.id).await;
+    let task = insert(&h, "task").await;
+    let task_lease = lease_single(&h, "tasks", &task).await;
+    let mut stale = ApplyParams::new(lease, RowUpdate::status("all-children-ready"));
+    stale.locked = ids(&children);
+    let outcomes = apply_batch(&h, vec![stale, ApplyParams::new(task_lease, RowUpdate::status("done"))]).await;
+    assert_eq!(outcomes[0], ApplyOutcome::Stale, "parent {} lost child {}: {outcomes:?}", parent.id, children[0].id);
+    applied_now(&outcomes[1], task_lease);
+    assert_eq!(get(&h, parent.id).await, parent_before, "a stale item wrote main row {}", parent.id);
+    assert_eq!(get(&h, children[0].id).await.status, "done", "status of row {}", children[0].id);
+    assert_eq!(get(&h, task.id).await.status, "done", "status of row {}", task.id);
+}
+
 /// Each held item writes its own related updates, inserts and events at the batch's `now`, unlocks its related
 /// rows, and gets back the ids of its own inserts: item by item, in order.
 pub async fn apply_batch_writes_each_items_related_updates_inserts_and_events<H: Harness>(h: H) {

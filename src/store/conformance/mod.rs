@@ -136,6 +136,8 @@ macro_rules! __conformance_cases {
                 apply_with_superseded_token_is_stale,
                 stale_apply_writes_no_related_update_insert_or_event,
                 apply_is_stale_when_a_related_row_lost_the_token,
+                apply_is_stale_when_a_locked_row_it_does_not_update_lost_the_token,
+                apply_with_held_locked_rows_applies_and_unlocks_them_unwritten,
                 apply_is_stale_when_a_related_row_was_never_locked,
                 apply_after_expiry_succeeds_while_no_one_took_the_row,
             }
@@ -143,6 +145,7 @@ macro_rules! __conformance_cases {
                 apply_batch_applies_every_held_item_at_one_now,
                 apply_batch_reports_a_stale_item_alone_and_applies_the_others,
                 apply_batch_item_with_a_lost_related_row_is_stale_alone,
+                apply_batch_item_with_a_lost_locked_row_is_stale_alone,
                 apply_batch_writes_each_items_related_updates_inserts_and_events,
                 apply_batch_with_a_lease_twice_applies_only_the_first_copy,
                 apply_batch_of_stale_items_writes_nothing,
@@ -188,6 +191,9 @@ macro_rules! __conformance_cases {
                 insert_stores_an_unleased_unprocessed_row,
                 insert_assigns_increasing_ids,
                 insert_id_stores_the_row_insert_would,
+                insert_keyed_inserts_once_per_key_and_then_returns_the_first_row,
+                concurrent_keyed_inserts_with_one_key_insert_one_row,
+                insert_keyed_refuses_a_bad_key_or_row,
                 insert_many_stores_every_row_in_order_and_publishes_its_hints,
                 insert_many_with_a_bad_row_stores_none,
                 get_of_a_missing_row_is_none,
@@ -205,6 +211,7 @@ macro_rules! __conformance_cases {
                 update_unleased_is_busy_on_a_fresh_intent_mark,
                 update_unleased_of_a_missing_row_is_missing,
                 update_unleased_takes_over_an_expired_lease_so_its_apply_is_stale,
+                update_unleased_of_a_related_row_leaves_the_main_rows_lease,
             }
             hint {
                 hint_with_a_row_marks_only_that_row_hinted,

@@ -2,7 +2,10 @@
 //! [`Store::list`], [`Store::now`]; DESIGN §2, Schema).
 
 use super::*;
-use crate::store::{FailureParams, NewHint, RelatedUpdate, Retry, RowQuery, RowUpdate, StoreError, WriteOutcome};
+use crate::store::{
+    FailureParams, InsertKeyedParams, KeyedInsert, NewHint, RelatedUpdate, Retry, RowQuery, RowUpdate, StoreError,
+    WriteOutcome,
+};
 use serde_json::json;
 
 /// An inserted row is stored as given, unleased, unprocessed and not hinted, created and updated at the
@@ -39,6 +42,65 @@ pub async fn insert_id_stores_the_row_insert_would<H: Harness>(h: H) {
     assert_eq!((stored.last_processed_at, stored.hinted), (None, false), "row {id} processed or hinted");
     let bad = h.store().insert_id(NewRow::new("inbox", "new", json!({"m": "a\0b"}))).await;
     assert!(matches!(&bad, Err(StoreError::Invalid(m)) if m.contains("data")), "{bad:?}");
+}
+
+async fn insert_keyed<H: Harness>(h: &H, key: &str, row: NewRow) -> KeyedInsert {
+    let params = InsertKeyedParams { key: key.to_string(), row };
+    h.store().insert_keyed(params).await.unwrap_or_else(|e| panic!("insert_keyed {key:?}: {e}"))
+}
+
+/// A keyed insert stores its row as `insert` would the first time; a second one with the same key, whatever row
+/// it carries, inserts nothing and returns the first row's id (a retried submit runs once, issue 42); another key
+/// inserts another row.
+pub async fn insert_keyed_inserts_once_per_key_and_then_returns_the_first_row<H: Harness>(h: H) {
+    let first = NewRow::new("operation", "starting", json!({"spec": 1}));
+    let done = insert_keyed(&h, "submit-a", first.clone()).await;
+    assert!(done.inserted, "the first insert with key submit-a inserted nothing: {done:?}");
+    let stored = get(&h, done.id).await;
+    assert_eq!(
+        (&stored.kind, &stored.status, &stored.data),
+        (&first.kind, &first.status, &first.data),
+        "row {}",
+        done.id
+    );
+    assert_unlocked(&stored);
+    let again = insert_keyed(&h, "submit-a", NewRow::new("operation", "starting", json!({"spec": 2}))).await;
+    assert_eq!(again, KeyedInsert { id: done.id, inserted: false }, "the second insert with key submit-a");
+    assert_eq!(get(&h, done.id).await, stored, "a second insert with key submit-a wrote row {}", done.id);
+    let other = insert_keyed(&h, "submit-b", first.clone()).await;
+    assert!(other.inserted && other.id != done.id, "key submit-b: {other:?}");
+    let rows = h.store().list("operation", None).await.expect("list");
+    assert_eq!(ids(&rows), sorted(vec![done.id, other.id]), "one row per key");
+}
+
+/// Two keyed inserts with one key at once insert one row, and both return it.
+pub async fn concurrent_keyed_inserts_with_one_key_insert_one_row<H: Harness>(h: H) {
+    let row = || NewRow::new("operation", "starting", json!({}));
+    let (a, b) = tokio::join!(insert_keyed(&h, "racing", row()), insert_keyed(&h, "racing", row()));
+    assert_eq!(a.id, b.id, "two rows for one key: {a:?} {b:?}");
+    assert!(a.inserted != b.inserted, "exactly one of the two inserted: {a:?} {b:?}");
+    let rows = h.store().list("operation", None).await.expect("list");
+    assert_eq!(ids(&rows), vec![a.id], "rows of kind operation");
+}
+
+/// A keyed insert with an empty key, a NUL in its key or a key past [`KEY_TEXT_BYTES_MAX`](crate::store::KEY_TEXT_BYTES_MAX),
+/// or a row `insert` would refuse, is refused naming the field, and nothing is inserted.
+pub async fn insert_keyed_refuses_a_bad_key_or_row<H: Harness>(h: H) {
+    let row = || NewRow::new("operation", "starting", json!({}));
+    let long = "k".repeat(crate::store::KEY_TEXT_BYTES_MAX + 1);
+    let cases = [("", row(), "key"), ("a\0b", row(), "key"), (long.as_str(), row(), "key")];
+    let bad_row = NewRow::new("operation", "starting", json!({"m": "a\0b"}));
+    for (key, row, field) in cases.into_iter().chain([("fine", bad_row, "data")]) {
+        let result = h.store().insert_keyed(InsertKeyedParams { key: key.to_string(), row }).await;
+        assert!(
+            matches!(&result, Err(StoreError::Invalid(m)) if m.contains(field)),
+            "key of {} bytes: {result:?}",
+            key.len()
+        );
+    }
+    let rows = h.store().list("operation", None).await.expect("list");
+    assert_eq!(ids(&rows), vec![], "a refused keyed insert inserted rows");
+    assert!(insert_keyed(&h, "fine", row()).await.inserted, "a refused insert took the key");
 }
 
 /// Ids grow with every insert.

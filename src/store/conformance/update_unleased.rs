@@ -92,3 +92,37 @@ pub async fn update_unleased_takes_over_an_expired_lease_so_its_apply_is_stale<H
     assert_eq!(late, ApplyOutcome::Stale, "the expired holder {}#{} applied", row.id, lease.token);
     assert_eq!(get(&h, row.id).await.status, "aborting", "a late apply undid the write to row {}", row.id);
 }
+
+/// A write API's update of a related row whose lock expired takes the row over and clears the lock, and those of
+/// the other rows locked as related with the same token, but leaves the main row's lease to its holder, as
+/// PostgreSQL does (it unlocks the rows carrying the token as `related_token`); the holder's apply is then stale
+/// for the lost lock alone (`ApplyParams::locked`).
+pub async fn update_unleased_of_a_related_row_leaves_the_main_rows_lease<H: Harness>(h: H) {
+    let (parent, children) = family(&h, 2).await;
+    let lease = lease_with_children(&h, &parent, &children).await;
+    h.advance(past(LEASE_TTL));
+    let parent_before = get(&h, parent.id).await;
+    let outcome = update_unleased(&h, children[0].id, RowUpdate::status("aborting")).await;
+    assert_eq!(outcome, WriteOutcome::Written, "update of row {} with an expired related lock", children[0].id);
+    let taken = get(&h, children[0].id).await;
+    assert_eq!(taken.status, "aborting", "status of row {}", taken.id);
+    assert_unlocked(&taken);
+    assert_unlocked(&get(&h, children[1].id).await);
+    assert_eq!(
+        get(&h, parent.id).await,
+        parent_before,
+        "the write to related row {} wrote main row {}",
+        taken.id,
+        parent.id
+    );
+    let mut late = ApplyParams::new(lease, RowUpdate::status("running"));
+    late.locked = ids(&children);
+    assert_eq!(
+        apply(&h, late).await,
+        ApplyOutcome::Stale,
+        "apply of {}#{} after losing {}",
+        parent.id,
+        lease.token,
+        taken.id
+    );
+}

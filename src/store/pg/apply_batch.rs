@@ -5,10 +5,11 @@
 //! Two shapes:
 //! 1. Every item only updates its main row (the common case): one statement, [`sql::APPLY_BATCH_MAIN`], guards,
 //!    writes and unlocks every item at once, so the batch costs one round trip and one commit.
-//! 2. Some item has related updates, inserts or events: one transaction locks every main and related row, and
-//!    every row carrying one of the batch's tokens, in id order and reads their tokens ([`sql::APPLY_BATCH_LOCK`]),
-//!    decides which items are held whole, then writes only those: related updates, main rows, inserts and events,
-//!    one statement each. A stale item writes nothing.
+//! 2. Some item has related updates, related locks it relies on (`ApplyParams::locked`), inserts or events: one
+//!    transaction locks every main and related row, and every row carrying one of the batch's tokens, in id order
+//!    and reads their tokens ([`sql::APPLY_BATCH_LOCK`]), decides which items are held whole (every related row,
+//!    updated or only locked, still carrying the item's token), then writes only those: related updates, main
+//!    rows, inserts and events, one statement each. A stale item writes nothing.
 //!
 //! Items are decided as if applied one after another in input order (what MemStore does): a lease given twice
 //! applies once, its later copies are stale; tokens are store-wide unique, so no two distinct leases share one.
@@ -36,7 +37,9 @@ pub(super) async fn apply_batch(
     record: Option<&super::PgStore>,
 ) -> Result<Vec<ApplyOutcome>, sqlx::Error> {
     let first = first_copies(&batch);
-    let simple = batch.iter().all(|p| p.related.is_empty() && p.inserts.is_empty() && p.events.is_empty());
+    let simple = batch
+        .iter()
+        .all(|p| p.related.is_empty() && p.locked.is_empty() && p.inserts.is_empty() && p.events.is_empty());
     if simple && record.is_none() {
         apply_mains(pool, offset, batch, &first).await
     } else {
@@ -82,7 +85,8 @@ async fn apply_in_transaction(
     first: &[bool],
     record: Option<&super::PgStore>,
 ) -> Result<Vec<ApplyOutcome>, sqlx::Error> {
-    let mut ids: Vec<i64> = batch.iter().flat_map(|p| p.related.iter().map(|r| r.id.0).chain([p.lease.id.0])).collect();
+    let mut ids: Vec<i64> =
+        batch.iter().flat_map(|p| p.guarded_related().into_iter().map(|id| id.0).chain([p.lease.id.0])).collect();
     ids.sort_unstable();
     ids.dedup();
     let batch_tokens: Vec<i64> = batch.iter().map(|p| p.lease.token.0).collect();
@@ -97,7 +101,8 @@ async fn apply_in_transaction(
         .zip(first)
         .map(|(p, first)| {
             let token = p.lease.token;
-            *first && carries(p.lease.id, token) && p.related.iter().all(|r| carries(r.id, token))
+            // Every related row the item locked, updated or not (`ApplyParams::locked`), still carries the token.
+            *first && carries(p.lease.id, token) && p.guarded_related().into_iter().all(|id| carries(id, token))
         })
         .collect();
     if !held.contains(&true) {

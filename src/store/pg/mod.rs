@@ -24,9 +24,10 @@ pub use options::PgOptions;
 
 use crate::store::{
     ApplyOutcome, ApplyParams, CommitOp, Event, FAILURE_ERRORS_KEPT, FailureOutcome, FailureParams, FetchParams,
-    HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, Lease, LockOutcome, LockRead, LockRelatedParams, NewHint, NewRow,
-    Retry, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp, WriteOutcome, bounded_error, check_apply,
-    check_failure, check_fetch, check_key, check_new_row, check_query, check_text, check_update, duration_micros,
+    HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, InsertKeyedParams, KeyedInsert, Lease, LockOutcome, LockRead,
+    LockRelatedParams, NewHint, NewRow, Retry, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp,
+    WriteOutcome, bounded_error, check_apply, check_failure, check_fetch, check_insert_keyed, check_key, check_new_row,
+    check_query, check_text, check_update, duration_micros,
 };
 use codec::{PgTime, interval};
 use session::Session;
@@ -86,7 +87,7 @@ impl PgStore {
     async fn apply_unhinted(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
         self.bounded(async {
             check_apply(&p)?;
-            let simple = p.related.is_empty() && p.inserts.is_empty() && p.events.is_empty();
+            let simple = p.related.is_empty() && p.locked.is_empty() && p.inserts.is_empty() && p.events.is_empty();
             let guarded = !self.inner.apply_guard_disabled;
             if !simple || self.inner.history.is_some() {
                 let record = self.inner.history.is_some().then_some(self);
@@ -1025,6 +1026,14 @@ impl Store for PgStore {
             .await?;
         self.publish_hints(hints).await;
         Ok(ids)
+    }
+
+    async fn insert_keyed(&self, p: InsertKeyedParams) -> Result<KeyedInsert, StoreError> {
+        check_insert_keyed(&p)?;
+        self.bounded(self.run_again_on_conflict("insert_keyed", || {
+            write::insert_keyed_in_transaction(&self.inner.pool, self.offset(), p.clone())
+        }))
+        .await
     }
 
     async fn get(&self, id: RowId) -> Result<Option<Row>, StoreError> {

@@ -132,15 +132,19 @@ pub struct PgOptions {
 }
 
 impl PgOptions {
-    /// Default pool size: 23, enough for one pipeline of the default config, its 20 workers
-    /// ([`WORKERS_DEFAULT`](crate::pipeline::config::WORKERS_DEFAULT)), 2 fetchers and its heartbeater (DESIGN §3
-    /// sizes the pool for workers + fetchers + heartbeater, [`PipelineConfig::connections_needed`]; the manager
-    /// refuses configs that need more). It was 11, sized for 8 workers, so a default pipeline could not be
-    /// registered on a default store (a new user's trial). Sessions open only as calls need them.
+    /// Default pool size: 25, enough for one pipeline of the default config, its 20 workers
+    /// ([`WORKERS_DEFAULT`](crate::pipeline::config::WORKERS_DEFAULT)), 2 fetchers, its heartbeater and its 2 apply
+    /// batches in flight (DESIGN §3 sizes the pool for workers + fetchers + heartbeater + apply batches in flight,
+    /// [`PipelineConfig::connections_needed`]; the manager refuses configs that need more). It was 11, sized for 8
+    /// workers, so a default pipeline could not be registered on a default store (a new user's trial); then 23,
+    /// without the batches, whose connections a slow database left the workers waiting for (issue 42). Sessions
+    /// open only as calls need them.
     ///
     /// [`PipelineConfig::connections_needed`]: crate::pipeline::PipelineConfig::connections_needed
-    pub const MAX_CONNECTIONS_DEFAULT: u32 =
-        (crate::pipeline::config::WORKERS_DEFAULT + crate::pipeline::config::FETCHERS_DEFAULT + 1) as u32;
+    pub const MAX_CONNECTIONS_DEFAULT: u32 = (crate::pipeline::config::WORKERS_DEFAULT
+        + crate::pipeline::config::FETCHERS_DEFAULT
+        + 1
+        + crate::pipeline::config::APPLY_BATCHES_IN_FLIGHT_DEFAULT) as u32;
     /// Default wait for a free pooled connection before a call fails with [`StoreError::Timeout`].
     pub const ACQUIRE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
     /// Default `application_name`.

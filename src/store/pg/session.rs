@@ -22,6 +22,11 @@ impl Session {
         Ok(Session { connection: pool.acquire().await?, beginning: false })
     }
 
+    /// The session's connection, for a statement outside a transaction (after one ended).
+    pub(super) fn connection(&mut self) -> &mut sqlx::PgConnection {
+        &mut self.connection
+    }
+
     /// Starts a transaction on this session; dropping it without a commit rolls it back, as sqlx's own do.
     pub(super) async fn begin(&mut self) -> Result<Transaction<'_, Postgres>, sqlx::Error> {
         let Session { connection, beginning } = self;

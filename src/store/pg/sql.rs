@@ -38,11 +38,11 @@ pub(super) const SCHEMA_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_namespac
 pub(super) const MIGRATIONS_TABLE_EXISTS: &str =
     "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = '_sqlx_migrations')";
 
-/// The relations of schema `$1` whose names lockstep's migrations create (`resources`, `events`, `lock_tokens`),
-/// by name: found in a schema no lockstep migration is recorded in, they are another application's.
+/// The relations of schema `$1` whose names lockstep's migrations create (`resources`, `events`, `lock_tokens`,
+/// `insert_keys`), by name: found in a schema no lockstep migration is recorded in, they are another application's.
 pub(super) const CLASHING_RELATIONS: &str = "SELECT c.relname::text FROM pg_class c \
      JOIN pg_namespace n ON n.oid = c.relnamespace \
-     WHERE n.nspname = $1 AND c.relname IN ('resources', 'events', 'lock_tokens') ORDER BY c.relname";
+     WHERE n.nspname = $1 AND c.relname IN ('resources', 'events', 'lock_tokens', 'insert_keys') ORDER BY c.relname";
 
 /// The versions of the migrations applied successfully to `schema` (a checked identifier, as for `create_schema`).
 pub(super) fn applied_migrations(schema: &str) -> String {
@@ -341,6 +341,19 @@ FROM unnest($2::int8[], $3::text[], $4::jsonb[]) AS u(id, status, data)
 WHERE r.id = u.id AND r.lock_token = $5 AND r.id IN (SELECT id FROM locked)
 RETURNING r.id";
 
+/// Apply, step 0 when the item locked related rows it does not update
+/// ([`ApplyParams::locked`](crate::store::ApplyParams::locked); mem.rs `State::apply`): lock every row carrying the
+/// token (the main row if still held, and the related rows) in id order, as [`APPLY_RELATED`] does, and count the
+/// rows of `$1` among them. The caller compares the count with the distinct ids it sent and rolls back on a
+/// shortfall (Stale: a related lock was lost, its row may have been written since the holder read it). A row
+/// carrying `related_token = $2` carries `lock_token = $2` too.
+///
+/// `$1` related ids (distinct), `$2` token, `$3` main row id.
+pub(super) const APPLY_LOCKED_HELD: &str = "WITH locked AS (
+    SELECT id FROM resources WHERE (id = $3 AND lock_token = $2) OR related_token = $2 ORDER BY id FOR NO KEY UPDATE
+)
+SELECT count(*) FROM locked WHERE id = ANY($1)";
+
 /// A write of one lease ([`APPLY_MAIN`], [`RECORD_FAILURE`], [`RESET_FOR_RETRY`]) in its two statements, run in
 /// this order until one returns a row ([`LeaseWrite::statements`]): if the main row `$2` still carries the token
 /// `$3`, set `$set` on it, unlock the related rows locked with the token, and return `$select` (of the main row as
@@ -587,6 +600,18 @@ RETURNING ",
     row_columns!()
 );
 
+/// A keyed insert, step 1 (mem.rs `insert_keyed`; `migrations/0007_insert_keys.sql`): the row key `$1` names, if
+/// any.
+pub(super) const KEYED_ROW: &str = "SELECT row_id FROM insert_keys WHERE key = $1";
+
+/// A keyed insert, step 2, after [`INSERT`] in the same transaction: the key `$2` names the new row `$3`, unless a
+/// concurrent insert with the key committed first (then no row: the caller rolls back and reads that one's row with
+/// [`KEYED_ROW`]). `ON CONFLICT` waits for a concurrent inserter of the key to end before it decides.
+pub(super) const INSERT_KEY: &str = "INSERT INTO insert_keys (key, row_id, created_at)
+VALUES ($2, $3, lockstep_now($1))
+ON CONFLICT (key) DO NOTHING
+RETURNING row_id";
+
 /// Inserts many rows in one statement, ids assigned in input order (rows are produced in `ordinality` order and
 /// each takes the next id as it is inserted; the caller checks the returned ids increase). `$2` kinds, `$3`
 /// parents, `$4` statuses, `$5` data, all the same length.
@@ -691,10 +716,14 @@ pub(super) const UPDATE_UNLEASED: &str = "WITH locked AS (
 SELECT busy FROM target";
 
 /// The fetch hints of a call's applied items ([`ApplyParams::hints`](crate::store::ApplyParams::hints)), in one
-/// statement: mark the rows named and `NOTIFY` each payload once. `$1` row ids, `$2` channel, `$3` payloads (one
-/// per kind).
-pub(super) const HINTS: &str = "WITH marked AS (
-    UPDATE resources SET hinted = true WHERE id = ANY($1::int8[])
+/// statement: lock the rows named in id order (DESIGN §2, one lock order: it writes several rows, and a heartbeat
+/// or apply of a lease holding some of them locks them in id order too), mark them, and `NOTIFY` each payload
+/// once. The marks take the locked ids as one array (an init plan, run before the first row is written), as
+/// [`APPLY_BATCH_MAIN`] does. `$1` row ids, `$2` channel, `$3` payloads (one per kind).
+pub(super) const HINTS: &str = "WITH locked AS (
+    SELECT id FROM resources WHERE id = ANY($1::int8[]) ORDER BY id FOR NO KEY UPDATE
+), marked AS (
+    UPDATE resources SET hinted = true WHERE id = ANY(ARRAY(SELECT id FROM locked))
 )
 SELECT pg_notify($2, payload) FROM unnest($3::text[]) AS payload";
 

@@ -6,14 +6,15 @@ use super::codec::{PgTime, interval};
 use super::session::Session;
 use super::sql;
 use crate::store::{
-    ApplyOutcome, ApplyParams, CommitOp, Lease, LockOutcome, LockRelatedParams, LockToken, NewEvent, NewRow,
-    RelatedUpdate, Row, RowId, RowUpdate, StoreError, Timestamp, held_by_own_pipeline, related_available,
+    ApplyOutcome, ApplyParams, CommitOp, InsertKeyedParams, KeyedInsert, Lease, LockOutcome, LockRelatedParams,
+    LockToken, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowUpdate, StoreError, Timestamp, held_by_own_pipeline,
+    related_available,
 };
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgArguments, PgPool, PgRow};
 use sqlx::query::QueryScalar;
 use sqlx::types::Json;
-use sqlx::{FromRow, PgConnection, Postgres};
+use sqlx::{FromRow, PgConnection, Postgres, Row as _};
 use std::collections::BTreeMap;
 
 /// The general apply: one transaction of related writes, the guarded main write, inserts and events.
@@ -35,6 +36,24 @@ pub(super) async fn apply_in_transaction(
     let mut session = Session::acquire(pool).await?;
     let mut tx = session.begin().await?;
     let related_ids: Vec<RowId> = merge_related(p.related.clone()).into_keys().collect();
+    // Every related row the item locked must still carry the token (`ApplyParams::locked`): the rows it updates are
+    // counted by `APPLY_RELATED` below, the others here, in one more statement only when there are any.
+    let mut unwritten: Vec<i64> =
+        p.locked.iter().filter(|id| related_ids.binary_search(id).is_err()).map(|id| id.0).collect();
+    unwritten.sort_unstable();
+    unwritten.dedup();
+    if guarded && !unwritten.is_empty() {
+        let held: i64 = sqlx::query_scalar(sql::APPLY_LOCKED_HELD)
+            .bind(&unwritten)
+            .bind(token)
+            .bind(p.lease.id.0)
+            .fetch_one(&mut *tx)
+            .await?;
+        if held != unwritten.len() as i64 {
+            tx.rollback().await?;
+            return Ok(ApplyOutcome::Stale);
+        }
+    }
     if !p.related.is_empty() {
         let related = merge_related(p.related);
         let (ids, statuses, data) = related_columns(&related);
@@ -64,6 +83,47 @@ pub(super) async fn apply_in_transaction(
     }
     tx.commit().await?;
     Ok(ApplyOutcome::Applied { inserted, now })
+}
+
+/// The keyed insert ([`Store::insert_keyed`](crate::store::Store::insert_keyed)): one transaction that reads the row
+/// the key names ([`sql::KEYED_ROW`]), or inserts the row ([`sql::INSERT`]) and the key ([`sql::INSERT_KEY`]). An
+/// insert whose key a concurrent insert committed first is rolled back, and that insert's row returned (nothing
+/// inserted).
+pub(super) async fn insert_keyed_in_transaction(
+    pool: &PgPool,
+    offset: PgInterval,
+    p: InsertKeyedParams,
+) -> Result<KeyedInsert, sqlx::Error> {
+    let mut session = Session::acquire(pool).await?;
+    let mut tx = session.begin().await?;
+    let existing: Option<i64> = sqlx::query_scalar(sql::KEYED_ROW).bind(&p.key).fetch_optional(&mut *tx).await?;
+    let done = match existing {
+        Some(id) => KeyedInsert { id: RowId(id), inserted: false },
+        None => {
+            let new = p.row;
+            let row = sqlx::query(sql::INSERT)
+                .bind(offset)
+                .bind(new.kind)
+                .bind(new.parent_id.map(|id| id.0))
+                .bind(new.status)
+                .bind(Json(new.data))
+                .fetch_one(&mut *tx)
+                .await?;
+            let id: i64 = row.try_get("id")?;
+            let keyed: Option<i64> =
+                sqlx::query_scalar(sql::INSERT_KEY).bind(offset).bind(&p.key).bind(id).fetch_optional(&mut *tx).await?;
+            if keyed.is_none() {
+                tx.rollback().await?;
+                // On this session: a client's pool may hold this one connection only.
+                let first: i64 =
+                    sqlx::query_scalar(sql::KEYED_ROW).bind(&p.key).fetch_one(session.connection()).await?;
+                return Ok(KeyedInsert { id: RowId(first), inserted: false });
+            }
+            KeyedInsert { id: RowId(id), inserted: true }
+        }
+    };
+    tx.commit().await?;
+    Ok(done)
 }
 
 /// The related lock: one transaction that locks the holder and the related rows in id order, reads their

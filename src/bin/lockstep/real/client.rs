@@ -46,6 +46,11 @@ pub struct SubmitArgs {
     /// The spec's format, when its extension does not tell (standard input: YSON when not given).
     #[arg(long, value_enum)]
     pub format: Option<FormatArg>,
+    /// The submission's key (1 to 256 bytes, no control character): a submit with a key that an earlier one used
+    /// creates nothing and prints that one's operation, so a submit whose outcome is unknown (exit 1) can be run
+    /// again safely with its key. Without it the command makes a key and prints it on stderr.
+    #[arg(long)]
+    pub key: Option<String>,
     /// Follow the operation to its end (state and incarnation changes on stderr); exit 0 if it completed, 1 if it
     /// failed or was aborted.
     #[arg(long)]
@@ -194,16 +199,49 @@ fn warn_unknown_keys(spec: &OperationSpec) {
 fn gang_failure(error: GangError) -> Failure {
     match error {
         GangError::Spec(error) => Failure::usage(format!("spec is invalid:\n{error}")),
+        error @ GangError::Key { .. } => Failure::usage(format!("--key: {error}")),
         error => Failure::runtime(error.to_string()),
     }
 }
 
-/// `submit`: parse, submit, print the id; with `--wait`, follow the operation to its end.
+/// How `submit` retries a submission whose outcome is unknown: 6 attempts, 0.25 s after the first failure and
+/// doubling to 4 s, so about 7.75 s of waits in all, time for a dropped connection to be made again or a failed-over
+/// database to answer; then the command exits 1 and names the key to submit again with.
+const SUBMIT_RETRY: api::SubmitRetry =
+    api::SubmitRetry { attempts_max: 6, backoff_min: Duration::from_millis(250), backoff_max: Duration::from_secs(4) };
+
+/// A key for a submission whose user gave none: 128 random bits in hex, so no two submissions share one.
+fn made_key() -> String {
+    format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>())
+}
+
+/// `submit`: parse, submit under the submission's key (retried while the outcome is unknown), print the id; with
+/// `--wait`, follow the operation to its end.
 pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let spec = read_spec(&args.spec, args.format)?;
     warn_unknown_keys(&spec);
+    if let Some(key) = &args.key {
+        api::check_submit_key(key).map_err(|error| Failure::usage(format!("--key: {error}")))?;
+    }
+    let key = args.key.clone().unwrap_or_else(made_key);
+    if args.key.is_none() {
+        eprintln!("submit key: {key} (if this submit fails, run it again with --key {key}: it creates nothing twice)");
+    }
     let store = args.database.connect_migrated("lockstep submit", CLIENT_CONNECTIONS).await?;
-    let operation = api::submit(&store, spec).await.map_err(gang_failure)?;
+    let submitted = match api::submit_keyed(&store, spec, &key, SUBMIT_RETRY).await {
+        Ok(submitted) => submitted,
+        Err(GangError::Store(error)) if !matches!(error, lockstep::store::StoreError::Invalid(_)) => {
+            return Err(Failure::runtime(format!(
+                "submit with key {key}: {error}; whether the operation was created is unknown: run the same submit \
+                 with --key {key} (it creates nothing twice)"
+            )));
+        }
+        Err(error) => return Err(gang_failure(error)),
+    };
+    let operation = submitted.operation;
+    if !submitted.created {
+        eprintln!("key {key} names operation {operation}, submitted before: nothing new was created");
+    }
     println!("{operation}");
     let _ = std::io::stdout().flush();
     if !args.wait {

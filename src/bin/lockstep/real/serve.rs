@@ -35,8 +35,8 @@ pub struct ServeArgs {
     /// how soon a lost node is noticed.
     #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "5s")]
     pub min_processing_interval: Duration,
-    /// Pooled PostgreSQL sessions. Default, and the least accepted: workers + 3 (the workers, two fetch loops,
-    /// the heartbeater).
+    /// Pooled PostgreSQL sessions. Default, and the least accepted: workers + 5 (the workers, two fetch loops,
+    /// the heartbeater, two apply batches in flight).
     #[arg(long)]
     pub max_connections: Option<u32>,
     /// Placement of gang operations whose spec has no `gang_placement` (lockstep's own spec key), fixed at each
@@ -113,9 +113,12 @@ impl ServeArgs {
     }
 }
 
-// `--max-connections`'s help states the rule, `ReplicaConfig::connections_needed`, as workers + 3: one per worker,
-// per fetch loop and the heartbeater.
-const _: () = assert!(lockstep::pipeline::config::FETCHERS_DEFAULT + 1 == 3, "update --max-connections' help");
+// `--max-connections`'s help states the rule, `ReplicaConfig::connections_needed`, as workers + 5: one per worker,
+// per fetch loop, the heartbeater and one per apply batch in flight (the replica's pipeline batches its applies).
+const _: () = assert!(
+    lockstep::pipeline::config::FETCHERS_DEFAULT + 1 + lockstep::pipeline::config::APPLY_BATCHES_IN_FLIGHT_DEFAULT == 5,
+    "update --max-connections' help"
+);
 
 /// A pipeline-config rule that `serve`'s flags broke, said in terms of those flags (the pipeline's own field
 /// names, such as `heartbeat_trigger`, are not flags of `serve`).
