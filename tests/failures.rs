@@ -41,12 +41,14 @@ async fn get<S: Store>(store: &S, id: RowId) -> Row {
 
 /// What a row's pass does, by the row's `data.do`: `"fail"`, `"fail-once"` (fails its first attempt), `"sleep"` (waits
 /// `data.sleep_ms`, then marks the row done), `"panic"`, `"hang"` (never returns), `"block"` (blocks
-/// its thread for `data.block_ms`, then marks the row done), `"nul"` (writes a value PostgreSQL cannot store), `"hopeless"` (fails with an error its [`Handler::retry`] gives up on at once), `"unlocked"` (updates
+/// its thread until the test sets `released`, then marks the row done), `"nul"` (writes a value PostgreSQL cannot store), `"hopeless"` (fails with an error its [`Handler::retry`] gives up on at once), `"unlocked"` (updates
 /// the row `data.other` without having locked it) or `"lock-self"` (locks its own row as a shared related row in
 /// `load`); anything else marks the row done. Counts its passes.
 #[derive(Default)]
 struct Scripted {
     passes: AtomicUsize,
+    /// Set by a test to let a `"block"` handler return.
+    released: std::sync::atomic::AtomicBool,
 }
 
 impl<S: Store> Handler<S> for Scripted {
@@ -72,8 +74,13 @@ impl<S: Store> Handler<S> for Scripted {
             Some("panic") => panic!("row {} panicked on purpose", row.id),
             Some("hang") => std::future::pending().await,
             Some("block") => {
-                // Blocks its thread (a handler calling blocking code), so its worker's timer cannot fire.
-                std::thread::sleep(Duration::from_millis(row.data["block_ms"].as_u64().unwrap()));
+                // Blocks its thread (a handler calling blocking code), so its worker's timer cannot fire, until the
+                // test releases it: a wait on the test's condition, not on a time a loaded machine may outrun.
+                let started = std::time::Instant::now();
+                while !self.released.load(Ordering::SeqCst) {
+                    assert!(started.elapsed() < Duration::from_secs(120), "the blocked handler was never released");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 Ok(Changes::status("done"))
             }
             Some("nul") => Ok(Changes {
@@ -219,13 +226,15 @@ async fn a_handler_that_never_returns_fails_its_item_at_its_handler_timeout() {
 
 /// A handler that blocks its thread past its `handler_timeout` (so not even its worker's timer can end it) loses
 /// its lease renewals: the heartbeater withholds them, the lease expires, another fetch takes the row, and the
-/// blocked handler's late result is found stale. Real time: the handler blocks a runtime thread for a while.
+/// blocked handler's late result, once the test releases it, is found stale. Real time: the handler blocks a
+/// runtime thread until then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_blocking_past_its_handler_timeout_gets_no_more_lease_renewals() {
-    const HANDLER_TIMEOUT: Duration = Duration::from_millis(300);
+    // Long enough that the first heartbeat pass falls within it on a loaded machine.
+    const HANDLER_TIMEOUT: Duration = Duration::from_secs(2);
     let clock = ManualClock::new(START);
     let store = MemStore::with_history(clock.clone());
-    let id = store.insert(NewRow::new("task", "ready", json!({ "do": "block", "block_ms": 3000 }))).await.unwrap().id;
+    let id = store.insert(NewRow::new("task", "ready", json!({ "do": "block" }))).await.unwrap().id;
     // A lease extended at every pass: its local deadline is always within the trigger.
     let lease_ttl = Duration::from_secs(10);
     let config = PipelineConfig {
@@ -256,7 +265,11 @@ async fn a_handler_blocking_past_its_handler_timeout_gets_no_more_lease_renewals
         if !pass.withheld.is_empty() {
             break pass;
         }
-        assert!(started.elapsed() < Duration::from_secs(2), "the lease is still renewed after the handler's bound");
+        assert!(
+            started.elapsed() < HANDLER_TIMEOUT + Duration::from_secs(30),
+            "the lease is still renewed {:?} after the handler started",
+            started.elapsed()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(withheld.extended, Vec::new(), "{withheld:?}");
@@ -265,6 +278,7 @@ async fn a_handler_blocking_past_its_handler_timeout_gets_no_more_lease_renewals
     let other = Pipeline::new(Arc::new(store.clone()), (*p.config).clone()).unwrap();
     let fetched = other.fetcher(2).run_once().await.unwrap();
     assert!(matches!(fetched, lockstep::pipeline::FetchPass::Fetched { fetched: 1, .. }), "{fetched:?}");
+    handler.released.store(true, Ordering::SeqCst);
     assert_eq!(worker.await.unwrap(), Some(ItemOutcome::Stale));
     assert_eq!(get(&store, id).await.status, "ready", "the blocked handler's late result was applied");
 }
