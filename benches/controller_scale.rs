@@ -1,4 +1,4 @@
-//! Controller scale under the simulator (issue 8, part 4): one gang operation of 1, 64, 1 024 and 10 000 jobs,
+//! Controller scale under the simulator: one gang operation of 1, 64, 1 024 and 10 000 jobs,
 //! from submit to every job running, and one gang restart from the failure that causes it to every job of the
 //! new incarnation running. Reports simulated time (what a user would wait, given the controller's pass and agent
 //! poll intervals) and wall time (what the controller's passes cost the CPU).
@@ -10,7 +10,7 @@
 //! the operation's jobs every 100 simulated ms; simulated times come from the jobs' events, so the poll does not
 //! round them, and the CPU time of the harness's own reads is subtracted from the wall time.
 //!
-//! Then (issue 17) the CPU of one quiet pass (every job running, nothing to handle) of a gang of
+//! Then the CPU of one quiet pass (every job running, nothing to handle) of a gang of
 //! [`PASS_JOBS`] jobs in its first incarnation and after 100 gang restarts: a finished incarnation must cost later
 //! passes nothing (at most 1.2 × the first's).
 //!
@@ -18,7 +18,7 @@
 //! `LOCKSTEP_BENCH_JOBS=1,64` picks the sizes; `LOCKSTEP_BENCH_RESTARTS=0` skips the passes' part. Without `--bench` (as `cargo test --all-targets` runs every bench)
 //! it runs the smallest size only, as a smoke test; in the normal build it only says how to run it.
 //!
-//! Two knobs for profiling (issue 17): `LOCKSTEP_BENCH_PASS_LIST=1` prints the CPU of each operation pass of the
+//! Two knobs for profiling: `LOCKSTEP_BENCH_PASS_LIST=1` prints the CPU of each operation pass of the
 //! submit and of the restart; `LOCKSTEP_BENCH_CALLGRIND=restart` has callgrind count only the restart, without the
 //! harness's own polls (run under `valgrind --tool=callgrind --collect-atstart=no`: the bench toggles collection with
 //! callgrind's client request, a no-op outside valgrind); `LOCKSTEP_BENCH_CALLGRIND=quiet-first` (or `quiet-later`)
@@ -26,7 +26,7 @@
 //! `LOCKSTEP_BENCH_RESTARTS`), so that instructions per pass, which a loaded machine does not move, compare the two
 //! (with `LOCKSTEP_BENCH_JOBS=1`, the smallest restart, uncounted).
 
-/// The allocator (issue 17): mimalloc, as the `lockstep` binary uses (see Cargo.toml).
+/// The allocator: mimalloc, as the `lockstep` binary uses (see Cargo.toml).
 #[global_allocator]
 static ALLOCATOR: lockstep::alloc::Mimalloc = lockstep::alloc::Mimalloc;
 

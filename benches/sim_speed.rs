@@ -10,7 +10,7 @@
 //! separated by commas, e.g. `mixed-large`) runs only those worlds (for a profiler).
 //! Without `--bench` (as `cargo test --all-targets` runs every bench) and in the normal build it only says so.
 
-/// The allocator (issue 17): mimalloc, as the `lockstep` binary uses (see Cargo.toml).
+/// The allocator: mimalloc, as the `lockstep` binary uses (see Cargo.toml).
 #[global_allocator]
 static ALLOCATOR: lockstep::alloc::Mimalloc = lockstep::alloc::Mimalloc;
 

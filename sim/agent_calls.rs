@@ -1,4 +1,4 @@
-//! Faults on one kind of an agent's store calls (issue 40): its reports (the inserts of its inbox messages), its
+//! Faults on one kind of an agent's store calls: its reports (the inserts of its inbox messages), its
 //! allocation listings, or its heartbeats (node lease renewals) fail at once or are delayed, while its other calls
 //! go through. Such faults reach controller-side states no network fault reaches alone: an agent that renews its
 //! lease but cannot list its allocations (so it neither starts nor kills), or one whose start reports stay behind

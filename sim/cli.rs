@@ -3,7 +3,7 @@
 //! merged from their result files: [`super::sweep`]), failing seeds written as replay files and
 //! replayed exactly, one operation's or row's timeline read back from a trace (or a run's as an HTML page), and
 //! a failure shrunk to a smaller scenario. lockstep's own binary
-//! (`lockstep sim …`) and a user's own (issue 19: a binary that registers its [`PipelineSet`]s and calls
+//! (`lockstep sim …`) and a user's own (a binary that registers its [`PipelineSet`]s and calls
 //! [`main`]) are both a [`Registry`] handed to [`execute`]. The work is in the library ([`super::scenario_file`],
 //! [`super::summary`], [`super::replay`], [`super::explain`]); this module parses arguments, prints and picks
 //! the exit code.

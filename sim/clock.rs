@@ -1,4 +1,4 @@
-//! The simulator's reads of madsim's clock, without the detour every `Instant::now()` takes (issue 17).
+//! The simulator's reads of madsim's clock, without the detour every `Instant::now()` takes.
 //!
 //! Inside the simulator `Instant::now()` (what `tokio::time::Instant` is under madsim) calls libc's
 //! `clock_gettime`, which madsim overrides: a thread-local lookup of the runtime, two `Arc`s cloned and dropped,

@@ -17,7 +17,7 @@ pub struct Coverage {
 }
 
 /// The commit outcomes [`Coverage::of`] counts, a counter each while it reads the history: no lookup of a
-/// string key per commit (issue 17: a 10 000-row run has 90 000 commits). Named as [`Coverage`] names them.
+/// string key per commit (a 10 000-row run has 90 000 commits). Named as [`Coverage`] names them.
 #[derive(Default)]
 struct CommitOutcomes {
     applied: u64,
@@ -113,7 +113,7 @@ impl Coverage {
     }
 
     fn bump(&mut self, key: &str) {
-        // A run bumps a key per commit: a new string only for a key not seen before (issue 17).
+        // A run bumps a key per commit: a new string only for a key not seen before.
         match self.counts.get_mut(key) {
             Some(count) => *count += 1,
             None => {

@@ -277,7 +277,7 @@ async fn handle(db: Arc<Database>, request: Request, started: Instant, rng: Arc<
     let name = request.call.name();
     tokio::time::sleep(request.latency + queue_delay(&rng)).await;
     // One read of the clock for the start-up check and the hand-over: the call runs in one poll (see `execute`), so
-    // both are this instant. Each read goes through madsim's `clock_gettime` (issue 17).
+    // both are this instant. Each read goes through madsim's `clock_gettime`.
     let handed = db.time().now();
     let response = if handed.duration_since(started) < STARTUP {
         Err(StoreError::Unavailable("the database system is starting up".into()))
@@ -346,7 +346,7 @@ async fn forward_hints(db: &Database) {
 /// first poll: it is polled once here ([`FutureExt::now_or_never`]) instead of awaited, and the node's task for
 /// the call (one per call, [`Database::submit`]) no longer holds the state of every store call's future, which
 /// madsim copied into each new task. Polled once or awaited, a ready call runs the same code at the same simulated
-/// instant and the simulator schedules no task more or less, so every trace stays the same (issue 17).
+/// instant and the simulator schedules no task more or less, so every trace stays the same.
 fn execute(db: &Database, caller: &Arc<str>, call: Call, now: Instant) -> Response {
     let store = db.store.as_caller(caller.clone());
     // The call finishes in its first poll, so no other call commits between these two reads.

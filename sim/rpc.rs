@@ -143,7 +143,7 @@ impl Call {
 }
 
 /// The fetch hint a keyed insert sends once its row is in, in the same call (as a trigger's `NOTIFY` in the
-/// insert's transaction): the workload client's inserts and their hints cost one round trip, not two (issue 17).
+/// insert's transaction): the workload client's inserts and their hints cost one round trip, not two.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InsertHint {
     /// A hint for the row's kind.
@@ -159,7 +159,7 @@ pub enum Reply {
     RowsAndExpiry(Vec<Row>, Option<Duration>),
     RowSets(Vec<Vec<Row>>),
     /// A row is boxed, here and in `Row`: a reply moves by value from the database node's task through the reply
-    /// channel into the caller's future, and an inline `Row` (248 bytes) made every reply that large (issue 17).
+    /// channel into the caller's future, and an inline `Row` (248 bytes) made every reply that large.
     MaybeRow(Option<Box<Row>>),
     MaybeRows(Vec<Option<Row>>),
     Row(Box<Row>),

@@ -106,7 +106,7 @@ pub struct RunReport {
     pub wall: std::time::Duration,
     /// Whether anything of the run's world outlived the run, after its teardown ([`World::teardown`]): a task
     /// still holding the trace every node writes to. Each such run leaks its world (a sweep's memory would grow
-    /// with its seeds, issue 17); [`check_seeds`] fails a test whose run leaked (`tests/sim_sweep.rs`: 200 seeds).
+    /// with its seeds); [`check_seeds`] fails a test whose run leaked (`tests/sim_sweep.rs`: 200 seeds).
     /// False too for a run left behind past its wall-clock limit (its thread still runs; nothing is known).
     pub world_leaked: bool,
 }
@@ -163,7 +163,7 @@ impl RunReport {
         self.rows = outcome.rows_final.len();
         self.keyed_rows = outcome.keyed_rows;
         for row in &outcome.rows_final {
-            // New strings only for a kind or status not seen before (issue 17: two per row before).
+            // New strings only for a kind or status not seen before (two per row before).
             if !self.statuses.contains_key(&row.kind) {
                 self.statuses.insert(row.kind.clone(), BTreeMap::new());
             }
@@ -506,7 +506,7 @@ fn settled(scenario: &Scenario, row: &Row) -> bool {
 /// Whether every row is [`settled`].
 fn converged(scenario: &Scenario, world: &World) -> bool {
     // Borrowed from the database: this runs every simulated second, and copying every row each time was a twentieth
-    // of a 10 000-row run's CPU (issue 17).
+    // of a 10 000-row run's CPU.
     world.database().store.rows_all(|row| settled(scenario, row))
 }
 
@@ -565,7 +565,7 @@ async fn simulate(
     let rows_at_liveness = loop {
         if converged(&scenario, &world) || tokio::time::Instant::now() >= deadline {
             // Only the rows not settled: the settled ones are all that `liveness` and the unfinished operations
-            // leave out (a 10 000-row run copied every row here; issue 17).
+            // leave out (a 10 000-row run copied every row here).
             break world.database().store.rows_where(|row| !settled(&scenario, row));
         }
         tokio::time::sleep(CONVERGENCE_POLL).await;
@@ -585,7 +585,7 @@ async fn simulate(
     // their agents, which never drain.
     let gang_part = scenario.gang.is_some();
     Outcome {
-        // Moved, not copied: the run is over (issue 17: about 10⁵ commits a 10 000-row run).
+        // Moved, not copied: the run is over (about 10⁵ commits a 10 000-row run).
         history: store.take_history(),
         events: store.all_events(),
         rows_at_liveness: rows_at_liveness.into_iter().filter(|row| !(gang_part && gang::is_gang_row(row))).collect(),
@@ -942,12 +942,12 @@ pub fn for_each(
 ///
 /// Each run has a fresh OS thread (see the module docs), and glibc gives threads arenas of their own, up to eight
 /// per core: a sweep's threads end up spread over many arenas, each keeping its own freed but fragmented pages,
-/// and the peak resident set grew with the number of seeds, not with the largest world (issue 17, BENCHMARKS.md
+/// and the peak resident set grew with the number of seeds, not with the largest world (BENCHMARKS.md
 /// "Sweep memory": rows-mixed at `--jobs 2` peaked at 26.9 MB for 1 000 seeds and 34.6 MB for 30 000). With one
 /// arena the same sweeps peak at 16.1 MB for 1 000 seeds and 17.9 MB for 5 000, at the same speed: a run spends
 /// its time in the simulation, not in the allocator's lock. A thread's own arena also grows its heap by a system
 /// call per page past its peak, with none of the main arena's padding: a third of a 10 000-job gang restart's CPU
-/// in `benches/controller_scale.rs` (issue 17, BENCHMARKS.md (4)). Changes no run: allocation addresses never
+/// in `benches/controller_scale.rs` (BENCHMARKS.md (4)). Changes no run: allocation addresses never
 /// reach a trace. The `lockstep` binary and the benches allocate with mimalloc instead (Cargo.toml), for which
 /// this does nothing; it still serves the tests and a user's own simulator binary on glibc's allocator.
 #[cfg(madsim)]

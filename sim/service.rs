@@ -1,4 +1,4 @@
-//! Simulated external services (issue 19): an HTTP-like endpoint on a node of its own (`svc-{name}`), reached
+//! Simulated external services: an HTTP-like endpoint on a node of its own (`svc-{name}`), reached
 //! over the simulated network, that records every effect it performs with the caller's idempotency key, so that a
 //! handler which performs an effect twice (charges a card twice) is caught by the `external_exactly_once`
 //! checker ([`super::checkers::external`]).

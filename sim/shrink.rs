@@ -1,4 +1,4 @@
-//! Shrinking a failure (issue 18, `lockstep sim shrink`): from a failing scenario and seed, a smaller scenario
+//! Shrinking a failure (`lockstep sim shrink`): from a failing scenario and seed, a smaller scenario
 //! that fails the same checker.
 //!
 //! The search is greedy. Each step builds the candidates of [`moves`] from the current scenario (drop, shorten

@@ -5,7 +5,7 @@
 //! counts ([`Tally`]: seeds by outcome and by failed checker, simulated time summed and its maximum); each seed's
 //! [`SeedRecord`] goes to the result file as it finishes, a failing seed's replay file is written then too, and
 //! the report (with its trace) is dropped. A killed sweep loses none of the seeds it finished: they are lines of
-//! its result file (issue 17).
+//! its result file.
 //!
 //! **Shards.** `--shard K/N` runs the K-th (from 0) of N disjoint slices of `A..B`, strided: the seeds `s` with
 //! `(s - A) % N == K` ([`Shard`]). Strided slices cost about the same (a range's seeds are alike in cost, and

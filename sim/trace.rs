@@ -8,7 +8,7 @@
 //!
 //! A commit line keeps the commit itself ([`Fields::Commit`]), a gang controller's event line its event
 //! ([`Fields::OperationEvent`]); both are written out only when the trace is read (rendered, hashed, printed or
-//! matched): a passing run never reads most of its lines (issue 17).
+//! matched): a passing run never reads most of its lines.
 
 use super::gang;
 use crate::store::{CommitOp, Event, RowId};
@@ -159,7 +159,7 @@ impl fmt::Display for TraceEvent {
 /// An event's details as recorded. A run's trace is mostly the database node's commits (87 038 of the 89 061
 /// events of the large world's seed 1): each keeps its commit and is written out only when read. Before, every
 /// commit's text was written when it committed, copied into a `String` of its own and freed with the trace: 3.7 %
-/// of that seed's instructions, where a passing run reads none of them (issue 17, BENCHMARKS.md).
+/// of that seed's instructions, where a passing run reads none of them (BENCHMARKS.md).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fields {
     /// Text written when the event was recorded: `key=value` pairs.
@@ -273,7 +273,7 @@ impl Trace {
     /// Appends an event at `now`, an instant the caller read at this point of the run: simulated time stands still
     /// while a task runs, so a caller recording many events in one poll reads the clock once (the database node's
     /// call and its commits; each read of madsim's clock through `Instant::now` costs about 220 instructions,
-    /// issue 17). Debug builds check that no event goes back in time.
+    /// a measured cost). Debug builds check that no event goes back in time.
     pub fn record_at(&self, now: Instant, node: &Arc<str>, kind: &'static str, fields: impl Into<Fields>) {
         let mut inner = self.lock();
         let at = now.saturating_duration_since(inner.start);

@@ -1,4 +1,4 @@
-//! Your own pipelines in the simulated world (issue 19): a [`PipelineSet`] says which pipelines every replica
+//! Your own pipelines in the simulated world: a [`PipelineSet`] says which pipelines every replica
 //! runs (your [`PipelineConfig`]s and [`Handler`]s, built per replica by a closure), what the client inserts
 //! (a closure run on the client node), which statuses end each kind's life, which simulated external services
 //! your handlers call, and which invariants of your own to check. Put it in a [`Scenario`] with

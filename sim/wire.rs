@@ -7,7 +7,7 @@
 //! the range, the loss rate and the cuts ([`World`](super::world::World)'s network handle), as they set madsim's
 //! network for the services' datagrams.
 //!
-//! Why not madsim's `Endpoint`: issue 17 found a store call through two `Endpoint` datagrams to cost about as
+//! Why not madsim's `Endpoint`: a measurement found a store call through two `Endpoint` datagrams to cost about as
 //! much as the rest of the simulator (a tenth of a 10 000-row run formats socket addresses, in madsim's
 //! `ServiceAddr::from_addr_proto`, two per datagram; each datagram takes three timers, one of them a receive delay
 //! of at least 1 ms that no scenario asked for). Here a datagram is one draw and, at its receiver, one timer.

@@ -328,7 +328,7 @@ impl<S: Store> Handler<S> for Jobs {
 
     async fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> Result<(Lease, Vec<Row>), WorkError> {
         let ids = task_ids(row)?;
-        // Read under the locks, every task in the lock's own call (issue 17: a get per task was a tenth of a
+        // Read under the locks, every task in the lock's own call (a get per task was a tenth of a
         // 10 000-row run's store calls, then a query after the lock a twentieth): a task may have finished between
         // the fetch and the lock.
         let tasks = cx.lock_and_read_related(ids.clone()).await?;
@@ -534,7 +534,7 @@ impl Client {
     async fn insert_job(&mut self, rng: &mut ChaCha8Rng) {
         let key = format!("job-{}", self.report.jobs);
         let count = rng.random_range(self.spec.tasks_per_job.clone());
-        // The tasks, then the job naming them, in one call of keyed inserts (issue 17: one round trip per job, not
+        // The tasks, then the job naming them, in one call of keyed inserts (one round trip per job, not
         // one per row), which hints the tasks and the job (marked hinted, so it is fetched at once): safe to
         // retry. (Inserting the job `pending` and starting it with `update_unleased` is not: that write is blind,
         // and a retry of one whose reply was lost can land after the job finished and set it back to `running`,

@@ -478,7 +478,7 @@ impl World {
     /// waiting when the run ends stay alive after the runtime is gone (madsim drops a task's future only when the
     /// task runs, ends, or its node is killed, and waiting tasks hold one another through channels and wakers):
     /// each run would leak its world, about 1.5 MB of a rows-mixed run, and a sweep would grow without bound
-    /// (issue 17). Records nothing in the trace; the harness calls it after the run, ended or panicked
+    ///. Records nothing in the trace; the harness calls it after the run, ended or panicked
     /// (`sim/run.rs`), on the run's runtime.
     pub async fn teardown(&self) {
         let inner = &self.inner;

@@ -1,4 +1,4 @@
-//! The global allocator of the `lockstep` binary and of the benches that measure it (issue 17): mimalloc, asked
+//! The global allocator of the `lockstep` binary and of the benches that measure it: mimalloc, asked
 //! through its plain entry points whenever the alignment asked for is one every block of theirs has.
 //!
 //! `mimalloc::MiMalloc` asks mimalloc for every allocation by its aligned entry point (`mi_malloc_aligned`). In

@@ -281,7 +281,7 @@ async fn an_agent_reports_each_process_it_kills_because_the_controller_moved_on(
     assert!(reports.contains(&killed), "{reports:#?}");
 }
 
-/// A session the controller declared lost stays lost (issue 13): an agent whose local clock runs slow sends its
+/// A session the controller declared lost stays lost: an agent whose local clock runs slow sends its
 /// heartbeat after its node lease expired in the store and after the controller aborted its jobs as "node lost".
 /// The heartbeat must not bring the old session back (the controller would place jobs under it and declare the
 /// node lost a second time, a second gang restart): the agent learns the lease is gone, fences, and starts a new
@@ -331,7 +331,7 @@ async fn a_node_declared_lost_does_not_come_back_under_its_old_session_after_a_l
     assert!(pass.leased && agent.session().is_some_and(|new| new > old), "a new session follows the fence");
 }
 
-/// A node row carries the running agent's slots (issue 13): an agent restarted within its predecessor's node
+/// A node row carries the running agent's slots: an agent restarted within its predecessor's node
 /// lease with fewer `--slots` waits for that lease, writes its slot count before its session starts, and the
 /// controller then places jobs only in the slots it offers.
 #[tokio::test(start_paused = true)]
@@ -372,7 +372,7 @@ async fn an_agent_restarted_with_fewer_slots_updates_its_node_before_its_session
 
 /// An allocation granted under the agent's session in a slot it does not offer (a row written elsewhere, or by a
 /// controller that read an out-of-date node row) is reported interrupted, once, instead of staying assigned
-/// forever (issue 13).
+/// forever.
 #[tokio::test(start_paused = true)]
 async fn a_job_placed_in_a_slot_the_agent_does_not_offer_is_reported_interrupted_once() {
     use lockstep::gang::model::{

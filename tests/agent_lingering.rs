@@ -1,5 +1,5 @@
-//! Node agents and a rank that may still run where the controller moved on from it (issue 40,
-//! `gang::model::Lingering`): an agent answers for a job its allocation is marked with, even one it never
+//! Node agents and a rank that may still run where the controller moved on from it
+//! (`gang::model::Lingering`): an agent answers for a job its allocation is marked with, even one it never
 //! started, and a fence waits for every kill it began before it gives the node lease back. On MemStore with the
 //! simulated executor, on tokio's paused clock.
 #![cfg(not(madsim))]

@@ -449,7 +449,7 @@ async fn fetches_keep_dstack_size_while_workers_are_busy() {
 }
 
 /// The defaults let a backlog's fetches and apply batches grow to 600 rows (`FETCH_LIMIT_MAX_DEFAULT`,
-/// `APPLY_BATCH_MAX_DEFAULT`; 100 before), so each call's fixed cost is spread over six times the rows (issue 16: on
+/// `APPLY_BATCH_MAX_DEFAULT`; 100 before), so each call's fixed cost is spread over six times the rows (on
 /// PostgreSQL a 1 × 8 drain of no-op items ran 1.5–1.7 × as fast). Here every call takes the same 10 ms
 /// whatever its size, so a drain with the defaults takes well under half the time it takes with 100 of each.
 #[tokio::test(start_paused = true)]

@@ -1,4 +1,4 @@
-//! `lockstep chaos run` on real PostgreSQL and real replica processes (issue 15): a short row scenario with a
+//! `lockstep chaos run` on real PostgreSQL and real replica processes: a short row scenario with a
 //! SIGKILLed and a SIGSTOPped replica passes every checker the simulator runs, on the history the replicas
 //! recorded in PostgreSQL; the planted bug (the guarded apply without its token guard) makes a checker fire on
 //! that history; a second scenario ends every session of the replicas twice and bursts contention on one row;

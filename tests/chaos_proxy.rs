@@ -1,4 +1,4 @@
-//! The chaos proxy's link faults against a real PostgreSQL (issue 15): what each mode does to a session, seen
+//! The chaos proxy's link faults against a real PostgreSQL: what each mode does to a session, seen
 //! from the client and from the server. Each test has its own schema and names its sessions after it. Needs
 //! PostgreSQL (see `support::pg`; never skips).
 

@@ -638,7 +638,7 @@ fn start_window_config(workers: usize) -> PipelineConfig {
 
 /// An item no worker started within its start window is given back to the store, not extended; the one a worker
 /// started is extended; and the pipeline, now saturated, leases nothing more while no worker is idle and none
-/// started an item within the window (issue 14: a replica kept leases alive for rows its busy workers could not
+/// started an item within the window (a replica kept leases alive for rows its busy workers could not
 /// start).
 #[tokio::test(start_paused = true)]
 async fn a_queued_item_at_the_end_of_its_start_window_is_released_and_the_pipeline_stops_leasing() {
@@ -730,7 +730,7 @@ impl<S: Store> Handler<S> for Replica {
 }
 
 /// Two replicas of one pipeline: the first leases a slow row and a fast one with its one worker; the second,
-/// idle, gets the fast row within a lease ttl instead of after the slow row's 100 s (issue 14).
+/// idle, gets the fast row within a lease ttl instead of after the slow row's 100 s.
 #[tokio::test(start_paused = true)]
 async fn a_row_queued_behind_a_slow_item_goes_to_an_idle_replica_within_a_lease_ttl() {
     let store = MemStore::new(TokioClock::new(START));
@@ -782,7 +782,7 @@ impl<S: Store> Handler<S> for Recorder {
 
 /// A replica dies holding a lease; another, idle and deep in its empty-fetch backoff, takes the row over within
 /// the fetch expiry slack of the lease's expiry in the store, so within a lease ttl and 0.5 s of the death, not a
-/// backoff later (issue 14: takeover without waiting out a backoff).
+/// backoff later (takeover without waiting out a backoff).
 #[tokio::test(start_paused = true)]
 async fn an_idle_replica_takes_over_a_dead_replicas_lease_when_it_expires() {
     let store = MemStore::new(TokioClock::new(START));
@@ -837,7 +837,7 @@ impl<S: Store> Handler<S> for LockAllChildren {
 
 /// A parent that keeps retrying while one child is busy does not keep its other children from their idle
 /// pipeline: its intent marks are not renewed by its retries, so the children's pipeline takes them as the marks
-/// expire, a lease ttl after the first contended attempt (issue 14: a parent re-marked its children every 0.6 s
+/// expire, a lease ttl after the first contended attempt (a parent re-marked its children every 0.6 s
 /// for minutes while their workers idled).
 #[tokio::test(start_paused = true)]
 async fn a_retrying_parents_intent_marks_hold_its_children_for_one_lease_ttl_only() {

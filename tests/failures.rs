@@ -1,4 +1,4 @@
-//! Items that fail (DESIGN §2 and §3, failures; issue 13): a failure is recorded on its row at once and the row
+//! Items that fail (DESIGN §2 and §3, failures): a failure is recorded on its row at once and the row
 //! backs off, gives up after its pipeline's last attempt, or as its handler decides; a panicking handler fails its
 //! item, not its worker; a row whose apply the store refuses fails alone while the rows batched with it go on.
 //! Single passes on MemStore with a manual store clock and tokio's paused clock; the poison-row run on MemStore
@@ -514,7 +514,7 @@ async fn a_failed_row_is_fetched_again_when_its_retry_falls_due_on_postgres() {
 }
 
 /// A retry that falls due on a replica with no room to fetch is handed to a replica with an idle worker by a fetch
-/// hint, not left to the first replica's next free worker (issue 39; the swarm saw claims fetched up to 0.5 s past
+/// hint, not left to the first replica's next free worker (the swarm saw claims fetched up to 0.5 s past
 /// their retry while another replica's worker idled). Replica `busy` (one worker, a queue of two) fails row F, then
 /// its worker sleeps through S1 for 10 s with S2 queued behind it; replica `idle`, started 0.1 s later, found
 /// nothing twice and backed off for 30 s. F falls due 1 s after its failure: `idle` fetches it within 200 ms of that,

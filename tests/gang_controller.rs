@@ -222,7 +222,7 @@ fn revival_with_a_missing_ranked_job_restarts_without_reusing_allocations() {
 fn an_aborted_rank_whose_start_was_never_reported_moves_on_its_agents_report_never_on_a_renewal_alone() {
     // Revival again, but the jobs were only assigned: no start was reported, yet the agent may have started one
     // (its report not inserted yet) and still run it after a renewal (its allocation listing failed after a
-    // successful heartbeat, issue 40). The allocation stays held, idle, marked with the job, until the agent reports
+    // successful heartbeat). The allocation stays held, idle, marked with the job, until the agent reports
     // the job's end: it kills a process it runs, or reports that it runs none.
     let mut world = World::new(GANG3, 6, 1);
     world.pass();

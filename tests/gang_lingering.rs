@@ -1,4 +1,4 @@
-//! A rank with a lingering process (`gang::model::Lingering`) under node loss and restarts (issue 40), on the pure
+//! A rank with a lingering process (`gang::model::Lingering`) under node loss and restarts, on the pure
 //! pass with the test agent of `gang_support`: no order of reports makes a pass panic, an abort always ends the
 //! operation, and a rank moves to another allocation only on evidence that its previous process is dead.
 

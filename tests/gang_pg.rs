@@ -135,7 +135,7 @@ async fn two_all_or_nothing_gangs_on_three_slots_take_turns_through_the_gang_que
     cluster.finish().await;
 }
 
-/// A submit is keyed on PostgreSQL as everywhere (issue 42: a retried submit runs once): a second submit with the
+/// A submit is keyed on PostgreSQL as everywhere (a retried submit runs once): a second submit with the
 /// same key, even of another spec, returns the first operation and inserts nothing; another key submits another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_submit_with_the_same_key_returns_the_first_operation_and_inserts_nothing_on_postgres() {

@@ -1,4 +1,4 @@
-//! All-or-nothing placement and the gang queue (issue 14; `gang::placement`) on the pure pass: several operations
+//! All-or-nothing placement and the gang queue (`gang::placement`) on the pure pass: several operations
 //! sharing one cluster's allocations and one gang queue, passes run by hand in a chosen order, agents played by
 //! the test.
 
@@ -416,7 +416,7 @@ fn a_restart_that_fits_reuses_allocations_and_one_that_does_not_releases_them_al
     assert_eq!(cluster.op(gang).data.incarnation, 2);
     assert_eq!(cluster.placed_ranks(gang), 0, "nothing placed");
     // Nothing held, not even the allocations it could have reused, but the two where ranks 1 and 2 may still run:
-    // those stay, idle and marked, until their agents answer for the processes (issue 40).
+    // those stay, idle and marked, until their agents answer for the processes.
     assert_eq!(cluster.held(gang), 2);
     assert_eq!(cluster.queued(), [gang]);
     cluster.start(other);

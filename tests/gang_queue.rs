@@ -1,4 +1,4 @@
-//! The gang queue through the operation pipeline on MemStore (issue 14; `gang::placement`, `gang::pipeline` step
+//! The gang queue through the operation pipeline on MemStore (`gang::placement`, `gang::pipeline` step
 //! 3): the queue row a waiting gang writes, and the version check that serializes the passes spending free
 //! allocations while gangs wait. Pipelines and agents are driven pass by pass on tokio's paused clock.
 #![cfg(not(madsim))]

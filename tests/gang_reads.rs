@@ -1,4 +1,4 @@
-//! What a controller pass reads (issue 17): rows, counted by a store wrapper, not time. A replica whose last pass
+//! What a controller pass reads: rows, counted by a store wrapper, not time. A replica whose last pass
 //! over an operation is the one that applied (its token is in the operation's data) takes the operation's jobs
 //! and granted allocations as that pass left them, and reads only what changes under it: the undone inbox, the
 //! nodes, the free allocations, the ids of the job rows its apply inserted and the incarnation's first job (whose

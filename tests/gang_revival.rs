@@ -30,9 +30,9 @@ async fn pass(pipeline: &Pipeline<MemStore>, handler: &OperationHandler, seed: u
 /// Which job rows the pass that dies locked.
 #[derive(Clone, Copy, Debug)]
 enum DeadPass {
-    /// Every job of the operation (as every pass locked its live jobs before issue 17).
+    /// Every job of the operation (as every pass once locked its live jobs).
     LockedEveryJob,
-    /// Only the first job of the incarnation: a quiet pass's footprint since issue 17 (a pass locks the jobs it
+    /// Only the first job of the incarnation: a quiet pass's footprint (a pass locks the jobs it
     /// writes and the first one).
     LockedTheFirstJob,
 }

@@ -191,7 +191,7 @@ fn allocations_whose_cookie_no_longer_fits_are_released() {
 
 #[test]
 fn of_two_allocations_claiming_one_rank_or_one_cookie_the_second_is_not_reused() {
-    // Reachable for a cookie: one allocation kept for a process that may still run there (issue 40) while the
+    // Reachable for a cookie: one allocation kept for a process that may still run there while the
     // cookie's next job ran in another; a rank would need the gate against lingering processes broken.
     let plan = plan_task(&task(3, Some(None)), 3, vec![held(10, 0, Some(0)), held(11, 1, Some(0))]);
     assert_eq!(plan.released, vec![AllocationRef { row: RowId(11), generation: 1 }]);

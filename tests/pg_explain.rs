@@ -78,7 +78,7 @@ async fn fetch_among_many_finished_rows_uses_the_fetch_index_not_a_seq_scan() {
     assert_eq!(leased, ready, "the fetch leased other rows than the ready ones");
 }
 
-/// Leased rows are out of the fetch index's range (issue 16, `migrations/0004_fetch_index_unleased.sql`): with a
+/// Leased rows are out of the fetch index's range (`migrations/0004_fetch_index_unleased.sql`): with a
 /// thousand rows of the fetched status under lease, the fetch's scan of `resources_fetch_idx` meets only rows it
 /// can take (none removed by its filter), and expired leases come from `resources_lease_expiry_idx`. Before, the
 /// scan walked every leased row, first in fetch order, before the first eligible one.
@@ -154,7 +154,7 @@ fn rows_locked_first(plan: &[String]) -> usize {
 
 /// An apply of a lease that holds no related rows (every apply of the per-item mode) writes its row with one
 /// plain `UPDATE`, which locks the row itself: one statement, no separate row lock first (a heap write and a WAL
-/// record per item) and no CTEs (issue 16). A lease that holds related rows runs that statement, which writes
+/// record per item) and no CTEs. A lease that holds related rows runs that statement, which writes
 /// nothing, and then the one that locks every row it holds in id order before writing any (DESIGN §2, one lock
 /// order). Both applies then write what they did before.
 #[tokio::test]
@@ -200,7 +200,7 @@ async fn an_apply_locks_first_only_the_rows_of_a_lease_that_holds_related_rows()
 }
 
 /// The next expiry reads one entry of `resources_lease_expiry_idx` per status asked, however many leases are live
-/// (issue 16; `NEXT_EXPIRY` in src/store/pg/sql.rs): its generic plan, explained with few and then with many live
+/// (`NEXT_EXPIRY` in src/store/pg/sql.rs): its generic plan, explained with few and then with many live
 /// leases on the rows it looks at, returns at most one index entry per status and reads no more pages with many
 /// leases than with few, but for one more level of the index and one more leaf page per status (a descent may land
 /// at the end of a leaf and step to the next). A fetcher runs it after every empty

@@ -1,4 +1,4 @@
-//! The engine on real PostgreSQL behind the chaos proxy (issue 15): a half-open `LISTEN` session is noticed and
+//! The engine on real PostgreSQL behind the chaos proxy: a half-open `LISTEN` session is noticed and
 //! replaced, and its rows processed well within the poll interval; a session cut before its `COMMIT` and a reply
 //! lost after it apply nothing twice and lose nothing, and leave no worker stuck. Each test has its own schema and
 //! names its sessions after it. Needs PostgreSQL (see `support::pg`; never skips).

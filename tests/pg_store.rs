@@ -591,7 +591,7 @@ async fn schema_migrated_to(version: i64) -> (String, String, sqlx::PgPool) {
     (url, schema, pool)
 }
 
-/// A schema migrated only to 0001 and holding rows (a deployment before issue 13) migrates to 0002 when a store
+/// A schema migrated only to 0001 and holding rows (an early deployment) migrates to 0002 when a store
 /// connects: its rows read with no attempts, no errors and no `not_before`, and they fetch, fail with a backoff and
 /// apply as new rows do.
 #[tokio::test]
@@ -631,7 +631,7 @@ async fn a_populated_schema_of_migration_0001_migrates_and_its_rows_fail_and_app
     PgStore::drop_schema(&url, &schema).await.unwrap();
 }
 
-/// A schema migrated only to 0002 and holding an operation's inbox (a deployment before issue 17) migrates to 0003
+/// A schema migrated only to 0002 and holding an operation's inbox (an early deployment) migrates to 0003
 /// when a store connects: the parent-and-status index exists, and an indexed query reads the old rows, only the
 /// undone messages of the operation, in id order, with PostgreSQL planning it on that index.
 #[tokio::test]
@@ -686,7 +686,7 @@ async fn a_populated_schema_of_migration_0002_migrates_and_its_inbox_is_queried_
     PgStore::drop_schema(&url, &schema).await.unwrap();
 }
 
-/// A schema migrated only to 0003 and holding rows in every lease state (a deployment before issue 16) migrates to
+/// A schema migrated only to 0003 and holding rows in every lease state (an early deployment) migrates to
 /// 0004 when a store connects: the fetch index holds only rows without a lease expiry and the new expiry index the
 /// others; a fetch takes the unleased ready rows and takes over the expired lease, not the live one; the applies
 /// of the new leases succeed; and a query by status still reads the rows of both indexes.
@@ -744,7 +744,7 @@ async fn a_populated_schema_of_migration_0003_migrates_and_its_leases_fetch_and_
 }
 
 /// A schema migrated only to 0004 and holding a lease with related locks (a deployment before the related-token
-/// index, issue 16) migrates to 0005 and 0006 when a store connects: the token index holds related locks only and
+/// index) migrates to 0005 and 0006 when a store connects: the token index holds related locks only and
 /// a lease enters none, and the table's pages are filled to half; the old lease's heartbeat extends its related rows, and its apply unlocks them; a lease and related
 /// lock made after the migration heartbeat and release the same way.
 #[tokio::test]

@@ -7,7 +7,7 @@
 //!   is compared with the real output of that block's command (normalised only where it truly varies: wall times,
 //!   build ids), and every other `text` block is listed here as not being an output;
 //! - every relative link resolves to a file, and every `#anchor` to a heading of its page;
-//! - every "DESIGN §N" citation names a section of docs/design.md.
+//! - every "DESIGN §N" citation names a section of docs/design.md, and nothing cites a tracker issue by number.
 //!
 //! Some checks need the simulator build (`env -u RUSTFLAGS cargo sim-test --test readme`), the others the normal
 //! build (`cargo test --test readme`); `scripts/test` runs both.
@@ -618,6 +618,33 @@ fn every_design_citation_names_a_section_of_the_design_page() {
         }
     }
     assert!(cited >= 100, "only {cited} citations found: the walk missed the code");
+}
+
+/// History belongs in git, not in the tree: no comment, script or page cites a tracker issue by its number ("issue
+/// N"), which no reader of the repository can open. BENCHMARKS.md's dated rounds and the pinned snapshots are
+/// records, not references, and are left as they are.
+#[test]
+fn no_comment_or_page_cites_an_issue_by_number() {
+    let mut files = Vec::new();
+    for dir in ["src", "sim", "tests", "docs", "scripts", "benches", "examples", ".cargo", ".ci"] {
+        collect_files(&markdown::root().join(dir), &mut files);
+    }
+    files.push(markdown::root().join("README.md"));
+    let mut cited = Vec::new();
+    for file in files.iter().filter(|file| !file.components().any(|part| part.as_os_str() == "snapshots")) {
+        let Ok(text) = std::fs::read_to_string(file) else { continue };
+        for (number, line) in text.lines().enumerate() {
+            let words: Vec<&str> = line.split(|c: char| !c.is_ascii_alphanumeric()).collect();
+            let cites = words.windows(2).any(|pair| {
+                matches!(pair[0], "issue" | "issues") && pair[1].chars().next().is_some_and(|c| c.is_ascii_digit())
+            });
+            if cites {
+                cited.push(format!("{}:{}: {}", file.display(), number + 1, line.trim()));
+            }
+        }
+    }
+    assert!(files.len() > 100, "the walk found only {} files", files.len());
+    assert!(cited.is_empty(), "issues cited by number:\n{}", cited.join("\n"));
 }
 
 /// Every file under `dir`, recursively, except build output.

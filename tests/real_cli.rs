@@ -156,7 +156,7 @@ async fn submit_warns_about_each_unknown_spec_key_with_the_closest_known_one() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A submit is keyed (issue 42: a retried submit runs once): run again with the key of an earlier submit, it
+/// A submit is keyed (a retried submit runs once): run again with the key of an earlier submit, it
 /// creates nothing and prints that submit's operation, exit 0; without `--key` it makes a key and prints it on
 /// stderr, and that key does the same; a bad key is a usage error naming `--key`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

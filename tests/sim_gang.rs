@@ -332,7 +332,7 @@ fn violated(report: &RunReport) -> BTreeSet<&'static str> {
 
 #[test]
 fn with_the_all_or_nothing_gate_disabled_gang_ranks_together_fires() {
-    // Checkers bite (STYLE): the scenario of issue 14's example with the incremental bug planted.
+    // Checkers bite (STYLE): the scenario of the example with the incremental bug planted.
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/gang-all-or-nothing-two-gangs.toml");
     let file = sim::ScenarioFile::load(&path).unwrap();
     let clean = sim::run(&file.scenario, 1);

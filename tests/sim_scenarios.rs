@@ -30,7 +30,7 @@ fn every_scenario_file_parses_and_is_named_after_its_file() {
     let paths = scenario_paths();
     assert!(paths.len() >= 12, "scenarios/ holds {} files", paths.len());
     let gang = load_all().into_iter().filter(|file| file.scenario.gang.is_some()).count();
-    assert!(gang >= 8, "scenarios/ holds {gang} gang scenarios, issue 6 asks for at least 8");
+    assert!(gang >= 8, "scenarios/ holds {gang} gang scenarios, at least 8 expected");
     for (path, file) in paths.iter().zip(load_all()) {
         let stem = path.file_stem().and_then(|stem| stem.to_str()).expect("a UTF-8 file name");
         assert_eq!(file.scenario.name, stem, "{}: `name` differs from the file name", path.display());

@@ -160,7 +160,7 @@ fn bad_ranges_and_flags_are_refused_naming_them() {
     refused(&["sim", "swarm", "--seed", "1", "--ranges", "missing.toml"], "missing.toml");
 }
 
-/// The swarm as a test: worlds of every shape, small, every fault kind. (Kinds that issue 39's related-lock queue
+/// The swarm as a test: worlds of every shape, small, every fault kind. (Kinds that the related-lock queue
 /// fixes still fail on some row worlds under overload; these worlds stay under capacity.)
 #[test]
 fn check_swarm_runs_every_world_and_every_checker_judges_it() {

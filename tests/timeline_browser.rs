@@ -1,4 +1,4 @@
-//! The timeline page in a real browser (issue 18): Debian's Chromium, headless, driven over WebDriver by
+//! The timeline page in a real browser: Debian's Chromium, headless, driven over WebDriver by
 //! chromedriver. It opens `tests/fixtures/timeline-planted.html`, the page the simulator writes for the planted
 //! failure `tests/fixtures/timeline-planted.toml` (seed 1; `tests/sim_timeline.rs` checks that the file is what
 //! the simulator makes today, and rewrites it on request), and checks that it loads with no console error and

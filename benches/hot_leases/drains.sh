@@ -1,5 +1,5 @@
 #!/bin/bash
-# Sixth round (issue 16, BENCHMARKS.md): the drain bench of the engine as it is (`pipeline-base`) against HOT leases
+# Sixth round (BENCHMARKS.md): the drain bench of the engine as it is (`pipeline-base`) against HOT leases
 # (`pipeline-hot`: the engine with hot_fetch.patch applied, on a schema changed by hot_schema.sql), interleaved, a
 # CHECKPOINT before each drain. Build each binary with `cargo bench --bench pipeline --no-run` and copy it to
 # $BINS (default /tmp/hot_leases) under that name. From the repository's root: benches/hot_leases/drains.sh.

@@ -1,4 +1,4 @@
--- Candidate "nb" (issue 16, seventh round, measurement only): a narrow lease table of one row per fetch (a lease
+-- Candidate "nb" (seventh round, measurement only): a narrow lease table of one row per fetch (a lease
 -- batch), so that a lease enters no index but the primary key.
 --
 -- A lease is still an update of the resource row (its token, owner and exact expiry stay on the row, where the

@@ -1,4 +1,4 @@
--- Candidate "nbt" (issue 16, seventh round, measurement only): "nb" (nb_schema.sql, the same schema: mk_schema.sh
+-- Candidate "nbt" (seventh round, measurement only): "nb" (nb_schema.sql, the same schema: mk_schema.sh
 -- applies it) and rows written to a status that no pipeline fetches leave the fetch index, as the lean line's
 -- completed rows never enter its pending index. `lease_batch = 0` parks a row: the apply writes it when the row's
 -- new status is one of the kind's terminal statuses (a parameter of the apply; 'done' in the bench: in the engine,

@@ -1,4 +1,4 @@
--- Candidate "nl" (issue 16, seventh round, measurement only): the narrow lease table as the earlier rounds named
+-- Candidate "nl" (seventh round, measurement only): the narrow lease table as the earlier rounds named
 -- it. A lease is an insert (or, for a takeover or the owner's own mark, an update) of a small row of `leases`; the
 -- wide resource row is written only by the apply. The fetch still locks the resource row (`FOR NO KEY UPDATE SKIP
 -- LOCKED`: a lock, no new version) so that two fetches never take one row, and leaves out rows with a lease row

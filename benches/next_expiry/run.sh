@@ -1,6 +1,6 @@
 #!/bin/bash
-# The next-expiry read (NEXT_EXPIRY in src/store/pg/sql.rs) before and after one indexed min per status (issue 16,
-# seventh round), at 0 to 30 000 live leases on the rows it looks at. pgbench, 1 client, -M prepared (the
+# The next-expiry read (NEXT_EXPIRY in src/store/pg/sql.rs) before and after one indexed min per status
+# (seventh round), at 0 to 30 000 live leases on the rows it looks at. pgbench, 1 client, -M prepared (the
 # parameters are bound, as sqlx binds them, so the connection runs the statement's generic plan after five calls),
 # TX calls a run, one status ('{ready}') and two ('{ready,retrying}'); before and after interleaved (before first in
 # odd pairs), in one schema per lease count, ne_<pid> (mk_schema.sh), dropped after.

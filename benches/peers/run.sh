@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peers in the same run (BENCHMARKS.md, issue 16): drains of pre-filled no-op items on one PostgreSQL, lockstep and
+# Peers in the same run (BENCHMARKS.md): drains of pre-filled no-op items on one PostgreSQL, lockstep and
 # its peers interleaved repetition by repetition, each in a scoped schema of its own that is dropped afterwards:
 #
 #   graphile_batched  graphile-worker (a pinned version, installed by npm into $PEERS_DIR, outside the repository),

@@ -24,7 +24,7 @@
 //! seconds with tiny sizes that writes to a temporary directory: the code cannot rot, and the tests never pay for
 //! the measurement. The simulator build has nothing to run here (PostgreSQL and real time only).
 
-/// The allocator (issue 17): mimalloc, as the `lockstep` binary uses (see Cargo.toml).
+/// The allocator: mimalloc, as the `lockstep` binary uses (see Cargo.toml).
 #[global_allocator]
 static ALLOCATOR: lockstep::alloc::Mimalloc = lockstep::alloc::Mimalloc;
 

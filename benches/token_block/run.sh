@@ -1,5 +1,5 @@
 #!/bin/bash
-# One token draw per fetch against one per row, at the SQL level (issue 16, seventh round). pgbench, 8 clients,
+# One token draw per fetch against one per row, at the SQL level (seventh round). pgbench, 8 clients,
 # -M prepared, CHECKPOINT before each run, base and block interleaved (base first in odd pairs, block first in even
 # ones), each run in a fresh schema tb_<variant>_<pid> (mk_schema.sh: 200 000 ready rows), dropped after.
 #   batched:  100 transactions a client, each a fetch of 100 and the batched apply of what it leased (80 000 items)

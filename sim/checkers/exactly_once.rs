@@ -22,7 +22,7 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
         // are the services' (`external_exactly_once`), their own invariants their checkers'.
         return Ok(());
     }
-    // Keyed by the pipeline's name as the event holds it: no new string per effect (issue 17).
+    // Keyed by the pipeline's name as the event holds it: no new string per effect.
     let mut effects: BTreeMap<(RowId, &str), usize> = BTreeMap::new();
     let mut increments: BTreeMap<RowId, u64> = BTreeMap::new();
     for event in input.events.iter().filter(|event| event.kind == EFFECT_EVENT) {

@@ -1,4 +1,4 @@
-//! Exactly-once effects outside the store (issue 19): no subject was acted on twice by a simulated external
+//! Exactly-once effects outside the store: no subject was acted on twice by a simulated external
 //! service ([`crate::sim::service`]).
 //!
 //! A guarded apply makes a row's *database* writes happen once, but a handler's call to the outside world is not

@@ -114,7 +114,7 @@ pub fn check_all(input: &GangCheckInput<'_>) -> Vec<Violation> {
 /// Every controller pass that failed (part of `gang_audit`): a failure recorded on an operation row, from the
 /// trace's `commit failure` lines about an operation. A pass fails only by a panic or an error of its own (a store
 /// that fails or a lock that is contended leaves the lease to expire or resets it, recording nothing), and a pass
-/// retried on the same inbox fails again: the operation never moves and an abort waits behind it (issue 40).
+/// retried on the same inbox fails again: the operation never moves and an abort waits behind it.
 pub fn failed_passes(trace: &[TraceEvent]) -> Vec<String> {
     trace
         .iter()

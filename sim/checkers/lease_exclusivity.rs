@@ -24,7 +24,7 @@ struct Latest {
 
 /// The check; the error names the first offending commit.
 pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
-    // By row id: a lookup per lease of every commit (issue 17).
+    // By row id: a lookup per lease of every commit.
     let mut latest: RowMap<Latest> = RowMap::new();
     for (index, commit) in input.history.iter().enumerate() {
         let uses = |latest: &RowMap<Latest>, id: RowId, token: LockToken| -> Result<(), String> {

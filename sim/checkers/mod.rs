@@ -33,7 +33,7 @@ pub struct CheckInput<'a> {
     /// Every event, in sequence order.
     pub events: &'a [Event],
     /// Rows when the liveness wait ended (every row final, or the bound passed): at least every row not final
-    /// then. The simulator hands over only those (issue 17); `lockstep chaos run` hands over every row.
+    /// then. The simulator hands over only those; `lockstep chaos run` hands over every row.
     pub rows_at_liveness: &'a [Row],
     /// Rows at the end: after the replicas drained and a lease ttl passed.
     pub rows_final: &'a [Row],

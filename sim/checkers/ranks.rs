@@ -1,4 +1,4 @@
-//! The gang checkers that follow gang ranks through the executors' process log (DESIGN §4, §5; issue 14), where
+//! The gang checkers that follow gang ranks through the executors' process log (DESIGN §4, §5), where
 //! `allocation_exclusivity` looks at one allocation at a time:
 //!
 //! - [`rank_exclusivity`]: no two processes of one (operation, task, gang rank) run at once, whatever their

@@ -1,4 +1,4 @@
-//! Failing rows end (DESIGN §3, failures; issue 13): no row of the workload loops on its failures.
+//! Failing rows end (DESIGN §3, failures): no row of the workload loops on its failures.
 //!
 //! Replays the commit history's recorded failures ([`CommitOp::Failure`]) per row of the workload's pipelines:
 //! 1. each failure's attempt number is one more than the row's failures since its last applied apply (the count
@@ -33,7 +33,7 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
         // A user's pipelines set their own retry policies; the built-in workload's limit says nothing of them.
         return Ok(());
     }
-    // By row id: a lookup per failure, apply and leased row of the history (issue 17).
+    // By row id: a lookup per failure, apply and leased row of the history.
     let rows: RowMap<&Row> = input
         .rows_final
         .iter()

@@ -1,10 +1,10 @@
-//! Values by row id for the checkers that look a row up per commit (issue 17): a vector indexed by the id where
+//! Values by row id for the checkers that look a row up per commit: a vector indexed by the id where
 //! ids are dense, a `BTreeMap` elsewhere.
 //!
 //! The simulator's MemStore gives ids 1, 2, 3, … in insert order, and a PostgreSQL sequence counts from 1 too, so
 //! nearly every id is a small positive number. A lookup by index costs a bounds check where a `BTreeMap<RowId, _>`
 //! of 10 000 rows walks four nodes: after a 10 000-row run, `lease_exclusivity` alone spent 2.5 % of the seed's
-//! instructions on such lookups (BENCHMARKS.md, issue 17).
+//! instructions on such lookups (BENCHMARKS.md).
 
 use crate::store::RowId;
 use std::collections::BTreeMap;

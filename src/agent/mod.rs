@@ -310,7 +310,7 @@ pub struct Agent<S: Store, E: Executor> {
     /// the agent gets a session).
     warned_held: bool,
     /// Its node's allocation rows as the last pass decoded them, by row, with the version they were decoded at: a
-    /// pass decodes only the rows written since (issue 17: decoding every allocation, job launch and environment
+    /// pass decodes only the rows written since (decoding every allocation, job launch and environment
     /// included, at every pass of every agent was most of a quiet gang world's CPU).
     decoded: KeptRows<Allocation>,
 }
@@ -567,7 +567,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
         }
         self.collect_exits(&mut pass);
         if let (Some(session), Some(node)) = (self.session, self.node) {
-            // Decoded where they are read, never copied whole, and only if written since the last pass (issue 17).
+            // Decoded where they are read, never copied whole, and only if written since the last pass.
             self.decoded.begin();
             let decoded = &self.decoded;
             let read = |r: &Row| (r.id, decoded.read(r, Allocation::from_row));
@@ -619,7 +619,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
     /// First the node row must carry this agent's data (its slots): a row written by an earlier agent for the node
     /// (say with more `--slots`) is updated while no session holds it, so a session never starts with a slot count
     /// the agent will not serve, and the controller, which reads a node's slots with its session, never places a
-    /// job in a slot that does not exist (issue 13). While an earlier session still holds the lease the update is
+    /// job in a slot that does not exist. While an earlier session still holds the lease the update is
     /// busy and the agent waits, as it must for the lease anyway.
     async fn acquire(&mut self) -> Result<bool, StoreError> {
         let node = self.node.expect("registered before acquiring");
@@ -775,7 +775,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
             self.processes.iter().filter(|(row, p)| is_stale(row, p.allocation, p.job)).map(|(row, _)| *row).collect();
         for row in stale {
             // Listed until it has ended: a fence that abandons this pass at the lease's local deadline, in the middle
-            // of the kill, then waits for it too before it gives the lease back (issue 40).
+            // of the kill, then waits for it too before it gives the lease back.
             let handle = &mut self.processes.get_mut(&row).expect("listed").handle;
             handle.request_kill();
             handle.ended().await;
@@ -910,7 +910,7 @@ impl<S: Store, E: Executor> Agent<S, E> {
 
     /// Inserts the queued reports, at most [`REPORTS_PER_PASS_MAX`] of them in order, and hints each operation
     /// reported to, in one store call ([`Store::insert_many`]): a thousand starts of one gang are one round trip,
-    /// not a thousand (issue 17; a thousand round trips outlasted the node lease, and the agent fenced itself and
+    /// not a thousand (a thousand round trips outlasted the node lease, and the agent fenced itself and
     /// killed the gang in every incarnation: a new user's trial, `tests/sim_gang.rs`). A report leaves the queue
     /// only once inserted, so a failed or abandoned pass loses none (a report sent twice is ignored by the
     /// controller). A pass whose lease's heartbeat fell due (the local deadline within `heartbeat_trigger`) sends

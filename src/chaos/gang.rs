@@ -1,4 +1,4 @@
-//! The gang part of `lockstep chaos run` (issue 15): the harness as the gang client (it submits the scenario's
+//! The gang part of `lockstep chaos run`: the harness as the gang client (it submits the scenario's
 //! `[[operations]]` and runs its `[[controls]]` at their times through `gang::api`, the path of `lockstep submit`
 //! and `lockstep abort`), and what the gang checkers read, built from what PostgreSQL and the agents recorded:
 //!

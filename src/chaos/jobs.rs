@@ -1,4 +1,4 @@
-//! The jobs and the agent-side record of `lockstep chaos run`'s gang scenarios (issue 15).
+//! The jobs and the agent-side record of `lockstep chaos run`'s gang scenarios.
 //!
 //! - **Jobs** ([`ChaosExecutor`]): each agent runs its jobs through the real [`OsExecutor`] (sandbox, cleared
 //!   environment, process tree ended with the job, records for the restart cleanup), with the job's command

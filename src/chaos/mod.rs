@@ -1,5 +1,5 @@
 //! `lockstep chaos run`: a scenario file on a real PostgreSQL with real replica processes, real faults, a
-//! recorded history and the simulator's checkers (issue 15). Normal build only.
+//! recorded history and the simulator's checkers. Normal build only.
 //!
 //! - **World**: the scenario's replicas are child processes (`lockstep serve`, with the hidden row-workload mode
 //!   running the simulator's own handlers on the unchanged engine, or the gang controller as in real mode) on a

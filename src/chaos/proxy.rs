@@ -1,5 +1,5 @@
 //! A TCP proxy between one node (a replica or an agent) and PostgreSQL whose link faults are set at run time:
-//! the real form of the simulator's network faults for `lockstep chaos` (issue 15). One proxy per node: the node's
+//! the real form of the simulator's network faults for `lockstep chaos`. One proxy per node: the node's
 //! `DATABASE_URL` names the proxy's port instead of PostgreSQL's.
 //!
 //! What a link can do ([`LinkFault`]), and the scenario faults each serves:

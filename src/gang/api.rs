@@ -96,7 +96,7 @@ pub async fn submit<S: Store>(store: &S, spec: OperationSpec) -> Result<RowId, G
     Ok(row.id)
 }
 
-/// Submits an operation running `spec` at most once per `key` (issue 42: a retried submit runs once): checks the
+/// Submits an operation running `spec` at most once per `key` (a retried submit runs once): checks the
 /// spec's rules and the key ([`check_submit_key`]), inserts the operation under the key ([`Store::insert_keyed`]),
 /// then sends the fetch hint naming it, and on a store error (the outcome unknown: the insert or its reply may have
 /// been lost, or the hint failed) tries both again with the same key, as `retry` allows. The first attempt that
@@ -236,7 +236,7 @@ mod tests {
     use tokio::sync::broadcast;
 
     /// MemStore whose first `lost_replies` keyed inserts commit and then lose their reply, and whose first
-    /// `failed_hints` hints fail: the faults after which a user saw exit 1 and submitted again (issue 42).
+    /// `failed_hints` hints fail: the faults after which a user saw exit 1 and submitted again.
     struct Flaky {
         inner: MemStore,
         lost_replies: AtomicU32,

@@ -118,7 +118,7 @@ pub struct PassOutput {
     /// read ([`super::placement`]). `None`: the pass neither changed nor relied on the queue.
     pub queue: Option<Vec<QueueEntry>>,
     /// What the pass leaves of the operation's jobs and allocations, should its apply apply: what the replica's
-    /// next pass is given without reading them (`gang::last_pass`, issue 17).
+    /// next pass is given without reading them (`gang::last_pass`).
     pub left: PassLeft,
 }
 
@@ -135,7 +135,7 @@ pub struct PassLeft {
 
 /// Runs one pass (see the module docs for its order).
 ///
-/// An abort always ends the operation (issue 40): a pass retried on the same inbox would otherwise fail again on
+/// An abort always ends the operation: a pass retried on the same inbox would otherwise fail again on
 /// every retry for as long as some rule of it panics (a controller bug), and the abort behind it would never apply.
 /// So when the inbox holds an abort and the rules panic, the pass is run again as the abort alone: every job is
 /// aborted, every allocation released, every message consumed. (Without an abort, the panic fails the pass, as any
@@ -371,7 +371,7 @@ impl Pass {
     /// Starts an incarnation: index 0 at the start, else the next one after aborting every live job. Jobs are
     /// planned per task by [`rules::plan_task`] over the allocations that may be reused.
     fn begin_incarnation(&mut self, reason: SwitchReason, trigger: Option<usize>) {
-        // Sized up front (issue 17): each job of the new incarnation is created and, most often, placed (two
+        // Sized up front: each job of the new incarnation is created and, most often, placed (two
         // events), and each live job of the old one aborted (one).
         let live = self.live_jobs();
         let created = usize::try_from(self.data.spec.job_count()).unwrap_or(0);
@@ -902,7 +902,7 @@ impl Pass {
 
     /// Puts the current incarnation in the gang queue, unless it is there already; returns when it began to wait.
     /// First come, first placed, by when each operation began ([`QueueEntry::arrived`]): a gang that restarts waits
-    /// ahead of the gangs whose operations began after its own (issue 40: at the tail, a gang submitted after it
+    /// ahead of the gangs whose operations began after its own (at the tail, a gang submitted after it
     /// took the slots it freed), and an operation waiting at its start joins at the tail.
     fn join_queue(&mut self, need: u32) -> Timestamp {
         let index = self.data.incarnation;
@@ -1069,7 +1069,7 @@ impl Pass {
                 self.deferred.insert(i, reuse);
             }
             // A rank whose previous process may still run in another allocation waits, as any pending lingering
-            // rank does (`schedule`), and the allocation planned for it goes back to the free ones (issue 40: a
+            // rank does (`schedule`), and the allocation planned for it goes back to the free ones (a
             // cookie whose previous jobs linger in two allocations, both kept, is planned into one of them).
             Some((allocation, _))
                 if self.lingering_row(&self.jobs[i].data).is_some_and(|row| row != allocation.row) =>

@@ -1,4 +1,4 @@
-//! Rows decoded once and kept while their version stays (issue 17): a controller pass and an agent pass read every
+//! Rows decoded once and kept while their version stays: a controller pass and an agent pass read every
 //! job or allocation they look at, but decode only those written since the pass before. An entry is used only for a
 //! row read at the [`Row::version`], `updated_at` and status it was decoded at, which every store changes at each
 //! write of the row's status or data, so what a reader decides never depends on what it kept.
@@ -48,7 +48,7 @@ pub(crate) enum Fresh<T> {
 /// passes to the next. A pass calls [`KeptRows::begin`], reads each row through [`KeptRows::read`] (where the store
 /// reads it) and [`KeptRows::keep`], then [`KeptRows::end`], which drops the rows it did not read (a finished
 /// incarnation's leave with it). Entries stay in place from pass to pass, so a pass that reads 10 000 unchanged
-/// rows moves none of them and looks each up once (issue 17: moving every entry between two maps was a tenth of a
+/// rows moves none of them and looks each up once (moving every entry between two maps was a tenth of a
 /// gang restart's passes). Values are cheap to copy ([`super::model::Job`] and [`super::model::Allocation`] share
 /// their data).
 #[derive(Debug)]

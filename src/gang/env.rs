@@ -21,7 +21,7 @@ pub fn job_environment(spec: &OperationSpec, job: &JobData) -> BTreeMap<String, 
 }
 
 /// [`job_environment`] with the id of the job's incarnation given (a controller pass formats it once for the
-/// jobs it places; issue 17). Numbers are written with `itoa`, not the formatting machinery.
+/// jobs it places). Numbers are written with `itoa`, not the formatting machinery.
 pub(crate) fn job_environment_of(spec: &OperationSpec, job: &JobData, incarnation: String) -> BTreeMap<String, String> {
     let task = spec.tasks.get(&job.task).unwrap_or_else(|| panic!("job {} of unknown task {:?}", job.id, job.task));
     let mut env = task.environment.clone();

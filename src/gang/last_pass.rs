@@ -1,4 +1,4 @@
-//! What a replica's last pass over an operation left (issue 17): the operation's jobs and the allocations granted
+//! What a replica's last pass over an operation left: the operation's jobs and the allocations granted
 //! to it, as that pass's apply wrote them. Only an operation's applied passes write its jobs and the allocations
 //! it holds (agents and write APIs insert rows; DESIGN §3, write APIs), and every applied pass writes the
 //! operation's data with its own lease token in it ([`OperationData::written_by`]). So while the operation's data

@@ -1,5 +1,5 @@
 //! The [`Lingering`] entries of an operation while one pass works on them, indexed by (task, gang rank) and by
-//! job, so that a gang restart of N ranks and the N reports that follow it cost N log N, not N² (issue 17: a
+//! job, so that a gang restart of N ranks and the N reports that follow it cost N log N, not N² (a
 //! 10 000-job restart spent most of its time scanning the list once per rank and once per message).
 //!
 //! The list's order is kept: entries are numbered as they are added, and [`LingeringSet::into_vec`] returns them
@@ -11,7 +11,7 @@ use crate::store::RowId;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The lingering entries of one pass. At most one entry per (task, gang rank), as [`LingeringSet::push`] keeps it.
-/// The indexes are looked up by the task's name and the job without allocating a key (issue 17: a gang restart of
+/// The indexes are looked up by the task's name and the job without allocating a key (a gang restart of
 /// 10 000 ranks pushes 10 000 entries and looks up each rank as it places the new incarnation).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LingeringSet {

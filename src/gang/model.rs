@@ -52,7 +52,7 @@ pub struct DecodeError {
 }
 
 fn decode<T: for<'de> Deserialize<'de>>(row: &Row) -> Result<T, DecodeError> {
-    // From the borrowed value: no clone of the row's data first (issue 17: clones dominated a gang restart's CPU).
+    // From the borrowed value: no clone of the row's data first (clones dominated a gang restart's CPU).
     T::deserialize(&row.data).map_err(|e| DecodeError { row: row.id, kind: row.kind.clone(), message: e.to_string() })
 }
 
@@ -191,7 +191,7 @@ impl fmt::Display for JobId {
 
 impl JobId {
     /// The id as displayed (`"{operation}-{index}"`), written with `itoa` rather than the formatting machinery: a
-    /// gang restart of 10 000 jobs writes it into 30 000 events and launches (issue 17).
+    /// gang restart of 10 000 jobs writes it into 30 000 events and launches.
     pub fn to_text(&self) -> String {
         joined(self.operation.0, "-", self.index)
     }
@@ -272,21 +272,21 @@ pub struct OperationData {
     #[serde(default)]
     pub lingering: Vec<Lingering>,
     /// Every job of the current incarnation has a row id greater than this one, so a pass reads only the jobs
-    /// after it and a finished incarnation costs later passes nothing (issue 17). A gang restart sets it to the
+    /// after it and a finished incarnation costs later passes nothing. A gang restart sets it to the
     /// largest job row its pass read: the new incarnation's jobs are inserted by that pass's apply or later ones,
     /// and the store gives later rows larger ids. `None` until the first gang restart (every job is incarnation
     /// 0's) and for an operation whose data predates the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jobs_after: Option<RowId>,
     /// The allocation rows granted to the operation when its last pass applied, by id: the next pass reads these
-    /// and the free ones, not every allocation of the cluster (issue 17). `None` for an operation whose data
+    /// and the free ones, not every allocation of the cluster. `None` for an operation whose data
     /// predates the field (its pass reads every allocation once, then keeps the list).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub granted: Option<Vec<RowId>>,
     /// The lease token of the controller pass whose apply wrote this data (tokens are unique store-wide, and a
     /// lease applies at most once): a replica that kept what that pass left knows that no job or granted allocation
-    /// of the operation was written since, and its next pass reads only what changed (issue 17,
-    /// `gang::last_pass`). `None` before the first pass and for data that predates the field.
+    /// of the operation was written since, and its next pass reads only what changed
+    /// (`gang::last_pass`). `None` before the first pass and for data that predates the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub written_by: Option<LockToken>,
 }
@@ -297,7 +297,7 @@ pub struct OperationData {
 /// (where the agent kills before it starts), so no two processes of one rank ever run at once (the simulator's
 /// `rank_exclusivity`).
 ///
-/// Known dead only on evidence (issue 40): the agent reports the job's end (an exit, the kill of a process the
+/// Known dead only on evidence: the agent reports the job's end (an exit, the kill of a process the
 /// controller moved on from, or that it runs no process of the job), or the node's session is no longer the one it
 /// ran under (the agent fenced, or its lease expired: DESIGN §2's margin rule). A renewal of the node lease is no
 /// evidence: an agent whose start report was not inserted yet, and whose allocation listing then failed after a
@@ -360,7 +360,7 @@ pub struct Job {
     /// Status.
     pub status: JobStatus,
     /// Fields, shared: a copy of a job (a controller pass copies every job it keeps decoded between passes) shares
-    /// them until one is changed ([`Arc::make_mut`]), issue 17.
+    /// them until one is changed ([`Arc::make_mut`]).
     pub data: Arc<JobData>,
 }
 
@@ -471,7 +471,7 @@ pub struct AllocationData {
     /// The node session (its agent's node lease token) at the grant. The allocation dies with that session.
     pub node_session: Option<LockToken>,
     /// The job its agent must run now; `None` while idle. Shared (never changed in place: a new launch replaces
-    /// it), so a copy of a decoded allocation does not copy the launch's environment (issue 17: a controller pass
+    /// it), so a copy of a decoded allocation does not copy the launch's environment (a controller pass
     /// copies every allocation it keeps decoded between passes). Encoded as the launch itself.
     #[serde(default, with = "shared_launch")]
     pub job: Option<Arc<JobLaunch>>,
@@ -600,7 +600,7 @@ pub enum Message {
 
 impl Message {
     /// Decodes an inbox row. The two reports agents send are decoded by their `type` first: serde decodes an
-    /// internally tagged enum by copying every field of the message aside before it looks at the tag (issue 17: a
+    /// internally tagged enum by copying every field of the message aside before it looks at the tag (a
     /// 10 000-job gang restart's passes decode 20 000 reports); the others, and any row these do not fit, as the
     /// enum (with its error).
     pub fn from_row(row: &Row) -> Result<Message, DecodeError> {

@@ -4,7 +4,7 @@
 //! 1. load: read the current incarnation's jobs, the unconsumed inbox, the gang queue, then the store's `now`, the
 //!    nodes, and the allocations granted to the operation and the free ones (the queue before the allocations: see
 //!    step 3), each through an indexed [`Store::query`], so a pass costs what the operation has now, not its
-//!    history (issue 17); decide whether this pass is a *revival* (a job of the operation still carries the related
+//!    history; decide whether this pass is a *revival* (a job of the operation still carries the related
 //!    lock of a pass whose lease expired before it applied: that holder died or stalled mid-pass). A replica whose
 //!    own last pass wrote the operation's data (its lease token is in it, [`OperationData::written_by`]) takes the
 //!    jobs and granted allocations as that pass left them (`gang::last_pass`: no one else writes them) and reads
@@ -299,7 +299,7 @@ pub struct DecodeCounts {
 }
 
 /// Job and allocation rows as this replica's last pass over each operation decoded them, with the version of the
-/// row they were decoded from (issue 17: decoding every job and allocation of a 10 000-job incarnation was most of
+/// row they were decoded from (decoding every job and allocation of a 10 000-job incarnation was most of
 /// every pass of a gang restart, though each pass changes a few of them).
 ///
 /// An entry is used only for a row read at the [`Row::version`] and `updated_at` it was decoded at (and the same
@@ -507,7 +507,7 @@ impl JobsGiven {
 /// first job of the incarnation (`given.first`), so that a pass that dies after its locks leaves its token where
 /// every later pass looks (revival, [`OperationHandler::locked_by_a_lost_pass`]); in a revival every live job too
 /// (`given.live`), so that none keeps the dead pass's token (it locked only the jobs it wrote, all live when it read
-/// them); and the messages it consumes. By id. A pass locks no job it does not write (issue 17: a gang restart's
+/// them); and the messages it consumes. By id. A pass locks no job it does not write (a gang restart's
 /// passes locked and unlocked 10 000 jobs each).
 fn children(given: JobsGiven, output: &PassOutput) -> Vec<RowId> {
     let mut rows: Vec<RowId> =

@@ -47,7 +47,7 @@ pub const UNFIT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
 
 /// Default of [`PlacementSettings::node_return_grace`]: a node whose agent is restarted, or whose machine reboots,
 /// is back within minutes; a gang that lost it waits that long, holding its place and its reservation, before it
-/// counts as one that can never be placed (issue 40: a node down 90 s failed a gang as unfit, the unfit timeout
+/// counts as one that can never be placed (a node down 90 s failed a gang as unfit, the unfit timeout
 /// being 60 s, although the node came back at 105 s).
 pub const NODE_RETURN_GRACE_DEFAULT: Duration = Duration::from_secs(300);
 

@@ -137,7 +137,7 @@ pub struct TaskPlan {
 /// whose pool is its `job_count`, has rank = cookie always). An allocation whose cookie or rank no longer fits the
 /// task is released, and so is one whose last job's cookie or rank a held allocation before it (ranked first, by
 /// rank, then by cookie) claimed: two held allocations may name one cookie when one is kept for a process that may
-/// still run there (`gang::model::Lingering`) while the cookie's next job ran elsewhere (issue 40). The caller
+/// still run there (`gang::model::Lingering`) while the cookie's next job ran elsewhere. The caller
 /// keeps those it must keep.
 pub fn plan_task(task: &TaskSpec, rank_pool: u32, mut held: Vec<HeldAllocation>) -> TaskPlan {
     let n = task.job_count;

@@ -21,7 +21,7 @@
 //! A bad value fails alone (DESIGN §2): the store checks every value of a batch before it writes any
 //! ([`check_apply`](crate::store::check_apply)), and a batch it refuses whole is sent again item by item (see [`super::group_commit`]), so
 //! only the bad item fails. The batcher does not check the values itself first: each value is walked once, by the
-//! store (issue 17: walking a gang restart's 30 000 JSON values twice, here and in the store, was 8 % of its CPU),
+//! store (walking a gang restart's 30 000 JSON values twice, here and in the store, was 8 % of its CPU),
 //! and a bad value, a bug of its handler, costs its batch one refused call.
 //!
 //! A window of zero (or a batch bound of 1) turns a batcher off: each call is its own store call, on the worker's

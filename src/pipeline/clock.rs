@@ -70,7 +70,7 @@ impl LocalClock {
     /// The same clock, reading the runtime's clock through `reader` instead of `tokio::time::Instant::now()`.
     /// The simulator reads madsim's clock directly this way: through `Instant::now()` every read crossed libc's
     /// `clock_gettime`, which madsim overrides, at about 250 instructions a read, and a 10 000-row run's replicas
-    /// read their clocks about 230 000 times (issue 17). Set it before the clock is shared.
+    /// read their clocks about 230 000 times. Set it before the clock is shared.
     pub fn with_reader(mut self, reader: RuntimeReader) -> LocalClock {
         self.reader = Some(reader);
         self

@@ -29,7 +29,7 @@ pub const FETCH_JITTER_DEFAULT: f64 = 0.2;
 pub const FETCH_SHORTEST_CHANCE_DEFAULT: f64 = 0.1;
 
 /// Default slack a fetcher waits past the first expiry of the leases an empty fetch had to skip before it fetches
-/// again (issue 14: takeover without waiting out a backoff). The wait starts when the store's answer arrived, so
+/// again (takeover without waiting out a backoff). The wait starts when the store's answer arrived, so
 /// on an exact local clock it never ends before the store-side expiry; the slack covers a local clock running
 /// fast (30 ms over a 30 s lease at 0.1 % drift) with room to spare, and bounds how often a fetcher looks again at
 /// a lease its holder extended meanwhile (at most once per slack).
@@ -43,17 +43,17 @@ pub const APPLY_BATCH_WINDOW_DEFAULT: Duration = Duration::from_millis(2);
 /// Default most applies in one batch (and, times `apply_batches_in_flight`, unanswered at once per pipeline): 600,
 /// as [`FETCH_LIMIT_MAX_DEFAULT`], so that a full fetch's rows go back in one batch (a drain whose fetches leased
 /// 400 rows but applied in batches of 100 filled its apply slots 77 % of the time and ran no faster than with 100
-/// of each; issue 16, BENCHMARKS.md).
+/// of each, BENCHMARKS.md).
 pub const APPLY_BATCH_MAX_DEFAULT: usize = 600;
 /// Default most apply batches of a pipeline in the store at once: 2, so the next batch goes while one commits. A
 /// 1 × 8 drain on PostgreSQL with two fetches in flight waited on its one apply batch (its 100 unanswered applies
 /// filled their slots 77–86 % of the time); with two of each it ran 1.4–2.1 × (median 1.7 ×) as fast as with one
-/// of each (issue 16, BENCHMARKS.md).
+/// of each (BENCHMARKS.md).
 pub const APPLY_BATCHES_IN_FLIGHT_DEFAULT: usize = 2;
 /// Default most rows one fetch leases once the workers outrun dstack's queue size: 600 (100 before). A drain of
 /// 200 000 no-op items on PostgreSQL, 1 replica × 8 workers, ran 1.50–1.69 × as fast as with 100 (four pairs), at
 /// 0.66–0.75 × the PostgreSQL CPU per item: each statement's fixed cost is spread over more rows. 300 gave about
-/// 1.3 ×, and 1 000 nothing more than 600 beyond the noise (issue 16, BENCHMARKS.md, "Eighth round"). The queue
+/// 1.3 ×, and 1 000 nothing more than 600 beyond the noise (BENCHMARKS.md, "Eighth round"). The queue
 /// grows to it only while the workers outrun the fetches and the store has the rows, and halves back once they keep
 /// up ([`Shared::adapt`](super::queue::Shared::adapt)), so a pipeline whose handlers take their time keeps dstack's
 /// queue of twice its workers.
@@ -62,8 +62,8 @@ pub const FETCH_LIMIT_MAX_DEFAULT: usize = 600;
 /// the fetches and the store has more rows), so an idle or slow pipeline fetches as dstack's one loop does; a busy
 /// one has a second fetch in flight while the first is answered (`tests/batching.rs`: twice the rows per second at
 /// 10 ms a call). A 1 × 8 drain on PostgreSQL spent about 80 % of its time with its one fetch in flight and every
-/// worker idle; with two fetchers and two apply batches in flight it ran 1.4–2.1 × (median 1.7 ×) as fast (issue 16,
-/// BENCHMARKS.md).
+/// worker idle; with two fetchers and two apply batches in flight it ran 1.4–2.1 × (median 1.7 ×) as fast
+/// (BENCHMARKS.md).
 pub const FETCHERS_DEFAULT: usize = 2;
 
 /// Default longest wait of a worker's refetch for other workers' refetches to join it in one store call: the
@@ -284,7 +284,7 @@ pub struct PipelineConfig {
     /// heartbeater's next pass, so within one `heartbeat_interval`) the worker gives the handler up and the item fails (`WorkError::Failed`, recorded on the row as any failure, then
     /// retried or given up by `retry`), and the heartbeater renews its lease no more, even while a handler that
     /// blocks its thread keeps the worker from noticing: a handler that never returns would otherwise hold its row
-    /// for the life of the process (issue 42). A handler that blocks its thread past the bound and then returns
+    /// for the life of the process. A handler that blocks its thread past the bound and then returns
     /// goes on to its guarded apply, stale if another holder took the row meanwhile. Zero: unbounded. Default [`HANDLER_TIMEOUT_DEFAULT`].
     pub handler_timeout: Duration,
 }
@@ -364,7 +364,7 @@ impl PipelineConfig {
     /// with apply batching on ([`PipelineConfig::apply_batching`]), one per apply batch in flight
     /// (`apply_batches_in_flight`). A worker hands its apply over and takes its next item, whose load needs a
     /// connection while the batch holds another; sized without the batches, a slow database's batches held
-    /// connections the workers then timed out waiting for, and each item dropped so waited a lease ttl (issue 42).
+    /// connections the workers then timed out waiting for, and each item dropped so waited a lease ttl.
     /// A refetch batch needs none of its own: the workers waiting for it make no store call meanwhile.
     pub fn connections_needed(&self) -> usize {
         let batches = if self.apply_batching() { self.apply_batches_in_flight } else { 0 };

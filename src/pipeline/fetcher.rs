@@ -188,7 +188,7 @@ impl<S: Store> Fetcher<S> {
     /// A retry this replica noted fell due while it had no room to fetch (its queue full, or backing off for
     /// contention): it publishes a fetch hint of its kind, so that a replica with an idle worker takes the row now
     /// rather than at its own poll (the swarm saw claims fetched up to 0.5 s past their retry while another
-    /// replica's worker idled, issue 39). A store error is logged: the rows wait for a poll, as before.
+    /// replica's worker idled). A store error is logged: the rows wait for a poll, as before.
     async fn hand_retries_on(&self) {
         let kind = &self.core.config.kind;
         if let Err(error) = self.core.store.hint(kind, None).await {
@@ -213,7 +213,7 @@ impl<S: Store> Fetcher<S> {
 
     /// The wait after an empty fetch: the backoff, or, if a lease or intent mark the fetch had to skip expires
     /// sooner (the expiry the fetch brought back, [`Store::fetch_with_expiry`]), until `fetch_expiry_slack` after
-    /// that, so that a dead holder's rows are taken over at once rather than a backoff later (issue 14). No expiry
+    /// that, so that a dead holder's rows are taken over at once rather than a backoff later. No expiry
     /// known (none, or the store could not tell) keeps the backoff.
     pub fn empty_wait(&mut self) -> Duration {
         let backoff = self.backoff();

@@ -1,6 +1,6 @@
 //! The heartbeater: extends the leases of the rows the pipeline's workers process when they come close to expiry,
 //! gives back the leases of rows still queued by then, and forgets leases that were lost (DESIGN §3; dstack
-//! PIPELINES, "Overview"; issue 14 for the queued ones).
+//! PIPELINES, "Overview"; the queued ones too).
 
 use super::Core;
 use crate::buggify::{self, Point};
@@ -42,7 +42,7 @@ impl<S: Store> Heartbeater<S> {
     ///    pipeline becomes saturated, see [`super::queue`]), and a fetch hint for the kind is sent;
     /// 3. the others are extended in one store call, except those whose handler ran past its time-out
     ///    ([`HeartbeatPass::withheld`]: a handler that never returns must not hold its row for the life of the
-    ///    process; issue 42);
+    ///    process);
     /// 4. those the store no longer holds are forgotten; the others get deadline = (call sent) + ttl − margin.
     ///
     /// Before all this, every handler past its time-out is signalled to be given up (its worker then fails the

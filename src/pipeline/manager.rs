@@ -141,7 +141,7 @@ impl<S: Store> PipelineManager<S> {
     /// [`PipelineManager::abort`] does, and `None` is returned; the leases not given back expire on their own. A
     /// drain waits for the passes its workers started, and a pass waits for its store calls, each bounded by the
     /// store (`PgOptions::call_timeout`) but several in a row; the bound makes the whole stop end in time whatever
-    /// the database does (issue 42).
+    /// the database does.
     pub async fn shutdown_within(&mut self, bound: std::time::Duration) -> Option<ShutdownReport> {
         let report = tokio::time::timeout(bound, self.shutdown()).await.ok();
         if report.is_none() {

@@ -23,7 +23,7 @@
 //! queue empty, until a fetch leases fewer (the store has no backlog). A fetch that gives its
 //! room back below the lower mark wakes the fetchers, as a worker's pop would.
 //!
-//! A replica keeps no more leases than its workers can start within a lease time (issue 14: a replica whose
+//! A replica keeps no more leases than its workers can start within a lease time (a replica whose
 //! workers were busy with slow items held a queue of leases alive by heartbeat while other replicas idled). The
 //! span a queued lease can wait before the heartbeater must extend it is the *start window*: lease ttl − margin −
 //! `heartbeat_trigger`. When an item is still queued at the end of its start window, the heartbeater takes it out
@@ -527,7 +527,7 @@ impl Shared {
     /// A row a worker failed at local time `now` falls due for its retry at the local instant `due` (its
     /// [`Retry::After`] delay from the failure's answer, plus the fetch's expiry slack). The first fetcher ends a
     /// backoff it sleeps at the earliest such instant, so the row is fetched when its retry falls due rather than
-    /// when the backoff ends (issue 13's retries; a new user's trial saw a 1 s retry wait 3.6 s). Every instant
+    /// when the backoff ends (the retries; a new user's trial saw a 1 s retry wait 3.6 s). Every instant
     /// is kept until it passes, so a later retry is not lost behind an earlier one.
     ///
     /// [`Retry::After`]: crate::store::Retry::After

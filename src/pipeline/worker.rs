@@ -358,7 +358,7 @@ pub async fn run<S: Store, H: Handler<S>>(core: Core<S>, handler: Arc<H>) {
 
 /// Largest a handed-over apply's task may be, in bytes (debug builds assert it at every spawn). tokio copies a
 /// task's future as it spawns it, once per item here: with the store calls of `Applying::finish` inline, a PgStore
-/// pipeline's task was 20 392 bytes and its copies a tenth of the replica's CPU (issue 16, BENCHMARKS.md); boxed,
+/// pipeline's task was 20 392 bytes and its copies a tenth of the replica's CPU (BENCHMARKS.md); boxed,
 /// 984.
 const FINISH_FUTURE_BYTES_MAX: usize = 2048;
 

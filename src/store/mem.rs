@@ -36,7 +36,7 @@ struct Inner {
 type FetchKey = (Option<Timestamp>, RowId);
 
 /// The rows, by id. Ids are given in insert order from 1 and rows are never deleted, so row `id` is at index
-/// `id − 1` of a vector: a lookup is an index, not a search of a map (issue 17: a fetch reads a row per candidate
+/// `id − 1` of a vector: a lookup is an index, not a search of a map (a fetch reads a row per candidate
 /// it scans, and every call reads or writes rows by id).
 #[derive(Default)]
 struct Rows(Vec<Row>);
@@ -76,7 +76,7 @@ impl std::ops::Index<&RowId> for Rows {
 }
 
 /// The set under `key` in `map`, added empty if there is none: a new string only for a key not seen before (a map
-/// keyed by `String` otherwise takes one per `entry`, and every insert and status write goes through here, issue 17).
+/// keyed by `String` otherwise takes one per `entry`, and every insert and status write goes through here).
 fn set_for<'a, K: Ord>(map: &'a mut BTreeMap<String, BTreeSet<K>>, key: &str) -> &'a mut BTreeSet<K> {
     if !map.contains_key(key) {
         map.insert(key.to_string(), BTreeSet::new());
@@ -87,7 +87,7 @@ fn set_for<'a, K: Ord>(map: &'a mut BTreeMap<String, BTreeSet<K>>, key: &str) ->
 /// Rows by kind, then status: in fetch order ([`FetchKey`]) for [`State::by_status`], by id for each parent's
 /// [`State::by_parent_status`]. Nested rather than keyed by a `(kind, status)` pair, so that a lookup borrows the
 /// caller's strings: a pair key is two new strings per lookup, and every fetch, apply and status write looks up
-/// (issue 17).
+///.
 struct StatusIndex<K>(BTreeMap<String, BTreeMap<String, BTreeSet<K>>>);
 
 impl<K> Default for StatusIndex<K> {
@@ -149,7 +149,7 @@ struct State {
     /// The row each key of [`Store::insert_keyed`] names (PostgreSQL's `insert_keys`); kept for good, as rows are.
     insert_keys: BTreeMap<String, RowId>,
     /// Children of each parent, then kind, by id: a parent's `list` and `query` read only its children, as
-    /// PostgreSQL's `resources_parent_idx` lets them (issue 17). Nested like [`StatusIndex`], so that a lookup
+    /// PostgreSQL's `resources_parent_idx` lets them. Nested like [`StatusIndex`], so that a lookup
     /// borrows the kind.
     by_parent: BTreeMap<RowId, BTreeMap<String, BTreeSet<RowId>>>,
     /// Children of each parent, then kind and status, by id: a query for a parent's rows in some statuses (an
@@ -224,7 +224,7 @@ impl CommitOp {
     ///
     /// The simulator's database node writes the texts of a call's commits into one buffer that it keeps from call
     /// to call, rather than a new `String` per commit grown as `Display` writes it; numbers are written digit by
-    /// digit, without the formatting machinery (issue 17: every trace line is byte for byte the text `Display`
+    /// digit, without the formatting machinery (every trace line is byte for byte the text `Display`
     /// wrote before, and `Display` now calls this).
     pub fn write_text(&self, out: &mut String) {
         match self {
@@ -462,7 +462,7 @@ impl MemStore {
     }
 
     /// The rows for which `pred` holds, by id (copies of those only): a snapshot of the few rows a check needs,
-    /// e.g. the simulator's rows not yet final when its liveness wait ends (issue 17).
+    /// e.g. the simulator's rows not yet final when its liveness wait ends.
     pub fn rows_where(&self, mut pred: impl FnMut(&Row) -> bool) -> Vec<Row> {
         self.lock().rows.values().filter(|row| pred(row)).cloned().collect()
     }
@@ -532,7 +532,7 @@ impl MemStore {
 
 /// Whether `row`, a row of `p`'s kind in one of `p`'s statuses, may be leased by the fetch `p` at `now` (the rule
 /// of [`Store::fetch`], with its kind and status filter). The fetch reads such rows through its status index, so
-/// neither text is compared again here (issue 17: a fetch scans every leased row of its statuses).
+/// neither text is compared again here (a fetch scans every leased row of its statuses).
 pub(crate) fn fetch_eligible(row: &Row, p: &FetchParams, now: Timestamp) -> bool {
     debug_assert!(row.kind == p.kind && p.statuses.contains(&row.status), "row {} is not of the fetch", row.id);
     let lease_live = row.lock_expires_at.is_some_and(|expires| expires > now);
@@ -655,7 +655,7 @@ impl State {
     /// Unlocks every row locked with the lease's token (its own row, if held, and its related rows); returns the
     /// related rows (by id).
     /// One removal of the token's index entry rather than one per row: a gang restart's passes lock and unlock
-    /// 10 000 jobs each (issue 17).
+    /// 10 000 jobs each.
     fn unlock_lease(&mut self, lease: Lease) -> Vec<RowId> {
         let rows = self.by_token.remove(&lease.token).unwrap_or_default();
         for id in &rows {
@@ -783,7 +783,7 @@ impl State {
     /// the first expiry after `now` of a lease or mark on the rows it scanned (every row of the fetch's kind and
     /// statuses: [`Store::next_expiry`]), found by the same scan.
     fn fetch(&mut self, caller: &Option<Arc<str>>, p: FetchParams, now: Timestamp) -> (Vec<Row>, Option<Timestamp>) {
-        // Each status once, in the order given (no set built per fetch: issue 17). The answer does not depend on
+        // Each status once, in the order given (no set built per fetch). The answer does not depend on
         // the order: the eligible rows are sorted below, and an expiry is kept only when no status had one.
         let statuses = p.statuses.iter().enumerate().filter(|(i, status)| !p.statuses[..*i].contains(status));
         // Each status's rows are in fetch order (`None < Some(_)`: never-processed rows first, as `ORDER BY
@@ -857,7 +857,7 @@ impl State {
         // The ids filter was applied by the lookup above; matching each row against the list again would cost
         // the list's length per row. Without ids, the index read holds exactly the rows of the query's kind,
         // parent, statuses and cursor, so no row is matched again: that reads each row's kind, a text apart from
-        // the row, which a reader that does not need it pays for with a cache miss per row (issue 17: 3 % of a
+        // the row, which a reader that does not need it pays for with a cache miss per row (3 % of a
         // 10 000-job gang restart).
         let exact = q.ids.is_none();
         let filters = RowQuery {
@@ -969,7 +969,7 @@ impl Store for MemStore {
         let age_rule = !self.inner.related_age_rule_disabled.load(Ordering::Relaxed);
         let mut state = self.lock();
         // Each related row is looked up once: whether it exists and whether it is available (a gang restart's
-        // passes lock 10 000 jobs each, issue 17).
+        // passes lock 10 000 jobs each).
         let mut available = Vec::with_capacity(p.related.len());
         let (mut taken, mut by_own_pipeline) = (false, true);
         for id in &p.related {

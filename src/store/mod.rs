@@ -72,10 +72,10 @@ pub trait Store: Send + Sync + 'static {
     /// `None` when there is none. Writes nothing; the other fields of `params` are ignored.
     ///
     /// A fetcher that found nothing to lease asks it so that it can fetch again when a lease it had to skip
-    /// expires, rather than at the end of its backoff (issue 14: a dead replica's rows are taken over within
+    /// expires, rather than at the end of its backoff (a dead replica's rows are taken over within
     /// the lease ttl plus a small slack). MemStore finds it in the empty fetch's own scan
     /// ([`Store::fetch_with_expiry`]); PgStore reads one entry of its lease-expiry index per status, however many
-    /// leases are live (issue 16).
+    /// leases are live.
     ///
     /// The default answers `None` (no expiry known: the fetcher keeps its backoff); backends override it.
     fn next_expiry(&self, params: FetchParams) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
@@ -89,7 +89,7 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// The default makes the two calls one after the other, as PgStore runs two statements; a backend whose
     /// calls cross a network overrides it with one round trip (the simulator's network store: an empty fetch
-    /// and its expiry cost one call, issue 17). A failed [`Store::next_expiry`] is logged and answers `None`: the
+    /// and its expiry cost one call). A failed [`Store::next_expiry`] is logged and answers `None`: the
     /// fetch itself succeeded.
     fn fetch_with_expiry(
         &self,
@@ -141,7 +141,7 @@ pub trait Store: Send + Sync + 'static {
     /// Held means the row carries the lease's token *and* the lease has not expired (`lock_expires_at > now`):
     /// a heartbeat never revives an expired lease, even one no one took over, because others may already have
     /// acted on its expiry (the controller declares a node lost when its node lease expires, and a late
-    /// heartbeat must not bring that session back; issue 13). The guarded apply still accepts an expired lease no
+    /// heartbeat must not bring that session back). The guarded apply still accepts an expired lease no
     /// one took (its guard is the token).
     fn heartbeat(&self, params: HeartbeatParams) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send;
 
@@ -153,7 +153,7 @@ pub trait Store: Send + Sync + 'static {
     /// `lease_ttl` (dstack PIPELINES, "Locking many related resources"), except rows that already carry `owner`
     /// with no token (its own intent mark, fresh or expired, or its reset mark), which are left as they are: a
     /// parent's contended retries never push back the expiry of the marks it left, so a mark holds its row for
-    /// the parent at most one lease ttl, and once it expired the row's own pipeline takes it (issue 14: a parent
+    /// the parent at most one lease ttl, and once it expired the row's own pipeline takes it (a parent
     /// that re-marked its children at every retry kept their pipeline off them for minutes). A row is marked again
     /// only after someone took it (its own pipeline's apply or release clears the mark).
     fn lock_related(&self, params: LockRelatedParams) -> impl Future<Output = Result<LockOutcome, StoreError>> + Send;
@@ -165,7 +165,7 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// The default makes the two calls one after the other, as PgStore runs two statements; a backend whose
     /// calls cross a network overrides it with one round trip (the simulator's network store: a contended lock
-    /// and its reset cost one call, issue 17). Errors: the store's; after a contended lock, the reset's (the
+    /// and its reset cost one call). Errors: the store's; after a contended lock, the reset's (the
     /// lease is then left to expire).
     fn lock_related_or_reset(
         &self,
@@ -184,7 +184,7 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// [`Store::lock_related_or_reset`], and when the lock is taken, the related rows as it left them, read in the
-    /// same call: what a handler that locks rows in order to read them needs, in one round trip (issue 17: a
+    /// same call: what a handler that locks rows in order to read them needs, in one round trip (a
     /// lock and then a read of what it locked were two). Nobody else writes a row while it carries the holder's
     /// token, and the apply is stale unless every row locked still carries it ([`ApplyParams::locked`]: a lock
     /// that expired while its holder stalled may have gone to the row's own pipeline), so the rows read are the
@@ -285,7 +285,7 @@ pub trait Store: Send + Sync + 'static {
     fn insert(&self, row: NewRow) -> impl Future<Output = Result<Row, StoreError>> + Send;
 
     /// [`Store::insert`], returning only the new row's id, for a caller that does not read the row (an agent's
-    /// reports: a 10 000-job gang restart inserts 20 000 of them, issue 17). The same checks, the same write and
+    /// reports: a 10 000-job gang restart inserts 20 000 of them). The same checks, the same write and
     /// commit. The default calls [`Store::insert`]; MemStore does not copy the row it stored.
     fn insert_id(&self, row: NewRow) -> impl Future<Output = Result<RowId, StoreError>> + Send {
         let inserted = self.insert(row);
@@ -295,7 +295,7 @@ pub trait Store: Send + Sync + 'static {
     /// Inserts `rows` in one transaction, all or none, and once it commits publishes `hints` (as
     /// [`ApplyParams::hints`]: rows named are marked hinted, each kind once); returns the new rows' ids in input
     /// order. For a writer of many rows at once (an agent's reports: a thousand starts of one gang were a thousand
-    /// round trips, issue 17). Errors: `Invalid` for a row [`Store::insert`] would refuse, before any write.
+    /// round trips). Errors: `Invalid` for a row [`Store::insert`] would refuse, before any write.
     ///
     /// The default checks every row, then inserts them one call at a time and sends each hint with
     /// [`Store::hint`] (not atomic: a failure half-way leaves the rows before it); backends override it.
@@ -323,7 +323,7 @@ pub trait Store: Send + Sync + 'static {
     /// (a unique index of keys the store keeps: PostgreSQL's `insert_keys` table, MemStore's map, the simulated
     /// database's index of keyed inserts). Returns the row the key names and whether this call inserted it. So a
     /// call whose outcome is unknown (an error, a lost reply) can be made again with the same key and inserts
-    /// nothing twice (issue 42: a retried submit runs once); a second call returns the first row whatever its own
+    /// nothing twice (a retried submit runs once); a second call returns the first row whatever its own
     /// row holds. Two calls with one key at once insert one row: the later waits for the earlier's transaction and
     /// returns its row.
     ///
@@ -345,7 +345,7 @@ pub trait Store: Send + Sync + 'static {
     /// ([`RowQuery::matches`]), by id. The reads see one state of the store (one snapshot: MemStore's lock,
     /// PostgreSQL's repeatable-read transaction), as `list` does for its one read.
     ///
-    /// A query costs about the rows it returns: each filter is served by an index (issue 17). Errors:
+    /// A query costs about the rows it returns: each filter is served by an index. Errors:
     /// `Invalid` for a kind or status PostgreSQL text cannot hold ([`check_query`]), before any read.
     ///
     /// The default answers each query from [`Store::get`] (with `ids`) or [`Store::list`] and filters: the same
@@ -391,7 +391,7 @@ pub trait Store: Send + Sync + 'static {
     /// [`Store::query`], with each row handed to `read` by reference instead of returned: the answers hold what
     /// `read` made of the rows, in the same order. The same reads, the same snapshot and the same errors as `query`.
     ///
-    /// A caller that decodes rows into its own types saves a copy of every row (issue 17: copying rows and their
+    /// A caller that decodes rows into its own types saves a copy of every row (copying rows and their
     /// JSON data was most of a 10 000-job gang restart's CPU). MemStore calls `read` under its lock, so `read`
     /// should only decode; the default calls [`Store::query`] and maps its rows.
     fn query_map<T, F>(

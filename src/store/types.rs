@@ -116,7 +116,7 @@ pub struct Row {
     pub updated_at: Timestamp,
     /// The version of the row's status and data: it changes at every write of either (and may change at other
     /// writes), so two reads of a row with the same `(version, updated_at)` read the same status and data, and a
-    /// reader may keep what it decoded from them (issue 17: a controller pass decodes only the jobs and
+    /// reader may keep what it decoded from them (a controller pass decodes only the jobs and
     /// allocations that changed since its last pass). MemStore: a store-wide counter of such writes. PostgreSQL:
     /// the `xmin` of the row's current tuple (the transaction that wrote it; every update writes a new tuple), a
     /// 32-bit transaction id that wraps around, hence the pair with `updated_at`. Compare it only for equality.
@@ -453,7 +453,7 @@ pub struct ApplyParams {
     /// Fetch hints to publish if, and once, the apply commits: each as [`Store::hint`](super::Store::hint) would
     /// (a row named is marked hinted in the apply's transaction), each kind published once per call however many
     /// items of a batch name it, as PostgreSQL delivers one `NOTIFY` per channel and payload per transaction. A
-    /// stale apply publishes none (dstack PIPELINES, checklist 8: hint the pipelines a change concerns; issue 17:
+    /// stale apply publishes none (dstack PIPELINES, checklist 8: hint the pipelines a change concerns;
     /// in the apply, not in a call of its own after it).
     pub hints: Vec<NewHint>,
 }
@@ -624,7 +624,7 @@ mod tests {
 /// id. A filter left `None` does not filter. Each filter is served by an index in every backend (MemStore's
 /// `BTreeMap`s; PostgreSQL's `resources_parent_status_idx`, `resources_parent_idx`, `resources_fetch_idx` with
 /// `resources_lease_expiry_idx`, and the primary key), so a read costs what it returns, not what the table holds
-/// (issue 17: a controller pass reads the current incarnation's jobs, the undone inbox and the allocations it may
+/// (a controller pass reads the current incarnation's jobs, the undone inbox and the allocations it may
 /// use, not every row of their kinds).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RowQuery {

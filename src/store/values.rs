@@ -51,7 +51,7 @@ pub fn check_key(what: &str, field: &str, value: &str) -> Result<(), StoreError>
 /// of the first one (`data.a[2].b`).
 pub fn check_json(what: &str, field: &str, value: &Value) -> Result<(), StoreError> {
     // The paths are written only for a value that fails: a gang restart checks tens of thousands of clean values,
-    // and formatting a path per node was an eighth of its CPU (issue 17).
+    // and formatting a path per node was an eighth of its CPU.
     if json_clean(value) { Ok(()) } else { check_json_at(what, field, value) }
 }
 

@@ -1,6 +1,6 @@
 //! Scratch directories of the tests: a fresh directory under the system's temp dir, removed when its test is done
-//! (kept, and named on stderr, when the test fails), so a passing run leaves nothing behind in `/tmp` (issue 42:
-//! the walk-throughs of `tests/readme.rs` and the commands of `tests/sim_cli.rs` left a directory per case).
+//! (kept, and named on stderr, when the test fails), so a passing run leaves nothing behind in `/tmp`
+//! (the walk-throughs of `tests/readme.rs` and the commands of `tests/sim_cli.rs` left a directory per case).
 
 use std::ops::Deref;
 use std::path::{Path, PathBuf};

@@ -11,7 +11,7 @@
 #[cfg(not(madsim))]
 mod real;
 
-/// The allocator: mimalloc, for both builds (issue 17: glibc's malloc and free were a third of the controller's
+/// The allocator: mimalloc, for both builds (glibc's malloc and free were a third of the controller's
 /// and the simulator's instructions; see Cargo.toml), through its plain entry points where they give the alignment
 /// asked for (`lockstep::alloc`). No run of the simulator depends on it: allocation addresses
 /// never reach a trace.

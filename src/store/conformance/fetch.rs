@@ -286,7 +286,7 @@ pub async fn tokens_strictly_increase_from_fetch_to_fetch<H: Harness>(h: H) {
 
 /// `next_expiry` is the span from the store's now to the first future `lock_expires_at` among the rows of the kind
 /// and statuses asked: a lease of any owner counts, and so does an intent mark; rows of other kinds or statuses,
-/// and leases that expired, do not; `None` when there is none (issue 14, takeover without waiting out a backoff).
+/// and leases that expired, do not; `None` when there is none (takeover without waiting out a backoff).
 pub async fn next_expiry_is_the_span_to_the_first_lease_or_mark_on_the_rows_a_fetch_looks_at<H: Harness>(h: H) {
     assert_eq!(next_expiry(&h, "job").await, None, "an empty store");
     // Leases on rows of another kind and of a status not asked for do not count.
@@ -327,7 +327,7 @@ pub async fn next_expiry_is_the_span_to_the_first_lease_or_mark_on_the_rows_a_fe
 
 /// `next_expiry` over several statuses is the least over the rows of each, whichever status holds it and in
 /// whatever order the statuses are listed; a status listed twice, or one no row has, changes nothing (PgStore
-/// reads one indexed minimum per status, issue 16).
+/// reads one indexed minimum per status).
 pub async fn next_expiry_over_several_statuses_is_the_least_over_each<H: Harness>(h: H) {
     let running = insert_new(&h, NewRow::new("job", "running", serde_json::json!({}))).await;
     let pending = insert_new(&h, NewRow::new("job", "pending", serde_json::json!({}))).await;

@@ -69,7 +69,7 @@ pub async fn heartbeat_returns_only_held_leases_and_leaves_lost_ones_untouched<H
 }
 
 /// An expired lease is gone even if no one took it over: its heartbeat returns it as not held and writes nothing,
-/// so the row stays eligible for any fetcher (issue 13: a node the controller declared lost must not come back
+/// so the row stays eligible for any fetcher (a node the controller declared lost must not come back
 /// under the same session). Its related rows are not extended either. The guarded apply, whose guard is the
 /// token, still accepts it (apply.rs).
 pub async fn heartbeat_does_not_revive_an_expired_lease<H: Harness>(h: H) {

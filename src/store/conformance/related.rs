@@ -99,7 +99,7 @@ pub async fn child_fetch_skips_fresh_intent_marks_and_takes_expired_ones<H: Harn
 
 /// A parent's contended retries leave the intent marks it already left as they are: however often it retries, its
 /// marks expire one lease ttl after the attempt that left them, and the child pipeline then takes the children
-/// (issue 14: a parent that re-marked its children at every retry kept their pipeline off them for minutes).
+/// (a parent that re-marked its children at every retry kept their pipeline off them for minutes).
 /// The marks still hold the children for the parent until then.
 pub async fn contended_retries_leave_existing_intent_marks_as_they_are<H: Harness>(h: H) {
     let parent = insert(&h, "operation").await;

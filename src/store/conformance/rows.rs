@@ -50,7 +50,7 @@ async fn insert_keyed<H: Harness>(h: &H, key: &str, row: NewRow) -> KeyedInsert 
 }
 
 /// A keyed insert stores its row as `insert` would the first time; a second one with the same key, whatever row
-/// it carries, inserts nothing and returns the first row's id (a retried submit runs once, issue 42); another key
+/// it carries, inserts nothing and returns the first row's id (a retried submit runs once); another key
 /// inserts another row.
 pub async fn insert_keyed_inserts_once_per_key_and_then_returns_the_first_row<H: Harness>(h: H) {
     let first = NewRow::new("operation", "starting", json!({"spec": 1}));
@@ -224,7 +224,7 @@ pub async fn query_map_and_list_map_read_the_rows_query_and_list_return<H: Harne
 
 /// A row's `(version, updated_at)` is the same in every read while nothing writes its status or data (get, list,
 /// query, query_map), and differs after each write of either: an apply of the row and of it as a related row, a
-/// write API's update, a failure that gives up (issue 17: a reader keeps what it decoded at a version).
+/// write API's update, a failure that gives up (a reader keeps what it decoded at a version).
 pub async fn a_rows_version_changes_at_every_write_of_its_status_or_data<H: Harness>(h: H) {
     let stamp = |row: &Row| (row.version, row.updated_at);
     let (parent, children) = family(&h, 1).await;

@@ -75,7 +75,7 @@ const ROW_COLUMNS: [&str; 16] = [
 /// A result row holding the columns of `sql::row_columns!` as a [`Row`].
 ///
 /// The columns are found by name once (`id`) and then read by position: a read by name hashes the name, and a
-/// fetch of 100 rows read 1 600 of them (2 % of a replica's CPU in the drain bench; issue 16). Debug builds check
+/// fetch of 100 rows read 1 600 of them (2 % of a replica's CPU in the drain bench). Debug builds check
 /// every name.
 pub(super) fn row(r: &PgRow) -> Result<Row, sqlx::Error> {
     use sqlx::ColumnIndex;

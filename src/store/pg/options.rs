@@ -137,7 +137,7 @@ impl PgOptions {
     /// batches in flight (DESIGN §3 sizes the pool for workers + fetchers + heartbeater + apply batches in flight,
     /// [`PipelineConfig::connections_needed`]; the manager refuses configs that need more). It was 11, sized for 8
     /// workers, so a default pipeline could not be registered on a default store (a new user's trial); then 23,
-    /// without the batches, whose connections a slow database left the workers waiting for (issue 42). Sessions
+    /// without the batches, whose connections a slow database left the workers waiting for. Sessions
     /// open only as calls need them.
     ///
     /// [`PipelineConfig::connections_needed`]: crate::pipeline::PipelineConfig::connections_needed
