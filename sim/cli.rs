@@ -96,8 +96,10 @@ impl Registry {
         self
     }
 
-    /// The same registry with build id `lockstep's + "+" + id`: a hash of your sources (as lockstep's
-    /// `build.rs` makes its own), a version or a commit.
+    /// The same registry with build id `lockstep's + "+" + id`: give one that follows your sources, as
+    /// `examples/user-pipelines/build.rs` makes (a build script of `std` only that hashes them into an environment
+    /// variable the binary reads with `env!`). A replay file of another id is refused with the command that runs its
+    /// scenario again; an id that stays the same while your handlers change lets `replay` run other code.
     pub fn with_build_id(mut self, id: &str) -> Registry {
         self.build_id = format!("{BUILD_ID}+{id}");
         self
@@ -1323,10 +1325,23 @@ fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
         return BAD_INPUT;
     }
     if identity != replay.trace {
+        // A user's binary (build id `lockstep's+theirs`) may keep one id across edits of its handlers.
+        let cause = if registry.build_id.contains('+') {
+            format!(
+                "The same scenario, seed and build id {} gave another run: if this binary's handlers changed since \
+                 the replay file was written, that change is the cause (give `Registry::with_build_id` an id that \
+                 follows your sources, as examples/user-pipelines/build.rs makes one); if not, a determinism bug: \
+                 keep the replay file and report it.",
+                registry.build_id
+            )
+        } else {
+            "The same scenario, seed and build gave another run: a determinism bug; keep the replay file and report \
+             it."
+                .to_string()
+        };
         eprintln!(
             "{program} replay: NOT reproduced: this run's trace has hash {} ({} events), the replay file recorded \
-             {} ({} events). The same scenario, seed and build gave another run: a determinism bug; keep the replay \
-             file and report it.",
+             {} ({} events). {cause}",
             identity.hash, identity.events, replay.trace.hash, replay.trace.events
         );
         return NOT_REPRODUCED;

@@ -15,10 +15,10 @@ fn main() -> std::process::ExitCode {
     use lockstep::sim::cli::Registry;
     use user_pipelines::Idempotency;
     use user_pipelines::sim::orders;
-    // The build id changes with this crate's version; a real project would hash its sources (as lockstep's
-    // build.rs does) so that a replay file is never replayed by other handlers.
+    // The build id follows this crate's sources (its build.rs hashes them), so a replay file written before an
+    // edit of a handler is refused with the command that runs its scenario again, not replayed by other handlers.
     let registry = Registry::new("orders-sim")
-        .with_build_id(concat!("user-pipelines-", env!("CARGO_PKG_VERSION")))
+        .with_build_id(env!("USER_PIPELINES_BUILD_ID"))
         .with(orders(Idempotency::On))
         .with(orders(Idempotency::Off))
         .with_invocation(INVOCATION);
