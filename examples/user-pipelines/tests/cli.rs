@@ -72,5 +72,16 @@ fn a_failing_run_prints_a_replay_command_that_works_as_pasted() {
     let replayed = String::from_utf8_lossy(&replay.stdout);
     assert_eq!(replay.status.code(), Some(1), "{replayed}{}", String::from_utf8_lossy(&replay.stderr));
     assert!(replayed.contains("reproduced: trace hash"), "{replayed}");
+    // A replay file whose run this build does not reproduce, under the same build id (as when a handler changed
+    // and the id did not follow it): the message names the edit as a cause before a determinism bug.
+    let path = dir.join(args[1]);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut file: lockstep::sim::replay::ReplayFile = serde_json::from_str(&text).unwrap();
+    file.trace.hash = "0000000000000000".into();
+    std::fs::write(&path, file.sealed().to_json()).unwrap();
+    let replay = orders_sim(&args);
+    let stderr = String::from_utf8_lossy(&replay.stderr);
+    assert_eq!(replay.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("NOT reproduced") && stderr.contains("handlers changed since"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
