@@ -357,6 +357,7 @@ impl PgStore {
 
     /// Moves this store's clock forward by `span` (tests only: production leaves the offset at zero). Affects
     /// every later call of every clone; other `PgStore`s on the same schema keep their own offsets.
+    #[doc(hidden)]
     pub fn advance_clock(&self, span: Duration) {
         let micros = duration_micros(span);
         // The closure always returns `Some`, so the update cannot fail.
@@ -376,6 +377,7 @@ impl PgStore {
     /// Refreshes the planner's statistics, then returns `EXPLAIN` of the fetch with `params`, one plan line per
     /// element (tests that check the fetch uses an index).
     #[doc(hidden)]
+    #[doc(hidden)]
     pub async fn explain_fetch(&self, params: &FetchParams) -> Result<Vec<String>, StoreError> {
         let pool = &self.inner.pool;
         sqlx::query(sql::ANALYZE).execute(pool).await.map_err(|e| self.fail(e))?;
@@ -387,6 +389,7 @@ impl PgStore {
 
     /// Refreshes the planner's statistics, then returns `EXPLAIN` of the fetch's generic plan with `params`: the
     /// plan a connection reuses once it has run the fetch five times (tests that check it still uses the index).
+    #[doc(hidden)]
     #[doc(hidden)]
     pub async fn explain_fetch_generic(&self, params: &FetchParams) -> Result<Vec<String>, StoreError> {
         let pool = &self.inner.pool;
@@ -406,6 +409,7 @@ impl PgStore {
     /// `EXPLAIN (ANALYZE, BUFFERS)` of the fetch's generic plan with `params`, run in a transaction that is rolled
     /// back (the rows it leases are left as they were; the token sequence moves on). No `ANALYZE` first: the
     /// benchmark calls it under load to see what a fetch of the running pipeline reads.
+    #[doc(hidden)]
     #[doc(hidden)]
     pub async fn explain_analyze_fetch_generic(&self, params: &FetchParams) -> Result<Vec<String>, StoreError> {
         let mut session = Session::acquire(&self.inner.pool).await.map_err(|e| self.fail(e))?;
@@ -428,6 +432,7 @@ impl PgStore {
     /// that check how many index entries and pages the read visits). The statement writes nothing; it runs in a
     /// transaction that is rolled back.
     #[doc(hidden)]
+    #[doc(hidden)]
     pub async fn explain_analyze_next_expiry_generic(&self, params: &FetchParams) -> Result<Vec<String>, StoreError> {
         let mut session = Session::acquire(&self.inner.pool).await.map_err(|e| self.fail(e))?;
         let mut tx = session.begin().await.map_err(|e| self.fail(e))?;
@@ -446,6 +451,7 @@ impl PgStore {
     /// until one writes (its plan's top node returns a row). Run in a transaction that is rolled back: nothing is
     /// written. One plan per statement run, one line per plan element (tests that check which statements an apply
     /// runs and which rows it locks first).
+    #[doc(hidden)]
     #[doc(hidden)]
     pub async fn explain_analyze_apply(&self, lease: Lease, update: RowUpdate) -> Result<Vec<Vec<String>>, StoreError> {
         let mut session = Session::acquire(&self.inner.pool).await.map_err(|e| self.fail(e))?;
@@ -522,6 +528,7 @@ impl PgStore {
     /// Errors: `Invalid` unless `application_name` contains this store's schema name, so that a test run ends only
     /// sessions it named itself (several runs share a database; each has schemas of its own).
     #[doc(hidden)]
+    #[doc(hidden)]
     pub async fn terminate_sessions(&self, application_name: &str) -> Result<i64, StoreError> {
         if !application_name.contains(self.schema()) {
             return Err(StoreError::Invalid(format!(
@@ -540,6 +547,7 @@ impl PgStore {
     /// Runs a statement that fails with SQLSTATE `sqlstate` (five ASCII letters or digits) and returns the
     /// error as the store maps it: tests check that serialization failures, deadlocks and lost sessions come back
     /// as the typed errors the engine retries.
+    #[doc(hidden)]
     #[doc(hidden)]
     pub async fn raise_for_test(&self, sqlstate: &str) -> StoreError {
         assert!(sqlstate.len() == 5 && sqlstate.bytes().all(|b| b.is_ascii_alphanumeric()), "SQLSTATE {sqlstate}");
