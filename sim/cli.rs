@@ -1337,7 +1337,7 @@ fn replay(args: ReplayArgs, registry: &Registry) -> u8 {
         } else {
             "The same scenario, seed and build gave another run: a determinism bug; keep the replay file and report \
              it."
-                .to_string()
+            .to_string()
         };
         eprintln!(
             "{program} replay: NOT reproduced: this run's trace has hash {} ({} events), the replay file recorded \

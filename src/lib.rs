@@ -62,9 +62,9 @@ pub use pipeline::{
     Changes, ConfigError, Handler, ItemOutcome, LoadCx, ManagerOptions, MetricsSnapshot, PipelineConfig,
     PipelineManager, RetryDecision, RetryPolicy, ShutdownReport, WorkError,
 };
-#[cfg(not(madsim))]
-pub use store::{PgOptions, PgStore};
 pub use store::{
     Clock, ManualClock, MemStore, NewHint, NewRow, RelatedUpdate, Row, RowId, RowUpdate, Store, StoreError, Timestamp,
     TokioClock,
 };
+#[cfg(not(madsim))]
+pub use store::{PgOptions, PgStore};
