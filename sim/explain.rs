@@ -9,6 +9,7 @@
 //! lease `ID#token` in any position, lists included.
 
 use super::trace::TraceEvent;
+use crate::table::{Align, pad};
 
 /// One parsed trace line; the parts borrow from the text.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,7 +152,15 @@ pub fn render_timeline(lines: &[TraceLine<'_>]) -> String {
     let (at, node, kind) = (width(|l| l.at.len()), width(|l| l.node.len()), width(|l| l.kind.len()));
     let mut text = String::new();
     for line in lines {
-        let row = format!("{:>at$}  {:<node$}  {:<kind$}  {}", line.at, line.node, line.kind, line.fields);
+        // Padded by hand: `format!`'s width panics past 65 535 (a trace line with a 70 000-character node name).
+        let mut row = String::new();
+        pad(&mut row, line.at, at, Align::Right);
+        row.push_str("  ");
+        pad(&mut row, line.node, node, Align::Left);
+        row.push_str("  ");
+        pad(&mut row, line.kind, kind, Align::Left);
+        row.push_str("  ");
+        row.push_str(line.fields);
         text.push_str(row.trim_end());
         text.push('\n');
     }

@@ -54,6 +54,7 @@ pub mod gang;
 pub mod interrupt;
 pub mod pipeline;
 pub mod store;
+pub mod table;
 
 #[path = "../sim/mod.rs"]
 pub mod sim;

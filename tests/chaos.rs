@@ -201,7 +201,8 @@ fn a_gang_scenario_with_a_killed_agent_passes_every_gang_checker_on_postgres() {
     assert_eq!(ranks, ["0", "0", "1", "1", "2", "2"], "two incarnations of three ranks");
 }
 
-/// A role the server does not know is the URL's fault, said as real mode says it (exit 2).
+/// A role the server does not know is the URL's fault, said as real mode says it (exit 2), and the run leaves no
+/// directory behind.
 #[test]
 fn a_database_url_the_server_refuses_is_bad_input() {
     let mut url = url::Url::parse(&database_url()).expect("DATABASE_URL parses");
@@ -215,6 +216,9 @@ fn a_database_url_the_server_refuses_is_bad_input() {
     let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     assert_eq!(output.status.code(), Some(2), "{text}");
     assert!(text.contains("--database-url: ") && text.contains("lockstep_no_such_role"), "{text}");
+    // Refused before it began, the run leaves no directory behind (a new user's trial found one per refusal in
+    // /tmp).
+    assert!(!out.exists(), "{} was left behind", out.display());
 }
 
 /// Runs the scenario file at `path` (whose `name` key is its file stem) with `args`; asserts the exit code and

@@ -191,6 +191,11 @@ async fn a_submit_run_again_with_its_key_prints_the_first_operation_and_creates_
     let operations = store.list("operation", None).await.expect("list");
     assert_eq!(operations.len(), 2, "one operation per key: {operations:?}");
     usage_error(&lockstep(&["submit", spec, "--key", ""], &schema), &["--key", "must not be empty"]);
+    // An abort's reason is one line of `status` and `list`: an empty one or one with a control character is refused
+    // before anything is written.
+    let first = first.to_string();
+    usage_error(&lockstep(&["abort", &first, "--reason", " "], &schema), &["--reason", "must not be empty"]);
+    usage_error(&lockstep(&["abort", &first, "--reason", "a\tb"], &schema), &["--reason", "control character"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

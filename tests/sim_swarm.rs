@@ -156,7 +156,7 @@ fn bad_ranges_and_flags_are_refused_naming_them() {
     assert!(world.contains("replicas = 1\n") || world.contains("replicas = 2\n"), "{world}");
     assert!(world.contains("--ranges rows.toml --max-replicas 10 --emit"), "the header draws it again: {world}");
     std::fs::write(dir.path().join("bad.toml"), "replicas = [1, 2]\nspan = [\"1h\", \"1s\"]\n").expect("write");
-    refused(&["sim", "swarm", "--seed", "1", "--ranges", "bad.toml"], "bad.toml: span: ");
+    refused(&["sim", "swarm", "--seed", "1", "--ranges", "bad.toml"], "bad.toml:2:8: span: ");
     refused(&["sim", "swarm", "--seed", "1", "--ranges", "missing.toml"], "missing.toml");
 }
 

@@ -7,9 +7,11 @@
 //! A lease is live from its fetch until a commit ends it (its apply, stale or not, its failure, its reset, its
 //! release) or, without a heartbeat that extends it, until its expiry (fetch or last heartbeat + the lease ttl): a
 //! replica that died or stalled holds nothing once its leases lapse. Replicas are the commits' callers
-//! (`replica-N`), so a replica that never fetched holds nothing and idles.
+//! (`replica-N`), so a replica that never fetched holds nothing and idles. A replica whose items were last turned
+//! away by rows its pipeline's items hold in another replica backs off (DESIGN §3, the contention backoff): its idle
+//! workers are no room until one of its related locks is taken again.
 
-use crate::store::{Commit, CommitOp, LockToken, Timestamp};
+use crate::store::{Commit, CommitOp, LockOutcome, LockToken, Timestamp};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +63,10 @@ pub struct IdleClock<'a> {
     leases: BTreeMap<LockToken, Held>,
     expiries: BTreeSet<(Timestamp, LockToken)>,
     live: BTreeMap<(String, Option<Arc<str>>), usize>,
+    /// Replicas of a pipeline whose last related lock was turned away by rows the pipeline's items hold elsewhere,
+    /// with no lock taken since: the engine backs such a replica off (`Shared::backs_off_for_contention`), and its
+    /// idle workers are no capacity, since what they would fetch meets the same holders.
+    contended: BTreeSet<(String, Option<Arc<str>>)>,
     idle_us: BTreeMap<String, u64>,
 }
 
@@ -74,6 +80,7 @@ impl<'a> IdleClock<'a> {
             leases: BTreeMap::new(),
             expiries: BTreeSet::new(),
             live: BTreeMap::new(),
+            contended: BTreeSet::new(),
             idle_us: BTreeMap::new(),
         }
     }
@@ -108,6 +115,16 @@ impl<'a> IdleClock<'a> {
                     }
                 }
             }
+            CommitOp::LockRelated { holder, outcome, .. } => {
+                if let Some(held) = self.leases.get(&holder.token) {
+                    let key = (held.pipeline.clone(), commit.caller.clone());
+                    match outcome {
+                        LockOutcome::Contended { by_own_pipeline: true } => self.contended.insert(key),
+                        LockOutcome::Locked => self.contended.remove(&key),
+                        _ => false,
+                    };
+                }
+            }
             CommitOp::Heartbeat { held } => {
                 let expires = commit.at.plus(self.capacity.lease_ttl);
                 for lease in held {
@@ -139,7 +156,7 @@ impl<'a> IdleClock<'a> {
         }
     }
 
-    /// Whether some replica of `pipeline` has an idle worker now.
+    /// Whether some replica of `pipeline` has an idle worker now, not backing off for contention.
     pub fn is_idle(&self, pipeline: &str) -> bool {
         let Some(&workers) = self.capacity.workers.get(pipeline) else { return true };
         (0..self.capacity.replicas.max(1)).any(|index| {
@@ -147,7 +164,8 @@ impl<'a> IdleClock<'a> {
                 0 => None,
                 _ => Some(Arc::from(format!("replica-{index}"))),
             };
-            self.live.get(&(pipeline.to_string(), caller)).copied().unwrap_or(0) < workers
+            let key = (pipeline.to_string(), caller);
+            self.live.get(&key).copied().unwrap_or(0) < workers && !self.contended.contains(&key)
         })
     }
 

@@ -15,7 +15,9 @@
 //! 6. **a fetch hint is acted on**: after the heal has settled ([`super::capacity::Capacity::settle`]), a hint of a
 //!    row kind is followed by a fetch of every pipeline of
 //!    that kind within [`HINT_PICKUP_BOUND`] of idle time (time in which some replica of the pipeline had an idle
-//!    worker, [`super::capacity`]): a fetcher that sleeps through hints leaves ready rows to its polling.
+//!    worker, [`super::capacity`]): a fetcher that sleeps through hints leaves ready rows to its polling. A lock
+//!    of the pipeline turned away by rows its own items hold starts the wait again: a replica whose items meet its
+//!    pipeline's holders elsewhere backs off and lets hints wait, the holders having heard the same hint.
 //!
 //! Rules 1, 2, 5 and 6 are judged for the pipelines whose lease ttl and kinds are known (the built-in workload's row
 //! pipelines, [`CheckInput::capacity`]); 3 and 4 for every pipeline.
@@ -157,6 +159,20 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
                         entry.rows.push(id);
                         held_by.insert(id, (holder.token, now.plus(ttl)));
                     }
+                }
+            }
+            CommitOp::LockRelated {
+                holder,
+                outcome: crate::store::LockOutcome::Contended { by_own_pipeline: true },
+                ..
+            } => {
+                // Items of the pipeline turned away by rows its items elsewhere hold: a replica in that state backs
+                // off and lets hints wait, since the holders got the same hint (`Shared::backs_off_for_contention`),
+                // so a hint's wait starts again from here.
+                if let Some(live) = leases.get(&holder.token)
+                    && let Some(hint) = unanswered.get_mut(&live.pipeline)
+                {
+                    hint.2 = clock.idle_us(&live.pipeline);
                 }
             }
             CommitOp::Apply { lease, .. } => end(&mut leases, &mut held_by, lease.token),

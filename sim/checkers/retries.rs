@@ -16,15 +16,17 @@
 //!    every worker is busy (an overloaded world) waits for capacity, not for a fetcher. A retry waits its turn in
 //!    fetch order too: a fetch of its pipeline that leased only rows ahead of it (processed longer ago, or never,
 //!    then by id) starts its wait again, since fetches serve the oldest rows first and a row reset for retry keeps
-//!    its place ([`crate::store::Store::reset_for_retry`]). A retry whose row a related lock or intent mark named
-//!    before the fetch is not judged: the lock holds the row off, and its end wakes no fetcher of the row's kind.
+//!    its place ([`crate::store::Store::reset_for_retry`]); and so does a lock of its pipeline turned away from a
+//!    row the retry needs (one its row locked before): its turn is that row's, not a fetcher's. A retry whose row a
+//!    related lock or intent mark named before the fetch is not judged: the lock holds the row off, and its end
+//!    wakes no fetcher of the row's kind.
 
 use super::capacity::IdleClock;
 use super::row_map::RowMap;
 use super::{CheckInput, RowModel, listed};
 use crate::sim::gang::is_gang_row;
 use crate::sim::workload::{self, FAILED_STATUS};
-use crate::store::{CommitOp, Row, RowId, Timestamp};
+use crate::store::{CommitOp, LockOutcome, Row, RowId, Timestamp};
 use std::collections::BTreeMap;
 
 /// The check; the error lists every row that broke a rule (the first break of each).
@@ -54,6 +56,8 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
     // whose retry fell due (some may have left `due` since).
     let mut processed_at: RowMap<Timestamp> = RowMap::new();
     let mut past_due: std::collections::BTreeSet<RowId> = std::collections::BTreeSet::new();
+    // The related rows each row last asked to lock: the rows its retry will need again.
+    let mut needs: RowMap<Vec<RowId>> = RowMap::new();
     let policy = workload::retry_policy(input.attempts_max);
     let mut broken: BTreeMap<RowId, String> = BTreeMap::new();
     let mut fail = |id: RowId, index: usize, what: String| {
@@ -98,11 +102,29 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
                     pending.insert((at, lease.id));
                 }
             }
-            CommitOp::LockRelated { related, .. } => {
+            CommitOp::LockRelated { holder, related, outcome, .. } => {
                 // A related lock or intent mark holds the row from its own fetch (a parent first, DESIGN §3), and
                 // its end wakes no fetcher of the row's kind: a retry a related lock met is not judged.
                 for &id in related {
                     due.remove(id);
+                }
+                needs.insert(holder.id, related.clone());
+                // Rows of its pipeline turned away from a row a due retry needs: the retry's turn is that row's,
+                // not a fetcher's (a worker that took it now would be turned away too), so its wait restarts.
+                if matches!(outcome, LockOutcome::Contended { .. })
+                    && let Some(pipeline) = pipeline_of.get(holder.id)
+                {
+                    let idle = clock.idle_us(pipeline);
+                    past_due.retain(|&id| match due.get_mut(id) {
+                        Some(due) => {
+                            let hot = needs.get(id).is_some_and(|rows| rows.iter().any(|row| related.contains(row)));
+                            if &due.pipeline == pipeline && due.idle_at_due.is_some() && hot {
+                                due.idle_at_due = Some(idle);
+                            }
+                            true
+                        }
+                        None => false,
+                    });
                 }
             }
             CommitOp::Apply { lease, applied: true, .. } => {

@@ -175,7 +175,23 @@ impl Ranges {
             format!("{origin}{at}: {}{shown}", error.message())
         })?;
         let mut ranges = Ranges::default();
-        let at = |key: &str, rule: String| format!("{origin}: {key}: {rule}");
+        // A value that breaks its rule is shown where it is written: the line and column of the key's value, and
+        // the line itself (a rule between two keys names the first; a key the file leaves out has no place).
+        let at = |key: &str, rule: String| {
+            let place = text.lines().enumerate().find_map(|(index, line)| {
+                let rest = line.trim_start().strip_prefix(key)?.trim_start().strip_prefix('=')?;
+                let column = line.len() - rest.trim_start().len() + 1;
+                Some(format!(":{}:{column}", index + 1))
+            });
+            match place {
+                Some(place) => {
+                    let line: usize = place[1..].split(':').next().and_then(|n| n.parse().ok()).unwrap_or(1);
+                    let shown = text.lines().nth(line - 1).unwrap_or("");
+                    format!("{origin}{place}: {key}: {rule}\n{line:>5} | {shown}")
+                }
+                None => format!("{origin}: {key}: {rule}"),
+            }
+        };
         if let Some(shapes) = doc.shapes {
             ranges.shapes = shapes
                 .iter()
@@ -353,7 +369,7 @@ mod tests {
     #[test]
     fn a_bad_ranges_file_names_the_key_and_the_rule() {
         let error = Ranges::parse("replicas = [3, 1]\n", "r.toml").unwrap_err();
-        assert!(error.starts_with("r.toml: replicas: "), "{error}");
+        assert!(error.starts_with("r.toml:1:12: replicas: "), "{error}");
         assert!(error.contains("empty"), "{error}");
         let error = Ranges::parse("kinds = [\"kil\"]\n", "r.toml").unwrap_err();
         assert!(error.contains("kinds: unknown fault kind \"kil\""), "{error}");
@@ -363,6 +379,10 @@ mod tests {
         let error = Ranges::parse("shapes = [\"rows\"]\nreplicas = [1]\n", "r.toml").unwrap_err();
         assert!(error.starts_with("r.toml:2:12: "), "the line and column of the value: {error}");
         assert!(error.contains("replicas = [1]"), "the line itself: {error}");
+        // A value that parses but breaks its rule is shown where it is written too.
+        let error = Ranges::parse("# ranges\nreplicas = [4, 1]\n", "r.toml").unwrap_err();
+        assert!(error.starts_with("r.toml:2:12: replicas: "), "the line and column of the value: {error}");
+        assert!(error.contains("    2 | replicas = [4, 1]"), "the line itself: {error}");
         let twice = Ranges::parse("mutations = [\"waitlist_disabled\", \"waitlist_disabled\"]\n", "r.toml").unwrap();
         assert_eq!(twice.mutations, ["waitlist_disabled"], "a mutation named twice is planted once");
         let error = Ranges::parse("overload = 99.0\n", "r.toml").unwrap_err();

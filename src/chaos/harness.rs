@@ -240,13 +240,19 @@ pub async fn run(
         None => std::env::temp_dir().join(format!("lockstep-{schema}")),
     };
     std::fs::create_dir_all(&dir).map_err(|e| usage(format!("--out {}: {e}", dir.display())))?;
+    // A run refused before it began leaves no directory behind (only an empty one is removed: `--out` may name a
+    // directory of the user's).
+    let refused = |failure: ChaosError| {
+        let _ = std::fs::remove_dir(&dir);
+        failure
+    };
     // The proxies first: a URL they cannot serve is refused before the run's schema exists.
     let source = &options.database_url_source;
-    let (upstream, rewrite) = proxied_url(&options.database_url, source).await?;
+    let (upstream, rewrite) = proxied_url(&options.database_url, source).await.map_err(refused)?;
     let nodes = scenario.replicas + scenario.agents();
     let links = Links::start(nodes, upstream, seed, base_mode(&scenario.net_latency))
         .await
-        .map_err(|e| runtime(format!("the chaos proxies cannot listen: {e}")))?;
+        .map_err(|e| refused(runtime(format!("the chaos proxies cannot listen: {e}"))))?;
     let urls = (0..nodes).map(|index| rewrite(links.proxy(index).local_addr())).collect();
     let mut store_options = PgOptions::new(options.database_url.clone());
     store_options.schema = schema.clone();
@@ -255,12 +261,14 @@ pub async fn run(
     store_options.max_connections = 4;
     // In real mode's words (`lockstep serve`): a URL the server refuses is the flag's fault (exit 2), a server
     // that cannot be reached is "cannot connect" (exit 1).
-    let store = PgStore::connect_with(store_options).await.map_err(|error| match error {
-        StoreError::Invalid(message) => usage(format!("{source}: {message}")),
-        error @ (StoreError::Unavailable(_) | StoreError::Timeout(_)) => {
-            runtime(format!("cannot connect to PostgreSQL (URL from {source}): {error}"))
-        }
-        error => runtime(format!("cannot open schema {schema} on PostgreSQL: {error}")),
+    let store = PgStore::connect_with(store_options).await.map_err(|error| {
+        refused(match error {
+            StoreError::Invalid(message) => usage(format!("{source}: {message}")),
+            error @ (StoreError::Unavailable(_) | StoreError::Timeout(_)) => {
+                runtime(format!("cannot connect to PostgreSQL (URL from {source}): {error}"))
+            }
+            error => runtime(format!("cannot open schema {schema} on PostgreSQL: {error}")),
+        })
     })?;
     let world = World {
         options: options.clone(),

@@ -36,6 +36,28 @@ pub enum GangError {
     /// A submission's key breaks a rule ([`check_submit_key`]); names the rule.
     #[error("submit key {key:?}: {rule}")]
     Key { key: String, rule: String },
+    /// An abort's reason breaks a rule ([`check_abort_reason`]); names the rule.
+    #[error("abort reason: {rule}")]
+    Reason { rule: String },
+}
+
+/// Most bytes of an abort's reason ([`abort`]): the operation's result shows it in `status` and `list`, one line.
+pub const ABORT_REASON_BYTES_MAX: usize = 1024;
+
+/// Checks an abort's reason: 1 to [`ABORT_REASON_BYTES_MAX`] bytes, no control character (it is shown on one line
+/// of a table). Errors: [`GangError::Reason`] naming the rule.
+pub fn check_abort_reason(reason: &str) -> Result<(), GangError> {
+    let fail = |rule: String| Err(GangError::Reason { rule });
+    if reason.trim().is_empty() {
+        return fail("must not be empty".into());
+    }
+    if reason.len() > ABORT_REASON_BYTES_MAX {
+        return fail(format!("is {} bytes, more than {ABORT_REASON_BYTES_MAX}", reason.len()));
+    }
+    if reason.chars().any(char::is_control) {
+        return fail("contains a control character".into());
+    }
+    Ok(())
 }
 
 /// Most bytes of a submission's key ([`submit_keyed`]): a name people type or a client makes, far within what the
@@ -147,8 +169,10 @@ pub async fn submit_text<S: Store>(store: &S, text: &str, format: SpecFormat) ->
 }
 
 /// Asks to abort `operation` with `reason`: the next pass aborts its jobs, releases its allocations and ends it
-/// `aborted`. Errors: no such operation, or it already ended.
+/// `aborted`. Errors: a reason [`check_abort_reason`] refuses (before any store call), no such operation, or it
+/// already ended.
 pub async fn abort<S: Store>(store: &S, operation: RowId, reason: &str) -> Result<(), GangError> {
+    check_abort_reason(reason)?;
     let status = operation_status(store, operation).await?;
     if status.is_terminal() {
         return Err(GangError::Ended { operation, status });
@@ -359,5 +383,12 @@ mod tests {
         }
         let long = "k".repeat(SUBMIT_KEY_BYTES_MAX + 1);
         assert!(matches!(check_submit_key(&long), Err(GangError::Key { .. })));
+        for reason in ["", "  ", "a\tb", "a\u{1}b"] {
+            assert!(matches!(check_abort_reason(reason), Err(GangError::Reason { .. })), "{reason:?}");
+        }
+        let long = "x".repeat(ABORT_REASON_BYTES_MAX + 1);
+        let error = check_abort_reason(&long).unwrap_err().to_string();
+        assert!(error.contains("more than 1024"), "{error}");
+        check_abort_reason("maintenance window").unwrap();
     }
 }

@@ -130,21 +130,9 @@ impl OperationList {
         if self.operations.is_empty() {
             out.push_str("no operations\n");
         } else {
-            let header = ["operation", "state", "submitted", "age", "incarnation", "tasks", "result"].map(String::from);
+            let header = ["operation", "state", "submitted", "age", "incarnation", "tasks", "result"];
             let rows: Vec<[String; 7]> = self.operations.iter().map(OperationLine::cells).collect();
-            let mut widths = header.clone().map(|h| h.len());
-            for row in &rows {
-                for (width, cell) in widths.iter_mut().zip(row) {
-                    *width = (*width).max(cell.chars().count());
-                }
-            }
-            for row in std::iter::once(&header).chain(&rows) {
-                let mut line = String::new();
-                for (cell, width) in row.iter().zip(widths) {
-                    let _ = write!(line, "{cell:<width$}  ");
-                }
-                let _ = writeln!(out, "{}", line.trim_end());
-            }
+            out.push_str(&crate::table::render(header, &rows, ""));
         }
         if self.left_out > 0 {
             let _ = writeln!(out, "({} older operations left out by --limit)", self.left_out);

@@ -197,21 +197,9 @@ impl StatusReport {
         for task in &self.tasks {
             let kind = task.gang_size.map_or("plain".to_string(), |size| format!("gang, size {size}"));
             let _ = writeln!(out, "\ntask {} (job_count {}, {kind})", task.name, task.job_count);
-            let header = ["job", "rank", "cookie", "state", "node", "incarnation", "reason"].map(String::from);
+            let header = ["job", "rank", "cookie", "state", "node", "incarnation", "reason"];
             let rows: Vec<[String; 7]> = task.jobs.iter().map(JobStatusLine::cells).collect();
-            let mut widths = header.clone().map(|h| h.len());
-            for row in &rows {
-                for (width, cell) in widths.iter_mut().zip(row) {
-                    *width = (*width).max(cell.chars().count());
-                }
-            }
-            for row in std::iter::once(&header).chain(&rows) {
-                let mut line = String::new();
-                for (cell, width) in row.iter().zip(widths) {
-                    let _ = write!(line, "{cell:<width$}  ");
-                }
-                let _ = writeln!(out, "  {}", line.trim_end());
-            }
+            out.push_str(&crate::table::render(header, &rows, "  "));
         }
         out
     }

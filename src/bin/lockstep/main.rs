@@ -30,8 +30,8 @@ use std::process::ExitCode;
     long_about = "Leased-row pipelines, a YTsaurus-style gang controller on them, its node agents, and their \
                   deterministic simulator.\n\n\
                   Real mode: controller replicas (`serve`) and node agents (`agent`) coordinate through one \
-                  PostgreSQL database and run jobs as OS processes; `submit`, `status` and `abort` talk to the \
-                  same database. Logs go to stderr, filtered by RUST_LOG (default: info,sqlx=warn).\n\n\
+                  PostgreSQL database and run jobs as OS processes; `submit`, `list`, `status`, `abort` and \
+                  `migrate` talk to the same database. Logs go to stderr, filtered by RUST_LOG (default: info,sqlx=warn).\n\n\
                   Simulator: `sim run | sweep | swarm | merge | replay | explain | shrink` run scenario files deterministically (the \
                   simulator build: `cargo sim …`)."
 )]

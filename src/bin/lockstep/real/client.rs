@@ -133,7 +133,7 @@ pub struct AbortArgs {
     pub database: Database,
     /// The operation's id.
     pub operation: i64,
-    /// The reason recorded on the operation.
+    /// The reason recorded on the operation: 1 to 1 024 bytes on one line (no control character).
     #[arg(long, default_value = "aborted by user")]
     pub reason: String,
 }
@@ -200,6 +200,7 @@ fn gang_failure(error: GangError) -> Failure {
     match error {
         GangError::Spec(error) => Failure::usage(format!("spec is invalid:\n{error}")),
         error @ GangError::Key { .. } => Failure::usage(format!("--key: {error}")),
+        error @ GangError::Reason { .. } => Failure::usage(format!("--reason: {error}")),
         error => Failure::runtime(error.to_string()),
     }
 }
