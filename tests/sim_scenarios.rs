@@ -25,6 +25,30 @@ fn load_all() -> Vec<ScenarioFile> {
     scenario_paths().iter().map(|path| ScenarioFile::load(path).unwrap_or_else(|error| panic!("{error}"))).collect()
 }
 
+/// `scenarios/open/`: worlds the swarm drew that fail today, shrunk, each naming in its header the checker it fails
+/// and the issue that owns the fix. They parse, are named after their files, and say how to run them; once one
+/// passes, it moves to `scenarios/` and into this file's pinned runs. (Running them here would pin failures.)
+#[test]
+fn the_open_scenarios_parse_and_name_the_checker_they_fail() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/open");
+    let mut count = 0;
+    for entry in std::fs::read_dir(&dir).expect("scenarios/open exists") {
+        let path = entry.expect("a readable entry").path();
+        if path.extension().is_none_or(|ext| ext != "toml") {
+            continue;
+        }
+        let file = ScenarioFile::load(&path).unwrap_or_else(|error| panic!("{error}"));
+        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+        assert_eq!(file.scenario.name, stem, "{}", path.display());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let header: String = text.lines().take_while(|line| line.starts_with('#')).collect::<Vec<_>>().join("\n");
+        assert!(header.contains("Checker ") && header.contains("Fails today"), "{}: {header}", path.display());
+        assert!(header.contains(&format!("scenarios/open/{stem}.toml")), "{}: no command", path.display());
+        count += 1;
+    }
+    assert!(count >= 1, "scenarios/open holds no scenario");
+}
+
 #[test]
 fn every_scenario_file_parses_and_is_named_after_its_file() {
     let paths = scenario_paths();
