@@ -246,18 +246,34 @@ async fn a_handler_blocking_past_its_handler_timeout_gets_no_more_lease_renewals
     let p = Pipeline::new(Arc::new(store.clone()), config).unwrap();
     p.fetcher(1).run_once().await.unwrap();
     let handler = Arc::new(Scripted::default());
+    // Released whatever happens: a failing assertion must not leave a runtime thread blocked.
+    struct Release(Arc<Scripted>);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            self.0.released.store(true, Ordering::SeqCst);
+        }
+    }
+    let release = Release(handler.clone());
     let worker = {
         let (p, handler) = (p.clone(), handler.clone());
         tokio::spawn(async move { p.work_one(&Shared(handler)).await })
     };
     let heartbeater = p.heartbeater();
-    // While the handler runs within its bound, its lease is extended.
+    // While the handler runs within its bound, its lease is extended: the first pass that finds the lease within
+    // its trigger (a millisecond after the fetch: the trigger is the ttl less the margin, less 1 ms) extends it.
     let started = std::time::Instant::now();
     while handler.passes.load(Ordering::SeqCst) == 0 {
         assert!(started.elapsed() < Duration::from_secs(10), "the handler never started");
         tokio::task::yield_now().await;
     }
-    let pass = heartbeater.run_once().await.unwrap();
+    let pass = loop {
+        let pass = heartbeater.run_once().await.unwrap();
+        if !pass.sent.is_empty() || !pass.withheld.is_empty() {
+            break pass;
+        }
+        assert!(started.elapsed() < HANDLER_TIMEOUT, "no heartbeat pass took up the lease: {pass:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
     assert_eq!((pass.extended.len(), pass.withheld.len()), (1, 0), "{pass:?}");
     // Past its bound, no more.
     let withheld = loop {
@@ -278,7 +294,7 @@ async fn a_handler_blocking_past_its_handler_timeout_gets_no_more_lease_renewals
     let other = Pipeline::new(Arc::new(store.clone()), (*p.config).clone()).unwrap();
     let fetched = other.fetcher(2).run_once().await.unwrap();
     assert!(matches!(fetched, lockstep::pipeline::FetchPass::Fetched { fetched: 1, .. }), "{fetched:?}");
-    handler.released.store(true, Ordering::SeqCst);
+    drop(release);
     assert_eq!(worker.await.unwrap(), Some(ItemOutcome::Stale));
     assert_eq!(get(&store, id).await.status, "ready", "the blocked handler's late result was applied");
 }
