@@ -598,7 +598,8 @@ fn a_config_that_needs_more_connections_than_the_store_has_is_refused() {
     assert_eq!(
         error.unwrap_err().to_string(),
         "store allows 12 connections but the pipelines need 18 (workers + fetchers + heartbeater + apply batches in \
-         flight each)"
+         flight each): open the store with a pool of at least 18 (PgOptions::max_connections; `serve \
+         --max-connections`), or give the pipelines fewer workers"
     );
 }
 
