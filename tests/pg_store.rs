@@ -898,6 +898,11 @@ async fn a_stores_lease_in_pass_is_its_own_live_lease_past_its_related_locks_out
     assert_eq!(in_pass().await.unwrap(), Some(lease));
     store.apply(ApplyParams::new(lease, RowUpdate::status("done"))).await.unwrap();
     assert_eq!(in_pass().await.unwrap(), None, "applied: the pass is over");
+    drop(session);
+    store.close().await;
+    other.close().await;
+    // Its own schema, left behind before (a full test run kept one per run).
+    PgStore::drop_schema(&database_url(), &schema).await.unwrap();
 }
 
 /// Chaos mode records a guarded write refused for its superseded token, as MemStore does: a stale related lock
