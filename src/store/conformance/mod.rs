@@ -418,14 +418,19 @@ fn applied_now(outcome: &ApplyOutcome, lease: Lease) -> Timestamp {
     }
 }
 
-async fn lock_related<H: Harness>(h: &H, holder: Lease, related: &[RowId], owner: &str) -> LockOutcome {
-    let params = LockRelatedParams {
+/// The cases' related lock of `related` by `holder` under `owner`: [`LEASE_TTL`], and [`RETRY_DELAY`] for its reset.
+fn lock_params(holder: Lease, related: &[RowId], owner: &str) -> LockRelatedParams {
+    LockRelatedParams {
         holder,
         related: related.to_vec(),
         owner: owner.to_string(),
         lease_ttl: LEASE_TTL,
         retry_delay: RETRY_DELAY,
-    };
+    }
+}
+
+async fn lock_related<H: Harness>(h: &H, holder: Lease, related: &[RowId], owner: &str) -> LockOutcome {
+    let params = lock_params(holder, related, owner);
     let what = format!("lock_related {}#{} {owner}", holder.id, holder.token);
     h.store().lock_related(params).await.expect(&what)
 }

@@ -3,7 +3,7 @@
 //! DESIGN §3, related locks).
 
 use super::*;
-use crate::store::{HeartbeatParams, LockRead, LockRelatedParams, RelatedUpdate, RowUpdate};
+use crate::store::{HeartbeatParams, LockRead, RelatedUpdate, RowUpdate};
 
 /// Owner of a shared related row locked for item `id` of [`CHILD_PIPELINE`] (dstack:
 /// `f"{Pipeline.__name__}:{item.id}"`).
@@ -430,13 +430,7 @@ pub async fn reset_for_retry_of_a_lease_no_longer_held_writes_nothing<H: Harness
 }
 
 async fn lock_and_read<H: Harness>(h: &H, holder: Lease, related: &[RowId], owner: &str) -> LockRead {
-    let params = LockRelatedParams {
-        holder,
-        related: related.to_vec(),
-        owner: owner.to_string(),
-        lease_ttl: LEASE_TTL,
-        retry_delay: RETRY_DELAY,
-    };
+    let params = lock_params(holder, related, owner);
     let what = format!("lock_related_and_read {}#{} {owner}", holder.id, holder.token);
     h.store().lock_related_and_read(params).await.expect(&what)
 }
