@@ -306,6 +306,9 @@ pub enum ConfigError {
          `serve --max-connections`), or give the pipelines fewer workers"
     )]
     Connections { needed: usize, available: usize },
+    /// A retention rule the store would refuse ([`Retention::validate`](super::Retention::validate)).
+    #[error("{0}")]
+    Retention(String),
 }
 
 impl PipelineConfig {

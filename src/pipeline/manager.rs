@@ -3,7 +3,7 @@
 
 use super::handler::Handler;
 use super::hinter::Hinter;
-use super::{ConfigError, LocalClock, MetricsSnapshot, Pipeline, PipelineConfig, worker};
+use super::{ConfigError, LocalClock, MetricsSnapshot, Pipeline, PipelineConfig, Retention, worker};
 use crate::store::{Lease, RowId, Store, StoreError};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -43,12 +43,22 @@ pub struct PipelineManager<S: Store> {
     pipelines: Vec<Registered<S>>,
     hinter: Option<JoinHandle<()>>,
     clock: LocalClock,
+    retention: Option<Retention>,
+    retainer: Option<JoinHandle<()>>,
 }
 
 impl<S: Store> PipelineManager<S> {
     /// A manager over `store` with no pipelines.
     pub fn new(store: Arc<S>, options: ManagerOptions) -> PipelineManager<S> {
-        PipelineManager { store, options, pipelines: Vec::new(), hinter: None, clock: LocalClock::exact() }
+        PipelineManager {
+            store,
+            options,
+            pipelines: Vec::new(),
+            hinter: None,
+            clock: LocalClock::exact(),
+            retention: None,
+            retainer: None,
+        }
     }
 
     /// The same manager with every pipeline registered from now on running on the local clock `clock` (the
@@ -88,12 +98,24 @@ impl<S: Store> PipelineManager<S> {
         Ok(())
     }
 
+    /// Runs `retention` from [`PipelineManager::start`] on: a pass every `retention.every`, each deleting the
+    /// finished rows its rules name ([`Retention::pass`]). Give it to one replica or to all: purges skip the rows
+    /// another replica's purge holds. Errors: a rule the store would refuse ([`Retention::validate`]).
+    pub fn retain(&mut self, retention: Retention) -> Result<(), ConfigError> {
+        retention.validate().map_err(ConfigError::Retention)?;
+        self.retention = Some(retention);
+        Ok(())
+    }
+
     /// Starts every registered pipeline's fetcher, workers and heartbeater, and the hinter. Call once.
     pub fn start(&mut self) {
         let routes =
             self.pipelines.iter().map(|p| (p.pipeline.config.kind.clone(), p.pipeline.shared.clone())).collect();
         let hinter = Hinter::new(self.store.subscribe_hints(), routes);
         self.hinter = Some(tokio::spawn(hinter.run()));
+        if let Some(retention) = self.retention.take() {
+            self.retainer = Some(tokio::spawn(retention.run(self.store.clone())));
+        }
         for registered in &mut self.pipelines {
             let spawn = registered.spawn_workers.take().expect("PipelineManager::start called twice");
             let pipeline = &registered.pipeline;
@@ -134,6 +156,9 @@ impl<S: Store> PipelineManager<S> {
         }
         if let Some(hinter) = self.hinter.take() {
             hinter.abort();
+        }
+        if let Some(retainer) = self.retainer.take() {
+            retainer.abort();
         }
     }
 
@@ -196,6 +221,9 @@ impl<S: Store> PipelineManager<S> {
         }
         if let Some(hinter) = self.hinter.take() {
             hinter.abort();
+        }
+        if let Some(retainer) = self.retainer.take() {
+            retainer.abort();
         }
         report
     }

@@ -24,6 +24,7 @@ pub mod hinter;
 pub mod manager;
 pub mod metrics;
 pub mod queue;
+pub mod retention;
 pub mod waitlist;
 pub mod worker;
 
@@ -36,6 +37,7 @@ pub use heartbeater::{HeartbeatPass, Heartbeater};
 pub use hinter::Hinter;
 pub use manager::{ManagerOptions, PipelineManager, ShutdownReport};
 pub use metrics::{Metrics, MetricsSnapshot};
+pub use retention::{Retention, RetentionRule};
 pub use waitlist::Waitlist;
 pub use worker::ItemOutcome;
 

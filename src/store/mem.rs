@@ -35,35 +35,41 @@ struct Inner {
 /// A row's place in fetch order: `last_processed_at` (never-processed first), then id.
 type FetchKey = (Option<Timestamp>, RowId);
 
-/// The rows, by id. Ids are given in insert order from 1 and rows are never deleted, so row `id` is at index
-/// `id − 1` of a vector: a lookup is an index, not a search of a map (a fetch reads a row per candidate
-/// it scans, and every call reads or writes rows by id).
+/// The rows, by id. Ids are given in insert order from 1 and a deleted row ([`Store::purge`]) leaves its slot
+/// empty, so row `id` is at index `id − 1` of a vector: a lookup is an index, not a search of a map (a fetch reads
+/// a row per candidate it scans, and every call reads or writes rows by id).
 #[derive(Default)]
-struct Rows(Vec<Row>);
+struct Rows(Vec<Option<Row>>);
 
 impl Rows {
-    /// Row `id`, if the store gave that id.
+    /// Row `id`, if the store gave that id and has not deleted the row.
     fn get(&self, id: &RowId) -> Option<&Row> {
         let index = usize::try_from(id.0).ok()?.checked_sub(1)?;
-        self.0.get(index)
+        self.0.get(index)?.as_ref()
     }
 
-    /// Row `id` to write, if the store gave that id.
+    /// Row `id` to write, if the store gave that id and has not deleted the row.
     fn get_mut(&mut self, id: &RowId) -> Option<&mut Row> {
         let index = usize::try_from(id.0).ok()?.checked_sub(1)?;
-        self.0.get_mut(index)
+        self.0.get_mut(index)?.as_mut()
     }
 
     /// Appends `row`, which must carry the next id.
     fn push(&mut self, row: Row) {
         let next = RowId(self.0.len() as i64 + 1);
         assert_eq!(row.id, next, "row {} inserted where the next id is {next}", row.id);
-        self.0.push(row);
+        self.0.push(Some(row));
+    }
+
+    /// Deletes row `id`, returning it.
+    fn remove(&mut self, id: &RowId) -> Option<Row> {
+        let index = usize::try_from(id.0).ok()?.checked_sub(1)?;
+        self.0.get_mut(index)?.take()
     }
 
     /// Every row, by id.
-    fn values(&self) -> std::slice::Iter<'_, Row> {
-        self.0.iter()
+    fn values(&self) -> impl Iterator<Item = &Row> {
+        self.0.iter().flatten()
     }
 }
 
@@ -198,6 +204,8 @@ pub enum CommitOp {
     UpdateUnleased { id: RowId, outcome: WriteOutcome },
     /// A fetch hint.
     Hint { kind: String, row: Option<RowId> },
+    /// Retention deleted these rows of `kind` ([`Store::purge`]), by id.
+    Purge { kind: String, deleted: Vec<RowId> },
 }
 
 impl fmt::Display for Commit {
@@ -294,6 +302,18 @@ impl CommitOp {
                     WriteOutcome::Busy => " Busy",
                     WriteOutcome::Missing => " Missing",
                 });
+            }
+            CommitOp::Purge { kind, deleted } => {
+                out.push_str("purge ");
+                out.push_str(kind);
+                out.push_str(" [");
+                for (i, id) in deleted.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    push_number(out, id.0);
+                }
+                out.push(']');
             }
             CommitOp::Hint { kind, row } => {
                 out.push_str("hint ");
@@ -700,6 +720,55 @@ impl State {
         assert!(rows.remove(&(row.last_processed_at, id)), "row {id} missing from the status index");
         row.last_processed_at = Some(at);
         rows.insert((row.last_processed_at, id));
+    }
+
+    /// [`Store::purge`] at `now`: deletes the rows the call may delete, with their events and every index entry;
+    /// returns their ids.
+    fn purge(&mut self, p: &PurgeParams, now: Timestamp) -> Vec<RowId> {
+        let cutoff = now.minus(p.older_than);
+        let mut candidates: Vec<RowId> = Vec::new();
+        for status in p.statuses.iter().collect::<BTreeSet<_>>() {
+            candidates.extend(self.by_status.get(&p.kind, status).into_iter().flatten().map(|(_, id)| *id));
+        }
+        candidates.sort_unstable();
+        let unheld = |row: &Row| {
+            let expired = row.lock_expires_at.is_some_and(|expires| expires <= now);
+            (row.lock_token.is_none() && row.lock_owner.is_none()) || expired
+        };
+        let childless = |id: &RowId| self.by_parent.get(id).is_none_or(|kinds| kinds.values().all(BTreeSet::is_empty));
+        let doomed: Vec<RowId> = candidates
+            .into_iter()
+            .filter(|id| {
+                let row = &self.rows[id];
+                row.updated_at <= cutoff && unheld(row) && childless(id)
+            })
+            .take(p.limit)
+            .collect();
+        for id in &doomed {
+            // An expired lease's token leaves its index (its holder's late write finds no row: stale).
+            self.set_lease(*id, None, None, None);
+            let row = self.rows.remove(id).expect("a doomed row exists");
+            self.by_kind.get_mut(&row.kind).expect("kind index lost a row").remove(id);
+            assert!(
+                self.by_status.remove(&row.kind, &row.status, &(row.last_processed_at, *id)),
+                "row {id} missing from the status index"
+            );
+            if let Some(parent) = row.parent_id {
+                if let Some(children) = self.by_parent.get_mut(&parent).and_then(|kinds| kinds.get_mut(&row.kind)) {
+                    children.remove(id);
+                }
+                if let Some(children) = self.by_parent_status.get_mut(&parent) {
+                    children.remove(&row.kind, &row.status, id);
+                }
+            }
+            self.by_parent.remove(id);
+            self.by_parent_status.remove(id);
+        }
+        if !doomed.is_empty() {
+            let gone: BTreeSet<RowId> = doomed.iter().copied().collect();
+            self.events.retain(|event| !gone.contains(&event.row_id));
+        }
+        doomed
     }
 
     fn write(&mut self, id: RowId, update: RowUpdate, now: Timestamp) {
@@ -1221,6 +1290,16 @@ impl Store for MemStore {
         Ok(outcome)
     }
 
+    async fn purge(&self, p: PurgeParams) -> Result<usize, StoreError> {
+        check_purge(&p)?;
+        let now = self.now();
+        let mut state = self.lock();
+        let deleted = state.purge(&p, now);
+        let count = deleted.len();
+        state.record(&self.caller, now, CommitOp::Purge { kind: p.kind, deleted });
+        Ok(count)
+    }
+
     async fn hint(&self, kind: &str, row: Option<RowId>) -> Result<(), StoreError> {
         let now = self.now();
         self.lock().hint(&self.caller, now, &NewHint { kind: kind.to_string(), row });
@@ -1315,6 +1394,7 @@ mod tests {
             CommitOp::Insert { id, kind } => format!("insert {id} {kind}"),
             CommitOp::UpdateUnleased { id, outcome } => format!("update_unleased {id} {outcome:?}"),
             CommitOp::Hint { kind, row } => format!("hint {kind} {row:?}"),
+            CommitOp::Purge { kind, deleted } => format!("purge {kind} [{}]", ids(deleted)),
         }
     }
 
@@ -1335,6 +1415,8 @@ mod tests {
             CommitOp::Insert { id: RowId(42), kind: "job".into() },
             CommitOp::Hint { kind: "job".into(), row: None },
             CommitOp::Hint { kind: "job".into(), row: Some(RowId(9)) },
+            CommitOp::Purge { kind: "job".into(), deleted: Vec::new() },
+            CommitOp::Purge { kind: "job".into(), deleted: ids.clone() },
         ];
         for outcome in [LockOutcome::Locked, LockOutcome::Contended { by_own_pipeline: false }, LockOutcome::Stale] {
             ops.push(CommitOp::LockRelated {

@@ -21,8 +21,8 @@ pub use pg::{PgOptions, PgStore};
 pub use types::*;
 pub use values::{
     FAILURE_ERROR_BYTES_MAX, FAILURE_ERRORS_KEPT, KEY_TEXT_BYTES_MAX, bounded_error, check_apply, check_event,
-    check_failure, check_fetch, check_insert_keyed, check_json, check_key, check_new_row, check_query, check_text,
-    check_update,
+    check_failure, check_fetch, check_insert_keyed, check_json, check_key, check_new_row, check_purge, check_query,
+    check_text, check_update,
 };
 
 use std::future::Future;
@@ -419,6 +419,19 @@ pub trait Store: Send + Sync + 'static {
         id: RowId,
         update: RowUpdate,
     ) -> impl Future<Output = Result<WriteOutcome, StoreError>> + Send;
+
+    /// Retention: deletes up to `params.limit` rows of `params.kind` in one of `params.statuses` whose `updated_at`
+    /// is at least `params.older_than` before the store's `now`, oldest id first, with their events, in one
+    /// transaction; returns how many it deleted. A row is kept while anything may still need it: while it carries
+    /// a live lease or lock or an owner mark (a reset for retry, an intent mark), and while any row names it as
+    /// its parent (so a parent goes after its children). Keys of [`Store::insert_keyed`] that name a deleted row
+    /// are kept: a retried keyed insert still finds its first row's id (and no row under it).
+    ///
+    /// Errors: `Invalid` for an empty kind or status list or a limit outside 1 to [`PURGE_LIMIT_MAX`]. The
+    /// default is for stores that wrap another in tests: they delete nothing and say so (`Invalid`).
+    fn purge(&self, params: PurgeParams) -> impl Future<Output = Result<usize, StoreError>> + Send {
+        async move { Err(StoreError::Invalid(format!("purge of {}: this store deletes no rows", params.kind))) }
+    }
 
     /// Publishes a fetch hint for `kind` after the call commits; with `row`, also marks that row `hinted` so the
     /// next fetch takes it without waiting `min_processing_interval`. Hints reach every subscriber of every

@@ -389,6 +389,25 @@ fn younger_mark(mark: &str, owner: &str) -> bool {
     }
 }
 
+/// Parameters of [`Store::purge`](super::Store::purge): which finished rows retention deletes, and how many at most
+/// in one call (river's job cleaner, pgmq's archive: a queue table that keeps every finished row grows for good).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PurgeParams {
+    /// The kind of the rows to delete.
+    pub kind: String,
+    /// Their statuses: the kind's final statuses, which no pipeline fetches and no write API changes any more.
+    /// Must not be empty.
+    pub statuses: Vec<String>,
+    /// Age on the store's clock: a row is deleted only once its `updated_at` is at least this far in the past.
+    pub older_than: Duration,
+    /// Most rows to delete in this call, oldest id first (1 to [`PURGE_LIMIT_MAX`]): a call holds the locks of
+    /// the rows it deletes, and nothing else, for one short transaction.
+    pub limit: usize,
+}
+
+/// The most rows one [`Store::purge`](super::Store::purge) call deletes.
+pub const PURGE_LIMIT_MAX: usize = 10_000;
+
 /// A change to a related row, applied under the main lease's guard.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RelatedUpdate {

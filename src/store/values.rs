@@ -9,8 +9,8 @@
 //! numbers need no check here.
 
 use super::{
-    ApplyParams, FailureParams, FetchParams, InsertKeyedParams, NewEvent, NewRow, Retry, RowQuery, RowUpdate,
-    StoreError,
+    ApplyParams, FailureParams, FetchParams, InsertKeyedParams, NewEvent, NewRow, PURGE_LIMIT_MAX, PurgeParams, Retry,
+    RowQuery, RowUpdate, StoreError,
 };
 use serde_json::Value;
 
@@ -211,6 +211,23 @@ pub fn bounded_error(error: &str) -> String {
 
 fn invalid(what: &str, field: &str, rule: &str) -> StoreError {
     StoreError::Invalid(format!("{what}: {field} {rule}"))
+}
+
+/// Checks a purge's parameters ([`Store::purge`](super::Store::purge)): a kind and statuses the store can hold,
+/// at least one status, and a limit from 1 to [`PURGE_LIMIT_MAX`].
+pub fn check_purge(p: &PurgeParams) -> Result<(), StoreError> {
+    let what = format!("purge of {}", p.kind);
+    check_key(&what, "kind", &p.kind)?;
+    if p.statuses.is_empty() {
+        return Err(StoreError::Invalid(format!("{what}: statuses is empty (name the kind's final statuses)")));
+    }
+    for status in &p.statuses {
+        check_key(&what, "status", status)?;
+    }
+    if p.limit == 0 || p.limit > PURGE_LIMIT_MAX {
+        return Err(StoreError::Invalid(format!("{what}: limit {} is outside 1 to {PURGE_LIMIT_MAX}", p.limit)));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

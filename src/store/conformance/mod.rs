@@ -26,6 +26,7 @@ pub mod failure;
 pub mod fetch;
 pub mod heartbeat;
 pub mod hint;
+pub mod purge;
 pub mod refetch;
 pub mod related;
 pub mod release;
@@ -212,6 +213,14 @@ macro_rules! __conformance_cases {
                 update_unleased_of_a_missing_row_is_missing,
                 update_unleased_takes_over_an_expired_lease_so_its_apply_is_stale,
                 update_unleased_of_a_related_row_leaves_the_main_rows_lease,
+            }
+            purge {
+                purge_deletes_old_finished_rows_of_its_kind_with_their_events,
+                purge_keeps_rows_younger_than_its_age,
+                purge_keeps_a_leased_or_marked_row,
+                purge_keeps_a_parent_until_its_children_are_gone,
+                purge_deletes_at_most_its_limit_oldest_first,
+                purge_refuses_an_empty_status_list_and_a_limit_out_of_range,
             }
             hint {
                 hint_with_a_row_marks_only_that_row_hinted,
@@ -473,6 +482,7 @@ mod tests {
             ("hint", include_str!("hint.rs")),
             ("refetch", include_str!("refetch.rs")),
             ("related", include_str!("related.rs")),
+            ("purge", include_str!("purge.rs")),
             ("release", include_str!("release.rs")),
             ("rows", include_str!("rows.rs")),
             ("update_unleased", include_str!("update_unleased.rs")),

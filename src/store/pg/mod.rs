@@ -25,9 +25,9 @@ pub use options::PgOptions;
 use crate::store::{
     ApplyOutcome, ApplyParams, CommitOp, Event, FAILURE_ERRORS_KEPT, FailureOutcome, FailureParams, FetchParams,
     HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, InsertKeyedParams, KeyedInsert, Lease, LockOutcome, LockRead,
-    LockRelatedParams, NewHint, NewRow, Retry, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp,
-    WriteOutcome, bounded_error, check_apply, check_failure, check_fetch, check_insert_keyed, check_key, check_new_row,
-    check_query, check_text, check_update, duration_micros,
+    LockRelatedParams, NewHint, NewRow, PurgeParams, Retry, Row, RowId, RowQuery, RowUpdate, Store, StoreError,
+    Timestamp, WriteOutcome, bounded_error, check_apply, check_failure, check_fetch, check_insert_keyed, check_key,
+    check_new_row, check_purge, check_query, check_text, check_update, duration_micros,
 };
 use codec::{PgTime, interval};
 use session::Session;
@@ -1117,6 +1117,37 @@ impl Store for PgStore {
                 Some(true) => WriteOutcome::Busy,
                 Some(false) => WriteOutcome::Written,
             })
+        })
+        .await
+    }
+
+    async fn purge(&self, p: PurgeParams) -> Result<usize, StoreError> {
+        self.bounded(async {
+            check_purge(&p)?;
+            let limit = i64::try_from(p.limit).expect("a checked limit fits i64");
+            let deleted: Vec<i64> = self
+                .run_again_on_conflict("purge", || async {
+                    let mut session = Session::acquire(&self.inner.pool).await?;
+                    let mut tx = session.begin().await?;
+                    let deleted: Vec<i64> = sqlx::query_scalar(sql::PURGE)
+                        .bind(self.offset())
+                        .bind(&p.kind)
+                        .bind(&p.statuses)
+                        .bind(interval(p.older_than))
+                        .bind(limit)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                    if self.inner.history.is_some() {
+                        let mut ids: Vec<RowId> = deleted.iter().copied().map(RowId).collect();
+                        ids.sort_unstable();
+                        let op = CommitOp::Purge { kind: p.kind.clone(), deleted: ids };
+                        history::append(self, &mut tx, &op).await?;
+                    }
+                    tx.commit().await?;
+                    Ok(deleted)
+                })
+                .await?;
+            Ok(deleted.len())
         })
         .await
     }

@@ -680,6 +680,25 @@ pub(super) const ALL_ROWS: &str = concat!("SELECT ", row_columns!(), " FROM reso
 
 pub(super) const EVENTS: &str = "SELECT seq, row_id, kind, data, at FROM events WHERE row_id = $1 ORDER BY seq";
 
+/// Retention (mem.rs `State::purge`, `Store::purge`): deletes up to `$5` rows of kind `$2` in one of the statuses
+/// `$3` whose `updated_at` is `$4` or more before now, oldest id first, that carry no live lease, lock or owner mark
+/// and that no row names as its parent, with their events. `SKIP LOCKED`: a row another transaction holds is left
+/// for the next call, so retention never waits for a lock a fetch or an apply holds (and never holds one past its
+/// own short transaction). Returns the deleted ids.
+pub(super) const PURGE: &str = "WITH doomed AS (
+    SELECT r.id FROM resources r
+    WHERE r.kind = $2 AND r.status = ANY($3) AND r.updated_at <= lockstep_ts_minus(lockstep_now($1), $4)
+      AND ((r.lock_token IS NULL AND r.lock_owner IS NULL) OR r.lock_expires_at <= lockstep_now($1))
+      AND NOT EXISTS (SELECT 1 FROM resources c WHERE c.parent_id = r.id)
+    ORDER BY r.id
+    LIMIT $5
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM events e USING doomed d WHERE e.row_id = d.id
+)
+DELETE FROM resources r USING doomed d WHERE r.id = d.id
+RETURNING r.id";
+
 /// The write API's update (mem.rs `update_unleased`): lock the row and the rows carrying its token in id order;
 /// busy while a live lease or an owner's reset mark is on the row; otherwise clear any expired lease (and the
 /// related rows locked with its token), then write. Returns no row when the row is missing, else whether it was

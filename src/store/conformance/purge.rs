@@ -1,0 +1,114 @@
+//! Retention ([`Store::purge`]): which finished rows go, with what, and which stay.
+
+use super::*;
+use crate::store::{NewEvent, PURGE_LIMIT_MAX, PurgeParams, RowUpdate, StoreError};
+
+/// The age of the cases' rule.
+const AGE: Duration = Duration::from_secs(3600);
+
+fn rule(kind: &str, limit: usize) -> PurgeParams {
+    PurgeParams { kind: kind.to_string(), statuses: vec!["done".to_string()], older_than: AGE, limit }
+}
+
+async fn purge<H: Harness>(h: &H, params: PurgeParams) -> usize {
+    let what = format!("purge of {}", params.kind);
+    h.store().purge(params).await.expect(&what)
+}
+
+async fn exists<H: Harness>(h: &H, id: RowId) -> bool {
+    h.store().get(id).await.expect("get").is_some()
+}
+
+/// Inserts a row of `kind` in `done`.
+async fn done<H: Harness>(h: &H, kind: &str) -> Row {
+    insert_new(h, NewRow::new(kind, "done", json!({}))).await
+}
+
+/// A finished row of the kind and status the rule names, past its age, goes with its events; a row of another
+/// status or kind stays.
+pub async fn purge_deletes_old_finished_rows_of_its_kind_with_their_events<H: Harness>(h: H) {
+    let finished = insert(&h, "job").await;
+    let lease = lease_single(&h, CHILD_PIPELINE, &finished).await;
+    let mut params = ApplyParams::new(lease, RowUpdate { status: Some("done".into()), data: None });
+    params.events = vec![NewEvent { row_id: finished.id, kind: "finished".into(), data: json!({}) }];
+    applied_now(&apply(&h, params).await, lease);
+    assert_eq!(h.store().events(finished.id).await.expect("events").len(), 1);
+    let ready = insert(&h, "job").await;
+    let other_kind = done(&h, "node").await;
+    h.advance(past(AGE));
+    assert_eq!(purge(&h, rule("job", 100)).await, 1, "rows deleted");
+    assert!(!exists(&h, finished.id).await, "the finished job {} is still there", finished.id);
+    assert!(h.store().events(finished.id).await.expect("events").is_empty(), "its events outlived it");
+    assert!(exists(&h, ready.id).await, "a job in another status was deleted");
+    assert!(exists(&h, other_kind.id).await, "a row of another kind was deleted");
+    assert_eq!(purge(&h, rule("job", 100)).await, 0, "a second call found more");
+}
+
+/// A row younger than the rule's age stays; it goes once the age has passed.
+pub async fn purge_keeps_rows_younger_than_its_age<H: Harness>(h: H) {
+    let row = done(&h, "job").await;
+    h.advance(AGE - Duration::from_secs(10));
+    assert_eq!(purge(&h, rule("job", 100)).await, 0, "a row younger than the age was deleted");
+    h.advance(Duration::from_secs(20));
+    assert_eq!(purge(&h, rule("job", 100)).await, 1);
+    assert!(!exists(&h, row.id).await);
+}
+
+/// A leased row stays until its lease has expired, and a row its pipeline reset for retry (an owner mark with no
+/// expiry) stays for good: someone may still write it.
+pub async fn purge_keeps_a_leased_or_marked_row<H: Harness>(h: H) {
+    let leased = done(&h, "job").await;
+    let marked = done(&h, "job").await;
+    h.advance(past(AGE));
+    let params = FetchParams { statuses: vec!["done".into()], ..fetch_params(CHILD_PIPELINE, "job") };
+    let rows = fetch_with(&h, params).await;
+    assert_eq!(sorted(ids(&rows)), vec![leased.id, marked.id], "both rows leased");
+    let reset = lease_of(rows.iter().find(|row| row.id == marked.id).expect("leased"));
+    assert!(reset_for_retry(&h, reset).await);
+    assert_eq!(purge(&h, rule("job", 100)).await, 0, "a row under a live lease or a reset mark was deleted");
+    h.advance(past(LEASE_TTL));
+    assert_eq!(purge(&h, rule("job", 100)).await, 1, "an expired lease kept its row");
+    assert!(!exists(&h, leased.id).await);
+    assert!(exists(&h, marked.id).await, "a row with its pipeline's reset mark was deleted");
+}
+
+/// A parent stays while any row names it as its parent, whatever the child's kind: its children go first.
+pub async fn purge_keeps_a_parent_until_its_children_are_gone<H: Harness>(h: H) {
+    let parent = done(&h, "operation").await;
+    let child = insert_new(&h, NewRow::new("job", "done", json!({})).with_parent(parent.id)).await;
+    h.advance(past(AGE));
+    assert_eq!(purge(&h, rule("operation", 100)).await, 0, "a parent with a child was deleted");
+    assert_eq!(purge(&h, rule("job", 100)).await, 1);
+    assert!(!exists(&h, child.id).await);
+    assert_eq!(purge(&h, rule("operation", 100)).await, 1, "a parent whose children are gone stayed");
+    assert!(!exists(&h, parent.id).await);
+}
+
+/// One call deletes at most its limit, oldest id first.
+pub async fn purge_deletes_at_most_its_limit_oldest_first<H: Harness>(h: H) {
+    let rows = [done(&h, "job").await, done(&h, "job").await, done(&h, "job").await];
+    h.advance(past(AGE));
+    assert_eq!(purge(&h, rule("job", 2)).await, 2);
+    assert!(!exists(&h, rows[0].id).await && !exists(&h, rows[1].id).await, "the oldest two were not the ones");
+    assert!(exists(&h, rows[2].id).await);
+    assert_eq!(purge(&h, rule("job", 2)).await, 1);
+}
+
+/// Parameters the rule cannot mean are refused, naming the field, and nothing is deleted.
+pub async fn purge_refuses_an_empty_status_list_and_a_limit_out_of_range<H: Harness>(h: H) {
+    let row = done(&h, "job").await;
+    h.advance(past(AGE));
+    let refused = |params: PurgeParams, field: &'static str| {
+        let store = h.store();
+        async move {
+            match store.purge(params).await {
+                Err(StoreError::Invalid(message)) => assert!(message.contains(field), "{message} names no {field}"),
+                other => panic!("a purge with a bad {field} returned {other:?}"),
+            }
+        }
+    };
+    refused(PurgeParams { statuses: Vec::new(), ..rule("job", 10) }, "statuses").await;
+    refused(rule("job", 0), "limit").await;
+    refused(rule("job", PURGE_LIMIT_MAX + 1), "limit").await;
+    assert!(exists(&h, row.id).await, "a refused purge deleted a row");
+}
