@@ -20,7 +20,7 @@ use super::rpc::{Call, Delivery, InsertHint, Reply, Request, Response};
 use super::trace::{Fields, Trace};
 use super::wire::Wire;
 use crate::gang::model::{AllocationData, KIND_ALLOCATION};
-use crate::store::{Clock, CommitOp, Hint, MemStore, NewRow, Row, RowId, Store, StoreError, Timestamp};
+use crate::store::{Clock, CommitOp, Hint, MemStore, NewHint, NewRow, Row, RowId, Store, StoreError, Timestamp};
 use futures_util::FutureExt;
 use madsim::runtime::{Handle, NodeHandle};
 use madsim::task::NodeId;
@@ -403,6 +403,31 @@ async fn insert_keyed(db: &Database, store: &MemStore, key: String, row: NewRow)
     })
 }
 
+/// [`Call::InsertManyKeyed`]: the rows keyed `{key}-0`, `{key}-1`, … if `{key}-0` names one (an earlier call's
+/// rows, whatever this call's hold), else `rows` inserted in one `insert_many` with a hint per kind and keyed so.
+async fn insert_many_keyed(
+    db: &Database,
+    store: &MemStore,
+    key: &str,
+    rows: Vec<NewRow>,
+) -> Result<Vec<Row>, StoreError> {
+    let row_key = |index: usize| format!("{key}-{index}");
+    let mut ids: Vec<RowId> = (0..).map_while(|index| db.keys().get(&row_key(index)).copied()).collect();
+    if ids.is_empty() && !rows.is_empty() {
+        let hints = NewHint::kinds_of(&rows);
+        ids = store.insert_many(rows, hints).await?;
+        let mut keys = db.keys();
+        for (index, id) in ids.iter().enumerate() {
+            keys.insert(row_key(index), *id);
+        }
+    }
+    let mut stored = Vec::with_capacity(ids.len());
+    for id in ids {
+        stored.push(store.get(id).await?.expect("a keyed row is never deleted"));
+    }
+    Ok(stored)
+}
+
 async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
     Ok(match call {
         Call::Fetch(params) => Reply::Rows(store.fetch(params).await?),
@@ -433,6 +458,7 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
             }
             Reply::Keyed(Box::new(row), inserted)
         }
+        Call::InsertManyKeyed { key, rows } => Reply::Rows(insert_many_keyed(db, store, &key, rows).await?),
         Call::InsertJob { key, tasks, mut job } => {
             let mut ids = Vec::with_capacity(tasks.len());
             let mut kinds = Vec::new();

@@ -100,6 +100,16 @@ impl NetStore {
         }
     }
 
+    /// Inserts `rows` together under `key` in one call ([`Call::InsertManyKeyed`]): all or none, each kind hinted
+    /// once committed, nothing inserted twice for one key; returns the rows the key names, in input order. Safe to
+    /// retry after an error whose outcome is unknown.
+    pub async fn insert_many_keyed(&self, key: String, rows: Vec<NewRow>) -> Result<Vec<Row>, StoreError> {
+        match self.call(Call::InsertManyKeyed { key, rows }).await? {
+            Reply::Rows(rows) => Ok(rows),
+            other => unexpected("insert_many_keyed", other),
+        }
+    }
+
     /// One call: send the request, wait for the reply within the call time-out.
     async fn call(&self, call: Call) -> Response {
         let options = &self.options;

@@ -90,6 +90,16 @@ pub enum Call {
         tasks: Vec<NewRow>,
         job: NewRow,
     },
+    /// `rows` inserted together unless rows were inserted under `key` already, and the rows `key` names either
+    /// way, in input order: a workload's enqueue in its own transaction (`WorkloadClient::insert_many`). The rows go
+    /// in one [`Store::insert_many`](crate::store::Store::insert_many) with
+    /// [`NewHint::kinds_of`](crate::store::NewHint::kinds_of) them, all or none, each kind hinted once committed, as
+    /// `PgStore::insert_in` stores and hints them at the caller's commit; each is keyed `{key}-{index}`, so a call
+    /// whose reply was lost is retried with the same key and inserts nothing twice.
+    InsertManyKeyed {
+        key: String,
+        rows: Vec<NewRow>,
+    },
     Get(RowId),
     List {
         kind: String,
@@ -131,6 +141,7 @@ impl Call {
             Call::InsertMany { .. } => "insert_many",
             Call::InsertKeyed { .. } => "insert_keyed",
             Call::InsertJob { .. } => "insert_job",
+            Call::InsertManyKeyed { .. } => "insert_many_keyed",
             Call::Get(_) => "get",
             Call::List { .. } => "list",
             Call::Query(_) => "query",

@@ -381,6 +381,25 @@ impl WorkloadClient {
         row
     }
 
+    /// Inserts `rows` together under `key` (unique in the run) and returns them as stored, in input order: the
+    /// simulator's model of an enqueue in your own transaction (`PgStore::insert_in` in production;
+    /// docs/real-mode.md, "Enqueue in your own transaction"). Your own rows, as rows of their own kind, and their
+    /// work items go in one call: all or none, and each kind's fetchers hinted once it committed. Retried as
+    /// [`WorkloadClient::insert`] is, and the key makes a retry insert nothing twice. Panics (failing the run)
+    /// after [`workload::CLIENT_ATTEMPTS_MAX`] failed attempts in a row, or for a row the store refuses.
+    pub async fn insert_many(&self, key: impl Into<String>, rows: Vec<NewRow>) -> Vec<Row> {
+        let key = key.into();
+        let store = &self.inner.store;
+        for (i, row) in rows.iter().enumerate() {
+            if let Err(error) = crate::store::check_new_row(&format!("insert_many {key}: rows[{i}]"), row) {
+                panic!("client: {error}");
+            }
+        }
+        let rows = workload::retry_call("insert_many", || store.insert_many_keyed(key.clone(), rows.clone())).await;
+        self.inner.inserted.fetch_add(rows.len(), Ordering::SeqCst);
+        rows
+    }
+
     /// A fetch hint for `kind` (best effort: a lost hint costs a fetcher its backoff).
     pub async fn hint(&self, kind: &str) {
         let _ = self.inner.store.hint(kind, None).await;

@@ -299,6 +299,21 @@ fn the_gang_page_quotes_the_unfit_reason() {
     assert!(waited.contains("expected back, offer 1 more) for 61.234s (gang_unfit_timeout 60s)"), "{waited}");
 }
 
+/// The real-mode page's enqueue snippet is the example's code: each of its lines is a line of
+/// `examples/enqueue_in_transaction.rs` (indentation aside), in the example's order.
+#[test]
+fn the_real_mode_page_quotes_the_enqueue_example() {
+    let real = page("docs/real-mode.md");
+    let section = real.section("## Enqueue in your own transaction");
+    let snippets = bodies(section, "rust");
+    assert_eq!(snippets.len(), 1, "one rust block in the enqueue section");
+    let example = include_str!("../examples/enqueue_in_transaction.rs");
+    let mut lines = example.lines().map(str::trim);
+    for line in snippets[0].lines().map(str::trim).filter(|line| !line.is_empty()) {
+        assert!(lines.any(|own| own == line), "examples/enqueue_in_transaction.rs has no line {line:?} (in order)");
+    }
+}
+
 /// The real-mode page's claim about `--help`: clap names the unset variable as `[env: LOCKSTEP_SCHEMA=]`.
 #[cfg(not(madsim))]
 #[test]

@@ -3,9 +3,9 @@
 #![cfg(madsim)]
 
 use lockstep::pipeline::{Changes, Handler, LoadCx, PipelineConfig, WorkError};
-use lockstep::sim::Scenario;
 use lockstep::sim::run::run_within;
-use lockstep::sim::user::PipelineSet;
+use lockstep::sim::user::{CheckInput, Checker, PipelineSet};
+use lockstep::sim::{Fault, FaultEvent, Scenario};
 use lockstep::store::{NewRow, Row, Store};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -49,4 +49,82 @@ fn a_handler_that_never_yields_ends_the_run_at_its_wall_clock_limit_with_a_messa
     assert!(!report.passed());
     let panic = report.panic.expect("the run is reported stuck");
     assert!(panic.contains("wall-clock limit of 3 s while simulated time stood still"), "{panic}");
+}
+
+/// Orders the enqueue test's workload places, each with its email, one every [`ORDER_GAP`] of simulated time.
+const ORDERS: u64 = 20;
+const ORDER_GAP: Duration = Duration::from_secs(2);
+
+/// Every order of the enqueue test is stored once, with exactly one email, and every email has its order.
+struct OneEmailPerOrder;
+
+impl Checker for OneEmailPerOrder {
+    fn name(&self) -> &'static str {
+        "one_email_per_order"
+    }
+
+    fn check(&self, input: &CheckInput<'_>) -> Result<(), String> {
+        let count = |kind: &str| {
+            let mut counts = std::collections::BTreeMap::new();
+            for row in input.rows_final.iter().filter(|row| row.kind == kind) {
+                *counts.entry(row.data["order"].as_u64().unwrap_or(u64::MAX)).or_insert(0_usize) += 1;
+            }
+            counts
+        };
+        let once: std::collections::BTreeMap<u64, usize> = (0..ORDERS).map(|order| (order, 1)).collect();
+        let (orders, emails) = (count("order"), count("email"));
+        if orders != once || emails != once {
+            return Err(format!("rows per order: orders {orders:?}, emails {emails:?}"));
+        }
+        Ok(())
+    }
+}
+
+/// Sends an email (marks its row sent).
+struct Mailer;
+
+impl<S: Store> Handler<S> for Mailer {
+    type Context = ();
+
+    async fn load(&self, _row: &Row, _cx: &LoadCx<'_, S>) -> Result<(), WorkError> {
+        Ok(())
+    }
+
+    async fn process(&self, _row: Row, _: ()) -> Result<Changes, WorkError> {
+        Ok(Changes::status("sent"))
+    }
+}
+
+/// `WorkloadClient::insert_many`, the simulator's model of an enqueue in the caller's transaction: while half the
+/// database's replies are lost (the client retries calls whose outcome it does not know), each order and its email
+/// are stored together once (one call, all or none, keyed), and the email's hint gets it sent.
+#[test]
+fn an_enqueue_batch_stores_each_order_with_exactly_one_email_under_faults() {
+    let set = PipelineSet::new("shop", |replica| {
+        replica.register(PipelineConfig::new("emails", "email", &["queued"]), Mailer)
+    })
+    .final_statuses("email", &["sent"])
+    .checker(OneEmailPerOrder)
+    .workload(|client| async move {
+        for order in 0..ORDERS {
+            client.sleep_until(ORDER_GAP * order as u32).await;
+            let rows = vec![
+                NewRow::new("order", "placed", serde_json::json!({ "order": order })),
+                NewRow::new("email", "queued", serde_json::json!({ "order": order })),
+            ];
+            let stored = client.insert_many(format!("order-{order}"), rows).await;
+            let kinds: Vec<&str> = stored.iter().map(|row| row.kind.as_str()).collect();
+            assert_eq!(kinds, ["order", "email"], "order {order}: the rows as stored, in input order");
+        }
+    });
+    let mut scenario = Scenario::for_pipelines(set);
+    scenario.faults.random.clear();
+    let lost = Fault::LostReplies { chance: 0.5, span: ORDER_GAP * ORDERS as u32 };
+    scenario.faults.fixed = vec![FaultEvent { at: Duration::ZERO, fault: lost }];
+    for seed in 1..=3 {
+        let report = run_within(&scenario, seed, None, Duration::from_secs(120));
+        assert!(report.passed(), "seed {seed}: {:?} {:?}", report.panic, report.violations);
+        assert_eq!(report.keyed_rows, 2 * ORDERS as usize, "seed {seed}: keyed rows");
+        assert_eq!(report.statuses["email"]["sent"], ORDERS as usize, "seed {seed}: emails sent");
+    }
 }

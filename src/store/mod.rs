@@ -297,6 +297,12 @@ pub trait Store: Send + Sync + 'static {
     /// order. For a writer of many rows at once (an agent's reports: a thousand starts of one gang were a thousand
     /// round trips). Errors: `Invalid` for a row [`Store::insert`] would refuse, before any write.
     ///
+    /// It is also an enqueue in the caller's transaction where the store has none to join (MemStore, the
+    /// simulator): the caller's own rows, as rows of their own kind, and its work items in one call, with
+    /// [`NewHint::kinds_of`] the rows as `hints`, commit together or not at all and wake each kind's fetchers once
+    /// committed. `PgStore::insert_in` stores the same rows and sends the same hints on the caller's connection, at
+    /// the caller's commit (docs/real-mode.md, "Enqueue in your own transaction").
+    ///
     /// The default checks every row, then inserts them one call at a time and sends each hint with
     /// [`Store::hint`] (not atomic: a failure half-way leaves the rows before it); backends override it.
     fn insert_many(

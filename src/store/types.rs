@@ -435,6 +435,21 @@ impl NewHint {
     pub fn row(kind: impl Into<String>, id: RowId) -> NewHint {
         NewHint { kind: kind.into(), row: Some(id) }
     }
+
+    /// The hints of an enqueue: one per kind of `rows`, in the order the kinds first appear, naming no row (a new
+    /// row is fetched without waiting `min_processing_interval`, DESIGN §2, Eligibility). What
+    /// `PgStore::insert_in` publishes at the caller's commit, and what a caller of
+    /// [`Store::insert_many`](super::Store::insert_many) passes to model it on any store (docs/real-mode.md,
+    /// "Enqueue in your own transaction").
+    pub fn kinds_of(rows: &[NewRow]) -> Vec<NewHint> {
+        let mut hints: Vec<NewHint> = Vec::new();
+        for row in rows {
+            if !hints.iter().any(|hint| hint.kind == row.kind) {
+                hints.push(NewHint::from(row.kind.as_str()));
+            }
+        }
+        hints
+    }
 }
 
 impl From<&str> for NewHint {

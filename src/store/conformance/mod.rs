@@ -197,6 +197,7 @@ macro_rules! __conformance_cases {
                 insert_keyed_refuses_a_bad_key_or_row,
                 insert_many_stores_every_row_in_order_and_publishes_its_hints,
                 insert_many_with_a_bad_row_stores_none,
+                an_enqueue_batch_stores_the_callers_row_and_its_work_items_together_and_hints_each_kind,
                 get_of_a_missing_row_is_none,
                 list_filters_by_kind_and_parent_in_id_order,
                 query_filters_by_parent_status_cursor_and_ids_in_id_order,

@@ -319,6 +319,40 @@ pub async fn insert_many_stores_every_row_in_order_and_publishes_its_hints<H: Ha
     assert!(get(&h, parent.id).await.hinted, "row {} named by a hint is not hinted", parent.id);
 }
 
+/// An enqueue as one atomic batch, the model of an enqueue in the caller's transaction on every store
+/// (docs/real-mode.md, "Enqueue in your own transaction"; `PgStore::insert_in` stores and publishes the same at the
+/// caller's commit): the caller's own row and its work items in one `insert_many` with [`NewHint::kinds_of`] the
+/// rows. Every row is stored, none marked hinted, each kind hinted once after the commit in the order it first
+/// appears, and every work item is fetched at once; a batch with a bad row stores none and hints nothing.
+pub async fn an_enqueue_batch_stores_the_callers_row_and_its_work_items_together_and_hints_each_kind<H: Harness>(h: H) {
+    let mut rx = h.store().subscribe_hints();
+    let bad = vec![NewRow::new("order", "placed", json!({})), NewRow::new("email", READY, json!({"to": "a\u{0}"}))];
+    let hints = NewHint::kinds_of(&bad);
+    assert!(h.store().insert_many(bad, hints).await.is_err(), "an enqueue batch with a NUL in a work item");
+    let new = vec![
+        NewRow::new("order", "placed", json!({"order": 7})),
+        NewRow::new("email", READY, json!({"order": 7, "to": "buyer"})),
+        NewRow::new("email", READY, json!({"order": 7, "to": "seller"})),
+        NewRow::new("invoice", READY, json!({"order": 7})),
+    ];
+    let hints = NewHint::kinds_of(&new);
+    assert_eq!(hints, vec!["order".into(), "email".into(), "invoice".into()], "the kinds of the rows, each once");
+    let ids = h.store().insert_many(new.clone(), hints).await.expect("insert_many of an enqueue");
+    for (id, new) in ids.iter().zip(&new) {
+        let row = get(&h, *id).await;
+        assert_eq!((&row.kind, &row.status, &row.data), (&new.kind, &new.status, &new.data), "row {id}");
+        assert!(!row.hinted, "row {id} of an enqueue is marked hinted");
+        assert_unlocked(&row);
+    }
+    h.store().hint("marker", None).await.expect("hint");
+    for kind in ["order", "email", "invoice", "marker"] {
+        assert_eq!(next_hint(&mut rx, "the subscriber").await, kind, "hints after an enqueue (the bad one sent none)");
+    }
+    assert_eq!(h.store().list("order", None).await.expect("list").len(), 1, "the refused batch stored its order");
+    let emails: Vec<RowId> = fetch(&h, "emails", "email").await.iter().map(|row| row.id).collect();
+    assert_eq!(emails, ids[1..3].to_vec(), "the enqueued emails are fetched at once");
+}
+
 /// `insert_many` refuses a row `insert` would refuse, naming it, and then stores none of the rows.
 pub async fn insert_many_with_a_bad_row_stores_none<H: Harness>(h: H) {
     let rows = vec![NewRow::new("inbox", "new", json!({})), NewRow::new("inbox", "new", json!({"bad": "a\u{0}b"}))];

@@ -56,6 +56,16 @@ pub(super) fn channel(schema: &str) -> String {
     format!("{CHANNEL_PREFIX}{hash:016x}")
 }
 
+/// The sender of the hints a caller's own transaction sends (`PgStore::insert_in`): no store's instance (see
+/// [`instance`]), so every store's listener forwards them, the sending store's own included; its subscribers hear
+/// them once the caller commits, not when the insert returns.
+pub(super) const CALLER_TRANSACTION: u64 = 0;
+
+/// A new store's instance id: random, and never [`CALLER_TRANSACTION`].
+pub(super) fn instance() -> u64 {
+    rand::random::<u64>().max(CALLER_TRANSACTION + 1)
+}
+
 /// The `NOTIFY` payload of a hint for `kind` from the store `instance`.
 pub(super) fn payload(instance: u64, kind: &str) -> String {
     format!("{instance:016x}:{kind}")
@@ -259,5 +269,14 @@ mod tests {
         assert_eq!(foreign_kind(8, &p), Some("job:gang"));
         assert_eq!(foreign_kind(7, &p), None);
         assert_eq!(foreign_kind(7, "not ours"), None);
+    }
+
+    #[test]
+    fn every_store_forwards_a_callers_transaction_hints() {
+        let p = payload(CALLER_TRANSACTION, "email");
+        for _ in 0..1000 {
+            assert_eq!(foreign_kind(instance(), &p), Some("email"));
+        }
+        assert_eq!(foreign_kind(u64::MAX, &p), Some("email"));
     }
 }

@@ -6,11 +6,13 @@
 //! fetch leases rows with `FOR NO KEY UPDATE SKIP LOCKED` in the statement that selects them; guarded writes
 //! match `id + lock_token`. Fetch hints travel as `NOTIFY` between replicas (see `listen`). The SQL lives in
 //! `sql`, the type conversions in `codec`, the error mapping in `error`, the calls that need a transaction of
-//! several statements (apply, related locks) in `write`, the batched apply in `apply_batch`, the connection
-//! options in `options`.
+//! several statements (apply, related locks) in `write`, the batched apply in `apply_batch`, the inserts on a
+//! caller's own connection and transaction ([`PgStore::insert_in`]) in `enqueue`, the connection options in
+//! `options`.
 
 mod apply_batch;
 mod codec;
+mod enqueue;
 mod error;
 mod history;
 mod listen;
@@ -54,6 +56,8 @@ struct Inner {
     pool: PgPool,
     schema: String,
     channel: String,
+    /// The inserts [`PgStore::insert_in`] and [`PgStore::insert_keyed_in`] run, qualified by `schema`.
+    caller_inserts: sql::CallerInserts,
     /// Tags this store's `NOTIFY` payloads, so its listener skips hints it already delivered locally.
     instance: u64,
     clock_offset_micros: AtomicI64,
@@ -271,12 +275,13 @@ impl PgStore {
             sqlx::query(history::CREATE).execute(&pool).await.map_err(fail)?;
         }
         let channel = listen::channel(&options.schema);
-        let instance = rand::random::<u64>();
+        let instance = listen::instance();
         let (hints, _) = broadcast::channel(HINT_BUFFER_LEN_MAX);
         let (shutdown, shutdown_rx) = oneshot::channel();
         let store = PgStore {
             inner: Arc::new(Inner {
                 pool,
+                caller_inserts: sql::CallerInserts::new(&options.schema),
                 schema: options.schema,
                 channel: channel.clone(),
                 instance,

@@ -621,6 +621,46 @@ FROM unnest($2::text[], $3::int8[], $4::text[], $5::jsonb[]) WITH ORDINALITY AS 
 ORDER BY new.n
 RETURNING id";
 
+/// The statements of an insert on a caller's connection (`enqueue`): [`INSERT_MANY`], [`KEYED_ROW`] and
+/// [`INSERT_KEY`] with every name of the store qualified by its schema, since the caller's `search_path` need not
+/// hold it (`pg_notify` and `unnest` are `pg_catalog`'s, which every `search_path` searches first). Built once per
+/// store; the same parameters as the statements they mirror.
+pub(super) struct CallerInserts {
+    /// [`INSERT_MANY`], qualified.
+    pub(super) insert_many: String,
+    /// [`KEYED_ROW`], qualified.
+    pub(super) keyed_row: String,
+    /// [`INSERT_KEY`], qualified.
+    pub(super) insert_key: String,
+}
+
+impl CallerInserts {
+    /// The statements for `schema`, a name `check_schema` accepted (identifiers cannot be bound as parameters).
+    pub(super) fn new(schema: &str) -> CallerInserts {
+        let s = format!("\"{schema}\"");
+        CallerInserts {
+            insert_many: format!(
+                "INSERT INTO {s}.resources (kind, parent_id, status, data, created_at, updated_at)
+SELECT new.kind, new.parent_id, new.status, new.data, {s}.lockstep_now($1), {s}.lockstep_now($1)
+FROM unnest($2::text[], $3::int8[], $4::text[], $5::jsonb[]) WITH ORDINALITY AS new(kind, parent_id, status, data, n)
+ORDER BY new.n
+RETURNING id"
+            ),
+            keyed_row: format!("SELECT row_id FROM {s}.insert_keys WHERE key = $1"),
+            insert_key: format!(
+                "INSERT INTO {s}.insert_keys (key, row_id, created_at)
+VALUES ($2, $3, {s}.lockstep_now($1))
+ON CONFLICT (key) DO NOTHING
+RETURNING row_id"
+            ),
+        }
+    }
+}
+
+/// Fetch hints without row marks, as [`HINTS`] sends them (delivered at commit, dropped at rollback). `$1` channel,
+/// `$2` payloads (one per kind). Names nothing of the store's schema.
+pub(super) const NOTIFY: &str = "SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload";
+
 /// Appends events in input order. `$2` row ids, `$3` kinds, `$4` data.
 pub(super) const INSERT_EVENTS: &str = "INSERT INTO events (row_id, kind, data, at)
 SELECT new.row_id, new.kind, new.data, lockstep_now($1)

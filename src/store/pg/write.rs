@@ -14,7 +14,7 @@ use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgArguments, PgPool, PgRow};
 use sqlx::query::QueryScalar;
 use sqlx::types::Json;
-use sqlx::{FromRow, PgConnection, Postgres, Row as _};
+use sqlx::{FromRow, PgConnection, Postgres, Row as _, SqlSafeStr};
 use std::collections::BTreeMap;
 
 /// The general apply: one transaction of related writes, the guarded main write, inserts and events.
@@ -269,9 +269,20 @@ fn related_columns(related: &BTreeMap<RowId, RowUpdate>) -> RelatedColumns {
     (ids, statuses, data)
 }
 
-/// Inserts `rows` in one statement; ids in input order.
+/// Inserts `rows` in one statement ([`sql::INSERT_MANY`]); ids in input order.
 pub(super) async fn insert_rows(
     conn: &mut PgConnection,
+    offset: PgInterval,
+    rows: Vec<NewRow>,
+) -> Result<Vec<RowId>, sqlx::Error> {
+    insert_rows_with(conn, sql::INSERT_MANY, offset, rows).await
+}
+
+/// Inserts `rows` in one statement, `statement` ([`sql::INSERT_MANY`] or its qualified copy,
+/// [`sql::CallerInserts::insert_many`]); ids in input order.
+pub(super) async fn insert_rows_with(
+    conn: &mut PgConnection,
+    statement: impl SqlSafeStr,
     offset: PgInterval,
     rows: Vec<NewRow>,
 ) -> Result<Vec<RowId>, sqlx::Error> {
@@ -289,7 +300,7 @@ pub(super) async fn insert_rows(
         statuses.push(row.status);
         data.push(Json(row.data));
     }
-    let ids: Vec<i64> = sqlx::query_scalar(sql::INSERT_MANY)
+    let ids: Vec<i64> = sqlx::query_scalar(statement)
         .bind(offset)
         .bind(kinds)
         .bind(parents)
