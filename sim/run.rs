@@ -942,12 +942,13 @@ pub fn for_each(
 ///
 /// Each run has a fresh OS thread (see the module docs), and glibc gives threads arenas of their own, up to eight
 /// per core: a sweep's threads end up spread over many arenas, each keeping its own freed but fragmented pages,
-/// and the peak resident set grew with the number of seeds, not with the largest world (BENCHMARKS.md
-/// "Sweep memory": rows-mixed at `--jobs 2` peaked at 26.9 MB for 1 000 seeds and 34.6 MB for 30 000). With one
+/// and the peak resident set grew with the number of seeds, not with the largest world (docs/benchmarks-history.md,
+/// "(5) Sweep memory": rows-mixed at `--jobs 2` peaked at 26.9 MB for 1 000 seeds and 34.6 MB for 30 000). With one
 /// arena the same sweeps peak at 16.1 MB for 1 000 seeds and 17.9 MB for 5 000, at the same speed: a run spends
 /// its time in the simulation, not in the allocator's lock. A thread's own arena also grows its heap by a system
 /// call per page past its peak, with none of the main arena's padding: a third of a 10 000-job gang restart's CPU
-/// in `benches/controller_scale.rs` (BENCHMARKS.md (4)). Changes no run: allocation addresses never
+/// in `benches/controller_scale.rs` (docs/benchmarks-history.md, "Passes that read only what changed"). Changes
+/// no run: allocation addresses never
 /// reach a trace. The `lockstep` binary and the benches allocate with mimalloc instead (Cargo.toml), for which
 /// this does nothing; it still serves the tests and a user's own simulator binary on glibc's allocator.
 #[cfg(madsim)]

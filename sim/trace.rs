@@ -159,7 +159,8 @@ impl fmt::Display for TraceEvent {
 /// An event's details as recorded. A run's trace is mostly the database node's commits (87 038 of the 89 061
 /// events of the large world's seed 1): each keeps its commit and is written out only when read. Before, every
 /// commit's text was written when it committed, copied into a `String` of its own and freed with the trace: 3.7 %
-/// of that seed's instructions, where a passing run reads none of them (BENCHMARKS.md).
+/// of that seed's instructions, where a passing run reads none of them (docs/benchmarks-history.md, "Simulator:
+/// a trace written out only when read").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fields {
     /// Text written when the event was recorded: `key=value` pairs.

@@ -636,8 +636,8 @@ fn every_design_citation_names_a_section_of_the_design_page() {
 }
 
 /// History belongs in git, not in the tree: no comment, script or page cites a tracker issue by its number ("issue
-/// N"), which no reader of the repository can open. BENCHMARKS.md's dated rounds and the pinned snapshots are
-/// records, not references, and are left as they are.
+/// N"), which no reader of the repository can open. The pinned snapshots are records, not references, and are left
+/// as they are; the record of benchmark rounds (docs/benchmarks-history.md) names each round's goal, not its issue.
 #[test]
 fn no_comment_or_page_cites_an_issue_by_number() {
     let mut files = Vec::new();

@@ -1,4 +1,5 @@
-// One drain of graphile-worker (BENCHMARKS.md, "Peers in the same run"): migrate graphile-worker into a schema of
+// One drain of graphile-worker (docs/benchmarks-history.md, "Peers in the same run"): migrate graphile-worker into
+// a schema of
 // its own, fill it with N no-op jobs, run one worker process with 8-way concurrency until every job is done, and
 // print one result line (items, seconds, PostgreSQL CPU seconds, this process's CPU seconds, WAL bytes) for
 // `benches/peers/run.sh` to read. The schema is dropped afterwards.

@@ -1,4 +1,5 @@
--- The lean queue table of the pgbench "lean" line (BENCHMARKS.md, "Peers in the same run"): the least a queue table
+-- The lean queue table of the pgbench "lean" line (docs/benchmarks-history.md, "Peers in the same run"): the least
+-- a queue table
 -- needs, with a partial index on pending rows only, so a claimed row leaves the claim's index range at once.
 CREATE TABLE lean_jobs (
     id           bigserial   PRIMARY KEY,

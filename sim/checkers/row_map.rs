@@ -4,7 +4,7 @@
 //! The simulator's MemStore gives ids 1, 2, 3, … in insert order, and a PostgreSQL sequence counts from 1 too, so
 //! nearly every id is a small positive number. A lookup by index costs a bounds check where a `BTreeMap<RowId, _>`
 //! of 10 000 rows walks four nodes: after a 10 000-row run, `lease_exclusivity` alone spent 2.5 % of the seed's
-//! instructions on such lookups (BENCHMARKS.md).
+//! instructions on such lookups (docs/benchmarks-history.md, "Simulator: judging after the run").
 
 use crate::store::RowId;
 use std::collections::BTreeMap;

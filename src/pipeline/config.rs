@@ -38,22 +38,22 @@ pub const FETCH_EXPIRY_SLACK_DEFAULT: Duration = Duration::from_millis(100);
 /// Default longest wait of an apply for others to join its batch (DESIGN §3, Batching: "a small, configured
 /// window"). A batch waits only while an earlier batch of the pipeline is in the store, so an unsaturated
 /// pipeline adds no delay; 2 ms is about two batched applies' round trips on PostgreSQL on these machines
-/// (BENCHMARKS.md).
+/// (docs/benchmarks-history.md, "How the batchers decide").
 pub const APPLY_BATCH_WINDOW_DEFAULT: Duration = Duration::from_millis(2);
 /// Default most applies in one batch (and, times `apply_batches_in_flight`, unanswered at once per pipeline): 600,
 /// as [`FETCH_LIMIT_MAX_DEFAULT`], so that a full fetch's rows go back in one batch (a drain whose fetches leased
 /// 400 rows but applied in batches of 100 filled its apply slots 77 % of the time and ran no faster than with 100
-/// of each, BENCHMARKS.md).
+/// of each, docs/benchmarks-history.md, "Eighth round").
 pub const APPLY_BATCH_MAX_DEFAULT: usize = 600;
 /// Default most apply batches of a pipeline in the store at once: 2, so the next batch goes while one commits. A
 /// 1 × 8 drain on PostgreSQL with two fetches in flight waited on its one apply batch (its 100 unanswered applies
 /// filled their slots 77–86 % of the time); with two of each it ran 1.4–2.1 × (median 1.7 ×) as fast as with one
-/// of each (BENCHMARKS.md).
+/// of each (docs/benchmarks-history.md, "Second round").
 pub const APPLY_BATCHES_IN_FLIGHT_DEFAULT: usize = 2;
 /// Default most rows one fetch leases once the workers outrun dstack's queue size: 600 (100 before). A drain of
 /// 200 000 no-op items on PostgreSQL, 1 replica × 8 workers, ran 1.50–1.69 × as fast as with 100 (four pairs), at
 /// 0.66–0.75 × the PostgreSQL CPU per item: each statement's fixed cost is spread over more rows. 300 gave about
-/// 1.3 ×, and 1 000 nothing more than 600 beyond the noise (BENCHMARKS.md, "Eighth round"). The queue
+/// 1.3 ×, and 1 000 nothing more than 600 beyond the noise (docs/benchmarks-history.md, "Eighth round"). The queue
 /// grows to it only while the workers outrun the fetches and the store has the rows, and halves back once they keep
 /// up ([`Shared::adapt`](super::queue::Shared::adapt)), so a pipeline whose handlers take their time keeps dstack's
 /// queue of twice its workers.
@@ -63,26 +63,27 @@ pub const FETCH_LIMIT_MAX_DEFAULT: usize = 600;
 /// one has a second fetch in flight while the first is answered (`tests/batching.rs`: twice the rows per second at
 /// 10 ms a call). A 1 × 8 drain on PostgreSQL spent about 80 % of its time with its one fetch in flight and every
 /// worker idle; with two fetchers and two apply batches in flight it ran 1.4–2.1 × (median 1.7 ×) as fast
-/// (BENCHMARKS.md).
+/// (docs/benchmarks-history.md, "Second round").
 pub const FETCHERS_DEFAULT: usize = 2;
 
 /// Default longest wait of a worker's refetch for other workers' refetches to join it in one store call: the
 /// apply batch window's 2 ms. As for applies, a batch waits only while an earlier refetch batch of the pipeline is
 /// in the store, so the window binds only on a store slower than it (a refetch batch by primary key takes well
-/// under a millisecond on PostgreSQL on these machines, BENCHMARKS.md).
+/// under a millisecond on PostgreSQL on these machines, docs/benchmarks-history.md, "What made it faster").
 pub const REFETCH_BATCH_WINDOW_DEFAULT: Duration = APPLY_BATCH_WINDOW_DEFAULT;
 
 /// Default of [`PipelineConfig::refetch`]: on, as DESIGN §3's worker loads by token.
 pub const REFETCH_DEFAULT: bool = true;
 /// Default of [`PipelineConfig::refetch_after`]: a row that waited less than 1 s since its fetch is loaded as
-/// fetched. Items that outrun their fetches wait milliseconds (BENCHMARKS.md: a queue of 100 rows drains in under
+/// fetched. Items that outrun their fetches wait milliseconds (docs/benchmarks-history.md, "Reading the tables":
+/// a queue of 100 rows drains in under
 /// 10 ms), and a reread of each then doubled the store's work per item; a row that waited longer (slow items, whose
 /// queue is dstack's size) is reread.
 pub const REFETCH_AFTER_DEFAULT: Duration = Duration::from_secs(1);
 
 /// Default of [`PipelineConfig::handler_timeout`]: 1 minute, River's default job time-out (its `JobTimeout`). A
 /// pass of the gang controller takes milliseconds, and its longest, the first pass of a 100 000-job spec, seconds
-/// (BENCHMARKS.md); a handler that needs longer sets its pipeline's own bound.
+/// (docs/benchmarks-history.md, "(4) Controller scale"); a handler that needs longer sets its pipeline's own bound.
 pub const HANDLER_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
 
 /// Default most attempts of an item before it gives up: river's and graphile-worker's default of 25 (Oban's is 20,

@@ -358,8 +358,8 @@ pub async fn run<S: Store, H: Handler<S>>(core: Core<S>, handler: Arc<H>) {
 
 /// Largest a handed-over apply's task may be, in bytes (debug builds assert it at every spawn). tokio copies a
 /// task's future as it spawns it, once per item here: with the store calls of `Applying::finish` inline, a PgStore
-/// pipeline's task was 20 392 bytes and its copies a tenth of the replica's CPU (BENCHMARKS.md); boxed,
-/// 984.
+/// pipeline's task was 20 392 bytes and its copies a tenth of the replica's CPU (docs/benchmarks-history.md,
+/// "Third round"); boxed, 984.
 const FINISH_FUTURE_BYTES_MAX: usize = 2048;
 
 /// The task finishing one handed-over apply; aborted if dropped unfinished (the worker was aborted, as a crash

@@ -261,7 +261,8 @@ impl PgStore {
         // finds its rows by primary key, token or the fetch index, and the fetch writes its limit into its text so
         // that its generic plan is the index scan (see `sql::fetch`; tests/pg_explain.rs checks the generic plan).
         // Forcing custom plans made every call plan again: 0.12 ms for a refetch by primary key against 0.03 ms
-        // with the cached plan, 1.2 ms for the fetch against 0.06 ms (BENCHMARKS.md).
+        // with the cached plan, 1.2 ms for the fetch against 0.06 ms (docs/benchmarks-history.md, "What made it
+        // faster").
         let connect = base.options(options.session_settings(false)?);
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)

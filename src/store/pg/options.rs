@@ -155,14 +155,16 @@ impl PgOptions {
     pub const SCHEMA_DEFAULT: &str = "lockstep";
     /// Default of [`PgOptions::ping_before_use`]: off. sqlx 0.9 already pings every connection when a call
     /// returns it to the pool (in the background, not on the call's path), so a check before use only catches a
-    /// connection that died while idle, and costs a second extra round trip on every call (BENCHMARKS.md). Without
+    /// connection that died while idle, and costs a second extra round trip on every call
+    /// (docs/benchmarks-history.md, "What made it faster"). Without
     /// it such a connection fails its one call with `Unavailable`, which the engine handles as it handles any
     /// lost call: reads are retried, writes are left to lease expiry and the guarded apply.
     pub const PING_BEFORE_USE_DEFAULT: bool = false;
     /// Default of [`PgOptions::migrate`]: connecting migrates.
     pub const MIGRATE_DEFAULT: bool = true;
     /// Default of [`PgOptions::statement_timeout`]: 30 s. Every statement of a store call finds its rows by
-    /// primary key, token or the fetch index and takes milliseconds (BENCHMARKS.md); the longest is the insert of
+    /// primary key, token or the fetch index and takes milliseconds (docs/benchmarks-history.md, "First round:
+    /// measured first"); the longest is the insert of
     /// a whole spec's jobs by the operation's first pass (100 000 jobs, the spec's limit: 4.0 s measured here, and
     /// 2.0 s for their events). A statement past 30 s is a runaway, and 30 s is the default lease ttl.
     pub const STATEMENT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
@@ -188,9 +190,9 @@ impl PgOptions {
     /// job inserts and 2.0 s of events, see [`PgOptions::STATEMENT_TIMEOUT_DEFAULT`]), is a sixth of it. Without a
     /// bound, a worker whose connection went half-open (the database host died, a NAT dropped the flow) waited for
     /// ever, and its item's lease was renewed for the life of the process. The bound's cost is a bounded ping of
-    /// each connection a call gives back, before sqlx's own, off the call's path (BENCHMARKS.md, "A bound on every
-    /// store call": estimated from the analogous ping-before-use row; the bench's "store calls unbounded"
-    /// contender measures it).
+    /// each connection a call gives back, before sqlx's own, off the call's path (docs/benchmarks-history.md,
+    /// "A bound on every store call": estimated from the analogous ping-before-use row; the bench's "store calls
+    /// unbounded" contender measures it).
     pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(
         PgOptions::ACQUIRE_TIMEOUT_DEFAULT.as_secs() + PgOptions::STATEMENT_TIMEOUT_DEFAULT.as_secs() + 1,
     );

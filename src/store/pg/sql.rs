@@ -149,7 +149,8 @@ const LIMIT_MARK: &str = "{limit}";
 /// The limit is a literal of the text, not a parameter, so that the statement's generic plan can see it: with it,
 /// PostgreSQL plans an index scan of `resources_fetch_idx` in fetch order that stops at the limit, and after five
 /// executions a connection reuses that plan instead of planning the fetch at every call. Planning the fetch costs
-/// twice its execution (1.2 ms against 0.6 ms for 13 rows, measured on these machines; BENCHMARKS.md), and with
+/// twice its execution (1.2 ms against 0.6 ms for 13 rows, measured on these machines; docs/benchmarks-history.md,
+/// "What made it faster"), and with
 /// `LIMIT $n` the generic plan is a sequential scan, so the limit had to be seen either way. One prepared
 /// statement per limit value and shape: at most the queue's max of each.
 pub(super) fn fetch(statuses: usize, limit: usize) -> String {
@@ -211,7 +212,7 @@ pub(super) const DEALLOCATE_FETCH: &str = "DEALLOCATE lockstep_explain_fetch";
 ///
 /// It was `min(lock_expires_at) … WHERE status = ANY($3)`: PostgreSQL 15 does not read an index in order under
 /// `= ANY(array)`, so that statement's plan read every entry of the kind's statuses after now, every live lease
-/// (3.7–4.2 ms a call with 30 000 live leases, BENCHMARKS.md, "Seventh round"), and a fetcher runs it
+/// (3.7–4.2 ms a call with 30 000 live leases, docs/benchmarks-history.md, "Seventh round"), and a fetcher runs it
 /// after every empty fetch (`Store::fetch_with_expiry`). `tests/pg_explain.rs` checks the plan.
 pub(super) const NEXT_EXPIRY: &str =
     "SELECT (extract(epoch FROM min(first.lock_expires_at) - lockstep_now($1)) * 1000000)::int8
@@ -363,7 +364,7 @@ SELECT count(*) FROM locked WHERE id = ANY($1)";
 ///   `UPDATE` of the main row by id and token, guarded by a probe of the small partial index
 ///   `resources_related_token_idx` (no row carries `related_token = $3` in the statement's snapshot). It locks its
 ///   one row itself, so there is no order to keep, and it runs none of the CTEs' lock step, second `UPDATE` node
-///   and init plans: per-item mode's PostgreSQL CPU per item went from 382 to 307 µs (BENCHMARKS.md,
+///   and init plans: per-item mode's PostgreSQL CPU per item went from 382 to 307 µs (docs/benchmarks-history.md,
 ///   "Fifth round"). Not locking first also saves a row lock, a heap write and a WAL record (the fourth round).
 /// - `with_related`, when `alone` wrote nothing (the lease holds related rows, or is stale: a stale write costs a
 ///   second statement, which a stale lease can afford): every row of the lease is locked in id order before any is
@@ -478,13 +479,15 @@ pub(super) const APPLY_MAIN: LeaseWrite = lease_write!(
 /// `main` takes the locked ids as one array (`ARRAY(SELECT id FROM locked)`, an init plan, run once before the first
 /// row is written): as a semi join (`r.id IN (SELECT id FROM locked)`) the planner, which cannot estimate how many
 /// rows `locked` finds, chose a nested loop that rescanned `locked` for every written row (the drain bench's
-/// PostgreSQL CPU was 1.5 × until this, BENCHMARKS.md). The array is scanned per written row: 100 × 100
+/// PostgreSQL CPU was 1.5 × until this, docs/benchmarks-history.md, "Third round"). The array is scanned per
+/// written row: 100 × 100
 /// comparisons of `int8` at most.
 ///
 /// `unlocked` filters the locked rows by "not a main row written" first (a hashed lookup per locked row): in the
 /// common batch, where no lease holds related rows, that leaves none, and nothing else of it runs. Filtering by
 /// token first joined every locked row with every written one and looked each up by id (about a third of a 60-item
-/// apply's execution time, measured with `EXPLAIN ANALYZE`, BENCHMARKS.md).
+/// apply's execution time, measured with `EXPLAIN ANALYZE`, docs/benchmarks-history.md, "First round: measured
+/// first").
 ///
 /// `$2` ids, `$3` tokens (distinct), `$4` statuses (`text[]`, NULL = keep), `$5` data (`jsonb[]`, NULL = keep),
 /// all the same length.

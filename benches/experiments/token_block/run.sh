@@ -6,7 +6,7 @@
 #   per_item: 1 000 transactions a client, each a fetch of 1 and the lone lease's apply (8 000 items)
 # Per run: items/s, PostgreSQL CPU per item (every postgres process with the reaped backends, pgcpu.sh: other
 # sessions of the server count too), WAL per item (the server's pg_current_wal_lsn), the sequence's draws.
-# MODES, PAIRS, ROWS, OUT to change what it runs. From the repository's root: benches/token_block/run.sh.
+# MODES, PAIRS, ROWS, OUT to change what it runs. From the repository's root: benches/experiments/token_block/run.sh.
 cd "$(dirname "$0")"
 ./gen.sh
 out=${OUT:-/tmp/token_block.txt}

@@ -2,7 +2,7 @@
 # mk_schema.sh SCHEMA VARIANT ROWS LEASED: a scratch schema for one variant (base | lean | one of the candidates'
 # <variant>_schema.sql), ROWS ready rows of kind 'job', the first LEASED of them in fetch order under a live
 # one-hour lease of another owner (long handlers).
-here=$(cd "$(dirname "$0")" && pwd); root=$here/../..
+here=$(cd "$(dirname "$0")" && pwd); root=$here/../../..
 s=$1 v=$2 rows=$3 leased=$4
 P="psql -qX -v ON_ERROR_STOP=1 -h 127.0.0.1 -U postgres test"
 $P -c "DROP SCHEMA IF EXISTS $s CASCADE" -c "CREATE SCHEMA $s"

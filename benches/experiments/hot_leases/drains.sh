@@ -1,8 +1,8 @@
 #!/bin/bash
-# Sixth round (BENCHMARKS.md): the drain bench of the engine as it is (`pipeline-base`) against HOT leases
+# Sixth round (docs/benchmarks-history.md, "Sixth round: HOT leases"): the drain bench of the engine as it is (`pipeline-base`) against HOT leases
 # (`pipeline-hot`: the engine with hot_fetch.patch applied, on a schema changed by hot_schema.sql), interleaved, a
 # CHECKPOINT before each drain. Build each binary with `cargo bench --bench pipeline --no-run` and copy it to
-# $BINS (default /tmp/hot_leases) under that name. From the repository's root: benches/hot_leases/drains.sh.
+# $BINS (default /tmp/hot_leases) under that name. From the repository's root: benches/experiments/hot_leases/drains.sh.
 cd "$(dirname "$0")"; B=${BINS:-/tmp/hot_leases}
 out=${OUT:-/tmp/hot_leases_drains.txt}
 PAIRS=${PAIRS:-4}

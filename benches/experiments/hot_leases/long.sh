@@ -1,7 +1,7 @@
 #!/bin/bash
 # Many live leases at the head of the fetch range (long handlers), pgbench of lockstep's fetch of 100 + batched apply.
 # In schemas of its own, hot6_base and hot6_hot (mk_schema.sh makes each anew; dropped after each run). From the
-# repository's root: benches/hot_leases/long.sh (LEASED, PAIRS, OUT to change what it runs and where it writes).
+# repository's root: benches/experiments/hot_leases/long.sh (LEASED, PAIRS, OUT to change what it runs and where it writes).
 cd "$(dirname "$0")"
 out=${OUT:-/tmp/hot_leases_long.txt}
 P="psql -qAtX -h 127.0.0.1 -U postgres test"

@@ -1,7 +1,7 @@
 #!/bin/bash
 # mk_schema.sh SCHEMA VARIANT(base|hot) ROWS LEASED: lockstep's migrations 0001-0006 in SCHEMA (+ HOT leases'
 # indexes for hot), ROWS ready rows, the first LEASED in fetch order under a live one-hour lease of another owner.
-here=$(cd "$(dirname "$0")" && pwd); root=$here/../..
+here=$(cd "$(dirname "$0")" && pwd); root=$here/../../..
 s=$1 v=$2 rows=$3 leased=$4
 P="psql -qX -v ON_ERROR_STOP=1 -h 127.0.0.1 -U postgres test"
 $P -c "DROP SCHEMA IF EXISTS $s CASCADE" -c "CREATE SCHEMA $s"

@@ -1,7 +1,7 @@
 #!/bin/bash
 # mk_schema.sh SCHEMA VARIANT(base|block) ROWS: lockstep's migrations 0001-0006 in SCHEMA, ROWS ready rows of kind
 # 'job'; for block, the token sequence steps by a block of 1024 (one draw reserves a fetch's tokens).
-here=$(cd "$(dirname "$0")" && pwd); root=$here/../..
+here=$(cd "$(dirname "$0")" && pwd); root=$here/../../..
 s=$1 v=$2 rows=$3
 P="psql -qX -v ON_ERROR_STOP=1 -h 127.0.0.1 -U postgres test"
 $P -c "DROP SCHEMA IF EXISTS $s CASCADE" -c "CREATE SCHEMA $s"
