@@ -486,6 +486,7 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
             store.hint(&kind, row).await?;
             Reply::Done
         }
+        Call::Purge(params) => Reply::Count(store.purge(params).await?),
         Call::Now => Reply::Now(Store::now(store).await?),
     })
 }

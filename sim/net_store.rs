@@ -18,7 +18,8 @@ use super::trace::Trace;
 use crate::store::{
     ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HINT_BUFFER_LEN_MAX, HeartbeatParams,
     Hint, InsertKeyedParams, KeyedInsert, Lease, LockAttempt, LockOutcome, LockRead, LockRelatedParams, NewHint,
-    NewRow, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp, WriteOutcome, check_insert_keyed,
+    NewRow, PurgeParams, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp, WriteOutcome,
+    check_insert_keyed,
 };
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -346,6 +347,13 @@ impl Store for NetStore {
         match self.call(Call::UpdateUnleased { id, update }).await? {
             Reply::Write(outcome) => Ok(outcome),
             other => unexpected("update_unleased", other),
+        }
+    }
+
+    async fn purge(&self, params: PurgeParams) -> Result<usize, StoreError> {
+        match self.call(Call::Purge(params)).await? {
+            Reply::Count(count) => Ok(count),
+            other => unexpected("purge", other),
         }
     }
 

@@ -5,8 +5,8 @@
 
 use crate::store::{
     ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HeartbeatParams, Lease, LockAttempt,
-    LockOutcome, LockRead, LockRelatedParams, NewHint, NewRow, Row, RowId, RowQuery, RowUpdate, StoreError, Timestamp,
-    WriteOutcome,
+    LockOutcome, LockRead, LockRelatedParams, NewHint, NewRow, PurgeParams, Row, RowId, RowQuery, RowUpdate,
+    StoreError, Timestamp, WriteOutcome,
 };
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -116,6 +116,8 @@ pub enum Call {
         kind: String,
         row: Option<RowId>,
     },
+    /// Retention's delete ([`Store::purge`](crate::store::Store::purge)).
+    Purge(PurgeParams),
     Now,
 }
 
@@ -148,6 +150,7 @@ impl Call {
             Call::Events(_) => "events",
             Call::UpdateUnleased { .. } => "update_unleased",
             Call::Hint { .. } => "hint",
+            Call::Purge(_) => "purge",
             Call::Now => "now",
         }
     }

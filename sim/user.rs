@@ -292,6 +292,13 @@ impl ReplicaCx<'_> {
         Ok(())
     }
 
+    /// Runs `retention` on this replica (as [`PipelineManager::retain`]): its passes delete finished rows through
+    /// the simulated network, so a run shows what a user's pipelines do when their rows go. Errors: a rule the
+    /// store would refuse.
+    pub fn retain(&mut self, retention: crate::pipeline::Retention) -> Result<(), ConfigError> {
+        self.manager.retain(retention)
+    }
+
     /// This replica's index in the world (node `replica-{index}`).
     pub fn replica(&self) -> usize {
         self.replica

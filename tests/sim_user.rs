@@ -128,3 +128,32 @@ fn an_enqueue_batch_stores_each_order_with_exactly_one_email_under_faults() {
         assert_eq!(report.statuses["email"]["sent"], ORDERS as usize, "seed {seed}: emails sent");
     }
 }
+
+/// Retention runs in a simulated replica as in a real one: its passes go through the simulated network
+/// (`Store::purge` over the wire), delete the rows that finished long enough ago, and no checker sees a row lost
+/// (a deleted finished row is no unfinished one).
+#[test]
+fn retention_in_a_simulated_replica_deletes_the_rows_that_finished_long_ago() {
+    const ROWS: u32 = 20;
+    let set = PipelineSet::new("retained", |replica| {
+        replica.register(PipelineConfig::new("mailer", "email", &["queued"]), Mailer)?;
+        let rule = lockstep::pipeline::RetentionRule::new("email", &["sent"], Duration::from_secs(5));
+        let mut retention = lockstep::pipeline::Retention::new(vec![rule]);
+        retention.every = Duration::from_secs(2);
+        retention.batch = 3;
+        replica.retain(retention)
+    })
+    .final_statuses("email", &["sent"])
+    .workload(|client| async move {
+        for n in 0..ROWS {
+            client.sleep_until(Duration::from_millis(200) * n).await;
+            client.insert(format!("email-{n}"), NewRow::new("email", "queued", serde_json::json!({ "n": n }))).await;
+        }
+    });
+    let mut scenario = Scenario::for_pipelines(set);
+    scenario.faults.random.clear();
+    let report = run_within(&scenario, 1, None, Duration::from_secs(120));
+    assert!(report.passed(), "{:?} {:?}", report.panic, report.violations);
+    let sent = report.statuses.get("email").and_then(|statuses| statuses.get("sent")).copied().unwrap_or(0);
+    assert!(sent < ROWS as usize, "retention deleted none of the {ROWS} sent emails (still {sent})");
+}
