@@ -1,8 +1,8 @@
 //! Faults on one kind of an agent's store calls: its reports (the inserts of its inbox messages), its
 //! allocation listings, or its heartbeats (node lease renewals) fail at once or are delayed, while its other calls
-//! go through. Such faults reach controller-side states no network fault reaches alone: an agent that renews its
-//! lease but cannot list its allocations (so it neither starts nor kills), or one whose start reports stay behind
-//! while it runs the job.
+//! go through. Such faults reach controller-side states no network fault reaches alone: an agent that renewed its
+//! lease and then cannot list its allocations (so it neither starts nor kills until it fences at its lease's local
+//! deadline: it renews only after a listing), or one whose start reports stay behind while it runs the job.
 //!
 //! Each agent node has one [`CallFaults`], shared by the world's fault handle and every incarnation's
 //! [`AgentStore`] (a fault outlives a restart of the agent: it is the machine's, like its clock), and cleared when

@@ -141,16 +141,20 @@ async fn an_agent_whose_store_calls_hang_still_fences_at_its_deadline() {
 #[tokio::test(start_paused = true)]
 async fn a_pass_that_extended_the_lease_and_then_hangs_fences_at_the_extended_deadline() {
     let setup = Setup::new();
-    let mut agent = setup.agent("node-0", hanging());
+    // Two slots: job 1 ends after 3 s, so the pass after it has a report to send; job 0 runs on.
+    let script = hanging().with("t", 1, 0, Behaviour::exit_after(Duration::from_secs(3), 0));
+    let executor = SimulatedExecutor::new(script, setup.log.clone());
+    let mut agent = Agent::new(Arc::new(setup.link.clone()), executor, AgentConfig::new("node-0", 2));
     agent.run_once().await.unwrap();
-    api::submit_text(&setup.store, "{tasks={t={job_count=1;command=c}}}", SpecFormat::Yson).await.unwrap();
+    api::submit_text(&setup.store, "{tasks={t={job_count=2;command=c}}}", SpecFormat::Yson).await.unwrap();
     setup.controller_pass().await;
-    agent.run_once().await.unwrap();
+    assert_eq!(agent.run_once().await.unwrap().started.len(), 2);
     let first_expiry = setup.node_lease_expiry("node-0").await;
-    // The next pass is due for a heartbeat (its local deadline is within the trigger): it extends the lease, then
-    // hangs on its next call.
+    // The next pass is due for a heartbeat (its local deadline is within the trigger): it lists its allocations,
+    // extends the lease, then hangs on its next call (the report of job 1's exit).
     tokio::time::advance(Duration::from_millis(3_500)).await;
-    setup.link.set(Mode::HeartbeatsOnly);
+    settle().await;
+    setup.link.set(Mode::HeartbeatsAndListingsOnly);
     let running = tokio::spawn(agent.run());
     tokio::time::sleep_until(first_expiry - Duration::from_secs(1)).await;
     let extended = setup.node_lease_expiry("node-0").await;
@@ -164,6 +168,47 @@ async fn a_pass_that_extended_the_lease_and_then_hangs_fences_at_the_extended_de
     assert!(setup.log.live().is_empty(), "the hanging pass was abandoned and the job killed");
     assert!(setup.kill_time() < extended, "killed at {:?}, extended lease ends at {extended:?}", setup.kill_time());
     running.abort();
+}
+
+/// An agent that can renew its node lease but not list its allocations neither starts what the controller places
+/// in its node nor kills what it moved on from: it must not hold the lease (DESIGN §4, Agents). It renews nothing,
+/// fences before the store lets the lease go, and takes no new session until a listing succeeds.
+#[tokio::test(start_paused = true)]
+async fn an_agent_that_cannot_list_its_allocations_renews_no_lease_and_fences_before_the_store_lets_it_go() {
+    let setup = Setup::new();
+    let mut agent = setup.agent("node-0", hanging());
+    agent.run_once().await.unwrap();
+    let op = api::submit_text(&setup.store, "{tasks={t={job_count=1;command=c}}}", SpecFormat::Yson).await.unwrap();
+    setup.controller_pass().await;
+    assert_eq!(agent.run_once().await.unwrap().started.len(), 1);
+    let expiry = setup.node_lease_expiry("node-0").await;
+
+    setup.link.set(Mode::AllocationListsFailing);
+    let mut fenced = None;
+    for _ in 0..20 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        if let Ok(pass) = agent.run_once().await
+            && pass.fenced.is_some()
+        {
+            fenced = pass.fenced;
+            break;
+        }
+    }
+    assert_eq!(fenced.as_deref(), Some("node lease expired locally"));
+    assert!(agent.running().is_empty());
+    assert!(setup.kill_time() < expiry, "killed at {:?}, lease ends at {expiry:?}", setup.kill_time());
+    // The fence gave the lease back, and no pass takes it again while its listing fails.
+    for _ in 0..5 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(agent.run_once().await.is_err(), "the listing fails");
+        assert!(agent.session().is_none(), "a new session while the agent cannot see its allocations");
+    }
+    setup.controller_pass().await;
+    let view = api::status(&setup.store, op).await.unwrap();
+    assert_eq!(view.jobs[0].status, JobStatus::Aborted);
+    assert_eq!(view.jobs[0].data.reason.as_deref(), Some("node lost"));
+    setup.link.set(Mode::Open);
+    assert!(agent.run_once().await.unwrap().leased, "a listing succeeded: the agent serves its node again");
 }
 
 #[tokio::test(start_paused = true)]

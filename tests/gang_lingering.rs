@@ -150,3 +150,28 @@ fn node_loss_restarts_are_bounded_by_default_and_failures_do_not_count_toward_th
     }
     assert_eq!(world.status, OperationStatus::Failed);
 }
+
+#[test]
+fn an_all_or_nothing_restart_keeps_the_reuse_it_planned_when_the_old_rank_reports_its_end_in_the_same_pass() {
+    // Found by the simulator (gang-agent-cannot-list-allocations): rank 1 fails and rank 0 exits, both reports in
+    // one pass. The failure restarts the gang: rank 0's running job lingers in its allocation, which the restart
+    // plans to reuse for rank 0 (deferred until the whole incarnation is placed). Rank 0's report then settles
+    // the entry; the allocation must stay for the planned reuse, not go back to the free ones (where the reserved
+    // job took it, and rank 0, placed in a grant gone stale, was aborted "node lost" at the next pass).
+    let spec = "{tasks={trainer={job_count=3;command=t;gang_options={size=2}}};gang_placement=all_or_nothing}";
+    let mut world = running(spec, 4, 1);
+    let rank0 = world.live("trainer", 0).data.allocation.expect("placed").row;
+    world.report("trainer", 1, lockstep::gang::model::JobOutcome::Exited { code: 1 });
+    world.report("trainer", 0, lockstep::gang::model::JobOutcome::Exited { code: 0 });
+    world.pass();
+    assert_eq!(world.data.incarnation, 1, "the failure restarted the gang");
+    let next = world.live("trainer", 0);
+    assert_eq!(next.data.allocation.map(|a| a.row), Some(rank0), "rank 0 reuses its allocation");
+    assert_eq!(next.status, JobStatus::Assigned);
+    world.start_assigned();
+    world.pass();
+    assert!(world.job_events("aborted", Some("node lost")).is_empty(), "no node was lost");
+    assert_eq!(world.data.incarnation, 1);
+    world.run_to_end();
+    assert_eq!(world.status, OperationStatus::Completed);
+}

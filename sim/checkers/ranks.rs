@@ -2,9 +2,11 @@
 //! `allocation_exclusivity` looks at one allocation at a time:
 //!
 //! - [`rank_exclusivity`]: no two processes of one (operation, task, gang rank) run at once, whatever their
-//!   incarnations and allocations (a process frozen with its paused node does not run). A process fenced late (its agent's clock ran slower than the margin rule of
-//!   DESIGN §2 allows) still running on one node while the next incarnation's process of its rank runs on another
-//!   is the bug it catches: two peers of one rank talking to one gang.
+//!   incarnations and allocations, except for the blink of a frozen process waking up (a process frozen with its
+//!   paused node does not run; one that resumes and is killed at once by its fencing agent is forgiven, whichever
+//!   of the pair it is). A process fenced late (its agent's clock ran slower than the margin rule of DESIGN §2
+//!   allows) still running on one node while the next incarnation's process of its rank runs on another is the
+//!   bug it catches: two peers of one rank talking to one gang.
 //! - [`ranks_together`]: for an operation placed all-or-nothing, the ranks of one incarnation start together.
 //!   Precisely: take each (task, rank)'s *original* job of the incarnation (the one the incarnation created: the
 //!   lowest job index; a job restarted alone later replaces it) and that job's process start, if it started; all
@@ -32,76 +34,94 @@ type RankKey<'a> = (RowId, &'a str, u32);
 /// call; 1 µs was measured).
 pub const RESUME_FENCE_GRACE: Duration = Duration::from_millis(50);
 
+/// One stretch of time in which a ranked process ran: from its start, or a resume of its node, to its end, or a
+/// pause of its node. Its ends are positions in the process log, so that two events of one instant keep their order.
+struct Stretch<'a> {
+    /// The event that began it (a start or a resume).
+    begin: &'a ProcessEvent,
+    /// Its position in the log.
+    from: usize,
+    /// The position of the event that ended it; `usize::MAX` while it runs at the end of the log.
+    to: usize,
+    /// A wake-up blink: it began with a resume and ended (a kill, or an exit) within [`RESUME_FENCE_GRACE`].
+    blink: bool,
+}
+
 /// Every point of `events` (the process log, in order) where a process starts, or resumes, while another process
 /// of the same (operation, task, gang rank) runs, as a sentence naming both jobs, incarnations, nodes and
-/// allocations. A process frozen with its paused node does not run (it talks to no peer); one that resumes and is
-/// killed (or exits, its time having run out while it was frozen) within [`RESUME_FENCE_GRACE`], as a resumed agent fences at once when its lease's deadline passed
-/// meanwhile, is not counted either: a paused machine's processes always run for the moment its agent takes to
-/// wake (fencing tokens at the peers, such as `YT_OPERATION_INCARNATION`, cover that; self-fencing cannot). Processes of jobs without a rank are not followed. Times are offsets from the log's first
-/// event.
+/// allocations. Times are offsets from the log's first event. Processes of jobs without a rank are not followed.
+///
+/// The promise judged is the one a system can keep (DESIGN §4, One process per rank): no two processes of one
+/// rank run at once, except for the blink of a frozen process waking up. A process frozen with its paused node
+/// (a frozen VM) does not run, and no one can kill it; it resumes at the same instant as its agent, and runs until
+/// the agent, its lease's local deadline past, fences (at once: before any store call). So a stretch that begins
+/// with a resume and ends in a kill (or an exit: its time ran out while it was frozen) within
+/// [`RESUME_FENCE_GRACE`] does not count, whichever process of the pair it is: the one that resumes beside a
+/// running successor, or one that resumes at the heal just before its successor, paused too, resumes beside it.
+/// A resumed process that lives on does count. Peers guard against the blink with a fencing token
+/// (`YT_OPERATION_INCARNATION`); self-fencing cannot.
 pub fn rank_exclusivity(events: &[ProcessEvent]) -> Vec<String> {
-    let grace = RESUME_FENCE_GRACE;
     let origin = events.first().map(|e| e.at);
-    // Per rank, the processes started and not ended, each with whether it is frozen.
-    let mut live: BTreeMap<RankKey<'_>, Vec<(&ProcessEvent, bool)>> = BTreeMap::new();
-    // Resumed processes that resumed beside a running one: a violation unless they end at the same instant.
-    let mut resumed: BTreeMap<JobId, (Instant, Vec<String>)> = BTreeMap::new();
-    let mut violations = Vec::new();
-    let overlap = |what: &str, event: &ProcessEvent, other: &ProcessEvent| {
-        format!(
-            "operation {} task {} rank {}: job {} (incarnation {}) {what} on {} in allocation {} at {} while job {} \
-             (incarnation {}) runs on {} in allocation {}",
-            event.job.operation,
-            event.task,
-            event.gang_rank.unwrap_or_default(),
-            event.job,
-            event.incarnation,
-            event.node,
-            event.allocation,
-            crate::duration::format(offset(origin, event.at)),
-            other.job,
-            other.incarnation,
-            other.node,
-            other.allocation
-        )
-    };
-    for event in events {
+    let mut stretches: BTreeMap<RankKey<'_>, Vec<Stretch<'_>>> = BTreeMap::new();
+    // The stretch each running process is in, by job: its rank and its index in `stretches`.
+    let mut open: BTreeMap<JobId, (RankKey<'_>, usize)> = BTreeMap::new();
+    for (position, event) in events.iter().enumerate() {
         let Some(rank) = event.gang_rank else { continue };
-        if let Some((at, found)) = resumed.remove(&event.job) {
-            // Killed by its fencing agent, or ended by itself (its time ran out while it was frozen).
-            let ended = matches!(event.kind, ProcessEventKind::Killed | ProcessEventKind::Exited(_));
-            let killed_at_once = event.at <= at + grace && ended;
-            if !killed_at_once {
-                violations.extend(found);
-            }
-        }
-        let processes = live.entry((event.job.operation, event.task.as_str(), rank)).or_default();
-        let running: Vec<&ProcessEvent> =
-            processes.iter().filter(|(p, frozen)| !frozen && p.job != event.job).map(|(p, _)| *p).collect();
+        let key = (event.job.operation, event.task.as_str(), rank);
         match event.kind {
-            ProcessEventKind::Started => {
-                violations.extend(running.into_iter().map(|other| overlap("starts", event, other)));
-                processes.push((event, false));
+            ProcessEventKind::Started | ProcessEventKind::Resumed => {
+                if open.contains_key(&event.job) {
+                    continue;
+                }
+                let list = stretches.entry(key).or_default();
+                open.insert(event.job, (key, list.len()));
+                list.push(Stretch { begin: event, from: position, to: usize::MAX, blink: false });
             }
-            ProcessEventKind::Paused | ProcessEventKind::Resumed => {
-                let frozen = event.kind == ProcessEventKind::Paused;
-                if !frozen {
-                    let found: Vec<String> =
-                        running.into_iter().map(|other| overlap("resumes", event, other)).collect();
-                    if !found.is_empty() {
-                        resumed.insert(event.job, (event.at, found));
-                    }
-                }
-                for (_, state) in processes.iter_mut().filter(|(p, _)| p.job == event.job) {
-                    *state = frozen;
-                }
+            ProcessEventKind::Paused | ProcessEventKind::Exited(_) | ProcessEventKind::Killed => {
+                let Some((key, index)) = open.remove(&event.job) else { continue };
+                let stretch = &mut stretches.get_mut(&key).expect("an open stretch is listed")[index];
+                stretch.to = position;
+                stretch.blink = stretch.begin.kind == ProcessEventKind::Resumed
+                    && event.kind != ProcessEventKind::Paused
+                    && event.at <= stretch.begin.at + RESUME_FENCE_GRACE;
             }
             ProcessEventKind::StartFailed => {}
-            ProcessEventKind::Exited(_) | ProcessEventKind::Killed => processes.retain(|(p, _)| p.job != event.job),
         }
     }
-    violations.extend(resumed.into_values().flat_map(|(_, found)| found));
-    violations
+    let mut violations = Vec::new();
+    for list in stretches.values() {
+        let counted: Vec<&Stretch<'_>> = list.iter().filter(|s| !s.blink).collect();
+        for stretch in &counted {
+            let event = stretch.begin;
+            let what = if event.kind == ProcessEventKind::Started { "starts" } else { "resumes" };
+            let beside = counted
+                .iter()
+                .filter(|other| other.begin.job != event.job && other.from < stretch.from && stretch.from < other.to);
+            violations.extend(beside.map(|other| (stretch.from, overlap(origin, what, event, other.begin))));
+        }
+    }
+    violations.sort();
+    violations.into_iter().map(|(_, sentence)| sentence).collect()
+}
+
+/// "job X starts (or resumes) … while job Y runs …", for [`rank_exclusivity`].
+fn overlap(origin: Option<Instant>, what: &str, event: &ProcessEvent, other: &ProcessEvent) -> String {
+    format!(
+        "operation {} task {} rank {}: job {} (incarnation {}) {what} on {} in allocation {} at {} while job {} \
+         (incarnation {}) runs on {} in allocation {}",
+        event.job.operation,
+        event.task,
+        event.gang_rank.unwrap_or_default(),
+        event.job,
+        event.incarnation,
+        event.node,
+        event.allocation,
+        crate::duration::format(offset(origin, event.at)),
+        other.job,
+        other.incarnation,
+        other.node,
+        other.allocation
+    )
 }
 
 /// For every operation of `views` placed all-or-nothing and each of its incarnations, the original jobs of the
@@ -231,6 +251,38 @@ mod tests {
         // And one that resumes and is never killed is caught at the end of the log.
         let found = rank_exclusivity(&late[..4]);
         assert_eq!(found.len(), 1, "{found:?}");
+    }
+
+    #[test]
+    fn a_frozen_process_killed_as_it_wakes_beside_its_successor_waking_too_runs_beside_no_one() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        // The old rank 0 freezes with agent-40; its successor starts on agent-41, which freezes too; at the heal
+        // both wake at one instant, the old one first in the log, and agent-40 fences at once: the successor
+        // resumes beside a process that is being killed as it wakes, a blink no system can avoid.
+        let both_wake = [
+            event(t, 0, 0, 0, 40, ProcessEventKind::Started),
+            event(t + s(2), 0, 0, 0, 40, ProcessEventKind::Paused),
+            event(t + s(12), 3, 1, 0, 41, ProcessEventKind::Started),
+            event(t + s(14), 3, 1, 0, 41, ProcessEventKind::Paused),
+            event(t + s(15), 0, 0, 0, 40, ProcessEventKind::Resumed),
+            event(t + s(15), 3, 1, 0, 41, ProcessEventKind::Resumed),
+            event(t + s(15), 0, 0, 0, 40, ProcessEventKind::Killed),
+            event(t + s(30), 3, 1, 0, 41, ProcessEventKind::Exited(0)),
+        ];
+        assert!(rank_exclusivity(&both_wake).is_empty(), "{:?}", rank_exclusivity(&both_wake));
+        // Planted: the old one lives on for a second after both woke; the successor resumed beside it.
+        let mut late = both_wake.clone();
+        late[6].at = t + s(16);
+        let found = rank_exclusivity(&late);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with(
+                "operation 7 task w rank 0: job 7-3 (incarnation 7-i1) resumes on agent-41 in allocation 41.1 at 15s \
+                 while job 7-0 (incarnation 7-i0) runs on agent-40"
+            ),
+            "{found:?}"
+        );
     }
 
     fn view(placement: Option<GangPlacement>, jobs: &[(u64, u32, u32)]) -> OperationView {

@@ -12,8 +12,10 @@
 //! (call sent) + ttl − margin on its local clock, before the store can let anyone see the node as lost.
 //!
 //! One [`Agent::run_once`] pass: fence if the local deadline passed; register the node and its allocation rows
-//! (once); take the lease if it has none; heartbeat when due; report processes that exited; reconcile the
-//! allocations (kill what should not run, start what should); send the reports. [`Agent::run`] loops over passes
+//! (once); list the node's allocations; take the lease if it has none; heartbeat when due (only a pass whose
+//! listing succeeded takes or renews the lease: the lease tells the controller that the agent sees its work); report
+//! processes that exited; reconcile the allocations (kill what should not run, start what should); send the
+//! reports. [`Agent::run`] loops over passes
 //! and fences at the deadline even while a store call hangs; [`Agent::run_until`] does the same until a stop
 //! signal and then stops gracefully ([`Agent::stop`]: interrupt and report the running jobs, give the node lease
 //! back).
@@ -557,6 +559,8 @@ impl<S: Store, E: Executor> Agent<S, E> {
         if self.node.is_none() {
             self.register().await?;
         }
+        // Listed before the lease is taken or renewed: a pass whose listing fails does neither.
+        let allocations = self.list_allocations().await?;
         if self.session.is_none() {
             pass.leased = self.acquire().await?;
         }
@@ -566,25 +570,37 @@ impl<S: Store, E: Executor> Agent<S, E> {
             return Ok(pass);
         }
         self.collect_exits(&mut pass);
-        if let (Some(session), Some(node)) = (self.session, self.node) {
-            // Decoded where they are read, never copied whole, and only if written since the last pass.
-            self.decoded.begin();
-            let decoded = &self.decoded;
-            let read = |r: &Row| (r.id, decoded.read(r, Allocation::from_row));
-            let rows = self.store.list_map(KIND_ALLOCATION, Some(node), read).await?;
-            let mut allocations = Vec::with_capacity(rows.len());
-            for (id, row) in rows {
-                match self.decoded.keep(id, row) {
-                    Ok(allocation) => allocations.push(allocation),
-                    Err(error) => tracing::warn!(node = %self.config.name, %error, "allocation row skipped"),
-                }
-            }
-            self.decoded.end();
+        if let Some(session) = self.session {
             self.reconcile(session, &allocations, &mut pass).await;
         }
         pass.reported = self.send_reports().await?;
         pass.session = self.session();
         Ok(pass)
+    }
+
+    /// The node's allocation rows. Listed before the pass takes or renews its node lease, so that the agent holds
+    /// the lease only while its passes see its allocations (DESIGN §4, Agents): an agent that can reach the store
+    /// but not list them (a failing or hanging query) neither starts what the controller places in its node nor
+    /// kills what it moved on from, so it must not tell the controller that it serves the node; its lease's local
+    /// deadline passes, it fences, and it takes no new session until a listing succeeds. So a job placed in a
+    /// node whose session lives on starts within the local lease (`lease_ttl − lease_margin`) plus a pass, or the
+    /// node's session ends.
+    async fn list_allocations(&mut self) -> Result<Vec<Allocation>, StoreError> {
+        let node = self.node.expect("registered before listing");
+        // Decoded where they are read, never copied whole, and only if written since the last pass.
+        self.decoded.begin();
+        let decoded = &self.decoded;
+        let read = |r: &Row| (r.id, decoded.read(r, Allocation::from_row));
+        let rows = self.store.list_map(KIND_ALLOCATION, Some(node), read).await?;
+        let mut allocations = Vec::with_capacity(rows.len());
+        for (id, row) in rows {
+            match self.decoded.keep(id, row) {
+                Ok(allocation) => allocations.push(allocation),
+                Err(error) => tracing::warn!(node = %self.config.name, %error, "allocation row skipped"),
+            }
+        }
+        self.decoded.end();
+        Ok(allocations)
     }
 
     /// Finds or creates the node's row and its allocation rows.
@@ -677,7 +693,9 @@ impl<S: Store, E: Executor> Agent<S, E> {
     async fn heartbeat_if_due(&mut self) -> Result<Option<(String, Vec<JobId>)>, StoreError> {
         let Some(session) = self.session else { return Ok(None) };
         let sent = self.clock.now();
-        if !self.heartbeat_due(session, sent) {
+        // A deadline that passed while the pass listed its allocations is not extended: the next pass fences (and
+        // this one spawns nothing, `spawn_prepared`).
+        if !self.heartbeat_due(session, sent) || sent >= session.deadline {
             return Ok(None);
         }
         let params = HeartbeatParams { leases: vec![session.lease], lease_ttl: self.config.lease_ttl };

@@ -484,14 +484,18 @@ impl Pass {
 
     /// The agent reported the end of `job` (its exit, its kill, or that it runs no process of it): a [`Lingering`]
     /// entry of it is settled, and the allocation kept for it, idle, goes back to the free ones (to this pass's
-    /// pending jobs first).
+    /// pending jobs first), unless the all-or-nothing restart of this pass plans to reuse it (`deferred`: the
+    /// report came behind the one that restarted the gang; [`Pass::gather`] gives it back if the incarnation
+    /// waits). Released, it went to a reserved job, and the rank placed there by the planned reuse was then
+    /// aborted "node lost" for a grant gone stale, restarting the gang once more.
     fn answered(&mut self, job: JobId) {
         for lingering in self.lingering.remove_job(job) {
             let row = lingering.allocation;
             let kept = self.allocations.get(&row).is_some_and(|a| {
                 a.allocated && a.data.operation == Some(self.operation) && a.data.lingering == Some(job)
             });
-            if kept {
+            let planned = self.deferred.values().any(|(reuse, _)| reuse.row == row);
+            if kept && !planned {
                 self.release(row);
                 self.recycled.push(row);
             }

@@ -19,8 +19,9 @@ pub enum Mode {
     Failing = 1,
     /// Calls never return (until the link opens again).
     Hanging = 2,
-    /// Heartbeats go through; every other call hangs (a store that renews leases but whose other calls stall).
-    HeartbeatsOnly = 3,
+    /// Heartbeats and listings of allocation rows go through; every other call hangs (a store that renews leases
+    /// and answers an agent's reads, but whose writes stall).
+    HeartbeatsAndListingsOnly = 3,
     /// Listings of allocation rows fail at once; every other call goes through (an agent that renews its lease
     /// but cannot see its allocations).
     AllocationListsFailing = 4,
@@ -48,11 +49,12 @@ impl Link {
         self.gate_for(false).await
     }
 
-    async fn gate_for(&self, heartbeat: bool) -> Result<(), StoreError> {
+    /// `passes`: the call goes through under [`Mode::HeartbeatsAndListingsOnly`].
+    async fn gate_for(&self, passes: bool) -> Result<(), StoreError> {
         loop {
             match self.mode.load(Ordering::SeqCst) {
                 0 => return Ok(()),
-                3 if heartbeat => return Ok(()),
+                3 if passes => return Ok(()),
                 4 => return Ok(()),
                 1 => return Err(StoreError::Unavailable("link cut".into())),
                 // A hanging call waits for the link to open, polling on simulated time.
@@ -109,10 +111,11 @@ impl Store for Link {
     fn list(&self, kind: &str, parent: Option<RowId>) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send {
         let kind = kind.to_string();
         async move {
-            if kind == "allocation" && self.mode.load(Ordering::SeqCst) == Mode::AllocationListsFailing as u8 {
+            let mode = self.mode.load(Ordering::SeqCst);
+            if kind == "allocation" && mode == Mode::AllocationListsFailing as u8 {
                 return Err(StoreError::Unavailable("allocation listing failed".into()));
             }
-            self.gate().await?;
+            self.gate_for(kind == "allocation" && mode == Mode::HeartbeatsAndListingsOnly as u8).await?;
             self.inner.list(&kind, parent).await
         }
     }
