@@ -252,3 +252,30 @@ async fn a_keyed_enqueue_inserts_once_per_key_and_only_when_the_callers_transact
         store.list("email", None).await.expect("list").into_iter().map(|row| row.data["to"].clone()).collect();
     assert_eq!(emails, vec![json!("second"), json!("fourth"), json!("winner")], "one row per committed key");
 }
+
+/// A time-out of the caller's own connection ends the call as the caller's: the error names the setting, not a
+/// span of the store's it does not know (a new user's trial saw "timed out after 2s", the store's lock time-out,
+/// for a caller's `lock_timeout` of 200 ms).
+#[tokio::test]
+async fn the_callers_own_lock_timeout_is_reported_as_the_callers() {
+    let h = PgHarness::new().await;
+    let store = h.store();
+    let params = |to: &str| InsertKeyedParams {
+        key: "held".to_string(),
+        row: NewRow::new("email", "queued", json!({"to": to})),
+    };
+    let mut first = caller().await;
+    let mut first_tx = first.begin().await.expect("begin");
+    store.insert_keyed_in(&mut first_tx, params("first")).await.expect("insert_keyed_in");
+    let mut later = caller().await;
+    sqlx::query("SET lock_timeout = '100ms'").execute(&mut later).await.expect("the caller's lock_timeout");
+    let mut later_tx = later.begin().await.expect("begin");
+    match store.insert_keyed_in(&mut later_tx, params("later")).await {
+        Err(StoreError::Other(message)) => {
+            assert!(message.contains("your connection's lock_timeout"), "{message}");
+        }
+        other => panic!("a keyed insert held up past the caller's lock_timeout returned {other:?}"),
+    }
+    later_tx.rollback().await.expect("rollback");
+    first_tx.rollback().await.expect("rollback");
+}

@@ -40,8 +40,8 @@ impl RetentionRule {
         RetentionRule { kind: kind.into(), statuses: statuses.iter().map(|s| s.to_string()).collect(), older_than }
     }
 
-    /// Parses `KIND:STATUS[,STATUS…]:AGE` (`serve --retain`), the age as every duration flag takes it (`168h`, `30m`;
-    /// more than zero).
+    /// Parses `KIND:STATUS[,STATUS…]:AGE` (for a command line or a config file of the caller's), the age as every
+    /// duration flag of `lockstep` takes it (`168h`, `30m`; more than zero). Spaces around each part are dropped.
     ///
     /// Errors: a message naming the part that is wrong.
     pub fn parse(text: &str) -> Result<RetentionRule, String> {
@@ -51,10 +51,11 @@ impl RetentionRule {
                 "retention rule {text:?}: expected KIND:STATUS[,STATUS...]:AGE, e.g. job:done,failed:168h"
             ));
         };
+        let (kind, age) = (kind.trim(), age.trim());
         if kind.is_empty() {
             return Err(format!("retention rule {text:?}: the kind is empty"));
         }
-        let statuses: Vec<String> = statuses.split(',').map(str::to_string).collect();
+        let statuses: Vec<String> = statuses.split(',').map(|status| status.trim().to_string()).collect();
         if statuses.iter().any(String::is_empty) {
             return Err(format!("retention rule {text:?}: a status is empty (statuses are separated by commas)"));
         }
@@ -180,12 +181,18 @@ mod tests {
         assert!(error.contains("age: invalid duration \"seven days\""), "{error}");
         let error = RetentionRule::parse(":done:1h").expect_err("no kind");
         assert!(error.contains("kind is empty"), "{error}");
+        let spaced = RetentionRule::parse(" job : done, failed : 168h").expect("spaces around the parts");
+        assert_eq!(spaced, rule, "spaces around the parts are dropped");
     }
 
     #[test]
     fn a_retention_the_store_would_refuse_is_refused_before_it_runs() {
         let mut retention = Retention::new(vec![RetentionRule::new("job", &[], Duration::from_secs(60))]);
         assert!(retention.validate().expect_err("no statuses").contains("statuses is empty"));
+        retention.rules = vec![RetentionRule::new("", &["done"], Duration::from_secs(60))];
+        assert!(retention.validate().expect_err("no kind").contains("kind is empty"));
+        retention.rules = vec![RetentionRule::new("job", &[""], Duration::from_secs(60))];
+        assert!(retention.validate().expect_err("an empty status").contains("a status is empty"));
         retention.rules = vec![RetentionRule::new("job", &["done"], Duration::from_secs(60))];
         retention.batch = PURGE_LIMIT_MAX + 1;
         assert!(retention.validate().expect_err("a batch past the cap").contains("limit"));

@@ -218,11 +218,17 @@ fn invalid(what: &str, field: &str, rule: &str) -> StoreError {
 pub fn check_purge(p: &PurgeParams) -> Result<(), StoreError> {
     let what = format!("purge of {}", p.kind);
     check_key(&what, "kind", &p.kind)?;
+    if p.kind.is_empty() {
+        return Err(StoreError::Invalid(format!("{what}: kind is empty (no row has an empty kind)")));
+    }
     if p.statuses.is_empty() {
         return Err(StoreError::Invalid(format!("{what}: statuses is empty (name the kind's final statuses)")));
     }
     for status in &p.statuses {
         check_key(&what, "status", status)?;
+        if status.is_empty() {
+            return Err(StoreError::Invalid(format!("{what}: a status is empty")));
+        }
     }
     if p.limit == 0 || p.limit > PURGE_LIMIT_MAX {
         return Err(StoreError::Invalid(format!("{what}: limit {} is outside 1 to {PURGE_LIMIT_MAX}", p.limit)));

@@ -221,7 +221,7 @@ macro_rules! __conformance_cases {
                 purge_keeps_a_leased_or_marked_row,
                 purge_keeps_a_parent_until_its_children_are_gone,
                 purge_deletes_at_most_its_limit_oldest_first,
-                purge_refuses_an_empty_status_list_and_a_limit_out_of_range,
+                purge_refuses_an_empty_kind_or_status_and_a_limit_out_of_range,
             }
             hint {
                 hint_with_a_row_marks_only_that_row_hinted,

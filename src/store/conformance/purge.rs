@@ -95,7 +95,7 @@ pub async fn purge_deletes_at_most_its_limit_oldest_first<H: Harness>(h: H) {
 }
 
 /// Parameters the rule cannot mean are refused, naming the field, and nothing is deleted.
-pub async fn purge_refuses_an_empty_status_list_and_a_limit_out_of_range<H: Harness>(h: H) {
+pub async fn purge_refuses_an_empty_kind_or_status_and_a_limit_out_of_range<H: Harness>(h: H) {
     let row = done(&h, "job").await;
     h.advance(past(AGE));
     let refused = |params: PurgeParams, field: &'static str| {
@@ -108,6 +108,8 @@ pub async fn purge_refuses_an_empty_status_list_and_a_limit_out_of_range<H: Harn
         }
     };
     refused(PurgeParams { statuses: Vec::new(), ..rule("job", 10) }, "statuses").await;
+    refused(PurgeParams { kind: String::new(), ..rule("job", 10) }, "kind").await;
+    refused(PurgeParams { statuses: vec![String::new()], ..rule("job", 10) }, "status").await;
     refused(rule("job", 0), "limit").await;
     refused(rule("job", PURGE_LIMIT_MAX + 1), "limit").await;
     assert!(exists(&h, row.id).await, "a refused purge deleted a row");

@@ -6,7 +6,7 @@
 //! a `NOTIFY` in the same transaction, which PostgreSQL delivers at commit and drops at rollback; its sender is no
 //! store (`listen::CALLER_TRANSACTION`), so every store's listener forwards it, this one's too.
 
-use super::{PgStore, listen, sql, write};
+use super::{PgStore, error, listen, sql, write};
 use crate::store::{
     InsertKeyedParams, KeyedInsert, NewHint, NewRow, RowId, StoreError, check_insert_keyed, check_new_row,
 };
@@ -31,9 +31,14 @@ impl PgStore {
     /// long holds its rows back, not the store.
     ///
     /// Errors: `Invalid` for a row [`Store::insert`](crate::store::Store::insert) would refuse (naming
-    /// `insert_in: rows[i]`), before any statement; otherwise the statement's error as the store maps it
-    /// (`Conflict`, `Timeout`, `Unavailable`, `Other`), after which the caller's transaction is aborted and must be
-    /// rolled back. An empty `rows` sends nothing and returns no ids.
+    /// `insert_in: rows[i]`), before any statement, with the caller's transaction untouched; otherwise the
+    /// statement's error (`Conflict`, `Unavailable`, `Invalid` for a value only PostgreSQL judges, such as a jsonb
+    /// string past its 256 MiB limit, `Other`, which names the caller's own `lock_timeout` or `statement_timeout`
+    /// when one of them ended the statement), after which the caller's transaction is aborted and must be rolled
+    /// back. An empty `rows` sends nothing and returns no ids.
+    ///
+    /// `created_at` and `updated_at` are PostgreSQL's `now()` in the caller's transaction: the time it began, not
+    /// the time of this call (as for every row a transaction writes).
     pub async fn insert_in(&self, conn: &mut PgConnection, rows: Vec<NewRow>) -> Result<Vec<RowId>, StoreError> {
         for (i, row) in rows.iter().enumerate() {
             check_new_row(&format!("insert_in: rows[{i}]"), row)?;
@@ -43,7 +48,9 @@ impl PgStore {
         }
         let hints = NewHint::kinds_of(&rows);
         let statement = AssertSqlSafe(self.inner.caller_inserts.insert_many.as_str());
-        let ids = write::insert_rows_with(conn, statement, self.offset(), rows).await.map_err(|e| self.fail(e))?;
+        let ids = write::insert_rows_with(conn, statement, self.offset(), rows)
+            .await
+            .map_err(|e| error::caller_error(e, self.inner.waits))?;
         self.notify_in(conn, &hints).await?;
         Ok(ids)
     }
@@ -69,8 +76,9 @@ impl PgStore {
     ) -> Result<KeyedInsert, StoreError> {
         check_insert_keyed(&params)?;
         let hint = NewHint::from(params.row.kind.as_str());
-        let done =
-            insert_keyed_on(conn, &self.inner.caller_inserts, self.offset(), params).await.map_err(|e| self.fail(e))?;
+        let done = insert_keyed_on(conn, &self.inner.caller_inserts, self.offset(), params)
+            .await
+            .map_err(|e| error::caller_error(e, self.inner.waits))?;
         self.notify_in(conn, &[hint]).await?;
         Ok(done)
     }
@@ -84,7 +92,7 @@ impl PgStore {
             .bind(&payloads)
             .execute(conn)
             .await
-            .map_err(|e| self.fail(e))?;
+            .map_err(|e| error::caller_error(e, self.inner.waits))?;
         Ok(())
     }
 }

@@ -38,6 +38,26 @@ const LIMIT_EXCEEDED: &str = "54000";
 /// store (or an index key past its limit) `Invalid`, anything else `Other`. A database error's message is
 /// PostgreSQL's own with its SQLSTATE (not sqlx's wrapping, which adds the line of the server's source that raised
 /// it). Every message is [`scrub`]bed.
+/// [`store_error`] for a statement on the caller's own connection (`PgStore::insert_in`): its time-outs are the
+/// caller's, not the store's `waits`, so a lock or statement time-out says so without a span it cannot know.
+pub(super) fn caller_error(err: sqlx::Error, waits: Waits) -> StoreError {
+    if let sqlx::Error::Database(ref db) = err {
+        let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+        let setting = match code.as_str() {
+            LOCK_TIMEOUT_CODE => Some("lock_timeout"),
+            STATEMENT_TIMEOUT_CODE => Some("statement_timeout"),
+            _ => None,
+        };
+        if let Some(setting) = setting {
+            return StoreError::Other(scrub(&format!(
+                "{} (SQLSTATE {code}): your connection's {setting} ended the statement; your transaction is aborted",
+                db.message()
+            )));
+        }
+    }
+    store_error(err, waits)
+}
+
 pub(super) fn store_error(err: sqlx::Error, waits: Waits) -> StoreError {
     match err {
         sqlx::Error::PoolTimedOut => StoreError::Timeout(waits.acquire),
