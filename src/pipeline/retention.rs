@@ -69,7 +69,7 @@ impl RetentionRule {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 /// use lockstep::pipeline::{ManagerOptions, PipelineManager, Retention, RetentionRule};
 /// use lockstep::store::{MemStore, Timestamp, TokioClock};
 /// use std::sync::Arc;
