@@ -30,11 +30,7 @@ const LOCK_WAIT_POLL: Duration = Duration::from_millis(25);
 const LOCK_WAIT_POLLS_MAX: usize = 400;
 
 async fn next_hint(rx: &mut broadcast::Receiver<Hint>, which: &str) -> Hint {
-    match tokio::time::timeout(HINT_WAIT, rx.recv()).await {
-        Ok(Ok(kind)) => kind,
-        Ok(Err(e)) => panic!("{which}: {e}"),
-        Err(_) => panic!("{which} got no hint within {HINT_WAIT:?}"),
-    }
+    support::pg::next_hint(rx, which, HINT_WAIT).await
 }
 
 /// A second store (replica) on the harness's schema: its hints reach the harness's store through `NOTIFY`.

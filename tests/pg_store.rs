@@ -34,11 +34,7 @@ const CONCURRENT_CONNECT_ROUNDS: usize = 3;
 const TIMEOUT_SLACK: Duration = Duration::from_secs(5);
 
 async fn next_hint(rx: &mut broadcast::Receiver<Hint>, which: &str) -> Hint {
-    match tokio::time::timeout(HINT_WAIT, rx.recv()).await {
-        Ok(Ok(kind)) => kind,
-        Ok(Err(e)) => panic!("{which}: {e}"),
-        Err(_) => panic!("{which} got no hint within {HINT_WAIT:?}"),
-    }
+    support::pg::next_hint(rx, which, HINT_WAIT).await
 }
 
 /// A second store on `h`'s schema (another replica).

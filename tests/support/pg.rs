@@ -144,3 +144,16 @@ impl Drop for PgHarness {
         }
     }
 }
+
+/// The next fetch hint `rx` hears within `wait`; panics naming `which` when none comes (or the channel broke).
+pub async fn next_hint(
+    rx: &mut tokio::sync::broadcast::Receiver<lockstep::store::Hint>,
+    which: &str,
+    wait: Duration,
+) -> lockstep::store::Hint {
+    match tokio::time::timeout(wait, rx.recv()).await {
+        Ok(Ok(kind)) => kind,
+        Ok(Err(e)) => panic!("{which}: {e}"),
+        Err(_) => panic!("{which} got no hint within {wait:?}"),
+    }
+}
