@@ -14,6 +14,7 @@ use super::user::{PipelineSet, ReplicaCx};
 use super::workload::{self, WorkloadSpec};
 use crate::gang::pipeline::OperationHandler;
 use crate::gang::placement::PlacementSettings;
+use crate::gang::replica::register_controller;
 use crate::pipeline::{LocalClock, ManagerOptions, PipelineConfig, PipelineManager, ShutdownReport};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -138,7 +139,8 @@ pub async fn run(ctx: Arc<ReplicaContext>) {
     }
     if let Some(config) = &ctx.operations {
         let handler = OperationHandler::new(config.name.clone()).with_settings(ctx.placement.clone());
-        manager.register(config.clone(), handler).expect("the operation pipeline's config was checked");
+        register_controller(&mut manager, config.clone(), handler)
+            .expect("the operation pipeline's config was checked");
     }
     manager.start();
     ctx.stop.wait().await;

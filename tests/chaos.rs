@@ -281,6 +281,38 @@ opt_in! {
             assert!(inside >= 1 && all >= 3, "{text}");
         };
 
+    /// An all-or-nothing gang of three ranks on three agents of one slot loses an agent (SIGKILL) for 90 s, and a
+    /// plain operation is submitted while the node is down: the restarting gang keeps the two slots it freed (the
+    /// plain job starts after every rank of the gang's new incarnation, in the agents' own records), it is not
+    /// failed as unfit while its node is coming back, and no two processes of one rank ever run at once
+    /// (rank_exclusivity, from the agents' records) (about 4 min).
+    fn a_restarting_gang_gets_its_slots_back_before_a_later_plain_job_on_postgres("scenarios/gang-node-returns.toml", true)
+        |text| {
+            assert!(text.contains("faults injected: agent-kill 1"), "{text}");
+            assert!(ok(text, "rank_exclusivity"), "{text}");
+            let dir = history_path(text).parent().unwrap().to_path_buf();
+            let mut gang = Vec::new();
+            let mut plain = Vec::new();
+            for agent in 0..3 {
+                let records = std::fs::read_to_string(dir.join(format!("agent-{agent}.records"))).expect("a record");
+                for line in records.lines() {
+                    let record: serde_json::Value = serde_json::from_str(line).expect("a JSON record");
+                    if record["record"] != "start" {
+                        continue;
+                    }
+                    let at = record["at_us"].as_u64().expect("a start time");
+                    match record["task"].as_str() {
+                        Some("g") if record["incarnation"].as_str().is_some_and(|i| i.ends_with("-i1")) => gang.push(at),
+                        Some("p") => plain.push(at),
+                        _ => {}
+                    }
+                }
+            }
+            assert_eq!((gang.len(), plain.len()), (3, 1), "three ranks restarted, one plain job: {gang:?} {plain:?}");
+            let last_rank = gang.iter().max().unwrap();
+            assert!(plain[0] > *last_rank, "the plain job started before the restarting gang got its slots back");
+        };
+
     /// An agent and its job's process group frozen (SIGSTOP) for twice its node lease; the controller restarts
     /// the gang, and on SIGCONT the agent fences, killing the frozen job before it could run beside its rank's
     /// replacement (about 50 s).

@@ -9,7 +9,8 @@ use lockstep::gang::audit;
 use lockstep::gang::controller::REASON_INCARNATION_CHANGED;
 use lockstep::gang::model::{JobStatus, OperationStatus};
 use lockstep::gang::pipeline::{OperationHandler, operation_pipeline_config};
-use lockstep::pipeline::{ManagerOptions, PipelineManager};
+use lockstep::gang::replica::register_controller;
+use lockstep::pipeline::{ManagerOptions, PipelineConfig, PipelineManager};
 use lockstep::store::{MemStore, RowId, Store, Timestamp, TokioClock};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -31,9 +32,15 @@ struct Cluster {
 impl Cluster {
     /// A controller replica and `nodes` agents of `slots` slots, jobs behaving as `script` says.
     fn start(nodes: usize, slots: u32, script: JobScript) -> Cluster {
+        Cluster::start_with(nodes, slots, script, operation_pipeline_config())
+    }
+
+    /// [`Cluster::start`] with the operation pipeline's `config`, registered as every replica registers it (with
+    /// the node watch beside it).
+    fn start_with(nodes: usize, slots: u32, script: JobScript, config: PipelineConfig) -> Cluster {
         let store = Arc::new(MemStore::new(TokioClock::new(START)));
         let mut manager = PipelineManager::new(store.clone(), ManagerOptions { seed: 7 });
-        manager.register(operation_pipeline_config(), OperationHandler::default()).unwrap();
+        register_controller(&mut manager, config, OperationHandler::default()).unwrap();
         manager.start();
         let log = ProcessLog::default();
         let executor = SimulatedExecutor::new(script, log.clone());
@@ -148,6 +155,37 @@ async fn a_lost_node_restarts_a_three_job_gang_once_reusing_two_allocations() {
     }
     let replacement = view.current_jobs().find(|j| j.data.job_cookie == 1).unwrap();
     assert_ne!(replacement.data.allocation.unwrap().row, victim.data.allocation.unwrap().row);
+    cluster.check_exclusive();
+}
+
+/// A node lost while nothing else wakes its operation (every other job runs 60 s, passes 30 s apart) is declared
+/// lost within a second of its node lease's expiry, not at the operation's next periodic pass: the replica's node
+/// watch hints the operation when the session ends.
+#[cfg_attr(not(madsim), tokio::test(start_paused = true))]
+#[cfg_attr(madsim, tokio::test)]
+async fn a_lost_node_is_declared_lost_within_a_second_of_its_lease_expiry_between_passes() {
+    let config = PipelineConfig { min_processing_interval: seconds(30), ..operation_pipeline_config() };
+    let mut cluster = Cluster::start_with(4, 1, JobScript::uniform(seconds(60)), config);
+    let op = cluster.submit(GANG3).await;
+    let running = |v: &OperationView| v.current_jobs().filter(|j| j.status == JobStatus::Running).count() == 3;
+    let before = cluster.wait_for(op, seconds(30), running).await;
+    let victim = before.current_jobs().find(|j| j.data.job_cookie == 1).unwrap().clone();
+    let node = cluster.store.get(victim.data.allocation.unwrap().row).await.unwrap().unwrap().parent_id.unwrap();
+    let name = cluster.store.get(node).await.unwrap().unwrap().status;
+    cluster.kill_agent(&name);
+    // The kill stops renewals: the lease the node holds now is its last.
+    let expiry = cluster.store.get(node).await.unwrap().unwrap().lock_expires_at.expect("the node holds its lease");
+
+    let lost = |v: &OperationView| v.jobs.iter().any(|j| j.data.id == victim.data.id && j.status.is_terminal());
+    let view = cluster.wait_for(op, seconds(60), lost).await;
+    let declared = view
+        .events
+        .iter()
+        .find(|e| e.data["job"] == victim.data.id.to_string() && e.data["reason"] == "node lost")
+        .unwrap_or_else(|| panic!("job {} ended, but not as node lost: {:#?}", victim.data.id, view.events));
+    let lag = declared.at.as_micros() - expiry.as_micros();
+    assert!((0..1_000_000).contains(&lag), "node lost {lag} µs after its lease expired (30 s between passes)");
+    cluster.wait_ended(op, seconds(300)).await;
     cluster.check_exclusive();
 }
 

@@ -693,7 +693,7 @@ const TEXT_BLOCKS: &[(&str, &str, Sample)] = &[
     ("docs/scenarios.md", "lockstep sim: y.toml:", Sample::Output(Build::Sim)),
     ("docs/simulator.md", "tests/fixtures/timeline-planted.toml (", Sample::Output(Build::Sim)),
     ("docs/simulator.md", "lockstep-replays/timeline-planted-seed-1.replay.json: ", Sample::Output(Build::Sim)),
-    ("docs/simulator.md", "operation 9: ", Sample::Output(Build::Sim)),
+    ("docs/simulator.md", "operation 8: ", Sample::Output(Build::Sim)),
 ];
 
 /// Which [`TEXT_BLOCKS`] entry a block is: the longest first-line prefix that matches.

@@ -127,6 +127,12 @@ fn an_agent_killed_mid_gang_causes_one_gang_restart_that_keeps_cookies_and_ranks
         // The killed node's processes died with it, and the controller ended its job as lost.
         assert!(events(&report, "proc-kill").count() >= 1, "seed {seed}: no process died with its agent");
         assert_eq!(events(&report, "node-lost").count(), 1, "seed {seed}");
+        // Declared lost within the node lease of the agent's last renewal (before its kill) plus the node watch's
+        // wake and one pass (docs/gang.md), not at the operation's next periodic pass.
+        let killed = events(&report, "kill").find(|e| e.node.starts_with("agent-")).expect("the kill").at;
+        let lost = events(&report, "node-lost").next().unwrap().at;
+        let bound = scenario.gang.as_ref().unwrap().agent.lease_ttl + Duration::from_millis(500);
+        assert!(lost - killed <= bound, "seed {seed}: node lost {:?} after the kill (bound {bound:?})", lost - killed);
         // Incarnation 1 places its jobs: every (cookie, rank) pair of incarnation 0 again, and a job placed in an
         // allocation that incarnation 0 used keeps that job's cookie and rank.
         let assigned = |inc: &str| -> BTreeMap<String, (String, String)> {

@@ -6,7 +6,8 @@
 //!   [`placement`]: all-or-nothing placement of a gang's ranks and the gang queue that keeps waiting gangs fair.
 //! - [`pipeline`]: the operation pipeline that runs passes over the store; [`api`]: submit, abort, spec update,
 //!   status; [`replica`]: a controller replica (the operation pipeline on a manager); [`status`]: the status
-//!   report `lockstep status` prints; [`listing`]: the operations `lockstep list` lists.
+//!   report `lockstep status` prints; [`listing`]: the operations `lockstep list` lists; [`node_watch`]: the
+//!   replica's companion that wakes an operation when a node it runs on loses its session.
 //! - [`env`](mod@env): the job environment (`YT_*` variables); [`audit`]: the rules as checks over recorded rows.
 
 pub mod api;
@@ -18,6 +19,7 @@ mod last_pass;
 mod lingering;
 pub mod listing;
 pub mod model;
+pub mod node_watch;
 pub mod pipeline;
 pub mod placement;
 pub mod replica;

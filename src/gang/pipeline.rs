@@ -33,6 +33,7 @@ use super::model::{
     ALLOCATION_FREE, Allocation, INBOX_DONE, INBOX_NEW, Job, KIND_ALLOCATION, KIND_INBOX, KIND_JOB, KIND_NODE,
     KIND_OPERATION, Message, NodeData, OperationData, OperationStatus, node_lease_owner,
 };
+use super::node_watch::live_sessions;
 use super::placement::{GANG_QUEUE_STATUS, GangQueue, KIND_GANG_QUEUE, PlacementSettings, canonical_queue};
 use crate::pipeline::{Changes, Handler, LoadCx, PipelineConfig, RetryPolicy, WorkError};
 use crate::store::{LockToken, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowQuery, RowUpdate, Store, Timestamp};
@@ -551,19 +552,6 @@ async fn lock_queue<S: Store>(
         return Err(WorkError::Contended);
     }
     Ok((row, GangQueue { version: version + 1, entries }))
-}
-
-/// The live session (lease token) of each node whose agent holds its lease at `now`.
-fn live_sessions(nodes: &[Row], now: Timestamp) -> BTreeMap<RowId, LockToken> {
-    let mut sessions = BTreeMap::new();
-    for node in nodes {
-        let live = node.lock_expires_at.is_some_and(|expires| expires > now)
-            && node.lock_owner.as_deref() == Some(node_lease_owner(&node.status).as_str());
-        if let (true, Some(token)) = (live, node.lock_token) {
-            sessions.insert(node.id, token);
-        }
-    }
-    sessions
 }
 
 /// The nodes expected back ([`PlacementSettings::node_return_grace`]): no live session, and their agent's lease

@@ -2,6 +2,7 @@
 //! replica runs the same pipelines; they share the work through leases, so any number of them may run against one
 //! store and any of them may die (`lockstep serve` is one replica on PostgreSQL).
 
+use super::node_watch::NodeWatch;
 use super::pipeline::{OperationHandler, operation_pipeline_config};
 use super::placement::{GangPlacement, NODE_RETURN_GRACE_DEFAULT, PlacementSettings, UNFIT_TIMEOUT_DEFAULT};
 use crate::pipeline::{ConfigError, ManagerOptions, PipelineConfig, PipelineManager};
@@ -94,8 +95,21 @@ impl ReplicaConfig {
     pub fn start<S: Store>(&self, store: Arc<S>) -> Result<PipelineManager<S>, ConfigError> {
         let mut manager = PipelineManager::new(store, ManagerOptions { seed: self.seed });
         let handler = OperationHandler::default().with_settings(self.placement_settings());
-        manager.register(self.pipeline_config(), handler)?;
+        register_controller(&mut manager, self.pipeline_config(), handler)?;
         manager.start();
         Ok(manager)
     }
+}
+
+/// Registers the operation pipeline `config` with `handler` on `manager`, and the default [`NodeWatch`] beside it:
+/// what every controller replica runs, `lockstep serve` and the simulator's replicas alike. Errors: those of
+/// [`PipelineManager::register`].
+pub fn register_controller<S: Store>(
+    manager: &mut PipelineManager<S>,
+    config: PipelineConfig,
+    handler: OperationHandler,
+) -> Result<(), ConfigError> {
+    manager.register(config, handler)?;
+    manager.run_beside(NodeWatch::default().run(manager.store().clone()));
+    Ok(())
 }

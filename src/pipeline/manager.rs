@@ -28,6 +28,9 @@ pub struct ShutdownReport {
 
 type Spawn<S> = Box<dyn FnOnce(Pipeline<S>) -> Vec<JoinHandle<()>> + Send>;
 
+/// A task that runs beside the pipelines from start to stop ([`PipelineManager::run_beside`]).
+type Beside = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 struct Registered<S: Store> {
     pipeline: Pipeline<S>,
     spawn_workers: Option<Spawn<S>>,
@@ -43,8 +46,10 @@ pub struct PipelineManager<S: Store> {
     pipelines: Vec<Registered<S>>,
     hinter: Option<JoinHandle<()>>,
     clock: LocalClock,
-    retention: Option<Retention>,
-    retainer: Option<JoinHandle<()>>,
+    /// Tasks to spawn at start: the retention, and what a caller added with [`PipelineManager::run_beside`].
+    beside: Vec<Beside>,
+    /// The tasks of `beside` once started, aborted at shutdown.
+    beside_tasks: Vec<JoinHandle<()>>,
 }
 
 impl<S: Store> PipelineManager<S> {
@@ -56,9 +61,14 @@ impl<S: Store> PipelineManager<S> {
             pipelines: Vec::new(),
             hinter: None,
             clock: LocalClock::exact(),
-            retention: None,
-            retainer: None,
+            beside: Vec::new(),
+            beside_tasks: Vec::new(),
         }
+    }
+
+    /// The store the manager's pipelines lease from.
+    pub fn store(&self) -> &Arc<S> {
+        &self.store
     }
 
     /// The same manager with every pipeline registered from now on running on the local clock `clock` (the
@@ -103,8 +113,15 @@ impl<S: Store> PipelineManager<S> {
     /// another replica's purge holds. Errors: a rule the store would refuse ([`Retention::validate`]).
     pub fn retain(&mut self, retention: Retention) -> Result<(), ConfigError> {
         retention.validate().map_err(ConfigError::Retention)?;
-        self.retention = Some(retention);
+        self.run_beside(retention.run(self.store.clone()));
         Ok(())
+    }
+
+    /// Runs `task` from [`PipelineManager::start`] until the manager stops (a shutdown or an abort aborts it):
+    /// a companion of the pipelines that is not itself a pipeline, such as the retention or the gang controller's
+    /// node watch. A task added after `start` never runs.
+    pub fn run_beside(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.beside.push(Box::pin(task));
     }
 
     /// Starts every registered pipeline's fetcher, workers and heartbeater, and the hinter. Call once.
@@ -113,9 +130,7 @@ impl<S: Store> PipelineManager<S> {
             self.pipelines.iter().map(|p| (p.pipeline.config.kind.clone(), p.pipeline.shared.clone())).collect();
         let hinter = Hinter::new(self.store.subscribe_hints(), routes);
         self.hinter = Some(tokio::spawn(hinter.run()));
-        if let Some(retention) = self.retention.take() {
-            self.retainer = Some(tokio::spawn(retention.run(self.store.clone())));
-        }
+        self.beside_tasks.extend(self.beside.drain(..).map(tokio::spawn));
         for registered in &mut self.pipelines {
             let spawn = registered.spawn_workers.take().expect("PipelineManager::start called twice");
             let pipeline = &registered.pipeline;
@@ -157,8 +172,8 @@ impl<S: Store> PipelineManager<S> {
         if let Some(hinter) = self.hinter.take() {
             hinter.abort();
         }
-        if let Some(retainer) = self.retainer.take() {
-            retainer.abort();
+        for task in self.beside_tasks.drain(..) {
+            task.abort();
         }
     }
 
@@ -222,8 +237,8 @@ impl<S: Store> PipelineManager<S> {
         if let Some(hinter) = self.hinter.take() {
             hinter.abort();
         }
-        if let Some(retainer) = self.retainer.take() {
-            retainer.abort();
+        for task in self.beside_tasks.drain(..) {
+            task.abort();
         }
         report
     }
