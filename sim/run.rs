@@ -205,18 +205,34 @@ impl RunReport {
 /// What the checkers judge of a run: what the simulated part of a run hands back, or what `lockstep chaos run`
 /// read from PostgreSQL and its agents' logs (one checker code path for both, [`check`]).
 pub struct Outcome {
+    /// Every commit, in commit order: the database node's MemStore history, or PostgreSQL's `history` table.
     pub history: Vec<Commit>,
+    /// Every event, in sequence order, read from the store at the end.
     pub events: Vec<Event>,
     /// Rows when the liveness wait ended: at least those not final then ([`CheckInput::rows_at_liveness`]).
+    /// In a gang scenario the gang's own rows are left out (the gang checkers judge them).
     pub rows_at_liveness: Vec<Row>,
+    /// Every row at the end, after the replicas drained and the longest lease ttl passed; in a gang scenario
+    /// without the node rows, which their agents keep leased.
     pub rows_final: Vec<Row>,
+    /// Store time when the faults stopped and the world healed.
     pub heal_at: Timestamp,
+    /// Store time when the liveness wait ended (every row settled, or the scenario's `liveness_bound` passed).
     pub liveness_at: Timestamp,
+    /// Store time when `rows_final` was read.
     pub final_at: Timestamp,
+    /// What the workload client inserted.
     pub client: ClientReport,
+    /// Rows inserted under a key: in the simulator, what the database node counted; in `lockstep chaos run`, what
+    /// the harness inserted.
     pub keyed_rows: usize,
+    /// The replicas' drain: `Err` names those that did not drain within the scenario's `drain_budget` (checker
+    /// `drain`).
     pub drain: Result<(), String>,
+    /// The gang part's outcome, in a scenario with one.
     pub gang: Option<GangOutcome>,
+    /// Every request the simulated external services handled, service by service in order (empty in `lockstep
+    /// chaos run`, which has none).
     pub effects: Vec<Effect>,
     /// [`CheckInput::retry_lateness_bound`]: [`RETRY_LATENESS_BOUND`] in the simulator, `None` in chaos runs.
     pub retry_lateness_bound: Option<Duration>,
@@ -227,13 +243,20 @@ pub struct Outcome {
 /// ([`crate::pipeline::queue::Shared::note_retry`]); without that it waited out its empty-fetch backoff, up to 6 s.
 pub const RETRY_LATENESS_BOUND: Duration = Duration::from_millis(500);
 
-/// What the simulated part of a gang run hands back to the gang checkers.
+/// What the simulated part of a gang run (or `lockstep chaos run`, from PostgreSQL and its agents' records) hands
+/// back to the gang checkers ([`checkers::gang::GangCheckInput`]).
 pub struct GangOutcome {
+    /// One report per submission, in submission order (a refused one says why).
     pub reports: Vec<OperationReport>,
+    /// Each submitted operation's status view ([`crate::gang::api::status`]) at the end, in submission order.
     pub views: Vec<OperationView>,
+    /// Operations not ended when the liveness wait stopped, as `op=<id> <status>` ([`unfinished_operations`]).
     pub unfinished: Vec<String>,
+    /// The process log's allocation-exclusivity violations, one sentence each naming both jobs.
     pub exclusivity: Vec<String>,
+    /// The process log: every process start, pause, resume and end on the agents, in order.
     pub processes: Vec<ProcessEvent>,
+    /// Processes still alive at the end, by allocation row (checker `process_outlived_operation`).
     pub live_at_end: BTreeMap<RowId, Vec<JobId>>,
 }
 

@@ -19,7 +19,14 @@ pub enum FetchPass {
     /// fetcher other than the first) the queue was at dstack's size. Nothing was fetched.
     Full,
     /// Leased `fetched` rows of at most `limit`.
-    Fetched { fetched: usize, limit: usize },
+    Fetched {
+        /// Rows leased (0 for an empty fetch).
+        fetched: usize,
+        /// Most rows the fetch asked for: the room it reserved in the queue
+        /// ([`Reservation::limit`](super::queue::Reservation::limit)); a fetch that leased `limit` rows is
+        /// followed by another at once.
+        limit: usize,
+    },
     /// No fetch was made, and the queued items were given back: a full queue's worth of the pipeline's items in a
     /// row were turned away by rows its items in another replica hold ([`Shared::backs_off_for_contention`]); the
     /// fetcher sleeps the first backoff step (not counted as an empty fetch).
