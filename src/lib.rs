@@ -47,6 +47,9 @@
 // Every public item carries a docstring (STYLE, Comments and docs: what it does, shapes, units, errors); clippy runs
 // with `-D warnings` in both builds (scripts/test), so an undocumented public item fails the check.
 #![warn(missing_docs)]
+// A `pub` item outside the public API says `pub(crate)` or `pub(super)`, so that what users can name is what `pub`
+// marks.
+#![warn(unreachable_pub)]
 
 pub mod agent;
 pub mod alloc;

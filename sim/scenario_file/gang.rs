@@ -220,7 +220,7 @@ pub const SLOTS_MAX: u32 = crate::agent::SLOTS_MAX;
 
 impl GangDocs {
     /// Whether the file has a gang part at all.
-    pub fn present(&self) -> bool {
+    pub(super) fn present(&self) -> bool {
         self.agents.is_some()
             || self.slots.is_some()
             || self.agent.is_some()
@@ -231,7 +231,7 @@ impl GangDocs {
     }
 
     /// The gang part, its spec files' texts by path (as written), every value checked at its key.
-    pub fn workload(self, specs: SpecSource<'_>) -> Result<(GangWorkload, BTreeMap<String, String>), Broken> {
+    pub(super) fn workload(self, specs: SpecSource<'_>) -> Result<(GangWorkload, BTreeMap<String, String>), Broken> {
         let agents = self.agents.unwrap_or(0);
         if agents > 200 {
             return Err((key(&["topology", "agents"]), format!("{agents} must be in 0..=200")));

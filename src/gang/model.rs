@@ -491,11 +491,11 @@ mod shared_launch {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
     use std::sync::Arc;
 
-    pub fn serialize<S: Serializer>(launch: &Option<Arc<JobLaunch>>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(launch: &Option<Arc<JobLaunch>>, serializer: S) -> Result<S::Ok, S::Error> {
         launch.as_deref().serialize(serializer)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Arc<JobLaunch>>, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Arc<JobLaunch>>, D::Error> {
         Ok(Option::<JobLaunch>::deserialize(deserializer)?.map(Arc::new))
     }
 }

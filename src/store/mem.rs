@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Most commits a history keeps; a run that writes more is a runaway and fails loudly.
-pub const HISTORY_LEN_MAX: usize = 20_000_000;
+const HISTORY_LEN_MAX: usize = 20_000_000;
 
 /// The in-memory store. Clones share one database.
 #[derive(Clone)]
