@@ -2,7 +2,7 @@
 //! rate, and each random process draws from its own ChaCha stream keyed by the run's seed, its kind and its index
 //! among processes of that kind, so adding a fault never reshuffles the workload or another fault.
 //!
-//! A fault acts through the world's handles ([`World`]), which trace it, hold it for its span and undo it. Two
+//! A fault acts through the world's handles (`World`, simulator build), which trace it, hold it for its span and undo it. Two
 //! faults that would fight over one thing (a replica killed while paused, two network profiles) do not overlap:
 //! the later one is traced as `skipped`. At the end of the fault window the runner aborts every fault in progress
 //! and the world heals whatever they left behind.
@@ -502,7 +502,7 @@ fn draw(kind: FaultKind, span: &Range<Duration>, targets: Targets, rng: &mut Cha
 
 /// Every fault of `plan` as fixed events, sorted by time: the fixed ones before `plan.until`, then each random
 /// process's draws, made from the same streams and in the same order as the simulator's runner
-/// ([`FaultRunner::start`]) for a world of `replicas` replicas and `agents` agents (`agent_rate_min_ppm`: the
+/// (`FaultRunner::start`, simulator build) for a world of `replicas` replicas and `agents` agents (`agent_rate_min_ppm`: the
 /// slowest agent clock the margin rule allows). For runs outside the simulator (`lockstep chaos run`), where
 /// faults are planned ahead and injected on the wall clock.
 pub fn schedule(

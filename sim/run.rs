@@ -104,7 +104,7 @@ pub struct RunReport {
     pub simulated: Duration,
     /// Wall-clock time the run took.
     pub wall: std::time::Duration,
-    /// Whether anything of the run's world outlived the run, after its teardown ([`World::teardown`]): a task
+    /// Whether anything of the run's world outlived the run, after its teardown (`World::teardown`): a task
     /// still holding the trace every node writes to. Each such run leaks its world (a sweep's memory would grow
     /// with its seeds); [`check_seeds`] fails a test whose run leaked (`tests/sim_sweep.rs`: 200 seeds).
     /// False too for a run left behind past its wall-clock limit (its thread still runs; nothing is known).
@@ -260,8 +260,9 @@ pub struct GangOutcome {
     pub live_at_end: BTreeMap<RowId, Vec<JobId>>,
 }
 
-#[cfg(madsim)]
-/// Runs `scenario` under `seed` and checks it.
+#[cfg(any(madsim, doc))]
+/// Runs `scenario` under `seed` and checks it: the report holds the violations (an empty list when every checker
+/// passed), the counts and the trace; never panics on a failing run. Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
 pub fn run(scenario: &Scenario, seed: u64) -> RunReport {
     run_with(scenario, seed, None)
 }
@@ -845,19 +846,19 @@ pub fn jobs() -> usize {
         .max(1)
 }
 
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 /// Runs every seed of `seeds` (on [`jobs`] threads), and fails the test if any run failed: prints each failing
 /// seed's checker, message, trace tail, trace file and replay command, then panics naming the seeds. Fails it
 /// too if a run's world outlived it ([`RunReport::world_leaked`]). Returns
-/// the reports (slimmed: no traces), by seed.
+/// the reports (slimmed: no traces), by seed. Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
 pub fn check_seeds(scenario: &Scenario, seeds: &[u64], replay: Replay) -> Vec<RunReport> {
     check_seeds_in(scenario, seeds, replay, &failure_trace_dir())
 }
 
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 /// As [`check_seeds`], with each failing seed's whole trace written in `trace_dir` rather than in
 /// `LOCKSTEP_SIM_TRACE_DIR` or the system's temp dir: a test that expects seeds to fail (a planted bug, under
-/// `#[should_panic]`) gives it a directory of its own and removes it, so its runs leave nothing behind.
+/// `#[should_panic]`) gives it a directory of its own and removes it, so its runs leave nothing behind. Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
 pub fn check_seeds_in(
     scenario: &Scenario,
     seeds: &[u64],
@@ -890,8 +891,9 @@ pub fn check_seeds_in(
     reports.into_iter().map(RunReport::slim).collect()
 }
 
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 /// Runs every seed of `seeds` on [`jobs`] threads; returns the reports by seed, traces kept only for failures.
+/// Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
 pub fn run_seeds(scenario: &Scenario, seeds: &[u64]) -> Vec<RunReport> {
     run_seeds_with(scenario, seeds, jobs(), &|_| {})
 }

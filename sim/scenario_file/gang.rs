@@ -4,7 +4,7 @@
 //! at its key, like the rest of the file ([`super::ScenarioError`]).
 //!
 //! Spec files (`spec_file`) are read when the scenario is parsed, relative to the scenario file's directory
-//! ([`SpecSource`]), and their text goes into the [`Scenario`] itself: the content hash covers it, and a replay
+//! ([`SpecSource`]), and their text goes into the [`Scenario`](crate::sim::Scenario) itself: the content hash covers it, and a replay
 //! file carries it ([`super::ScenarioFile::spec_files`]), so a replay never needs the spec file again.
 
 use super::{Broken, Dur, DurationRange, KeyPath, Seg, item, key, ordered, positive, within_max};

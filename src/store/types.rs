@@ -538,7 +538,7 @@ pub enum LockOutcome {
     /// Some related row is held by someone else: no lock was taken, but the free rows were marked with the
     /// owner (no token, expiring after the lease ttl) so that their own pipelines leave them to this owner.
     /// `by_own_pipeline`: every row that was not available is locked, under a live token, by an owner of the lock
-    /// owner's own pipeline ([`held_by_own_pipeline`]), that is by another of its items at work, in this replica
+    /// owner's own pipeline (`held_by_own_pipeline`), that is by another of its items at work, in this replica
     /// or another (an intent mark, which carries no token, is no such hold); its holders can then work through
     /// the same backlog (the engine's contention backoff,
     /// `Shared::backs_off_for_contention`).
