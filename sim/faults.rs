@@ -2,7 +2,7 @@
 //! rate, and each random process draws from its own ChaCha stream keyed by the run's seed, its kind and its index
 //! among processes of that kind, so adding a fault never reshuffles the workload or another fault.
 //!
-//! A fault acts through the world's handles ([`World`]), which trace it, hold it for its span and undo it. Two
+//! A fault acts through the world's handles (`World`, simulator build), which trace it, hold it for its span and undo it. Two
 //! faults that would fight over one thing (a replica killed while paused, two network profiles) do not overlap:
 //! the later one is traced as `skipped`. At the end of the fault window the runner aborts every fault in progress
 //! and the world heals whatever they left behind.
@@ -32,54 +32,147 @@ pub enum Target {
     Agent(usize),
 }
 
-/// One fault, with its target and its span.
+/// One fault, with its target and its span. Every `Duration` in it is simulated time in the simulator and wall
+/// time in `lockstep chaos run`, which injects the same faults on real processes ([`schedule`]). Replica and agent
+/// indices count from 0 (nodes `replica-{i}` and `agent-{i}`) and are below the scenario's counts.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Fault {
     /// Kill a replica (every task dies, its leases are left to expire) and start it again through its init
     /// function after `down`.
-    Kill { replica: usize, down: Duration },
+    Kill {
+        /// The replica killed.
+        replica: usize,
+        /// How long it stays down before its init function starts it again.
+        down: Duration,
+    },
     /// Pause a replica for `span`: its tasks stop while time goes on, so its leases expire and its later writes
     /// carry stale tokens.
-    Pause { replica: usize, span: Duration },
+    Pause {
+        /// The replica paused.
+        replica: usize,
+        /// How long its tasks stay stopped (with `[faults] pause_inside_pass`, from when the pause lands).
+        span: Duration,
+    },
     /// Cut the link between two nodes, both ways, for `span`.
-    Partition { a: Target, b: Target, span: Duration },
+    Partition {
+        /// One end of the cut link.
+        a: Target,
+        /// The other end.
+        b: Target,
+        /// How long the link stays cut; then packets cross it again.
+        span: Duration,
+    },
     /// Cut every link of a node for `span`.
-    Isolate { node: Target, span: Duration },
+    Isolate {
+        /// The node cut off from every other node.
+        node: Target,
+        /// How long its links stay cut.
+        span: Duration,
+    },
     /// Every link gets latencies in `latency` and loses `loss` of its packets for `span`.
-    Degrade { latency: Range<Duration>, loss: f64, span: Duration },
+    Degrade {
+        /// The range each packet's latency is drawn from, uniformly (start < end); the scenario's `net_latency`
+        /// comes back at the end.
+        latency: Range<Duration>,
+        /// The share of packets lost, 0 to 1 (a random process draws it below 0.15).
+        loss: f64,
+        /// How long the links stay degraded.
+        span: Duration,
+    },
     /// The database drops each reply after its call committed with `chance`, for `span` (outcome unknown).
-    LostReplies { chance: f64, span: Duration },
+    LostReplies {
+        /// The chance, 0 to 1, that a committed call's reply is dropped (a random process draws 0.05 to 0.4).
+        chance: f64,
+        /// How long replies are dropped.
+        span: Duration,
+    },
     /// Kill the database node (calls in flight fail; committed data stays) and start it after `down`.
-    DbRestart { down: Duration },
+    DbRestart {
+        /// How long the database node stays down before it starts again with the committed rows.
+        down: Duration,
+    },
     /// A replica's monotonic clock runs at `rate_ppm` parts per million of real time for `span`.
-    ClockDrift { replica: usize, rate_ppm: u64, span: Duration },
+    ClockDrift {
+        /// The replica whose clock drifts.
+        replica: usize,
+        /// Its clock's rate in parts per million of the world's clock: 1 000 000 is exact, scenario files take
+        /// 500 000 to 2 000 000 (a random process draws 750 000 to 950 000 or 1 050 000 to 1 300 000).
+        rate_ppm: u64,
+        /// How long (on the world's clock) the clock runs at that rate.
+        span: Duration,
+    },
     /// The client inserts `claims` claims on resource 0 at once: a burst of lock contention on one row.
-    Contention { claims: usize },
+    Contention {
+        /// How many claims go in at once: 1 to 1 000 in scenario files (a second of claims at the highest
+        /// rate), 5 to 24 from a random process.
+        claims: usize,
+    },
     /// madsim's `buggify` is on for `span`: the engine's buggify points fire, and madsim delays some packets.
-    Buggify { span: Duration },
+    Buggify {
+        /// How long buggify stays on.
+        span: Duration,
+    },
     /// Kill an agent node (its processes die with it: the process log records their kill) and start it again
     /// through its init function after `down`; the restarted agent takes a new node lease (a new session).
-    AgentKill { agent: usize, down: Duration },
+    AgentKill {
+        /// The agent killed.
+        agent: usize,
+        /// How long it stays down before it starts again.
+        down: Duration,
+    },
     /// Pause an agent node for `span` (its processes pause with it): its node lease expires while it sleeps, and
     /// on waking it finds its local deadline passed and fences itself.
-    AgentPause { agent: usize, span: Duration },
+    AgentPause {
+        /// The agent paused.
+        agent: usize,
+        /// How long it and its processes stay stopped.
+        span: Duration,
+    },
     /// An agent's monotonic clock runs at `rate_ppm` parts per million of real time for `span`: its node lease's
     /// local deadline, heartbeat trigger and polls stretch or shrink. Within the margin rule of DESIGN §2
     /// (rate ≥ 1 − lease_margin / lease_ttl) it still fences before the store lets the node be declared lost; a
     /// scenario refuses a slower fixed rate unless `[mutation] agent_drift_beyond_margin` plants that bug.
-    AgentClockDrift { agent: usize, rate_ppm: u64, span: Duration },
+    AgentClockDrift {
+        /// The agent whose clock drifts.
+        agent: usize,
+        /// Its clock's rate in parts per million of the world's clock: 1 000 000 is exact, scenario files take
+        /// 500 000 to 2 000 000, at least the margin rule's floor
+        /// ([`GangWorkload::agent_rate_min_ppm`](crate::sim::gang::GangWorkload::agent_rate_min_ppm)).
+        rate_ppm: u64,
+        /// How long (on the world's clock) the clock runs at that rate.
+        span: Duration,
+    },
     /// One kind of an agent's store calls fails at once or is delayed for `span`, its other calls going through
     /// (`sim::agent_calls`): e.g. an agent that renews its node lease but cannot list its allocations.
-    AgentCalls { agent: usize, calls: AgentCall, effect: CallEffect, span: Duration },
+    AgentCalls {
+        /// The agent whose calls are reached; the fault outlives a restart of the agent.
+        agent: usize,
+        /// Which kind of its calls.
+        calls: AgentCall,
+        /// What happens to each of them.
+        effect: CallEffect,
+        /// How long the fault lasts.
+        span: Duration,
+    },
     /// The hint channel to a replica dies silently for `span`: the database drops every fetch hint it would send
     /// it, with no error and no notice, so the replica's fetchers find new rows only by polling. At the end the
     /// replica's subscription is found dead (PgStore's periodic `LISTEN` probe finds a half-open session) and ends:
     /// the renewal that subscribes anew catches up on every kind.
-    HintLoss { replica: usize, span: Duration },
+    HintLoss {
+        /// The replica that stops receiving hints.
+        replica: usize,
+        /// How long its hints are dropped.
+        span: Duration,
+    },
     /// A replica crashes again each time it starts, for `span` (a process that dies at start under a supervisor
     /// that restarts it): it runs for 0.05 to 0.5 s, dies, and is started again 0.5 to 2 s later; at the end it is
     /// started and left to run.
-    CrashLoop { replica: usize, span: Duration },
+    CrashLoop {
+        /// The replica that keeps crashing.
+        replica: usize,
+        /// How long it keeps crashing at start.
+        span: Duration,
+    },
 }
 
 /// One kind of an agent's store calls.
@@ -133,15 +226,26 @@ pub struct FaultEvent {
 /// The kinds of faults a random process can inject.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FaultKind {
+    /// [`Fault::Kill`] of a random replica, down for a span drawn from the process's `span`.
     Kill,
+    /// [`Fault::Pause`] of a random replica.
     Pause,
+    /// [`Fault::Partition`] between a random replica and the database.
     Partition,
+    /// [`Fault::Isolate`] of a random replica.
     Isolate,
+    /// [`Fault::Degrade`] of every link: latencies from 1 ms up to a bound drawn from 20 to 300 ms, loss below
+    /// 0.15.
     Degrade,
+    /// [`Fault::LostReplies`] with a chance drawn from 0.05 to 0.4.
     LostReplies,
+    /// [`Fault::DbRestart`], down for a span drawn from the process's `span`.
     DbRestart,
+    /// [`Fault::ClockDrift`] of a random replica, slow (0.75 to 0.95) or fast (1.05 to 1.3) half the time each.
     ClockDrift,
+    /// [`Fault::Contention`] of 5 to 24 claims (takes no span).
     Contention,
+    /// [`Fault::Buggify`].
     Buggify,
     /// [`Fault::AgentKill`] of a random agent.
     AgentKill,
@@ -398,7 +502,7 @@ fn draw(kind: FaultKind, span: &Range<Duration>, targets: Targets, rng: &mut Cha
 
 /// Every fault of `plan` as fixed events, sorted by time: the fixed ones before `plan.until`, then each random
 /// process's draws, made from the same streams and in the same order as the simulator's runner
-/// ([`FaultRunner::start`]) for a world of `replicas` replicas and `agents` agents (`agent_rate_min_ppm`: the
+/// (`FaultRunner::start`, simulator build) for a world of `replicas` replicas and `agents` agents (`agent_rate_min_ppm`: the
 /// slowest agent clock the margin rule allows). For runs outside the simulator (`lockstep chaos run`), where
 /// faults are planned ahead and injected on the wall clock.
 pub fn schedule(

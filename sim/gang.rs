@@ -297,9 +297,18 @@ pub struct Control {
 #[derive(Clone, Debug, PartialEq)]
 pub enum ControlAction {
     /// [`api::abort`] with this reason.
-    Abort { reason: String },
+    Abort {
+        /// The reason given to the abort: the scenario's `reason`, by default `aborted by the scenario`.
+        reason: String,
+    },
     /// [`api::update_spec`] with this spec text.
-    UpdateSpec { spec: String, format: SpecFormat },
+    UpdateSpec {
+        /// The new spec's text, inline or read from `spec_file` when the scenario was loaded; parsed when the
+        /// scenario is checked and again when the control runs.
+        spec: String,
+        /// The text's format: the scenario's `format`, else the `spec_file`'s extension, else YSON.
+        format: SpecFormat,
+    },
 }
 
 /// What a run must show besides the invariants; each unmet expectation is a violation of checker `expect`.

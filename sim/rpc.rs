@@ -47,14 +47,21 @@ pub struct Delivery {
 /// uses to retry inserts without duplicating rows.
 #[derive(Debug)]
 pub enum Call {
+    /// [`Store::fetch`](crate::store::Store::fetch): lease ready rows.
     Fetch(FetchParams),
+    /// [`Store::next_expiry`](crate::store::Store::next_expiry): how long until the first lease or mark on the
+    /// rows the fetch looks at ends.
     NextExpiry(FetchParams),
     /// [`Store::fetch_with_expiry`](crate::store::Store::fetch_with_expiry): an empty fetch and its expiry in one
     /// round trip.
     FetchWithExpiry(FetchParams),
+    /// [`Store::refetch`](crate::store::Store::refetch): the leased row, if the lease still holds.
     Refetch(Lease),
+    /// [`Store::refetch_batch`](crate::store::Store::refetch_batch): [`Call::Refetch`] of several leases, read in one snapshot.
     RefetchBatch(Vec<Lease>),
+    /// [`Store::heartbeat`](crate::store::Store::heartbeat): extend the leases still held.
     Heartbeat(HeartbeatParams),
+    /// [`Store::lock_related`](crate::store::Store::lock_related): lock rows under the holder's token.
     LockRelated(LockRelatedParams),
     /// [`Store::lock_related_or_reset`](crate::store::Store::lock_related_or_reset): a contended lock and its
     /// reset in one round trip.
@@ -62,23 +69,35 @@ pub enum Call {
     /// [`Store::lock_related_and_read`](crate::store::Store::lock_related_and_read): the lock (and its reset) and
     /// the rows it locked in one round trip.
     LockRelatedAndRead(LockRelatedParams),
+    /// [`Store::apply`](crate::store::Store::apply): a guarded apply.
     Apply(ApplyParams),
+    /// [`Store::apply_batch`](crate::store::Store::apply_batch): several guarded applies, each guarded on its own.
     ApplyBatch(Vec<ApplyParams>),
+    /// [`Store::record_failure`](crate::store::Store::record_failure): a leased item failed.
     RecordFailure(FailureParams),
+    /// [`Store::reset_for_retry`](crate::store::Store::reset_for_retry): the lease and the delay (simulated time, on the store's clock) before a fetch
+    /// may take the row again.
     Reset(Lease, Duration),
+    /// [`Store::release`](crate::store::Store::release): give leases back.
     Release(Vec<Lease>),
+    /// [`Store::insert`](crate::store::Store::insert): one row, outside any lease.
     Insert(NewRow),
     /// [`Store::insert_many`](crate::store::Store::insert_many): rows and their hints in one round trip.
     InsertMany {
+        /// The rows, inserted in order, all or none.
         rows: Vec<NewRow>,
+        /// The hints sent once they committed.
         hints: Vec<NewHint>,
     },
     /// Inserts `row` unless a row was already inserted under `key` (a unique index the database keeps), and
     /// returns the row either way, and whether this call inserted it: an insert whose reply was lost can be
     /// retried ([`Store::insert_keyed`](crate::store::Store::insert_keyed)). Then sends `hint`, if any.
     InsertKeyed {
+        /// The key, unique in the run (the workload's `insert` key).
         key: String,
+        /// The row to insert.
         row: NewRow,
+        /// The hint sent after the insert (also when the key named a row already), if any.
         hint: Option<InsertHint>,
     },
     /// The workload's job and its tasks in one call, as a service's endpoint that creates a job with its tasks in
@@ -86,8 +105,11 @@ pub enum Call {
     /// `tasks` set to the tasks' ids, each a [`Call::InsertKeyed`] (so a retry inserts nothing twice); then a hint
     /// for the tasks' kind and one that marks the job hinted. Returns the job.
     InsertJob {
+        /// The job's key; the tasks' keys derive from it.
         key: String,
+        /// The job's tasks, inserted first.
         tasks: Vec<NewRow>,
+        /// The job, whose data's `tasks` the call sets.
         job: NewRow,
     },
     /// `rows` inserted together unless rows were inserted under `key` already, and the rows `key` names either
@@ -97,27 +119,41 @@ pub enum Call {
     /// `PgStore::insert_in` stores and hints them at the caller's commit; each is keyed `{key}-{index}`, so a call
     /// whose reply was lost is retried with the same key and inserts nothing twice.
     InsertManyKeyed {
+        /// The key of the whole call; each row's key derives from it.
         key: String,
+        /// The rows, in order.
         rows: Vec<NewRow>,
     },
+    /// [`Store::get`](crate::store::Store::get): one row by id.
     Get(RowId),
+    /// [`Store::list`](crate::store::Store::list): the rows of a kind.
     List {
+        /// The kind listed.
         kind: String,
+        /// Only the children of this row, if given.
         parent: Option<RowId>,
     },
     /// Several indexed reads in one call ([`Store::query`](crate::store::Store::query)).
     Query(Vec<RowQuery>),
+    /// [`Store::events`](crate::store::Store::events): a row's events, in sequence order.
     Events(RowId),
+    /// [`Store::update_unleased`](crate::store::Store::update_unleased): a write API's update, refused while the row is leased.
     UpdateUnleased {
+        /// The row to update.
         id: RowId,
+        /// What to write.
         update: RowUpdate,
     },
+    /// [`Store::hint`](crate::store::Store::hint): wake the fetchers of a kind on every replica.
     Hint {
+        /// The kind hinted.
         kind: String,
+        /// The row the hint names, if any.
         row: Option<RowId>,
     },
     /// Retention's delete ([`Store::purge`](crate::store::Store::purge)).
     Purge(PurgeParams),
+    /// [`Store::now`](crate::store::Store::now): the database's clock (store time).
     Now,
 }
 
@@ -169,30 +205,54 @@ pub enum InsertHint {
 /// What a call returned, one variant per result shape.
 #[derive(Debug)]
 pub enum Reply {
+    /// Rows: of [`Call::Fetch`] (the leased rows), [`Call::List`] and [`Call::InsertManyKeyed`] (the rows its
+    /// key names, in input order).
     Rows(Vec<Row>),
+    /// [`Call::FetchWithExpiry`]'s rows and, when it leased none, the span (on the store's clock, from its
+    /// `now`) until the first lease or mark on those rows ends.
     RowsAndExpiry(Vec<Row>, Option<Duration>),
+    /// [`Call::Query`]'s rows, one set per query in order.
     RowSets(Vec<Vec<Row>>),
     /// A row is boxed, here and in `Row`: a reply moves by value from the database node's task through the reply
     /// channel into the caller's future, and an inline `Row` (248 bytes) made every reply that large.
+    /// [`Call::Refetch`] or [`Call::Get`]: the row, or `None` (lease lost, or no such row).
     MaybeRow(Option<Box<Row>>),
+    /// [`Call::RefetchBatch`]: one entry per lease, in order, `None` where the lease is lost.
     MaybeRows(Vec<Option<Row>>),
+    /// [`Call::Insert`]'s row as stored, or [`Call::InsertJob`]'s job.
     Row(Box<Row>),
     /// A [`Call::InsertKeyed`]'s row, and whether the call inserted it (false: its key named it already).
     Keyed(Box<Row>, bool),
+    /// [`Call::Heartbeat`]: the leases extended.
     Leases(Vec<Lease>),
+    /// [`Call::InsertMany`]: the new rows' ids, in input order.
     Ids(Vec<RowId>),
+    /// [`Call::LockRelated`]'s outcome.
     Lock(LockOutcome),
+    /// [`Call::LockRelatedOrReset`]'s outcome.
     LockAttempt(LockAttempt),
+    /// [`Call::LockRelatedAndRead`]'s outcome, with the rows it locked.
     LockRead(LockRead),
+    /// [`Call::Apply`]'s outcome.
     Apply(ApplyOutcome),
+    /// [`Call::ApplyBatch`]: one outcome per apply, in order.
     Applies(Vec<ApplyOutcome>),
+    /// [`Call::RecordFailure`]'s outcome.
     Failure(FailureOutcome),
+    /// [`Call::Reset`]: whether the lease was still held, and so reset.
     Held(bool),
+    /// A count: of [`Call::Release`] (leases released) or [`Call::Purge`] (rows deleted).
     Count(usize),
+    /// [`Call::Events`]: the row's events, in sequence order.
     Events(Vec<Event>),
+    /// [`Call::UpdateUnleased`]'s outcome.
     Write(WriteOutcome),
+    /// [`Call::Hint`] was sent.
     Done,
+    /// [`Call::Now`]: the database's clock.
     Now(Timestamp),
+    /// [`Call::NextExpiry`]: the span (on the store's clock, from its `now`) until the first lease or mark on the
+    /// fetch's rows ends; `None` when there is none.
     Expiry(Option<Duration>),
 }
 

@@ -104,7 +104,7 @@ pub struct RunReport {
     pub simulated: Duration,
     /// Wall-clock time the run took.
     pub wall: std::time::Duration,
-    /// Whether anything of the run's world outlived the run, after its teardown ([`World::teardown`]): a task
+    /// Whether anything of the run's world outlived the run, after its teardown (`World::teardown`): a task
     /// still holding the trace every node writes to. Each such run leaks its world (a sweep's memory would grow
     /// with its seeds); [`check_seeds`] fails a test whose run leaked (`tests/sim_sweep.rs`: 200 seeds).
     /// False too for a run left behind past its wall-clock limit (its thread still runs; nothing is known).
@@ -205,18 +205,34 @@ impl RunReport {
 /// What the checkers judge of a run: what the simulated part of a run hands back, or what `lockstep chaos run`
 /// read from PostgreSQL and its agents' logs (one checker code path for both, [`check`]).
 pub struct Outcome {
+    /// Every commit, in commit order: the database node's MemStore history, or PostgreSQL's `history` table.
     pub history: Vec<Commit>,
+    /// Every event, in sequence order, read from the store at the end.
     pub events: Vec<Event>,
     /// Rows when the liveness wait ended: at least those not final then ([`CheckInput::rows_at_liveness`]).
+    /// In a gang scenario the gang's own rows are left out (the gang checkers judge them).
     pub rows_at_liveness: Vec<Row>,
+    /// Every row at the end, after the replicas drained and the longest lease ttl passed; in a gang scenario
+    /// without the node rows, which their agents keep leased.
     pub rows_final: Vec<Row>,
+    /// Store time when the faults stopped and the world healed.
     pub heal_at: Timestamp,
+    /// Store time when the liveness wait ended (every row settled, or the scenario's `liveness_bound` passed).
     pub liveness_at: Timestamp,
+    /// Store time when `rows_final` was read.
     pub final_at: Timestamp,
+    /// What the workload client inserted.
     pub client: ClientReport,
+    /// Rows inserted under a key: in the simulator, what the database node counted; in `lockstep chaos run`, what
+    /// the harness inserted.
     pub keyed_rows: usize,
+    /// The replicas' drain: `Err` names those that did not drain within the scenario's `drain_budget` (checker
+    /// `drain`).
     pub drain: Result<(), String>,
+    /// The gang part's outcome, in a scenario with one.
     pub gang: Option<GangOutcome>,
+    /// Every request the simulated external services handled, service by service in order (empty in `lockstep
+    /// chaos run`, which has none).
     pub effects: Vec<Effect>,
     /// [`CheckInput::retry_lateness_bound`]: [`RETRY_LATENESS_BOUND`] in the simulator, `None` in chaos runs.
     pub retry_lateness_bound: Option<Duration>,
@@ -227,18 +243,26 @@ pub struct Outcome {
 /// ([`crate::pipeline::queue::Shared::note_retry`]); without that it waited out its empty-fetch backoff, up to 6 s.
 pub const RETRY_LATENESS_BOUND: Duration = Duration::from_millis(500);
 
-/// What the simulated part of a gang run hands back to the gang checkers.
+/// What the simulated part of a gang run (or `lockstep chaos run`, from PostgreSQL and its agents' records) hands
+/// back to the gang checkers ([`checkers::gang::GangCheckInput`]).
 pub struct GangOutcome {
+    /// One report per submission, in submission order (a refused one says why).
     pub reports: Vec<OperationReport>,
+    /// Each submitted operation's status view ([`crate::gang::api::status`]) at the end, in submission order.
     pub views: Vec<OperationView>,
+    /// Operations not ended when the liveness wait stopped, as `op=<id> <status>` ([`unfinished_operations`]).
     pub unfinished: Vec<String>,
+    /// The process log's allocation-exclusivity violations, one sentence each naming both jobs.
     pub exclusivity: Vec<String>,
+    /// The process log: every process start, pause, resume and end on the agents, in order.
     pub processes: Vec<ProcessEvent>,
+    /// Processes still alive at the end, by allocation row (checker `process_outlived_operation`).
     pub live_at_end: BTreeMap<RowId, Vec<JobId>>,
 }
 
-#[cfg(madsim)]
-/// Runs `scenario` under `seed` and checks it.
+#[cfg(any(madsim, doc))]
+/// Runs `scenario` under `seed` and checks it: the report holds the violations (an empty list when every checker
+/// passed), the counts and the trace; never panics on a failing run. Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
 pub fn run(scenario: &Scenario, seed: u64) -> RunReport {
     run_with(scenario, seed, None)
 }
@@ -822,19 +846,19 @@ pub fn jobs() -> usize {
         .max(1)
 }
 
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 /// Runs every seed of `seeds` (on [`jobs`] threads), and fails the test if any run failed: prints each failing
 /// seed's checker, message, trace tail, trace file and replay command, then panics naming the seeds. Fails it
 /// too if a run's world outlived it ([`RunReport::world_leaked`]). Returns
-/// the reports (slimmed: no traces), by seed.
+/// the reports (slimmed: no traces), by seed. Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
 pub fn check_seeds(scenario: &Scenario, seeds: &[u64], replay: Replay) -> Vec<RunReport> {
     check_seeds_in(scenario, seeds, replay, &failure_trace_dir())
 }
 
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 /// As [`check_seeds`], with each failing seed's whole trace written in `trace_dir` rather than in
 /// `LOCKSTEP_SIM_TRACE_DIR` or the system's temp dir: a test that expects seeds to fail (a planted bug, under
-/// `#[should_panic]`) gives it a directory of its own and removes it, so its runs leave nothing behind.
+/// `#[should_panic]`) gives it a directory of its own and removes it, so its runs leave nothing behind. Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
 pub fn check_seeds_in(
     scenario: &Scenario,
     seeds: &[u64],
@@ -867,8 +891,9 @@ pub fn check_seeds_in(
     reports.into_iter().map(RunReport::slim).collect()
 }
 
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 /// Runs every seed of `seeds` on [`jobs`] threads; returns the reports by seed, traces kept only for failures.
+/// Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
 pub fn run_seeds(scenario: &Scenario, seeds: &[u64]) -> Vec<RunReport> {
     run_seeds_with(scenario, seeds, jobs(), &|_| {})
 }

@@ -66,7 +66,7 @@ impl ScenarioFile {
     }
 
     /// As [`ScenarioFile::load`], resolving a `pipelines = "NAME"` key among `sets` (a user's binary registers
-    /// its pipeline sets: [`super::cli::Registry`]).
+    /// its pipeline sets: `cli::Registry`, simulator build).
     ///
     /// # Errors
     /// As [`ScenarioFile::load`], and [`ScenarioError::Invalid`] at `pipelines` for a name not in `sets`.

@@ -329,14 +329,17 @@ fn draw(rng: &mut ChaCha8Rng, range: &Range<Duration>) -> Duration {
     Duration::from_micros(rng.random_range(range.start.as_micros() as u64..range.end.as_micros() as u64))
 }
 
-#[cfg(madsim)]
-/// A handler's client of one service, on the replica node it was made on. Clones share its endpoint.
+#[cfg(any(madsim, doc))]
+/// A handler's client of one service, on the replica node it was made on ([`ReplicaCx::service`]). Clones share its
+/// endpoint. Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
+///
+/// [`ReplicaCx::service`]: super::user::ReplicaCx::service
 #[derive(Clone)]
 pub struct ServiceClient {
     inner: Arc<ClientInner>,
 }
 
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 struct ClientInner {
     service: Arc<str>,
     addr: SocketAddr,
@@ -348,7 +351,7 @@ struct ClientInner {
     endpoint: tokio::sync::Mutex<Option<Endpoint>>,
 }
 
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 impl ServiceClient {
     /// A client of `service` for the node `node` at `ip`; `tag_base` is a reply-tag range unique in the run.
     pub(crate) fn new(service: &Service, node: Arc<str>, ip: IpAddr, tag_base: u64) -> ServiceClient {

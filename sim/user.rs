@@ -43,8 +43,13 @@
 //!
 //! Time in this module is simulated time: `Duration`s are spans of the simulated clock, which runs only when
 //! every node waits.
+//!
+//! What runs a set ([`PipelineSet::new`], [`PipelineSet::workload`], [`ReplicaCx`], [`WorkloadClient`],
+//! [`ServiceClient`], [`SimStore`], [`run`], [`run_seeds`], [`check_seeds`], [`check_seeds_in`]) exists only in the
+//! simulator build (`--cfg madsim`); the plain build's `cargo doc` shows it all, and its code knows a set by its
+//! name, final statuses, services and checkers ([`PipelineSet::named`]), as `lockstep chaos run` does.
 
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 use super::net_store::NetStore;
 use super::rng;
 use super::scenario::Scenario;
@@ -65,15 +70,16 @@ use std::time::Duration;
 
 pub use super::checkers::{CheckInput, Checker, Violation};
 pub use super::run::{Replay, RunReport, seeds};
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 pub use super::run::{check_seeds, check_seeds_in, run, run_seeds};
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 pub use super::service::ServiceClient;
 pub use super::service::{Effect, EffectReceipt, EffectRequest, ServiceError, ServiceOptions};
 
 /// The store your handlers run on in the simulator: every call crosses the simulated network to the database
 /// node. Write handlers generic over `S: Store` (as `examples/quickstart.rs` does) and they run here unchanged.
-#[cfg(madsim)]
+/// Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
+#[cfg(any(madsim, doc))]
 pub type SimStore = NetStore;
 
 #[cfg(madsim)]
@@ -103,8 +109,8 @@ impl PipelineSet {
     /// A set named `name` (scenario files name it: `pipelines = "orders"`) whose pipelines `register` registers
     /// on one replica: called on every replica at every start (a restarted replica starts from scratch), on the
     /// replica's node, so handlers built there run there. Return the first [`ConfigError`] (the `?` of
-    /// [`ReplicaCx::register`]); the run then fails naming it.
-    #[cfg(madsim)]
+    /// [`ReplicaCx::register`]); the run then fails naming it. Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
+    #[cfg(any(madsim, doc))]
     pub fn new<F>(name: impl Into<String>, register: F) -> PipelineSet
     where
         F: Fn(&mut ReplicaCx<'_>) -> Result<(), ConfigError> + Send + Sync + 'static,
@@ -136,8 +142,8 @@ impl PipelineSet {
 
     /// What the client inserts: `workload` runs once per run on the client node, from the world's start, and
     /// the faults stop no earlier than it returns (the heal waits for it). Without one the client inserts
-    /// nothing.
-    #[cfg(madsim)]
+    /// nothing. Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
+    #[cfg(any(madsim, doc))]
     pub fn workload<F, Fut>(mut self, workload: F) -> PipelineSet
     where
         F: Fn(WorkloadClient) -> Fut + Send + Sync + 'static,
@@ -267,7 +273,8 @@ impl fmt::Debug for PipelineSet {
 }
 
 /// A replica's side of registration: what [`PipelineSet::new`]'s closure gets on each replica at each start.
-#[cfg(madsim)]
+/// Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
+#[cfg(any(madsim, doc))]
 pub struct ReplicaCx<'a> {
     pub(crate) manager: &'a mut PipelineManager<NetStore>,
     pub(crate) replica: usize,
@@ -281,7 +288,7 @@ pub struct ReplicaCx<'a> {
     pub(crate) lease_ttl_max: &'a AtomicU64,
 }
 
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 impl ReplicaCx<'_> {
     /// Registers a pipeline on this replica (as [`PipelineManager::register`]). Errors: the first rule `config`
     /// breaks, a name registered twice, or more connections than the store offers.
@@ -337,12 +344,12 @@ impl ReplicaCx<'_> {
     }
 }
 
-/// Whether the scenario's faults are on (they stop at the heal). Clones share it.
-#[cfg(madsim)]
+/// Whether the scenario's faults are on (they stop at the heal). Clones share it. Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
+#[cfg(any(madsim, doc))]
 #[derive(Clone, Debug)]
 pub struct FaultsOn(Arc<AtomicBool>);
 
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 impl FaultsOn {
     /// True until the world heals.
     pub fn get(&self) -> bool {
@@ -351,14 +358,14 @@ impl FaultsOn {
 }
 
 /// The client node's side of a workload: keyed inserts that survive lost replies, hints, simulated time and
-/// seeded randomness. Clones share it.
-#[cfg(madsim)]
+/// seeded randomness. Clones share it. Simulator build only (`--cfg madsim`; the plain build's `cargo doc` shows it).
+#[cfg(any(madsim, doc))]
 #[derive(Clone)]
 pub struct WorkloadClient {
     inner: Arc<ClientInner>,
 }
 
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 struct ClientInner {
     store: NetStore,
     seed: u64,
@@ -368,7 +375,7 @@ struct ClientInner {
     inserted: AtomicUsize,
 }
 
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 impl WorkloadClient {
     pub(crate) fn new(store: NetStore, seed: u64, trace: Trace, node: Arc<str>) -> WorkloadClient {
         let start = tokio::time::Instant::now();

@@ -4,7 +4,7 @@
 //! link between the two is cut (a partition, either end isolated) at the time it is sent, or by the link's loss
 //! rate; delayed by a latency drawn uniformly from the links' latency range, plus, while madsim's `buggify` is
 //! on, a delay of 1–4 s for one datagram in ten (as madsim delays its own packets). The faults of the world set
-//! the range, the loss rate and the cuts ([`World`](super::world::World)'s network handle), as they set madsim's
+//! the range, the loss rate and the cuts (the `World`'s network handle), as they set madsim's
 //! network for the services' datagrams.
 //!
 //! Why not madsim's `Endpoint`: a measurement found a store call through two `Endpoint` datagrams to cost about as

@@ -1,5 +1,5 @@
 //! Durations as people write them, in scenario files and on the command line: one or more `<number><unit>` parts
-//! (`"500ms"`, `"1.5s"`, `"1m30s"`), exact to the nanosecond; and as people read them in messages ([`format`]:
+//! (`"500ms"`, `"1.5s"`, `"1m30s"`), exact to the nanosecond; and as people read them in messages ([`format()`]:
 //! `21.311s`, not `Duration`'s Debug `21.311136s`).
 
 use std::time::Duration;

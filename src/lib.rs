@@ -44,6 +44,13 @@
 //! the simulator build (DESIGN §6); its scenario files, checkers and summaries compile in both, so that `chaos`
 //! (normal build) runs the same files and checkers on real PostgreSQL and processes.
 
+// Every public item carries a docstring (STYLE, Comments and docs: what it does, shapes, units, errors); clippy runs
+// with `-D warnings` in both builds (scripts/test), so an undocumented public item fails the check.
+#![warn(missing_docs)]
+// A `pub` item outside the public API says `pub(crate)` or `pub(super)`, so that what users can name is what `pub`
+// marks.
+#![warn(unreachable_pub)]
+
 pub mod agent;
 pub mod alloc;
 mod buggify;

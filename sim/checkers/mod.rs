@@ -178,34 +178,34 @@ pub(crate) mod fixtures {
     use crate::store::{Commit, CommitOp, Event, Lease, LockToken, NewRow, Row, RowId, Timestamp};
     use std::time::Duration;
 
-    pub const T0: Timestamp = Timestamp(1_700_000_000_000_000);
+    pub(crate) const T0: Timestamp = Timestamp(1_700_000_000_000_000);
 
-    pub fn at(secs: u64) -> Timestamp {
+    pub(crate) fn at(secs: u64) -> Timestamp {
         T0.plus(Duration::from_secs(secs))
     }
 
-    pub fn lease(id: i64, token: i64) -> Lease {
+    pub(crate) fn lease(id: i64, token: i64) -> Lease {
         Lease { id: RowId(id), token: LockToken(token) }
     }
 
-    pub fn commit(secs: u64, op: CommitOp) -> Commit {
+    pub(crate) fn commit(secs: u64, op: CommitOp) -> Commit {
         Commit { at: at(secs), caller: None, op }
     }
 
-    pub fn fetch(secs: u64, l: Lease) -> Commit {
+    pub(crate) fn fetch(secs: u64, l: Lease) -> Commit {
         commit(secs, CommitOp::Fetch { pipeline: "p".into(), leases: vec![l] })
     }
 
-    pub fn apply(secs: u64, l: Lease, applied: bool) -> Commit {
+    pub(crate) fn apply(secs: u64, l: Lease, applied: bool) -> Commit {
         commit(secs, CommitOp::Apply { lease: l, applied, related: Vec::new(), inserted: Vec::new() })
     }
 
-    pub fn row(id: i64, kind: &str, status: &str) -> Row {
+    pub(crate) fn row(id: i64, kind: &str, status: &str) -> Row {
         NewRow::new(kind, status, serde_json::json!({})).into_row(RowId(id), T0)
     }
 
     /// An input whose heal is at 100 s, liveness snapshot at 150 s, final snapshot at 200 s, bounds 60 s.
-    pub fn input<'a>(history: &'a [Commit], events: &'a [Event], rows: &'a [Row]) -> CheckInput<'a> {
+    pub(crate) fn input<'a>(history: &'a [Commit], events: &'a [Event], rows: &'a [Row]) -> CheckInput<'a> {
         CheckInput {
             history,
             events,

@@ -4,7 +4,7 @@
 //! at its key, like the rest of the file ([`super::ScenarioError`]).
 //!
 //! Spec files (`spec_file`) are read when the scenario is parsed, relative to the scenario file's directory
-//! ([`SpecSource`]), and their text goes into the [`Scenario`] itself: the content hash covers it, and a replay
+//! ([`SpecSource`]), and their text goes into the [`Scenario`](crate::sim::Scenario) itself: the content hash covers it, and a replay
 //! file carries it ([`super::ScenarioFile::spec_files`]), so a replay never needs the spec file again.
 
 use super::{Broken, Dur, DurationRange, KeyPath, Seg, item, key, ordered, positive, within_max};
@@ -220,7 +220,7 @@ pub const SLOTS_MAX: u32 = crate::agent::SLOTS_MAX;
 
 impl GangDocs {
     /// Whether the file has a gang part at all.
-    pub fn present(&self) -> bool {
+    pub(super) fn present(&self) -> bool {
         self.agents.is_some()
             || self.slots.is_some()
             || self.agent.is_some()
@@ -231,7 +231,7 @@ impl GangDocs {
     }
 
     /// The gang part, its spec files' texts by path (as written), every value checked at its key.
-    pub fn workload(self, specs: SpecSource<'_>) -> Result<(GangWorkload, BTreeMap<String, String>), Broken> {
+    pub(super) fn workload(self, specs: SpecSource<'_>) -> Result<(GangWorkload, BTreeMap<String, String>), Broken> {
         let agents = self.agents.unwrap_or(0);
         if agents > 200 {
             return Err((key(&["topology", "agents"]), format!("{agents} must be in 0..=200")));

@@ -8,7 +8,7 @@
 //!
 //! A drawn world is a plain scenario file ([`World::text`]): `sim swarm --seed N --emit` prints it, and `run`,
 //! `replay`, `explain`, `shrink` and `--html` take it as any other. Its checkers are those that hold for every
-//! world (every checker always runs); its bounds are derived from what it holds ([`draw`]'s module docs).
+//! world (every checker always runs); its bounds are derived from what it holds ([`mod@draw`]'s module docs).
 //!
 //! - [`ranges`]: the knobs' ranges, their defaults, a ranges file and the flags that narrow them;
 //! - [`mod@draw`]: one world from a seed;
@@ -24,7 +24,7 @@ pub use ranges::{Ranges, Shape};
 
 use super::scenario_file::gang::SpecSource;
 use super::scenario_file::{PipelineSets, ScenarioError, ScenarioFile};
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 use super::user::PipelineSet;
 use std::collections::BTreeMap;
 
@@ -59,12 +59,13 @@ pub fn run_world(ranges: &Ranges, seed: u64, set: Option<&PipelineSet>) -> (Worl
     (world, report)
 }
 
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 /// A swarm as a test (what [`super::check_seeds`] is for one scenario): runs the world of every seed of `seeds`
 /// drawn within `ranges` (with `set` in place of the built-in rows if given) on [`super::run::jobs`] threads, and
 /// fails the test if any failed: prints each failing seed's world in one line and what failed, then panics naming
 /// the seeds, with the first failing world's scenario file whole (save it and `lockstep sim run` it, or your own
-/// simulator binary's `run`). Returns the reports by seed, without their traces.
+/// simulator binary's `run`). Returns the reports by seed, without their traces. Simulator build only (`--cfg
+/// madsim`; the plain build's `cargo doc` shows it).
 pub fn check_swarm(ranges: &Ranges, seeds: &[u64], set: Option<&PipelineSet>) -> Vec<super::RunReport> {
     let results = std::sync::Mutex::new(Vec::with_capacity(seeds.len()));
     let seed_at = |i: u64| usize::try_from(i).ok().and_then(|i| seeds.get(i)).copied();

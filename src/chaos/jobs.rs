@@ -57,38 +57,89 @@ pub enum RecordedEnd {
     DiedWithAgent,
 }
 
-/// One line of an agent's record.
+/// One line of an agent's record. Every `at_us` is when the line was written: microseconds since the Unix epoch
+/// on this machine's wall clock ([`wall_now_us`]), the clock the harness compares with PostgreSQL's.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "record", rename_all = "kebab-case")]
 pub enum AgentRecord {
     /// A job's process started.
     Start {
+        /// When the process was spawned.
         at_us: i64,
+        /// The agent's node name, from the start request.
         node: String,
+        /// The allocation the job runs in, from the start request.
         allocation: AllocationRef,
+        /// The job.
         job: JobId,
+        /// Id of the job's operation incarnation (`YT_OPERATION_INCARNATION`), from the job's launch.
         incarnation: String,
+        /// The job's task, from its launch.
         task: String,
+        /// The job's cookie within its task (`YT_JOB_COOKIE`), from its launch.
         job_cookie: u32,
+        /// The job's gang rank (`YT_GANG_RANK`) if its task is a gang with ranks, from its launch.
         gang_rank: Option<u32>,
         /// The job shell's pid (it leads the job's session).
         pid: Option<u32>,
-        /// What the rules drew: the duration (ms) and the end.
+        /// How long the rules drew the job to run, in milliseconds of wall time, already scaled by
+        /// `--time-scale`.
         duration_ms: u64,
+        /// How the rules drew it to end: `exit N`, or `hang` (it sleeps until killed).
         behaviour: String,
     },
     /// A job could not start (a `start_failure` rule, or the executor failed).
-    StartFailed { at_us: i64, node: String, allocation: AllocationRef, job: JobId, error: String },
+    StartFailed {
+        /// When the start failed.
+        at_us: i64,
+        /// The agent's node name.
+        node: String,
+        /// The allocation the job was to run in.
+        allocation: AllocationRef,
+        /// The job.
+        job: JobId,
+        /// Why: the `start_failure` rule's message, or the executor's error.
+        error: String,
+    },
     /// A job's process ended.
-    End { at_us: i64, job: JobId, end: RecordedEnd },
+    End {
+        /// When the process was seen to end (by the agent, or by the harness after the agent died).
+        at_us: i64,
+        /// The job.
+        job: JobId,
+        /// How it ended.
+        end: RecordedEnd,
+    },
     /// The job's processes were frozen (`agent-pause`: SIGSTOP); written by the harness.
-    Pause { at_us: i64, job: JobId },
+    Pause {
+        /// When the harness sent SIGSTOP.
+        at_us: i64,
+        /// The job whose processes it froze.
+        job: JobId,
+    },
     /// They run again (SIGCONT); written by the harness.
-    Resume { at_us: i64, job: JobId },
+    Resume {
+        /// When the harness sent SIGCONT.
+        at_us: i64,
+        /// The job whose processes run again.
+        job: JobId,
+    },
     /// The agent fenced itself: it killed `killed` because its node lease ran out locally.
-    Fence { at_us: i64, reason: String, killed: Vec<JobId> },
+    Fence {
+        /// When the pass that fenced ended.
+        at_us: i64,
+        /// Why the agent fenced, as its pass reports it ([`AgentPass::fenced`]).
+        reason: String,
+        /// The jobs whose processes the fence killed ([`AgentPass::fence_killed`]).
+        killed: Vec<JobId>,
+    },
     /// The agent took a new node lease (a session).
-    Session { at_us: i64, token: i64 },
+    Session {
+        /// When the pass that took the lease ended.
+        at_us: i64,
+        /// The node lease's lock token (the session's fencing token, [`AgentPass::session`]).
+        token: i64,
+    },
 }
 
 impl AgentRecord {

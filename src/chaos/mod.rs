@@ -29,22 +29,46 @@ pub use harness::{ChaosError, ChaosOptions, ChaosRun, Ended, Interrupted, PauseL
 use crate::sim::Fault;
 use std::time::Duration;
 
-/// What a scenario's fault becomes on real processes, or why it cannot run.
+/// What a scenario's fault becomes on real processes, or why it cannot run. Spans are wall time, copied from
+/// the scenario's [`Fault`]; indices count from 0 as the scenario's `replica-N` and `agent-N` do.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RealFault {
     /// SIGKILL replica `replica`, start a new process after `down`.
-    Kill { replica: usize, down: Duration },
+    Kill {
+        /// The replica process killed.
+        replica: usize,
+        /// How long before the new process starts.
+        down: Duration,
+    },
     /// SIGSTOP replica `replica`, SIGCONT after `span`.
-    Pause { replica: usize, span: Duration },
+    Pause {
+        /// The replica process stopped.
+        replica: usize,
+        /// How long it stays stopped.
+        span: Duration,
+    },
     /// `pg_terminate_backend` of every session of the run's schema but the harness's.
     DbRestart,
     /// The harness inserts `claims` claims on resource 0 at once.
-    Contention { claims: usize },
+    Contention {
+        /// How many claims the harness inserts.
+        claims: usize,
+    },
     /// SIGKILL agent `agent` (its job shells die with it), start a new process on the same work dir after `down`
     /// (its restart cleanup ends what the jobs left).
-    AgentKill { agent: usize, down: Duration },
+    AgentKill {
+        /// The agent process killed.
+        agent: usize,
+        /// How long before the new process starts.
+        down: Duration,
+    },
     /// SIGSTOP agent `agent` and its jobs' process groups (the machine freezes), SIGCONT after `span`.
-    AgentPause { agent: usize, span: Duration },
+    AgentPause {
+        /// The agent process stopped, with its jobs.
+        agent: usize,
+        /// How long they stay stopped.
+        span: Duration,
+    },
     /// A network fault: injected by a [`NetworkFaults`] (the chaos proxy) when there is one.
     Network(Fault),
 }

@@ -29,16 +29,29 @@ pub enum GangError {
     NotFound(RowId),
     /// The operation already ended.
     #[error("operation {operation} already {status}")]
-    Ended { operation: RowId, status: OperationStatus },
+    Ended {
+        /// The operation's row.
+        operation: RowId,
+        /// The terminal status it ended in.
+        status: OperationStatus,
+    },
     /// A row did not decode.
     #[error(transparent)]
     Decode(#[from] DecodeError),
     /// A submission's key breaks a rule ([`check_submit_key`]); names the rule.
     #[error("submit key {key:?}: {rule}")]
-    Key { key: String, rule: String },
+    Key {
+        /// The key as given.
+        key: String,
+        /// The rule it breaks.
+        rule: String,
+    },
     /// An abort's reason breaks a rule ([`check_abort_reason`]); names the rule.
     #[error("abort reason: {rule}")]
-    Reason { rule: String },
+    Reason {
+        /// The rule the reason breaks (empty, too long, a control character).
+        rule: String,
+    },
 }
 
 /// Most bytes of an abort's reason ([`abort`]): the operation's result shows it in `status` and `list`, one line.

@@ -491,11 +491,11 @@ mod shared_launch {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
     use std::sync::Arc;
 
-    pub fn serialize<S: Serializer>(launch: &Option<Arc<JobLaunch>>, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(launch: &Option<Arc<JobLaunch>>, serializer: S) -> Result<S::Ok, S::Error> {
         launch.as_deref().serialize(serializer)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Arc<JobLaunch>>, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Arc<JobLaunch>>, D::Error> {
         Ok(Option::<JobLaunch>::deserialize(deserializer)?.map(Arc::new))
     }
 }
@@ -575,13 +575,27 @@ pub fn node_lease_owner(name: &str) -> String {
 #[serde(rename_all = "snake_case")]
 pub enum JobOutcome {
     /// The process exited with this code (0: completed, else failed).
-    Exited { code: i32 },
+    Exited {
+        /// The exit code the executor reported; a process a signal its agent did not send ended reports
+        /// 128 + the signal, as a shell does.
+        code: i32,
+    },
     /// The job could not start (e.g. a file was missing): a failure.
-    StartFailed { message: String },
+    StartFailed {
+        /// The executor's error (or a `start_failure` rule's message in the simulator and `chaos run`).
+        message: String,
+    },
     /// The agent aborted the job (e.g. it lost the process): an abort.
-    Aborted { reason: String },
+    Aborted {
+        /// Why, as the agent's constants say it ([`crate::agent::REASON_MOVED_ON`],
+        /// [`crate::agent::REASON_NOT_RUNNING`]) or `process killed`.
+        reason: String,
+    },
     /// The job was interrupted and needs a restart (e.g. its node is draining).
-    Interrupted { reason: String },
+    Interrupted {
+        /// Why, e.g. [`crate::agent::REASON_NODE_STOPPING`] or an allocation slot the node does not serve.
+        reason: String,
+    },
 }
 
 /// A message in an operation's inbox.
@@ -589,13 +603,32 @@ pub enum JobOutcome {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Message {
     /// An agent started the job's process in `allocation`.
-    JobStarted { job: JobId, allocation: AllocationRef },
+    JobStarted {
+        /// The job whose process started.
+        job: JobId,
+        /// The grant it runs under: the allocation row and the generation the agent saw.
+        allocation: AllocationRef,
+    },
     /// The job's process in `allocation` ended.
-    JobEnded { job: JobId, allocation: AllocationRef, outcome: JobOutcome },
+    JobEnded {
+        /// The job whose process ended (or never ran here).
+        job: JobId,
+        /// The grant it ran under; a report about an older incarnation or placement is ignored (DESIGN §4).
+        allocation: AllocationRef,
+        /// How it ended.
+        outcome: JobOutcome,
+    },
     /// A user asked to abort the operation.
-    Abort { reason: String },
+    Abort {
+        /// The user's reason, checked by [`crate::gang::api::check_abort_reason`] (1 to
+        /// [`crate::gang::api::ABORT_REASON_BYTES_MAX`] bytes, one line); it becomes the operation's result.
+        reason: String,
+    },
     /// A user asked to replace the spec of the running operation (checked again when consumed).
-    UpdateSpec { spec: Box<OperationSpec> },
+    UpdateSpec {
+        /// The new spec, parsed and checked against the one in force when sent ([`crate::gang::api::update_spec`]).
+        spec: Box<OperationSpec>,
+    },
 }
 
 impl Message {

@@ -67,7 +67,7 @@ pub fn operation_retry_policy(config: &PipelineConfig) -> RetryPolicy {
     }
 }
 
-/// The controller's [`Handler`] for operation rows. Clones share one [`Decoded`] cache and its counters.
+/// The controller's [`Handler`] for operation rows. Clones share one `Decoded` cache and its counters.
 #[derive(Clone, Debug)]
 pub struct OperationHandler {
     pipeline: String,
@@ -285,7 +285,7 @@ struct AllocationRead {
     allocation: Fresh<Allocation>,
 }
 
-/// How many job and allocation rows passes decoded, and how many they read unchanged and took from [`Decoded`]
+/// How many job and allocation rows passes decoded, and how many they read unchanged and took from `Decoded`
 /// instead ([`OperationHandler::decode_counts`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecodeCounts {
@@ -318,7 +318,7 @@ struct Decoded {
     known: AtomicU64,
 }
 
-/// Most operations whose rows [`Decoded`] keeps: beyond it, the lowest operation ids are dropped (their next pass
+/// Most operations whose rows `Decoded` keeps: beyond it, the lowest operation ids are dropped (their next pass
 /// decodes every row, as without the cache).
 pub const OPERATIONS_DECODED_MAX: usize = 64;
 

@@ -50,11 +50,23 @@ pub enum Ending {
     /// Exit code 0.
     Completed,
     /// A non-zero exit code (`code`) or a failure to start (`code` None); counts toward `max_failed_job_count`.
-    Failed { code: Option<i32>, reason: String },
+    Failed {
+        /// The exit code; `None` when the job could not start.
+        code: Option<i32>,
+        /// What the job's status shows: `exit code N`, or the start failure's message.
+        reason: String,
+    },
     /// Aborted by the system (node lost, agent lost the process).
-    Aborted { reason: String },
+    Aborted {
+        /// Why: the agent's report (e.g. `process killed`), or `node lost` when the controller declared the
+        /// node lost.
+        reason: String,
+    },
     /// Interrupted, needing a restart.
-    Interrupted { reason: String },
+    Interrupted {
+        /// Why, as the agent reported it (e.g. `node stopping`).
+        reason: String,
+    },
 }
 
 impl Ending {

@@ -301,10 +301,22 @@ impl fmt::Display for Violation {
 pub enum SpecError {
     /// The text is not well-formed in its format. Line and column count from 1 (0 when the parser gave none).
     #[error("{format} syntax error at line {line}, column {column}: {message}")]
-    Syntax { format: SpecFormat, line: usize, column: usize, message: String },
+    Syntax {
+        /// The format the text was read as.
+        format: SpecFormat,
+        /// Line of the error, from 1; 0 when the parser gave no position.
+        line: usize,
+        /// Column of the error, from 1; 0 when the parser gave no position.
+        column: usize,
+        /// The parser's message.
+        message: String,
+    },
     /// The spec breaks rules: one violation per broken rule, in field order of discovery.
     #[error("{}", violations.iter().map(Violation::to_string).collect::<Vec<_>>().join("\n"))]
-    Invalid { violations: Vec<Violation> },
+    Invalid {
+        /// Every rule broken, one violation each (never empty).
+        violations: Vec<Violation>,
+    },
 }
 
 impl SpecError {

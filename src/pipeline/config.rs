@@ -296,7 +296,14 @@ pub struct PipelineConfig {
 pub enum ConfigError {
     /// A field breaks a rule.
     #[error("pipeline {pipeline}: {field}: {rule}")]
-    Field { pipeline: String, field: &'static str, rule: String },
+    Field {
+        /// The pipeline's name ([`PipelineConfig::name`]).
+        pipeline: String,
+        /// The field, as [`PipelineConfig`] names it (`workers`, `lease_ttl`, …).
+        field: &'static str,
+        /// The rule broken, naming the value.
+        rule: String,
+    },
     /// Two pipelines share a name (and so a lock owner).
     #[error("pipeline {0}: registered twice")]
     Duplicate(String),
@@ -306,7 +313,13 @@ pub enum ConfigError {
          apply batches in flight each): open the store with a pool of at least {needed} (PgOptions::max_connections; \
          `serve --max-connections`), or give the pipelines fewer workers"
     )]
-    Connections { needed: usize, available: usize },
+    Connections {
+        /// Connections the registered pipelines and this one need together
+        /// ([`PipelineConfig::connections_needed`] summed).
+        needed: usize,
+        /// Connections the store's pool offers ([`Store::connection_limit`](crate::store::Store::connection_limit)).
+        available: usize,
+    },
     /// A retention rule the store would refuse ([`Retention::validate`](super::Retention::validate)).
     #[error("{0}")]
     Retention(String),

@@ -19,7 +19,14 @@ pub enum FetchPass {
     /// fetcher other than the first) the queue was at dstack's size. Nothing was fetched.
     Full,
     /// Leased `fetched` rows of at most `limit`.
-    Fetched { fetched: usize, limit: usize },
+    Fetched {
+        /// Rows leased (0 for an empty fetch).
+        fetched: usize,
+        /// Most rows the fetch asked for: the room it reserved in the queue
+        /// ([`Reservation::limit`](super::queue::Reservation::limit)); a fetch that leased `limit` rows is
+        /// followed by another at once.
+        limit: usize,
+    },
     /// No fetch was made, and the queued items were given back: a full queue's worth of the pipeline's items in a
     /// row were turned away by rows its items in another replica hold ([`Shared::backs_off_for_contention`]); the
     /// fetcher sleeps the first backoff step (not counted as an empty fetch).
@@ -95,14 +102,14 @@ impl<S: Store> Fetcher<S> {
 
     /// The fetcher's loop, until the pipeline stops. After a full queue it waits for a refill, a hint or a retry
     /// this replica noted falling due (which, if the queue has no room then, it hints to the other replicas:
-    /// [`Fetcher::hand_retries_on`]); after
+    /// `Fetcher::hand_retries_on`); after
     /// an empty fetch it sleeps the backoff, cut short by the first expiry of a lease it had to skip
     /// ([`Fetcher::empty_wait`]), unless a hint comes; after a fetch it did not make for contention
     /// ([`FetchPass::Contended`]) it sleeps the backoff unless one of its items ends otherwise (hints wait; see
     /// `sleep_unless_woken`); after a partial fetch (the store had fewer
     /// ready rows than the limit) it sleeps the shortest backoff unless a hint comes. A store error is logged
     /// and treated as an empty fetch. The pipeline's other fetchers ([`PipelineConfig::fetchers`]) run alongside
-    /// it on the same task ([`run_more`]), so the loop ends, and an abort stops them, together.
+    /// it on the same task (`run_more`), so the loop ends, and an abort stops them, together.
     pub async fn run(self) {
         let core = self.core.clone();
         let more = (1..core.config.fetchers).map(|fetcher| run_more(&core, fetcher));

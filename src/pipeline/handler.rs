@@ -28,7 +28,13 @@ pub enum WorkError {
     /// `by_own_pipeline`) after this item had taken every row's turn in this replica's [`Waitlist`], that is by an
     /// item of another replica. The engine writes nothing more.
     #[error("related lock contended; lease reset for retry (held={held})")]
-    ContendedReset { held: bool, behind_other_replica: bool },
+    ContendedReset {
+        /// Whether the lease was still held at the reset (else nothing was reset).
+        held: bool,
+        /// Whether every row that turned the item away was held by an item of the same pipeline in another
+        /// replica (see above).
+        behind_other_replica: bool,
+    },
     /// The lease was lost: nothing is written.
     #[error("lease lost")]
     Stale,

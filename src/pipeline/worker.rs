@@ -37,7 +37,10 @@ pub enum ItemOutcome {
     /// A related lock was contended: the lease was reset for retry. `behind_other_replica`: the rows that turned
     /// it away were all held by items of its own pipeline in another replica ([`WorkError::ContendedReset`]),
     /// which lengthens the contention streak ([`Shared::note_ended`](super::queue::Shared::note_ended)).
-    Retried { behind_other_replica: bool },
+    Retried {
+        /// Whether the rows were held by items of its own pipeline in another replica (see above).
+        behind_other_replica: bool,
+    },
     /// The store failed (unavailable, timed out): the lease is left to expire and no attempt is counted.
     Failed,
     /// The item failed (handler error, panic, refused value): the failure was recorded on the row, which is

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Most commits a history keeps; a run that writes more is a runaway and fails loudly.
-pub const HISTORY_LEN_MAX: usize = 20_000_000;
+const HISTORY_LEN_MAX: usize = 20_000_000;
 
 /// The in-memory store. Clones share one database.
 #[derive(Clone)]
@@ -184,28 +184,93 @@ pub struct Commit {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CommitOp {
     /// Leases a fetch handed out.
-    Fetch { pipeline: String, leases: Vec<Lease> },
+    Fetch {
+        /// The fetching pipeline ([`FetchParams::pipeline`]), now each row's `lock_owner`.
+        pipeline: String,
+        /// One lease per row taken, each with the token the fetch wrote, in the order the fetch returned them
+        /// (empty when it found nothing).
+        leases: Vec<Lease>,
+    },
     /// Leases a heartbeat extended.
-    Heartbeat { held: Vec<Lease> },
+    Heartbeat {
+        /// The leases of the call still live and so extended, in the caller's order; the ones it asked for that
+        /// had expired or been taken over are left out.
+        held: Vec<Lease>,
+    },
     /// A related lock attempt and its outcome.
-    LockRelated { holder: Lease, related: Vec<RowId>, owner: String, outcome: LockOutcome },
+    LockRelated {
+        /// The lease whose token the related rows were to carry ([`LockRelatedParams::holder`]).
+        holder: Lease,
+        /// The rows asked for, as the caller gave them.
+        related: Vec<RowId>,
+        /// The lock owner written on them (or, when contended, the intent mark on the free ones).
+        owner: String,
+        /// What the attempt did.
+        outcome: LockOutcome,
+    },
     /// A guarded apply: `applied` is false when it was stale and wrote nothing.
-    Apply { lease: Lease, applied: bool, related: Vec<RowId>, inserted: Vec<RowId> },
+    Apply {
+        /// The guard: the main row and the token its worker held.
+        lease: Lease,
+        /// Whether it wrote ([`ApplyOutcome::Applied`]) or was stale ([`ApplyOutcome::Stale`]).
+        applied: bool,
+        /// Applied: every other row the token held, now unlocked (the related rows locked by the item, updated
+        /// or not). Stale: the related rows the apply would have updated.
+        related: Vec<RowId>,
+        /// The ids given to the apply's inserts, in order (empty when stale).
+        inserted: Vec<RowId>,
+    },
     /// A recorded failure ([`Store::record_failure`]): `attempts` is the row's count after it, `None` when the
     /// lease was already gone and nothing was written; `gave_up` when the row took its terminal status.
-    Failure { lease: Lease, attempts: Option<u32>, gave_up: bool },
+    Failure {
+        /// The guard of the failed item.
+        lease: Lease,
+        /// The row's failed-attempt count after the call; `None` when the lease was gone and nothing was written.
+        attempts: Option<u32>,
+        /// Whether the row took its terminal status ([`Retry::GiveUp`]) rather than waiting for a retry.
+        gave_up: bool,
+    },
     /// A reset-and-retry; `held` is false when the lease was already gone.
-    Reset { lease: Lease, held: bool },
+    Reset {
+        /// The lease reset ([`Store::reset_for_retry`]).
+        lease: Lease,
+        /// Whether it was still held, and so reset (its related rows unlocked, the row due after the delay).
+        held: bool,
+    },
     /// Leases given back.
-    Release { released: Vec<Lease> },
+    Release {
+        /// The leases still held and so released (unlocked with their related rows), in the caller's order; the
+        /// ones already gone are left out.
+        released: Vec<Lease>,
+    },
     /// A row inserted outside an apply.
-    Insert { id: RowId, kind: String },
+    Insert {
+        /// The id the store gave the row.
+        id: RowId,
+        /// Its kind.
+        kind: String,
+    },
     /// A write API's update and its outcome.
-    UpdateUnleased { id: RowId, outcome: WriteOutcome },
+    UpdateUnleased {
+        /// The row the update was for.
+        id: RowId,
+        /// Whether it was written, or the row was busy or missing.
+        outcome: WriteOutcome,
+    },
     /// A fetch hint.
-    Hint { kind: String, row: Option<RowId> },
+    Hint {
+        /// The kind whose fetchers are woken.
+        kind: String,
+        /// The row the hint names, if any (a fetcher may look at it first).
+        row: Option<RowId>,
+    },
     /// Retention deleted these rows of `kind` ([`Store::purge`]), by id.
-    Purge { kind: String, deleted: Vec<RowId> },
+    Purge {
+        /// The kind purged ([`PurgeParams::kind`]).
+        kind: String,
+        /// The rows deleted with their events, by id (empty when none was old enough or free).
+        deleted: Vec<RowId>,
+    },
 }
 
 impl fmt::Display for Commit {

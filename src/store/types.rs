@@ -520,7 +520,12 @@ impl ApplyParams {
 pub enum ApplyOutcome {
     /// Everything was written; the main row and its related rows are unlocked. Holds the ids given to
     /// `inserts`, in order, and the transaction's one `now`.
-    Applied { inserted: Vec<RowId>, now: Timestamp },
+    Applied {
+        /// The ids given to [`ApplyParams::inserts`], in their order.
+        inserted: Vec<RowId>,
+        /// The transaction's `now` (store time), as written to `processed_at` and the events' times.
+        now: Timestamp,
+    },
     /// The main row (or a related row of `related` or `locked`) no longer carries the token: nothing was written.
     Stale,
 }
@@ -533,11 +538,15 @@ pub enum LockOutcome {
     /// Some related row is held by someone else: no lock was taken, but the free rows were marked with the
     /// owner (no token, expiring after the lease ttl) so that their own pipelines leave them to this owner.
     /// `by_own_pipeline`: every row that was not available is locked, under a live token, by an owner of the lock
-    /// owner's own pipeline ([`held_by_own_pipeline`]), that is by another of its items at work, in this replica
+    /// owner's own pipeline (`held_by_own_pipeline`), that is by another of its items at work, in this replica
     /// or another (an intent mark, which carries no token, is no such hold); its holders can then work through
     /// the same backlog (the engine's contention backoff,
     /// `Shared::backs_off_for_contention`).
-    Contended { by_own_pipeline: bool },
+    Contended {
+        /// Whether every unavailable row is held, under a live token, by an item of the owner's own pipeline
+        /// (see above).
+        by_own_pipeline: bool,
+    },
     /// The holder's lease is no longer current: nothing was written.
     Stale,
 }
@@ -550,7 +559,13 @@ pub enum LockAttempt {
     /// A related row was held by someone else (the lock was contended, and marked the free rows as
     /// [`LockOutcome::Contended`] says); then the holder's lease was reset for retry. `held`: whether the lease
     /// was still held at the reset (else nothing was reset); `by_own_pipeline` as the contended lock's.
-    Reset { held: bool, by_own_pipeline: bool },
+    Reset {
+        /// Whether the holder's lease was still held at the reset (else nothing was reset).
+        held: bool,
+        /// As [`LockOutcome::Contended::by_own_pipeline`]: the unavailable rows are held by items of the
+        /// owner's own pipeline.
+        by_own_pipeline: bool,
+    },
     /// The holder's lease is no longer current: nothing was written.
     Stale,
 }
@@ -564,7 +579,12 @@ pub enum LockRead {
     Locked(Vec<Row>),
     /// As [`LockAttempt::Reset`]: contended, and the holder's lease reset for retry (`held`: whether it still was;
     /// `by_own_pipeline` as the contended lock's).
-    Reset { held: bool, by_own_pipeline: bool },
+    Reset {
+        /// As [`LockAttempt::Reset::held`]: whether the holder's lease was still held at the reset.
+        held: bool,
+        /// As [`LockAttempt::Reset::by_own_pipeline`].
+        by_own_pipeline: bool,
+    },
     /// As [`LockAttempt::Stale`]: the holder's lease is no longer current, nothing was written.
     Stale,
 }

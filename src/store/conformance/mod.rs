@@ -14,7 +14,7 @@
 //!    store's `now()` read before and after the call (on a manual clock that pins it exactly), and one apply's
 //!    rows share one `now`.
 //! 2. They cross expiry and intervals only with [`Harness::advance`], never by sleeping. Every span is seconds
-//!    long and every crossing overshoots by [`MARGIN`], so the milliseconds a case takes in real time never cross
+//!    long and every crossing overshoots by `MARGIN`, so the milliseconds a case takes in real time never cross
 //!    or fall short of one by themselves.
 //! 3. They advance the clock before a write whose time they check, so that a store that forgot to write the
 //!    time (and kept the insert's) fails on a manual clock too.
