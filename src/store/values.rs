@@ -10,7 +10,7 @@
 
 use super::{
     ApplyParams, FailureParams, FetchParams, InsertKeyedParams, NewEvent, NewRow, PURGE_LIMIT_MAX, PurgeParams, Retry,
-    RowQuery, RowUpdate, StoreError,
+    RowId, RowQuery, RowUpdate, StoreError,
 };
 use serde_json::Value;
 
@@ -207,6 +207,13 @@ pub fn bounded_error(error: &str) -> String {
     let mut cut = clean[..end].to_string();
     cut.push(ellipsis);
     cut
+}
+
+/// The refusal of a row whose `parent_id` names no row (DESIGN §2, "Parents"): `what` names the call and the row
+/// (`insert_many: rows[2]`, `apply 5#7: inserts[0]`). MemStore returns it before any write; PgStore maps its
+/// foreign key's violation (SQLSTATE 23503) to the same text.
+pub fn parent_missing(what: &str, parent: RowId) -> StoreError {
+    invalid(what, "parent_id", &format!("{parent} names no row (a row's parent must exist when the row is inserted)"))
 }
 
 fn invalid(what: &str, field: &str, rule: &str) -> StoreError {

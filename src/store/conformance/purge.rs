@@ -114,3 +114,48 @@ pub async fn purge_refuses_an_empty_kind_or_status_and_a_limit_out_of_range<H: H
     refused(rule("job", PURGE_LIMIT_MAX + 1), "limit").await;
     assert!(exists(&h, row.id).await, "a refused purge deleted a row");
 }
+
+/// A purge racing child inserts never leaves a child whose parent is gone (DESIGN §2, "Parents"): each insert under
+/// a finished, old parent either goes in and keeps its parent (the purge passes over a parent while a child is
+/// being inserted under it, then sees the child), or is refused with `Invalid` because the purge deleted the parent
+/// first. On PostgreSQL the calls run at once on the pool's connections, so some inserts overlap a purge's
+/// transaction (without the parent foreign key, a purge that could not see an uncommitted child deleted its
+/// parent, and every insert after the purge went in under a parent that was gone).
+pub async fn a_purge_racing_child_inserts_never_leaves_an_orphan<H: Harness>(h: H) {
+    const PARENTS: usize = 40;
+    let mut parents = Vec::with_capacity(PARENTS);
+    for _ in 0..PARENTS {
+        parents.push(done(&h, "operation").await.id);
+    }
+    h.advance(past(AGE));
+    let store = h.store();
+    // A purge of a few parents after every few inserts, all in flight together.
+    let inserts = parents.iter().map(|parent| async move {
+        (*parent, store.insert(NewRow::new("job", READY, json!({})).with_parent(*parent)).await)
+    });
+    let purges = (0..PARENTS / 4).map(|_| async move { store.purge(rule("operation", 4)).await.expect("purge") });
+    let (inserted, _) = tokio::join!(futures_util::future::join_all(inserts), futures_util::future::join_all(purges));
+    let (mut kept, mut refused) = (0, 0);
+    for (parent, outcome) in inserted {
+        match outcome {
+            Ok(child) => {
+                kept += 1;
+                assert!(exists(&h, parent).await, "child {} went in, and its parent {parent} is gone", child.id);
+            }
+            Err(StoreError::Invalid(message)) => {
+                refused += 1;
+                assert!(message.contains(&format!("parent_id {parent} names no row")), "{message}");
+                assert!(!exists(&h, parent).await, "an insert under {parent} was refused, and the parent is there");
+            }
+            Err(other) => panic!("an insert under {parent} failed: {other}"),
+        }
+    }
+    assert_eq!(kept + refused, PARENTS);
+    for child in store.list("job", None).await.expect("list") {
+        let parent = child.parent_id.expect("every job has a parent");
+        assert!(exists(&h, parent).await, "job {} names its parent {parent}, which is gone", child.id);
+    }
+    // Every parent left either keeps a child or was passed over; a purge now deletes only the childless ones.
+    let left = store.list("operation", None).await.expect("list").len();
+    assert_eq!(left - purge(&h, rule("operation", 100)).await, kept, "parents left with a child");
+}
