@@ -283,6 +283,7 @@ fn purge_operations() -> lockstep::store::PurgeParams {
         statuses: vec!["completed".into()],
         older_than: Duration::from_secs(3600),
         limit: 100,
+        parent_statuses: Vec::new(),
     }
 }
 

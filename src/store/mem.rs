@@ -769,11 +769,18 @@ impl State {
             (row.lock_token.is_none() && row.lock_owner.is_none()) || expired
         };
         let childless = |id: &RowId| self.by_parent.get(id).is_none_or(|kinds| kinds.values().all(BTreeSet::is_empty));
+        let parent_final = |row: &Row| {
+            p.parent_statuses.is_empty()
+                || row
+                    .parent_id
+                    .and_then(|parent| self.rows.get(&parent))
+                    .is_some_and(|parent| p.parent_statuses.contains(&parent.status))
+        };
         let doomed: Vec<RowId> = candidates
             .into_iter()
             .filter(|id| {
                 let row = &self.rows[id];
-                row.updated_at <= cutoff && unheld(row) && childless(id)
+                row.updated_at <= cutoff && unheld(row) && childless(id) && parent_final(row)
             })
             .take(p.limit)
             .collect();

@@ -440,7 +440,8 @@ pub trait Store: Send + Sync + 'static {
     /// its parent (so a parent goes after its children; on PostgreSQL a child whose insert has not committed keeps
     /// its parent too, as the parent foreign key locks it: DESIGN §2, "Parents"). Keys of [`Store::insert_keyed`]
     /// that name a deleted row are kept: a retried keyed insert still finds its first row's id (and no row under
-    /// it).
+    /// it). With `params.parent_statuses`, only rows whose parent is in one of them go (a row without a parent
+    /// stays).
     ///
     /// Errors: `Invalid` for an empty kind or status list or a limit outside 1 to [`PURGE_LIMIT_MAX`]. The
     /// default is for stores that wrap another in tests: they delete nothing and say so (`Invalid`).

@@ -220,8 +220,8 @@ fn invalid(what: &str, field: &str, rule: &str) -> StoreError {
     StoreError::Invalid(format!("{what}: {field} {rule}"))
 }
 
-/// Checks a purge's parameters ([`Store::purge`](super::Store::purge)): a kind and statuses the store can hold,
-/// at least one status, and a limit from 1 to [`PURGE_LIMIT_MAX`].
+/// Checks a purge's parameters ([`Store::purge`](super::Store::purge)): a kind and statuses (and parent statuses)
+/// the store can hold, at least one status, no empty one, and a limit from 1 to [`PURGE_LIMIT_MAX`].
 pub fn check_purge(p: &PurgeParams) -> Result<(), StoreError> {
     let what = format!("purge of {}", p.kind);
     check_key(&what, "kind", &p.kind)?;
@@ -235,6 +235,12 @@ pub fn check_purge(p: &PurgeParams) -> Result<(), StoreError> {
         check_key(&what, "status", status)?;
         if status.is_empty() {
             return Err(StoreError::Invalid(format!("{what}: a status is empty")));
+        }
+    }
+    for status in &p.parent_statuses {
+        check_key(&what, "parent status", status)?;
+        if status.is_empty() {
+            return Err(StoreError::Invalid(format!("{what}: a parent status is empty")));
         }
     }
     if p.limit == 0 || p.limit > PURGE_LIMIT_MAX {

@@ -225,6 +225,7 @@ macro_rules! __conformance_cases {
                 purge_deletes_at_most_its_limit_oldest_first,
                 purge_refuses_an_empty_kind_or_status_and_a_limit_out_of_range,
                 a_purge_racing_child_inserts_never_leaves_an_orphan,
+                purge_with_parent_statuses_deletes_only_children_of_a_parent_in_one_of_them,
             }
             parents {
                 an_insert_under_a_missing_parent_is_refused_and_stores_nothing,

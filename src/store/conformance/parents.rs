@@ -20,8 +20,13 @@ fn assert_refused<T: std::fmt::Debug>(result: Result<T, StoreError>, what: &str,
 /// A finished `operation` purged at once (an age of zero): an id that named a row and names none any more.
 async fn purged_parent<H: Harness>(h: &H) -> RowId {
     let parent = insert_new(h, NewRow::new("operation", "done", json!({}))).await;
-    let params =
-        PurgeParams { kind: "operation".into(), statuses: vec!["done".into()], older_than: Duration::ZERO, limit: 1 };
+    let params = PurgeParams {
+        kind: "operation".into(),
+        statuses: vec!["done".into()],
+        older_than: Duration::ZERO,
+        limit: 1,
+        parent_statuses: Vec::new(),
+    };
     assert_eq!(h.store().purge(params).await.expect("purge"), 1, "operation {} was to be purged", parent.id);
     parent.id
 }

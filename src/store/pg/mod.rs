@@ -1176,6 +1176,7 @@ impl Store for PgStore {
                     .bind(&p.statuses)
                     .bind(interval(p.older_than))
                     .bind(limit)
+                    .bind(&p.parent_statuses)
                     .fetch_all(&mut *tx)
                     .await?;
                 if self.inner.history.is_some() {
