@@ -6,7 +6,8 @@
 //!   [`placement`]: all-or-nothing placement of a gang's ranks and the gang queue that keeps waiting gangs fair.
 //! - [`pipeline`]: the operation pipeline that runs passes over the store; [`api`]: submit, abort, spec update,
 //!   status; [`replica`]: a controller replica (the operation pipeline on a manager); [`status`]: the status
-//!   report `lockstep status` prints; [`listing`]: the operations `lockstep list` lists.
+//!   report `lockstep status` prints; [`listing`]: the operations `lockstep list` lists; [`retention`]: which
+//!   rows a replica's retention may delete (`lockstep serve --retain`).
 //! - [`env`](mod@env): the job environment (`YT_*` variables); [`audit`]: the rules as checks over recorded rows.
 
 pub mod api;
@@ -21,6 +22,7 @@ pub mod model;
 pub mod pipeline;
 pub mod placement;
 pub mod replica;
+pub mod retention;
 pub mod rules;
 pub mod spec;
 pub mod status;
