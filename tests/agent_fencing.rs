@@ -461,3 +461,40 @@ async fn a_job_placed_in_a_slot_the_agent_does_not_offer_is_reported_interrupted
     let pass = agent.run_once().await.unwrap();
     assert!(pass.unserved.is_empty(), "reported again: {:?}", pass.unserved);
 }
+
+/// A report queued for an operation that retention deleted meanwhile (`lockstep serve --retain`; the operation
+/// ended, and its jobs, inbox and row went) is refused by the store, whose rows need their parent (DESIGN §2,
+/// "Parents"). The agent drops it instead of failing every pass on it, which would hold back every report queued
+/// behind it: the next operation's reports reach it.
+#[tokio::test(start_paused = true)]
+async fn a_report_to_an_operation_retention_deleted_is_dropped_and_holds_back_no_other() {
+    use lockstep::pipeline::{Retention, RetentionRule};
+    let setup = Setup::new();
+    let mut agent = setup.agent("node-0", hanging());
+    agent.run_once().await.unwrap();
+    let spec = "{tasks={w={job_count=1;command=c}}}";
+    let op = api::submit_text(&setup.store, spec, SpecFormat::Yson).await.unwrap();
+    setup.controller_pass().await;
+    agent.run_once().await.unwrap();
+    setup.controller_pass().await;
+    api::abort(&setup.store, op, "enough").await.unwrap();
+    setup.controller_pass().await;
+    assert_eq!(api::status(&setup.store, op).await.unwrap().status, OperationStatus::Aborted);
+    let ended = ["completed", "failed", "aborted"];
+    let rules = vec![
+        RetentionRule::new("job", &ended, Duration::ZERO).with_parent_statuses(&ended),
+        RetentionRule::new("inbox", &["done", "new"], Duration::ZERO).with_parent_statuses(&ended),
+        RetentionRule::new("operation", &ended, Duration::ZERO),
+    ];
+    Retention::new(rules).pass(&setup.store).await.unwrap();
+    assert!(setup.store.get(op).await.unwrap().is_none(), "retention was to delete operation {op}");
+    let next = api::submit_text(&setup.store, spec, SpecFormat::Yson).await.unwrap();
+    let pass = agent.run_once().await.expect("the pass that kills the deleted operation's process and reports it");
+    assert_eq!(pass.killed.len(), 1, "the process of the deleted operation's job");
+    for _ in 0..3 {
+        setup.controller_pass().await;
+        agent.run_once().await.expect("an agent pass");
+    }
+    let status = api::status(&setup.store, next).await.unwrap();
+    assert_eq!(status.jobs[0].status, JobStatus::Running, "the next operation's start report arrived");
+}

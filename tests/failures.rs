@@ -41,7 +41,8 @@ async fn get<S: Store>(store: &S, id: RowId) -> Row {
 
 /// What a row's pass does, by the row's `data.do`: `"fail"`, `"fail-once"` (fails its first attempt), `"sleep"` (waits
 /// `data.sleep_ms`, then marks the row done), `"panic"`, `"hang"` (never returns), `"block"` (blocks
-/// its thread until the test sets `released`, then marks the row done), `"nul"` (writes a value PostgreSQL cannot store), `"hopeless"` (fails with an error its [`Handler::retry`] gives up on at once), `"unlocked"` (updates
+/// its thread until the test sets `released`, then marks the row done), `"nul"` (writes a value PostgreSQL cannot store),
+/// `"orphan"` (inserts a child under `data.parent`, which names no row: DESIGN §2, "Parents"), `"hopeless"` (fails with an error its [`Handler::retry`] gives up on at once), `"unlocked"` (updates
 /// the row `data.other` without having locked it) or `"lock-self"` (locks its own row as a shared related row in
 /// `load`); anything else marks the row done. Counts its passes.
 #[derive(Default)]
@@ -87,6 +88,12 @@ impl<S: Store> Handler<S> for Scripted {
                 update: RowUpdate { status: Some("done".into()), data: Some(json!({ "log": "a\u{0}b" })) },
                 ..Changes::default()
             }),
+            Some("orphan") => {
+                let parent = RowId(row.data["parent"].as_i64().unwrap());
+                let mut changes = Changes::status("done");
+                changes.inserts.push(NewRow::new("child", "ready", json!({})).with_parent(parent));
+                Ok(changes)
+            }
             Some("unlocked") => Ok(Changes {
                 related: vec![RelatedUpdate {
                     id: RowId(row.data["other"].as_i64().unwrap()),
@@ -418,12 +425,20 @@ async fn a_panicking_handler_fails_its_item_and_its_worker_goes_on() {
     manager.shutdown().await;
 }
 
-/// One poison row (its apply writes a NUL) among 100 good ones, on `store`: the 100 finish in their first pass,
-/// none waits out a lease (no store error, each fetched once), and the poison row fails alone, recorded with the
-/// reason, backing off rather than looping. Returns the store time the run took.
-async fn one_poison_row_among_a_hundred_fails_alone<S: Store + Clone>(store: S) -> Duration {
+/// One poison row (its apply writes a NUL, or with `orphan` inserts a row under a parent that does not exist) among
+/// 100 good ones, on `store`: the 100 finish in their first pass, none waits out a lease (no store error, each
+/// fetched once), and the poison row fails alone (its apply batch failed whole and was sent again item by item),
+/// recorded with the reason, backing off rather than looping. Returns the store time the run took.
+async fn one_poison_row_among_a_hundred_fails_alone<S: Store + Clone>(store: S, orphan: bool) -> Duration {
     let good = insert_ready(&store, 50).await;
-    let poison = store.insert(NewRow::new("task", "ready", json!({ "do": "nul" }))).await.unwrap().id;
+    let (data, reason) = match orphan {
+        false => (json!({ "do": "nul" }), "data.log contains \\u0000".to_string()),
+        true => {
+            let parent = good[49].0 + 1_000_000;
+            (json!({ "do": "orphan", "parent": parent }), format!("inserts[0]: parent_id {parent} names no row"))
+        }
+    };
+    let poison = store.insert(NewRow::new("task", "ready", data)).await.unwrap().id;
     let more = insert_ready(&store, 50).await;
     let started = store.now().await.unwrap();
     let handler = Arc::new(Scripted::default());
@@ -441,7 +456,7 @@ async fn one_poison_row_among_a_hundred_fails_alone<S: Store + Clone>(store: S) 
     let row = &rows[&poison];
     assert_eq!(row.status, "ready", "the poison row {poison} was written");
     assert!(row.attempts >= 1, "the poison row's failure was not recorded");
-    assert!(row.errors[0].error.contains("data.log contains \\u0000"), "reason recorded: {:?}", row.errors);
+    assert!(row.errors[0].error.contains(&reason), "reason recorded: {:?}", row.errors);
     assert_eq!(metrics.errors, 0, "a lease was left to expire");
     assert_eq!(metrics.applied, 100, "good rows applied");
     assert_eq!(metrics.fetched, 100 + row.attempts as u64, "each good row leased once, the poison one per attempt");
@@ -452,15 +467,30 @@ async fn one_poison_row_among_a_hundred_fails_alone<S: Store + Clone>(store: S) 
 #[tokio::test(start_paused = true)]
 async fn one_poison_row_among_a_hundred_fails_alone_on_memstore() {
     let store = MemStore::new(TokioClock::new(START));
-    let took = one_poison_row_among_a_hundred_fails_alone(store).await;
+    let took = one_poison_row_among_a_hundred_fails_alone(store, false).await;
     assert!(took < config(8).lease_ttl / 10, "the good rows took {took:?} of store time");
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_row_inserting_under_a_missing_parent_among_a_hundred_fails_alone_on_memstore() {
+    let store = MemStore::new(TokioClock::new(START));
+    let took = one_poison_row_among_a_hundred_fails_alone(store, true).await;
+    assert!(took < config(8).lease_ttl / 10, "the good rows took {took:?} of store time");
+}
+
+#[tokio::test]
+async fn one_row_inserting_under_a_missing_parent_among_a_hundred_fails_alone_on_postgres() {
+    let harness = PgHarness::new().await;
+    let store = lockstep::store::conformance::Harness::store(&harness).clone();
+    let took = one_poison_row_among_a_hundred_fails_alone(store, true).await;
+    assert!(took < config(8).lease_ttl / 2, "the good rows took {took:?} of store time");
 }
 
 #[tokio::test]
 async fn one_poison_row_among_a_hundred_fails_alone_on_postgres() {
     let harness = PgHarness::new().await;
     let store = lockstep::store::conformance::Harness::store(&harness).clone();
-    let took = one_poison_row_among_a_hundred_fails_alone(store).await;
+    let took = one_poison_row_among_a_hundred_fails_alone(store, false).await;
     assert!(took < config(8).lease_ttl / 2, "the good rows took {took:?} of store time");
 }
 

@@ -275,3 +275,67 @@ async fn the_callers_own_lock_timeout_is_reported_as_the_callers() {
     later_tx.rollback().await.expect("rollback");
     first_tx.rollback().await.expect("rollback");
 }
+
+/// A purge of finished operations an hour old (the two cases below).
+fn purge_operations() -> lockstep::store::PurgeParams {
+    lockstep::store::PurgeParams {
+        kind: "operation".into(),
+        statuses: vec!["completed".into()],
+        older_than: Duration::from_secs(3600),
+        limit: 100,
+        parent_statuses: Vec::new(),
+    }
+}
+
+/// The race of a purge and a child insert, the child first (DESIGN §2, "Parents"): a caller's transaction inserts
+/// a child under a finished, old operation and has not committed when a purge runs. The purge cannot see the child,
+/// but the insert locked its parent (the parent foreign key's `FOR KEY SHARE`), so the purge passes over it; once
+/// the child commits, the parent has a child and stays. Without the key the purge deleted the parent and the child
+/// committed under a parent that was gone.
+#[tokio::test]
+async fn a_purge_passes_over_a_parent_while_a_child_is_inserted_under_it_in_an_open_transaction() {
+    let h = PgHarness::new().await;
+    let store = h.store();
+    let parent = store.insert(NewRow::new("operation", "completed", json!({}))).await.expect("insert").id;
+    h.advance(Duration::from_secs(3601));
+    let mut conn = caller().await;
+    let mut tx = conn.begin().await.expect("begin");
+    let child = NewRow::new("inbox", "new", json!({"report": "late"})).with_parent(parent);
+    let ids = store.insert_in(&mut tx, vec![child]).await.expect("insert_in under a parent that exists");
+    assert_eq!(store.purge(purge_operations()).await.expect("purge"), 0, "the parent of an uncommitted child");
+    tx.commit().await.expect("commit");
+    assert!(store.get(parent).await.expect("get").is_some(), "operation {parent} is gone");
+    assert_eq!(store.get(ids[0]).await.expect("get").expect("the child").parent_id, Some(parent));
+    assert_eq!(store.purge(purge_operations()).await.expect("purge"), 0, "a parent with a committed child");
+}
+
+/// The same race, the purge first: the purge deletes the parent and commits while a caller's transaction is open,
+/// then the caller inserts a child under it. The insert is refused (`Invalid`, naming the call, the row and
+/// `parent_id`), and the caller's transaction is aborted, so nothing of it commits.
+#[tokio::test]
+async fn a_child_inserted_after_a_purge_deleted_its_parent_is_refused() {
+    let h = PgHarness::new().await;
+    let store = h.store();
+    let parent = store.insert(NewRow::new("operation", "completed", json!({}))).await.expect("insert").id;
+    h.advance(Duration::from_secs(3601));
+    let mut conn = caller().await;
+    let mut tx = conn.begin().await.expect("begin");
+    let before = NewRow::new("email", "queued", json!({"to": "ops"}));
+    store.insert_in(&mut tx, vec![before]).await.expect("insert_in");
+    assert_eq!(store.purge(purge_operations()).await.expect("purge"), 1);
+    let child = NewRow::new("inbox", "new", json!({"report": "late"})).with_parent(parent);
+    match store.insert_in(&mut tx, vec![child]).await {
+        Err(StoreError::Invalid(message)) => assert_eq!(
+            message,
+            format!(
+                "insert_in: rows[0]: parent_id {parent} names no row (a row's parent must exist when the row is \
+                 inserted)"
+            )
+        ),
+        other => panic!("a child of the purged {parent}: {other:?}"),
+    }
+    tx.rollback().await.expect("rollback");
+    for kind in ["inbox", "email"] {
+        assert_eq!(store.list(kind, None).await.expect("list"), vec![], "a {kind} row of the aborted transaction");
+    }
+}

@@ -689,6 +689,8 @@ const TEXT_BLOCKS: &[(&str, &str, Sample)] = &[
     ("docs/layout.md", "src/store/", Sample::NotOutput),
     // `lockstep list`'s table needs PostgreSQL; `gang::listing`'s unit test renders it from the page.
     ("docs/real-mode.md", "operation  state", Sample::NotOutput),
+    // `serve --retain`'s refusal; `serve`'s unit test `retain_rules_reach_the_replica_…` finds it on the page.
+    ("docs/real-mode.md", "error: invalid value 'allocation:free:24h'", Sample::NotOutput),
     ("docs/scenarios.md", "lockstep sim: x.toml:", Sample::Output(Build::Sim)),
     ("docs/scenarios.md", "lockstep sim: y.toml:", Sample::Output(Build::Sim)),
     ("docs/simulator.md", "tests/fixtures/timeline-planted.toml (", Sample::Output(Build::Sim)),

@@ -47,7 +47,7 @@ use crate::gang::model::{
 use crate::pipeline::LocalClock;
 use crate::store::{
     ApplyOutcome, ApplyParams, FetchParams, HINT_EVERY_KIND, HeartbeatParams, KEY_TEXT_BYTES_MAX, Lease, LockToken,
-    NewHint, NewRow, Row, RowId, RowUpdate, Store, StoreError, WriteOutcome,
+    NewHint, NewRow, Row, RowId, RowQuery, RowUpdate, Store, StoreError, WriteOutcome,
 };
 use futures_util::FutureExt;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -533,8 +533,20 @@ impl<S: Store, E: Executor> Agent<S, E> {
 
     /// Inserts every queued report, gives the node lease back and hints the operations reported to, in one
     /// guarded apply (its hints are published once it commits: [`ApplyParams::hints`]). Returns whether it applied
-    /// (false: the lease was already lost, nothing written).
-    async fn report_and_release(&self, lease: Lease) -> Result<bool, StoreError> {
+    /// (false: the lease was already lost, nothing written). A refused apply whose reports named operations that
+    /// are gone is made again without them ([`Agent::drop_reports_to_gone_operations`]).
+    async fn report_and_release(&mut self, lease: Lease) -> Result<bool, StoreError> {
+        match self.apply_reports_and_release(lease).await {
+            Err(StoreError::Invalid(error)) => match self.drop_reports_to_gone_operations().await? {
+                0 => Err(StoreError::Invalid(error)),
+                _ => self.apply_reports_and_release(lease).await,
+            },
+            outcome => outcome,
+        }
+    }
+
+    /// The guarded apply of [`Agent::report_and_release`].
+    async fn apply_reports_and_release(&self, lease: Lease) -> Result<bool, StoreError> {
         let inserts = self
             .outbox
             .iter()
@@ -933,8 +945,25 @@ impl<S: Store, E: Executor> Agent<S, E> {
     /// only once inserted, so a failed or abandoned pass loses none (a report sent twice is ignored by the
     /// controller). A pass whose lease's heartbeat fell due (the local deadline within `heartbeat_trigger`) sends
     /// nothing, leaving the reports to the next pass, which heartbeats first.
+    ///
+    /// Reports to an operation that is gone (deleted by retention once it ended: `lockstep serve --retain`) are
+    /// dropped when the store refuses them ([`Agent::drop_reports_to_gone_operations`]), and the rest sent at once.
     async fn send_reports(&mut self) -> Result<usize, StoreError> {
         if self.outbox.is_empty() || self.session.is_some_and(|session| self.heartbeat_due(session, self.clock.now())) {
+            return Ok(0);
+        }
+        match self.insert_reports().await {
+            Err(StoreError::Invalid(error)) => match self.drop_reports_to_gone_operations().await? {
+                0 => Err(StoreError::Invalid(error)),
+                _ => self.insert_reports().await,
+            },
+            outcome => outcome,
+        }
+    }
+
+    /// The insert of [`Agent::send_reports`]: at most [`REPORTS_PER_PASS_MAX`] queued reports, in order.
+    async fn insert_reports(&mut self) -> Result<usize, StoreError> {
+        if self.outbox.is_empty() {
             return Ok(0);
         }
         let count = self.outbox.len().min(REPORTS_PER_PASS_MAX);
@@ -948,6 +977,24 @@ impl<S: Store, E: Executor> Agent<S, E> {
         self.store.insert_many(rows, hints).await?;
         self.outbox.drain(..count);
         Ok(count)
+    }
+
+    /// Drops the queued reports to operations that no longer exist, and returns how many. Retention deletes an
+    /// operation some time after it ended, and the store refuses a row under a parent that is gone (DESIGN §2,
+    /// "Parents"), so one such report would hold back, at every pass, every report queued behind it; the
+    /// controller has no use for it, as the operation ended.
+    async fn drop_reports_to_gone_operations(&mut self) -> Result<usize, StoreError> {
+        let operations: BTreeSet<RowId> = self.outbox.iter().map(|(operation, _)| *operation).collect();
+        let query = RowQuery { ids: Some(operations.into_iter().collect()), ..RowQuery::new(KIND_OPERATION) };
+        let answers = self.store.query_map(vec![query], |row| row.id).await?;
+        let live: BTreeSet<RowId> = answers.into_iter().flatten().collect();
+        let before = self.outbox.len();
+        self.outbox.retain(|(operation, _)| live.contains(operation));
+        let dropped = before - self.outbox.len();
+        if dropped > 0 {
+            tracing::warn!(node = %self.config.name, dropped, "reports to operations that no longer exist dropped");
+        }
+        Ok(dropped)
     }
 }
 

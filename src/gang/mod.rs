@@ -7,7 +7,8 @@
 //! - [`pipeline`]: the operation pipeline that runs passes over the store; [`api`]: submit, abort, spec update,
 //!   status; [`replica`]: a controller replica (the operation pipeline on a manager); [`status`]: the status
 //!   report `lockstep status` prints; [`listing`]: the operations `lockstep list` lists; [`node_watch`]: the
-//!   replica's companion that wakes an operation when a node it runs on loses its session.
+//!   replica's companion that wakes an operation when a node it runs on loses its session; [`retention`]: which
+//!   rows a replica's retention may delete (`lockstep serve --retain`).
 //! - [`env`](mod@env): the job environment (`YT_*` variables); [`audit`]: the rules as checks over recorded rows.
 
 pub mod api;
@@ -23,6 +24,7 @@ pub mod node_watch;
 pub mod pipeline;
 pub mod placement;
 pub mod replica;
+pub mod retention;
 pub mod rules;
 pub mod spec;
 pub mod status;

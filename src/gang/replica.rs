@@ -5,7 +5,7 @@
 use super::node_watch::NodeWatch;
 use super::pipeline::{OperationHandler, operation_pipeline_config};
 use super::placement::{GangPlacement, NODE_RETURN_GRACE_DEFAULT, PlacementSettings, UNFIT_TIMEOUT_DEFAULT};
-use crate::pipeline::{ConfigError, ManagerOptions, PipelineConfig, PipelineManager};
+use crate::pipeline::{ConfigError, ManagerOptions, PipelineConfig, PipelineManager, Retention, RetentionRule};
 use crate::store::Store;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +41,10 @@ pub struct ReplicaConfig {
     /// Mutation testing only (`lockstep chaos run`'s `[mutation] gang_gate_disabled`): all-or-nothing gangs are
     /// placed incrementally ([`PlacementSettings::gate_disabled_for_mutation_test`]). Default false.
     pub gang_gate_disabled_for_mutation_test: bool,
+    /// Retention rules of the controller's rows (`lockstep serve --retain`), checked and completed by
+    /// [`super::retention::rules`]: finished operations, and their jobs and inbox messages once the operation is
+    /// final, go after an age. A pass runs every [`Retention::every`] (60 s). Default none: every row stays.
+    pub retention: Vec<RetentionRule>,
 }
 
 impl Default for ReplicaConfig {
@@ -57,6 +61,7 @@ impl Default for ReplicaConfig {
             gang_unfit_timeout: UNFIT_TIMEOUT_DEFAULT,
             node_return_grace: NODE_RETURN_GRACE_DEFAULT,
             gang_gate_disabled_for_mutation_test: false,
+            retention: Vec::new(),
         }
     }
 }
@@ -90,12 +95,17 @@ impl ReplicaConfig {
         self.pipeline_config().connections_needed()
     }
 
-    /// Registers the operation pipeline on a new manager over `store` and starts it. Errors: a config rule the
-    /// settings break (named by field), or a store pool too small for the workers.
+    /// Registers the operation pipeline on a new manager over `store`, with the retention of `retention` if any,
+    /// and starts it. Errors: a config rule the settings break (named by field), a store pool too small for the
+    /// workers, or a retention rule [`super::retention::rules`] refuses.
     pub fn start<S: Store>(&self, store: Arc<S>) -> Result<PipelineManager<S>, ConfigError> {
         let mut manager = PipelineManager::new(store, ManagerOptions { seed: self.seed });
         let handler = OperationHandler::default().with_settings(self.placement_settings());
         register_controller(&mut manager, self.pipeline_config(), handler)?;
+        if !self.retention.is_empty() {
+            let rules = super::retention::rules(self.retention.clone()).map_err(ConfigError::Retention)?;
+            manager.retain(Retention::new(rules))?;
+        }
         manager.start();
         Ok(manager)
     }

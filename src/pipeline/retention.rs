@@ -7,7 +7,8 @@
 //! one pass never holds many locks and never waits for one (`SKIP LOCKED` on PostgreSQL). The store decides what
 //! is safe to delete: never a row under a lease, a lock or an owner mark, never a parent before its children.
 //! Rules are off unless given: a kind some reader still needs (the gang controller reads an operation's jobs and
-//! allocations while the operation lives) must only be given statuses no one reads again.
+//! allocations while the operation lives) must only be given statuses no one reads again, or a parent condition
+//! ([`RetentionRule::with_parent_statuses`]: jobs once their operation is final; `crate::gang::retention`).
 
 use crate::store::{PurgeParams, Store, StoreError, check_purge};
 use std::time::Duration;
@@ -23,7 +24,7 @@ pub const RETENTION_BATCH_DEFAULT: usize = 1_000;
 pub const RETENTION_BATCHES_PER_PASS_DEFAULT: usize = 100;
 
 /// One retention rule: rows of `kind` in one of `statuses` go once their `updated_at` is `older_than` old (store
-/// clock).
+/// clock), and with `parent_statuses`, only while their parent is in one of those.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RetentionRule {
     /// The rows' kind.
@@ -32,12 +33,22 @@ pub struct RetentionRule {
     pub statuses: Vec<String>,
     /// Their age before they go.
     pub older_than: Duration,
+    /// The statuses their parent must be in ([`PurgeParams::parent_statuses`]): for a child kind that its parent
+    /// reads while it lives. Empty: any parent, or none.
+    pub parent_statuses: Vec<String>,
 }
 
 impl RetentionRule {
     /// Rows of `kind` in one of `statuses` go once `older_than` old.
     pub fn new(kind: impl Into<String>, statuses: &[&str], older_than: Duration) -> RetentionRule {
-        RetentionRule { kind: kind.into(), statuses: statuses.iter().map(|s| s.to_string()).collect(), older_than }
+        let statuses = statuses.iter().map(|s| s.to_string()).collect();
+        RetentionRule { kind: kind.into(), statuses, older_than, parent_statuses: Vec::new() }
+    }
+
+    /// The same rule, for rows whose parent is in one of `statuses` only.
+    pub fn with_parent_statuses(mut self, statuses: &[&str]) -> RetentionRule {
+        self.parent_statuses = statuses.iter().map(|s| s.to_string()).collect();
+        self
     }
 
     /// Parses `KIND:STATUS[,STATUS…]:AGE` (for a command line or a config file of the caller's), the age as every
@@ -61,7 +72,7 @@ impl RetentionRule {
         }
         let older_than =
             crate::duration::parse_nonzero(age).map_err(|error| format!("retention rule {text:?}: age: {error}"))?;
-        Ok(RetentionRule { kind: kind.to_string(), statuses, older_than })
+        Ok(RetentionRule { kind: kind.to_string(), statuses, older_than, parent_statuses: Vec::new() })
     }
 }
 
@@ -129,6 +140,7 @@ impl Retention {
             statuses: rule.statuses.clone(),
             older_than: rule.older_than,
             limit: self.batch,
+            parent_statuses: rule.parent_statuses.clone(),
         }
     }
 

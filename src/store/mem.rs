@@ -770,6 +770,39 @@ impl State {
         id
     }
 
+    /// Refuses `rows` if one names a parent that does not exist (DESIGN §2, "Parents"), before any write; `what(i)`
+    /// names the call and row `i`. A row of the same call cannot be a parent: its id is not known before the call.
+    fn check_parents(&self, rows: &[NewRow], what: impl Fn(usize) -> String) -> Result<(), StoreError> {
+        let missing = |row: &NewRow| row.parent_id.filter(|parent| self.rows.get(parent).is_none());
+        match rows.iter().enumerate().find_map(|(i, row)| missing(row).map(|parent| (i, parent))) {
+            Some((i, parent)) => Err(parent_missing(&what(i), parent)),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses an apply batch if an item that would apply inserts a row under a parent that does not exist, before
+    /// any write, as PostgreSQL's foreign key fails the batch's transaction whole. A stale item inserts nothing, so
+    /// its rows are not checked; an item applies if it holds its lease and every row it guards, and no earlier item
+    /// of the batch applied with its token ([`Store::apply_batch`]: a lease given twice applies once).
+    fn check_apply_parents(&self, batch: &[ApplyParams], guard_disabled: bool) -> Result<(), StoreError> {
+        if !batch.iter().any(|p| p.inserts.iter().any(|row| row.parent_id.is_some())) {
+            return Ok(());
+        }
+        let mut spent: BTreeSet<LockToken> = BTreeSet::new();
+        for p in batch {
+            let token = p.lease.token;
+            let holds = |id: RowId| self.holds(Lease { id, token });
+            let applies = guard_disabled
+                || (!spent.contains(&token) && holds(p.lease.id) && p.guarded_related().into_iter().all(holds));
+            if applies {
+                spent.insert(token);
+                let lease = p.lease;
+                self.check_parents(&p.inserts, |i| format!("apply {}#{}: inserts[{i}]", lease.id, lease.token))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The insert of [`Store::insert`] at `now`, recorded as one commit.
     fn insert_recorded(&mut self, caller: &Option<Arc<str>>, new: NewRow, now: Timestamp) -> RowId {
         let kind = new.kind.clone();
@@ -801,11 +834,18 @@ impl State {
             (row.lock_token.is_none() && row.lock_owner.is_none()) || expired
         };
         let childless = |id: &RowId| self.by_parent.get(id).is_none_or(|kinds| kinds.values().all(BTreeSet::is_empty));
+        let parent_final = |row: &Row| {
+            p.parent_statuses.is_empty()
+                || row
+                    .parent_id
+                    .and_then(|parent| self.rows.get(&parent))
+                    .is_some_and(|parent| p.parent_statuses.contains(&parent.status))
+        };
         let doomed: Vec<RowId> = candidates
             .into_iter()
             .filter(|id| {
                 let row = &self.rows[id];
-                row.updated_at <= cutoff && unheld(row) && childless(id)
+                row.updated_at <= cutoff && unheld(row) && childless(id) && parent_final(row)
             })
             .take(p.limit)
             .collect();
@@ -1159,6 +1199,7 @@ impl Store for MemStore {
         let mut published = Vec::new();
         let outcomes = {
             let mut state = self.lock();
+            state.check_apply_parents(&batch, guard_disabled)?;
             let mut outcomes = Vec::with_capacity(batch.len());
             for mut p in batch {
                 let hints = std::mem::take(&mut p.hints);
@@ -1228,6 +1269,7 @@ impl Store for MemStore {
         check_new_row("insert", &new)?;
         let now = self.now();
         let mut state = self.lock();
+        state.check_parents(std::slice::from_ref(&new), |_| "insert".to_string())?;
         let id = state.insert_recorded(&self.caller, new, now);
         Ok(state.rows[&id].clone())
     }
@@ -1235,7 +1277,9 @@ impl Store for MemStore {
     async fn insert_id(&self, new: NewRow) -> Result<RowId, StoreError> {
         check_new_row("insert", &new)?;
         let now = self.now();
-        Ok(self.lock().insert_recorded(&self.caller, new, now))
+        let mut state = self.lock();
+        state.check_parents(std::slice::from_ref(&new), |_| "insert".to_string())?;
+        Ok(state.insert_recorded(&self.caller, new, now))
     }
 
     async fn insert_many(&self, rows: Vec<NewRow>, hints: Vec<NewHint>) -> Result<Vec<RowId>, StoreError> {
@@ -1248,6 +1292,7 @@ impl Store for MemStore {
         let now = self.now();
         let ids = {
             let mut state = self.lock();
+            state.check_parents(&rows, |i| format!("insert_many: rows[{i}]"))?;
             let ids = rows.into_iter().map(|new| state.insert_recorded(&self.caller, new, now)).collect();
             let mut published: Vec<&NewHint> = Vec::new();
             for hint in &hints {
@@ -1269,6 +1314,7 @@ impl Store for MemStore {
         Ok(match state.insert_keys.get(&p.key) {
             Some(id) => KeyedInsert { id: *id, inserted: false },
             None => {
+                state.check_parents(std::slice::from_ref(&p.row), |_| "insert_keyed".to_string())?;
                 let id = state.insert_recorded(&self.caller, p.row, now);
                 state.insert_keys.insert(p.key, id);
                 KeyedInsert { id, inserted: true }

@@ -22,7 +22,7 @@ pub use types::*;
 pub use values::{
     FAILURE_ERROR_BYTES_MAX, FAILURE_ERRORS_KEPT, KEY_TEXT_BYTES_MAX, bounded_error, check_apply, check_event,
     check_failure, check_fetch, check_insert_keyed, check_json, check_key, check_new_row, check_purge, check_query,
-    check_text, check_update,
+    check_text, check_update, parent_missing,
 };
 
 use std::future::Future;
@@ -52,6 +52,13 @@ pub const HINT_BUFFER_LEN_MAX: usize = 1024;
 /// `update_unleased`, `fetch`, `lock_related` and `record_failure` return [`StoreError::Invalid`] naming the call,
 /// the field and the rule. An `apply_batch` with one bad item writes nothing and fails whole; the engine's batcher
 /// checks items before batching and sends the items of a batch that still fails one by one.
+///
+/// A row's parent must exist when the row is inserted (DESIGN §2, "Parents"): `insert`, `insert_id`,
+/// `insert_many`, `insert_keyed` and the inserts of `apply` and `apply_batch` return [`StoreError::Invalid`]
+/// ([`parent_missing`]: `insert_many: rows[1]: parent_id 12 names no row …`) for a row whose `parent_id` names no
+/// row, and write nothing; a stale apply inserts nothing, so its rows are not judged. A row inserted by the same
+/// call cannot be a parent (its id is not known before the call). On PostgreSQL a foreign key holds the rule, so an
+/// insert under a parent that a concurrent [`Store::purge`] deletes is refused, or keeps the parent.
 pub trait Store: Send + Sync + 'static {
     /// Leases up to `limit` eligible rows of `kind`, oldest `last_processed_at` first (never-processed rows
     /// first, then by id), setting `lock_expires_at = now + lease_ttl`, a fresh `lock_token` per row, `lock_owner
@@ -281,7 +288,7 @@ pub trait Store: Send + Sync + 'static {
     /// rows were released.
     fn release(&self, leases: Vec<Lease>) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
-    /// Inserts a row and returns it as stored.
+    /// Inserts a row and returns it as stored. Errors: `Invalid` for a bad value or a parent that does not exist.
     fn insert(&self, row: NewRow) -> impl Future<Output = Result<Row, StoreError>> + Send;
 
     /// [`Store::insert`], returning only the new row's id, for a caller that does not read the row (an agent's
@@ -430,8 +437,11 @@ pub trait Store: Send + Sync + 'static {
     /// is at least `params.older_than` before the store's `now`, oldest id first, with their events, in one
     /// transaction; returns how many it deleted. A row is kept while anything may still need it: while it carries
     /// a live lease or lock or an owner mark (a reset for retry, an intent mark), and while any row names it as
-    /// its parent (so a parent goes after its children). Keys of [`Store::insert_keyed`] that name a deleted row
-    /// are kept: a retried keyed insert still finds its first row's id (and no row under it).
+    /// its parent (so a parent goes after its children; on PostgreSQL a child whose insert has not committed keeps
+    /// its parent too, as the parent foreign key locks it: DESIGN §2, "Parents"). Keys of [`Store::insert_keyed`]
+    /// that name a deleted row are kept: a retried keyed insert still finds its first row's id (and no row under
+    /// it). With `params.parent_statuses`, only rows whose parent is in one of them go (a row without a parent
+    /// stays).
     ///
     /// Errors: `Invalid` for an empty kind or status list or a limit outside 1 to [`PURGE_LIMIT_MAX`]. The
     /// default is for stores that wrap another in tests: they delete nothing and say so (`Invalid`).

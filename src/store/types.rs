@@ -400,6 +400,10 @@ pub struct PurgeParams {
     pub statuses: Vec<String>,
     /// Age on the store's clock: a row is deleted only once its `updated_at` is at least this far in the past.
     pub older_than: Duration,
+    /// The statuses its parent must be in: with any, a row is deleted only if it has a parent in one of them (a
+    /// child kind that its parent reads while the parent lives goes once the parent is final: the gang
+    /// controller's jobs once their operation ended). Empty: whatever its parent, or none.
+    pub parent_statuses: Vec<String>,
     /// Most rows to delete in this call, oldest id first (1 to [`PURGE_LIMIT_MAX`]): a call holds the locks of
     /// the rows it deletes, and nothing else, for one short transaction.
     pub limit: usize,

@@ -10,7 +10,7 @@
 
 use super::{
     ApplyParams, FailureParams, FetchParams, InsertKeyedParams, NewEvent, NewRow, PURGE_LIMIT_MAX, PurgeParams, Retry,
-    RowQuery, RowUpdate, StoreError,
+    RowId, RowQuery, RowUpdate, StoreError,
 };
 use serde_json::Value;
 
@@ -209,12 +209,19 @@ pub fn bounded_error(error: &str) -> String {
     cut
 }
 
+/// The refusal of a row whose `parent_id` names no row (DESIGN §2, "Parents"): `what` names the call and the row
+/// (`insert_many: rows[2]`, `apply 5#7: inserts[0]`). MemStore returns it before any write; PgStore maps its
+/// foreign key's violation (SQLSTATE 23503) to the same text.
+pub fn parent_missing(what: &str, parent: RowId) -> StoreError {
+    invalid(what, "parent_id", &format!("{parent} names no row (a row's parent must exist when the row is inserted)"))
+}
+
 fn invalid(what: &str, field: &str, rule: &str) -> StoreError {
     StoreError::Invalid(format!("{what}: {field} {rule}"))
 }
 
-/// Checks a purge's parameters ([`Store::purge`](super::Store::purge)): a kind and statuses the store can hold,
-/// at least one status, and a limit from 1 to [`PURGE_LIMIT_MAX`].
+/// Checks a purge's parameters ([`Store::purge`](super::Store::purge)): a kind and statuses (and parent statuses)
+/// the store can hold, at least one status, no empty one, and a limit from 1 to [`PURGE_LIMIT_MAX`].
 pub fn check_purge(p: &PurgeParams) -> Result<(), StoreError> {
     let what = format!("purge of {}", p.kind);
     check_key(&what, "kind", &p.kind)?;
@@ -228,6 +235,12 @@ pub fn check_purge(p: &PurgeParams) -> Result<(), StoreError> {
         check_key(&what, "status", status)?;
         if status.is_empty() {
             return Err(StoreError::Invalid(format!("{what}: a status is empty")));
+        }
+    }
+    for status in &p.parent_statuses {
+        check_key(&what, "parent status", status)?;
+        if status.is_empty() {
+            return Err(StoreError::Invalid(format!("{what}: a parent status is empty")));
         }
     }
     if p.limit == 0 || p.limit > PURGE_LIMIT_MAX {

@@ -5,8 +5,9 @@
 //! [`conformance_tests!`](crate::conformance_tests), which expands to one `#[tokio::test]` per case, so a failing
 //! case names itself (`fetch::skips_rows_whose_status_is_not_listed`). The cases live one file per area: [`fetch`],
 //! [`apply`], [`apply_batch`], [`refetch`], [`related`], [`heartbeat`], [`release`], [`rows`], [`update_unleased`],
-//! [`hint`], [`failure`], [`values`]. Each case is a `pub async fn case<H: Harness>(h: H)` that panics, naming the rows involved, when the
-//! store breaks the rule it is named after; change semantics here first, then in the backends.
+//! [`hint`], [`failure`], [`values`], [`purge`], [`parents`]. Each case is a `pub async fn case<H: Harness>(h: H)`
+//! that panics, naming the rows involved, when the store breaks the rule it is named after; change semantics here
+//! first, then in the backends.
 //!
 //! The cases fit a store on a manual clock (MemStore on [`ManualClock`](crate::store::ManualClock)) and one on
 //! real time (PostgreSQL's `now()` plus an offset) alike, because:
@@ -26,6 +27,7 @@ pub mod failure;
 pub mod fetch;
 pub mod heartbeat;
 pub mod hint;
+pub mod parents;
 pub mod purge;
 pub mod refetch;
 pub mod related;
@@ -222,6 +224,14 @@ macro_rules! __conformance_cases {
                 purge_keeps_a_parent_until_its_children_are_gone,
                 purge_deletes_at_most_its_limit_oldest_first,
                 purge_refuses_an_empty_kind_or_status_and_a_limit_out_of_range,
+                a_purge_racing_child_inserts_never_leaves_an_orphan,
+                purge_with_parent_statuses_deletes_only_children_of_a_parent_in_one_of_them,
+            }
+            parents {
+                an_insert_under_a_missing_parent_is_refused_and_stores_nothing,
+                an_apply_inserting_under_a_missing_parent_is_refused_and_keeps_the_lease,
+                an_apply_batch_with_one_item_under_a_missing_parent_writes_nothing,
+                a_stale_apply_under_a_missing_parent_is_stale_not_refused,
             }
             hint {
                 hint_with_a_row_marks_only_that_row_hinted,
@@ -481,6 +491,7 @@ mod tests {
             ("fetch", include_str!("fetch.rs")),
             ("heartbeat", include_str!("heartbeat.rs")),
             ("hint", include_str!("hint.rs")),
+            ("parents", include_str!("parents.rs")),
             ("refetch", include_str!("refetch.rs")),
             ("related", include_str!("related.rs")),
             ("purge", include_str!("purge.rs")),

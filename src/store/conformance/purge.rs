@@ -7,7 +7,13 @@ use crate::store::{NewEvent, PURGE_LIMIT_MAX, PurgeParams, RowUpdate, StoreError
 const AGE: Duration = Duration::from_secs(3600);
 
 fn rule(kind: &str, limit: usize) -> PurgeParams {
-    PurgeParams { kind: kind.to_string(), statuses: vec!["done".to_string()], older_than: AGE, limit }
+    PurgeParams {
+        kind: kind.to_string(),
+        statuses: vec!["done".to_string()],
+        older_than: AGE,
+        limit,
+        parent_statuses: Vec::new(),
+    }
 }
 
 async fn purge<H: Harness>(h: &H, params: PurgeParams) -> usize {
@@ -110,7 +116,73 @@ pub async fn purge_refuses_an_empty_kind_or_status_and_a_limit_out_of_range<H: H
     refused(PurgeParams { statuses: Vec::new(), ..rule("job", 10) }, "statuses").await;
     refused(PurgeParams { kind: String::new(), ..rule("job", 10) }, "kind").await;
     refused(PurgeParams { statuses: vec![String::new()], ..rule("job", 10) }, "status").await;
+    refused(PurgeParams { parent_statuses: vec![String::new()], ..rule("job", 10) }, "parent status").await;
     refused(rule("job", 0), "limit").await;
     refused(rule("job", PURGE_LIMIT_MAX + 1), "limit").await;
     assert!(exists(&h, row.id).await, "a refused purge deleted a row");
+}
+
+/// A purge racing child inserts never leaves a child whose parent is gone (DESIGN §2, "Parents"): each insert under
+/// a finished, old parent either goes in and keeps its parent (the purge passes over a parent while a child is
+/// being inserted under it, then sees the child), or is refused with `Invalid` because the purge deleted the parent
+/// first. On PostgreSQL the calls run at once on the pool's connections, so some inserts overlap a purge's
+/// transaction (without the parent foreign key, a purge that could not see an uncommitted child deleted its
+/// parent, and every insert after the purge went in under a parent that was gone).
+pub async fn a_purge_racing_child_inserts_never_leaves_an_orphan<H: Harness>(h: H) {
+    const PARENTS: usize = 40;
+    let mut parents = Vec::with_capacity(PARENTS);
+    for _ in 0..PARENTS {
+        parents.push(done(&h, "operation").await.id);
+    }
+    h.advance(past(AGE));
+    let store = h.store();
+    // A purge of a few parents after every few inserts, all in flight together.
+    let inserts = parents.iter().map(|parent| async move {
+        (*parent, store.insert(NewRow::new("job", READY, json!({})).with_parent(*parent)).await)
+    });
+    let purges = (0..PARENTS / 4).map(|_| async move { store.purge(rule("operation", 4)).await.expect("purge") });
+    let (inserted, _) = tokio::join!(futures_util::future::join_all(inserts), futures_util::future::join_all(purges));
+    let (mut kept, mut refused) = (0, 0);
+    for (parent, outcome) in inserted {
+        match outcome {
+            Ok(child) => {
+                kept += 1;
+                assert!(exists(&h, parent).await, "child {} went in, and its parent {parent} is gone", child.id);
+            }
+            Err(StoreError::Invalid(message)) => {
+                refused += 1;
+                assert!(message.contains(&format!("parent_id {parent} names no row")), "{message}");
+                assert!(!exists(&h, parent).await, "an insert under {parent} was refused, and the parent is there");
+            }
+            Err(other) => panic!("an insert under {parent} failed: {other}"),
+        }
+    }
+    assert_eq!(kept + refused, PARENTS);
+    for child in store.list("job", None).await.expect("list") {
+        let parent = child.parent_id.expect("every job has a parent");
+        assert!(exists(&h, parent).await, "job {} names its parent {parent}, which is gone", child.id);
+    }
+    // Every parent left either keeps a child or was passed over; a purge now deletes only the childless ones.
+    let left = store.list("operation", None).await.expect("list").len();
+    assert_eq!(left - purge(&h, rule("operation", 100)).await, kept, "parents left with a child");
+}
+
+/// With parent statuses, a row goes only while its parent is in one of them: children of a finished parent go,
+/// children of a running one and parentless rows stay, and a child goes once its parent has finished.
+pub async fn purge_with_parent_statuses_deletes_only_children_of_a_parent_in_one_of_them<H: Harness>(h: H) {
+    let finished = insert_new(&h, NewRow::new("operation", "completed", json!({}))).await;
+    let running = insert(&h, "operation").await;
+    let of_finished = insert_new(&h, NewRow::new("job", "done", json!({})).with_parent(finished.id)).await;
+    let of_running = insert_new(&h, NewRow::new("job", "done", json!({})).with_parent(running.id)).await;
+    let parentless = done(&h, "job").await;
+    h.advance(past(AGE));
+    let params = PurgeParams { parent_statuses: vec!["completed".into(), "failed".into()], ..rule("job", 100) };
+    assert_eq!(purge(&h, params.clone()).await, 1, "only the child of the finished operation");
+    assert!(!exists(&h, of_finished.id).await, "job {} of a finished operation stayed", of_finished.id);
+    assert!(exists(&h, of_running.id).await, "job {} of a running operation was deleted", of_running.id);
+    assert!(exists(&h, parentless.id).await, "a job without a parent was deleted");
+    let lease = lease_single(&h, PARENT_PIPELINE, &running).await;
+    applied_now(&apply(&h, ApplyParams::new(lease, RowUpdate::status("failed"))).await, lease);
+    assert_eq!(purge(&h, params).await, 1, "the child of the operation that has failed since");
+    assert!(!exists(&h, of_running.id).await);
 }

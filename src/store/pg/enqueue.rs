@@ -9,6 +9,7 @@
 use super::{PgStore, error, listen, sql, write};
 use crate::store::{
     InsertKeyedParams, KeyedInsert, NewHint, NewRow, RowId, StoreError, check_insert_keyed, check_new_row,
+    parent_missing,
 };
 use sqlx::postgres::types::PgInterval;
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
@@ -33,7 +34,8 @@ impl PgStore {
     /// Errors: `Invalid` for a row [`Store::insert`](crate::store::Store::insert) would refuse (naming
     /// `insert_in: rows[i]`), before any statement, with the caller's transaction untouched; otherwise the
     /// statement's error (`Conflict`, `Unavailable`, `Invalid` for a value only PostgreSQL judges, such as a jsonb
-    /// string past its 256 MiB limit, `Other`, which names the caller's own `lock_timeout` or `statement_timeout`
+    /// string past its 256 MiB limit or a `parent_id` that names no row the transaction sees (a parent that another
+    /// transaction deletes waits for it, and is missing if it commits: DESIGN §2, "Parents"), `Other`, which names the caller's own `lock_timeout` or `statement_timeout`
     /// when one of them ended the statement), after which the caller's transaction is aborted and must be rolled
     /// back. An empty `rows` sends nothing and returns no ids.
     ///
@@ -47,10 +49,11 @@ impl PgStore {
             return Ok(Vec::new());
         }
         let hints = NewHint::kinds_of(&rows);
+        let parents: Vec<Option<RowId>> = rows.iter().map(|row| row.parent_id).collect();
         let statement = AssertSqlSafe(self.inner.caller_inserts.insert_many.as_str());
-        let ids = write::insert_rows_with(conn, statement, self.offset(), rows)
-            .await
-            .map_err(|e| error::caller_error(e, self.inner.waits))?;
+        let ids = write::insert_rows_with(conn, statement, self.offset(), rows).await.map_err(|e| {
+            self.caller_inserting(e, |parent| format!("insert_in: rows[{}]", super::naming(&parents, parent)))
+        })?;
         self.notify_in(conn, &hints).await?;
         Ok(ids)
     }
@@ -78,9 +81,19 @@ impl PgStore {
         let hint = NewHint::from(params.row.kind.as_str());
         let done = insert_keyed_on(conn, &self.inner.caller_inserts, self.offset(), params)
             .await
-            .map_err(|e| error::caller_error(e, self.inner.waits))?;
+            .map_err(|e| self.caller_inserting(e, |_| "insert_keyed_in".to_string()))?;
         self.notify_in(conn, &[hint]).await?;
         Ok(done)
+    }
+
+    /// The error of an insert on the caller's connection: a row that named a parent that does not exist is refused
+    /// as MemStore refuses it (`label(parent)` names the call and the row), anything else as
+    /// [`error::caller_error`] maps it.
+    fn caller_inserting(&self, err: sqlx::Error, label: impl FnOnce(RowId) -> String) -> StoreError {
+        match error::missing_parent(&err) {
+            Some(parent) => parent_missing(&label(parent), parent),
+            None => error::caller_error(err, self.inner.waits),
+        }
     }
 
     /// Sends `hints` (their kinds; rows are not marked) by `NOTIFY` on `conn`, in its transaction.

@@ -2,7 +2,7 @@
 //! connection URLs and passwords out of every message PgStore returns or logs.
 
 use super::options::Waits;
-use crate::store::StoreError;
+use crate::store::{RowId, StoreError};
 use sqlx::migrate::MigrateError;
 
 /// SQLSTATE codes after which the transaction may simply be retried: serialization failure and deadlock.
@@ -30,6 +30,47 @@ const INVALID_DATA_CLASS: &str = "22";
 /// SQLSTATE 54000 (program limit exceeded): e.g. an index row larger than a btree page allows. The store refuses
 /// such keys before SQL (`KEY_TEXT_BYTES_MAX`); this keeps one that slips past `Invalid` all the same.
 const LIMIT_EXCEEDED: &str = "54000";
+
+/// SQLSTATE 23503 (foreign_key_violation).
+const FOREIGN_KEY_VIOLATION: &str = "23503";
+
+/// The foreign key of `resources.parent_id` (`migrations/0008_parent_foreign_key.sql`).
+const PARENT_FOREIGN_KEY: &str = "resources_parent_fk";
+
+/// The parent that a row of the failed statement named and that does not exist: `err` is the violation of the
+/// parent foreign key by an insert, whose detail PostgreSQL writes as `Key (parent_id)=(12) is not present in table
+/// "resources".`. `None` for any other error, and for the violation by a delete (a parent still referenced:
+/// [`is_parent_still_referenced`]).
+pub(super) fn missing_parent(err: &sqlx::Error) -> Option<RowId> {
+    parent_violation(err).and_then(missing_parent_in)
+}
+
+/// The parent named by the detail of the parent foreign key's violation by an insert (`Key (parent_id)=(12) is
+/// not present in table "resources".`), if `detail` is one.
+fn missing_parent_in(detail: &str) -> Option<RowId> {
+    let id = detail.strip_prefix("Key (parent_id)=(")?.split(')').next()?;
+    id.parse().ok().map(RowId)
+}
+
+/// Whether `err` is the parent foreign key refusing a delete of a row that a row names as its parent (detail `Key
+/// (id)=(5) is still referenced from table "resources".`): a purge whose snapshot missed a child committed before it
+/// locked the parent (DESIGN §2, "Parents"). Nothing was deleted; the purge runs again and its next snapshot sees
+/// the child.
+pub(super) fn is_parent_still_referenced(err: &sqlx::Error) -> bool {
+    parent_violation(err).is_some_and(|detail| detail.starts_with(STILL_REFERENCED))
+}
+
+/// How PostgreSQL's detail of the parent foreign key's violation by a delete begins.
+const STILL_REFERENCED: &str = "Key (id)=(";
+
+/// PostgreSQL's detail of a violation of the parent foreign key, if `err` is one.
+fn parent_violation(err: &sqlx::Error) -> Option<&str> {
+    let db = err.as_database_error()?;
+    if db.code().as_deref() != Some(FOREIGN_KEY_VIOLATION) || db.constraint() != Some(PARENT_FOREIGN_KEY) {
+        return None;
+    }
+    db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?.detail()
+}
 
 /// Maps a sqlx error to the store's error. `waits` are the store's bounds, reported by the `Timeout` of the one
 /// that ran out: the pool's wait for a connection, a lock wait (`lock_timeout`) or a statement
@@ -202,6 +243,16 @@ fn token_end(text: &str, from: usize) -> usize {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn the_parent_keys_violation_by_an_insert_names_the_parent_and_by_a_delete_none() {
+        let insert = "Key (parent_id)=(12) is not present in table \"resources\".";
+        assert_eq!(missing_parent_in(insert), Some(RowId(12)));
+        let delete = "Key (id)=(5) is still referenced from table \"resources\".";
+        assert_eq!(missing_parent_in(delete), None);
+        assert!(delete.starts_with(STILL_REFERENCED) && !insert.starts_with(STILL_REFERENCED));
+        assert_eq!(missing_parent_in("Key (parent_id)=(x) is not present"), None);
+    }
 
     #[test]
     fn scrub_removes_urls_with_credentials() {

@@ -29,7 +29,7 @@ use crate::store::{
     HINT_BUFFER_LEN_MAX, HeartbeatParams, Hint, InsertKeyedParams, KeyedInsert, Lease, LockOutcome, LockRead,
     LockRelatedParams, NewHint, NewRow, PurgeParams, Retry, Row, RowId, RowQuery, RowUpdate, Store, StoreError,
     Timestamp, WriteOutcome, bounded_error, check_apply, check_failure, check_fetch, check_insert_keyed, check_key,
-    check_new_row, check_purge, check_query, check_text, check_update, duration_micros,
+    check_new_row, check_purge, check_query, check_text, check_update, duration_micros, parent_missing,
 };
 use codec::{PgTime, interval};
 use session::Session;
@@ -96,9 +96,11 @@ impl PgStore {
             if !simple || self.inner.history.is_some() {
                 let record = self.inner.history.is_some().then_some(self);
                 let outcome = self
-                    .run_again_on_conflict("apply", || {
-                        write::apply_in_transaction(&self.inner.pool, self.offset(), p.clone(), record, guarded)
-                    })
+                    .run_inserting(
+                        "apply",
+                        || write::apply_in_transaction(&self.inner.pool, self.offset(), p.clone(), record, guarded),
+                        |parent| apply_naming(std::slice::from_ref(&p), parent),
+                    )
                     .await?;
                 if record.is_some() && outcome == ApplyOutcome::Stale {
                     self.record_stale_apply(p.lease).await;
@@ -142,10 +144,14 @@ impl PgStore {
                 }
                 _ => {
                     let outcomes = self
-                        .run_again_on_conflict("apply_batch", || {
-                            let record = self.inner.history.is_some().then_some(self);
-                            apply_batch::apply_batch(&self.inner.pool, self.offset(), batch.clone(), record)
-                        })
+                        .run_inserting(
+                            "apply_batch",
+                            || {
+                                let record = self.inner.history.is_some().then_some(self);
+                                apply_batch::apply_batch(&self.inner.pool, self.offset(), batch.clone(), record)
+                            },
+                            |parent| apply_naming(&batch, parent),
+                        )
                         .await?;
                     if self.inner.history.is_some() {
                         let stale = batch.iter().zip(&outcomes).filter(|(_, o)| **o == ApplyOutcome::Stale);
@@ -583,6 +589,31 @@ impl PgStore {
         error::store_error(err, self.inner.waits)
     }
 
+    /// [`PgStore::fail`] for a call that inserts rows: a row that named a parent that does not exist (the parent
+    /// foreign key, SQLSTATE 23503) is refused as MemStore refuses it ([`parent_missing`]), `label(parent)` naming
+    /// the call and the first of its rows that names `parent`.
+    fn fail_inserting(&self, err: sqlx::Error, label: impl FnOnce(RowId) -> String) -> StoreError {
+        match error::missing_parent(&err) {
+            Some(parent) => parent_missing(&label(parent), parent),
+            None => self.fail(err),
+        }
+    }
+
+    /// [`PgStore::run_again_on_conflict`] for a call that inserts rows, its errors mapped by
+    /// [`PgStore::fail_inserting`].
+    async fn run_inserting<T, F, Fut>(
+        &self,
+        what: &str,
+        call: F,
+        label: impl FnOnce(RowId) -> String,
+    ) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        retry::conflicts(&self.inner.conflict_retries, what, call).await.map_err(|e| self.fail_inserting(e, label))
+    }
+
     /// Runs `call`, one whole transaction (or a single statement), and runs it again at once after a
     /// serialization failure or deadlock, a bounded number of times (DESIGN §2; see `retry`). `what` names the
     /// call in logs.
@@ -1018,7 +1049,7 @@ impl Store for PgStore {
                 .bind(Json(new.data))
                 .fetch_one(&self.inner.pool)
                 .await
-                .map_err(|e| self.fail(e))?;
+                .map_err(|e| self.fail_inserting(e, |_| "insert".to_string()))?;
             codec::row(&row).map_err(|e| self.fail(e))
         })
         .await
@@ -1032,10 +1063,13 @@ impl Store for PgStore {
             check_key(&format!("insert_many: hints[{i}]"), "kind", &hint.kind)?;
         }
         // One statement (`INSERT … SELECT FROM unnest(…)`): all rows or none, without a transaction's round trips.
+        let parents: Vec<Option<RowId>> = rows.iter().map(|row| row.parent_id).collect();
         let ids = self
             .bounded(async {
                 let mut conn = self.inner.pool.acquire().await.map_err(|e| self.fail(e))?;
-                write::insert_rows(&mut conn, self.offset(), rows).await.map_err(|e| self.fail(e))
+                write::insert_rows(&mut conn, self.offset(), rows).await.map_err(|e| {
+                    self.fail_inserting(e, |parent| format!("insert_many: rows[{}]", naming(&parents, parent)))
+                })
             })
             .await?;
         self.publish_hints(hints).await;
@@ -1044,9 +1078,11 @@ impl Store for PgStore {
 
     async fn insert_keyed(&self, p: InsertKeyedParams) -> Result<KeyedInsert, StoreError> {
         check_insert_keyed(&p)?;
-        self.bounded(self.run_again_on_conflict("insert_keyed", || {
-            write::insert_keyed_in_transaction(&self.inner.pool, self.offset(), p.clone())
-        }))
+        self.bounded(self.run_inserting(
+            "insert_keyed",
+            || write::insert_keyed_in_transaction(&self.inner.pool, self.offset(), p.clone()),
+            |_| "insert_keyed".to_string(),
+        ))
         .await
     }
 
@@ -1131,28 +1167,40 @@ impl Store for PgStore {
         self.bounded(async {
             check_purge(&p)?;
             let limit = i64::try_from(p.limit).expect("a checked limit fits i64");
-            let deleted: Vec<i64> = self
-                .run_again_on_conflict("purge", || async {
-                    let mut session = Session::acquire(&self.inner.pool).await?;
-                    let mut tx = session.begin().await?;
-                    let deleted: Vec<i64> = sqlx::query_scalar(sql::PURGE)
-                        .bind(self.offset())
-                        .bind(&p.kind)
-                        .bind(&p.statuses)
-                        .bind(interval(p.older_than))
-                        .bind(limit)
-                        .fetch_all(&mut *tx)
-                        .await?;
-                    if self.inner.history.is_some() {
-                        let mut ids: Vec<RowId> = deleted.iter().copied().map(RowId).collect();
-                        ids.sort_unstable();
-                        let op = CommitOp::Purge { kind: p.kind.clone(), deleted: ids };
-                        history::append(self, &mut tx, &op).await?;
+            let batch = || async {
+                let mut session = Session::acquire(&self.inner.pool).await?;
+                let mut tx = session.begin().await?;
+                let deleted: Vec<i64> = sqlx::query_scalar(sql::PURGE)
+                    .bind(self.offset())
+                    .bind(&p.kind)
+                    .bind(&p.statuses)
+                    .bind(interval(p.older_than))
+                    .bind(limit)
+                    .bind(&p.parent_statuses)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                if self.inner.history.is_some() {
+                    let mut ids: Vec<RowId> = deleted.iter().copied().map(RowId).collect();
+                    ids.sort_unstable();
+                    let op = CommitOp::Purge { kind: p.kind.clone(), deleted: ids };
+                    history::append(self, &mut tx, &op).await?;
+                }
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(deleted)
+            };
+            // A child committed after the statement's snapshot and before it locked the parent makes the parent's
+            // delete violate the parent foreign key: nothing was deleted, and the statement run again sees the child
+            // and keeps the parent.
+            let mut reruns = 0;
+            let deleted: Vec<i64> = loop {
+                match retry::conflicts(&self.inner.conflict_retries, "purge", batch).await {
+                    Err(err) if error::is_parent_still_referenced(&err) && reruns < retry::CONFLICT_RETRIES_MAX => {
+                        reruns += 1;
+                        tracing::debug!(kind = %p.kind, reruns, "a purged row got a child meanwhile: run again");
                     }
-                    tx.commit().await?;
-                    Ok(deleted)
-                })
-                .await?;
+                    outcome => break outcome.map_err(|e| self.fail(e))?,
+                }
+            };
             Ok(deleted.len())
         })
         .await
@@ -1195,6 +1243,22 @@ impl Store for PgStore {
     fn connection_limit(&self) -> Option<usize> {
         Some(self.inner.max_connections as usize)
     }
+}
+
+/// The index of the first of `parents` that is `parent` (0 if none is, which PostgreSQL's foreign key, naming a
+/// parent of the statement's rows, never reports).
+fn naming(parents: &[Option<RowId>], parent: RowId) -> usize {
+    parents.iter().position(|p| *p == Some(parent)).unwrap_or(0)
+}
+
+/// MemStore's name for the first insert of `batch` under `parent`: `apply 5#7: inserts[0]`.
+fn apply_naming(batch: &[ApplyParams], parent: RowId) -> String {
+    for p in batch {
+        if let Some(i) = p.inserts.iter().position(|row| row.parent_id == Some(parent)) {
+            return format!("apply {}#{}: inserts[{i}]", p.lease.id, p.lease.token);
+        }
+    }
+    "apply_batch".to_string()
 }
 
 /// The rows of one [`Store::query`] query on `executor` (mem.rs `State::query`): binds the filters given, in the

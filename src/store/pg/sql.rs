@@ -725,14 +725,17 @@ pub(super) const EVENTS: &str = "SELECT seq, row_id, kind, data, at FROM events 
 
 /// Retention (mem.rs `State::purge`, `Store::purge`): deletes up to `$5` rows of kind `$2` in one of the statuses
 /// `$3` whose `updated_at` is `$4` or more before now, oldest id first, that carry no live lease, lock or owner mark
-/// and that no row names as its parent, with their events. `SKIP LOCKED`: a row another transaction holds is left
-/// for the next call, so retention never waits for a lock a fetch or an apply holds (and never holds one past its
-/// own short transaction). Returns the deleted ids.
+/// and that no row names as its parent, with their events; with parent statuses `$6` (not empty), only rows whose
+/// parent is in one of them (a final status, which no write changes again, so the parent is not locked). `SKIP
+/// LOCKED`: a row another transaction holds is left for the next call, so retention never waits for a lock a fetch
+/// or an apply holds (and never holds one past its own short transaction). Returns the deleted ids.
 pub(super) const PURGE: &str = "WITH doomed AS (
     SELECT r.id FROM resources r
     WHERE r.kind = $2 AND r.status = ANY($3) AND r.updated_at <= lockstep_ts_minus(lockstep_now($1), $4)
       AND ((r.lock_token IS NULL AND r.lock_owner IS NULL) OR r.lock_expires_at <= lockstep_now($1))
       AND NOT EXISTS (SELECT 1 FROM resources c WHERE c.parent_id = r.id)
+      AND (cardinality($6::text[]) = 0
+           OR EXISTS (SELECT 1 FROM resources p WHERE p.id = r.parent_id AND p.status = ANY($6::text[])))
     ORDER BY r.id
     LIMIT $5
     FOR UPDATE SKIP LOCKED

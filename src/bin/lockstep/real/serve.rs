@@ -6,7 +6,7 @@
 use super::{Database, Failure, duration, lease_ttl, termination};
 use lockstep::gang::GangPlacement;
 use lockstep::gang::replica::ReplicaConfig;
-use lockstep::pipeline::ConfigError;
+use lockstep::pipeline::{ConfigError, RetentionRule};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,8 +64,21 @@ pub struct ServeArgs {
     /// queue) instead of failing as one that can never be placed.
     #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = "5m")]
     pub node_return_grace: Duration,
+    /// Deletes finished rows once this old (database clock), a pass a minute; repeat for several kinds. Off by
+    /// default: every row stays. Kinds that may go: `operation` (completed, failed, aborted), `job` (completed,
+    /// failed, aborted) and `inbox` (done, new), the last two only once their operation is final; never
+    /// `allocation` or `node`. E.g. `--retain job:completed,failed,aborted:168h --retain inbox:done,new:168h
+    /// --retain operation:completed,failed,aborted:720h`.
+    #[arg(long = "retain", value_name = "KIND:STATUS[,STATUS...]:AGE", value_parser = retain_rule)]
+    pub retain: Vec<RetentionRule>,
     #[command(flatten)]
     pub chaos: ChaosServe,
+}
+
+/// Parses one `--retain` rule and checks that the controller may run it ([`lockstep::gang::retention::rule`]); clap
+/// names the flag and the value in front of the message.
+fn retain_rule(text: &str) -> Result<RetentionRule, String> {
+    RetentionRule::parse(text).and_then(lockstep::gang::retention::rule)
 }
 
 /// `--drain-timeout`'s default: 20 s. The drains measured in `tests/real_e2e.rs` (a replica caught mid-pass, on a
@@ -109,6 +122,7 @@ impl ServeArgs {
             gang_unfit_timeout: self.gang_unfit_timeout,
             node_return_grace: self.node_return_grace,
             gang_gate_disabled_for_mutation_test: self.chaos.chaos_gang_gate_off,
+            retention: self.retain.clone(),
         }
     }
 }
@@ -271,6 +285,30 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         serve: ServeArgs,
+    }
+
+    #[test]
+    fn retain_rules_reach_the_replica_and_a_rule_that_is_not_safe_is_refused_naming_the_flag() {
+        let base = ["serve", "--database-url", "postgres://h/db"];
+        let parse = |extra: &[&str]| {
+            let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+            Cli::try_parse_from(args).map(|cli| cli.serve.replica_config().retention)
+        };
+        assert_eq!(parse(&[]).unwrap(), Vec::<RetentionRule>::new(), "off by default");
+        let rules = parse(&["--retain", "job:completed,failed:168h", "--retain", "operation:completed:720h"]).unwrap();
+        let week = Duration::from_secs(7 * 86_400);
+        let job = RetentionRule::new("job", &["completed", "failed"], week);
+        assert_eq!(rules[0], job.with_parent_statuses(&["completed", "failed", "aborted"]));
+        assert_eq!(rules[1], RetentionRule::new("operation", &["completed"], week * 30 / 7));
+        // docs/real-mode.md, "Retention", quotes this error whole.
+        let error = parse(&["--retain", "allocation:free:24h"]).unwrap_err().to_string();
+        let first = error.lines().next().expect("a line");
+        assert!(first.starts_with("error: invalid value 'allocation:free:24h' for '--retain <KIND:"), "{error}");
+        assert!(include_str!("../../../../docs/real-mode.md").contains(first), "the page does not quote: {first}");
+        let error = parse(&["--retain", "job:running:1h"]).unwrap_err().to_string();
+        assert!(error.contains("--retain") && error.contains("running is not a status a job row may go in"), "{error}");
+        let error = parse(&["--retain", "job:completed"]).unwrap_err().to_string();
+        assert!(error.contains("--retain") && error.contains("expected KIND:STATUS"), "{error}");
     }
 
     #[test]
