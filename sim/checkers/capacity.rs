@@ -6,10 +6,17 @@
 //!
 //! A lease is live from its fetch until a commit ends it (its apply, stale or not, its failure, its reset, its
 //! release) or, without a heartbeat that extends it, until its expiry (fetch or last heartbeat + the lease ttl): a
-//! replica that died or stalled holds nothing once its leases lapse. Replicas are the commits' callers
-//! (`replica-N`), so a replica that never fetched holds nothing and idles. A replica whose items were last turned
-//! away by rows its pipeline's items hold in another replica backs off (DESIGN §3, the contention backoff): its idle
-//! workers are no room until one of its related locks is taken again.
+//! replica that died holds nothing once its leases lapse. Replicas are the commits' callers (`replica-N`), so a
+//! replica that never fetched holds nothing and idles. A lapse does not free a worker still running the item's
+//! handler, though: the engine lets a handler run on past its lease, bounded by `handler_timeout` and not by the
+//! lease (its guarded apply still succeeds if no one took the row, docs/engine.md), so a lease that lapses before
+//! its worker's write under it (its apply, stale or not, its failure, its reset; read ahead in the history) holds
+//! its room until that write. A replica cut off from the store for longer than a lease ttl cannot heartbeat, and its
+//! workers are still busy with such items after the heal. A lease its holder never writes under again (a dead
+//! replica, a queued item dropped unstarted, a fetch whose answer was lost) frees its room at the lapse, as does a
+//! release after it (the heartbeater gives back queued items, not a worker's). A replica whose items were last
+//! turned away by rows its pipeline's items hold in another replica backs off (DESIGN §3, the contention backoff):
+//! its idle workers are no room until one of its related locks is taken again.
 
 use crate::store::{Commit, CommitOp, LockOutcome, LockToken, Timestamp};
 use std::collections::{BTreeMap, BTreeSet};
@@ -63,6 +70,9 @@ pub struct IdleClock<'a> {
     leases: BTreeMap<LockToken, Held>,
     expiries: BTreeSet<(Timestamp, LockToken)>,
     live: BTreeMap<(String, Option<Arc<str>>), usize>,
+    /// When a worker's write first ended each lease (apply, failure, reset), read ahead in the history: a lease that
+    /// lapses before it still holds its worker until then.
+    written: BTreeMap<LockToken, Timestamp>,
     /// Replicas of a pipeline whose last related lock was turned away by rows the pipeline's items hold elsewhere,
     /// with no lock taken since: the engine backs such a replica off (`Shared::backs_off_for_contention`), and its
     /// idle workers are no capacity, since what they would fetch meets the same holders.
@@ -71,8 +81,9 @@ pub struct IdleClock<'a> {
 }
 
 impl<'a> IdleClock<'a> {
-    /// A clock of `capacity`'s pipelines, every replica idle, starting at `start`.
-    pub fn new(capacity: &'a Capacity, start: Timestamp) -> IdleClock<'a> {
+    /// A clock of `capacity`'s pipelines, every replica idle, starting at `start`, for the commits of `history`
+    /// (read ahead for the workers' writes under lapsed leases; see the module doc).
+    pub fn new(capacity: &'a Capacity, start: Timestamp, history: &[Commit]) -> IdleClock<'a> {
         IdleClock {
             capacity,
             start,
@@ -80,6 +91,7 @@ impl<'a> IdleClock<'a> {
             leases: BTreeMap::new(),
             expiries: BTreeSet::new(),
             live: BTreeMap::new(),
+            written: worker_writes(history),
             contended: BTreeSet::new(),
             idle_us: BTreeMap::new(),
         }
@@ -93,7 +105,17 @@ impl<'a> IdleClock<'a> {
                 break;
             }
             self.count_until(expires);
-            self.end(token);
+            match self.written.get(&token) {
+                // The lease lapsed under a running handler: its worker is busy until its write.
+                Some(&written) if written > expires => {
+                    self.expiries.remove(&(expires, token));
+                    self.expiries.insert((written, token));
+                    if let Some(held) = self.leases.get_mut(&token) {
+                        held.expires = written;
+                    }
+                }
+                _ => self.end(token),
+            }
         }
         self.count_until(at);
     }
@@ -197,6 +219,19 @@ impl<'a> IdleClock<'a> {
     }
 }
 
+/// The first write of each lease's worker in `history` (its apply, stale or not, its failure, its reset), by token.
+fn worker_writes(history: &[Commit]) -> BTreeMap<LockToken, Timestamp> {
+    let mut written = BTreeMap::new();
+    for commit in history {
+        if let CommitOp::Apply { lease, .. } | CommitOp::Failure { lease, .. } | CommitOp::Reset { lease, .. } =
+            &commit.op
+        {
+            written.entry(lease.token).or_insert(commit.at);
+        }
+    }
+    written
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::fixtures::{apply, at, commit, lease};
@@ -223,10 +258,11 @@ mod tests {
     #[test]
     fn a_pipeline_whose_only_worker_holds_a_lease_is_not_idle_until_the_lease_ends() {
         let capacity = capacity();
-        let mut clock = IdleClock::new(&capacity, at(0));
-        for commit in [fetch_by(2, 1), apply(5, lease(1, 1), true)] {
+        let history = [fetch_by(2, 1), apply(5, lease(1, 1), true)];
+        let mut clock = IdleClock::new(&capacity, at(0), &history);
+        for commit in &history {
             clock.advance(commit.at);
-            clock.observe(&commit);
+            clock.observe(commit);
         }
         clock.advance(at(6));
         assert_eq!(clock.idle_us("p"), 3_000_000, "idle 0-2 s and 5-6 s");
@@ -237,13 +273,48 @@ mod tests {
     #[test]
     fn a_lease_not_heartbeated_lapses_at_its_expiry_and_a_heartbeat_extends_it() {
         let capacity = capacity();
-        let mut clock = IdleClock::new(&capacity, at(0));
         let heartbeat = commit(8, CommitOp::Heartbeat { held: vec![lease(1, 1)] });
-        for commit in [fetch_by(0, 1), heartbeat] {
+        let history = [fetch_by(0, 1), heartbeat];
+        let mut clock = IdleClock::new(&capacity, at(0), &history);
+        for commit in &history {
             clock.advance(commit.at);
-            clock.observe(&commit);
+            clock.observe(commit);
         }
         clock.advance(at(30));
         assert_eq!(clock.idle_us("p"), 12_000_000, "held until 8 + 10 s, idle after");
+    }
+
+    /// A replica cut off from the store cannot heartbeat: its worker's lease lapses at 10 s while the handler
+    /// runs on, and its apply (stale here) comes at 14 s. The worker was busy until then, not idle from 10 s. A
+    /// lease its holder never writes under again (a dead replica, an item dropped from the queue) frees its worker
+    /// at the lapse, and so does a release after the lapse (the heartbeater gives back queued items, not a
+    /// worker's).
+    #[test]
+    fn a_lease_that_lapsed_under_a_running_handler_holds_its_worker_until_its_write() {
+        let capacity = capacity();
+        let idle_by = |history: &[Commit], until: u64| {
+            let mut clock = IdleClock::new(&capacity, at(0), history);
+            for commit in history {
+                clock.advance(commit.at);
+                clock.observe(commit);
+            }
+            clock.advance(at(until));
+            clock.idle_us("p")
+        };
+        let by_replica = |mut commit: Commit| {
+            commit.caller = Some(Arc::from("replica-0"));
+            commit
+        };
+        let stale = [fetch_by(0, 1), by_replica(apply(14, lease(1, 1), false))];
+        assert_eq!(idle_by(&stale, 20), 6_000_000, "busy until the stale apply at 14 s");
+        let failed = [
+            fetch_by(0, 1),
+            by_replica(commit(13, CommitOp::Failure { lease: lease(1, 1), attempts: None, gave_up: false })),
+        ];
+        assert_eq!(idle_by(&failed, 20), 7_000_000, "busy until the failure at 13 s");
+        let silent = [fetch_by(0, 1)];
+        assert_eq!(idle_by(&silent, 20), 10_000_000, "no later write: free at the lapse");
+        let released = [fetch_by(0, 1), by_replica(commit(14, CommitOp::Release { released: vec![lease(1, 1)] }))];
+        assert_eq!(idle_by(&released, 20), 10_000_000, "a release is no worker's: free at the lapse");
     }
 }

@@ -13,11 +13,12 @@
 //! 5. **a failed row waits for its retry**: a row whose failure was recorded is not leased again before the shortest
 //!    delay its pipeline's policy draws for that attempt;
 //! 6. **a fetch hint is acted on**: after the heal has settled ([`super::capacity::Capacity::settle`]), a hint of a
-//!    row kind is followed by a fetch of every pipeline of
-//!    that kind within [`HINT_PICKUP_BOUND`] of idle time (time in which some replica of the pipeline had an idle
-//!    worker, [`super::capacity`]): a fetcher that sleeps through hints leaves ready rows to its polling. A lock
-//!    of the pipeline turned away by rows its own items hold starts the wait again: a replica whose items meet its
-//!    pipeline's holders elsewhere backs off and lets hints wait, the holders having heard the same hint.
+//!    row kind is followed by a fetch of every pipeline of that kind within [`HINT_PICKUP_BOUND`] of idle time
+//!    (time in which some replica of the pipeline had an idle worker, [`super::capacity`]; a worker running a
+//!    handler on past a lapsed lease is busy until its write): a fetcher that sleeps through hints leaves ready
+//!    rows to its polling. A lock of the pipeline turned away by rows its own items hold starts the wait again: a
+//!    replica whose items meet its pipeline's holders elsewhere backs off and lets hints wait, the holders having
+//!    heard the same hint.
 //!
 //! Rules 1, 2, 5 and 6 are judged for the pipelines whose lease ttl and kinds are known (the built-in workload's row
 //! pipelines, [`CheckInput::capacity`]); 3 and 4 for every pipeline.
@@ -69,7 +70,8 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
     };
     // Rule 6: per pipeline, the first hint not yet followed by a fetch: its commit, its row, and the pipeline's idle
     // time then.
-    let mut clock = IdleClock::new(input.capacity, input.history.first().map_or(input.heal_at, |c| c.at));
+    let mut clock =
+        IdleClock::new(input.capacity, input.history.first().map_or(input.heal_at, |c| c.at), input.history);
     let mut unanswered: BTreeMap<String, (usize, Option<RowId>, u64)> = BTreeMap::new();
     let mut ignored: Vec<String> = Vec::new();
     let bound = HINT_PICKUP_BOUND.as_micros() as u64;
@@ -380,6 +382,45 @@ mod tests {
         let never = [hint];
         let error = judge(&never).expect_err("a hint never acted on");
         assert!(error.contains("tasks had not fetched"), "{error}");
+    }
+
+    /// Two `tasks` workers on one replica, as in `scenarios/tasks-hint-late.toml`. Task 8's lease lapses at 110 s
+    /// unrenewed (its replica was cut off from the store) while its worker runs the handler on; task 7 is leased at
+    /// 105 s into the other worker, and task 9 at 105 s into the queue, given back at 111 s with a hint of its kind;
+    /// the replica fetches again at 113 s, once task 8's handler returned (its apply stale at 112.5 s). Both workers
+    /// were busy from the hint to 112.5 s, so the hint waited 0.5 s of idle time: a worker is busy with its item
+    /// until its write, whatever became of the lease in the store (docs/engine.md: a handler runs on past a lapsed
+    /// lease, and its guarded apply succeeds if no one took the row). Without that late write the worker was free
+    /// from the lapse on, and 2 s of idle time fire.
+    #[test]
+    fn a_hint_while_a_handler_runs_on_past_its_lapsed_lease_waits_for_that_worker() {
+        let by_replica = |mut commit: Commit| {
+            commit.caller = Some(std::sync::Arc::from("replica-0"));
+            commit
+        };
+        let capacity = Capacity { workers: BTreeMap::from([("tasks".to_string(), 2)]), ..capacity() };
+        let rows = [row(7, "task", "finished"), row(8, "task", "finished"), row(9, "task", "finished")];
+        let history = [
+            by_replica(fetch(100, "tasks", 8, 1)),
+            by_replica(fetch(105, "tasks", 7, 4)),
+            by_replica(fetch(105, "tasks", 9, 2)),
+            by_replica(commit(111, CommitOp::Release { released: vec![lease(9, 2)] })),
+            commit(111, CommitOp::Hint { kind: "task".into(), row: None }),
+            millis(by_replica(apply(112, lease(8, 1), false)), 500),
+            by_replica(fetch(113, "tasks", 9, 3)),
+            by_replica(apply(114, lease(7, 4), true)),
+        ];
+        assert_eq!(check(&CheckInput { capacity: &capacity, ..input(&history, &[], &rows) }), Ok(()));
+        let free: Vec<Commit> = history
+            .iter()
+            .filter(|commit| !matches!(commit.op, CommitOp::Apply { applied: false, .. }))
+            .cloned()
+            .collect();
+        let error = check(&CheckInput { capacity: &capacity, ..input(&free, &[], &rows) }).expect_err("idle worker");
+        assert!(
+            error.contains("a hint of its kind: tasks fetched only 2.000 s of idle time later (rule 6)"),
+            "{error}"
+        );
     }
 
     #[test]

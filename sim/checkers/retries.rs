@@ -49,7 +49,8 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
     let mut due: RowMap<Due> = RowMap::new();
     // Retries not yet due, by when they fall due: the clock reads each pipeline's idle time at that instant.
     let mut pending: std::collections::BTreeSet<(Timestamp, RowId)> = std::collections::BTreeSet::new();
-    let mut clock = IdleClock::new(input.capacity, input.history.first().map_or(input.heal_at, |c| c.at));
+    let mut clock =
+        IdleClock::new(input.capacity, input.history.first().map_or(input.heal_at, |c| c.at), input.history);
     // The pipeline of each live lease's fetch, by row: a failure's retry is judged by its pipeline's idle time.
     let mut pipeline_of: RowMap<String> = RowMap::new();
     // When each row was last processed (its applied applies), for its place in fetch order; and the rows of `due`
