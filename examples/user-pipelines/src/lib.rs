@@ -1,4 +1,5 @@
-//! A user's pipelines, tested in lockstep's simulator: orders whose lines are charged at a payment service.
+//! A user's pipelines, tested in lockstep's simulator and run on PostgreSQL: orders whose lines are charged at a
+//! payment service.
 //!
 //! - `line` rows (`new` → `charged`) are charged by the `lines` pipeline: one call to the payment provider per
 //!   line, with the line's idempotency key, so a retry after a lost reply charges nothing twice.
