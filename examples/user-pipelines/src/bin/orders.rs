@@ -48,7 +48,8 @@ mod production {
     /// gives a pod between SIGTERM and SIGKILL, so the drain, not the kill, ends the process.
     const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
-    /// The command line.
+    /// The `lines` and `orders` pipelines on PostgreSQL, with one order enqueued at start: runs until SIGTERM or
+    /// Ctrl-C, then drains.
     #[derive(clap::Parser)]
     pub struct Args {
         /// PostgreSQL's URL (15+). Give one with a password through the variable, not the flag: a flag shows in the
