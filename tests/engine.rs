@@ -598,8 +598,9 @@ fn a_config_that_needs_more_connections_than_the_store_has_is_refused() {
     assert_eq!(
         error.unwrap_err().to_string(),
         "store allows 12 connections but the pipelines need 18 (workers + fetchers + heartbeater + apply batches in \
-         flight each): open the store with a pool of at least 18 (PgOptions::max_connections; `serve \
-         --max-connections`), or give the pipelines fewer workers"
+         flight each): open the store with a pool of at least 18 (PgOptions::with_pool_for(configs) sizes it for the \
+         configs you register, or set PgOptions::max_connections; `serve --max-connections`), or give the pipelines \
+         fewer workers"
     );
 }
 
@@ -1074,6 +1075,44 @@ async fn items_that_lock_each_others_rows_as_shared_finish() {
         }
         manager.shutdown().await;
     }
+}
+
+/// Two pipelines of the default config need 50 connections, twice the default pool: on a store of the default
+/// options the second is refused (the error names `with_pool_for`), and on one whose pool `PgOptions::with_pool_for`
+/// sized from both configs, both register and run. A new user's trial: the example project's production binary
+/// could not start its two pipelines on a default `PgStore`.
+#[tokio::test]
+async fn two_default_pipelines_run_on_a_postgres_store_sized_for_them() {
+    let lines = PipelineConfig::new("lines", "line", &["ready"]);
+    let orders = PipelineConfig::new("orders", "order", &["ready"]);
+    let harness = support::pg::PgHarness::new().await;
+    let store = lockstep::store::conformance::Harness::store(&harness).clone();
+    let mut manager = PipelineManager::new(Arc::new(store), ManagerOptions { seed: 1 });
+    manager.register(lines.clone(), MarkDone::default()).expect("one default pipeline fits the default pool");
+    let error = manager.register(orders.clone(), MarkDone::default()).unwrap_err().to_string();
+    assert!(error.contains("pool of at least 50 (PgOptions::with_pool_for(configs)"), "{error}");
+
+    let harness = support::pg::PgHarness::with(|options| {
+        *options = options.clone().with_pool_for([&lines, &orders]);
+    })
+    .await;
+    let store = lockstep::store::conformance::Harness::store(&harness).clone();
+    let mut ids = Vec::new();
+    for kind in ["line", "order"] {
+        ids.push(store.insert(NewRow::new(kind, "ready", json!({}))).await.unwrap().id);
+    }
+    let mut manager = PipelineManager::new(Arc::new(store.clone()), ManagerOptions { seed: 1 });
+    manager.register(lines, MarkDone::default()).expect("lines on a pool sized for both");
+    manager.register(orders, MarkDone::default()).expect("orders on a pool sized for both");
+    manager.start();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    for id in ids {
+        while store.get(id).await.unwrap().is_none_or(|row| row.status != "done") {
+            assert!(std::time::Instant::now() < deadline, "row {id} not done within 60 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    manager.shutdown().await;
 }
 
 /// A pipeline of the default config runs on a store of the default options: the default pool

@@ -1,6 +1,7 @@
 //! The README and the pages under `docs/` stay true:
 //! - their examples are the code and files they name (`examples/quickstart.rs` and the user-pipelines test whole,
-//!   the annotated scenario files parse, the fault table lists every fault kind, the spec and its error);
+//!   the lines they quote of the enqueue example and the user-pipelines production binary, the annotated scenario
+//!   files parse, the fault table lists every fault kind, the spec and its error);
 //! - their shell blocks name commands, tests, examples, benches and files that exist (`real_e2e.rs` runs the real
 //!   mode walk-through's `lockstep` commands with `--help`);
 //! - every sample output they show is what its command prints today: each `text` block that follows a shell block
@@ -311,6 +312,21 @@ fn the_real_mode_page_quotes_the_enqueue_example() {
     let mut lines = example.lines().map(str::trim);
     for line in snippets[0].lines().map(str::trim).filter(|line| !line.is_empty()) {
         assert!(lines.any(|own| own == line), "examples/enqueue_in_transaction.rs has no line {line:?} (in order)");
+    }
+}
+
+/// The user-pipelines page's pool snippet is the production binary's code: each of its lines is a line of
+/// `examples/user-pipelines/src/bin/orders.rs` (indentation aside), in the binary's order.
+#[test]
+fn the_user_pipelines_page_quotes_the_production_binary() {
+    let user = page("docs/user-pipelines.md");
+    let section = user.section("## Run them on PostgreSQL");
+    let snippets = bodies(section, "rust,ignore");
+    assert_eq!(snippets.len(), 1, "one rust block in the PostgreSQL section");
+    let binary = include_str!("../examples/user-pipelines/src/bin/orders.rs");
+    let mut lines = binary.lines().map(str::trim);
+    for line in snippets[0].lines().map(str::trim).filter(|line| !line.is_empty()) {
+        assert!(lines.any(|own| own == line), "src/bin/orders.rs has no line {line:?} (in order)");
     }
 }
 

@@ -310,7 +310,8 @@ pub enum ConfigError {
     /// The store's connection pool cannot serve every worker, fetcher and heartbeater (DESIGN §3).
     #[error(
         "store allows {available} connections but the pipelines need {needed} (workers + fetchers + heartbeater + \
-         apply batches in flight each): open the store with a pool of at least {needed} (PgOptions::max_connections; \
+         apply batches in flight each): open the store with a pool of at least {needed} \
+         (PgOptions::with_pool_for(configs) sizes it for the configs you register, or set PgOptions::max_connections; \
          `serve --max-connections`), or give the pipelines fewer workers"
     )]
     Connections {

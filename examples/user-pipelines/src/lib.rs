@@ -1,4 +1,5 @@
-//! A user's pipelines, tested in lockstep's simulator: orders whose lines are charged at a payment service.
+//! A user's pipelines, tested in lockstep's simulator and run on PostgreSQL: orders whose lines are charged at a
+//! payment service.
 //!
 //! - `line` rows (`new` → `charged`) are charged by the `lines` pipeline: one call to the payment provider per
 //!   line, with the line's idempotency key, so a retry after a lost reply charges nothing twice.
@@ -7,12 +8,12 @@
 //!   writing the order's total.
 //!
 //! The handlers compile in both builds and are generic over the store (`S: Store`) and over the payment provider
-//! ([`Payments`]): in production you register them with a `PipelineManager` on `PgStore` and a `Payments` of your
-//! own (your HTTP client); in the simulator ([`sim`], `--cfg madsim`) the provider is a simulated external service
-//! and [`sim::orders`] is the pipeline set the tests (`tests/sim.rs`) and the scenario files
-//! (`src/bin/orders-sim.rs`) run.
+//! ([`Payments`]): in production (`src/bin/orders.rs`) they are registered with a `PipelineManager` on `PgStore`
+//! and a `Payments` of your own (your HTTP client); in the simulator ([`sim`], `--cfg madsim`) the provider is a
+//! simulated external service and [`sim::orders`] is the pipeline set the tests (`tests/sim.rs`) and the scenario
+//! files (`src/bin/orders-sim.rs`) run. Both register [`lines_config`] and [`orders_config`].
 
-use lockstep::pipeline::{Changes, Handler, LoadCx, WorkError};
+use lockstep::pipeline::{Changes, Handler, LoadCx, PipelineConfig, WorkError};
 use lockstep::store::{RelatedUpdate, Row, RowId, RowUpdate, Store};
 use serde_json::json;
 use std::future::Future;
@@ -39,6 +40,19 @@ pub enum Idempotency {
     On,
     /// Charges carry no key (the bug).
     Off,
+}
+
+/// The `lines` pipeline: `line` rows in status `new`, every other field at lockstep's default (20 workers, a 30 s
+/// lease). The production binary (`src/bin/orders.rs`) registers it as is; the simulator (`sim::orders`) with
+/// fewer workers and a shorter lease.
+pub fn lines_config() -> PipelineConfig {
+    PipelineConfig::new("lines", "line", &["new"])
+}
+
+/// The `orders` pipeline: `order` rows in status `open`, every other field at lockstep's default, as
+/// [`lines_config`].
+pub fn orders_config() -> PipelineConfig {
+    PipelineConfig::new("orders", "order", &["open"])
 }
 
 /// `line` rows: charge the line once, then mark it `charged`.
@@ -113,7 +127,7 @@ pub fn line_ids(order: &Row) -> Result<Vec<RowId>, WorkError> {
 /// project's own checker, and the pipeline set.
 #[cfg(madsim)]
 pub mod sim {
-    use super::{Idempotency, Lines, Orders, Payments, line_ids};
+    use super::{Idempotency, Lines, Orders, Payments, line_ids, lines_config, orders_config};
     use lockstep::pipeline::PipelineConfig;
     use lockstep::sim::user::{
         CheckInput, Checker, EffectRequest, PipelineSet, ServiceClient, ServiceOptions, WorkloadClient,
@@ -149,9 +163,9 @@ pub mod sim {
         };
         PipelineSet::new(name, move |replica| {
             let payments = replica.service("payments");
-            let lines = PipelineConfig { workers: 4, ..PipelineConfig::new("lines", "line", &["new"]) };
+            let lines = PipelineConfig { workers: 4, ..lines_config() };
             replica.register(lines.with_lease_ttl(LEASE_TTL), Lines { payments, idempotency })?;
-            let orders = PipelineConfig { workers: 2, ..PipelineConfig::new("orders", "order", &["open"]) };
+            let orders = PipelineConfig { workers: 2, ..orders_config() };
             replica.register(orders.with_lease_ttl(LEASE_TTL), Orders)
         })
         .final_statuses("order", &["done"])

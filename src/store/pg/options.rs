@@ -2,6 +2,7 @@
 //! sessions may wait.
 
 use crate::agent::NODE_LEASE_TTL_DEFAULT;
+use crate::pipeline::PipelineConfig;
 use crate::pipeline::config::LEASE_TTL_DEFAULT;
 use crate::store::StoreError;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
@@ -229,6 +230,29 @@ impl PgOptions {
         }
     }
 
+    /// The same options with a pool sized for `configs`, the pipelines that will be registered on the store: the
+    /// sum of their [`PipelineConfig::connections_needed`], at least 1, saturating at `u32::MAX`. That is the sum
+    /// [`PipelineManager::register`](crate::pipeline::PipelineManager::register) checks against
+    /// [`PgOptions::max_connections`] (DESIGN §3), so registering exactly `configs` never fails with
+    /// [`ConfigError::Connections`](crate::pipeline::ConfigError::Connections), whatever their worker counts: two
+    /// pipelines of the default config need 50, twice the default pool
+    /// ([`PgOptions::MAX_CONNECTIONS_DEFAULT`]). Store calls of your own beside the pipelines (`get`, `list`,
+    /// `insert`) share the pool: add a connection or two for them. `insert_in` runs on your connection, not the
+    /// pool's.
+    ///
+    /// ```
+    /// # use lockstep::{PgOptions, PipelineConfig};
+    /// let lines = PipelineConfig::new("lines", "line", &["new"]);
+    /// let orders = PipelineConfig { workers: 2, ..PipelineConfig::new("orders", "order", &["open"]) };
+    /// let options = PgOptions::new("postgres://127.0.0.1/app").with_pool_for([&lines, &orders]);
+    /// assert_eq!(options.max_connections as usize, lines.connections_needed() + orders.connections_needed());
+    /// ```
+    pub fn with_pool_for<'a>(mut self, configs: impl IntoIterator<Item = &'a PipelineConfig>) -> PgOptions {
+        let needed: usize = configs.into_iter().map(PipelineConfig::connections_needed).sum();
+        self.max_connections = u32::try_from(needed.max(1)).unwrap_or(u32::MAX);
+        self
+    }
+
     /// Checks the listener's session-check options (see [`PgOptions::listen_check_interval`]).
     ///
     /// Errors: `Invalid` naming `listen_check_timeout` when it is zero while the checks are on.
@@ -395,6 +419,21 @@ mod tests {
         assert!(error.contains("listen_check_timeout: 0s must be more than zero"), "{error}");
         options.listen_check_interval = Duration::ZERO;
         assert!(options.check_listen().is_ok(), "checks off: no time-out needed");
+    }
+
+    #[test]
+    fn a_pool_sized_for_two_default_pipelines_holds_both() {
+        let lines = PipelineConfig::new("lines", "line", &["new"]);
+        let orders = PipelineConfig::new("orders", "order", &["open"]);
+        let needed = lines.connections_needed() + orders.connections_needed();
+        assert!(needed > PgOptions::MAX_CONNECTIONS_DEFAULT as usize, "the default pool cannot hold both");
+        let options = PgOptions::new("postgres://h/db").with_pool_for([&lines, &orders]);
+        assert_eq!(options.max_connections as usize, needed);
+        let small = PipelineConfig { workers: 1, fetchers: 1, ..PipelineConfig::new("s", "s", &["new"]) };
+        let options = PgOptions::new("postgres://h/db").with_pool_for([&small]);
+        assert_eq!(options.max_connections, 1 + 1 + 1 + 2, "smaller than the default pool when that is enough");
+        let options = PgOptions::new("postgres://h/db").with_pool_for([]);
+        assert_eq!(options.max_connections, 1, "a pool is never empty");
     }
 
     #[test]

@@ -1,0 +1,94 @@
+//! The production binary (`src/bin/orders.rs`) on real PostgreSQL, in a schema of its own: the order it enqueues is
+//! charged and closed by its pipelines, and SIGTERM drains it and ends it with status 0.
+//!
+//! The database is `DATABASE_URL`, or `postgres://postgres@127.0.0.1:5432/test` when it is unset; a test that cannot
+//! reach it fails, never skips. Its schema is dropped when it passes and kept, named in the failure, when it fails.
+#![cfg(not(madsim))]
+
+use lockstep::store::{PgOptions, PgStore, Row, Store};
+use std::process::Stdio;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::ChildStderr;
+use tokio::time::{Instant, timeout};
+
+/// The longest wait for each step: the start (connect, migrate, enqueue), the order's close, the drain.
+const STEP_WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// The binary's log, read as it comes, and every line read so far (printed when the test fails).
+struct Log {
+    lines: Lines<BufReader<ChildStderr>>,
+    read: String,
+}
+
+impl Log {
+    /// Reads lines until one contains `text`; panics, with the log, when the log ends first or `STEP_WAIT_MAX`
+    /// passes.
+    async fn wait_for(&mut self, text: &str, context: &str) {
+        let deadline = Instant::now() + STEP_WAIT_MAX;
+        loop {
+            let line = match tokio::time::timeout_at(deadline, self.lines.next_line()).await {
+                Ok(Ok(Some(line))) => line,
+                Ok(Ok(None)) => panic!("{context}: the log ended before {text:?}:\n{}", self.read),
+                Ok(Err(error)) => panic!("{context}: reading the log: {error}\n{}", self.read),
+                Err(_) => panic!("{context}: no {text:?} within {STEP_WAIT_MAX:?}:\n{}", self.read),
+            };
+            self.read.push_str(&line);
+            self.read.push('\n');
+            if line.contains(text) {
+                return;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_production_binary_closes_its_order_and_drains_on_sigterm() {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let schema = format!("orders_{}_{nanos}", std::process::id());
+    let context = format!("schema {schema} (kept)");
+    let mut binary = tokio::process::Command::new(env!("CARGO_BIN_EXE_orders"))
+        .env("DATABASE_URL", &url)
+        .env("LOCKSTEP_SCHEMA", &schema)
+        .env("RUST_LOG", "info,sqlx=warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true) // a failing test leaves no process behind
+        .spawn()
+        .expect("the binary starts");
+    let lines = BufReader::new(binary.stderr.take().expect("stderr is piped")).lines();
+    let mut log = Log { lines, read: String::new() };
+    log.wait_for("enqueued an order and its lines", &context).await;
+
+    // The binary made and migrated the schema: a store that runs no DDL opens on it.
+    let options = PgOptions { schema: schema.clone(), max_connections: 2, migrate: false, ..PgOptions::new(&url) };
+    let store = PgStore::connect_with(options).await.unwrap_or_else(|error| panic!("{context}: {error}"));
+    let deadline = Instant::now() + STEP_WAIT_MAX;
+    let order = loop {
+        let orders = store.list("order", None).await.unwrap();
+        assert_eq!(orders.len(), 1, "{context}: one order enqueued: {orders:?}");
+        if orders[0].status == "done" {
+            break orders[0].clone();
+        }
+        assert!(Instant::now() < deadline, "{context}: order not done within {STEP_WAIT_MAX:?}:\n{}", log.read);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let lines: Vec<Row> = store.list("line", None).await.unwrap();
+    assert_eq!(order.data["total"], 25 + 40 + 10, "{context}: the order's total: {order:?}");
+    assert_eq!(order.data["lines"], serde_json::json!(lines.iter().map(|line| line.id).collect::<Vec<_>>()));
+    assert!(lines.iter().all(|line| line.status == "done"), "{context}: every line done: {lines:?}");
+    assert!(lines.iter().all(|line| line.data["payment"].as_u64().is_some()), "{context}: charged: {lines:?}");
+
+    let pid = binary.id().expect("the binary runs") as i32;
+    // SAFETY: kill only sends a signal, to the child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "{context}: SIGTERM to {pid}");
+    log.wait_for("SIGTERM: draining", &context).await;
+    log.wait_for("drained", &context).await;
+    let status = timeout(STEP_WAIT_MAX, binary.wait()).await;
+    let status = status.unwrap_or_else(|_| panic!("{context}: no exit within {STEP_WAIT_MAX:?}")).unwrap();
+    assert!(status.success(), "{context}: {status}:\n{}", log.read);
+
+    store.close().await;
+    PgStore::drop_schema(&url, &schema).await.unwrap();
+}
