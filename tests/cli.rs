@@ -81,12 +81,17 @@ fn a_program_a_test_starts_sees_none_of_the_callers_madsim_variables() {
 }
 
 /// Every test file, and the example project's, starts programs through its helper (`tests/support/command.rs`,
-/// and the example project's own `orders_sim`), so none inherits the caller's `MADSIM_*` variables: the only
+/// and the example project's own `orders_sim` and production test), so none inherits the caller's `MADSIM_*` variables: the only
 /// `Command::new` is the helpers' own.
 #[test]
 fn every_test_starts_its_programs_through_the_helper_that_clears_madsim_variables() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let allowed = [("tests/support/command.rs", 1), ("tests/cli.rs", 1), ("examples/user-pipelines/tests/cli.rs", 1)];
+    let allowed = [
+        ("tests/support/command.rs", 1),
+        ("tests/cli.rs", 1),
+        ("examples/user-pipelines/tests/cli.rs", 1),
+        ("examples/user-pipelines/tests/production.rs", 1),
+    ];
     let mut files = Vec::new();
     for dir in ["tests", "tests/support", "tests/gang_support", "examples/user-pipelines/tests"] {
         for entry in std::fs::read_dir(root.join(dir)).unwrap_or_else(|error| panic!("{dir}: {error}")) {

@@ -15,7 +15,7 @@
 
 mod support;
 
-use support::command::clean_command;
+use support::command::{cargo_command, clean_command};
 use support::scratch::Scratch;
 
 use std::collections::BTreeSet;
@@ -849,12 +849,12 @@ fn sim_binary(_: &[&str], _: &Path) -> Option<Output> {
 
 /// Builds and runs an example through cargo in this build's target dir (the alias `sim-run` with `RUSTFLAGS`
 /// unset for the simulator build), as the page tells a reader to.
-fn example_output(cargo_command: &str, example: &str, build: Build) -> Option<Output> {
+fn example_output(subcommand: &str, example: &str, build: Build) -> Option<Output> {
     if build != THIS_BUILD {
         return None;
     }
-    let mut cargo = clean_command(env!("CARGO"));
-    cargo.args([cargo_command, "--quiet", "--example", example]).current_dir(root());
+    let mut cargo = cargo_command();
+    cargo.args([subcommand, "--quiet", "--example", example]).current_dir(root());
     if build == Build::Sim {
         // A RUSTFLAGS variable would replace the alias's `--cfg madsim` (notes/madsim.md pitfall 1).
         cargo.env_remove("RUSTFLAGS").env_remove("CARGO_ENCODED_RUSTFLAGS");
@@ -862,7 +862,7 @@ fn example_output(cargo_command: &str, example: &str, build: Build) -> Option<Ou
     let output = cargo.output().unwrap();
     assert!(
         output.status.success(),
-        "cargo {cargo_command} --example {example}: {}",
+        "cargo {subcommand} --example {example}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
     // cargo's own lines (a build, warnings) go to stderr: only the example's stdout is its output.

@@ -48,7 +48,14 @@ async fn the_production_binary_closes_its_order_and_drains_on_sigterm() {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
     let schema = format!("orders_{}_{nanos}", std::process::id());
     let context = format!("schema {schema} (kept)");
-    let mut binary = tokio::process::Command::new(env!("CARGO_BIN_EXE_orders"))
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_orders"));
+    // The caller's `MADSIM_*` variables are this test binary's knobs, not the program's (as in `tests/cli.rs`).
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("MADSIM_") {
+            command.env_remove(name);
+        }
+    }
+    let mut binary = command
         .env("DATABASE_URL", &url)
         .env("LOCKSTEP_SCHEMA", &schema)
         .env("RUST_LOG", "info,sqlx=warn")
