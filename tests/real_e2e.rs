@@ -979,6 +979,8 @@ fn the_readme_real_mode_walkthrough_uses_commands_flags_and_a_spec_that_exist() 
     assert_eq!(spec.tasks["worker"].command, SEED_GANG_COMMAND);
 
     let mut commands = BTreeSet::new();
+    // A command continued on the next line (`\` at the end) is one command.
+    let section = section.replace("\\\n", " ");
     for line in section.lines().map(str::trim) {
         // A command starts a line, or follows `$(` or `watch -n 1 `; `$op` stands for an operation id.
         let starts = ["$(lockstep ", "watch -n 1 lockstep "];

@@ -48,13 +48,15 @@ pub fn rule(rule: RetentionRule) -> Result<RetentionRule, String> {
         let kind = &rule.kind;
         return Err(format!("{status} is not a status a {kind} row may go in (those are: {})", allowed.join(", ")));
     }
-    if !rule.parent_statuses.is_empty() {
+    let parent = match rule.kind.as_str() {
+        KIND_JOB | KIND_INBOX => operation_final(),
+        _ => Vec::new(),
+    };
+    // A rule this function returned already carries the parent condition: checking it again changes nothing.
+    if !rule.parent_statuses.is_empty() && rule.parent_statuses.iter().map(String::as_str).ne(parent.iter().copied()) {
         return Err(format!("{} rule with parent statuses: the controller sets them itself", rule.kind));
     }
-    Ok(match rule.kind.as_str() {
-        KIND_JOB | KIND_INBOX => rule.with_parent_statuses(&operation_final()),
-        _ => rule,
-    })
+    Ok(if parent.is_empty() { rule } else { rule.with_parent_statuses(&parent) })
 }
 
 /// `rules` as the controller runs them, in the order each pass runs them: children (`job`, then `inbox`) before

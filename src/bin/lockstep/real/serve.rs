@@ -311,6 +311,28 @@ mod tests {
         assert!(error.contains("--retain") && error.contains("expected KIND:STATUS"), "{error}");
     }
 
+    /// The page's example rules start a replica: the rules `--retain` checked are checked again by the replica
+    /// (a trial found every `job` and `inbox` rule refused there, after connecting, with exit 2).
+    #[tokio::test]
+    async fn the_pages_retention_rules_start_a_replica() {
+        use lockstep::store::{MemStore, Timestamp, TokioClock};
+        let args = [
+            "serve",
+            "--database-url",
+            "postgres://h/db",
+            "--retain",
+            "job:completed,failed,aborted:168h",
+            "--retain",
+            "inbox:done,new:168h",
+            "--retain",
+            "operation:completed,failed,aborted:720h",
+        ];
+        let config = Cli::try_parse_from(args).unwrap().serve.replica_config();
+        let store = std::sync::Arc::new(MemStore::new(TokioClock::new(Timestamp::EPOCH)));
+        let mut manager = config.start(store).expect("the replica starts with the page's rules");
+        manager.abort();
+    }
+
     #[test]
     fn serve_defaults_are_the_engines() {
         let cli = Cli::try_parse_from(["serve", "--database-url", "postgres://h/db"]).unwrap();
