@@ -164,6 +164,19 @@ pub enum Fault {
         /// How long its hints are dropped.
         span: Duration,
     },
+    /// A replica's monotonic clock jumps by `by` at once, forwards or (with `back`) backwards, and runs on from
+    /// there at its rate (a virtual machine's clock stepped after a migration; under libfaketime, an offset that
+    /// changes). Forwards, the replica finds its leases' local deadlines nearer and gives items up early;
+    /// backwards, it trusts its leases for `by` longer than the store does, and its late writes are refused by
+    /// the guarded apply (their tokens are stale once another replica took the rows).
+    ClockJump {
+        /// The replica whose clock jumps.
+        replica: usize,
+        /// How far it jumps: scenario files take up to 10 minutes.
+        by: Duration,
+        /// Whether it jumps backwards.
+        back: bool,
+    },
     /// A replica crashes again each time it starts, for `span` (a process that dies at start under a supervisor
     /// that restarts it): it runs for 0.05 to 0.5 s, dies, and is started again 0.5 to 2 s later; at the end it is
     /// started and left to run.
@@ -264,11 +277,14 @@ pub enum FaultKind {
     HintLoss,
     /// [`Fault::CrashLoop`] of a random replica.
     CrashLoop,
+    /// [`Fault::ClockJump`] of a random replica by a span drawn from the process's `span`, backwards half the
+    /// time.
+    ClockJump,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 18] = [
+    pub const ALL: [FaultKind; 19] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
@@ -287,6 +303,7 @@ impl FaultKind {
         FaultKind::AgentCalls,
         FaultKind::HintLoss,
         FaultKind::CrashLoop,
+        FaultKind::ClockJump,
     ];
 
     /// Whether the kind's faults target agent nodes (a world without agents runs no such process).
@@ -328,6 +345,7 @@ impl FaultKind {
             FaultKind::AgentCalls => "agent-calls",
             FaultKind::HintLoss => "hint-loss",
             FaultKind::CrashLoop => "crash-loop",
+            FaultKind::ClockJump => "clock-jump",
         }
     }
 }
@@ -375,6 +393,9 @@ impl std::fmt::Display for Fault {
             }
             Fault::HintLoss { replica, span } => write!(f, "hint-loss replica-{replica} (span {})", d(span)),
             Fault::CrashLoop { replica, span } => write!(f, "crash-loop replica-{replica} (span {})", d(span)),
+            Fault::ClockJump { replica, by, back } => {
+                write!(f, "clock-jump replica-{replica} (by {}{})", if *back { "-" } else { "" }, d(by))
+            }
             Fault::AgentCalls { agent, calls, effect, span } => {
                 let calls = calls.name();
                 match effect {
@@ -487,6 +508,7 @@ fn draw(kind: FaultKind, span: &Range<Duration>, targets: Targets, rng: &mut Cha
         }
         FaultKind::HintLoss => Fault::HintLoss { replica, span },
         FaultKind::CrashLoop => Fault::CrashLoop { replica, span },
+        FaultKind::ClockJump => Fault::ClockJump { replica, by: span, back: rng.random_bool(0.5) },
         FaultKind::AgentCalls => {
             let agent = rng.random_range(0..agents);
             let calls = AgentCall::ALL[rng.random_range(0..AgentCall::ALL.len())];
@@ -559,6 +581,7 @@ pub async fn inject(world: World, fault: Fault) {
         Fault::AgentCalls { agent, calls, effect, span } => world.agent(agent).calls(calls, effect, span).await,
         Fault::HintLoss { replica, span } => world.replica(replica).lose_hints(span).await,
         Fault::CrashLoop { replica, span } => world.replica(replica).crash_loop(span).await,
+        Fault::ClockJump { replica, by, back } => world.replica(replica).jump(by, back),
     }
 }
 

@@ -174,7 +174,8 @@ impl Scenario {
                 | Fault::Pause { replica, .. }
                 | Fault::ClockDrift { replica, .. }
                 | Fault::HintLoss { replica, .. }
-                | Fault::CrashLoop { replica, .. } => *replica < replicas,
+                | Fault::CrashLoop { replica, .. }
+                | Fault::ClockJump { replica, .. } => *replica < replicas,
                 Fault::AgentKill { agent, .. }
                 | Fault::AgentPause { agent, .. }
                 | Fault::AgentClockDrift { agent, .. }
@@ -465,14 +466,16 @@ pub fn agent_faults(scale: f64) -> Vec<RandomFault> {
 }
 
 /// One random process of every kind that targets replicas, the database, the network or the client (not
-/// agents: [`agent_faults`]) but `hint-loss` and `crash-loop` (which the runs built on this predate; scenario files
+/// agents: [`agent_faults`]) but `hint-loss`, `crash-loop` and `clock-jump` (which the runs built on this predate; scenario files
 /// ask for them by name), `scale` faults of each per simulated minute on average, with spans that outlast the 6 s
 /// lease ttl where that matters (pauses, partitions, kills).
 pub fn every_fault(scale: f64) -> Vec<RandomFault> {
     let secs = |from: u64, to: u64| Duration::from_secs(from)..Duration::from_secs(to);
     FaultKind::ALL
         .iter()
-        .filter(|kind| !kind.targets_agents() && !matches!(kind, FaultKind::HintLoss | FaultKind::CrashLoop))
+        .filter(|kind| {
+            !kind.targets_agents() && !matches!(kind, FaultKind::HintLoss | FaultKind::CrashLoop | FaultKind::ClockJump)
+        })
         .map(|&kind| {
             let span = match kind {
                 FaultKind::Kill => secs(1, 10),
@@ -485,7 +488,7 @@ pub fn every_fault(scale: f64) -> Vec<RandomFault> {
                 FaultKind::ClockDrift => secs(10, 30),
                 FaultKind::Contention => Duration::ZERO..Duration::ZERO,
                 FaultKind::Buggify => secs(3, 10),
-                _ => unreachable!("agent, hint-loss and crash-loop faults are filtered out"),
+                _ => unreachable!("agent, hint-loss, crash-loop and clock-jump faults are filtered out"),
             };
             RandomFault { kind, per_minute: scale, span }
         })

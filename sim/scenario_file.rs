@@ -475,6 +475,7 @@ struct FixedDoc {
     claims: Option<usize>,
     calls: Option<String>,
     delay: Option<Dur>,
+    by: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -1076,6 +1077,32 @@ impl FaultsDoc {
     }
 }
 
+/// The longest clock jump a scenario file takes.
+const CLOCK_JUMP_MAX: Duration = Duration::from_secs(600);
+
+/// A clock jump's `by`: a duration, forwards, or backwards with a leading `-` (`"5s"`, `"+5s"`, `"-90s"`), not zero
+/// and at most [`CLOCK_JUMP_MAX`]. Returns the size and whether it goes backwards.
+fn clock_jump(text: &str) -> Result<(Duration, bool), String> {
+    let trimmed = text.trim();
+    let (back, size) = match trimmed.strip_prefix('-') {
+        Some(size) => (true, size),
+        None => (false, trimmed.strip_prefix('+').unwrap_or(trimmed)),
+    };
+    let by = parse_duration(size.trim()).map_err(|error| {
+        format!("\"{text}\" is not a clock jump (a duration such as \"5s\", or \"-5s\" backwards): {error}")
+    })?;
+    if by.is_zero() {
+        return Err(format!("\"{text}\" jumps nowhere: a clock jump is not zero"));
+    }
+    if by > CLOCK_JUMP_MAX {
+        return Err(format!(
+            "\"{text}\" is longer than {}, the longest clock jump",
+            crate::duration::format(CLOCK_JUMP_MAX)
+        ));
+    }
+    Ok((by, back))
+}
+
 /// The fields each fault kind takes at a fixed time (besides `at` and `kind`).
 fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
     match kind {
@@ -1094,6 +1121,7 @@ fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::AgentClockDrift => &["agent", "rate_ppm", "span"],
         FaultKind::AgentCalls => &["agent", "calls", "delay", "span"],
         FaultKind::HintLoss | FaultKind::CrashLoop => &["replica", "span"],
+        FaultKind::ClockJump => &["replica", "by"],
         // Random-only kinds: at a fixed time, a partition or an isolate names the agent as its node.
         FaultKind::AgentPartition | FaultKind::AgentIsolate => &[],
     }
@@ -1117,6 +1145,7 @@ impl FixedDoc {
             ("claims", self.claims.is_some()),
             ("calls", self.calls.is_some()),
             ("delay", self.delay.is_some()),
+            ("by", self.by.is_some()),
         ];
         set.iter().filter(|(_, present)| *present).map(|(name, _)| *name).collect()
     }
@@ -1236,6 +1265,11 @@ impl FixedDoc {
             }
             FaultKind::HintLoss => Fault::HintLoss { replica: replica()?, span: span()? },
             FaultKind::CrashLoop => Fault::CrashLoop { replica: replica()?, span: span()? },
+            FaultKind::ClockJump => {
+                let text = self.by.as_deref().ok_or_else(|| need("by"))?;
+                let (by, back) = clock_jump(text).map_err(|rule| (at("by"), rule))?;
+                Fault::ClockJump { replica: replica()?, by, back }
+            }
             FaultKind::AgentPartition | FaultKind::AgentIsolate => unreachable!("refused above"),
         })
     }

@@ -68,6 +68,7 @@ pub const KINDS: &[&str] = &[
     "calls-healed",
     "clock-drift",
     "clock-exact",
+    "clock-jump",
     "commit",
     "contention",
     "control-refused",

@@ -878,6 +878,16 @@ impl ReplicaHandle<'_> {
         self.world.release(Slot::Replica(self.index));
     }
 
+    /// Jumps the replica's monotonic clock by `by`, forwards or (with `back`) backwards, at once; it runs on from
+    /// there (the jump is not undone at the heal: a monotonic clock that stepped stays stepped, and only the
+    /// deadlines computed before the step are off). The trace says `clock-jump by=…` (a backward jump with a
+    /// minus), as scenario files write durations.
+    pub fn jump(&self, by: Duration, back: bool) {
+        let sign = if back { "-" } else { "" };
+        self.record("clock-jump", format!("by={sign}{}", crate::duration::format(by)));
+        self.ctx().clock.jump(by, back);
+    }
+
     /// Runs the replica's monotonic clock at `rate_ppm` parts per million of real time for `span`.
     pub async fn drift(&self, rate_ppm: u64, span: Duration) {
         if !self.world.acquire(Slot::Clock(self.index), "clock-drift") {

@@ -1,5 +1,6 @@
 //! Fault kinds the swarm draws besides those of the fault table's first rows: a hint channel that dies silently and
-//! comes back (`hint-loss`), and a replica that crashes each time it starts (`crash-loop`). Each does what its row
+//! comes back (`hint-loss`), a replica that crashes each time it starts (`crash-loop`), and a replica whose
+//! monotonic clock steps forwards or backwards (`clock-jump`). Each does what its row
 //! in docs/scenarios.md says, the checkers hold, and the shrinker can write it back.
 #![cfg(madsim)]
 
@@ -143,4 +144,90 @@ fn hint_loss_and_crash_loop_are_read_at_their_keys() {
     let extra = HINT_LOSS.replace("span = \"30s\"", "span = \"30s\"\nagent = 1");
     let error = ScenarioFile::parse(&extra, "t.toml").unwrap_err().to_string();
     assert!(error.contains("takes no `agent`"), "{error}");
+}
+
+/// Two replicas, tasks longer than the lease (each needs its lease renewed), and replica 0's clock stepping by `by`
+/// at 15 s; `by` empty: no jump.
+fn clock_jump(by: &str) -> String {
+    let mut text = String::from(
+        r#"
+name = "clock-jump"
+version = 1
+
+[topology]
+replicas = 2
+
+[pipeline]
+lease_ttl = "6s"
+lease_margin = "1s"
+
+[workload]
+span = "40s"
+jobs_per_minute = 30.0
+claims_per_minute = 0.0
+task_process = ["8s", "9s"]
+task_slow_chance = 0.0
+task_failure_chance = 0.0
+"#,
+    );
+    if !by.is_empty() {
+        text.push_str(&format!(
+            "\n[faults]\nuntil = \"40s\"\n\n[[faults.at]]\nat = \"15s\"\nkind = \"clock-jump\"\nreplica = 0\nby = \"{by}\"\n"
+        ));
+    }
+    text
+}
+
+/// Applies of replica-0 that the guarded apply turned away.
+fn stale_applies(report: &RunReport) -> usize {
+    report
+        .trace
+        .iter()
+        .filter(|event| &*event.node == "replica-0" && event.kind == "commit")
+        .filter(|event| event.fields.text().starts_with("apply ") && event.fields.text().contains(" stale"))
+        .count()
+}
+
+/// A replica whose clock steps, either way, while it holds leases it must renew loses them: backwards, it believes
+/// they run 20 s longer and renews none in time; forwards, it finds them past their local deadlines and gives them
+/// up. The other replica takes the rows when the store's leases expire, and the stepped replica's late applies are
+/// turned away (stale), where the same world without the jump has none; every checker holds either way.
+#[test]
+fn a_replica_whose_clock_jumps_loses_its_leases_and_its_late_applies_are_stale() {
+    for seed in sim::seeds(&[1, 2]) {
+        let steady = run(&clock_jump(""), seed);
+        assert!(steady.passed(), "seed {seed}: {}", sim::run::summary(&steady));
+        assert_eq!(stale_applies(&steady), 0, "seed {seed}: stale applies without a jump");
+        for by in ["-20s", "20s"] {
+            let report = run(&clock_jump(by), seed);
+            assert!(report.passed(), "seed {seed}, jump {by}: {}", sim::run::summary(&report));
+            let jumps: Vec<String> = report
+                .trace
+                .iter()
+                .filter(|event| event.kind == "clock-jump")
+                .map(|event| format!("{} {}", event.node, event.fields.text()))
+                .collect();
+            assert_eq!(jumps, [format!("replica-0 by={by}")], "seed {seed}");
+            assert!(stale_applies(&report) > 0, "seed {seed}, jump {by}: replica-0 kept its leases");
+        }
+    }
+}
+
+/// A clock jump is read from its `by`, forwards or backwards, and a zero or too long jump is refused naming the rule.
+#[test]
+fn a_clock_jump_is_read_with_its_direction_and_refused_when_zero_or_too_long() {
+    use lockstep::sim::Fault;
+    let fault = |by: &str| {
+        ScenarioFile::parse(&clock_jump(by), "t.toml").map(|file| file.scenario.faults.fixed[0].fault.clone())
+    };
+    let back = Duration::from_secs(20);
+    assert_eq!(fault("-20s").unwrap(), Fault::ClockJump { replica: 0, by: back, back: true });
+    assert_eq!(fault("+20s").unwrap(), Fault::ClockJump { replica: 0, by: back, back: false });
+    assert_eq!(fault("-20s").unwrap().to_string(), "clock-jump replica-0 (by -20s)");
+    let error = fault("0s").unwrap_err().to_string();
+    assert!(error.contains("faults.at[0].by") && error.contains("jumps nowhere"), "{error}");
+    let error = fault("-11m").unwrap_err().to_string();
+    assert!(error.contains("longer than 600s, the longest clock jump"), "{error}");
+    let error = fault("soon").unwrap_err().to_string();
+    assert!(error.contains("is not a clock jump"), "{error}");
 }

@@ -518,6 +518,9 @@ fn operation_spec(rng: &mut ChaCha8Rng, slots: u32) -> (String, u32, Vec<&'stati
 /// unless the kind takes none.
 type Process = (FaultKind, f64, Option<(u64, u64)>);
 
+/// How many kinds at the end of [`FaultKind::ALL`] came after the swarm first drew worlds (`clock-jump`).
+const LATER_KINDS: usize = 1;
+
 /// The fault part: a random subset of the kinds, each a random process with its rate and spans.
 struct Faults {
     kinds: Vec<FaultKind>,
@@ -537,20 +540,18 @@ impl Faults {
     ) -> Faults {
         let mut rng = rng::stream(seed, "swarm-faults");
         let ttl = rows.as_ref().map_or(10_000, |rows| rows.lease_ttl);
-        let mut kinds = Vec::new();
-        let mut processes = Vec::new();
-        for kind in FaultKind::ALL {
+        let draw_kind = |kind: FaultKind, rng: &mut ChaCha8Rng| -> Option<Process> {
             // One draw per kind whether or not the ranges allow it, so that narrowing `kinds` keeps the others'
             // draws where they were.
             let on = rng.random_bool(ranges.kind_chance);
-            let rate = round3(pick(&mut rng, &ranges.fault_rate));
+            let rate = round3(pick(rng, &ranges.fault_rate));
             let fits = match kind {
                 kind if kind.targets_agents() => shape.gang(),
                 FaultKind::Contention => builtin_rows,
                 _ => true,
             };
             if !(on && fits && ranges.kinds.contains(&kind)) {
-                continue;
+                return None;
             }
             let spans = match kind {
                 FaultKind::Kill => Some((1_000, 2 * ttl)),
@@ -571,13 +572,21 @@ impl Faults {
                 FaultKind::AgentPause => Some((2_000, 25_000)),
                 FaultKind::AgentPartition => Some((2_000, 30_000)),
                 FaultKind::AgentIsolate => Some((2_000, 20_000)),
+                // A jump's span is its size: from a blink to past two lease ttls either way.
+                FaultKind::ClockJump => Some((100, 2 * ttl + 5_000)),
             };
             // Every fault's span fits in the fault window (the file's rule).
             let spans = spans.map(|(low, high): (u64, u64)| (low.min(span), high.min(span).max(low.min(span))));
-            kinds.push(kind);
-            processes.push((kind, rate, spans));
-        }
-        let pause_inside_pass = builtin_rows && kinds.contains(&FaultKind::Pause) && rng.random_bool(0.25);
+            Some((kind, rate, spans))
+        };
+        // The kinds added after `pause_inside_pass` draw after it, so that a seed draws the world it drew before
+        // they existed, with them added (a seed a note names stays that seed).
+        let (first, later) = FaultKind::ALL.split_at(FaultKind::ALL.len() - LATER_KINDS);
+        let mut processes: Vec<Process> = first.iter().filter_map(|&kind| draw_kind(kind, &mut rng)).collect();
+        let pause_on = processes.iter().any(|process| process.0 == FaultKind::Pause);
+        let pause_inside_pass = builtin_rows && pause_on && rng.random_bool(0.25);
+        processes.extend(later.iter().filter_map(|&kind| draw_kind(kind, &mut rng)));
+        let kinds = processes.iter().map(|process| process.0).collect();
         Faults { kinds, processes, pause_inside_pass }
     }
 

@@ -3,8 +3,9 @@
 //!
 //! By default it is the runtime's clock (`tokio::time::Instant`: simulated time under madsim). A *drifting* clock
 //! runs at a rate other than 1 against it, which is how the simulator models a replica whose monotonic clock is
-//! slow or fast (DESIGN §5, clock skew). An offset of the wall clock needs no model: nothing in the engine reads
-//! one, and every lease timestamp is the store's.
+//! slow or fast (DESIGN §5, clock skew), and a drifting clock can also *jump*, forwards or backwards (a virtual
+//! machine's clock stepped after a migration, a clock under libfaketime whose offset changes). An offset of the
+//! wall clock needs no model: nothing in the engine reads one, and every lease timestamp is the store's.
 
 use std::sync::{Arc, Mutex};
 use tokio::time::{Duration, Instant};
@@ -96,6 +97,21 @@ impl LocalClock {
         *drift = Drift { rate_ppm, runtime_base: runtime_now, local_base: local_now };
     }
 
+    /// Moves the local time by `by` at once, forwards or (with `back`) backwards, keeping the rate: every local
+    /// deadline computed before the jump is that much nearer (forwards) or farther (backwards). A backward jump
+    /// past the runtime's first instant stops there.
+    ///
+    /// Panics on an exact clock.
+    pub fn jump(&self, by: Duration, back: bool) {
+        let drift = self.drift.as_ref().expect("jump on an exact LocalClock; build it with drifting()");
+        let runtime_now = self.runtime_now();
+        let mut drift = lock(drift);
+        let local_now = drift.now(runtime_now);
+        let local_after =
+            if back { local_now.checked_sub(by).unwrap_or(drift.runtime_base.min(local_now)) } else { local_now + by };
+        *drift = Drift { rate_ppm: drift.rate_ppm, runtime_base: runtime_now, local_base: local_after };
+    }
+
     /// The current rate in parts per million ([`RATE_PPM_EXACT`] for an exact clock).
     pub fn rate_ppm(&self) -> u64 {
         self.drift.as_ref().map_or(RATE_PPM_EXACT, |drift| lock(drift).rate_ppm)
@@ -163,6 +179,24 @@ mod tests {
         // effect; the reader's time has not moved since, so local time is that time.
         assert_eq!(drifting.now(), base + Duration::from_secs(3600));
         assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 3, "every read of the runtime's clock");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_jump_moves_local_time_at_once_and_keeps_the_rate() {
+        let clock = LocalClock::drifting();
+        let start = clock.now();
+        clock.set_rate_ppm(500_000);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        clock.jump(Duration::from_secs(10), false);
+        assert_eq!(clock.now().duration_since(start), Duration::from_secs(12));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(clock.now().duration_since(start), Duration::from_secs(13), "still at half rate");
+        clock.jump(Duration::from_secs(5), true);
+        assert_eq!(clock.now().duration_since(start), Duration::from_secs(8));
+        let deadline = start + Duration::from_secs(9);
+        let before = Instant::now();
+        clock.sleep_until(deadline).await;
+        assert_eq!(before.elapsed(), Duration::from_secs(2), "one local second at half rate");
     }
 
     #[tokio::test(start_paused = true)]
