@@ -177,6 +177,16 @@ pub enum Fault {
         /// Whether it jumps backwards.
         back: bool,
     },
+    /// Every row handler's `process` that starts on a replica for `span` never returns (a call to a service
+    /// that lost its reply with no time-out, a deadlock on an async lock): the engine's `handler_timeout` cuts it,
+    /// fails its item (recorded, retried under its pipeline's policy) and stops renewing its lease. Calls that
+    /// hung stay hung after the span, until their bound cuts them.
+    HandlerHang {
+        /// The replica whose handlers hang.
+        replica: usize,
+        /// How long a handler that starts there hangs.
+        span: Duration,
+    },
     /// A replica crashes again each time it starts, for `span` (a process that dies at start under a supervisor
     /// that restarts it): it runs for 0.05 to 0.5 s, dies, and is started again 0.5 to 2 s later; at the end it is
     /// started and left to run.
@@ -280,11 +290,13 @@ pub enum FaultKind {
     /// [`Fault::ClockJump`] of a random replica by a span drawn from the process's `span`, backwards half the
     /// time.
     ClockJump,
+    /// [`Fault::HandlerHang`] of a random replica.
+    HandlerHang,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 19] = [
+    pub const ALL: [FaultKind; 20] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
@@ -304,6 +316,7 @@ impl FaultKind {
         FaultKind::HintLoss,
         FaultKind::CrashLoop,
         FaultKind::ClockJump,
+        FaultKind::HandlerHang,
     ];
 
     /// Whether the kind's faults target agent nodes (a world without agents runs no such process).
@@ -346,6 +359,7 @@ impl FaultKind {
             FaultKind::HintLoss => "hint-loss",
             FaultKind::CrashLoop => "crash-loop",
             FaultKind::ClockJump => "clock-jump",
+            FaultKind::HandlerHang => "handler-hang",
         }
     }
 }
@@ -393,6 +407,7 @@ impl std::fmt::Display for Fault {
             }
             Fault::HintLoss { replica, span } => write!(f, "hint-loss replica-{replica} (span {})", d(span)),
             Fault::CrashLoop { replica, span } => write!(f, "crash-loop replica-{replica} (span {})", d(span)),
+            Fault::HandlerHang { replica, span } => write!(f, "handler-hang replica-{replica} (span {})", d(span)),
             Fault::ClockJump { replica, by, back } => {
                 write!(f, "clock-jump replica-{replica} (by {}{})", if *back { "-" } else { "" }, d(by))
             }
@@ -509,6 +524,7 @@ fn draw(kind: FaultKind, span: &Range<Duration>, targets: Targets, rng: &mut Cha
         FaultKind::HintLoss => Fault::HintLoss { replica, span },
         FaultKind::CrashLoop => Fault::CrashLoop { replica, span },
         FaultKind::ClockJump => Fault::ClockJump { replica, by: span, back: rng.random_bool(0.5) },
+        FaultKind::HandlerHang => Fault::HandlerHang { replica, span },
         FaultKind::AgentCalls => {
             let agent = rng.random_range(0..agents);
             let calls = AgentCall::ALL[rng.random_range(0..AgentCall::ALL.len())];
@@ -582,6 +598,7 @@ pub async fn inject(world: World, fault: Fault) {
         Fault::HintLoss { replica, span } => world.replica(replica).lose_hints(span).await,
         Fault::CrashLoop { replica, span } => world.replica(replica).crash_loop(span).await,
         Fault::ClockJump { replica, by, back } => world.replica(replica).jump(by, back),
+        Fault::HandlerHang { replica, span } => world.replica(replica).hang_handlers(span).await,
     }
 }
 

@@ -82,6 +82,9 @@ pub struct ReplicaContext {
     pub clock: LocalClock,
     /// Set while faults are on (handlers fail now and then).
     pub faults_on: Arc<AtomicBool>,
+    /// Set while the replica's row handlers hang (a `handler-hang` fault): each `process` that starts then never
+    /// returns ([`super::workload::Hanging`]). The machine's, so it outlives a restart.
+    pub hang: Arc<AtomicBool>,
     /// Set when the world drains every replica.
     pub stop: Arc<Stop>,
     /// The run's trace.
@@ -118,7 +121,7 @@ pub async fn run(ctx: Arc<ReplicaContext>) {
     let mut manager =
         PipelineManager::new(Arc::new(store), ManagerOptions { seed }).with_local_clock(ctx.clock.clone());
     if ctx.spec.rows_max > 0 {
-        workload::register(&mut manager, &ctx.spec, ctx.seed, &ctx.faults_on);
+        workload::register(&mut manager, &ctx.spec, ctx.seed, &ctx.faults_on, &ctx.hang);
     }
     if let Some(set) = &ctx.pipelines {
         let mut cx = ReplicaCx {
@@ -131,6 +134,7 @@ pub async fn run(ctx: Arc<ReplicaContext>) {
             services: &ctx.services,
             clients: &ctx.clients,
             faults_on: &ctx.faults_on,
+            hang: &ctx.hang,
             lease_ttl_max: &ctx.lease_ttl_max,
         };
         if let Err(error) = set.register(&mut cx) {

@@ -175,7 +175,8 @@ impl Scenario {
                 | Fault::ClockDrift { replica, .. }
                 | Fault::HintLoss { replica, .. }
                 | Fault::CrashLoop { replica, .. }
-                | Fault::ClockJump { replica, .. } => *replica < replicas,
+                | Fault::ClockJump { replica, .. }
+                | Fault::HandlerHang { replica, .. } => *replica < replicas,
                 Fault::AgentKill { agent, .. }
                 | Fault::AgentPause { agent, .. }
                 | Fault::AgentClockDrift { agent, .. }
@@ -411,6 +412,7 @@ pub fn small_workload() -> WorkloadSpec {
         waitlist_disabled: false,
         retry_wake_disabled: false,
         contention_backoff_disabled: false,
+        handler_timeout: None,
     }
 }
 
@@ -466,7 +468,7 @@ pub fn agent_faults(scale: f64) -> Vec<RandomFault> {
 }
 
 /// One random process of every kind that targets replicas, the database, the network or the client (not
-/// agents: [`agent_faults`]) but `hint-loss`, `crash-loop` and `clock-jump` (which the runs built on this predate; scenario files
+/// agents: [`agent_faults`]) but `hint-loss`, `crash-loop`, `clock-jump` and `handler-hang` (which the runs built on this predate; scenario files
 /// ask for them by name), `scale` faults of each per simulated minute on average, with spans that outlast the 6 s
 /// lease ttl where that matters (pauses, partitions, kills).
 pub fn every_fault(scale: f64) -> Vec<RandomFault> {
@@ -474,7 +476,11 @@ pub fn every_fault(scale: f64) -> Vec<RandomFault> {
     FaultKind::ALL
         .iter()
         .filter(|kind| {
-            !kind.targets_agents() && !matches!(kind, FaultKind::HintLoss | FaultKind::CrashLoop | FaultKind::ClockJump)
+            !kind.targets_agents()
+                && !matches!(
+                    kind,
+                    FaultKind::HintLoss | FaultKind::CrashLoop | FaultKind::ClockJump | FaultKind::HandlerHang
+                )
         })
         .map(|&kind| {
             let span = match kind {
@@ -488,7 +494,7 @@ pub fn every_fault(scale: f64) -> Vec<RandomFault> {
                 FaultKind::ClockDrift => secs(10, 30),
                 FaultKind::Contention => Duration::ZERO..Duration::ZERO,
                 FaultKind::Buggify => secs(3, 10),
-                _ => unreachable!("agent, hint-loss, crash-loop and clock-jump faults are filtered out"),
+                _ => unreachable!("agent and later kinds are filtered out"),
             };
             RandomFault { kind, per_minute: scale, span }
         })

@@ -407,6 +407,7 @@ struct PipelineDoc {
     lease_margin: Option<Dur>,
     min_processing_interval: Option<Dur>,
     fetchers: Option<usize>,
+    handler_timeout: Option<Dur>,
     #[serde(default)]
     workers: WorkersDoc,
 }
@@ -880,6 +881,9 @@ impl PipelineDoc {
         if let Some(fetchers) = self.fetchers {
             spec.fetchers = at_least_one(key(&["pipeline", "fetchers"]), fetchers)?;
         }
+        if let Some(timeout) = self.handler_timeout {
+            spec.handler_timeout = Some(positive(key(&["pipeline", "handler_timeout"]), timeout.0)?);
+        }
         let workers = |name: &str, value: Option<usize>, default: usize| match value {
             Some(value) => at_least_one(key(&["pipeline", "workers", name]), value),
             None => Ok(default),
@@ -1120,7 +1124,7 @@ fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::AgentPause => &["agent", "span"],
         FaultKind::AgentClockDrift => &["agent", "rate_ppm", "span"],
         FaultKind::AgentCalls => &["agent", "calls", "delay", "span"],
-        FaultKind::HintLoss | FaultKind::CrashLoop => &["replica", "span"],
+        FaultKind::HintLoss | FaultKind::CrashLoop | FaultKind::HandlerHang => &["replica", "span"],
         FaultKind::ClockJump => &["replica", "by"],
         // Random-only kinds: at a fixed time, a partition or an isolate names the agent as its node.
         FaultKind::AgentPartition | FaultKind::AgentIsolate => &[],
@@ -1265,6 +1269,7 @@ impl FixedDoc {
             }
             FaultKind::HintLoss => Fault::HintLoss { replica: replica()?, span: span()? },
             FaultKind::CrashLoop => Fault::CrashLoop { replica: replica()?, span: span()? },
+            FaultKind::HandlerHang => Fault::HandlerHang { replica: replica()?, span: span()? },
             FaultKind::ClockJump => {
                 let text = self.by.as_deref().ok_or_else(|| need("by"))?;
                 let (by, back) = clock_jump(text).map_err(|rule| (at("by"), rule))?;

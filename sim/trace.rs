@@ -83,6 +83,8 @@ pub const KINDS: &[&str] = &[
     "fence-kill",
     "gang-placed",
     "gang-wait",
+    "handler-hang",
+    "handler-hang-end",
     "heal",
     "hint-loss",
     "hint-loss-end",

@@ -285,16 +285,18 @@ pub struct ReplicaCx<'a> {
     pub(crate) services: &'a [Arc<Service>],
     pub(crate) clients: &'a AtomicU64,
     pub(crate) faults_on: &'a Arc<AtomicBool>,
+    pub(crate) hang: &'a Arc<AtomicBool>,
     pub(crate) lease_ttl_max: &'a AtomicU64,
 }
 
 #[cfg(any(madsim, doc))]
 impl ReplicaCx<'_> {
-    /// Registers a pipeline on this replica (as [`PipelineManager::register`]). Errors: the first rule `config`
-    /// breaks, a name registered twice, or more connections than the store offers.
+    /// Registers a pipeline on this replica (as [`PipelineManager::register`]); under a `handler-hang` fault its
+    /// handler's `process` calls hang as the built-in pipelines' do. Errors: the first rule `config` breaks, a
+    /// name registered twice, or more connections than the store offers.
     pub fn register<H: Handler<NetStore>>(&mut self, config: PipelineConfig, handler: H) -> Result<(), ConfigError> {
         let ttl = u64::try_from(config.lease_ttl.as_micros()).unwrap_or(u64::MAX);
-        self.manager.register(config, handler)?;
+        self.manager.register(config, super::workload::Hanging::new(handler, self.hang.clone()))?;
         self.lease_ttl_max.fetch_max(ttl, Ordering::SeqCst);
         Ok(())
     }

@@ -29,7 +29,9 @@ use super::rng;
 use super::rpc::InsertHint;
 #[cfg(madsim)]
 use super::trace::Trace;
-use crate::pipeline::{Changes, Handler, LoadCx, PipelineConfig, PipelineManager, RetryPolicy, WorkError};
+use crate::pipeline::{
+    Changes, Failure, Handler, LoadCx, PipelineConfig, PipelineManager, RetryDecision, RetryPolicy, WorkError,
+};
 use crate::store::{Lease, NewEvent, NewRow, RelatedUpdate, Row, RowId, RowUpdate, Store, StoreError};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -69,7 +71,7 @@ pub struct Workers {
 }
 
 /// What the client inserts and how the pipelines behave.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct WorkloadSpec {
     /// The client inserts during `[0, span)` of simulated time.
     pub span: Duration,
@@ -136,6 +138,81 @@ pub struct WorkloadSpec {
     /// TEST ONLY: every pipeline's [`PipelineConfig::contention_backoff_disabled_for_mutation_test`] (the
     /// scenario's `[mutation] contention_backoff_disabled`).
     pub contention_backoff_disabled: bool,
+    /// Every pipeline's [`PipelineConfig::handler_timeout`] (`[pipeline] handler_timeout`); `None`: the engine's
+    /// default (1 minute).
+    pub handler_timeout: Option<Duration>,
+}
+
+/// Written by hand so that a workload without `handler_timeout` prints as it did before the field existed: the
+/// scenario's content hash ([`crate::sim::ScenarioFile::content_hash`]) is taken over this text, and replay files
+/// of older runs carry it.
+impl std::fmt::Debug for WorkloadSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let WorkloadSpec {
+            span,
+            jobs_per_minute,
+            tasks_per_job,
+            claims_per_minute,
+            claim_pipelines,
+            resources,
+            hot_share,
+            claim_resources,
+            rows_max,
+            task_process,
+            task_slow_chance,
+            task_slow,
+            task_failure_chance,
+            task_fail_first_share,
+            task_fail_first_attempts,
+            task_fail_always_share,
+            claim_fail_first_share,
+            attempts_max,
+            job_process,
+            claim_process,
+            workers,
+            lease_ttl,
+            lease_margin,
+            min_processing_interval,
+            fetchers,
+            waitlist_disabled,
+            retry_wake_disabled,
+            contention_backoff_disabled,
+            handler_timeout,
+        } = self;
+        let mut spec = f.debug_struct("WorkloadSpec");
+        spec.field("span", span);
+        spec.field("jobs_per_minute", jobs_per_minute);
+        spec.field("tasks_per_job", tasks_per_job);
+        spec.field("claims_per_minute", claims_per_minute);
+        spec.field("claim_pipelines", claim_pipelines);
+        spec.field("resources", resources);
+        spec.field("hot_share", hot_share);
+        spec.field("claim_resources", claim_resources);
+        spec.field("rows_max", rows_max);
+        spec.field("task_process", task_process);
+        spec.field("task_slow_chance", task_slow_chance);
+        spec.field("task_slow", task_slow);
+        spec.field("task_failure_chance", task_failure_chance);
+        spec.field("task_fail_first_share", task_fail_first_share);
+        spec.field("task_fail_first_attempts", task_fail_first_attempts);
+        spec.field("task_fail_always_share", task_fail_always_share);
+        spec.field("claim_fail_first_share", claim_fail_first_share);
+        spec.field("attempts_max", attempts_max);
+        spec.field("job_process", job_process);
+        spec.field("claim_process", claim_process);
+        spec.field("workers", workers);
+        spec.field("lease_ttl", lease_ttl);
+        spec.field("lease_margin", lease_margin);
+        spec.field("min_processing_interval", min_processing_interval);
+        spec.field("fetchers", fetchers);
+        spec.field("waitlist_disabled", waitlist_disabled);
+        spec.field("retry_wake_disabled", retry_wake_disabled);
+        spec.field("contention_backoff_disabled", contention_backoff_disabled);
+        if let Some(timeout) = handler_timeout {
+            spec.field("handler_timeout", timeout);
+        }
+        spec.finish()
+    }
 }
 
 impl WorkloadSpec {
@@ -159,6 +236,9 @@ impl WorkloadSpec {
         config.retry_wake_disabled_for_mutation_test = self.retry_wake_disabled;
         config.contention_backoff_disabled_for_mutation_test = self.contention_backoff_disabled;
         config.retry = retry_policy(self.attempts_max);
+        if let Some(timeout) = self.handler_timeout {
+            config.handler_timeout = timeout;
+        }
         config
     }
 }
@@ -201,22 +281,59 @@ pub fn expected_effect(row: &Row) -> Option<String> {
 /// Registers the workload's pipelines on a replica's manager.
 ///
 /// `seed` keys the handlers' random streams (what a pass does depends on the seed and the lease's token only);
-/// while `faults_on` is set, tasks fail now and then.
+/// while `faults_on` is set, tasks fail now and then; while `hang` is set, every handler's `process` that starts
+/// hangs ([`Hanging`]).
 pub fn register<S: Store>(
     manager: &mut PipelineManager<S>,
     spec: &Arc<WorkloadSpec>,
     seed: u64,
     faults_on: &Arc<AtomicBool>,
+    hang: &Arc<AtomicBool>,
 ) {
     let w = &spec.workers;
     let tasks = Tasks { seed, spec: spec.clone(), faults_on: faults_on.clone() };
-    manager.register(spec.config("tasks", "task", "ready", w.tasks), tasks).expect("tasks config");
-    let jobs = Jobs { seed, spec: spec.clone() };
+    let hanging = |handler| Hanging::new(handler, hang.clone());
+    manager.register(spec.config("tasks", "task", "ready", w.tasks), hanging(tasks)).expect("tasks config");
+    let jobs = Hanging::new(Jobs { seed, spec: spec.clone() }, hang.clone());
     manager.register(spec.config("jobs", "job", JOB_STATUS, w.jobs), jobs).expect("jobs config");
     for p in 0..spec.claim_pipelines {
         let name = format!("claims-{p}");
         let config = spec.config(&name, &format!("claim-{p}"), "ready", w.claims);
-        manager.register(config, Claims { seed, spec: spec.clone(), name }).expect("claims config");
+        let claims = Hanging::new(Claims { seed, spec: spec.clone(), name }, hang.clone());
+        manager.register(config, claims).expect("claims config");
+    }
+}
+
+/// A row handler whose `process` never returns while its replica's `hang` flag is set when it starts (the
+/// `handler-hang` fault): the pipeline's `handler_timeout` is all that ends it. Otherwise it is `H`.
+pub struct Hanging<H> {
+    handler: H,
+    hang: Arc<AtomicBool>,
+}
+
+impl<H> Hanging<H> {
+    /// `handler`, hanging while `hang` is set.
+    pub fn new(handler: H, hang: Arc<AtomicBool>) -> Hanging<H> {
+        Hanging { handler, hang }
+    }
+}
+
+impl<S: Store, H: Handler<S>> Handler<S> for Hanging<H> {
+    type Context = H::Context;
+
+    fn load(&self, row: &Row, cx: &LoadCx<'_, S>) -> impl Future<Output = Result<H::Context, WorkError>> + Send {
+        self.handler.load(row, cx)
+    }
+
+    async fn process(&self, row: Row, context: H::Context) -> Result<Changes, WorkError> {
+        if self.hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        self.handler.process(row, context).await
+    }
+
+    fn retry(&self, failure: &Failure<'_>) -> RetryDecision {
+        self.handler.retry(failure)
     }
 }
 

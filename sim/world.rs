@@ -58,6 +58,7 @@ enum Slot {
     AgentClock(usize),
     AgentCalls(usize, AgentCall),
     Hints(usize),
+    Handlers(usize),
     Db,
     Network,
     Replies,
@@ -218,6 +219,7 @@ impl World {
                     call_timeout: scenario.call_timeout,
                     clock: LocalClock::drifting().with_reader(db.time().reader()),
                     faults_on: faults_on.clone(),
+                    hang: Arc::new(AtomicBool::new(false)),
                     stop: stop.clone(),
                     trace: trace.clone(),
                     clients: clients.clone(),
@@ -515,6 +517,7 @@ impl World {
             inner.log.node_resumed(&inner.agents[index].ctx.name);
         }
         for replica in &inner.replicas {
+            replica.ctx.hang.store(false, Ordering::SeqCst);
             if replica.ctx.clock.rate_ppm() != RATE_PPM_EXACT {
                 replica.ctx.clock.set_rate_ppm(RATE_PPM_EXACT);
             }
@@ -768,6 +771,20 @@ impl ReplicaHandle<'_> {
         self.world.inner.db.unmute_hints(ip);
         self.record("hint-loss-end", "");
         self.world.release(Slot::Hints(self.index));
+    }
+
+    /// Every row handler's `process` that starts on the replica for `span` hangs ([`super::workload::Hanging`]):
+    /// the pipelines' `handler_timeout` cuts it. The trace says `handler-hang span=…` and `handler-hang-end`.
+    pub async fn hang_handlers(&self, span: Duration) {
+        if !self.world.acquire(Slot::Handlers(self.index), "handler-hang") {
+            return;
+        }
+        self.record("handler-hang", format!("span={}", crate::duration::format(span)));
+        self.ctx().hang.store(true, Ordering::SeqCst);
+        tokio::time::sleep(span).await;
+        self.ctx().hang.store(false, Ordering::SeqCst);
+        self.record("handler-hang-end", "");
+        self.world.release(Slot::Handlers(self.index));
     }
 
     /// The replica crashes each time it starts, for `span`: killed now, then started and killed again after

@@ -1,6 +1,7 @@
 //! Fault kinds the swarm draws besides those of the fault table's first rows: a hint channel that dies silently and
 //! comes back (`hint-loss`), a replica that crashes each time it starts (`crash-loop`), and a replica whose
-//! monotonic clock steps forwards or backwards (`clock-jump`). Each does what its row
+//! monotonic clock steps forwards or backwards (`clock-jump`), and row handlers that never return
+//! (`handler-hang`). Each does what its row
 //! in docs/scenarios.md says, the checkers hold, and the shrinker can write it back.
 #![cfg(madsim)]
 
@@ -230,4 +231,65 @@ fn a_clock_jump_is_read_with_its_direction_and_refused_when_zero_or_too_long() {
     assert!(error.contains("longer than 600s, the longest clock jump"), "{error}");
     let error = fault("soon").unwrap_err().to_string();
     assert!(error.contains("is not a clock jump"), "{error}");
+}
+
+const HANDLER_HANG: &str = r#"
+name = "handler-hang"
+version = 1
+
+[topology]
+replicas = 2
+
+[pipeline]
+lease_ttl = "6s"
+lease_margin = "1s"
+handler_timeout = "5s"
+
+[workload]
+span = "40s"
+jobs_per_minute = 60.0
+claims_per_minute = 30.0
+task_process = ["1s", "2s"]
+task_slow_chance = 0.0
+task_failure_chance = 0.0
+
+[faults]
+until = "40s"
+
+[[faults.at]]
+at = "10s"
+kind = "handler-hang"
+replica = 0
+span = "15s"
+"#;
+
+/// Handlers that never return hold their items only until the pipeline's `handler_timeout`: each hung item's
+/// failure is recorded by its replica once the bound passed (the heartbeater renewed its lease until then), it is
+/// retried, and every row still ends with every checker holding. Nothing else fails in this world: every recorded
+/// failure is replica 0's, from the bound after the hang began to the bound after it ended.
+#[test]
+fn hung_handlers_are_cut_at_their_handler_timeout_and_their_items_retried() {
+    for seed in sim::seeds(&[1, 2]) {
+        let report = run(HANDLER_HANG, seed);
+        assert!(report.passed(), "seed {seed}: {}", sim::run::summary(&report));
+        let at = |kind: &str| {
+            let event = report.trace.iter().find(|event| event.kind == kind);
+            event.unwrap_or_else(|| panic!("seed {seed}: no {kind}")).at.as_secs_f64()
+        };
+        let (hang, end) = (at("handler-hang"), at("handler-hang-end"));
+        let failures: Vec<(f64, String)> = report
+            .trace
+            .iter()
+            .filter(|event| event.kind == "commit" && event.fields.text().starts_with("failure "))
+            .map(|event| (event.at.as_secs_f64(), event.node.to_string()))
+            .collect();
+        assert!(failures.len() >= 3, "seed {seed}: only {} hung items failed", failures.len());
+        for (at, node) in &failures {
+            assert_eq!(node, "replica-0", "seed {seed}: a failure outside the hung replica at {at}");
+            assert!(
+                (hang + 5.0..end + 5.0 + 1.5).contains(at),
+                "seed {seed}: a failure at {at:.3} s, outside the hang ({hang:.1}..{end:.1} s) plus its 5 s bound"
+            );
+        }
+    }
 }

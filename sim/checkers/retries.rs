@@ -130,6 +130,10 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
             }
             CommitOp::Apply { lease, applied: true, .. } => {
                 processed_at.insert(lease.id, commit.at);
+                // An applied apply ends the row's run of failures (the store sets its attempts back to 0), whether
+                // or not it changed the row's status: a parent that found its children unfinished and failed later
+                // fails its attempt 1 again (the handler-hang fault's hung jobs showed the rule was not applied).
+                streaks.remove(lease.id);
             }
             CommitOp::Fetch { leases, pipeline } => {
                 // A fetch that leased only rows ahead of a due retry served them first: the retry's wait restarts.
@@ -262,6 +266,24 @@ mod tests {
         ];
         let rows = [row(1, "task", "finished"), row(2, "task", FAILED_STATUS)];
         assert_eq!(check(&input(&history, &[], &rows)), Ok(()));
+    }
+
+    /// An applied apply ends a run of failures even when it changes nothing (a parent whose children were not
+    /// done): the next failure is attempt 1 again, and one that counts on is a break.
+    #[test]
+    fn an_applied_apply_ends_a_run_of_failures() {
+        let history = [
+            failure(1, lease(1, 1), 1, false),
+            apply(2, lease(1, 2), true),
+            failure(3, lease(1, 3), 1, false),
+            apply(4, lease(1, 4), true),
+        ];
+        let rows = [row(1, "job", "done")];
+        assert_eq!(check(&input(&history, &[], &rows)), Ok(()));
+        let counted_on =
+            [failure(1, lease(1, 1), 1, false), apply(2, lease(1, 2), true), failure(3, lease(1, 3), 2, false)];
+        let violation = check(&input(&counted_on, &[], &rows)).expect_err("a streak carried past an apply");
+        assert!(violation.contains("attempt 2 recorded after 0 failures in a row"), "{violation}");
     }
 
     #[test]

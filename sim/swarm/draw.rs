@@ -62,19 +62,27 @@ pub fn draw(ranges: &Ranges, seed: u64, pipelines: Option<&str>) -> World {
         writeln!(body, "\n[network]\nlatency = [\"1ms\", \"{latency_high}ms\"]\ncall_timeout = \"{call_timeout}ms\"");
     let rows = (shape.rows() && pipelines.is_none()).then(|| Rows::draw(ranges, seed, replicas, span));
     let user_set = shape.rows() && pipelines.is_some();
+    // Each part draws from its own stream, so the faults can be drawn before the rows are written.
+    let faults = Faults::draw(ranges, seed, shape, rows.is_some(), replicas, span, &rows);
+    // Hanging handlers end at their pipeline's handler_timeout: one drawn from its own stream, from one to three
+    // lease ttls, so that a run sees hung items cut and retried (the engine's default, a minute, would outlast
+    // most worlds).
+    let handler_timeout = rows.as_ref().filter(|_| faults.kinds.contains(&FaultKind::HandlerHang)).map(|rows| {
+        let mut rng = rng::stream(seed, "swarm-handler-timeout");
+        rng.random_range(rows.lease_ttl..=3 * rows.lease_ttl)
+    });
     // A user's set brings its own pipelines and workload: the swarm draws the world around them.
     if let Some(rows) = &rows {
-        rows.write(&mut body);
+        rows.write(&mut body, handler_timeout);
     }
     if let Some(gang) = &gang {
         gang.write(&mut body);
     }
-    let faults = Faults::draw(ranges, seed, shape, rows.is_some(), replicas, span, &rows);
     faults.write(&mut body, span);
     if let Some(gang) = gang.as_ref().filter(|_| ranges.mutations.iter().any(|m| m == "agent_drift_beyond_margin")) {
         gang.write_drift_beyond_margin(&mut body, seed, span);
     }
-    Expect::of(rows.as_ref(), gang.as_ref(), span, user_set).write(&mut body);
+    Expect::of(rows.as_ref(), gang.as_ref(), handler_timeout, user_set).write(&mut body);
     if !ranges.mutations.is_empty() {
         body.push_str("\n[mutation]\n");
         for mutation in &ranges.mutations {
@@ -288,7 +296,8 @@ impl Rows {
         }
     }
 
-    fn write(&self, out: &mut String) {
+    /// Writes the rows' part; `handler_timeout` (milliseconds) into `[pipeline]` when drawn.
+    fn write(&self, out: &mut String, handler_timeout: Option<u64>) {
         let (tasks, jobs, claims) = self.workers;
         let pair = |(low, high): (u64, u64)| format!("[\"{low}ms\", \"{high}ms\"]");
         let _ = writeln!(
@@ -297,6 +306,10 @@ impl Rows {
              fetchers = {}\nworkers = {{ tasks = {tasks}, jobs = {jobs}, claims = {claims} }}",
             self.lease_ttl, self.lease_margin, self.min_processing_interval, self.fetchers
         );
+        if let Some(timeout) = handler_timeout {
+            // After the workers' inline table, a key of `[pipeline]` still.
+            let _ = writeln!(out, "handler_timeout = \"{timeout}ms\"");
+        }
         let _ = writeln!(
             out,
             "\n[workload]\nspan = \"{}ms\"\njobs_per_minute = {:?}\ntasks_per_job = [1, {}]\nclaims_per_minute = {:?}\n\
@@ -518,8 +531,9 @@ fn operation_spec(rng: &mut ChaCha8Rng, slots: u32) -> (String, u32, Vec<&'stati
 /// unless the kind takes none.
 type Process = (FaultKind, f64, Option<(u64, u64)>);
 
-/// How many kinds at the end of [`FaultKind::ALL`] came after the swarm first drew worlds (`clock-jump`).
-const LATER_KINDS: usize = 1;
+/// How many kinds at the end of [`FaultKind::ALL`] came after the swarm first drew worlds (`clock-jump`,
+/// `handler-hang`).
+const LATER_KINDS: usize = 2;
 
 /// The fault part: a random subset of the kinds, each a random process with its rate and spans.
 struct Faults {
@@ -548,6 +562,8 @@ impl Faults {
             let fits = match kind {
                 kind if kind.targets_agents() => shape.gang(),
                 FaultKind::Contention => builtin_rows,
+                // Only row handlers hang (the built-in ones or a user's).
+                FaultKind::HandlerHang => shape.rows(),
                 _ => true,
             };
             if !(on && fits && ranges.kinds.contains(&kind)) {
@@ -574,6 +590,7 @@ impl Faults {
                 FaultKind::AgentIsolate => Some((2_000, 20_000)),
                 // A jump's span is its size: from a blink to past two lease ttls either way.
                 FaultKind::ClockJump => Some((100, 2 * ttl + 5_000)),
+                FaultKind::HandlerHang => Some((1_000, 20_000)),
             };
             // Every fault's span fits in the fault window (the file's rule).
             let spans = spans.map(|(low, high): (u64, u64)| (low.min(span), high.min(span).max(low.min(span))));
@@ -611,7 +628,8 @@ struct Expect {
 }
 
 impl Expect {
-    fn of(rows: Option<&Rows>, gang: Option<&Gang>, span: u64, user_set: bool) -> Expect {
+    /// `handler_timeout`: the rows' pipelines' bound on a handler (milliseconds), when the world hangs handlers.
+    fn of(rows: Option<&Rows>, gang: Option<&Gang>, handler_timeout: Option<u64>, user_set: bool) -> Expect {
         let mut liveness_s: f64 = 120.0;
         let mut starvation_s = None;
         if let Some(rows) = rows {
@@ -621,13 +639,15 @@ impl Expect {
             let backoffs = f64::from(rows.attempts_max) * 2.0;
             let leases = 4.0 * rows.lease_ttl as f64 / 1000.0;
             let slow = rows.task_slow.1 as f64 / 1000.0;
+            // A handler that hung at the heal holds its item until its bound cuts it.
+            let hung = handler_timeout.map_or(0.0, |timeout| timeout as f64 / 1000.0);
             liveness_s =
-                liveness_s.max(2.0 * (rows.task_work_s + rows.claims_work_s) + backoffs + leases + slow + 60.0);
+                liveness_s.max(2.0 * (rows.task_work_s + rows.claims_work_s) + backoffs + leases + slow + hung + 60.0);
             // A parent waits behind children that are being processed: a slow child and a few leases; at least the
             // default of 60 s. A claim waits behind the claims ahead of it on its counters: in a fair order, at most
             // the whole backlog of claims (twice over, as for liveness).
             let child = rows.task_slow.1.max(rows.task_process.1) as f64 / 1000.0;
-            let parent = (3.0 * child + leases + backoffs).max(60.0);
+            let parent = (3.0 * child + leases + backoffs + 2.0 * hung).max(60.0);
             starvation_s = Some(parent.max(2.0 * rows.claims_work_s + 60.0).ceil() as u64);
         }
         if user_set {
@@ -639,7 +659,6 @@ impl Expect {
             let gang_s = 3.0 * (gang.work_s / slots.max(1.0) + restarts) + gang.unfit_timeout_s as f64 + 180.0;
             liveness_s = liveness_s.max(gang_s);
         }
-        let _ = span;
         let limit = crate::sim::scenario_file::SIMULATED_SPAN_MAX.as_secs() as f64;
         Expect { liveness_s: liveness_s.min(limit).ceil() as u64, starvation_s }
     }

@@ -101,6 +101,10 @@ pub fn real_fault(fault: &Fault, network: bool) -> Result<RealFault, String> {
             "{fault}: not possible on real processes (a process's monotonic clock cannot be made to run at \
              another rate from outside)"
         )),
+        Fault::HandlerHang { .. } => Err(format!(
+            "{fault}: not possible on real processes yet (the replicas' handlers have no hook through which the \
+             harness could hang them)"
+        )),
         Fault::ClockJump { .. } => Err(format!(
             "{fault}: not possible on real processes yet (libfaketime can step a process's clocks, through a file \
              it rereads, but the chaos harness does not start replicas under it)"

@@ -108,9 +108,12 @@ pub struct Shared {
     /// One permit per queued item; closed when the pipeline stops taking work.
     items: Semaphore,
     leases: Mutex<BTreeMap<RowId, Held>>,
-    /// The handlers running under a time-out, by row: the lease's token, the handler's deadline (local clock) and
-    /// the signal that gives the handler up ([`Shared::start_handler`], [`Shared::cut_handlers`]).
-    handlers: Mutex<BTreeMap<RowId, RunningHandler>>,
+    /// The handlers running under a time-out, by lease: the handler's deadline (local clock) and the signal that
+    /// gives the handler up ([`Shared::start_handler`], [`Shared::cut_handlers`]). By lease, not by row: a handler
+    /// that hangs past its lease's loss may meet its row leased again by this replica, and a second handler of
+    /// the row must not take the first one's signal (the first then hung for good, holding its worker and the
+    /// drain: the simulator's `handler-hang` fault found it).
+    handlers: Mutex<BTreeMap<Lease, RunningHandler>>,
     /// Wakes the first fetcher: a worker dropped the queue below its lower mark.
     pub refill: Notify,
     /// Wake the other fetchers, one each, on the same events as `refill` (they never wait for hints: a hint must
@@ -142,8 +145,6 @@ pub struct Shared {
 
 /// A handler running under a time-out ([`Shared::start_handler`]).
 struct RunningHandler {
-    /// The lease's token.
-    token: crate::store::LockToken,
     /// Local instant it times out at.
     deadline: Instant,
     /// Given (once) when the deadline passed: the worker gives the handler up.
@@ -649,8 +650,8 @@ impl Shared {
             held.handler_deadline = Some(deadline);
         }
         let cut = std::sync::Arc::new(Notify::new());
-        let running = RunningHandler { token: lease.token, deadline, cut: cut.clone() };
-        lock(&self.handlers).insert(lease.id, running);
+        let running = RunningHandler { deadline, cut: cut.clone() };
+        lock(&self.handlers).insert(lease, running);
         cut
     }
 
@@ -661,10 +662,7 @@ impl Shared {
         {
             held.handler_deadline = None;
         }
-        let mut handlers = lock(&self.handlers);
-        if handlers.get(&lease.id).is_some_and(|running| running.token == lease.token) {
-            handlers.remove(&lease.id);
-        }
+        lock(&self.handlers).remove(&lease);
     }
 
     /// Signals every handler whose deadline passed at `now` to be given up (the heartbeater's pass); returns their
@@ -672,9 +670,9 @@ impl Shared {
     pub fn cut_handlers(&self, now: Instant) -> Vec<Lease> {
         let handlers = lock(&self.handlers);
         let past = handlers.iter().filter(|(_, running)| now >= running.deadline);
-        past.map(|(id, running)| {
+        past.map(|(lease, running)| {
             running.cut.notify_one();
-            Lease { id: *id, token: running.token }
+            *lease
         })
         .collect()
     }
@@ -819,5 +817,24 @@ mod tests {
         assert!(shared.contention_ended.notified().now_or_never().is_some(), "applied during the backoff");
         shared.note_ended(false);
         assert!(shared.contention_ended.notified().now_or_never().is_none(), "no backoff, no wake");
+    }
+
+    /// A handler that hangs past its lease's loss, whose row this replica leases again and starts a second handler
+    /// for, is still cut at its own deadline: the second handler does not take its signal.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_handler_is_cut_after_its_row_was_leased_again() {
+        use crate::store::{Lease, LockToken, RowId};
+        use tokio::time::{Duration, Instant};
+        let shared = super::Shared::new(&PipelineConfig::new("tasks", "task", &["ready"]));
+        let start = Instant::now();
+        let first = Lease { id: RowId(7), token: LockToken(1) };
+        let second = Lease { id: RowId(7), token: LockToken(2) };
+        let first_cut = shared.start_handler(first, start + Duration::from_secs(5));
+        let second_cut = shared.start_handler(second, start + Duration::from_secs(20));
+        assert_eq!(shared.cut_handlers(start + Duration::from_secs(6)), vec![first]);
+        tokio::time::timeout(Duration::from_millis(1), first_cut.notified()).await.expect("the first handler is cut");
+        assert!(tokio::time::timeout(Duration::from_millis(1), second_cut.notified()).await.is_err());
+        shared.end_handler(first);
+        assert_eq!(shared.cut_handlers(start + Duration::from_secs(21)), vec![second]);
     }
 }
