@@ -127,6 +127,8 @@ pub struct WorkloadSpec {
     pub min_processing_interval: Duration,
     /// Fetch loops of every pipeline ([`PipelineConfig::fetchers`]).
     pub fetchers: usize,
+    /// Every pipeline's [`PipelineConfig::park_waiters`].
+    pub park_waiters: bool,
     /// TEST ONLY: every pipeline's [`PipelineConfig::waitlist_disabled_for_mutation_test`] (the scenario's
     /// `[mutation] waitlist_disabled`).
     pub waitlist_disabled: bool,
@@ -136,6 +138,9 @@ pub struct WorkloadSpec {
     /// TEST ONLY: every pipeline's [`PipelineConfig::contention_backoff_disabled_for_mutation_test`] (the
     /// scenario's `[mutation] contention_backoff_disabled`).
     pub contention_backoff_disabled: bool,
+    /// TEST ONLY: every pipeline's [`PipelineConfig::park_wake_disabled_for_mutation_test`] (the scenario's
+    /// `[mutation] park_wake_disabled`).
+    pub park_wake_disabled: bool,
 }
 
 impl WorkloadSpec {
@@ -155,9 +160,11 @@ impl WorkloadSpec {
         config.lease_margin = self.lease_margin;
         config.min_processing_interval = self.min_processing_interval;
         config.fetchers = self.fetchers;
+        config.park_waiters = self.park_waiters;
         config.waitlist_disabled_for_mutation_test = self.waitlist_disabled;
         config.retry_wake_disabled_for_mutation_test = self.retry_wake_disabled;
         config.contention_backoff_disabled_for_mutation_test = self.contention_backoff_disabled;
+        config.park_wake_disabled_for_mutation_test = self.park_wake_disabled;
         config.retry = retry_policy(self.attempts_max);
         config
     }
