@@ -127,7 +127,9 @@ impl<S: Store> Heartbeater<S> {
                 // `biased`: tokio's `select!` otherwise draws its branch order from an RNG madsim does not seed.
                 tokio::select! {
                     biased;
-                    () = clock.sleep_until(until) => {}
+                    // The pass is due: a drifting local clock may read a hair short of `next` on waking, and a
+                    // second sleep would shift every later pass.
+                    () = clock.sleep_until(until) => if until == next { break },
                     () = shared.parked_noted.notified() => {}
                 }
                 let now = clock.now();
