@@ -74,11 +74,17 @@ pub struct Mutation {
     ///
     /// [`PipelineConfig::contention_backoff_disabled_for_mutation_test`]: crate::pipeline::PipelineConfig::contention_backoff_disabled_for_mutation_test
     pub contention_backoff_disabled: bool,
+    /// A wake hint wakes no parked waiter ([`PipelineConfig::park_wake_disabled_for_mutation_test`]): each waits
+    /// until the lock it met expires, as if the holder's write had not told it: in scenarios/rows-hot-row.toml
+    /// claims wait out the holder's lease ttl at every hand-over, and checker `starvation` must fire.
+    ///
+    /// [`PipelineConfig::park_wake_disabled_for_mutation_test`]: crate::pipeline::PipelineConfig::park_wake_disabled_for_mutation_test
+    pub park_wake_disabled: bool,
 }
 
 impl Mutation {
     /// Every mutation's key in a scenario file's `[mutation]` table.
-    pub const NAMES: [&'static str; 8] = [
+    pub const NAMES: [&'static str; 9] = [
         "apply_guard_disabled",
         "gang_gate_disabled",
         "lingering_gate_disabled",
@@ -87,6 +93,7 @@ impl Mutation {
         "waitlist_disabled",
         "retry_wake_disabled",
         "contention_backoff_disabled",
+        "park_wake_disabled",
     ];
 }
 
@@ -409,9 +416,11 @@ pub fn small_workload() -> WorkloadSpec {
         lease_margin: Duration::from_secs(1),
         min_processing_interval: Duration::from_secs(1),
         fetchers: 1,
+        park_waiters: crate::pipeline::config::PARK_WAITERS_DEFAULT,
         waitlist_disabled: false,
         retry_wake_disabled: false,
         contention_backoff_disabled: false,
+        park_wake_disabled: false,
         handler_timeout: None,
     }
 }

@@ -510,6 +510,7 @@ struct MutationDoc {
     waitlist_disabled: Option<bool>,
     retry_wake_disabled: Option<bool>,
     contention_backoff_disabled: Option<bool>,
+    park_wake_disabled: Option<bool>,
 }
 
 // ---- values ----
@@ -656,6 +657,7 @@ impl FileDoc {
             waitlist_disabled: self.mutation.waitlist_disabled.unwrap_or(false),
             retry_wake_disabled: self.mutation.retry_wake_disabled.unwrap_or(false),
             contention_backoff_disabled: self.mutation.contention_backoff_disabled.unwrap_or(false),
+            park_wake_disabled: self.mutation.park_wake_disabled.unwrap_or(false),
         };
         self.faults.apply(&mut scenario)?;
         // Every rule above is checked at its key; the scenario's own check is the last word (a rule only it knows

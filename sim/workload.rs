@@ -129,6 +129,8 @@ pub struct WorkloadSpec {
     pub min_processing_interval: Duration,
     /// Fetch loops of every pipeline ([`PipelineConfig::fetchers`]).
     pub fetchers: usize,
+    /// Every pipeline's [`PipelineConfig::park_waiters`].
+    pub park_waiters: bool,
     /// TEST ONLY: every pipeline's [`PipelineConfig::waitlist_disabled_for_mutation_test`] (the scenario's
     /// `[mutation] waitlist_disabled`).
     pub waitlist_disabled: bool,
@@ -138,12 +140,16 @@ pub struct WorkloadSpec {
     /// TEST ONLY: every pipeline's [`PipelineConfig::contention_backoff_disabled_for_mutation_test`] (the
     /// scenario's `[mutation] contention_backoff_disabled`).
     pub contention_backoff_disabled: bool,
+    /// TEST ONLY: every pipeline's [`PipelineConfig::park_wake_disabled_for_mutation_test`] (the scenario's
+    /// `[mutation] park_wake_disabled`).
+    pub park_wake_disabled: bool,
     /// Every pipeline's [`PipelineConfig::handler_timeout`] (`[pipeline] handler_timeout`); `None`: the engine's
     /// default (1 minute).
     pub handler_timeout: Option<Duration>,
 }
 
-/// Written by hand so that a workload without `handler_timeout` prints as it did before the field existed: the
+/// Written by hand so that a workload without `park_waiters`, `park_wake_disabled` or `handler_timeout` prints as
+/// it did before those fields existed: the
 /// scenario's content hash ([`crate::sim::ScenarioFile::content_hash`]) is taken over this text, and replay files
 /// of older runs carry it.
 impl std::fmt::Debug for WorkloadSpec {
@@ -174,9 +180,11 @@ impl std::fmt::Debug for WorkloadSpec {
             lease_margin,
             min_processing_interval,
             fetchers,
+            park_waiters,
             waitlist_disabled,
             retry_wake_disabled,
             contention_backoff_disabled,
+            park_wake_disabled,
             handler_timeout,
         } = self;
         let mut spec = f.debug_struct("WorkloadSpec");
@@ -208,6 +216,12 @@ impl std::fmt::Debug for WorkloadSpec {
         spec.field("waitlist_disabled", waitlist_disabled);
         spec.field("retry_wake_disabled", retry_wake_disabled);
         spec.field("contention_backoff_disabled", contention_backoff_disabled);
+        if *park_waiters {
+            spec.field("park_waiters", park_waiters);
+        }
+        if *park_wake_disabled {
+            spec.field("park_wake_disabled", park_wake_disabled);
+        }
         if let Some(timeout) = handler_timeout {
             spec.field("handler_timeout", timeout);
         }
@@ -232,9 +246,11 @@ impl WorkloadSpec {
         config.lease_margin = self.lease_margin;
         config.min_processing_interval = self.min_processing_interval;
         config.fetchers = self.fetchers;
+        config.park_waiters = self.park_waiters;
         config.waitlist_disabled_for_mutation_test = self.waitlist_disabled;
         config.retry_wake_disabled_for_mutation_test = self.retry_wake_disabled;
         config.contention_backoff_disabled_for_mutation_test = self.contention_backoff_disabled;
+        config.park_wake_disabled_for_mutation_test = self.park_wake_disabled;
         config.retry = retry_policy(self.attempts_max);
         if let Some(timeout) = self.handler_timeout {
             config.handler_timeout = timeout;

@@ -176,6 +176,7 @@ impl World {
             waitlist_disabled: scenario.mutation.waitlist_disabled,
             retry_wake_disabled: scenario.mutation.retry_wake_disabled,
             contention_backoff_disabled: scenario.mutation.contention_backoff_disabled,
+            park_wake_disabled: scenario.mutation.park_wake_disabled,
             ..scenario.workload.clone()
         });
         if scenario.mutation.waitlist_disabled {
@@ -186,6 +187,9 @@ impl World {
         }
         if scenario.mutation.contention_backoff_disabled {
             trace.record(&name, "mutation", "contention_backoff_disabled");
+        }
+        if scenario.mutation.park_wake_disabled {
+            trace.record(&name, "mutation", "park_wake_disabled");
         }
         let operations = scenario.gang.as_ref().map(|gang| gang.pipeline_config());
         let services = Arc::new(Self::start_services(&handle, &scenario, seed, &trace, &faults_on));

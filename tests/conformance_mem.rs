@@ -62,6 +62,7 @@ async fn a_callers_lease_in_pass_is_its_own_live_lease_past_its_related_locks() 
         owner: "jobs".into(),
         lease_ttl: ttl,
         retry_delay: std::time::Duration::from_millis(500),
+        park: false,
     };
     assert_eq!(mine.lock_related(lock(lease, child.id)).await.unwrap(), LockOutcome::Locked);
     assert_eq!(mine.lease_in_pass("replica-0"), Some(lease));

@@ -282,6 +282,84 @@ async fn related_lock_contention_resets_the_lease_and_the_row_is_retried() {
     }
 }
 
+/// A parent with three `child` rows, the first of them leased by the children's own pipeline for `ttl`; returns
+/// the parent and the children, and the held child's lease.
+async fn parent_with_a_held_child(store: &MemStore, ttl: Duration) -> (RowId, Vec<RowId>, lockstep::store::Lease) {
+    let parent = insert_ready(store, 1).await[0];
+    let mut children = Vec::new();
+    for _ in 0..3 {
+        children.push(store.insert(NewRow::new("child", "idle", json!({})).with_parent(parent)).await.unwrap().id);
+    }
+    let child_fetch = FetchParams {
+        pipeline: "children".into(),
+        kind: "child".into(),
+        statuses: vec!["idle".into()],
+        limit: 1,
+        lease_ttl: ttl,
+        min_processing_interval: Duration::from_secs(5),
+        retry_delay: Duration::from_millis(500),
+    };
+    let held = store.fetch(child_fetch).await.unwrap();
+    assert_eq!(held[0].id, children[0]);
+    (parent, children, lockstep::store::Lease { id: held[0].id, token: held[0].lock_token.unwrap() })
+}
+
+fn parking(workers: usize) -> PipelineConfig {
+    PipelineConfig { park_waiters: true, ..config(workers) }
+}
+
+/// With `park_waiters`, a contended parent is parked with its lease (no reset, no worker held), and the holder's
+/// apply wakes it through the hint channel: it goes back to the queue and locks its children at once, with no
+/// `retry_delay` and no fetch.
+#[tokio::test(start_paused = true)]
+async fn a_parked_item_keeps_its_lease_and_the_holders_apply_wakes_it() {
+    let clock = ManualClock::new(START);
+    let store = MemStore::new(clock.clone());
+    let (parent, children, held) = parent_with_a_held_child(&store, Duration::from_secs(30)).await;
+    let p = pipeline(&store, parking(1));
+    let mut hinter = lockstep::pipeline::Hinter::new(store.subscribe_hints(), vec![("task".into(), p.shared.clone())]);
+    p.fetcher(1).run_once().await.unwrap();
+    assert_eq!(p.work_one(&LockChildren).await, Some(ItemOutcome::Parked));
+    let row = store.get(parent).await.unwrap().unwrap();
+    assert!(row.lock_token.is_some(), "the parked parent keeps its lease");
+    assert_eq!((p.metrics().parked, p.metrics().retries), (1, 0));
+    assert_eq!((p.shared.queue_len(), p.shared.parked_len(), p.shared.leases_len()), (0, 1, 1));
+
+    store.apply(lockstep::store::ApplyParams::new(held, RowUpdate::default())).await.unwrap();
+    assert_eq!(hinter.run_once().await, Some(1), "the holder's apply wakes the parked parent");
+    assert_eq!((p.shared.queue_len(), p.shared.parked_len()), (1, 0));
+    assert_eq!(p.work_one(&LockChildren).await, Some(ItemOutcome::Applied), "no retry_delay, no fetch");
+    for id in children {
+        assert_eq!(store.get(id).await.unwrap().unwrap().status, "adopted", "child {id}");
+    }
+}
+
+/// A parked item whose holder never writes (it died) is woken at the holder's expiry by the heartbeater's timer,
+/// and takes the rows; meanwhile the heartbeater keeps its lease.
+#[tokio::test(start_paused = true)]
+async fn a_parked_item_is_woken_when_the_lock_it_met_expires() {
+    let clock = ManualClock::new(START);
+    let store = MemStore::new(clock.clone());
+    let (_, children, _) = parent_with_a_held_child(&store, Duration::from_secs(20)).await;
+    let p = pipeline(&store, parking(1));
+    p.fetcher(1).run_once().await.unwrap();
+    assert_eq!(p.work_one(&LockChildren).await, Some(ItemOutcome::Parked));
+    let heartbeater = p.heartbeater();
+    for _ in 0..19 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        clock.advance(Duration::from_secs(1));
+        heartbeater.run_once().await.unwrap();
+        assert_eq!(p.shared.parked_len(), 1, "parked until the child's lease expires");
+    }
+    tokio::time::advance(Duration::from_secs(2)).await;
+    clock.advance(Duration::from_secs(2));
+    let pass = heartbeater.run_once().await.unwrap();
+    assert!(pass.dropped.is_empty(), "the parked lease was kept: {pass:?}");
+    assert_eq!((p.shared.queue_len(), p.shared.parked_len()), (1, 0), "woken at the holder's expiry");
+    assert_eq!(p.work_one(&LockChildren).await, Some(ItemOutcome::Applied));
+    assert_eq!(store.get(children[0]).await.unwrap().unwrap().status, "adopted");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_store_error_leaves_the_lease_to_expire_and_the_row_is_retried_after_it() {
     let clock = ManualClock::new(START);

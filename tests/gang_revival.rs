@@ -88,6 +88,7 @@ async fn revival_after_a_lost_pass(dead: DeadPass, takeover: Takeover) {
         owner: OPERATION_PIPELINE.into(),
         lease_ttl: seconds(30),
         retry_delay: std::time::Duration::from_millis(500),
+        park: false,
     };
     assert_eq!(store.lock_related(params).await.unwrap(), LockOutcome::Locked);
 

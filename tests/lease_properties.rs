@@ -268,8 +268,14 @@ impl Model {
                 };
                 let lease_ttl = Duration::from_millis(ttl_ms);
                 let retry_delay = Duration::from_millis(500);
-                let params =
-                    LockRelatedParams { holder: lease, related: related.clone(), owner, lease_ttl, retry_delay };
+                let params = LockRelatedParams {
+                    holder: lease,
+                    related: related.clone(),
+                    owner,
+                    lease_ttl,
+                    retry_delay,
+                    park: false,
+                };
                 let outcome = self.store.lock_related(params).await.unwrap();
                 assert_eq!(outcome, expected, "lock_related of {related:?} for {lease:?}");
                 match outcome {

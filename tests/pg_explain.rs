@@ -173,6 +173,7 @@ async fn an_apply_locks_first_only_the_rows_of_a_lease_that_holds_related_rows()
         owner: "jobs".into(),
         lease_ttl: Duration::from_secs(30),
         retry_delay: std::time::Duration::from_millis(500),
+        park: false,
     };
     assert_eq!(store.lock_related(lock).await.expect("lock related rows"), LockOutcome::Locked);
     let done = || RowUpdate { status: Some("done".into()), data: None };

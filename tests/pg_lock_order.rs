@@ -102,6 +102,7 @@ async fn family(store: &PgStore, round: usize) -> Family {
             owner: "ops".into(),
             lease_ttl: LEASE_TTL,
             retry_delay: std::time::Duration::from_millis(500),
+            park: false,
         })
         .await
         .expect("lock_related");
@@ -146,6 +147,7 @@ async fn write(store: &PgStore, family: &Family, write: Write) -> Result<(), Sto
                 owner: "ops".into(),
                 lease_ttl: LEASE_TTL,
                 retry_delay: std::time::Duration::from_millis(500),
+                park: false,
             };
             assert_eq!(store.lock_related(params).await?, LockOutcome::Locked);
         }

@@ -497,6 +497,7 @@ async fn a_call_waiting_on_a_row_lock_past_lock_timeout_fails_with_a_timeout_and
         owner: "jobs".into(),
         lease_ttl: YEAR,
         retry_delay: std::time::Duration::from_millis(500),
+        park: false,
     };
     times_out("lock_related", lock_timeout, store.lock_related(lock)).await;
     drop(other);
@@ -817,6 +818,7 @@ async fn a_populated_schema_of_migration_0004_migrates_and_its_related_locks_hea
         owner: "tasks".into(),
         lease_ttl: Duration::from_secs(30),
         retry_delay: std::time::Duration::from_millis(500),
+        park: false,
     };
     assert_eq!(store.lock_related(lock).await.unwrap(), LockOutcome::Locked);
     let related: Vec<(i64, Option<i64>)> =
@@ -872,6 +874,7 @@ async fn a_stores_lease_in_pass_is_its_own_live_lease_past_its_related_locks_out
         owner: "jobs".into(),
         lease_ttl: ttl,
         retry_delay: std::time::Duration::from_millis(500),
+        park: false,
     };
     assert_eq!(store.lock_related(lock).await.unwrap(), LockOutcome::Locked);
     assert_eq!(in_pass().await.unwrap(), Some(lease));
@@ -922,6 +925,7 @@ async fn stale_writes_are_recorded_in_the_history_as_in_memstore() {
         owner: "jobs".into(),
         lease_ttl: ttl,
         retry_delay: std::time::Duration::from_millis(500),
+        park: false,
     };
     assert_eq!(store.lock_related(lock).await.unwrap(), LockOutcome::Stale);
     // A stale apply in a batch with a current one: its record too.

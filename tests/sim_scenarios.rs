@@ -165,6 +165,28 @@ fn a_hot_row_backlog_churns_without_the_contention_backoff_and_passes_with_it() 
     });
 }
 
+/// `rows-hot-row` with parked waiters (every claim locks one shared counter; a contended claim parks in its replica
+/// with its lease) passes its seeds, and with the holder's wake gone (`[mutation] park_wake_disabled`: a parked
+/// claim is woken only when the lock it met expires, as if the releasing write had not told it) each waiting claim
+/// waits out the holder's lease at every hand-over: the starvation checker fires on the same seeds.
+#[test]
+fn parked_claims_starve_without_the_holders_wake_and_pass_with_it() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/rows-hot-row.toml");
+    let file = ScenarioFile::load(&path).unwrap_or_else(|error| panic!("{error}"));
+    let mut parked = file.scenario.clone();
+    parked.workload.park_waiters = true;
+    let mut mutated = parked.clone();
+    mutated.mutation.park_wake_disabled = true;
+    for &seed in &file.seeds {
+        let report = sim::run(&parked, seed);
+        assert!(report.passed(), "seed {seed} failed:\n{}", summary::render(&report));
+        let report = sim::run(&mutated, seed);
+        let violation = report.violations.iter().find(|v| v.checker == "starvation");
+        let violation = violation.unwrap_or_else(|| panic!("seed {seed}: checker starvation silent without the wake"));
+        assert!(violation.message.contains("contended"), "{violation}");
+    }
+}
+
 /// The scenario `file` passes its seeds, and with `mutate` applied to its mutation (`without` names what it takes
 /// away) the checker `fires.0` fires on the same seeds, its message holding `fires.1`.
 fn passes_and_fails_when_mutated(file: &str, without: &str, fires: (&str, &str), mutate: impl Fn(&mut sim::Mutation)) {

@@ -16,6 +16,9 @@ pub const MIN_PROCESSING_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
 /// Default delay before a row reset for retry is fetched again: the shortest empty-fetch backoff, so a retry
 /// costs no more than one fetch pass (seed, "Reset-and-retry").
 pub const RETRY_DELAY_DEFAULT: Duration = Duration::from_millis(500);
+/// Default of [`PipelineConfig::park_waiters`]: BENCHMARKS.md, "(7) Retention and the wait queue", holds the
+/// measurement that decides it.
+pub const PARK_WAITERS_DEFAULT: bool = false;
 /// Queue upper bound factor: queue max = ceil(workers × 2.0) (DESIGN §3, dstack).
 pub const QUEUE_UPPER_FACTOR_DEFAULT: f64 = 2.0;
 /// Queue lower mark factor: fetch when size < ceil(workers × 0.5) (DESIGN §3, dstack).
@@ -196,6 +199,12 @@ pub struct PipelineConfig {
     /// store anyway ([`super::Waitlist`]). Not zero: a contended item would be fetched again at once, a spin
     /// against the store. Default [`RETRY_DELAY_DEFAULT`].
     pub retry_delay: Duration,
+    /// Parked waiters (DESIGN §3, "Parked waiters"): an item whose related lock is contended is not reset for
+    /// retry but parked in its replica, its lease kept by the heartbeater and no worker held, until the write that
+    /// frees a row it waits on wakes it (a wake hint) or the longest lock it met expires, and then queued at the
+    /// front; at most a queue max of items is parked, the others are reset as before. Default
+    /// [`PARK_WAITERS_DEFAULT`].
+    pub park_waiters: bool,
     /// Queue max = ceil(workers × this) while the fetcher keeps up. Default [`QUEUE_UPPER_FACTOR_DEFAULT`].
     pub queue_upper_factor: f64,
     /// Fetch when queue size < ceil(workers × this). Default [`QUEUE_LOWER_FACTOR_DEFAULT`].
@@ -261,6 +270,11 @@ pub struct PipelineConfig {
     /// (`tests/engine.rs`, `hot_row_across_replicas_…`).
     #[doc(hidden)]
     pub contention_backoff_disabled_for_mutation_test: bool,
+    /// TEST ONLY (simulator `[mutation] park_wake_disabled`): a wake hint wakes no parked waiter
+    /// ([`Shared::wake_rows`](super::queue::Shared::wake_rows)), so each waits until the lock it met expires, as if
+    /// the releasing write had not told it: on scenarios/rows-hot-row.toml checker `starvation` must fire.
+    #[doc(hidden)]
+    pub park_wake_disabled_for_mutation_test: bool,
     /// With `refetch` on, the least time, on the local clock, from the fetch of a row to its worker's load for the
     /// worker to reread it; a row loaded sooner is loaded as the fetch returned it. The fetch read the row under
     /// the same lease and returned all of it, so a reread this soon finds the same row (see `refetch`) at the
@@ -340,6 +354,7 @@ impl PipelineConfig {
             heartbeat_trigger: LEASE_TTL_DEFAULT / 2,
             min_processing_interval: MIN_PROCESSING_INTERVAL_DEFAULT,
             retry_delay: RETRY_DELAY_DEFAULT,
+            park_waiters: PARK_WAITERS_DEFAULT,
             queue_upper_factor: QUEUE_UPPER_FACTOR_DEFAULT,
             queue_lower_factor: QUEUE_LOWER_FACTOR_DEFAULT,
             fetch_backoff: FETCH_BACKOFF_DEFAULT.to_vec(),
@@ -355,6 +370,7 @@ impl PipelineConfig {
             waitlist_disabled_for_mutation_test: false,
             retry_wake_disabled_for_mutation_test: false,
             contention_backoff_disabled_for_mutation_test: false,
+            park_wake_disabled_for_mutation_test: false,
             refetch_after: REFETCH_AFTER_DEFAULT,
             refetch_batch_window: REFETCH_BATCH_WINDOW_DEFAULT,
             retry: RetryPolicy::default(),

@@ -203,11 +203,13 @@ impl<S: Store> Fetcher<S> {
         }
     }
 
-    /// Gives the leases of every queued item back to the store unparked ([`Core::give_back`]), so that the replica
+    /// Gives the leases of every queued item, and of every parked waiter, back to the store unparked ([`Core::give_back`]), so that the replica
     /// holding the rows they wait for can take them at once, where each would otherwise meet that holder here and
     /// be reset, kept from every replica for `retry_delay`. Errors: the store's.
     async fn give_back_queued(&self) -> Result<(), StoreError> {
-        let leases: Vec<Lease> = self.core.shared.take_all_queued().into_iter().map(|item| item.lease).collect();
+        let mut items = self.core.shared.take_all_queued();
+        items.extend(self.core.shared.take_all_parked());
+        let leases: Vec<Lease> = items.into_iter().map(|item| item.lease).collect();
         if leases.is_empty() {
             return Ok(());
         }

@@ -35,6 +35,21 @@ pub enum WorkError {
         /// replica (see above).
         behind_other_replica: bool,
     },
+    /// A related row was held by someone else and the item is to be parked (DESIGN §3, "Parked waiters";
+    /// [`PipelineConfig::park_waiters`](super::PipelineConfig::park_waiters)): the store recorded it as a waiter
+    /// on the rows that turned it away and left its lease as it is. `rows`: the related rows it asked for (a wake
+    /// hint naming one wakes it); `until`: the longest span, store clock, until a lock it met expires (`None`:
+    /// unknown, the pipeline's `retry_delay` bounds the wait). The engine parks the item, or resets it when it
+    /// cannot.
+    #[error("related lock contended; parked until a holder frees a row")]
+    Parked {
+        /// The related rows it asked for.
+        rows: Vec<RowId>,
+        /// Longest span until a lock it met expires, store clock.
+        until: Option<Duration>,
+        /// As [`WorkError::ContendedReset::behind_other_replica`].
+        behind_other_replica: bool,
+    },
     /// The lease was lost: nothing is written.
     #[error("lease lost")]
     Stale,
@@ -136,6 +151,9 @@ pub struct LoadCx<'a, S: Store> {
     wait: Duration,
     /// [`PipelineConfig::waitlist_disabled_for_mutation_test`](super::PipelineConfig).
     waitlist_off: bool,
+    /// Whether a contended lock parks the item ([`PipelineConfig::park_waiters`](super::PipelineConfig), and room
+    /// among the replica's parked waiters) rather than resetting it.
+    park: bool,
     /// Rows locked by this context's calls (a set: a gang restart's pass locks and updates 10 000 rows).
     locked: Mutex<BTreeSet<RowId>>,
 }
@@ -152,6 +170,7 @@ impl<'a, S: Store> LoadCx<'a, S> {
             clock: &core.clock,
             wait: config.retry_delay,
             waitlist_off: config.waitlist_disabled_for_mutation_test,
+            park: config.park_waiters && core.shared.parked_len() < core.shared.parked_max(),
             locked: Mutex::new(BTreeSet::new()),
         }
     }
@@ -205,6 +224,12 @@ impl<'a, S: Store> LoadCx<'a, S> {
         self.locked.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).extend(related.iter().copied());
     }
 
+    /// Whether a contended lock now parks the item: parking is on, and the item holds no related lock yet (a waiter
+    /// holds nothing while it waits; a later lock of a handler that locks twice resets as before).
+    fn parks(&self) -> bool {
+        self.park && self.locked.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_empty()
+    }
+
     /// The store, for reads.
     pub fn store(&self) -> &'a S {
         self.store
@@ -247,8 +272,14 @@ impl<'a, S: Store> LoadCx<'a, S> {
     async fn lock_and_read(&self, related: Vec<RowId>, owner: String) -> Result<Vec<Row>, WorkError> {
         self.not_its_own_row(&related)?;
         let turns = self.take_turns(&related).await;
-        let params =
-            LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl, retry_delay: self.wait };
+        let params = LockRelatedParams {
+            holder: self.lease,
+            related,
+            owner,
+            lease_ttl: self.lease_ttl,
+            retry_delay: self.wait,
+            park: self.parks(),
+        };
         let related = params.related.clone();
         match self.store.lock_related_and_read(params).await? {
             LockRead::Locked(rows) => {
@@ -258,6 +289,9 @@ impl<'a, S: Store> LoadCx<'a, S> {
             LockRead::Reset { held, by_own_pipeline } => {
                 Err(WorkError::ContendedReset { held, behind_other_replica: by_own_pipeline && turns })
             }
+            LockRead::Parked { until, by_own_pipeline } => {
+                Err(WorkError::Parked { rows: related, until, behind_other_replica: by_own_pipeline && turns })
+            }
             LockRead::Stale => Err(WorkError::Stale),
         }
     }
@@ -265,8 +299,14 @@ impl<'a, S: Store> LoadCx<'a, S> {
     async fn lock(&self, related: Vec<RowId>, owner: String) -> Result<(), WorkError> {
         self.not_its_own_row(&related)?;
         let turns = self.take_turns(&related).await;
-        let params =
-            LockRelatedParams { holder: self.lease, related, owner, lease_ttl: self.lease_ttl, retry_delay: self.wait };
+        let params = LockRelatedParams {
+            holder: self.lease,
+            related,
+            owner,
+            lease_ttl: self.lease_ttl,
+            retry_delay: self.wait,
+            park: self.parks(),
+        };
         let related = params.related.clone();
         match self.store.lock_related_or_reset(params).await? {
             LockAttempt::Locked => {
@@ -275,6 +315,9 @@ impl<'a, S: Store> LoadCx<'a, S> {
             }
             LockAttempt::Reset { held, by_own_pipeline } => {
                 Err(WorkError::ContendedReset { held, behind_other_replica: by_own_pipeline && turns })
+            }
+            LockAttempt::Parked { until, by_own_pipeline } => {
+                Err(WorkError::Parked { rows: related, until, behind_other_replica: by_own_pipeline && turns })
             }
             LockAttempt::Stale => Err(WorkError::Stale),
         }

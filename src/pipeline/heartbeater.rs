@@ -59,6 +59,8 @@ impl<S: Store> Heartbeater<S> {
         let mut due = Vec::new();
         // Handlers past their time-out are given up (their workers wait on this signal beside them).
         shared.cut_handlers(now);
+        // Parked waiters whose lock expired go back to the queue (DESIGN §3, "Parked waiters").
+        shared.wake_due(now);
         for (id, held) in shared.leases() {
             let lease = Lease { id, token: held.token };
             if now >= held.deadline {
@@ -111,6 +113,7 @@ impl<S: Store> Heartbeater<S> {
     /// pass took longer. A store error is logged; the next pass retries.
     pub async fn run(self) {
         let clock = self.core.clock.clone();
+        let shared = &self.core.shared;
         loop {
             let next = clock.now() + self.core.config.heartbeat_interval;
             if buggify::fires(Point::HeartbeatSkip) {
@@ -118,7 +121,23 @@ impl<S: Store> Heartbeater<S> {
             } else if let Err(error) = self.run_once().await {
                 tracing::warn!(pipeline = %self.core.config.name, %error, "heartbeat failed");
             }
-            clock.sleep_until(next).await;
+            // Until the next pass, the parked waiters' timers: each is woken when the lock it met expires.
+            loop {
+                let until = shared.next_park_due().map_or(next, |due| due.min(next));
+                // `biased`: tokio's `select!` otherwise draws its branch order from an RNG madsim does not seed.
+                tokio::select! {
+                    biased;
+                    // The pass is due: a drifting local clock may read a hair short of `next` on waking, and a
+                    // second sleep would shift every later pass.
+                    () = clock.sleep_until(until) => if until == next { break },
+                    () = shared.parked_noted.notified() => {}
+                }
+                let now = clock.now();
+                if now >= next {
+                    break;
+                }
+                shared.wake_due(now);
+            }
         }
     }
 }

@@ -3,7 +3,7 @@
 //! dstack's stay inside one process.
 
 use super::queue::Shared;
-use crate::store::{HINT_EVERY_KIND, Hint};
+use crate::store::{HINT_EVERY_KIND, Hint, parse_wake_hint};
 use std::sync::Arc;
 use tokio::sync::broadcast::{self, error::RecvError};
 
@@ -25,10 +25,20 @@ impl Hinter {
     pub async fn run_once(&mut self) -> Option<usize> {
         let kind = match self.receiver.recv().await {
             Ok(kind) if kind == HINT_EVERY_KIND => None,
-            Ok(kind) => Some(kind),
+            Ok(hint) => match parse_wake_hint(&hint) {
+                // A wake: rows some parked waiter waits on were freed (DESIGN §3, "Parked waiters").
+                Some(rows) => return Some(self.routes.iter().map(|(_, shared)| shared.wake_rows(&rows)).sum()),
+                None => Some(hint),
+            },
             Err(RecvError::Lagged(_)) => None,
             Err(RecvError::Closed) => return None,
         };
+        if kind.is_none() {
+            // Hints were lost, wakes among them: every parked waiter tries again.
+            for (_, shared) in &self.routes {
+                shared.wake_all();
+            }
+        }
         let mut woken = 0;
         for (route_kind, shared) in &self.routes {
             if kind.as_deref().is_none_or(|kind| kind == route_kind) {

@@ -72,6 +72,8 @@ pub struct Metrics {
     pub stale: AtomicU64,
     /// Reset-and-retry after related-lock contention.
     pub retries: AtomicU64,
+    /// Items parked after related-lock contention (DESIGN §3, "Parked waiters"), their leases kept.
+    pub parked: AtomicU64,
     /// Store errors (unavailable, timed out) that left a lease to expire, counting no attempt.
     pub errors: AtomicU64,
     /// Item failures recorded on their rows (handler failures, panics, values the store refused): each one attempt,
@@ -115,6 +117,8 @@ pub struct MetricsSnapshot {
     pub stale: u64,
     /// See [`Metrics::retries`].
     pub retries: u64,
+    /// See [`Metrics::parked`].
+    pub parked: u64,
     /// See [`Metrics::errors`].
     pub errors: u64,
     /// See [`Metrics::failures`].
@@ -160,6 +164,7 @@ impl Metrics {
             refetch_calls: read(&self.refetch_calls),
             stale: read(&self.stale),
             retries: read(&self.retries),
+            parked: read(&self.parked),
             errors: read(&self.errors),
             failures: read(&self.failures),
             gave_up: read(&self.gave_up),

@@ -138,9 +138,31 @@ pub struct Shared {
     /// Wakes the first fetcher from a contention backoff: an item ended otherwise than turned away (its replica's
     /// items may hold the rows now, so its backlog can be worked again).
     pub contention_ended: Notify,
+    /// The next parked waiter's [`Parked::seq`].
+    parked_seq: std::sync::atomic::AtomicU64,
+    /// [`PipelineConfig::park_wake_disabled_for_mutation_test`]: wake hints wake no one.
+    park_wake_disabled: bool,
+    /// Parked waiters by row (DESIGN §3, "Parked waiters"): items whose related lock was contended, kept with their
+    /// leases (the heartbeater renews them: they stay in the ledger) and no worker, until a wake hint names a row
+    /// they wait on ([`Shared::wake_rows`]) or their due instant passes ([`Shared::wake_due`]). At most
+    /// [`Shared::parked_max`].
+    parked: Mutex<BTreeMap<RowId, Parked>>,
+    /// Wakes the heartbeater's timer: a waiter was parked (its due instant may be earlier than the timer's).
+    pub parked_noted: Notify,
     /// Wakes everything that waits on the pipeline's services when it stops.
     pub stop: Notify,
     stopping: AtomicBool,
+}
+
+/// A parked waiter ([`Shared::park`]).
+struct Parked {
+    item: Item,
+    /// The related rows it asked for; a wake hint naming any of them wakes it.
+    rows: Vec<RowId>,
+    /// Local instant it is woken at the latest: when the longest lock it met expires.
+    due: Instant,
+    /// Order of parking, so the oldest waiter goes first in the queue.
+    seq: u64,
 }
 
 /// A handler running under a time-out ([`Shared::start_handler`]).
@@ -256,6 +278,10 @@ impl Shared {
             contended_streak: AtomicUsize::new(0),
             contention_backoff: AtomicBool::new(false),
             contention_ended: Notify::new(),
+            parked_seq: std::sync::atomic::AtomicU64::new(0),
+            park_wake_disabled: config.park_wake_disabled_for_mutation_test,
+            parked: Mutex::new(BTreeMap::new()),
+            parked_noted: Notify::new(),
             stop: Notify::new(),
             stopping: AtomicBool::new(false),
         }
@@ -434,7 +460,8 @@ impl Shared {
                 queue.items.push_back(item);
                 queued += 1;
             }
-            let room = self.cap * self.fetchers;
+            // Woken waiters join the queue past its marks: at most `parked_max` of them.
+            let room = self.cap * self.fetchers + self.parked_max();
             let held = queue.items.len() + queue.reserved;
             assert!(held <= room, "queue {} plus reserved {} past its room {room}", queue.items.len(), queue.reserved);
             (queued, queue.items.len())
@@ -522,7 +549,14 @@ impl Shared {
         self.wake_fetchers();
         self.hint.notify_one();
         self.stop.notify_waiters();
-        lock(&self.queue).items.drain(..).collect()
+        // The parked waiters' lock first: a wake holds it while it queues its waiters, so none lands in the queue
+        // after the drain.
+        let mut parked = lock(&self.parked);
+        let mut items: Vec<Item> = lock(&self.queue).items.drain(..).collect();
+        let mut parked: Vec<Parked> = std::mem::take(&mut *parked).into_values().collect();
+        parked.sort_by_key(|waiter| waiter.seq);
+        items.extend(parked.into_iter().map(|waiter| waiter.item));
+        items
     }
 
     /// A row a worker failed at local time `now` falls due for its retry at the local instant `due` (its
@@ -632,6 +666,97 @@ impl Shared {
         if leases.get(&lease.id).is_some_and(|held| held.token == lease.token) {
             leases.remove(&lease.id);
         }
+        drop(leases);
+        let mut parked = lock(&self.parked);
+        if parked.get(&lease.id).is_some_and(|waiter| waiter.item.lease == lease) {
+            parked.remove(&lease.id);
+        }
+    }
+
+    /// Most items parked at once: dstack's queue max (2 × workers). A contended item past it is reset for retry.
+    pub fn parked_max(&self) -> usize {
+        self.base.max
+    }
+
+    /// Items parked now.
+    pub fn parked_len(&self) -> usize {
+        lock(&self.parked).len()
+    }
+
+    /// Parks `item`, which waits on `rows`, until a wake names one of them or until `due` (local clock); returns
+    /// whether it did: false, parking nothing, when the pipeline is stopping, [`Shared::parked_max`] items are
+    /// parked, or the ledger no longer holds the item's lease (the caller then resets it or lets it go).
+    pub fn park(&self, item: Item, rows: Vec<RowId>, due: Instant) -> bool {
+        let lost = lock(&self.leases).get(&item.lease.id).is_none_or(|held| held.token != item.lease.token);
+        if self.is_stopping() || lost {
+            return false;
+        }
+        let mut parked = lock(&self.parked);
+        if parked.len() >= self.parked_max() {
+            return false;
+        }
+        let seq = self.parked_seq.fetch_add(1, Ordering::SeqCst);
+        parked.insert(item.lease.id, Parked { item, rows, due, seq });
+        drop(parked);
+        self.parked_noted.notify_one();
+        true
+    }
+
+    /// Wakes the parked waiters on any of `rows` (a wake hint: a write freed them): each goes to the front of the
+    /// queue, the oldest first. Every waiter on the row, not only the oldest: waking one a row starved
+    /// scenarios/open/claims-pairs-starve.toml (every seed of 20, against none with all woken), as the others waited
+    /// out the holder's lease (BENCHMARKS.md, "(7) Retention and the wait queue"). Returns how many were woken.
+    pub fn wake_rows(&self, rows: &[RowId]) -> usize {
+        if self.park_wake_disabled {
+            return 0;
+        }
+        self.wake(|waiter| waiter.rows.iter().any(|row| rows.contains(row)))
+    }
+
+    /// Takes every parked waiter out (see [`Shared::take_all_queued`]: the contention backoff gives their leases
+    /// back too, so that the replica holding the rows takes their items).
+    pub fn take_all_parked(&self) -> Vec<Item> {
+        let parked = std::mem::take(&mut *lock(&self.parked));
+        parked.into_values().map(|waiter| waiter.item).collect()
+    }
+
+    /// Wakes the parked waiters whose due instant passed at `now` (the lock they met expired).
+    pub fn wake_due(&self, now: Instant) -> usize {
+        self.wake(|waiter| waiter.due <= now)
+    }
+
+    /// Wakes every parked waiter (hints were lost: a lag or the catch-up hint).
+    pub fn wake_all(&self) -> usize {
+        self.wake(|_| true)
+    }
+
+    /// The earliest due instant of a parked waiter.
+    pub fn next_park_due(&self) -> Option<Instant> {
+        lock(&self.parked).values().map(|waiter| waiter.due).min()
+    }
+
+    fn wake(&self, woken: impl Fn(&Parked) -> bool) -> usize {
+        // Under the parked waiters' lock throughout, so that `close` takes every waiter not yet queued.
+        let mut parked = lock(&self.parked);
+        if self.is_stopping() {
+            return 0;
+        }
+        let ids: Vec<RowId> = parked.iter().filter(|(_, waiter)| woken(waiter)).map(|(id, _)| *id).collect();
+        if ids.is_empty() {
+            return 0;
+        }
+        let mut waiters: Vec<Parked> = ids.iter().filter_map(|id| parked.remove(id)).collect();
+        // The oldest waiter ends at the front: push the youngest first.
+        waiters.sort_by_key(|waiter| std::cmp::Reverse(waiter.seq));
+        let count = waiters.len();
+        {
+            let mut queue = lock(&self.queue);
+            for waiter in waiters {
+                queue.items.push_front(waiter.item);
+            }
+        }
+        self.items.add_permits(count);
+        count
     }
 
     /// A copy of the ledger, by row id.

@@ -41,6 +41,9 @@ pub enum ItemOutcome {
         /// Whether the rows were held by items of its own pipeline in another replica (see above).
         behind_other_replica: bool,
     },
+    /// A related lock was contended and the item was parked in its replica with its lease (DESIGN §3, "Parked
+    /// waiters"): a wake, or the expiry of the lock it met, queues it again.
+    Parked,
     /// The store failed (unavailable, timed out): the lease is left to expire and no attempt is counted.
     Failed,
     /// The item failed (handler error, panic, refused value): the failure was recorded on the row, which is
@@ -56,15 +59,52 @@ pub async fn work<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item: It
     let lease = item.lease;
     let outcome = match work_leased(core, handler, item).await {
         Step::Done(outcome) => outcome,
+        Step::Park(parking) => park(core, *parking).await,
         Step::Applying(applying) => applying.finish(core, handler).await,
     };
     record(core, lease, outcome);
     outcome
 }
 
+/// An item turned away by a contended related lock, to be parked (see [`WorkError::Parked`]).
+struct Parking {
+    item: Item,
+    rows: Vec<crate::store::RowId>,
+    until: Option<std::time::Duration>,
+    behind_other_replica: bool,
+}
+
+/// Parks an item whose related lock was contended until a wake or the expiry of the lock it met (plus the fetch's
+/// expiry slack; with no expiry known, `retry_delay`); an item that cannot be parked (no room, stopping, lease
+/// lost) is reset for retry as before.
+async fn park<S: Store>(core: &Core<S>, parking: Parking) -> ItemOutcome {
+    let Parking { item, rows, until, behind_other_replica } = parking;
+    let lease = item.lease;
+    let config = &core.config;
+    let wait = until.map_or(config.retry_delay, |until| until + config.fetch_expiry_slack);
+    match core.shared.park(item, rows, core.clock.now() + wait) {
+        true => {
+            core.shared.note_ended(behind_other_replica);
+            ItemOutcome::Parked
+        }
+        false => match core.store.reset_for_retry(lease, config.retry_delay).await {
+            Ok(true) => ItemOutcome::Retried { behind_other_replica },
+            Ok(false) => ItemOutcome::Stale,
+            Err(error) => failed(&config.name, lease, WorkError::Store(error)),
+        },
+    }
+}
+
 /// Counts how an item ended and drops its lease from the ledger.
 fn record<S: Store>(core: &Core<S>, lease: Lease, outcome: ItemOutcome) {
+    if outcome == ItemOutcome::Parked {
+        // The lease stays in the ledger, renewed while the item waits; the item's turns go to the next in line.
+        Metrics::bump(&core.metrics.parked);
+        core.waitlist.release(lease);
+        return;
+    }
     match outcome {
+        ItemOutcome::Parked => {}
         ItemOutcome::Applied => Metrics::bump(&core.metrics.applied),
         ItemOutcome::Stale => Metrics::bump(&core.metrics.stale),
         ItemOutcome::Retried { .. } => Metrics::bump(&core.metrics.retries),
@@ -83,6 +123,7 @@ fn record<S: Store>(core: &Core<S>, lease: Lease, outcome: ItemOutcome) {
 /// Where an item's work stopped: done, or handed to the batcher with its apply not yet answered.
 enum Step {
     Done(ItemOutcome),
+    Park(Box<Parking>),
     Applying(Box<Applying>),
 }
 
@@ -160,6 +201,11 @@ async fn work_leased<S: Store, H: Handler<S>>(core: &Core<S>, handler: &H, item:
     let cut = (!timeout.is_zero()).then(|| core.shared.start_handler(lease, clock.now() + timeout));
     let context = match within(core, cut.as_deref(), unwound(core, lease, handler.load(&row, &cx))).await {
         Ok(context) => context,
+        Err(WorkError::Parked { rows, until, behind_other_replica }) => {
+            core.shared.end_handler(lease);
+            let item = Item { row, lease, fetched_at: item.fetched_at };
+            return Step::Park(Box::new(Parking { item, rows, until, behind_other_replica }));
+        }
         Err(error) => {
             core.shared.end_handler(lease);
             return Step::Done(stopped(core, handler, lease, attempts, error).await);
@@ -337,6 +383,10 @@ pub async fn run<S: Store, H: Handler<S>>(core: Core<S>, handler: Arc<H>) {
         let lease = item.lease;
         match work_leased(&core, handler.as_ref(), item).await {
             Step::Done(outcome) => record(&core, lease, outcome),
+            Step::Park(parking) => {
+                let outcome = park(&core, *parking).await;
+                record(&core, lease, outcome);
+            }
             Step::Applying(applying) if matches!(applying.apply, Apply::Direct(_)) => {
                 let outcome = applying.finish(&core, handler.as_ref()).await;
                 record(&core, lease, outcome);

@@ -167,6 +167,14 @@ struct State {
     /// The last [`Row::version`] given: every insert and every write of a status or data takes the next one.
     version: i64,
     history: Option<Vec<Commit>>,
+    /// Rows some parked waiter waits on ([`LockRelatedParams::park`]; PostgreSQL's `lock_waited` column): the
+    /// write that clears such a row's token wakes its waiters ([`State::woken`]).
+    waited: BTreeSet<RowId>,
+    /// Waited rows whose token the call being made cleared: published as one [`wake_hint`] when it commits
+    /// ([`State::record`]).
+    woken: Vec<RowId>,
+    /// Where wake hints go: the store's hint channel (set at construction).
+    wakes: Option<broadcast::Sender<Hint>>,
 }
 
 /// One committed store call, as the simulator's checkers and traces read it. Reads are not recorded.
@@ -467,7 +475,7 @@ impl MemStore {
         let (hints, _) = broadcast::channel(HINT_BUFFER_LEN_MAX);
         let inner = Inner {
             clock: Arc::new(clock),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State { wakes: Some(hints.clone()), ..State::default() }),
             hints,
             apply_guard_disabled: AtomicBool::new(false),
             related_age_rule_disabled: AtomicBool::new(false),
@@ -672,6 +680,20 @@ impl State {
             assert!(history.len() < HISTORY_LEN_MAX, "commit history passed {HISTORY_LEN_MAX} entries");
             history.push(Commit { at, caller: caller.clone(), op });
         }
+        // The call commits: its frees of waited rows wake their waiters (as PostgreSQL's trigger `NOTIFY`s).
+        if !self.woken.is_empty() {
+            let woken = std::mem::take(&mut self.woken);
+            if let Some(wakes) = &self.wakes {
+                let _ = wakes.send(wake_hint(&woken));
+            }
+        }
+    }
+
+    /// Notes that `id`'s token was cleared: if a parked waiter waits on it, it is woken when the call commits.
+    fn freed(&mut self, id: RowId) {
+        if self.waited.remove(&id) {
+            self.woken.push(id);
+        }
     }
 
     fn holds(&self, lease: Lease) -> bool {
@@ -686,6 +708,7 @@ impl State {
     fn set_lease(&mut self, id: RowId, token: Option<LockToken>, owner: Option<String>, expires: Option<Timestamp>) {
         self.related_locked.remove(&id);
         let row = self.rows.get_mut(&id).expect("set_lease on a missing row");
+        let freed = row.lock_token.is_some() && token.is_none();
         if let Some(old) = row.lock_token.take() {
             let rows = self.by_token.get_mut(&old).expect("token index lost a token");
             rows.remove(&id);
@@ -698,6 +721,9 @@ impl State {
         row.lock_expires_at = expires;
         if let Some(token) = token {
             self.by_token.entry(token).or_default().insert(id);
+        }
+        if freed {
+            self.freed(id);
         }
     }
 
@@ -750,6 +776,9 @@ impl State {
             row.lock_token = None;
             row.lock_owner = None;
             row.lock_expires_at = None;
+            if self.waited.remove(id) {
+                self.woken.push(*id);
+            }
         }
         rows.into_iter().filter(|id| *id != lease.id).collect()
     }
@@ -1138,6 +1167,10 @@ impl Store for MemStore {
     }
 
     async fn lock_related(&self, p: LockRelatedParams) -> Result<LockOutcome, StoreError> {
+        Ok(self.lock_related_until(p).await?.0)
+    }
+
+    async fn lock_related_until(&self, p: LockRelatedParams) -> Result<(LockOutcome, Option<Duration>), StoreError> {
         check_text(&format!("lock_related {}#{}", p.holder.id, p.holder.token), "owner", &p.owner)?;
         let now = self.now();
         let age_rule = !self.inner.related_age_rule_disabled.load(Ordering::Relaxed);
@@ -1145,7 +1178,10 @@ impl Store for MemStore {
         // Each related row is looked up once: whether it exists and whether it is available (a gang restart's
         // passes lock 10 000 jobs each).
         let mut available = Vec::with_capacity(p.related.len());
+        let mut unavailable = Vec::new();
         let (mut taken, mut by_own_pipeline) = (false, true);
+        // The longest span until an unavailable row's lock or mark expires; `None` once one has no expiry.
+        let mut until = Some(Duration::ZERO);
         for id in &p.related {
             let Some(row) = state.rows.get(id) else {
                 return Err(StoreError::Invalid(format!("lock_related: related row {id} does not exist")));
@@ -1155,6 +1191,9 @@ impl Store for MemStore {
             } else {
                 taken = true;
                 by_own_pipeline &= held_by_own_pipeline(row.lock_token, row.lock_owner.as_deref(), &p.owner);
+                let expires = row.lock_expires_at.map(|expires| expires_in(expires.max(now), now));
+                until = until.zip(expires).map(|(until, expires)| until.max(expires));
+                unavailable.push(*id);
             }
         }
         let outcome = if !state.holds(p.holder) {
@@ -1173,14 +1212,18 @@ impl Store for MemStore {
                 }
                 state.set_lease(id, None, Some(p.owner.clone()), expires);
             }
+            if p.park {
+                state.waited.extend(unavailable);
+            }
             LockOutcome::Contended { by_own_pipeline }
         };
+        let until = if matches!(outcome, LockOutcome::Contended { .. }) { until } else { None };
         state.record(
             &self.caller,
             now,
             CommitOp::LockRelated { holder: p.holder, related: p.related, owner: p.owner, outcome },
         );
-        Ok(outcome)
+        Ok((outcome, until))
     }
 
     async fn apply(&self, p: ApplyParams) -> Result<ApplyOutcome, StoreError> {
@@ -1600,6 +1643,7 @@ mod tests {
             owner: "p".into(),
             lease_ttl: Duration::from_secs(30),
             retry_delay: Duration::from_millis(500),
+            park: false,
         };
         assert_eq!(
             store.lock_related_or_reset(lock).await.unwrap(),

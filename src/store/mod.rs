@@ -165,10 +165,24 @@ pub trait Store: Send + Sync + 'static {
     /// only after someone took it (its own pipeline's apply or release clears the mark).
     fn lock_related(&self, params: LockRelatedParams) -> impl Future<Output = Result<LockOutcome, StoreError>> + Send;
 
+    /// [`Store::lock_related`], and on [`LockOutcome::Contended`] the longest span from the store's `now` until
+    /// the unavailable rows' locks or marks expire (`None` when one has none, or the backend does not tell): what a
+    /// parked waiter's timer waits for at the latest (DESIGN §3, "Parked waiters"). With
+    /// [`LockRelatedParams::park`], a contended call also records the holder as a waiter on each unavailable row.
+    ///
+    /// The default calls [`Store::lock_related`] and tells no span; MemStore and PgStore override it.
+    fn lock_related_until(
+        &self,
+        params: LockRelatedParams,
+    ) -> impl Future<Output = Result<(LockOutcome, Option<Duration>), StoreError>> + Send {
+        async move { Ok((self.lock_related(params).await?, None)) }
+    }
+
     /// A related lock and, if it is contended, the reset-and-retry of the holder's lease that follows it
     /// (DESIGN §3: reset-and-retry when a related lock is unavailable): [`Store::lock_related`] of `params`, then,
     /// on [`LockOutcome::Contended`], [`Store::reset_for_retry`] of `params.holder`. Both are recorded as the two
-    /// calls would record them.
+    /// calls would record them. With [`LockRelatedParams::park`], a contended lock records its waits and resets
+    /// nothing: [`LockAttempt::Parked`] with [`Store::lock_related_until`]'s span.
     ///
     /// The default makes the two calls one after the other, as PgStore runs two statements; a backend whose
     /// calls cross a network overrides it with one round trip (the simulator's network store: a contended lock
@@ -179,11 +193,14 @@ pub trait Store: Send + Sync + 'static {
         params: LockRelatedParams,
     ) -> impl Future<Output = Result<LockAttempt, StoreError>> + Send {
         async move {
-            let (holder, retry_delay) = (params.holder, params.retry_delay);
-            Ok(match self.lock_related(params).await? {
-                LockOutcome::Locked => LockAttempt::Locked,
-                LockOutcome::Stale => LockAttempt::Stale,
-                LockOutcome::Contended { by_own_pipeline } => {
+            let (holder, retry_delay, park) = (params.holder, params.retry_delay, params.park);
+            Ok(match self.lock_related_until(params).await? {
+                (LockOutcome::Locked, _) => LockAttempt::Locked,
+                (LockOutcome::Stale, _) => LockAttempt::Stale,
+                (LockOutcome::Contended { by_own_pipeline }, until) if park => {
+                    LockAttempt::Parked { until, by_own_pipeline }
+                }
+                (LockOutcome::Contended { by_own_pipeline }, _) => {
                     LockAttempt::Reset { held: self.reset_for_retry(holder, retry_delay).await?, by_own_pipeline }
                 }
             })
@@ -217,6 +234,7 @@ pub trait Store: Send + Sync + 'static {
                     LockRead::Locked(rows)
                 }
                 LockAttempt::Reset { held, by_own_pipeline } => LockRead::Reset { held, by_own_pipeline },
+                LockAttempt::Parked { until, by_own_pipeline } => LockRead::Parked { until, by_own_pipeline },
                 LockAttempt::Stale => LockRead::Stale,
             })
         }

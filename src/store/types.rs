@@ -320,6 +320,35 @@ pub struct LockRelatedParams {
     /// How long a contended holder's row waits before a fetch may take it again, when the call resets it
     /// ([`Store::lock_related_or_reset`](super::Store::lock_related_or_reset)); the pipeline's `retry_delay`.
     pub retry_delay: Duration,
+    /// Park instead of reset (DESIGN §3, "Parked waiters"): on contention the store records the holder as a waiter
+    /// on every unavailable row, so that the write that frees one (its holder's apply, reset, release or failure)
+    /// publishes a [`wake_hint`] naming it, and `lock_related_or_reset` / `lock_related_and_read` leave the
+    /// holder's lease as it is and answer [`LockAttempt::Parked`] / [`LockRead::Parked`]. False: the calls reset
+    /// on contention, as they always did.
+    pub park: bool,
+}
+
+/// The prefix of a wake hint ([`wake_hint`]): a hint whose text starts with it names rows, not a kind.
+pub const WAKE_HINT_PREFIX: &str = "lock_waits:";
+
+/// The hint a write that frees rows some parked waiter waits on publishes (DESIGN §3, "Parked waiters"):
+/// `lock_waits:4,9`, the rows by id. It travels as fetch hints do (PostgreSQL: `NOTIFY` from the trigger of
+/// migration 0009, sent at the freeing write's commit). A kind named with this prefix would be taken for one.
+pub fn wake_hint(rows: &[RowId]) -> super::Hint {
+    let mut text = String::from(WAKE_HINT_PREFIX);
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        text.push_str(&row.0.to_string());
+    }
+    text
+}
+
+/// The rows a [`wake_hint`] names; `None` for any other hint (a kind). Ids that do not parse are skipped.
+pub fn parse_wake_hint(hint: &str) -> Option<Vec<RowId>> {
+    let rows = hint.strip_prefix(WAKE_HINT_PREFIX)?;
+    Some(rows.split(',').filter_map(|id| id.trim().parse().ok()).map(RowId).collect())
 }
 
 /// The owner of a related row shared by several items of one pipeline, `{pipeline}:{item}` (dstack PIPELINES,
@@ -570,6 +599,17 @@ pub enum LockAttempt {
         /// owner's own pipeline.
         by_own_pipeline: bool,
     },
+    /// With [`LockRelatedParams::park`]: a related row was held by someone else (the lock was contended and
+    /// marked the free rows as [`LockOutcome::Contended`] says), the holder was recorded as a waiter on each
+    /// unavailable row, and its lease was left as it is. `until`: the longest span, from the store's `now`, until
+    /// the locks or marks of the unavailable rows expire (`None` when one has no expiry: a row reset for retry by
+    /// its own pipeline, which frees it only by its apply).
+    Parked {
+        /// Longest span until an unavailable row's lock or mark expires (see above).
+        until: Option<Duration>,
+        /// As [`LockOutcome::Contended::by_own_pipeline`].
+        by_own_pipeline: bool,
+    },
     /// The holder's lease is no longer current: nothing was written.
     Stale,
 }
@@ -587,6 +627,13 @@ pub enum LockRead {
         /// As [`LockAttempt::Reset::held`]: whether the holder's lease was still held at the reset.
         held: bool,
         /// As [`LockAttempt::Reset::by_own_pipeline`].
+        by_own_pipeline: bool,
+    },
+    /// As [`LockAttempt::Parked`]: contended, the holder recorded as a waiter and its lease left as it is.
+    Parked {
+        /// As [`LockAttempt::Parked::until`].
+        until: Option<Duration>,
+        /// As [`LockAttempt::Parked::by_own_pipeline`].
         by_own_pipeline: bool,
     },
     /// As [`LockAttempt::Stale`]: the holder's lease is no longer current, nothing was written.

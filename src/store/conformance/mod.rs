@@ -5,7 +5,7 @@
 //! [`conformance_tests!`](crate::conformance_tests), which expands to one `#[tokio::test]` per case, so a failing
 //! case names itself (`fetch::skips_rows_whose_status_is_not_listed`). The cases live one file per area: [`fetch`],
 //! [`apply`], [`apply_batch`], [`refetch`], [`related`], [`heartbeat`], [`release`], [`rows`], [`update_unleased`],
-//! [`hint`], [`failure`], [`values`], [`purge`], [`parents`]. Each case is a `pub async fn case<H: Harness>(h: H)`
+//! [`hint`], [`failure`], [`values`], [`purge`], [`parents`], [`waits`]. Each case is a `pub async fn case<H: Harness>(h: H)`
 //! that panics, naming the rows involved, when the store breaks the rule it is named after; change semantics here
 //! first, then in the backends.
 //!
@@ -35,6 +35,7 @@ pub mod release;
 pub mod rows;
 pub mod update_unleased;
 pub mod values;
+pub mod waits;
 
 use crate::store::{
     ApplyOutcome, ApplyParams, FetchParams, Lease, LockOutcome, LockRelatedParams, NewRow, Row, RowId, Store, Timestamp,
@@ -258,6 +259,13 @@ macro_rules! __conformance_cases {
                 apply_batch_with_one_bad_item_writes_nothing,
                 update_unleased_refuses_a_bad_value,
             }
+            waits {
+                a_parked_lock_keeps_the_lease_and_tells_when_the_lock_it_met_expires,
+                a_row_reset_by_its_own_pipeline_makes_the_span_unknown,
+                the_holders_apply_wakes_the_waiters_of_its_row,
+                a_reset_a_release_and_a_failure_of_the_holder_each_wake_its_waiters,
+                a_row_no_one_waits_on_wakes_no_one,
+            }
         }
     };
 }
@@ -446,6 +454,7 @@ fn lock_params(holder: Lease, related: &[RowId], owner: &str) -> LockRelatedPara
         owner: owner.to_string(),
         lease_ttl: LEASE_TTL,
         retry_delay: RETRY_DELAY,
+        park: false,
     }
 }
 

@@ -172,7 +172,7 @@ impl PgStore {
         &self,
         p: LockRelatedParams,
         read: bool,
-    ) -> Result<(LockOutcome, Vec<Row>), StoreError> {
+    ) -> Result<(LockOutcome, Vec<Row>, Option<Duration>), StoreError> {
         self.bounded(async {
             check_text(&format!("lock_related {}#{}", p.holder.id, p.holder.token), "owner", &p.owner)?;
             let outcome = self
@@ -181,7 +181,7 @@ impl PgStore {
                     write::lock_related_in_transaction(&self.inner.pool, self.offset(), p.clone(), record, read)
                 })
                 .await?;
-            if self.inner.history.is_some() && matches!(outcome, Ok((LockOutcome::Stale, _))) {
+            if self.inner.history.is_some() && matches!(outcome, Ok((LockOutcome::Stale, _, _))) {
                 let LockRelatedParams { holder, related, owner, .. } = p;
                 self.record_stale(CommitOp::LockRelated { holder, related, owner, outcome: LockOutcome::Stale }).await;
             }
@@ -933,12 +933,20 @@ impl Store for PgStore {
         Ok(self.lock_related_reading(p, false).await?.0)
     }
 
+    async fn lock_related_until(&self, p: LockRelatedParams) -> Result<(LockOutcome, Option<Duration>), StoreError> {
+        let (outcome, _, until) = self.lock_related_reading(p, false).await?;
+        Ok((outcome, until))
+    }
+
     async fn lock_related_and_read(&self, p: LockRelatedParams) -> Result<LockRead, StoreError> {
-        let (holder, retry_delay) = (p.holder, p.retry_delay);
+        let (holder, retry_delay, park) = (p.holder, p.retry_delay, p.park);
         Ok(match self.lock_related_reading(p, true).await? {
-            (LockOutcome::Locked, rows) => LockRead::Locked(rows),
-            (LockOutcome::Stale, _) => LockRead::Stale,
-            (LockOutcome::Contended { by_own_pipeline }, _) => {
+            (LockOutcome::Locked, rows, _) => LockRead::Locked(rows),
+            (LockOutcome::Stale, _, _) => LockRead::Stale,
+            (LockOutcome::Contended { by_own_pipeline }, _, until) if park => {
+                LockRead::Parked { until, by_own_pipeline }
+            }
+            (LockOutcome::Contended { by_own_pipeline }, _, _) => {
                 LockRead::Reset { held: self.reset_for_retry(holder, retry_delay).await?, by_own_pipeline }
             }
         })

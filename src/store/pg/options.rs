@@ -282,6 +282,8 @@ impl PgOptions {
             if migration { (Duration::ZERO, Duration::ZERO) } else { (self.statement_timeout, self.lock_timeout) };
         Ok(vec![
             ("search_path", self.schema.clone()),
+            // The channel of the wake hints the trigger of migration 0009 sends (DESIGN §3, "Parked waiters").
+            ("lockstep.wake_channel", super::listen::channel(&self.schema)),
             ("statement_timeout", timeout_millis("statement_timeout", statement)?),
             ("lock_timeout", timeout_millis("lock_timeout", lock)?),
             (

@@ -311,7 +311,8 @@ RETURNING r.id, r.lock_token";
 /// owner, and whether its lock or mark is live. Step 2 writes only rows this step locked. `$2` ids (related and
 /// holder).
 pub(super) const LOCK_RELATED_READ: &str = "SELECT id, lock_token, lock_owner,
-    lock_expires_at IS NULL OR lock_expires_at > lockstep_now($1) AS live
+    lock_expires_at IS NULL OR lock_expires_at > lockstep_now($1) AS live,
+    (EXTRACT(EPOCH FROM lock_expires_at - lockstep_now($1)) * 1000000)::int8 AS expires_in_us
 FROM resources
 WHERE id = ANY($2)
 ORDER BY id
@@ -324,6 +325,12 @@ pub(super) const LOCK_RELATED_WRITE: &str = "UPDATE resources
 SET lock_token = $3, related_token = $3, lock_owner = $4, lock_expires_at = lockstep_ts_plus(lockstep_now($1), $5)
 WHERE id = ANY($2)
   AND ($3::int8 IS NOT NULL OR lock_token IS NOT NULL OR lock_owner IS DISTINCT FROM $4)";
+
+/// Related locks, step 3 of a contended lock that parks its holder (DESIGN §3, "Parked waiters"): record that
+/// someone waits on the rows that turned it away, so that the write that frees one wakes its waiters (the trigger
+/// of migration 0009). The rows are locked by step 1 already. `$1` ids.
+pub(super) const LOCK_RELATED_WAIT: &str =
+    "UPDATE resources SET lock_waited = true WHERE id = ANY($1) AND NOT lock_waited";
 
 /// Apply, step 1 when there are related updates (mem.rs `apply`): lock every row carrying the token (the main row
 /// if still held, and the related rows) in id order, then write the related rows still locked with it. The

@@ -16,6 +16,7 @@ use sqlx::query::QueryScalar;
 use sqlx::types::Json;
 use sqlx::{FromRow, PgConnection, Postgres, Row as _, SqlSafeStr};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// The general apply: one transaction of related writes, the guarded main write, inserts and events.
 /// Rolls back and returns `Stale` as soon as a guard fails. The rollback is awaited, not left to the
@@ -133,13 +134,17 @@ pub(super) async fn insert_keyed_in_transaction(
 /// `record`: the store whose history (chaos mode) gets the lock or contention, in this transaction. With `read`,
 /// a lock that is taken also reads the related rows in the transaction, before it commits ([`sql::ROWS_BY_ID`]:
 /// by id, each once); otherwise, and on any other outcome, the rows returned are none.
+/// A row as [`sql::LOCK_RELATED_READ`] reads it: id, token, owner, whether its lock or mark is live, and the
+/// microseconds until it expires (`None`: no expiry).
+type LockRelatedRead = (i64, Option<i64>, Option<String>, bool, Option<i64>);
+
 pub(super) async fn lock_related_in_transaction(
     pool: &PgPool,
     offset: PgInterval,
     p: LockRelatedParams,
     record: Option<&super::PgStore>,
     read: bool,
-) -> Result<Result<(LockOutcome, Vec<Row>), StoreError>, sqlx::Error> {
+) -> Result<Result<(LockOutcome, Vec<Row>, Option<Duration>), StoreError>, sqlx::Error> {
     let token = p.holder.token.0;
     let mut ids: Vec<i64> = p.related.iter().map(|id| id.0).collect();
     ids.push(p.holder.id.0);
@@ -147,15 +152,17 @@ pub(super) async fn lock_related_in_transaction(
     ids.dedup();
     let mut session = Session::acquire(pool).await?;
     let mut tx = session.begin().await?;
-    let rows: Vec<(i64, Option<i64>, Option<String>, bool)> =
+    let rows: Vec<LockRelatedRead> =
         sqlx::query_as(sql::LOCK_RELATED_READ).bind(offset).bind(&ids).fetch_all(&mut *tx).await?;
+    let mut expires_in: BTreeMap<i64, Option<i64>> = BTreeMap::new();
     let found: BTreeMap<i64, (Option<i64>, bool, bool)> = rows
         .into_iter()
-        .map(|(id, lock_token, lock_owner, live)| {
+        .map(|(id, lock_token, lock_owner, live, expires_in_us)| {
             let holder = p.holder.token;
             let owner = lock_owner.as_deref();
             let available = related_available(lock_token.map(LockToken), owner, live, holder, &p.owner);
             let own = held_by_own_pipeline(lock_token.map(LockToken), owner, &p.owner);
+            expires_in.insert(id, expires_in_us);
             (id, (lock_token, available, own))
         })
         .collect();
@@ -166,7 +173,7 @@ pub(super) async fn lock_related_in_transaction(
     let holds = found.get(&p.holder.id.0).is_some_and(|(lock_token, _, _)| *lock_token == Some(token));
     if !holds {
         tx.rollback().await?;
-        return Ok(Ok((LockOutcome::Stale, Vec::new())));
+        return Ok(Ok((LockOutcome::Stale, Vec::new(), None)));
     }
     let available: Vec<i64> = p.related.iter().map(|id| id.0).filter(|id| found[id].1).collect();
     let locked = available.len() == p.related.len();
@@ -180,10 +187,21 @@ pub(super) async fn lock_related_in_transaction(
             .execute(&mut *tx)
             .await?;
     }
+    let mut until = None;
     let outcome = if locked {
         LockOutcome::Locked
     } else {
         let by_own_pipeline = p.related.iter().map(|id| found[&id.0]).all(|(_, available, own)| available || own);
+        let mut unavailable: Vec<i64> = p.related.iter().map(|id| id.0).filter(|id| !found[id].1).collect();
+        unavailable.sort_unstable();
+        unavailable.dedup();
+        // The longest span until an unavailable row's lock or mark expires; `None` once one has no expiry.
+        until = unavailable.iter().try_fold(Duration::ZERO, |until, id| {
+            expires_in[id].map(|us| until.max(Duration::from_micros(us.max(0) as u64)))
+        });
+        if p.park {
+            sqlx::query(sql::LOCK_RELATED_WAIT).bind(&unavailable).execute(&mut *tx).await?;
+        }
         LockOutcome::Contended { by_own_pipeline }
     };
     if let Some(store) = record {
@@ -200,7 +218,7 @@ pub(super) async fn lock_related_in_transaction(
         rows = read.iter().map(super::codec::row).collect::<Result<_, _>>()?;
     }
     tx.commit().await?;
-    Ok(Ok((outcome, rows)))
+    Ok(Ok((outcome, rows, until)))
 }
 
 /// The guarded main write of an apply ([`sql::APPLY_MAIN`]); `None` when the row no longer carries the token (nothing

@@ -243,6 +243,7 @@ async fn serve_rows(args: ServeArgs, path: &std::path::Path) -> Result<(), Failu
     let spec = Arc::new(workload::WorkloadSpec {
         waitlist_disabled: mutation.waitlist_disabled,
         contention_backoff_disabled: mutation.contention_backoff_disabled,
+        park_wake_disabled: mutation.park_wake_disabled,
         ..file.scenario.workload.clone()
     });
     let connections = u32::try_from(workload::connections_needed(&spec)).unwrap_or(u32::MAX);
