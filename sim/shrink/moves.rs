@@ -16,9 +16,9 @@
 //!    window cut to just past the last fixed fault, each random process at half its rate;
 //! 7. each operation's job counts halved, the jobs' durations halved.
 
-use super::super::summary::{count, count_as};
 use super::super::timeline::model::{Group, Kind, LeaseTtls, Model};
 use crate::duration;
+use crate::text::{count, count_as};
 use std::time::Duration;
 use toml::{Table, Value};
 

@@ -355,7 +355,7 @@ fn plan(scenario: &Scenario, seed: u64, options: &ChaosOptions) -> Result<(Plann
     if !refused.is_empty() && !options.skip_refused {
         return Err(usage(format!(
             "{} no real form here (--skip-refused runs the scenario without them): {}",
-            crate::sim::summary::count_as(refused.len() as u64, "fault has", "faults have"),
+            crate::text::count_as(refused.len() as u64, "fault has", "faults have"),
             refused.join("; ")
         )));
     }

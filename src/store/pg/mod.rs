@@ -692,7 +692,7 @@ async fn migrate_schema(
     schema: &str,
     acquire_timeout: Duration,
 ) -> Result<(), MigrateError> {
-    let key = i64::from_ne_bytes(options::stable_hash(&format!("lockstep migrate {schema}")).to_ne_bytes());
+    let key = i64::from_ne_bytes(crate::hash::fnv1a64(format!("lockstep migrate {schema}").as_bytes()).to_ne_bytes());
     sqlx::query(sql::MIGRATION_LOCK).bind(key).execute(&mut lock).await?;
     let exists: bool = sqlx::query_scalar(sql::SCHEMA_EXISTS).bind(schema).fetch_one(&mut lock).await?;
     if !exists {

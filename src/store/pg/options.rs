@@ -322,12 +322,6 @@ fn timeout_millis(option: &str, span: Duration) -> Result<String, StoreError> {
     Ok(span.as_nanos().div_ceil(1_000_000).to_string())
 }
 
-/// A hash of `text` that every process and build computes alike (FNV-1a), unlike std's hasher: names the
-/// migration lock of a schema and shortens long channel names.
-pub(super) fn stable_hash(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
-}
-
 impl fmt::Debug for PgOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgOptions")

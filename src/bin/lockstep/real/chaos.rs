@@ -115,7 +115,7 @@ pub async fn execute(command: ChaosCommand) -> Result<u8, Failure> {
         }
     }
     println!("wall time: {:.1} s", done.report.wall.as_secs_f64());
-    let commits = lockstep::sim::summary::count(done.report.commits as u64, "commit");
+    let commits = lockstep::text::count(done.report.commits as u64, "commit");
     println!("history: {} ({commits})", done.dir.join("history.txt").display());
     if args.keep {
         println!("schema kept: {}", done.schema);
@@ -141,7 +141,7 @@ fn print_interrupted(args: &ChaosRunArgs, run: &Interrupted) {
         (false, false) => println!("schema NOT dropped: {} (the error is above)", run.schema),
     }
     let history = match &run.history {
-        Ok(commits) => format!("history.txt: {}, ", lockstep::sim::summary::count(*commits as u64, "commit")),
+        Ok(commits) => format!("history.txt: {}, ", lockstep::text::count(*commits as u64, "commit")),
         Err(error) => {
             println!("history not written: PostgreSQL did not read it: {error}");
             String::new()

@@ -12,7 +12,7 @@ mod agent;
 mod chaos;
 mod client;
 use lockstep::duration;
-use lockstep::sim::files;
+use lockstep::files;
 mod serve;
 
 use lockstep::store::{PgOptions, PgStore, StoreError};
