@@ -10,6 +10,7 @@
 
 mod agent;
 mod chaos;
+mod chaos_nodes;
 mod client;
 use lockstep::duration;
 use lockstep::files;
@@ -92,9 +93,14 @@ pub enum Command {
 }
 
 impl Command {
-    /// Whether the command runs until stopped (`serve`, `agent`) rather than printing a result and exiting.
+    /// Whether the command runs until stopped (`serve`, `agent`, a chaos run's nodes) rather than printing a result
+    /// and exiting.
     pub fn is_long_running(&self) -> bool {
-        matches!(self, Command::Serve(_) | Command::Agent(_))
+        match self {
+            Command::Serve(_) | Command::Agent(_) => true,
+            Command::Chaos(command) => command.is_long_running(),
+            _ => false,
+        }
     }
 }
 
