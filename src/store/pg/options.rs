@@ -194,6 +194,44 @@ impl PgOptions {
     /// With the default interval a half-open listener is noticed within 10 s.
     pub const LISTEN_CHECK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 
+    /// The form of a connection URL, for messages: `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`.
+    pub const URL_FORM: &str = "postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE";
+
+    /// Checks that `url` is a PostgreSQL connection URL: not empty, and of the scheme `postgres://` or
+    /// `postgresql://` (in any case). sqlx would read a URL of any other scheme as PostgreSQL's, and fails on one
+    /// without a scheme with the URL parser's words (`relative URL without a base`). [`PgStore::connect_with`]
+    /// checks it; a program that takes the URL from a flag or a variable checks it first, to name that flag or
+    /// variable in its message, as `lockstep` does (`--database-url: a mysql:// URL is not PostgreSQL's: write
+    /// postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`).
+    ///
+    /// ```
+    /// # use lockstep::PgOptions;
+    /// assert!(PgOptions::check_url("postgres://app@db.internal:5432/orders").is_ok());
+    /// let rule = PgOptions::check_url("db.internal/orders").unwrap_err();
+    /// assert_eq!(rule, "not a URL: write postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE");
+    /// ```
+    ///
+    /// # Errors
+    /// The rule broken, with the form to write ([`PgOptions::URL_FORM`]). The message never holds the URL, which
+    /// may hold a password: only its scheme, when that is short and plain.
+    ///
+    /// [`PgStore::connect_with`]: super::PgStore::connect_with
+    pub fn check_url(url: &str) -> Result<(), String> {
+        let form = PgOptions::URL_FORM;
+        if url.trim().is_empty() {
+            return Err(format!("the URL is empty: write {form}"));
+        }
+        let Some((scheme, _)) = url.split_once("://") else {
+            return Err(format!("not a URL: write {form}"));
+        };
+        if scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql") {
+            return Ok(());
+        }
+        let plain = scheme.len() <= 16 && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+        let shown = if plain { format!("a {scheme}:// URL") } else { "a URL of another scheme".to_string() };
+        Err(format!("{shown} is not PostgreSQL's: write {form}"))
+    }
+
     /// Options for `url` with every default.
     pub fn new(url: impl Into<String>) -> PgOptions {
         PgOptions {
@@ -427,6 +465,21 @@ mod tests {
         assert_eq!(options.max_connections, 1, "a pool is never empty");
         let options = PgOptions::new("postgres://h/db").with_pool_for([&Needs(usize::MAX), &Needs(0)]);
         assert_eq!(options.max_connections, u32::MAX, "saturates");
+    }
+
+    #[test]
+    fn a_url_must_be_postgresql_and_the_rule_never_shows_it() {
+        for url in ["postgres://u:p@h:5432/db", "POSTGRESQL://h/db", "postgres:///db?host=/run/postgresql"] {
+            assert_eq!(PgOptions::check_url(url), Ok(()), "{url}");
+        }
+        let form = PgOptions::URL_FORM;
+        assert_eq!(PgOptions::check_url(""), Err(format!("the URL is empty: write {form}")));
+        assert_eq!(PgOptions::check_url("  "), Err(format!("the URL is empty: write {form}")));
+        assert_eq!(PgOptions::check_url("u:secret@h/db"), Err(format!("not a URL: write {form}")));
+        let mysql = PgOptions::check_url("mysql://root:secret@h/db").unwrap_err();
+        assert_eq!(mysql, format!("a mysql:// URL is not PostgreSQL's: write {form}"));
+        let odd = PgOptions::check_url("x y:secret://h").unwrap_err();
+        assert_eq!(odd, format!("a URL of another scheme is not PostgreSQL's: write {form}"));
     }
 
     #[test]
