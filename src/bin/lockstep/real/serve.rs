@@ -256,6 +256,10 @@ mod tests {
         assert!(error.contains("--retain") && error.contains("running is not a status a job row may go in"), "{error}");
         let error = parse(&["--retain", "job:completed"]).unwrap_err().to_string();
         assert!(error.contains("--retain") && error.contains("expected KIND:STATUS"), "{error}");
+        // The message's example is a rule `--retain` takes.
+        let example = error.lines().next().and_then(|line| line.rsplit("e.g. ").next()).expect("an example");
+        assert_eq!(example, "job:completed,failed:168h", "{error}");
+        assert!(parse(&["--retain", example]).is_ok(), "the example {example} is refused");
     }
 
     /// The page's example rules start a replica: the rules `--retain` checked are checked again by the replica
