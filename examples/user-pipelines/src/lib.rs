@@ -100,11 +100,14 @@ impl<S: Store> Handler<S> for Orders {
         Ok(lines)
     }
 
-    async fn process(&self, _row: Row, lines: Vec<Row>) -> Result<Changes, WorkError> {
+    async fn process(&self, row: Row, lines: Vec<Row>) -> Result<Changes, WorkError> {
         if !lines.iter().all(|line| line.status == "charged") {
             return Ok(Changes::default()); // not yet: release the locks, look again later
         }
         let total: u64 = lines.iter().map(|line| line.data["amount"].as_u64().unwrap_or(0)).sum();
+        // The order is final: these changes close it, in the guarded apply that follows. (Should this worker have
+        // lost its lease meanwhile, the apply writes nothing and the attempt that closes the order logs again.)
+        tracing::info!(order = %row.id, lines = lines.len(), total, "order closed: every line charged");
         let related = lines
             .iter()
             .map(|line| RelatedUpdate { id: line.id, update: RowUpdate { status: Some("done".into()), data: None } })

@@ -1,6 +1,6 @@
 //! The production binary (`src/bin/orders.rs`) on real PostgreSQL, in a schema of its own: the order it enqueues is
-//! charged and closed by its pipelines, and SIGTERM drains it and ends it with status 0. A URL that is empty or
-//! not PostgreSQL's is refused before anything connects (exit 2).
+//! charged and closed by its pipelines (its log says so), and SIGTERM drains it and ends it with status 0. A URL
+//! that is empty or not PostgreSQL's is refused before anything connects (exit 2).
 //!
 //! The database is `DATABASE_URL`, or `postgres://postgres@127.0.0.1:5432/test` when it is unset; a test that cannot
 //! reach it fails, never skips. Its schema is dropped when it passes and kept, named in the failure, when it fails.
@@ -23,6 +23,14 @@ struct Log {
 }
 
 impl Log {
+    /// Returns at once when a line read so far contains `text`, else as [`Log::wait_for`]: for a line that may
+    /// come before one waited for earlier.
+    async fn seen_or_wait_for(&mut self, text: &str, context: &str) {
+        if !self.read.contains(text) {
+            self.wait_for(text, context).await;
+        }
+    }
+
     /// Reads lines until one contains `text`; panics, with the log, when the log ends first or `STEP_WAIT_MAX`
     /// passes.
     async fn wait_for(&mut self, text: &str, context: &str) {
@@ -127,6 +135,10 @@ async fn the_production_binary_closes_its_order_and_drains_on_sigterm() {
     assert_eq!(order.data["lines"], serde_json::json!(lines.iter().map(|line| line.id).collect::<Vec<_>>()));
     assert!(lines.iter().all(|line| line.status == "done"), "{context}: every line done: {lines:?}");
     assert!(lines.iter().all(|line| line.data["payment"].as_u64().is_some()), "{context}: charged: {lines:?}");
+    // The log says the order closed, with its id and total (the line may come before "enqueued": the pipelines
+    // can close the order before the binary logs its enqueue).
+    log.seen_or_wait_for(&format!("order closed: every line charged order={} lines=3 total=75", order.id), &context)
+        .await;
 
     let pid = binary.id().expect("the binary runs") as i32;
     // SAFETY: kill only sends a signal, to the child this test started and has not reaped.
