@@ -9,9 +9,9 @@
 //!
 //! The handlers compile in both builds and are generic over the store (`S: Store`) and over the payment provider
 //! ([`Payments`]): in production (`src/bin/orders.rs`) they are registered with a `PipelineManager` on `PgStore`
-//! and a `Payments` of your own (your HTTP client); in the simulator ([`sim`], `--cfg madsim`) the provider is a
-//! simulated external service and [`sim::orders`] is the pipeline set the tests (`tests/sim.rs`) and the scenario
-//! files (`src/bin/orders-sim.rs`) run. Both register [`lines_config`] and [`orders_config`].
+//! and a `Payments` of your own (your HTTP client); in the simulator (the module `sim`, `--cfg madsim` only) the
+//! provider is a simulated external service and `sim::orders` is the pipeline set the tests (`tests/sim.rs`) and the
+//! scenario files (`src/bin/orders-sim.rs`) run. Both register [`lines_config`] and [`orders_config`].
 
 use lockstep::pipeline::{Changes, Handler, LoadCx, PipelineConfig, WorkError};
 use lockstep::store::{RelatedUpdate, Row, RowId, RowUpdate, Store};
