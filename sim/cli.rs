@@ -1,9 +1,9 @@
-//! The simulator's command line (simulator build only): `run | sweep | swarm | merge | replay | explain | shrink` over
-//! scenario files: scenario files run under a seed, many seeds on every core (or one shard of them per machine,
-//! merged from their result files: [`super::sweep`]), failing seeds written as replay files and
-//! replayed exactly, one operation's or row's timeline read back from a trace (or a run's as an HTML page), and
-//! a failure shrunk to a smaller scenario. lockstep's own binary
-//! (`lockstep sim …`) and a user's own (a binary that registers its [`PipelineSet`]s and calls
+//! The simulator's command line (simulator build only; the plain build's `cargo doc` shows it): `run | sweep |
+//! swarm | merge | replay | explain | shrink` over scenario files: scenario files run under a seed, many seeds on
+//! every core (or one shard of them per machine, merged from their result files: [`super::sweep`]), failing seeds
+//! written as replay files and replayed exactly, one operation's or row's timeline read back from a trace (or a
+//! run's as an HTML page), and a failure shrunk to a smaller scenario. lockstep's own binary (`lockstep sim …`)
+//! and a user's own (a binary that registers its [`PipelineSet`]s and calls
 //! [`main`]) are both a [`Registry`] handed to [`execute`]. The work is in the library ([`super::scenario_file`],
 //! [`super::summary`], [`super::replay`], [`super::explain`]); this module parses arguments, prints and picks
 //! the exit code.
