@@ -12,6 +12,11 @@
 
 use std::path::{Path, PathBuf};
 
+// The crate's FNV-1a (a leaf that uses nothing of the crate), so the build id hashes as the replay files' other
+// identities do.
+#[path = "src/hash.rs"]
+mod hash;
+
 const INPUTS: [&str; 7] = ["src", "sim", "build.rs", "Cargo.toml", "Cargo.lock", "migrations", ".cargo/config.toml"];
 
 fn main() {
@@ -24,21 +29,27 @@ fn main() {
         collect(&root.join(input), &mut files);
     }
     files.sort();
-    let mut hash = Fnv::default();
+    // Every part hashed, each followed by a 0xff byte (no UTF-8 text holds one), so that ("ab", "c") and
+    // ("a", "bc") hash apart.
+    let mut hashed = Vec::new();
+    let mut part = |bytes: &[u8]| {
+        hashed.extend_from_slice(bytes);
+        hashed.push(0xff);
+    };
     for file in &files {
         let relative = file.strip_prefix(&root).unwrap_or(file);
-        hash.write(relative.to_string_lossy().as_bytes());
-        hash.write(&std::fs::read(file).unwrap_or_default());
+        part(relative.to_string_lossy().as_bytes());
+        part(&std::fs::read(file).unwrap_or_default());
     }
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let version = std::process::Command::new(rustc).arg("-V").output().map(|out| out.stdout).unwrap_or_default();
-    hash.write(&version);
+    part(&version);
     let profile = std::env::var("PROFILE").unwrap_or_default();
     let simulator = std::env::var_os("CARGO_CFG_MADSIM").is_some();
-    hash.write(format!("{profile} madsim={simulator}").as_bytes());
+    part(format!("{profile} madsim={simulator}").as_bytes());
     let flavour = if simulator { "sim" } else { "real" };
     let package = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
-    println!("cargo:rustc-env=LOCKSTEP_BUILD_ID={package}-{flavour}-{profile}-{:016x}", hash.0);
+    println!("cargo:rustc-env=LOCKSTEP_BUILD_ID={package}-{flavour}-{profile}-{:016x}", hash::fnv1a64(&hashed));
 }
 
 fn collect(path: &Path, files: &mut Vec<PathBuf>) {
@@ -49,24 +60,5 @@ fn collect(path: &Path, files: &mut Vec<PathBuf>) {
         }
     } else if path.is_file() {
         files.push(path.to_path_buf());
-    }
-}
-
-/// FNV-1a 64 (the same function as `sim::replay::fnv1a64`).
-struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv {
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        // A separator, so that ("ab", "c") and ("a", "bc") hash apart.
-        self.0 = (self.0 ^ 0xff).wrapping_mul(0x0000_0100_0000_01b3);
     }
 }

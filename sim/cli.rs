@@ -1,9 +1,9 @@
-//! The simulator's command line (simulator build only): `run | sweep | swarm | merge | replay | explain | shrink` over
-//! scenario files: scenario files run under a seed, many seeds on every core (or one shard of them per machine,
-//! merged from their result files: [`super::sweep`]), failing seeds written as replay files and
-//! replayed exactly, one operation's or row's timeline read back from a trace (or a run's as an HTML page), and
-//! a failure shrunk to a smaller scenario. lockstep's own binary
-//! (`lockstep sim …`) and a user's own (a binary that registers its [`PipelineSet`]s and calls
+//! The simulator's command line (simulator build only; the plain build's `cargo doc` shows it): `run | sweep |
+//! swarm | merge | replay | explain | shrink` over scenario files: scenario files run under a seed, many seeds on
+//! every core (or one shard of them per machine, merged from their result files: [`super::sweep`]), failing seeds
+//! written as replay files and replayed exactly, one operation's or row's timeline read back from a trace (or a
+//! run's as an HTML page), and a failure shrunk to a smaller scenario. lockstep's own binary (`lockstep sim …`)
+//! and a user's own (a binary that registers its [`PipelineSet`]s and calls
 //! [`main`]) are both a [`Registry`] handed to [`execute`]. The work is in the library ([`super::scenario_file`],
 //! [`super::summary`], [`super::replay`], [`super::explain`]); this module parses arguments, prints and picks
 //! the exit code.
@@ -27,13 +27,14 @@ use super::run::summary;
 use super::scenario_file::PipelineSets;
 use super::shell;
 use super::shrink;
-use super::summary::{count, render};
+use super::summary::render;
 use super::swarm;
 use super::sweep::{self, Failures, Line, SeedRecord, Seeds, Shard, Tally};
 use super::timeline;
 use super::user::PipelineSet;
 use super::{RunReport, ScenarioFile};
 use crate::sim;
+use crate::text::count;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::borrow::Cow;
@@ -1049,7 +1050,7 @@ fn swarm_ranges(args: &SwarmArgs) -> Result<(swarm::Ranges, String, Vec<String>)
     let (mut ranges, mut origin) = match &args.ranges {
         None => (swarm::Ranges::default(), "the default ranges".to_string()),
         Some(path) => {
-            let text = files::read_text(path, "ranges file", files::SCENARIO_FILE_BYTES_MAX)
+            let text = crate::files::read_text(path, "ranges file", files::SCENARIO_FILE_BYTES_MAX)
                 .map_err(|error| format!("{}: {error}", path.display()))?;
             redraw.extend(["--ranges".to_string(), path.display().to_string()]);
             (swarm::Ranges::parse(&text, &path.display().to_string())?, path.display().to_string())
@@ -1253,10 +1254,10 @@ fn merge(args: MergeArgs, registry: &Registry) -> u8 {
 }
 
 /// The text of an input file of `command` (e.g. `lockstep sim replay`), `what` it is in messages (`replay file`),
-/// read through its size cap `limit` ([`files::read_text`]); or `None` after saying why it cannot be read (the
-/// caller exits 2).
+/// read through its size cap `limit` ([`crate::files::read_text`]); or `None` after saying why it cannot be read
+/// (the caller exits 2).
 fn read_input(path: &Path, what: &str, limit: u64, command: &str) -> Option<String> {
-    match files::read_text(path, what, limit) {
+    match crate::files::read_text(path, what, limit) {
         Ok(text) => Some(text),
         Err(reason) => {
             eprintln!("{command}: cannot read {}: {reason}", path.display());
@@ -1455,7 +1456,7 @@ struct ShrinkSource {
 fn shrink_source(args: &ShrinkArgs, registry: &Registry) -> Result<ShrinkSource, String> {
     let path = args.file.display().to_string();
     // The larger cap of the two kinds: a scenario file is read again through its own ([`ScenarioFile::load_in`]).
-    let text = files::read_text(&args.file, "replay or scenario file", files::REPLAY_FILE_BYTES_MAX)
+    let text = crate::files::read_text(&args.file, "replay or scenario file", files::REPLAY_FILE_BYTES_MAX)
         .map_err(|reason| format!("cannot read {path}: {reason}"))?;
     if text.trim_start().starts_with('{') {
         if args.seed.is_some() {

@@ -1,23 +1,22 @@
-//! The files the `lockstep sim` commands read and write (and real mode reads: `submit`'s spec,
-//! `--database-url-file`): input files read through a size cap (a device or pipe
-//! that never ends, `/dev/zero`, is refused instead of filling memory), and output paths checked against the
-//! inputs and each other before anything is created (`run mine.toml --html mine.toml` would replace the scenario
-//! file with a page; `--trace same.out --html same.out` would lose one of them).
+//! The files the `lockstep sim` commands read and write: the caps of the inputs (read through
+//! [`crate::files::read_text`]: a device or pipe that never ends, `/dev/zero`, is refused instead of filling
+//! memory), and output paths checked against the inputs and each other before anything is created
+//! (`run mine.toml --html mine.toml` would replace the scenario file with a page; `--trace same.out --html same.out`
+//! would lose one of them).
 
-use std::io::Read;
+use crate::files::MIB;
 use std::path::{Path, PathBuf};
 
-/// One mebibyte, in bytes.
-const MIB: u64 = 1 << 20;
-
-/// The most bytes a scenario file, a spec file it names, or a spec `lockstep submit` reads may hold: 16 MiB. The largest in `scenarios/` and
+/// The most bytes a scenario file (or a ranges file) may hold: 16 MiB. The largest in `scenarios/` and
 /// `tests/fixtures/` is about 4 KB, and a generated scenario a thousand times that is still far below it; the cap
 /// is there so that a path that is not a scenario file (`/dev/zero`, a pipe, a disk image) is refused instead
-/// of read until memory runs out.
+/// of read until memory runs out. The spec files a scenario names have the gang's cap,
+/// [`SPEC_FILE_BYTES_MAX`](crate::gang::spec::SPEC_FILE_BYTES_MAX).
 pub const SCENARIO_FILE_BYTES_MAX: u64 = 16 * MIB;
 
 /// The most bytes a replay file may hold: 64 MiB. It carries its scenario's text and spec files (each at most
-/// [`SCENARIO_FILE_BYTES_MAX`]), a summary line and a trace hash; those the tests write are a few KB.
+/// 16 MiB: [`SCENARIO_FILE_BYTES_MAX`], [`SPEC_FILE_BYTES_MAX`](crate::gang::spec::SPEC_FILE_BYTES_MAX)), a
+/// summary line and a trace hash; those the tests write are a few KB.
 pub const REPLAY_FILE_BYTES_MAX: u64 = 64 * MIB;
 
 /// The most bytes a trace file (`run --trace`) may hold: 1 GiB. A run's trace holds at most
@@ -29,36 +28,6 @@ pub const TRACE_FILE_BYTES_MAX: u64 = 1024 * MIB;
 /// The most bytes one line of a sweep's result file may hold: a seed line carries its failure's replay file (at
 /// most [`REPLAY_FILE_BYTES_MAX`]), escaped as a JSON string, so twice that.
 pub const RESULT_LINE_BYTES_MAX: u64 = 2 * REPLAY_FILE_BYTES_MAX;
-
-/// `bytes` as a person reads a limit: `16 MiB` (whole mebibytes), else `N bytes`.
-pub fn size(bytes: u64) -> String {
-    if bytes >= MIB && bytes.is_multiple_of(MIB) { format!("{} MiB", bytes / MIB) } else { format!("{bytes} bytes") }
-}
-
-/// The text of the file at `path`, `what` it is (`scenario file`, `trace file`) in messages, read through
-/// [`Read::take`] so that at most `limit` + 1 bytes are ever held.
-///
-/// Errors, as the reason alone (the caller names the path: `cannot read {path}: {reason}`): the operating
-/// system's, text that is not UTF-8, or more than `limit` bytes (the reason gives the limit and why there is
-/// one).
-pub fn read_text(path: &Path, what: &str, limit: u64) -> Result<String, String> {
-    let file = std::fs::File::open(path).map_err(|error| error.to_string())?;
-    read_text_from(file, what, limit)
-}
-
-/// As [`read_text`], from `reader` (standard input, for a command given `-`).
-pub fn read_text_from(reader: impl Read, what: &str, limit: u64) -> Result<String, String> {
-    let mut bytes = Vec::new();
-    reader.take(limit + 1).read_to_end(&mut bytes).map_err(|error| error.to_string())?;
-    if bytes.len() as u64 > limit {
-        return Err(format!(
-            "it holds more than {} ({limit} bytes), the most a {what} may hold (a limit that keeps a path that \
-             is not a {what}, a device or a pipe that never ends, from filling memory)",
-            size(limit)
-        ));
-    }
-    String::from_utf8(bytes).map_err(|error| format!("it is not UTF-8 text: {error}"))
-}
 
 /// Checks, before a run, that `dir` is a directory or can be made one: the path, or if it does not exist the
 /// nearest of its ancestors that does, is a directory. A command that writes into it only at the end (`run`'s
@@ -168,19 +137,6 @@ mod tests {
             error,
             format!("{} cannot be a directory: {} is a file; give a directory", below.display(), file.display())
         );
-    }
-
-    #[test]
-    fn a_file_past_its_cap_is_refused_naming_the_cap() {
-        let scratch = temp_dir("cap");
-        let dir = scratch.path();
-        let path = dir.join("big.toml");
-        std::fs::write(&path, "x".repeat(11)).unwrap();
-        assert_eq!(read_text(&path, "scenario file", 11).unwrap().len(), 11);
-        let error = read_text(&path, "scenario file", 10).unwrap_err();
-        assert!(error.starts_with("it holds more than 10 bytes (10 bytes), the most a scenario file"), "{error}");
-        let error = read_text(Path::new("/dev/zero"), "scenario file", SCENARIO_FILE_BYTES_MAX).unwrap_err();
-        assert!(error.starts_with("it holds more than 16 MiB (16777216 bytes)"), "{error}");
     }
 
     #[test]

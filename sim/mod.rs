@@ -2,9 +2,10 @@
 //! database, with faults and checkers. The world, its nodes and the runner exist only in the simulator build
 //! (`--cfg madsim`, DESIGN §6); the scenario files, faults' plans, checkers, run reports and summaries compile in
 //! the normal build too, for `lockstep chaos run` (`crate::chaos`), which judges real runs with the same checkers.
-//! The modules named below without a link (`world`, `db`, `rpc`, `replica`, `agents`, `timeline`, `shrink`,
-//! `sweep`, and `cli`, the `lockstep sim` command line) are the simulator build's alone; the plain build's
-//! `cargo doc` shows the user API ([`user`], and [`net_store`] as a stand-in) but not them.
+//! The modules named below without a link (`world`, `db`, `rpc`, `replica`, `agents`) are the simulator build's
+//! alone. So are [`cli`] (the `lockstep sim` command line, with which a user's own binary runs its scenario files),
+//! [`timeline`], [`shrink`] and [`sweep`], but the plain build's `cargo doc` shows them, as it shows the user API
+//! ([`user`], and [`net_store`] as a stand-in).
 //!
 //! - `world`: the nodes (a database node serving MemStore over simulated RPC, N replica nodes running a
 //!   `PipelineManager`, in gang scenarios M agent nodes, a workload client) and the handles faults act through;
@@ -23,13 +24,13 @@
 //! - [`trace`], [`coverage`]: the byte-identical trace of a run, and how often it reached each fault path;
 //! - [`scenario`], [`mod@run`]: what a run is made of, and running it under a seed (replay with
 //!   `MADSIM_TEST_SEED`, sweep with `MADSIM_TEST_NUM`);
-//! - [`scenario_file`], [`summary`], [`replay`], [`explain`], `timeline`: what `lockstep sim` is made of:
+//! - [`scenario_file`], [`summary`], [`replay`], [`explain`], [`timeline`]: what `lockstep sim` is made of:
 //!   scenarios in TOML, a run's readable summary, replay files, one operation's or row's timeline from a trace,
 //!   and a run as an HTML page;
-//! - `shrink`: a failing scenario cut down to a smaller one that fails the same checker;
+//! - [`shrink`]: a failing scenario cut down to a smaller one that fails the same checker;
 //! - [`shell`]: the commands the simulator prints for a user to paste, quoted for the shell;
 //! - [`files`]: the commands' input files read under a size cap, and output paths checked against them;
-//! - `sweep`: sweeps of many seeds in flat memory, their result files, shards and their merge;
+//! - [`sweep`]: sweeps of many seeds in flat memory, their result files, shards and their merge;
 //! - [`swarm`]: every seed draws its own world within documented ranges, as a scenario file.
 //!
 //! A run is a function of (scenario, seed, build): every random choice comes from a ChaCha stream per purpose
@@ -40,7 +41,10 @@ pub mod agent_calls;
 #[cfg(madsim)]
 pub mod agents;
 pub mod checkers;
-#[cfg(madsim)]
+// The command line a user's own simulator binary is written against (`cli::Registry`, `cli::main`), and the
+// modules its items name, are documented by the plain build's `cargo doc` too: rustdoc does not type-check bodies,
+// so their calls into the world (simulator build only) need not resolve there; their imports must.
+#[cfg(any(madsim, doc))]
 pub mod cli;
 #[cfg(madsim)]
 pub mod clock;
@@ -73,13 +77,13 @@ pub mod scenario_file;
 #[cfg_attr(not(madsim), allow(unused_imports, dead_code))]
 pub mod service;
 pub mod shell;
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 pub mod shrink;
 pub mod summary;
 pub mod swarm;
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 pub mod sweep;
-#[cfg(madsim)]
+#[cfg(any(madsim, doc))]
 pub mod timeline;
 pub mod trace;
 #[cfg_attr(not(madsim), allow(unused_imports, dead_code))]

@@ -10,19 +10,12 @@
 use super::run::{RunReport, summary};
 use super::scenario_file::gang::SpecSource;
 use super::scenario_file::{PipelineSets, ScenarioError, ScenarioFile};
+use crate::hash::fnv1a64;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// The replay file format this build writes and reads (2: the spec files' texts, `spec_files`).
 pub const REPLAY_FORMAT: u32 = 3;
-
-/// FNV-1a, 64 bits: a small stable hash (the same value on every platform and build) for trace and scenario
-/// identities. Not for adversarial input.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    bytes.iter().fold(OFFSET, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(PRIME))
-}
 
 /// A run's trace identity: the FNV-1a hash of its text (16 hex digits) and its length in events.
 pub fn trace_identity(report: &RunReport) -> TraceIdentity {
@@ -286,14 +279,6 @@ impl ReplayFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fnv1a64_matches_the_reference_values() {
-        // The FNV reference test vectors (draft-eastlake-fnv, FNV-1a 64).
-        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
-    }
 
     fn replay_of(text: &str, build: &str) -> ReplayFile {
         let file = ScenarioFile::parse(text, "s.toml").unwrap();

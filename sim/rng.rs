@@ -17,11 +17,7 @@ pub fn stream(seed: u64, purpose: &str) -> ChaCha8Rng {
 /// run seeded by `seed`: what one instance draws depends on (seed, purpose, key) only.
 pub fn keyed(seed: u64, purpose: &str, key: u64) -> ChaCha8Rng {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ key.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    rng.set_stream(fnv1a(purpose));
+    // FNV-1a of the purpose: a stable stream number for a name.
+    rng.set_stream(crate::hash::fnv1a64(purpose.as_bytes()));
     rng
-}
-
-/// FNV-1a of `text`: a stable stream number for a name.
-fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ byte as u64).wrapping_mul(0x0100_0000_01b3))
 }

@@ -504,7 +504,7 @@ pub fn check(scenario: &Scenario, outcome: &Outcome, trace: &[TraceEvent]) -> Ve
         // A scenario without a gang part may still state what its trace must show.
         let unmet = checkers::gang::expectations(&scenario.expect, &[], trace);
         if !unmet.is_empty() {
-            let unmet_count = super::summary::count_as(unmet.len() as u64, "unmet expectation", "unmet expectations");
+            let unmet_count = crate::text::count_as(unmet.len() as u64, "unmet expectation", "unmet expectations");
             let message = format!("{unmet_count}: {}", checkers::listed(&unmet));
             violations.push(Violation { checker: "expect", message });
         }

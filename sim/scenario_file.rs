@@ -17,10 +17,10 @@ pub mod gang;
 
 use super::faults::Target;
 use super::faults::{AgentCall, CallEffect, Fault, FaultEvent, FaultKind, FaultPlan, RandomFault};
-use super::replay::fnv1a64;
 use super::scenario::{Mutation, Scenario, no_rows};
 use super::user::PipelineSet;
 use super::workload::JOB_STATUS;
+use crate::hash::fnv1a64;
 use crate::pipeline::ConfigError;
 use gang::{ExpectOperationDoc, ExpectTraceDoc, GangDocs, SpecSource};
 use serde::Deserialize;
@@ -72,7 +72,7 @@ impl ScenarioFile {
     /// As [`ScenarioFile::load`], and [`ScenarioError::Invalid`] at `pipelines` for a name not in `sets`.
     pub fn load_in(path: &Path, sets: &PipelineSets) -> Result<ScenarioFile, ScenarioError> {
         let origin = path.display().to_string();
-        let text = super::files::read_text(path, "scenario file", super::files::SCENARIO_FILE_BYTES_MAX)
+        let text = crate::files::read_text(path, "scenario file", super::files::SCENARIO_FILE_BYTES_MAX)
             .map_err(|message| ScenarioError::Read { origin: origin.clone(), message })?;
         let dir = path.parent().unwrap_or(Path::new(""));
         ScenarioFile::parse_in(&text, &origin, SpecSource::Dir(dir), sets)

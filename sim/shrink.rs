@@ -20,7 +20,7 @@ pub mod moves;
 use super::run::{self, RunReport};
 use super::scenario_file::gang::SpecSource;
 use super::scenario_file::{NAME_LEN_MAX, PipelineSets, ScenarioError, ScenarioFile};
-use super::summary::count;
+use crate::text::count;
 use moves::{Candidate, Current};
 use std::collections::BTreeMap;
 use std::fmt;

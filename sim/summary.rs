@@ -11,6 +11,7 @@ use super::explain;
 use super::gang::OperationReport;
 use super::run::RunReport;
 use super::trace::{self, TraceEvent};
+use crate::text::count;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
@@ -328,17 +329,6 @@ pub fn fault_counts(trace: &[TraceEvent]) -> BTreeMap<String, u64> {
 }
 
 /// `a 1, b 2`, or `none`.
-/// `n` and `word`, with an `s` unless `n` is 1: `1 shard`, `4 shards`, `0 seeds`.
-pub fn count(n: impl Into<u64>, word: &str) -> String {
-    count_as(n, word, &format!("{word}s"))
-}
-
-/// `n` and `one` if `n` is 1, else `n` and `many`: `1 slot per agent`, `2 slots per agent`.
-pub fn count_as(n: impl Into<u64>, one: &str, many: &str) -> String {
-    let n = n.into();
-    if n == 1 { format!("{n} {one}") } else { format!("{n} {many}") }
-}
-
 fn counted(counts: &BTreeMap<String, u64>) -> String {
     if counts.is_empty() {
         return "none".into();
@@ -355,15 +345,6 @@ fn seconds(span: Duration) -> String {
 mod tests {
     use super::*;
     use std::sync::Arc;
-
-    #[test]
-    fn a_count_of_one_is_singular_and_every_other_plural() {
-        assert_eq!(count(1u64, "seed"), "1 seed");
-        assert_eq!(count(0u64, "seed"), "0 seeds");
-        assert_eq!(count(2u64, "failing seed"), "2 failing seeds");
-        assert_eq!(count_as(1u64, "slot per agent", "slots per agent"), "1 slot per agent");
-        assert_eq!(count_as(3u64, "slot per agent", "slots per agent"), "3 slots per agent");
-    }
 
     fn event(node: &str, kind: &'static str, fields: &str) -> TraceEvent {
         TraceEvent { at: Duration::from_millis(1), node: Arc::from(node), kind, fields: fields.into() }

@@ -575,7 +575,7 @@ impl Merged {
                 Some(_) if *seeds < expected => "ended early",
                 Some(_) => continue,
             };
-            gaps.push(format!("shard {shard} {how}: {seeds} of {}", super::summary::count(expected, "seed")));
+            gaps.push(format!("shard {shard} {how}: {seeds} of {}", crate::text::count(expected, "seed")));
         }
         gaps
     }
@@ -785,7 +785,7 @@ impl<R: std::io::BufRead> ResultLines<'_, R> {
                 line: self.number,
                 message: format!(
                     "longer than {}, the most a result line holds (a seed line carries its replay file)",
-                    super::files::size(limit)
+                    crate::files::size(limit)
                 ),
             });
         }

@@ -18,7 +18,6 @@
 pub mod model;
 
 use super::checkers::Violation;
-use super::db::ORIGIN;
 use super::explain;
 use super::run::RunReport;
 use super::scenario::Scenario;
@@ -326,7 +325,7 @@ impl Named {
 /// The first store timestamp in `message` (seconds with six decimals, at or past the simulator's origin), as
 /// simulated microseconds.
 fn store_time(message: &str) -> Option<u64> {
-    let origin = u64::try_from(ORIGIN.0).ok()?;
+    let origin = u64::try_from(super::db::ORIGIN.0).ok()?;
     message
         .split(|c: char| !(c.is_ascii_digit() || c == '.'))
         .filter_map(|word| micros(word.trim_matches('.')))

@@ -57,11 +57,14 @@ mod buggify;
 #[cfg(not(madsim))]
 pub mod chaos;
 pub mod duration;
+pub mod files;
 pub mod gang;
+mod hash;
 pub mod interrupt;
 pub mod pipeline;
 pub mod store;
 pub mod table;
+pub mod text;
 
 #[path = "../sim/mod.rs"]
 pub mod sim;

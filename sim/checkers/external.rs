@@ -28,7 +28,7 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
     if doubled.is_empty() {
         return Ok(());
     }
-    let subjects = crate::sim::summary::count_as(doubled.len() as u64, "subject", "subjects");
+    let subjects = crate::text::count_as(doubled.len() as u64, "subject", "subjects");
     Err(format!("{subjects} acted on more than once: {}", listed(&doubled)))
 }
 

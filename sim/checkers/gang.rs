@@ -69,7 +69,7 @@ pub fn check_all(input: &GangCheckInput<'_>) -> Vec<Violation> {
     // `what` is the phrase for one found and for more: "1 unmet expectation", "2 unmet expectations".
     let mut push = |checker: &'static str, found: Vec<String>, what: (&str, &str)| {
         if !found.is_empty() {
-            let counted = crate::sim::summary::count_as(found.len() as u64, what.0, what.1);
+            let counted = crate::text::count_as(found.len() as u64, what.0, what.1);
             violations.push(Violation { checker, message: format!("{counted}: {}", listed(&found)) });
         }
     };

@@ -214,7 +214,7 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
         return Ok(());
     }
     let broken: Vec<String> = broken.into_values().chain(ignored).collect();
-    let rows = crate::sim::summary::count(broken.len() as u64, "row");
+    let rows = crate::text::count(broken.len() as u64, "row");
     Err(format!("{rows} broke the store's lease rules or a hint went unheard: {}", listed(&broken)))
 }
 

@@ -49,7 +49,7 @@ pub fn check(input: &CheckInput<'_>) -> Result<(), String> {
         return Ok(());
     }
     let bound = crate::duration::format(input.starvation_bound);
-    let rows = crate::sim::summary::count(starved.len() as u64, "row");
+    let rows = crate::text::count(starved.len() as u64, "row");
     Err(format!("{rows} starved past {bound}: {}", listed(&starved)))
 }
 

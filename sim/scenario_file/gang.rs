@@ -35,7 +35,7 @@ impl SpecSource<'_> {
         match self {
             SpecSource::Dir(dir) => {
                 let full: PathBuf = dir.join(path);
-                crate::sim::files::read_text(&full, "spec file", crate::sim::files::SCENARIO_FILE_BYTES_MAX)
+                crate::files::read_text(&full, "spec file", crate::gang::spec::SPEC_FILE_BYTES_MAX)
                     .map_err(|reason| format!("cannot read {}: {reason}", full.display()))
             }
             SpecSource::Files(files) => {

@@ -3,7 +3,7 @@
 //! Every move makes one quantity strictly smaller and is bounded below (counts at their least, durations at
 //! [`SPAN_MIN`], rates at [`RATE_MIN`]), so a search that accepts only these moves ends. In the order tried
 //! (the first failing candidate of a step wins, so the larger cuts come first):
-//! 1. the random fault processes replaced by the faults they injected in the current run ([`materialized`]),
+//! 1. the random fault processes replaced by the faults they injected in the current run (`materialized`),
 //!    fixed at the times and with the targets and spans the trace shows: each can then be dropped on its own;
 //! 2. every fault dropped at once, then each fixed fault and each random process alone;
 //! 3. each operation dropped (with its controls and expectations), the trace and operation expectations
@@ -16,9 +16,9 @@
 //!    window cut to just past the last fixed fault, each random process at half its rate;
 //! 7. each operation's job counts halved, the jobs' durations halved.
 
-use super::super::summary::{count, count_as};
 use super::super::timeline::model::{Group, Kind, LeaseTtls, Model};
 use crate::duration;
+use crate::text::{count, count_as};
 use std::time::Duration;
 use toml::{Table, Value};
 

@@ -2,8 +2,8 @@
 //! (TOML, every key optional) and narrowed by the command line's flags (`--max-replicas`, `--overload`,
 //! `--kinds`, `--shapes`).
 
+use crate::hash::fnv1a64;
 use crate::sim::faults::FaultKind;
-use crate::sim::replay::fnv1a64;
 use serde::Deserialize;
 use std::fmt;
 use std::ops::RangeInclusive;

@@ -75,6 +75,16 @@ const _: () = assert!(
     POLL_INTERVAL_DEFAULT.as_millis() * 2 + NODE_LEASE_MARGIN_DEFAULT.as_millis()
         < NODE_LEASE_TTL_DEFAULT.as_millis() / 2
 );
+// PostgreSQL's defaults fit the node lease: a store call stuck on a row lock gives up (`lock_timeout`) well before
+// the lease is due for its heartbeat (ttl / 2), and a frozen session's row locks are freed
+// (`idle_in_transaction_timeout`) before a node heartbeat stuck behind them is due. Stated here, above the store,
+// which names no layer above it; only the normal build has PostgreSQL.
+#[cfg(not(madsim))]
+const _: () = {
+    use crate::store::PgOptions;
+    assert!(PgOptions::LOCK_TIMEOUT_DEFAULT.as_millis() * 4 <= NODE_LEASE_TTL_DEFAULT.as_millis());
+    assert!(PgOptions::IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT.as_millis() * 2 <= NODE_LEASE_TTL_DEFAULT.as_millis());
+};
 
 /// An agent's configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -322,8 +322,7 @@ impl SimulatedExecutor {
 
 /// A stable stream number for a job (FNV-1a of its id), so each job's draw is its own.
 fn job_stream(job: JobId) -> u64 {
-    let text = job.to_string();
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ byte as u64).wrapping_mul(0x0100_0000_01b3))
+    crate::hash::fnv1a64(job.to_string().as_bytes())
 }
 
 impl Executor for SimulatedExecutor {

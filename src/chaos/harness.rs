@@ -89,7 +89,7 @@ pub struct ChaosOptions {
     pub time_scale: f64,
     /// Leave out faults that have no real form (listed) instead of refusing the run.
     pub skip_refused: bool,
-    /// The `lockstep` binary the replicas run (`lockstep serve`).
+    /// The `lockstep` binary the run's nodes run (`lockstep chaos serve`, `lockstep chaos agent`).
     pub exe: PathBuf,
     /// Where the run's logs, history and fault log go; default a new directory in the system's temp dir.
     pub out: Option<PathBuf>,
@@ -211,7 +211,7 @@ pub async fn run(
     }
     if mutation.lingering_gate_disabled {
         return Err(usage(format!(
-            "{}: [mutation] lingering_gate_disabled is run only by the simulator: `lockstep serve` has no switch for it",
+            "{}: [mutation] lingering_gate_disabled is run only by the simulator: a chaos replica has no switch for it",
             options.scenario.display()
         )));
     }
@@ -355,7 +355,7 @@ fn plan(scenario: &Scenario, seed: u64, options: &ChaosOptions) -> Result<(Plann
     if !refused.is_empty() && !options.skip_refused {
         return Err(usage(format!(
             "{} no real form here (--skip-refused runs the scenario without them): {}",
-            crate::sim::summary::count_as(refused.len() as u64, "fault has", "faults have"),
+            crate::text::count_as(refused.len() as u64, "fault has", "faults have"),
             refused.join("; ")
         )));
     }
@@ -556,10 +556,10 @@ impl World {
         Ok(())
     }
 
-    /// `lockstep serve`: the row workload's pipelines (hidden mode), or the gang controller with the scenario's
-    /// `[controller]` settings.
+    /// `lockstep chaos serve` (hidden; `serve` with the run's history and planted bugs): the row workload's
+    /// pipelines, or the gang controller with the scenario's `[controller]` settings.
     fn replica_command(&self, command: &mut Command, index: usize) {
-        command.arg("serve").arg("--replica").arg(self.replica_name(index)).arg("--chaos-history");
+        command.args(["chaos", "serve"]).arg("--replica").arg(self.replica_name(index)).arg("--chaos-history");
         match &self.scenario.gang {
             None => {
                 command.arg("--chaos-rows").arg(&self.options.scenario).arg("--chaos-seed").arg(self.seed.to_string());
@@ -583,7 +583,7 @@ impl World {
         }
     }
 
-    /// `lockstep agent` on its own work dir (`agent-{i}/` in the run's directory; the same after a restart, so
+    /// `lockstep chaos agent` (hidden; `agent` running the scenario's `[jobs]` rules) on its own work dir (`agent-{i}/` in the run's directory; the same after a restart, so
     /// the restarted agent ends what its predecessor's jobs left), with the scenario's `[agent]` settings and
     /// jobs.
     fn agent_command(&self, command: &mut Command, agent: usize) {
@@ -591,7 +591,7 @@ impl World {
         let a = &gang.agent;
         let ms = |d: Duration| format!("{}ms", d.as_millis());
         command
-            .arg("agent")
+            .args(["chaos", "agent"])
             .args(["--node", &agent_name(agent), "--slots", &gang.slots.to_string()])
             .arg("--work-dir")
             .arg(self.dir.join(agent_name(agent)))

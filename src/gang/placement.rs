@@ -203,7 +203,7 @@ pub fn unfit_reason(unfit: Unfit) -> String {
         "{UNFIT_REASON_PREFIX}incarnation {} needs {} at once, but the live nodes offered only {} ({back}) for {} \
          (gang_unfit_timeout {}): it can never be placed",
         unfit.index,
-        crate::sim::summary::count(unfit.need, "allocation"),
+        crate::text::count(unfit.need, "allocation"),
         unfit.live,
         show(unfit.waited),
         show(unfit.timeout)

@@ -104,6 +104,18 @@ mod tests {
         assert_eq!(kinds, ["job", "inbox", "operation"], "children before their operation");
     }
 
+    /// The example a malformed rule's message gives (`RetentionRule::parse`) is a rule the controller runs: the
+    /// message reaches `serve --retain`'s users, whose jobs end `completed`, never `done`.
+    #[test]
+    fn the_example_of_a_malformed_rules_message_is_a_rule_the_controller_runs() {
+        let error = RetentionRule::parse("job:completed").expect_err("two parts");
+        let example = error.rsplit("e.g. ").next().expect("an example");
+        assert_eq!(example, "job:completed,failed:168h", "{error}");
+        let parsed = RetentionRule::parse(example).expect("the example parses");
+        let checked = rule(parsed).unwrap_or_else(|refused| panic!("the example {example} is refused: {refused}"));
+        assert_eq!(checked.parent_statuses, ["completed", "failed", "aborted"], "once its operation is final");
+    }
+
     /// An operation with jobs under it and inbox messages under it, as the controller leaves them.
     async fn operation(store: &MemStore, status: &str, jobs: &[&str], inbox: &[&str]) -> (RowId, Vec<RowId>) {
         let id = store.insert(NewRow::new(KIND_OPERATION, status, json!({}))).await.expect("insert").id;

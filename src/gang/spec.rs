@@ -20,6 +20,12 @@ pub const MAX_FAILED_JOB_COUNT_DEFAULT: u32 = 10;
 /// YTsaurus allows failed jobs ([`MAX_FAILED_JOB_COUNT_DEFAULT`]).
 pub const MAX_NODE_LOSS_RESTART_COUNT_DEFAULT: u32 = 10;
 
+/// The most bytes a spec file may hold (`lockstep submit`'s, and one a scenario file names): 16 MiB. The
+/// specs in `scenarios/` and `docs/` hold under 2 KB, and the largest a spec may describe (100 tasks, 100 000
+/// jobs) is still far below it; the cap is there so that a path that is not a spec (`/dev/zero`, a pipe that
+/// never ends) is refused instead of read until memory runs out ([`crate::files::read_text`]).
+pub const SPEC_FILE_BYTES_MAX: u64 = 16 * crate::files::MIB;
+
 /// A Vanilla operation's spec.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperationSpec {

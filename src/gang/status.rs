@@ -7,8 +7,8 @@
 use super::api::{self, GangError, OperationView};
 use super::model::{Allocation, JobStatus, KIND_ALLOCATION, OperationStatus, incarnation_id};
 use super::placement::{GangPlacement, KIND_GANG_QUEUE, canonical_queue};
-use crate::sim::summary::count;
 use crate::store::{RowId, Store, Timestamp};
+use crate::text::count;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -107,6 +107,17 @@ pub const RETRY_JITTER_DEFAULT: f64 = 0.2;
 pub const RETRY_FAILED_STATUS_DEFAULT: &str = "failed";
 
 const _: () = assert!(RETRY_BACKOFF_BASE_DEFAULT.as_millis() <= RETRY_BACKOFF_MAX_DEFAULT.as_millis());
+// PostgreSQL's defaults fit the default pipeline: the default pool holds exactly its connections (workers, fetch
+// loops, heartbeater, apply batches in flight: `PipelineConfig::connections_needed`), and a call stuck on a row lock
+// gives up (`lock_timeout`) well before the lease it serves is due for its heartbeat (ttl / 2). Stated here, above
+// the store, which names no layer above it; only the normal build has PostgreSQL.
+#[cfg(not(madsim))]
+const _: () = {
+    use crate::store::PgOptions;
+    let needed = WORKERS_DEFAULT + FETCHERS_DEFAULT + 1 + APPLY_BATCHES_IN_FLIGHT_DEFAULT;
+    assert!(needed == PgOptions::MAX_CONNECTIONS_DEFAULT as usize, "update PgOptions::MAX_CONNECTIONS_DEFAULT");
+    assert!(PgOptions::LOCK_TIMEOUT_DEFAULT.as_millis() * 4 <= LEASE_TTL_DEFAULT.as_millis());
+};
 const _: () = assert!(HEARTBEAT_INTERVAL_DEFAULT.as_millis() * 2 <= LEASE_TTL_DEFAULT.as_millis());
 const _: () = assert!(APPLY_BATCH_WINDOW_DEFAULT.as_millis() < LEASE_MARGIN_DEFAULT.as_millis());
 const _: () = assert!(REFETCH_BATCH_WINDOW_DEFAULT.as_millis() < LEASE_MARGIN_DEFAULT.as_millis());
@@ -338,6 +349,14 @@ pub enum ConfigError {
     /// A retention rule the store would refuse ([`Retention::validate`](super::Retention::validate)).
     #[error("{0}")]
     Retention(String),
+}
+
+/// A pipeline holds at most [`PipelineConfig::connections_needed`] connections of its store's pool
+/// (`PgOptions::with_pool_for` takes its config).
+impl crate::store::PoolUser for PipelineConfig {
+    fn connections_needed(&self) -> usize {
+        PipelineConfig::connections_needed(self)
+    }
 }
 
 impl PipelineConfig {

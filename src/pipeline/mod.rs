@@ -183,5 +183,5 @@ fn retry_stream(seed: u64, name: &str) -> ChaCha8Rng {
 
 /// A stable stream number for a pipeline name (FNV-1a), so adding a pipeline does not reshuffle another's jitter.
 fn name_stream(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ byte as u64).wrapping_mul(0x0100_0000_01b3))
+    crate::hash::fnv1a64(name.as_bytes())
 }

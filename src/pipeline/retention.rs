@@ -54,12 +54,14 @@ impl RetentionRule {
     /// Parses `KIND:STATUS[,STATUS…]:AGE` (for a command line or a config file of the caller's), the age as every
     /// duration flag of `lockstep` takes it (`168h`, `30m`; more than zero). Spaces around each part are dropped.
     ///
-    /// Errors: a message naming the part that is wrong.
+    /// Errors: a message naming the part that is wrong; one that does not have three parts shows the form with an
+    /// example, a rule `lockstep serve --retain` also takes (the gang controller's jobs end `completed`, `failed` or
+    /// `aborted`), so that the example holds wherever the message is shown.
     pub fn parse(text: &str) -> Result<RetentionRule, String> {
         let mut parts = text.splitn(3, ':');
         let (Some(kind), Some(statuses), Some(age)) = (parts.next(), parts.next(), parts.next()) else {
             return Err(format!(
-                "retention rule {text:?}: expected KIND:STATUS[,STATUS...]:AGE, e.g. job:done,failed:168h"
+                "retention rule {text:?}: expected KIND:STATUS[,STATUS...]:AGE, e.g. job:completed,failed:168h"
             ));
         };
         let (kind, age) = (kind.trim(), age.trim());

@@ -41,6 +41,14 @@ pub const HINT_EVERY_KIND: &str = "*";
 /// `RecvError::Lagged` and must treat it as "every kind was hinted".
 pub const HINT_BUFFER_LEN_MAX: usize = 1024;
 
+/// A user of a store's connection pool, such as a pipeline (its config says how many connections its workers,
+/// fetch loops, heartbeater and apply batches hold at once, DESIGN §3): what `PgOptions::with_pool_for` sizes a
+/// pool from. The layers above the store state their needs through it, so the store names none of them.
+pub trait PoolUser {
+    /// The most connections of the pool this user holds at once.
+    fn connections_needed(&self) -> usize;
+}
+
 /// The lease operations of the pipeline engine plus plain reads and writes (DESIGN §2).
 ///
 /// Every call is atomic, and every timestamp it writes comes from the store's own clock. The protocol's expected

@@ -9,9 +9,9 @@
 //!
 //! The handlers compile in both builds and are generic over the store (`S: Store`) and over the payment provider
 //! ([`Payments`]): in production (`src/bin/orders.rs`) they are registered with a `PipelineManager` on `PgStore`
-//! and a `Payments` of your own (your HTTP client); in the simulator ([`sim`], `--cfg madsim`) the provider is a
-//! simulated external service and [`sim::orders`] is the pipeline set the tests (`tests/sim.rs`) and the scenario
-//! files (`src/bin/orders-sim.rs`) run. Both register [`lines_config`] and [`orders_config`].
+//! and a `Payments` of your own (your HTTP client); in the simulator (the module `sim`, `--cfg madsim` only) the
+//! provider is a simulated external service and `sim::orders` is the pipeline set the tests (`tests/sim.rs`) and the
+//! scenario files (`src/bin/orders-sim.rs`) run. Both register [`lines_config`] and [`orders_config`].
 
 use lockstep::pipeline::{Changes, Handler, LoadCx, PipelineConfig, WorkError};
 use lockstep::store::{RelatedUpdate, Row, RowId, RowUpdate, Store};
@@ -100,11 +100,14 @@ impl<S: Store> Handler<S> for Orders {
         Ok(lines)
     }
 
-    async fn process(&self, _row: Row, lines: Vec<Row>) -> Result<Changes, WorkError> {
+    async fn process(&self, row: Row, lines: Vec<Row>) -> Result<Changes, WorkError> {
         if !lines.iter().all(|line| line.status == "charged") {
             return Ok(Changes::default()); // not yet: release the locks, look again later
         }
         let total: u64 = lines.iter().map(|line| line.data["amount"].as_u64().unwrap_or(0)).sum();
+        // The order is final: these changes close it, in the guarded apply that follows. (Should this worker have
+        // lost its lease meanwhile, the apply writes nothing and the attempt that closes the order logs again.)
+        tracing::info!(order = %row.id, lines = lines.len(), total, "order closed: every line charged");
         let related = lines
             .iter()
             .map(|line| RelatedUpdate { id: line.id, update: RowUpdate { status: Some("done".into()), data: None } })

@@ -52,7 +52,7 @@ pub(super) fn channel(schema: &str) -> String {
     if plain.len() <= CHANNEL_LEN_MAX {
         return plain;
     }
-    let hash = super::options::stable_hash(schema);
+    let hash = crate::hash::fnv1a64(schema.as_bytes());
     format!("{CHANNEL_PREFIX}{hash:016x}")
 }
 

@@ -228,8 +228,8 @@ impl PgStore {
 
     /// Connects to `url` with default [`PgOptions`] and runs the migrations.
     ///
-    /// Errors: `Invalid` for a malformed URL or a role, password or database the server refuses (SQLSTATE class
-    /// 28, 3D000), `Unavailable`/`Timeout` when PostgreSQL cannot be reached, `Other` when a migration fails. No
+    /// Errors: `Invalid` for a malformed URL (`url: …`, the rule of [`PgOptions::check_url`] for one that is empty
+    /// or not PostgreSQL's) or a role, password or database the server refuses (SQLSTATE class 28, 3D000), `Unavailable`/`Timeout` when PostgreSQL cannot be reached, `Other` when a migration fails. No
     /// error contains the URL.
     pub async fn connect(url: &str) -> Result<PgStore, StoreError> {
         PgStore::connect_with(PgOptions::new(url)).await
@@ -244,6 +244,7 @@ impl PgStore {
     /// time-out PostgreSQL cannot take.
     pub async fn connect_with(options: PgOptions) -> Result<PgStore, StoreError> {
         options::check_schema(&options.schema)?;
+        PgOptions::check_url(&options.url).map_err(|rule| StoreError::Invalid(format!("url: {rule}")))?;
         options.check_listen()?;
         let waits = options.waits();
         let fail = |err| error::store_error(err, waits);
@@ -692,7 +693,7 @@ async fn migrate_schema(
     schema: &str,
     acquire_timeout: Duration,
 ) -> Result<(), MigrateError> {
-    let key = i64::from_ne_bytes(options::stable_hash(&format!("lockstep migrate {schema}")).to_ne_bytes());
+    let key = i64::from_ne_bytes(crate::hash::fnv1a64(format!("lockstep migrate {schema}").as_bytes()).to_ne_bytes());
     sqlx::query(sql::MIGRATION_LOCK).bind(key).execute(&mut lock).await?;
     let exists: bool = sqlx::query_scalar(sql::SCHEMA_EXISTS).bind(schema).fetch_one(&mut lock).await?;
     if !exists {

@@ -1,10 +1,7 @@
 //! [`PgOptions`]: how a [`PgStore`](super::PgStore) reaches PostgreSQL, which schema it owns, and how long its
 //! sessions may wait.
 
-use crate::agent::NODE_LEASE_TTL_DEFAULT;
-use crate::pipeline::PipelineConfig;
-use crate::pipeline::config::LEASE_TTL_DEFAULT;
-use crate::store::StoreError;
+use crate::store::{PoolUser, StoreError};
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use std::fmt;
 use std::time::Duration;
@@ -21,13 +18,8 @@ const DEADLOCK_TIMEOUT_SERVER_DEFAULT: Duration = Duration::from_secs(1);
 // A lock wait must outlast the deadlock check, so that a deadlock is reported as one (and run again, see `retry`)
 // rather than as a lock time-out.
 const _: () = assert!(PgOptions::LOCK_TIMEOUT_DEFAULT.as_millis() > DEADLOCK_TIMEOUT_SERVER_DEFAULT.as_millis());
-// A call stuck on a row lock gives up well before the lease it serves is due for its heartbeat (ttl / 2), for the
-// default leases of operations and of nodes (the shorter).
-const _: () = assert!(PgOptions::LOCK_TIMEOUT_DEFAULT.as_millis() * 4 <= LEASE_TTL_DEFAULT.as_millis());
-const _: () = assert!(PgOptions::LOCK_TIMEOUT_DEFAULT.as_millis() * 4 <= NODE_LEASE_TTL_DEFAULT.as_millis());
-// A frozen session's row locks are freed before a node lease stuck behind them is due for its heartbeat.
-const _: () =
-    assert!(PgOptions::IDLE_IN_TRANSACTION_TIMEOUT_DEFAULT.as_millis() * 2 <= NODE_LEASE_TTL_DEFAULT.as_millis());
+// How these time-outs relate to the leases above the store (a lock wait well under a pipeline's or a node's
+// heartbeat) is asserted where those leases' defaults are: the store names no layer above it.
 const _: () = assert!(PgOptions::LOCK_TIMEOUT_DEFAULT.as_millis() < PgOptions::STATEMENT_TIMEOUT_DEFAULT.as_millis());
 // A routine lock wait is never a slow statement, and a statement is logged as slow before it is cancelled.
 const _: () =
@@ -133,19 +125,14 @@ pub struct PgOptions {
 }
 
 impl PgOptions {
-    /// Default pool size: 25, enough for one pipeline of the default config, its 20 workers
-    /// ([`WORKERS_DEFAULT`](crate::pipeline::config::WORKERS_DEFAULT)), 2 fetchers, its heartbeater and its 2 apply
-    /// batches in flight (DESIGN §3 sizes the pool for workers + fetchers + heartbeater + apply batches in flight,
-    /// [`PipelineConfig::connections_needed`]; the manager refuses configs that need more). It was 11, sized for 8
+    /// Default pool size: 25, enough for one pipeline of the default config, its 20 workers, 2 fetchers, its
+    /// heartbeater and its 2 apply batches in flight (DESIGN §3 sizes the pool for workers + fetchers + heartbeater +
+    /// apply batches in flight, a [`PoolUser`]'s `connections_needed`; the manager refuses configs that need more;
+    /// the pipeline's defaults are checked against this number where they are defined). It was 11, sized for 8
     /// workers, so a default pipeline could not be registered on a default store (a new user's trial); then 23,
-    /// without the batches, whose connections a slow database left the workers waiting for. Sessions
-    /// open only as calls need them.
-    ///
-    /// [`PipelineConfig::connections_needed`]: crate::pipeline::PipelineConfig::connections_needed
-    pub const MAX_CONNECTIONS_DEFAULT: u32 = (crate::pipeline::config::WORKERS_DEFAULT
-        + crate::pipeline::config::FETCHERS_DEFAULT
-        + 1
-        + crate::pipeline::config::APPLY_BATCHES_IN_FLIGHT_DEFAULT) as u32;
+    /// without the batches, whose connections a slow database left the workers waiting for. Sessions open only as
+    /// calls need them.
+    pub const MAX_CONNECTIONS_DEFAULT: u32 = 25;
     /// Default wait for a free pooled connection before a call fails with [`StoreError::Timeout`].
     pub const ACQUIRE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
     /// Default `application_name`.
@@ -207,6 +194,44 @@ impl PgOptions {
     /// With the default interval a half-open listener is noticed within 10 s.
     pub const LISTEN_CHECK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 
+    /// The form of a connection URL, for messages: `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`.
+    pub const URL_FORM: &str = "postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE";
+
+    /// Checks that `url` is a PostgreSQL connection URL: not empty, and of the scheme `postgres://` or
+    /// `postgresql://` (in any case). sqlx would read a URL of any other scheme as PostgreSQL's, and fails on one
+    /// without a scheme with the URL parser's words (`relative URL without a base`). [`PgStore::connect_with`]
+    /// checks it; a program that takes the URL from a flag or a variable checks it first, to name that flag or
+    /// variable in its message, as `lockstep` does (`--database-url: a mysql:// URL is not PostgreSQL's: write
+    /// postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`).
+    ///
+    /// ```
+    /// # use lockstep::PgOptions;
+    /// assert!(PgOptions::check_url("postgres://app@db.internal:5432/orders").is_ok());
+    /// let rule = PgOptions::check_url("db.internal/orders").unwrap_err();
+    /// assert_eq!(rule, "not a URL: write postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE");
+    /// ```
+    ///
+    /// # Errors
+    /// The rule broken, with the form to write ([`PgOptions::URL_FORM`]). The message never holds the URL, which
+    /// may hold a password: only its scheme, when that is short and plain.
+    ///
+    /// [`PgStore::connect_with`]: super::PgStore::connect_with
+    pub fn check_url(url: &str) -> Result<(), String> {
+        let form = PgOptions::URL_FORM;
+        if url.trim().is_empty() {
+            return Err(format!("the URL is empty: write {form}"));
+        }
+        let Some((scheme, _)) = url.split_once("://") else {
+            return Err(format!("not a URL: write {form}"));
+        };
+        if scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql") {
+            return Ok(());
+        }
+        let plain = scheme.len() <= 16 && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+        let shown = if plain { format!("a {scheme}:// URL") } else { "a URL of another scheme".to_string() };
+        Err(format!("{shown} is not PostgreSQL's: write {form}"))
+    }
+
     /// Options for `url` with every default.
     pub fn new(url: impl Into<String>) -> PgOptions {
         PgOptions {
@@ -230,8 +255,10 @@ impl PgOptions {
         }
     }
 
-    /// The same options with a pool sized for `configs`, the pipelines that will be registered on the store: the
-    /// sum of their [`PipelineConfig::connections_needed`], at least 1, saturating at `u32::MAX`. That is the sum
+    /// The same options with a pool sized for `configs`, the pipelines that will be registered on the store (any
+    /// [`PoolUser`]; a pipeline's config is one): the sum of their `connections_needed`
+    /// ([`PipelineConfig::connections_needed`](crate::pipeline::PipelineConfig::connections_needed)), at least 1,
+    /// saturating at `u32::MAX`. That is the sum
     /// [`PipelineManager::register`](crate::pipeline::PipelineManager::register) checks against
     /// [`PgOptions::max_connections`] (DESIGN §3), so registering exactly `configs` never fails with
     /// [`ConfigError::Connections`](crate::pipeline::ConfigError::Connections), whatever their worker counts: two
@@ -247,8 +274,11 @@ impl PgOptions {
     /// let options = PgOptions::new("postgres://127.0.0.1/app").with_pool_for([&lines, &orders]);
     /// assert_eq!(options.max_connections as usize, lines.connections_needed() + orders.connections_needed());
     /// ```
-    pub fn with_pool_for<'a>(mut self, configs: impl IntoIterator<Item = &'a PipelineConfig>) -> PgOptions {
-        let needed: usize = configs.into_iter().map(PipelineConfig::connections_needed).sum();
+    pub fn with_pool_for<'a, U: PoolUser + ?Sized + 'a>(
+        mut self,
+        configs: impl IntoIterator<Item = &'a U>,
+    ) -> PgOptions {
+        let needed: usize = configs.into_iter().map(PoolUser::connections_needed).sum();
         self.max_connections = u32::try_from(needed.max(1)).unwrap_or(u32::MAX);
         self
     }
@@ -322,12 +352,6 @@ fn timeout_millis(option: &str, span: Duration) -> Result<String, StoreError> {
         )));
     }
     Ok(span.as_nanos().div_ceil(1_000_000).to_string())
-}
-
-/// A hash of `text` that every process and build computes alike (FNV-1a), unlike std's hasher: names the
-/// migration lock of a schema and shortens long channel names.
-pub(super) fn stable_hash(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 impl fmt::Debug for PgOptions {
@@ -423,19 +447,41 @@ mod tests {
         assert!(options.check_listen().is_ok(), "checks off: no time-out needed");
     }
 
+    /// A pool user that needs a fixed number of connections.
+    struct Needs(usize);
+
+    impl PoolUser for Needs {
+        fn connections_needed(&self) -> usize {
+            self.0
+        }
+    }
+
     #[test]
-    fn a_pool_sized_for_two_default_pipelines_holds_both() {
-        let lines = PipelineConfig::new("lines", "line", &["new"]);
-        let orders = PipelineConfig::new("orders", "order", &["open"]);
-        let needed = lines.connections_needed() + orders.connections_needed();
-        assert!(needed > PgOptions::MAX_CONNECTIONS_DEFAULT as usize, "the default pool cannot hold both");
+    fn a_pool_sized_for_its_users_holds_them_all_and_is_never_empty() {
+        let (lines, orders) = (Needs(25), Needs(25));
         let options = PgOptions::new("postgres://h/db").with_pool_for([&lines, &orders]);
-        assert_eq!(options.max_connections as usize, needed);
-        let small = PipelineConfig { workers: 1, fetchers: 1, ..PipelineConfig::new("s", "s", &["new"]) };
-        let options = PgOptions::new("postgres://h/db").with_pool_for([&small]);
-        assert_eq!(options.max_connections, 1 + 1 + 1 + 2, "smaller than the default pool when that is enough");
-        let options = PgOptions::new("postgres://h/db").with_pool_for([]);
+        assert_eq!(options.max_connections, 50, "twice the default pool");
+        let options = PgOptions::new("postgres://h/db").with_pool_for([&Needs(5)]);
+        assert_eq!(options.max_connections, 5, "smaller than the default pool when that is enough");
+        let options = PgOptions::new("postgres://h/db").with_pool_for::<Needs>([]);
         assert_eq!(options.max_connections, 1, "a pool is never empty");
+        let options = PgOptions::new("postgres://h/db").with_pool_for([&Needs(usize::MAX), &Needs(0)]);
+        assert_eq!(options.max_connections, u32::MAX, "saturates");
+    }
+
+    #[test]
+    fn a_url_must_be_postgresql_and_the_rule_never_shows_it() {
+        for url in ["postgres://u:p@h:5432/db", "POSTGRESQL://h/db", "postgres:///db?host=/run/postgresql"] {
+            assert_eq!(PgOptions::check_url(url), Ok(()), "{url}");
+        }
+        let form = PgOptions::URL_FORM;
+        assert_eq!(PgOptions::check_url(""), Err(format!("the URL is empty: write {form}")));
+        assert_eq!(PgOptions::check_url("  "), Err(format!("the URL is empty: write {form}")));
+        assert_eq!(PgOptions::check_url("u:secret@h/db"), Err(format!("not a URL: write {form}")));
+        let mysql = PgOptions::check_url("mysql://root:secret@h/db").unwrap_err();
+        assert_eq!(mysql, format!("a mysql:// URL is not PostgreSQL's: write {form}"));
+        let odd = PgOptions::check_url("x y:secret://h").unwrap_err();
+        assert_eq!(odd, format!("a URL of another scheme is not PostgreSQL's: write {form}"));
     }
 
     #[test]

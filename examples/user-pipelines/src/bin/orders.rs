@@ -8,8 +8,20 @@
 #[cfg(not(madsim))]
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    use clap::Parser;
-    let args = production::Args::parse();
+    use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
+    let matches = production::Args::command().get_matches();
+    let args = production::Args::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+    // The URL checked before anything connects, as `lockstep` checks its `--database-url`: a URL that is empty or
+    // not PostgreSQL's exits 2 with the rule, naming where the URL came from (never the URL: it may hold a
+    // password), instead of the URL parser's words from inside the connect.
+    if let Err(rule) = lockstep::store::PgOptions::check_url(&args.database_url) {
+        let source = match matches.value_source("database_url") {
+            Some(ValueSource::EnvVariable) => "DATABASE_URL",
+            _ => "--database-url",
+        };
+        eprintln!("orders: {source}: {rule}");
+        return std::process::ExitCode::from(2);
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -55,7 +67,7 @@ mod production {
         /// PostgreSQL's URL (15+). Give one with a password through the variable, not the flag: a flag shows in the
         /// process list.
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-        database_url: String,
+        pub database_url: String,
         /// The schema of lockstep's tables: created if missing, migrated at start.
         #[arg(long, env = "LOCKSTEP_SCHEMA", default_value = PgOptions::SCHEMA_DEFAULT)]
         schema: String,

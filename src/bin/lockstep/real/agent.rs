@@ -7,9 +7,8 @@
 
 use super::{Database, Failure, duration, lease_ttl, termination};
 use lockstep::agent::process::OsExecutor;
-use lockstep::agent::{Agent, AgentConfig};
-use lockstep::chaos::jobs::{ChaosExecutor, RecordLog};
-use lockstep::sim::ScenarioFile;
+use lockstep::agent::{Agent, AgentConfig, Executor};
+use lockstep::store::PgStore;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,35 +56,27 @@ pub struct AgentArgs {
     /// sessions for ever. 0s: unbounded. Default: as `serve --call-timeout`.
     #[arg(long, allow_hyphen_values = true, value_parser = duration::parse, default_value = super::CALL_TIMEOUT_DEFAULT_TEXT)]
     pub call_timeout: Duration,
-    #[command(flatten)]
-    pub chaos: ChaosAgent,
 }
 
-/// Hidden flags of `agent` that `lockstep chaos run` starts its agents with (not for users).
-#[derive(clap::Args, Debug, Default)]
-pub struct ChaosAgent {
-    /// Run the jobs of this scenario file's `[jobs]` rules (`lockstep::chaos::jobs`) instead of the specs'
-    /// commands, recording every process start and end.
-    #[arg(long, hide = true, value_name = "FILE")]
-    pub chaos_jobs: Option<PathBuf>,
-    /// The seed of the jobs' draws.
-    #[arg(long, hide = true, default_value_t = 1)]
-    pub chaos_seed: u64,
-    /// The agent's record file (appended, flushed to disk per record).
-    #[arg(long, hide = true, value_name = "FILE")]
-    pub chaos_records: Option<PathBuf>,
-    /// The directory where every agent of the run counts job starts.
-    #[arg(long, hide = true, value_name = "DIR")]
-    pub chaos_attempts: Option<PathBuf>,
-    /// Jobs' durations are multiplied by this.
-    #[arg(long, hide = true, default_value_t = 1.0)]
-    pub chaos_time_scale: f64,
-    /// PostgreSQL's application_name of the agent's sessions (the run's, so its faults end only its sessions).
-    #[arg(long, hide = true)]
-    pub chaos_name: Option<String>,
+/// What a chaos run's agent (`lockstep chaos agent`) changes in `agent`'s start: its sessions' name and the
+/// history it records. Nothing for `agent` itself.
+#[derive(Clone, Debug, Default)]
+pub struct AgentHooks {
+    /// PostgreSQL's application_name of the agent's sessions; default `lockstep agent {node}`.
+    pub name: Option<String>,
     /// Record every lease write in the schema's history table (`PgOptions::history`).
-    #[arg(long, hide = true)]
-    pub chaos_history: bool,
+    pub history: bool,
+}
+
+/// What [`start`] opened: the agent's checked settings, its executor (its work dir locked and cleaned) and its
+/// store.
+pub struct Started {
+    /// The agent's settings, checked.
+    pub config: AgentConfig,
+    /// The OS-process executor on the agent's work dir.
+    pub executor: OsExecutor,
+    /// The store, connected and migrated.
+    pub store: Arc<PgStore>,
 }
 
 impl AgentArgs {
@@ -128,6 +119,18 @@ fn flag_error(error: &lockstep::agent::AgentConfigError) -> String {
 
 /// Runs the agent until a signal, then stops it gracefully.
 pub async fn run(args: AgentArgs) -> Result<(), Failure> {
+    let Started { config, executor, store } = start(&args, &AgentHooks::default()).await?;
+    let node = config.name.clone();
+    drive(Agent::new(store, executor, config), node).await
+}
+
+/// Checks the flags, opens the work dir (ending what an earlier agent on it left running) and connects: everything
+/// of [`run`] before the agent runs.
+///
+/// # Errors
+/// Usage (exit 2): a broken config rule, a files root that is not a directory, a work dir refused; and the
+/// database's failures to connect.
+pub async fn start(args: &AgentArgs, hooks: &AgentHooks) -> Result<Started, Failure> {
     let config = args.agent_config();
     config.validate().map_err(|error| Failure::usage(flag_error(&error)))?;
     if let Some(root) = &args.files_root
@@ -139,8 +142,8 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
     let executor = OsExecutor::open(&args.work_dir, args.files_root.clone())
         .await
         .map_err(|error| Failure::usage(format!("--work-dir: {error}")))?;
-    let name = args.chaos.chaos_name.clone().unwrap_or_else(|| format!("lockstep agent {}", args.node));
-    let history = args.chaos.chaos_history;
+    let name = hooks.name.clone().unwrap_or_else(|| format!("lockstep agent {}", args.node));
+    let history = hooks.history;
     let store = Arc::new(
         args.database
             .connect_tuned(&name, AGENT_CONNECTIONS, true, Some(args.lease_ttl), |options| {
@@ -156,43 +159,21 @@ pub async fn run(args: AgentArgs) -> Result<(), Failure> {
         lease_ttl = ?config.lease_ttl,
         "agent started"
     );
-    let node = config.name.clone();
+    Ok(Started { config, executor, store })
+}
+
+/// Runs `agent` (of node `node`) until a signal, then stops it gracefully (interrupting and reporting its running
+/// jobs, giving its node lease back).
+pub async fn drive<E: Executor>(agent: Agent<PgStore, E>, node: String) -> Result<(), Failure> {
     let until = async {
         let signal = termination().await;
         tracing::info!(%node, signal, "stopping: no new jobs; running jobs are interrupted and reported");
     };
-    let stop = match chaos_executor(&args.chaos, executor.clone())? {
-        Some((executor, records)) => {
-            Agent::new(store, executor, config).with_observer(records.pass_observer()).run_until(until).await
-        }
-        None => Agent::new(store, executor, config).run_until(until).await,
-    };
+    let stop = agent.run_until(until).await;
     if stop.unreported > 0 {
         tracing::warn!(unreported = stop.unreported, "some reports were not sent; the node lease expiry covers them");
     }
     Ok(())
-}
-
-/// The executor of a chaos agent (`--chaos-jobs`) and its record, or none for a real one.
-fn chaos_executor(chaos: &ChaosAgent, executor: OsExecutor) -> Result<Option<(ChaosExecutor, RecordLog)>, Failure> {
-    let Some(path) = &chaos.chaos_jobs else { return Ok(None) };
-    let file = ScenarioFile::load(path).map_err(|error| Failure::usage(format!("--chaos-jobs: {error}")))?;
-    let mut script = file
-        .scenario
-        .gang
-        .map(|gang| gang.jobs)
-        .ok_or_else(|| Failure::usage(format!("--chaos-jobs {}: the scenario has no gang part", path.display())))?;
-    script.seed = chaos.chaos_seed;
-    let need = |flag: &str, value: &Option<PathBuf>| {
-        value.clone().ok_or_else(|| Failure::usage(format!("--chaos-jobs needs {flag}")))
-    };
-    let records_path = need("--chaos-records", &chaos.chaos_records)?;
-    let attempts = need("--chaos-attempts", &chaos.chaos_attempts)?;
-    let records = RecordLog::open(&records_path)
-        .map_err(|error| Failure::usage(format!("--chaos-records {}: {error}", records_path.display())))?;
-    let executor = ChaosExecutor::new(executor, script, records.clone(), attempts.clone(), chaos.chaos_time_scale)
-        .map_err(|error| Failure::usage(format!("--chaos-attempts {}: {error}", attempts.display())))?;
-    Ok(Some((executor, records)))
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! input (a scenario or fault the harness refuses), and as `sim sweep`'s 130 when Ctrl-C or SIGTERM stopped the run
 //! (it stops every node, writes what it has and drops its schema first; a second signal ends it at once).
 
+use super::chaos_nodes::{self, ChaosAgentArgs, ChaosServeArgs};
 use super::{DATABASE_URL_VAR, Database, Failure};
 use lockstep::chaos::{ChaosOptions, Ended, Interrupted, run};
 use std::path::PathBuf;
@@ -17,6 +18,20 @@ pub enum ChaosCommand {
     /// Run a scenario file on real PostgreSQL with real replica processes and real faults, then the simulator's
     /// checkers on the recorded history.
     Run(ChaosRunArgs),
+    /// A replica of a run (`chaos run` starts it; not for users): `serve` with the run's history and planted bugs,
+    /// or the simulator's row workload pipelines.
+    #[command(hide = true)]
+    Serve(ChaosServeArgs),
+    /// An agent of a run (`chaos run` starts it; not for users): `agent` running the scenario's `[jobs]` rules.
+    #[command(hide = true)]
+    Agent(ChaosAgentArgs),
+}
+
+impl ChaosCommand {
+    /// Whether the command runs until stopped (a run's replica or agent).
+    pub fn is_long_running(&self) -> bool {
+        matches!(self, ChaosCommand::Serve(_) | ChaosCommand::Agent(_))
+    }
 }
 
 /// Flags of `chaos run`.
@@ -60,7 +75,15 @@ pub struct ChaosRunArgs {
 
 /// Runs `command`; the exit code.
 pub async fn execute(command: ChaosCommand) -> Result<u8, Failure> {
-    let ChaosCommand::Run(args) = command;
+    match command {
+        ChaosCommand::Run(args) => run_scenario(args).await,
+        ChaosCommand::Serve(args) => chaos_nodes::serve(args).await.map(|()| 0),
+        ChaosCommand::Agent(args) => chaos_nodes::agent(args).await.map(|()| 0),
+    }
+}
+
+/// `chaos run`: the scenario's run, its summary printed; the exit code.
+async fn run_scenario(args: ChaosRunArgs) -> Result<u8, Failure> {
     // Real mode's rule: --database-url-file or --database-url (clap refuses both), else DATABASE_URL; checked to be
     // PostgreSQL's.
     let database = Database {
@@ -115,7 +138,7 @@ pub async fn execute(command: ChaosCommand) -> Result<u8, Failure> {
         }
     }
     println!("wall time: {:.1} s", done.report.wall.as_secs_f64());
-    let commits = lockstep::sim::summary::count(done.report.commits as u64, "commit");
+    let commits = lockstep::text::count(done.report.commits as u64, "commit");
     println!("history: {} ({commits})", done.dir.join("history.txt").display());
     if args.keep {
         println!("schema kept: {}", done.schema);
@@ -141,7 +164,7 @@ fn print_interrupted(args: &ChaosRunArgs, run: &Interrupted) {
         (false, false) => println!("schema NOT dropped: {} (the error is above)", run.schema),
     }
     let history = match &run.history {
-        Ok(commits) => format!("history.txt: {}, ", lockstep::sim::summary::count(*commits as u64, "commit")),
+        Ok(commits) => format!("history.txt: {}, ", lockstep::text::count(*commits as u64, "commit")),
         Err(error) => {
             println!("history not written: PostgreSQL did not read it: {error}");
             String::new()

@@ -3,12 +3,13 @@
 //! replica's lease), and exits.
 
 use super::{Database, Failure, duration};
+use lockstep::files;
 use lockstep::gang::api::{self, GangError};
 use lockstep::gang::listing::{LIST_LEN_MAX_DEFAULT, ListFilter, OperationList};
 use lockstep::gang::model::OperationStatus;
+use lockstep::gang::spec::SPEC_FILE_BYTES_MAX;
 use lockstep::gang::status::StatusReport;
 use lockstep::gang::{OperationSpec, SpecFormat};
-use lockstep::sim::files;
 use lockstep::store::{PgStore, RowId};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -170,15 +171,15 @@ fn is_stdin(path: &Path) -> bool {
     path.as_os_str() == "-"
 }
 
-/// Reads and validates the spec at `path`. Errors (usage): unreadable file, one past the spec files' cap (16 MiB,
-/// as in scenario files: `/dev/zero` is refused, not read until memory runs out), syntax error, broken rules (each
+/// Reads and validates the spec at `path`. Errors (usage): unreadable file, one past the spec files' cap
+/// ([`SPEC_FILE_BYTES_MAX`], 16 MiB: `/dev/zero` is refused, not read until memory runs out), syntax error, broken rules (each
 /// naming its field).
 pub fn read_spec(path: &Path, flag: Option<FormatArg>) -> Result<OperationSpec, Failure> {
     let format = spec_format(path, flag)?;
     let text = if is_stdin(path) {
-        files::read_text_from(std::io::stdin().lock(), "spec file", files::SCENARIO_FILE_BYTES_MAX)
+        files::read_text_from(std::io::stdin().lock(), "spec file", SPEC_FILE_BYTES_MAX)
     } else {
-        files::read_text(path, "spec file", files::SCENARIO_FILE_BYTES_MAX)
+        files::read_text(path, "spec file", SPEC_FILE_BYTES_MAX)
     };
     let text = text.map_err(|error| Failure::usage(format!("cannot read spec {}: {error}", path.display())))?;
     OperationSpec::parse(&text, format)

@@ -10,9 +10,10 @@
 
 mod agent;
 mod chaos;
+mod chaos_nodes;
 mod client;
 use lockstep::duration;
-use lockstep::sim::files;
+use lockstep::files;
 mod serve;
 
 use lockstep::store::{PgOptions, PgStore, StoreError};
@@ -38,7 +39,7 @@ const DATABASE_URL_VAR: &str = "DATABASE_URL";
 const DATABASE_URL_FILE_BYTES_MAX: u64 = 64 * 1024;
 
 /// The form of a connection URL, for messages.
-const URL_FORM: &str = "postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE";
+const URL_FORM: &str = PgOptions::URL_FORM;
 
 /// Parses a `--lease-ttl`: a duration ([`duration::parse`]) longer than zero and at most [`LEASE_TTL_MAX`].
 ///
@@ -92,9 +93,14 @@ pub enum Command {
 }
 
 impl Command {
-    /// Whether the command runs until stopped (`serve`, `agent`) rather than printing a result and exiting.
+    /// Whether the command runs until stopped (`serve`, `agent`, a chaos run's nodes) rather than printing a result
+    /// and exiting.
     pub fn is_long_running(&self) -> bool {
-        matches!(self, Command::Serve(_) | Command::Agent(_))
+        match self {
+            Command::Serve(_) | Command::Agent(_) => true,
+            Command::Chaos(command) => command.is_long_running(),
+            _ => false,
+        }
     }
 }
 
@@ -202,7 +208,7 @@ impl Database {
                 )));
             }
         };
-        check_postgres_url(&url).map_err(|rule| Failure::usage(format!("{source}: {rule}")))?;
+        PgOptions::check_url(&url).map_err(|rule| Failure::usage(format!("{source}: {rule}")))?;
         Ok((url, source))
     }
 
@@ -222,23 +228,6 @@ impl Database {
             error => Failure::runtime(format!("cannot open schema {} on PostgreSQL: {error}", self.schema)),
         }
     }
-}
-
-/// Whether `url` names PostgreSQL (`postgres://` or `postgresql://`; sqlx would read any other scheme as
-/// PostgreSQL's). Errors: the rule, naming the scheme found but never the rest of the URL (it may hold a password).
-fn check_postgres_url(url: &str) -> Result<(), String> {
-    let Some((scheme, _)) = url.split_once("://") else {
-        return Err(format!("not a URL: write {URL_FORM}"));
-    };
-    if scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql") {
-        return Ok(());
-    }
-    let shown = if scheme.len() <= 16 && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) {
-        format!("a {scheme}:// URL")
-    } else {
-        "a URL of another scheme".to_string()
-    };
-    Err(format!("{shown} is not PostgreSQL's: write {URL_FORM}"))
 }
 
 /// Why a command ended unsuccessfully: its exit code and its message.

@@ -71,8 +71,6 @@ pub struct ServeArgs {
     /// --retain operation:completed,failed,aborted:720h`.
     #[arg(long = "retain", value_name = "KIND:STATUS[,STATUS...]:AGE", value_parser = retain_rule)]
     pub retain: Vec<RetentionRule>,
-    #[command(flatten)]
-    pub chaos: ChaosServe,
 }
 
 /// Parses one `--retain` rule and checks that the controller may run it ([`lockstep::gang::retention::rule`]); clap
@@ -87,25 +85,18 @@ fn retain_rule(text: &str) -> Result<RetentionRule, String> {
 /// drain.
 const DRAIN_TIMEOUT_DEFAULT_TEXT: &str = "20s";
 
-/// Hidden flags of `serve` that `lockstep chaos run` starts its replicas with (not for users).
-#[derive(clap::Args, Debug, Default)]
-pub struct ChaosServe {
-    /// Run the built-in row workload's pipelines of this scenario file (the simulator's handlers, unchanged)
-    /// instead of the operation pipeline.
-    #[arg(long, hide = true, value_name = "FILE")]
-    pub chaos_rows: Option<std::path::PathBuf>,
-    /// The seed of the row workload's handlers (their random streams).
-    #[arg(long, hide = true, default_value_t = 1)]
-    pub chaos_seed: u64,
+/// What a chaos run's replica (`lockstep chaos serve`) changes in `serve`: the history it records and the bugs it
+/// plants. All off for `serve` itself.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ServeHooks {
     /// Record every lease write in the schema's history table (`PgOptions::history`).
-    #[arg(long, hide = true)]
-    pub chaos_history: bool,
-    /// The planted bug: the guarded apply skips its token guard (mutation testing only).
-    #[arg(long, hide = true)]
-    pub chaos_apply_guard_off: bool,
-    /// The planted bug: all-or-nothing gangs are placed incrementally (mutation testing only).
-    #[arg(long, hide = true)]
-    pub chaos_gang_gate_off: bool,
+    pub history: bool,
+    /// The planted bug: the guarded apply skips its token guard
+    /// (`PgOptions::apply_guard_disabled_for_mutation_test`).
+    pub apply_guard_off: bool,
+    /// The planted bug: all-or-nothing gangs are placed incrementally
+    /// (`ReplicaConfig::gang_gate_disabled_for_mutation_test`).
+    pub gang_gate_off: bool,
 }
 
 impl ServeArgs {
@@ -121,7 +112,7 @@ impl ServeArgs {
             gang_placement: self.gang_placement,
             gang_unfit_timeout: self.gang_unfit_timeout,
             node_return_grace: self.node_return_grace,
-            gang_gate_disabled_for_mutation_test: self.chaos.chaos_gang_gate_off,
+            gang_gate_disabled_for_mutation_test: false,
             retention: self.retain.clone(),
         }
     }
@@ -168,10 +159,12 @@ fn config_rule(args: &ServeArgs, error: &ConfigError) -> String {
 
 /// Runs the replica until a signal, then drains it.
 pub async fn run(args: ServeArgs) -> Result<(), Failure> {
-    if let Some(path) = args.chaos.chaos_rows.clone() {
-        return serve_rows(args, &path).await;
-    }
-    let config = args.replica_config();
+    run_with(args, ServeHooks::default()).await
+}
+
+/// As [`run`], with a chaos run's `hooks`.
+pub async fn run_with(args: ServeArgs, hooks: ServeHooks) -> Result<(), Failure> {
+    let config = ReplicaConfig { gang_gate_disabled_for_mutation_test: hooks.gang_gate_off, ..args.replica_config() };
     config.pipeline_config().validate().map_err(|error| Failure::usage(config_rule(&args, &error)))?;
     let needed = config.connections_needed();
     let connections = args.max_connections.unwrap_or(u32::try_from(needed).unwrap_or(u32::MAX));
@@ -180,7 +173,7 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
         return Err(Failure::usage(format!("--max-connections: {rule}")));
     }
     let name = args.replica.clone().unwrap_or_else(|| format!("replica-{}", std::process::id()));
-    let (history, guard_off) = (args.chaos.chaos_history, args.chaos.chaos_apply_guard_off);
+    let (history, guard_off) = (hooks.history, hooks.apply_guard_off);
     let store = Arc::new(
         args.database
             .connect_tuned(&format!("lockstep serve {name}"), connections, true, Some(config.lease_ttl), |options| {
@@ -222,59 +215,12 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
 }
 
 /// The failure of a drain that did not end within `--drain-timeout`.
-fn drain_cut(bound: Duration) -> Failure {
+pub fn drain_cut(bound: Duration) -> Failure {
     Failure::runtime(format!(
         "the drain did not end within --drain-timeout {}: stopped without draining; the leases still held expire on \
          their own",
         lockstep::duration::format(bound)
     ))
-}
-
-/// `lockstep chaos run`'s replica of a row scenario: the simulator's row workload pipelines
-/// (`lockstep::sim::workload::register`, the same handlers and engine) on PostgreSQL, until a signal, then a
-/// drain.
-async fn serve_rows(args: ServeArgs, path: &std::path::Path) -> Result<(), Failure> {
-    use lockstep::pipeline::{ManagerOptions, PipelineManager};
-    use lockstep::sim::{ScenarioFile, workload};
-    let file = ScenarioFile::load(path).map_err(|error| Failure::usage(format!("--chaos-rows: {error}")))?;
-    // The planted bugs of the waitlist and the contention backoff run in the replica's own engine, as in the
-    // simulator (sim/world.rs).
-    let mutation = &file.scenario.mutation;
-    let spec = Arc::new(workload::WorkloadSpec {
-        waitlist_disabled: mutation.waitlist_disabled,
-        contention_backoff_disabled: mutation.contention_backoff_disabled,
-        park_wake_disabled: mutation.park_wake_disabled,
-        ..file.scenario.workload.clone()
-    });
-    let connections = u32::try_from(workload::connections_needed(&spec)).unwrap_or(u32::MAX);
-    let name = args.replica.clone().unwrap_or_else(|| format!("replica-{}", std::process::id()));
-    let (history, guard_off) = (args.chaos.chaos_history, args.chaos.chaos_apply_guard_off);
-    let store = Arc::new(
-        args.database
-            .connect_tuned(&format!("lockstep serve {name}"), connections, true, Some(spec.lease_ttl), |options| {
-                options.history = history;
-                options.apply_guard_disabled_for_mutation_test = guard_off;
-                // The replica reaches PostgreSQL through the chaos proxy, whose faults leave connections
-                // half-open: every call is bounded (`--call-timeout`, on by default).
-                options.call_timeout = args.call_timeout;
-            })
-            .await?,
-    );
-    let mut manager = PipelineManager::new(store, ManagerOptions { seed: args.chaos.chaos_seed });
-    let faults_on = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    workload::register(&mut manager, &spec, args.chaos.chaos_seed, &faults_on);
-    manager.start();
-    tracing::info!(replica = %name, scenario = %path.display(), "row workload replica started");
-    let signal = termination().await;
-    tracing::info!(replica = %name, signal, "draining");
-    tokio::select! {
-        biased;
-        report = manager.shutdown_within(args.drain_timeout) => report.map(|_| ()).ok_or_else(|| drain_cut(args.drain_timeout)),
-        signal = termination() => {
-            manager.abort();
-            Err(Failure::runtime(format!("{signal} during the drain: stopped without draining")))
-        }
-    }
 }
 
 #[cfg(test)]
@@ -310,6 +256,10 @@ mod tests {
         assert!(error.contains("--retain") && error.contains("running is not a status a job row may go in"), "{error}");
         let error = parse(&["--retain", "job:completed"]).unwrap_err().to_string();
         assert!(error.contains("--retain") && error.contains("expected KIND:STATUS"), "{error}");
+        // The message's example is a rule `--retain` takes.
+        let example = error.lines().next().and_then(|line| line.rsplit("e.g. ").next()).expect("an example");
+        assert_eq!(example, "job:completed,failed:168h", "{error}");
+        assert!(parse(&["--retain", example]).is_ok(), "the example {example} is refused");
     }
 
     /// The page's example rules start a replica: the rules `--retain` checked are checked again by the replica
