@@ -211,9 +211,14 @@ mod tests {
         let all = draw(&Ranges::default(), 5, None);
         let none = draw(&Ranges { kinds: vec![], ..Ranges::default() }, 5, None);
         assert!(none.kinds.is_empty());
-        let before_faults =
-            |text: &str| text.split("\n[faults]").next().unwrap().lines().skip(2).collect::<Vec<_>>().join("\n");
+        assert!(all.kinds.contains(&crate::sim::faults::FaultKind::HandlerHang), "seed 5 hangs handlers");
+        // Besides the faults, only the bound on hung handlers goes with its kind.
+        let before_faults = |text: &str| {
+            let head = text.split("\n[faults]").next().unwrap().lines().skip(2);
+            head.filter(|line| !line.starts_with("handler_timeout = ")).collect::<Vec<_>>().join("\n")
+        };
         assert_eq!(before_faults(&all.text), before_faults(&none.text), "the world's other parts stay");
+        assert!(all.text.contains("\nhandler_timeout = ") && !none.text.contains("handler_timeout"));
     }
 
     #[test]

@@ -508,6 +508,7 @@ mod tests {
             ("rows", include_str!("rows.rs")),
             ("update_unleased", include_str!("update_unleased.rs")),
             ("values", include_str!("values.rs")),
+            ("waits", include_str!("waits.rs")),
         ];
         let mut defined = BTreeSet::new();
         for (area, text) in files {
