@@ -28,7 +28,7 @@ pub enum InvalidScenario {
 pub const USER_LEASE_TTL_ASSUMED: Duration = crate::pipeline::config::LEASE_TTL_DEFAULT;
 
 /// Test-only switches that plant a bug in the system, to prove that the checkers catch it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
 pub struct Mutation {
     /// The store's apply skips its token guard ([`MemStore::disable_apply_guard_for_mutation_test`]).
     ///
@@ -508,4 +508,24 @@ pub fn every_fault(scale: f64) -> Vec<RandomFault> {
             RandomFault { kind, per_minute: scale, span }
         })
         .collect()
+}
+
+/// Written by hand so that a scenario without `park_wake_disabled` prints as it did before the field existed: the
+/// scenario's content hash ([`crate::sim::ScenarioFile::content_hash`]) is taken over this text.
+impl std::fmt::Debug for Mutation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut m = f.debug_struct("Mutation");
+        m.field("apply_guard_disabled", &self.apply_guard_disabled)
+            .field("gang_gate_disabled", &self.gang_gate_disabled)
+            .field("lingering_gate_disabled", &self.lingering_gate_disabled)
+            .field("agent_drift_beyond_margin", &self.agent_drift_beyond_margin)
+            .field("related_age_rule_disabled", &self.related_age_rule_disabled)
+            .field("waitlist_disabled", &self.waitlist_disabled)
+            .field("retry_wake_disabled", &self.retry_wake_disabled)
+            .field("contention_backoff_disabled", &self.contention_backoff_disabled);
+        if self.park_wake_disabled {
+            m.field("park_wake_disabled", &self.park_wake_disabled);
+        }
+        m.finish()
+    }
 }
