@@ -14,8 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-#[path = "gang_support/link.rs"]
-mod link;
+use crate::gang_support::link;
 use link::{Link, Mode};
 
 const START: Timestamp = Timestamp(1_700_000_000_000_000);

@@ -23,8 +23,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-#[path = "gang_support/link.rs"]
-mod link;
+use crate::gang_support::link;
 use link::{Link, Mode};
 
 const START: Timestamp = Timestamp(1_700_000_000_000_000);

@@ -5,7 +5,7 @@
 //! tests/real_e2e.rs.
 #![cfg(not(madsim))]
 
-mod support;
+use crate::support;
 
 use support::command::clean_command;
 

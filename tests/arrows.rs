@@ -218,3 +218,29 @@ use crate::store::Store;
     let leaf = violations("leaf.rs", "use crate::duration;\n    use super::*;\n", &["crate", "lockstep"]);
     assert_eq!(leaf.len(), 1, "{leaf:?}");
 }
+
+/// Every file and helper folder under `tests/` is a module of the one test binary, `tests/all.rs` (Cargo.toml sets
+/// `autotests = false`): a file left out of it would compile into nothing, and its tests would never run. And every
+/// module it declares is there.
+#[test]
+fn every_test_file_is_a_module_of_the_one_binary() {
+    let tests = root().join("tests");
+    let all = std::fs::read_to_string(tests.join("all.rs")).expect("tests/all.rs is readable");
+    let declared: std::collections::BTreeSet<&str> =
+        all.lines().filter_map(|line| line.strip_prefix("mod ")?.strip_suffix(';')).collect();
+    let mut present = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(&tests).expect("tests/ is readable") {
+        let path = entry.expect("a directory entry").path();
+        let name = path.file_name().and_then(|name| name.to_str()).expect("a UTF-8 name").to_owned();
+        if path.is_dir() && path.join("mod.rs").is_file() {
+            present.insert(name);
+        } else if let Some(module) = name.strip_suffix(".rs").filter(|module| *module != "all") {
+            present.insert(module.to_owned());
+        }
+    }
+    assert!(present.len() >= 40, "tests/ holds {} modules, fewer than expected: {present:?}", present.len());
+    let missing: Vec<&String> = present.iter().filter(|module| !declared.contains(module.as_str())).collect();
+    assert!(missing.is_empty(), "tests/all.rs does not declare these test modules, so they never run: {missing:?}");
+    let absent: Vec<&&str> = declared.iter().filter(|module| !present.contains(**module)).collect();
+    assert!(absent.is_empty(), "tests/all.rs declares modules that have no file: {absent:?}");
+}

@@ -7,7 +7,7 @@
 //! dropped at the end, and its own out directory. Needs PostgreSQL (DATABASE_URL); never skips.
 #![cfg(not(madsim))]
 
-mod support;
+use crate::support;
 
 use support::command::clean_command;
 
@@ -235,14 +235,14 @@ fn verdict(path: &str, args: &[&str], passed: bool) -> String {
     text
 }
 
-/// The opt-in tests: each runs a scenario file that takes a minute or more (`cargo test --test chaos --
+/// The opt-in tests: each runs a scenario file that takes a minute or more (`cargo test --test all chaos:: --
 /// --ignored`; the default command runs one gang scenario), asserts its verdict with [`verdict`] (`true`:
 /// every checker passed), then the checks of its closure on the output.
 macro_rules! opt_in {
     ($($(#[$doc:meta])* fn $test:ident($path:literal, $passed:literal) $checks:expr;)*) => {$(
         $(#[$doc])*
         #[test]
-        #[ignore = "long: run with `cargo test --test chaos -- --ignored`"]
+        #[ignore = "long: run with `cargo test --test all chaos:: -- --ignored`"]
         fn $test() {
             let checks: fn(&str) = $checks;
             checks(&verdict($path, &[], $passed));

@@ -4,7 +4,7 @@
 
 #![cfg(not(madsim))]
 
-mod support;
+use crate::support;
 
 use lockstep::chaos::proxy::{LinkFault, ProxyHandle};
 use sqlx::{Connection, Executor, PgConnection};

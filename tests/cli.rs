@@ -2,7 +2,7 @@
 //! (the simulator build's commands are tested in `tests/sim_cli.rs`).
 #![cfg(not(madsim))]
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;
@@ -66,9 +66,11 @@ fn a_program_a_test_starts_sees_none_of_the_callers_madsim_variables() {
         }
         return;
     }
-    let name = "a_program_a_test_starts_sees_none_of_the_callers_madsim_variables";
+    // The test's libtest name: its path below the test crate (`cli::…`).
+    let module = module_path!().split_once("::").map_or("", |(_crate, module)| module);
+    let name = format!("{module}::a_program_a_test_starts_sees_none_of_the_callers_madsim_variables");
     let output = Command::new(std::env::current_exe().expect("the test binary"))
-        .args([name, "--exact", "--nocapture", "--test-threads", "1"])
+        .args([name.as_str(), "--exact", "--nocapture", "--test-threads", "1"])
         .env(PROBE, "1")
         .env("MADSIM_TEST_NUM", "5")
         .output()

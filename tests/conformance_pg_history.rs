@@ -4,6 +4,6 @@
 
 #![cfg(not(madsim))]
 
-mod support;
+use crate::support;
 
 lockstep::conformance_tests!(support::pg::PgHarness::with(|options| options.history = true));

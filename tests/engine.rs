@@ -3,7 +3,7 @@
 //! drain across replicas runs on PostgreSQL too, in wall time.
 #![cfg(not(madsim))]
 
-mod support;
+use crate::support;
 
 use lockstep::pipeline::{
     Changes, FetchPass, Handler, ItemOutcome, LoadCx, ManagerOptions, Pipeline, PipelineConfig, PipelineManager,

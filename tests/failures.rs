@@ -5,7 +5,7 @@
 //! and on PostgreSQL.
 #![cfg(not(madsim))]
 
-mod support;
+use crate::support;
 
 use lockstep::pipeline::{
     Changes, Failure, Handler, ItemOutcome, LoadCx, ManagerOptions, Pipeline, PipelineConfig, PipelineManager,

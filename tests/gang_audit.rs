@@ -1,8 +1,7 @@
 //! The audits bite: each fires on the bug it guards against, planted in an otherwise clean run of the pure
 //! controller (STYLE: checkers bite).
 
-#[path = "gang_support/mod.rs"]
-mod gang_support;
+use crate::gang_support;
 
 use gang_support::{OP, World};
 use lockstep::agent::simulated::{ProcessEvent, ProcessEventKind};

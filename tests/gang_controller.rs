@@ -1,7 +1,6 @@
 //! The controller's rules (DESIGN §4) on the pure pass, one test per rule, with the test agent of `gang_support`.
 
-#[path = "gang_support/mod.rs"]
-mod gang_support;
+use crate::gang_support;
 
 use gang_support::{OP, World};
 use lockstep::gang::controller::REASON_INCARNATION_CHANGED;

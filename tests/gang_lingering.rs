@@ -2,8 +2,7 @@
 //! pass with the test agent of `gang_support`: no order of reports makes a pass panic, an abort always ends the
 //! operation, and a rank moves to another allocation only on evidence that its previous process is dead.
 
-#[path = "gang_support/mod.rs"]
-mod gang_support;
+use crate::gang_support;
 
 use gang_support::World;
 use lockstep::gang::model::{JobStatus, Message, OperationStatus};

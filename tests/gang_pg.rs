@@ -2,7 +2,7 @@
 //! PgStore, in real time with short jobs. Needs PostgreSQL (DATABASE_URL); never skips.
 #![cfg(not(madsim))]
 
-mod support;
+use crate::support;
 
 use lockstep::agent::{Agent, AgentConfig, JobScript, ProcessLog, SimulatedExecutor};
 use lockstep::gang::api::{self, OperationView};

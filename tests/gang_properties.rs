@@ -3,8 +3,7 @@
 //! jobs in one allocation, reuse keeps identity, completion and failure rules); once the faults stop, the
 //! operation ends.
 
-#[path = "gang_support/mod.rs"]
-mod gang_support;
+use crate::gang_support;
 
 use gang_support::World;
 use lockstep::gang::model::{JobOutcome, JobStatus, Message};

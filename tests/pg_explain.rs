@@ -6,7 +6,7 @@
 
 #![cfg(not(madsim))]
 
-mod support;
+use crate::support;
 
 use lockstep::store::conformance::Harness;
 use lockstep::store::{

@@ -5,7 +5,7 @@
 
 #![cfg(not(madsim))]
 
-mod support;
+use crate::support;
 
 use lockstep::chaos::proxy::Proxy;
 use lockstep::pipeline::{Changes, Handler, LoadCx, ManagerOptions, PipelineConfig, PipelineManager, WorkError};

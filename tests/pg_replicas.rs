@@ -4,7 +4,7 @@
 
 #![cfg(not(madsim))]
 
-mod support;
+use crate::support;
 
 use lockstep::pipeline::{Changes, Handler, LoadCx, ManagerOptions, PipelineConfig, PipelineManager, WorkError};
 use lockstep::store::conformance::Harness;

@@ -10,10 +10,10 @@
 //! - every relative link resolves to a file, and every `#anchor` to a heading of its page;
 //! - every "DESIGN §N" citation names a section of docs/design.md, and nothing cites a tracker issue by number.
 //!
-//! Some checks need the simulator build (`env -u RUSTFLAGS cargo sim-test --test readme`), the others the normal
-//! build (`cargo test --test readme`); `scripts/test` runs both.
+//! Some checks need the simulator build (`env -u RUSTFLAGS cargo sim-test --test all readme::`), the others the
+//! normal build (`cargo test --test all readme::`); `scripts/test` runs both.
 
-mod support;
+use crate::support;
 
 use support::command::{cargo_command, clean_command};
 use support::scratch::Scratch;
@@ -410,7 +410,7 @@ fn the_scenario_page_gang_example_parses_with_every_gang_key() {
 #[test]
 fn readme_quick_start_scenario_output_is_the_pinned_summary() {
     let readme = page("README.md");
-    let snapshot = include_str!("snapshots/sim_scenarios__gang-seed-example.snap");
+    let snapshot = include_str!("snapshots/all__sim_scenarios__gang-seed-example.snap");
     let summary = &snapshot[snapshot.find("scenario gang-seed-example seed 1").expect("the snapshot's summary")..];
     assert!(
         readme.text.contains(summary.trim_end()),

@@ -6,7 +6,7 @@
 //! of a server that cannot be reached. Needs PostgreSQL (DATABASE_URL); never skips.
 #![cfg(not(madsim))]
 
-mod support;
+use crate::support;
 
 use support::command::clean_command;
 use support::scratch::Scratch;

@@ -20,7 +20,7 @@
 //! then waits for the file `OUT/go`, so the test decides when a gang may complete.
 #![cfg(not(madsim))]
 
-mod support;
+use crate::support;
 
 use support::command::clean_command;
 

@@ -3,7 +3,7 @@
 //! timelines (text and HTML), shrunk failures, and scenario errors naming the key and the line.
 #![cfg(madsim)]
 
-mod support;
+use crate::support;
 
 use support::command::clean_command;
 use support::scratch::Scratch;

@@ -1,5 +1,5 @@
 //! The scenario files of `scenarios/` (DESIGN §5): every one parses, passes its first default seed, and has its
-//! run summary pinned by an insta snapshot (`tests/snapshots/sim_scenarios__<name>.snap`), so that a change of
+//! run summary pinned by an insta snapshot (`tests/snapshots/all__sim_scenarios__<name>.snap`), so that a change of
 //! behaviour shows as a reviewed diff. The summary holds simulated time only (wall time is printed apart by
 //! `lockstep sim run`), so it is a function of scenario, seed and build.
 //!

@@ -4,7 +4,7 @@
 //! are refused naming them. And `check_swarm`, the swarm as a `cargo test`.
 #![cfg(madsim)]
 
-mod support;
+use crate::support;
 
 use lockstep::sim::swarm::{self, Ranges, Shape};
 use std::path::Path;

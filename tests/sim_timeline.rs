@@ -37,8 +37,8 @@ fn the_browser_tests_page_is_the_simulators_page_of_the_planted_failure() {
     }
     panic!(
         "{} is not the page the simulator writes today (the engine, the scenario model or the page changed): \
-         rewrite it with `LOCKSTEP_UPDATE_FIXTURES=1 env -u RUSTFLAGS cargo sim-test --test sim_timeline`, review \
-         the diff and run `cargo test --test timeline_browser`",
+         rewrite it with `LOCKSTEP_UPDATE_FIXTURES=1 env -u RUSTFLAGS cargo sim-test --test all sim_timeline::`, \
+         review the diff and run `cargo test --test all timeline_browser::`",
         path.display()
     );
 }

@@ -13,7 +13,7 @@
 //! closed network it would otherwise hang at start.
 #![cfg(not(madsim))]
 
-mod support;
+use crate::support;
 
 use support::command::clean_command;
 

@@ -1,5 +1,5 @@
 //! A store reached through a link a test can cut: every call fails, or hangs, as under a partition. Include with
-//! `#[path = "gang_support/link.rs"] mod link;`.
+//! `use crate::gang_support::link;`.
 
 #![allow(dead_code)]
 

@@ -1,7 +1,10 @@
 //! A world for the pure controller pass: rows kept in maps, passes run by hand, agents played by the test.
-//! Each test file that needs it declares `#[path = "gang_support/mod.rs"] mod gang_support;`.
+//! Declared once, in `tests/all.rs`; a test file names it with `use crate::gang_support;`.
 
 #![allow(dead_code)]
+
+#[cfg(not(madsim))]
+pub mod link;
 
 use lockstep::gang::api::OperationView;
 use lockstep::gang::audit;

@@ -1,4 +1,5 @@
-//! Helpers shared by integration tests. Each test file that needs one declares `mod support;`.
+//! Helpers shared by integration tests. Declared once, in `tests/all.rs`; a test file names them with
+//! `use crate::support;`.
 
 #![allow(dead_code)]
 
