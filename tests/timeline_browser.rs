@@ -45,19 +45,22 @@ fn binary(variable: &str, default: &str) -> PathBuf {
     path
 }
 
-/// chromedriver on a free loopback port, killed when dropped.
+/// chromedriver on a free loopback port, killed when dropped. Its temporary files, and those of the Chromium it
+/// starts (Chromium leaves an `org.chromium.Chromium.scoped_dir.*` behind in the temp dir), go to `tmp`, which the
+/// test removes: a run leaves nothing in `/tmp`.
 struct Driver {
     child: Child,
     url: String,
 }
 
 impl Driver {
-    fn start() -> Driver {
+    fn start(tmp: &Path) -> Driver {
         let path = binary("LOCKSTEP_CHROMEDRIVER", "/usr/bin/chromedriver");
         let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
         let mut child = clean_command(path)
             .arg(format!("--port={port}"))
             .arg("--allowed-ips=127.0.0.1")
+            .env("TMPDIR", tmp)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -144,20 +147,28 @@ async fn the_timeline_of_a_planted_failure_loads_shows_its_lanes_and_violation_a
     assert!(page.is_file(), "{} is missing: run tests/sim_timeline.rs to write it", page.display());
     let out = manifest().join("target/timeline-browser");
     let profile = out.join(format!("profile-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&profile);
-    std::fs::create_dir_all(&profile).expect("a profile directory");
-    let driver = Driver::start();
+    let tmp = out.join(format!("tmp-{}", std::process::id()));
+    for dir in [&profile, &tmp] {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).expect("a profile and a temp directory");
+    }
+    let driver = Driver::start(&tmp);
     let client = connect(&driver, &profile).await;
+    // While it runs, Chromium keeps a scoped dir in its temp dir; one killed mid-way leaves it behind.
+    let used_tmp = std::fs::read_dir(&tmp).map(|entries| entries.count()).unwrap_or(0);
     // A failed check must still end the session: chromedriver's Chromium outlives a killed chromedriver.
     let checked = std::panic::AssertUnwindSafe(check_page(&client, &page, &out)).catch_unwind().await;
     let closed = client.close().await;
     drop(driver);
     let _ = std::fs::remove_dir_all(&profile);
+    let _ = std::fs::remove_dir_all(&tmp);
     match checked {
         Err(panic) => std::panic::resume_unwind(panic),
         Ok(checked) => checked.unwrap_or_else(|error| panic!("{error}")),
     }
     closed.expect("the session closes");
+    // Chromium honoured TMPDIR: its scoped dir was made in the test's own temp dir (removed above), not in /tmp.
+    assert!(used_tmp > 0, "Chromium made nothing in {}: its temporary files went elsewhere", tmp.display());
 }
 
 async fn check_page(client: &Client, page: &Path, out: &Path) -> Result<(), String> {
