@@ -187,6 +187,19 @@ pub enum Fault {
         /// How long a handler that starts there hangs.
         span: Duration,
     },
+    /// The replica's store calls get no reply for `span`, as on a connection gone half-open (a NAT, firewall or
+    /// proxy forgot the flow, with no FIN or RST): a request sent during the span is lost on its way and never
+    /// reaches the database, and a reply that would reach the replica during the span is lost after the database
+    /// ran the call (the request went out before the span began). Either way the caller hears nothing and ends
+    /// the call through the store's bound (the scenario's `call_timeout`, `PgOptions::call_timeout` in
+    /// production) with `StoreError::Timeout`, so a call that started during the span stays hung until its bound
+    /// even when the span is over. The replica's hint subscription is not reached (`hint-loss` is that fault).
+    StoreHang {
+        /// The replica whose store calls hang.
+        replica: usize,
+        /// How long its requests and replies are lost.
+        span: Duration,
+    },
     /// A replica crashes again each time it starts, for `span` (a process that dies at start under a supervisor
     /// that restarts it): it runs for 0.05 to 0.5 s, dies, and is started again 0.5 to 2 s later; at the end it is
     /// started and left to run.
@@ -292,11 +305,13 @@ pub enum FaultKind {
     ClockJump,
     /// [`Fault::HandlerHang`] of a random replica.
     HandlerHang,
+    /// [`Fault::StoreHang`] of a random replica.
+    StoreHang,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 20] = [
+    pub const ALL: [FaultKind; 21] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
@@ -317,6 +332,7 @@ impl FaultKind {
         FaultKind::CrashLoop,
         FaultKind::ClockJump,
         FaultKind::HandlerHang,
+        FaultKind::StoreHang,
     ];
 
     /// Whether the kind's faults target agent nodes (a world without agents runs no such process).
@@ -360,6 +376,7 @@ impl FaultKind {
             FaultKind::CrashLoop => "crash-loop",
             FaultKind::ClockJump => "clock-jump",
             FaultKind::HandlerHang => "handler-hang",
+            FaultKind::StoreHang => "store-hang",
         }
     }
 }
@@ -408,6 +425,7 @@ impl std::fmt::Display for Fault {
             Fault::HintLoss { replica, span } => write!(f, "hint-loss replica-{replica} (span {})", d(span)),
             Fault::CrashLoop { replica, span } => write!(f, "crash-loop replica-{replica} (span {})", d(span)),
             Fault::HandlerHang { replica, span } => write!(f, "handler-hang replica-{replica} (span {})", d(span)),
+            Fault::StoreHang { replica, span } => write!(f, "store-hang replica-{replica} (span {})", d(span)),
             Fault::ClockJump { replica, by, back } => {
                 write!(f, "clock-jump replica-{replica} (by {}{})", if *back { "-" } else { "" }, d(by))
             }
@@ -525,6 +543,7 @@ fn draw(kind: FaultKind, span: &Range<Duration>, targets: Targets, rng: &mut Cha
         FaultKind::CrashLoop => Fault::CrashLoop { replica, span },
         FaultKind::ClockJump => Fault::ClockJump { replica, by: span, back: rng.random_bool(0.5) },
         FaultKind::HandlerHang => Fault::HandlerHang { replica, span },
+        FaultKind::StoreHang => Fault::StoreHang { replica, span },
         FaultKind::AgentCalls => {
             let agent = rng.random_range(0..agents);
             let calls = AgentCall::ALL[rng.random_range(0..AgentCall::ALL.len())];
@@ -599,6 +618,7 @@ pub async fn inject(world: World, fault: Fault) {
         Fault::CrashLoop { replica, span } => world.replica(replica).crash_loop(span).await,
         Fault::ClockJump { replica, by, back } => world.replica(replica).jump(by, back),
         Fault::HandlerHang { replica, span } => world.replica(replica).hang_handlers(span).await,
+        Fault::StoreHang { replica, span } => world.replica(replica).hang_store(span).await,
     }
 }
 

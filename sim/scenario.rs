@@ -183,7 +183,8 @@ impl Scenario {
                 | Fault::HintLoss { replica, .. }
                 | Fault::CrashLoop { replica, .. }
                 | Fault::ClockJump { replica, .. }
-                | Fault::HandlerHang { replica, .. } => *replica < replicas,
+                | Fault::HandlerHang { replica, .. }
+                | Fault::StoreHang { replica, .. } => *replica < replicas,
                 Fault::AgentKill { agent, .. }
                 | Fault::AgentPause { agent, .. }
                 | Fault::AgentClockDrift { agent, .. }
@@ -477,7 +478,7 @@ pub fn agent_faults(scale: f64) -> Vec<RandomFault> {
 }
 
 /// One random process of every kind that targets replicas, the database, the network or the client (not
-/// agents: [`agent_faults`]) but `hint-loss`, `crash-loop`, `clock-jump` and `handler-hang` (which the runs built on this predate; scenario files
+/// agents: [`agent_faults`]) but `hint-loss`, `crash-loop`, `clock-jump`, `handler-hang` and `store-hang` (which the runs built on this predate; scenario files
 /// ask for them by name), `scale` faults of each per simulated minute on average, with spans that outlast the 6 s
 /// lease ttl where that matters (pauses, partitions, kills).
 pub fn every_fault(scale: f64) -> Vec<RandomFault> {
@@ -488,7 +489,11 @@ pub fn every_fault(scale: f64) -> Vec<RandomFault> {
             !kind.targets_agents()
                 && !matches!(
                     kind,
-                    FaultKind::HintLoss | FaultKind::CrashLoop | FaultKind::ClockJump | FaultKind::HandlerHang
+                    FaultKind::HintLoss
+                        | FaultKind::CrashLoop
+                        | FaultKind::ClockJump
+                        | FaultKind::HandlerHang
+                        | FaultKind::StoreHang
                 )
         })
         .map(|&kind| {

@@ -1126,7 +1126,9 @@ fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::AgentPause => &["agent", "span"],
         FaultKind::AgentClockDrift => &["agent", "rate_ppm", "span"],
         FaultKind::AgentCalls => &["agent", "calls", "delay", "span"],
-        FaultKind::HintLoss | FaultKind::CrashLoop | FaultKind::HandlerHang => &["replica", "span"],
+        FaultKind::HintLoss | FaultKind::CrashLoop | FaultKind::HandlerHang | FaultKind::StoreHang => {
+            &["replica", "span"]
+        }
         FaultKind::ClockJump => &["replica", "by"],
         // Random-only kinds: at a fixed time, a partition or an isolate names the agent as its node.
         FaultKind::AgentPartition | FaultKind::AgentIsolate => &[],
@@ -1272,6 +1274,7 @@ impl FixedDoc {
             FaultKind::HintLoss => Fault::HintLoss { replica: replica()?, span: span()? },
             FaultKind::CrashLoop => Fault::CrashLoop { replica: replica()?, span: span()? },
             FaultKind::HandlerHang => Fault::HandlerHang { replica: replica()?, span: span()? },
+            FaultKind::StoreHang => Fault::StoreHang { replica: replica()?, span: span()? },
             FaultKind::ClockJump => {
                 let text = self.by.as_deref().ok_or_else(|| need("by"))?;
                 let (by, back) = clock_jump(text).map_err(|rule| (at("by"), rule))?;

@@ -320,7 +320,7 @@ pub fn fault_counts(trace: &[TraceEvent]) -> BTreeMap<String, u64> {
             }
             (_, kind @ ("contention" | "buggify" | "skipped")) => kind,
             (_, "calls-fault") => "agent-calls",
-            (_, kind @ ("hint-loss" | "crash-loop" | "clock-jump" | "handler-hang")) => kind,
+            (_, kind @ ("hint-loss" | "crash-loop" | "clock-jump" | "handler-hang" | "store-hang")) => kind,
             _ => continue,
         };
         *counts.entry(kind.to_string()).or_default() += 1;

@@ -59,6 +59,7 @@ enum Slot {
     AgentCalls(usize, AgentCall),
     Hints(usize),
     Handlers(usize),
+    StoreCalls(usize),
     Db,
     Network,
     Replies,
@@ -533,6 +534,7 @@ impl World {
             agent.ctx.calls.clear_all();
         }
         inner.db.unmute_all_hints();
+        inner.db.unhang_all_calls();
         if std::mem::take(&mut state.db_down) {
             inner.handle.restart(inner.db_node.id());
         }
@@ -789,6 +791,23 @@ impl ReplicaHandle<'_> {
         self.ctx().hang.store(false, Ordering::SeqCst);
         self.record("handler-hang-end", "");
         self.world.release(Slot::Handlers(self.index));
+    }
+
+    /// The replica's store calls hang for `span` ([`super::db::Database::hang_calls`]): requests it sends are lost
+    /// before the database, replies that reach it are lost after the database ran the call, and each call ends
+    /// at its time-out. The trace says `store-hang span=…`, `store-hang-lost call=… lost=request|reply` for each
+    /// call it reaches, and `store-hang-end`.
+    pub async fn hang_store(&self, span: Duration) {
+        if !self.world.acquire(Slot::StoreCalls(self.index), "store-hang") {
+            return;
+        }
+        self.record("store-hang", format!("span={}", crate::duration::format(span)));
+        let ip = self.ctx().ip;
+        self.world.inner.db.hang_calls(ip);
+        tokio::time::sleep(span).await;
+        self.world.inner.db.unhang_calls(ip);
+        self.record("store-hang-end", "");
+        self.world.release(Slot::StoreCalls(self.index));
     }
 
     /// The replica crashes each time it starts, for `span`: killed now, then started and killed again after

@@ -57,13 +57,20 @@ pub fn draw(ranges: &Ranges, seed: u64, pipelines: Option<&str>) -> World {
         let _ = writeln!(body, "agents = {}\nslots = {}", gang.agents, gang.slots);
     }
     let latency_high = topology.random_range(2..=20u64);
-    let call_timeout = topology.random_range(1_000..=4_000u64);
-    let _ =
-        writeln!(body, "\n[network]\nlatency = [\"1ms\", \"{latency_high}ms\"]\ncall_timeout = \"{call_timeout}ms\"");
+    let mut call_timeout = topology.random_range(1_000..=4_000u64);
     let rows = (shape.rows() && pipelines.is_none()).then(|| Rows::draw(ranges, seed, replicas, span));
     let user_set = shape.rows() && pipelines.is_some();
     // Each part draws from its own stream, so the faults can be drawn before the rows are written.
     let faults = Faults::draw(ranges, seed, shape, rows.is_some(), replicas, span, &rows);
+    // A hung store call ends at its bound: with the kind on, the bound is drawn from its own stream, from a second
+    // to twice the rows' lease ttl, so that a run also sees calls that outlast the leases they would renew (as
+    // production's 36 s bound outlasts a 30 s lease).
+    if faults.kinds.contains(&FaultKind::StoreHang) {
+        let ttl = rows.as_ref().map_or(10_000, |rows| rows.lease_ttl);
+        call_timeout = rng::stream(seed, "swarm-call-timeout").random_range(1_000..=2 * ttl);
+    }
+    let _ =
+        writeln!(body, "\n[network]\nlatency = [\"1ms\", \"{latency_high}ms\"]\ncall_timeout = \"{call_timeout}ms\"");
     // Hanging handlers end at their pipeline's handler_timeout: one drawn from its own stream, from one to three
     // lease ttls, so that a run sees hung items cut and retried (the engine's default, a minute, would outlast
     // most worlds).
@@ -532,8 +539,8 @@ fn operation_spec(rng: &mut ChaCha8Rng, slots: u32) -> (String, u32, Vec<&'stati
 type Process = (FaultKind, f64, Option<(u64, u64)>);
 
 /// How many kinds at the end of [`FaultKind::ALL`] came after the swarm first drew worlds (`clock-jump`,
-/// `handler-hang`).
-const LATER_KINDS: usize = 2;
+/// `handler-hang`, `store-hang`).
+const LATER_KINDS: usize = 3;
 
 /// The fault part: a random subset of the kinds, each a random process with its rate and spans.
 struct Faults {
@@ -591,6 +598,8 @@ impl Faults {
                 // A jump's span is its size: from a blink to past two lease ttls either way.
                 FaultKind::ClockJump => Some((100, 2 * ttl + 5_000)),
                 FaultKind::HandlerHang => Some((1_000, 20_000)),
+                // Half-open connections from a blink to past a few lease ttls: every call in it ends at its bound.
+                FaultKind::StoreHang => Some((1_000, 3 * ttl)),
             };
             // Every fault's span fits in the fault window (the file's rule).
             let spans = spans.map(|(low, high): (u64, u64)| (low.min(span), high.min(span).max(low.min(span))));

@@ -94,6 +94,9 @@ pub fn links_of(fault: &Fault, replicas: usize, agents: usize) -> Result<LinkPla
             (every(), mode, *span)
         }
         Fault::LostReplies { chance, span } => (every(), LinkFault::LoseReplies { probability: *chance }, *span),
+        // The replica's connections that carry a byte during the span go half-open and stay so; the store's
+        // `call_timeout` ends each call on them, and its pool drops them.
+        Fault::StoreHang { replica, span } => (vec![*replica], LinkFault::BlackHole, *span),
         _ => return no_link("not a network fault"),
     };
     if links.iter().any(|i| *i >= count) {
@@ -106,6 +109,7 @@ pub fn links_of(fault: &Fault, replicas: usize, agents: usize) -> Result<LinkPla
                 Target::Replica(i) => format!("replica {i}"),
                 other => format!("{other:?}"),
             },
+            Fault::StoreHang { replica, .. } => format!("replica {replica}"),
             _ => "a node".to_string(),
         };
         return no_link(&format!("{node} is not in the world ({replicas} replicas, {agents} agents)"));
@@ -233,6 +237,9 @@ mod tests {
             links_of(&lost, 2, 0),
             Ok(LinkPlan { replicas: vec![0, 1], mode: LinkFault::LoseReplies { probability: 0.25 }, span })
         );
+        let hang = Fault::StoreHang { replica: 1, span };
+        assert_eq!(links_of(&hang, 2, 0), Ok(LinkPlan { replicas: vec![1], mode: LinkFault::BlackHole, span }));
+        assert!(links_of(&hang, 1, 0).unwrap_err().contains("replica 1 is not in the world"));
         let between = Fault::Partition { a: Target::Replica(0), b: Target::Replica(1), span };
         assert!(links_of(&between, 2, 0).unwrap_err().contains("no link between two of them"));
         let client = Fault::Isolate { node: Target::Client, span };
