@@ -188,6 +188,7 @@ impl Scenario {
                 Fault::AgentKill { agent, .. }
                 | Fault::AgentPause { agent, .. }
                 | Fault::AgentClockDrift { agent, .. }
+                | Fault::AgentClockBeyondMargin { agent, .. }
                 | Fault::AgentCalls { agent, .. } => *agent < agents,
                 Fault::Partition { a, b, .. } => target_ok(*a) && target_ok(*b),
                 Fault::Isolate { node, .. } => target_ok(*node),
@@ -211,6 +212,20 @@ impl Scenario {
                     "faults.fixed[{index}].rate_ppm: {rate_ppm} breaks the margin rule of DESIGN §2: an agent clock \
                      slower than {floor} (1 - lease_margin / lease_ttl = 1 - {:?} / {:?}) holds its node lease past \
                      the store's expiry (plant that bug with [mutation] agent_drift_beyond_margin)",
+                    gang.agent.lease_margin, gang.agent.lease_ttl
+                ));
+            }
+        }
+        for (index, event) in self.faults.fixed.iter().enumerate() {
+            let (Fault::AgentClockBeyondMargin { rate_ppm, .. }, Some(gang)) = (&event.fault, &self.gang) else {
+                continue;
+            };
+            let floor = gang.agent_rate_min_ppm();
+            if *rate_ppm >= floor {
+                return invalid(format!(
+                    "faults.fixed[{index}].rate_ppm: {rate_ppm} keeps the margin rule of DESIGN §2 (at least {floor} = \
+                     1 - lease_margin / lease_ttl = 1 - {:?} / {:?}): agent-clock-beyond-margin runs below it; a rate \
+                     within the rule is agent-clock-drift",
                     gang.agent.lease_margin, gang.agent.lease_ttl
                 ));
             }
@@ -463,7 +478,9 @@ pub fn agent_faults(scale: f64) -> Vec<RandomFault> {
     let secs = |from: u64, to: u64| Duration::from_secs(from)..Duration::from_secs(to);
     FaultKind::ALL
         .iter()
-        .filter(|kind| kind.targets_agents() && **kind != FaultKind::AgentCalls)
+        .filter(|kind| {
+            kind.targets_agents() && !matches!(kind, FaultKind::AgentCalls | FaultKind::AgentClockBeyondMargin)
+        })
         .map(|&kind| {
             let span = match kind {
                 FaultKind::AgentKill => secs(1, 20),

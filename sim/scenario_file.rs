@@ -1124,7 +1124,7 @@ fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::Buggify => &["span"],
         FaultKind::AgentKill => &["agent", "down"],
         FaultKind::AgentPause => &["agent", "span"],
-        FaultKind::AgentClockDrift => &["agent", "rate_ppm", "span"],
+        FaultKind::AgentClockDrift | FaultKind::AgentClockBeyondMargin => &["agent", "rate_ppm", "span"],
         FaultKind::AgentCalls => &["agent", "calls", "delay", "span"],
         FaultKind::HintLoss | FaultKind::CrashLoop | FaultKind::HandlerHang | FaultKind::StoreHang => {
             &["replica", "span"]
@@ -1251,6 +1251,10 @@ impl FixedDoc {
             FaultKind::AgentClockDrift => {
                 let rate_ppm = clock_rate(at("rate_ppm"), self.rate_ppm.ok_or_else(|| need("rate_ppm"))?)?;
                 Fault::AgentClockDrift { agent: agent()?, rate_ppm, span: span()? }
+            }
+            FaultKind::AgentClockBeyondMargin => {
+                let rate_ppm = clock_rate(at("rate_ppm"), self.rate_ppm.ok_or_else(|| need("rate_ppm"))?)?;
+                Fault::AgentClockBeyondMargin { agent: agent()?, rate_ppm, span: span()? }
             }
             FaultKind::AgentCalls => {
                 let name = self.calls.as_deref().ok_or_else(|| need("calls"))?;

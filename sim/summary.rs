@@ -314,6 +314,9 @@ pub fn fault_counts(trace: &[TraceEvent]) -> BTreeMap<String, u64> {
             (_, "pause") if agent() => "agent-pause",
             (_, "partition") if agent() => "agent-partition",
             (_, "isolate") if agent() => "agent-isolate",
+            (_, "clock-drift") if agent() && event.fields.text().contains("beyond_margin=yes") => {
+                "agent-clock-beyond-margin"
+            }
             (_, "clock-drift") if agent() => "agent-clock-drift",
             (_, kind @ ("kill" | "pause" | "partition" | "isolate" | "degrade" | "lost-replies" | "clock-drift")) => {
                 kind

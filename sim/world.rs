@@ -690,10 +690,21 @@ impl AgentHandle<'_> {
     /// Runs the agent's monotonic clock at `rate_ppm` parts per million of real time for `span` (it survives a
     /// restart of the agent: the clock is the machine's).
     pub async fn drift(&self, rate_ppm: u64, span: Duration) {
-        if !self.world.acquire(Slot::AgentClock(self.index), "agent-clock-drift") {
+        self.drift_as("agent-clock-drift", rate_ppm, span).await
+    }
+
+    /// [`AgentHandle::drift`] at a rate below the margin rule's floor (fault `agent-clock-beyond-margin`): the
+    /// trace's `clock-drift` line adds `beyond_margin=yes`.
+    pub async fn drift_beyond_margin(&self, rate_ppm: u64, span: Duration) {
+        self.drift_as("agent-clock-beyond-margin", rate_ppm, span).await
+    }
+
+    async fn drift_as(&self, kind: &'static str, rate_ppm: u64, span: Duration) {
+        if !self.world.acquire(Slot::AgentClock(self.index), kind) {
             return;
         }
-        self.record("clock-drift", format!("rate_ppm={rate_ppm} span={span:?}"));
+        let beyond = if kind == "agent-clock-beyond-margin" { " beyond_margin=yes" } else { "" };
+        self.record("clock-drift", format!("rate_ppm={rate_ppm} span={span:?}{beyond}"));
         self.slot().ctx.clock.set_rate_ppm(rate_ppm);
         tokio::time::sleep(span).await;
         self.slot().ctx.clock.set_rate_ppm(RATE_PPM_EXACT);

@@ -479,3 +479,46 @@ fn a_gang_of_ten_thousand_jobs_on_ten_agents_completes_in_its_first_incarnation(
     let report = sim::run(&large_gang(10, 10_000), 1);
     assert_passed(&report, "a_gang_of_ten_thousand_jobs_on_ten_agents_completes_in_its_first_incarnation");
 }
+
+/// [`drifting_gang`] with every agent's clock at `rate_ppm` through the `agent-clock-beyond-margin` fault: no
+/// planted bug, the fault itself runs below the margin rule.
+fn beyond_margin_gang(rate_ppm: u64) -> Scenario {
+    let mut scenario = one_gang("agent-beyond-margin");
+    for agent in 0..4 {
+        scenario.faults.fixed.push(sim::FaultEvent {
+            at: Duration::from_secs(5),
+            fault: sim::Fault::AgentClockBeyondMargin { agent, rate_ppm, span: Duration::from_secs(60) },
+        });
+    }
+    scenario.faults.until = Duration::from_secs(70);
+    scenario
+}
+
+/// The expected outcome of `agent-clock-beyond-margin` (docs/gang.md, "Beyond the margin rule"): while the slow
+/// agents renew their node leases, every promise holds; once the agent running rank 0 is cut off, its lease's
+/// local deadline comes after the store's expiry, its rank starts on the spare agent while its process still runs,
+/// and `rank_exclusivity` names it (allocation exclusivity holds: one process per node). A rate within the rule is
+/// refused for this kind (it is `agent-clock-drift`).
+#[test]
+fn an_agent_clock_beyond_the_margin_rule_breaks_rank_exclusivity_once_the_agent_is_cut_off() {
+    let name = "an_agent_clock_beyond_the_margin_rule_breaks_rank_exclusivity_once_the_agent_is_cut_off";
+    let within = beyond_margin_gang(820_000).check().expect_err("within the rule").to_string();
+    assert!(
+        within.contains("faults.fixed[0].rate_ppm: 820000 keeps the margin rule of DESIGN §2 (at least 800000"),
+        "{within}"
+    );
+    let slow = beyond_margin_gang(500_000);
+    slow.check().unwrap_or_else(|error| panic!("{error}"));
+    let calm = sim::run(&slow, 1);
+    assert_passed(&calm, name);
+    let beyond = |report: &RunReport| {
+        events(report, "clock-drift").filter(|event| event.fields.text().contains("beyond_margin=yes")).count()
+    };
+    assert_eq!(beyond(&calm), 4, "every agent's clock runs beyond the rule");
+    let counts = lockstep::sim::summary::fault_counts(&calm.trace);
+    assert_eq!(counts.get("agent-clock-beyond-margin"), Some(&4), "{counts:?}");
+    let cut = sim::run_with(&slow, 1, Some(partition_busy_agent()));
+    assert!(cut.panic.is_none(), "{cut:?}");
+    assert!(violated(&cut).contains("rank_exclusivity"), "{:?}", cut.violations);
+    assert!(!violated(&cut).contains("allocation_exclusivity"), "{:?}", cut.violations);
+}

@@ -390,7 +390,9 @@ fn materialized(table: &Table, trace: &str) -> Option<Candidate> {
                 ("span", span_value(span)),
             ])),
             Kind::Event if line.split_whitespace().nth(2) == Some("calls-fault") => Some(agent_calls(&lane.key, line)?),
-            Kind::Event if matches!(line.split_whitespace().nth(2), Some("hint-loss" | "crash-loop")) => {
+            Kind::Event
+                if matches!(line.split_whitespace().nth(2), Some("hint-loss" | "crash-loop" | "store-hang")) =>
+            {
                 Some(replica_span_fault(&lane.key, line)?)
             }
             Kind::Event if line.split_whitespace().nth(2) == Some("contention") => {
@@ -433,6 +435,7 @@ fn node_fault(kind: Kind, node: &str, span: u64, line: &str) -> Option<Table> {
         (Kind::Pause, false) => "pause",
         (Kind::Pause, true) => "agent-pause",
         (_, false) => "clock-drift",
+        (_, true) if line.contains("beyond_margin=yes") => "agent-clock-beyond-margin",
         (_, true) => "agent-clock-drift",
     };
     let mut fault = fields([("kind", name.into()), (target, Value::Integer(index))]);

@@ -163,24 +163,24 @@ impl SwarmCoverage {
             "coverage over {} worlds ({} with rows, {} with operations):\n",
             self.seeds, self.rows_seeds, self.gang_seeds
         );
-        let _ = writeln!(text, "  {:<18} {:>7} {:>9}", "fault kind", "on", "injected");
+        let _ = writeln!(text, "  {:<25} {:>7} {:>9}", "fault kind", "on", "injected");
         for kind in crate::sim::faults::FaultKind::ALL {
             let on = self.on.get(kind.name()).copied().unwrap_or(0);
             let injected = self.injected.get(kind.name()).copied().unwrap_or(0);
             let of = self.kind_seeds(kind);
             let _ = writeln!(
                 text,
-                "  {:<18} {:>6.1}% {:>8.1}% of {of}",
+                "  {:<25} {:>6.1}% {:>8.1}% of {of}",
                 kind.name(),
                 percent(on, of),
                 percent(injected, of)
             );
         }
-        let _ = writeln!(text, "  {:<18} {:>7}", "path", "reached");
+        let _ = writeln!(text, "  {:<25} {:>7}", "path", "reached");
         for (path, scope) in PATHS {
             let of = self.scope_seeds(scope);
             let count = self.paths.get(path).copied().unwrap_or(0);
-            let _ = writeln!(text, "  {path:<18} {:>6.1}% of {of}", percent(count, of));
+            let _ = writeln!(text, "  {path:<25} {:>6.1}% of {of}", percent(count, of));
         }
         let low = self.below(0.01);
         match low.is_empty() {

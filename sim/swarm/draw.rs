@@ -539,8 +539,8 @@ fn operation_spec(rng: &mut ChaCha8Rng, slots: u32) -> (String, u32, Vec<&'stati
 type Process = (FaultKind, f64, Option<(u64, u64)>);
 
 /// How many kinds at the end of [`FaultKind::ALL`] came after the swarm first drew worlds (`clock-jump`,
-/// `handler-hang`, `store-hang`).
-const LATER_KINDS: usize = 3;
+/// `handler-hang`, `store-hang`, `agent-clock-beyond-margin`).
+const LATER_KINDS: usize = 4;
 
 /// The fault part: a random subset of the kinds, each a random process with its rate and spans.
 struct Faults {
@@ -564,7 +564,9 @@ impl Faults {
         let draw_kind = |kind: FaultKind, rng: &mut ChaCha8Rng| -> Option<Process> {
             // One draw per kind whether or not the ranges allow it, so that narrowing `kinds` keeps the others'
             // draws where they were.
-            let on = rng.random_bool(ranges.kind_chance);
+            // A kind off by default is rare where it is named: a quarter of the chance (one draw all the same).
+            let chance = if kind.off_by_default() { ranges.kind_chance / 4.0 } else { ranges.kind_chance };
+            let on = rng.random_bool(chance);
             let rate = round3(pick(rng, &ranges.fault_rate));
             let fits = match kind {
                 kind if kind.targets_agents() => shape.gang(),
@@ -583,7 +585,9 @@ impl Faults {
                 FaultKind::Isolate => Some((1_000, 15_000)),
                 FaultKind::Degrade | FaultKind::LostReplies => Some((2_000, 20_000)),
                 FaultKind::DbRestart => Some((200, 3_000)),
-                FaultKind::ClockDrift | FaultKind::AgentClockDrift => Some((5_000, 30_000)),
+                FaultKind::ClockDrift | FaultKind::AgentClockDrift | FaultKind::AgentClockBeyondMargin => {
+                    Some((5_000, 30_000))
+                }
                 FaultKind::AgentCalls => Some((2_000, 30_000)),
                 // A dead hint channel: fetchers poll. A crash loop long enough that the replica's leases lapse.
                 FaultKind::HintLoss => Some((2_000, 60_000)),

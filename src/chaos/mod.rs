@@ -101,10 +101,12 @@ pub fn real_fault(fault: &Fault, network: bool) -> Result<RealFault, String> {
                 Err(format!("{fault} needs the chaos proxy (every node reaching PostgreSQL through it)"))
             }
         }
-        Fault::ClockDrift { .. } | Fault::AgentClockDrift { .. } => Err(format!(
-            "{fault}: not possible on real processes (a process's monotonic clock cannot be made to run at \
+        Fault::ClockDrift { .. } | Fault::AgentClockDrift { .. } | Fault::AgentClockBeyondMargin { .. } => {
+            Err(format!(
+                "{fault}: not possible on real processes (a process's monotonic clock cannot be made to run at \
              another rate from outside)"
-        )),
+            ))
+        }
         Fault::HandlerHang { .. } => Err(format!(
             "{fault}: not possible on real processes yet (the replicas' handlers have no hook through which the \
              harness could hang them)"
