@@ -594,3 +594,33 @@ fn set_key(entry: &mut Value, key: &str, value: Value) {
         table.insert(key.to_string(), value);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The faults a run injected are written back as fixed faults of their own kinds: a hung store as
+    /// `store-hang` (replica and span), an agent's clock beyond the margin rule as `agent-clock-beyond-margin`
+    /// (a plain drift stays `agent-clock-drift`).
+    #[test]
+    fn store_hangs_and_clocks_beyond_the_margin_are_written_back_as_their_kinds() {
+        let trace = "\
+    0.000000 world      build          scenario=t seed=1 replicas=1
+    5.000000 agent-0    clock-drift    rate_ppm=600000 span=10s beyond_margin=yes
+    6.000000 agent-1    clock-drift    rate_ppm=900000 span=10s
+   10.000000 replica-0  store-hang     span=15s
+   10.100000 replica-0  store-hang-lost call=fetch lost=request
+   15.000000 agent-0    clock-exact
+   16.000000 agent-1    clock-exact
+   25.000000 replica-0  store-hang-end
+";
+        let table: Table = toml::from_str("name = \"t\"\n[faults]\nuntil = \"40s\"\n").unwrap();
+        let candidate = materialized(&table, trace).expect("every fault written back");
+        let faults = candidate.table["faults"]["at"].as_array().unwrap();
+        let kinds: Vec<&str> = faults.iter().map(|fault| fault["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["agent-clock-beyond-margin", "agent-clock-drift", "store-hang"], "{faults:?}");
+        assert_eq!(faults[0]["rate_ppm"].as_integer(), Some(600_000));
+        assert_eq!(faults[2]["replica"].as_integer(), Some(0));
+        assert_eq!(faults[2]["span"].as_str(), Some("15s"));
+    }
+}

@@ -240,6 +240,33 @@ mod tests {
         assert!(all.text.contains("\nhandler_timeout = ") && !none.text.contains("handler_timeout"));
     }
 
+    /// A world with hung store calls draws their bound from 1 s to two of its rows' lease ttls, past the ttl in
+    /// some worlds; every other world keeps the 1 to 4 s it drew before the kind existed.
+    #[test]
+    fn store_hang_worlds_draw_call_timeouts_up_to_two_lease_ttls() {
+        let ms = |text: &str, key: &str| -> Option<u64> {
+            let line = text.lines().find(|line| line.starts_with(&format!("{key} = \"")))?;
+            line.split('"').nth(1)?.strip_suffix("ms")?.parse().ok()
+        };
+        let (mut hung, mut past_ttl) = (0, 0);
+        for seed in 1..=400 {
+            let world = draw(&Ranges::default(), seed, None);
+            let timeout = ms(&world.text, "call_timeout").expect("every world bounds its calls");
+            if !world.kinds.contains(&FaultKind::StoreHang) {
+                assert!((1_000..=4_000).contains(&timeout), "seed {seed}: {timeout} ms");
+                continue;
+            }
+            let Some(ttl) = ms(&world.text, "lease_ttl").filter(|_| world.text.contains("\n[workload]")) else {
+                assert!((1_000..=20_000).contains(&timeout), "seed {seed}: {timeout} ms without rows");
+                continue;
+            };
+            hung += 1;
+            assert!((1_000..=2 * ttl).contains(&timeout), "seed {seed}: {timeout} ms, lease ttl {ttl} ms");
+            past_ttl += usize::from(timeout > ttl);
+        }
+        assert!(hung > 50 && past_ttl > 10, "{hung} row worlds hang their store, {past_ttl} past their lease ttl");
+    }
+
     #[test]
     fn overloaded_worlds_are_drawn_in_their_share_and_idle_ones_too() {
         let ranges = Ranges::default();
