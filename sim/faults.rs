@@ -205,16 +205,17 @@ pub enum Fault {
         /// How long a handler that starts there hangs.
         span: Duration,
     },
-    /// The replica's store calls get no reply for `span`, as on a connection gone half-open (a NAT, firewall or
+    /// A node's store calls get no reply for `span`, as on a connection gone half-open (a NAT, firewall or
     /// proxy forgot the flow, with no FIN or RST): a request sent during the span is lost on its way and never
     /// reaches the database, and a reply that would reach the replica during the span is lost after the database
     /// ran the call (the request went out before the span began). Either way the caller hears nothing and ends
     /// the call through the store's bound (the scenario's `call_timeout`, `PgOptions::call_timeout` in
     /// production) with `StoreError::Timeout`, so a call that started during the span stays hung until its bound
-    /// even when the span is over. The replica's hint subscription is not reached (`hint-loss` is that fault).
+    /// even when the span is over. A replica's hint subscription is not reached (`hint-loss` is that fault). An
+    /// agent whose calls hang must fence itself at its node lease's local deadline, its calls still hanging.
     StoreHang {
-        /// The replica whose store calls hang.
-        replica: usize,
+        /// The node whose store calls hang: [`Target::Replica`] or [`Target::Agent`].
+        node: Target,
         /// How long its requests and replies are lost.
         span: Duration,
     },
@@ -327,11 +328,13 @@ pub enum FaultKind {
     StoreHang,
     /// [`Fault::AgentClockBeyondMargin`] of a random agent. Off unless named ([`FaultKind::off_by_default`]).
     AgentClockBeyondMargin,
+    /// [`Fault::StoreHang`] of a random agent.
+    AgentStoreHang,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 22] = [
+    pub const ALL: [FaultKind; 23] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
@@ -354,6 +357,7 @@ impl FaultKind {
         FaultKind::HandlerHang,
         FaultKind::StoreHang,
         FaultKind::AgentClockBeyondMargin,
+        FaultKind::AgentStoreHang,
     ];
 
     /// Whether the kind's faults target agent nodes (a world without agents runs no such process).
@@ -367,6 +371,7 @@ impl FaultKind {
                 | FaultKind::AgentClockDrift
                 | FaultKind::AgentCalls
                 | FaultKind::AgentClockBeyondMargin
+                | FaultKind::AgentStoreHang
         )
     }
 
@@ -407,6 +412,7 @@ impl FaultKind {
             FaultKind::HandlerHang => "handler-hang",
             FaultKind::StoreHang => "store-hang",
             FaultKind::AgentClockBeyondMargin => "agent-clock-beyond-margin",
+            FaultKind::AgentStoreHang => "agent-store-hang",
         }
     }
 }
@@ -458,7 +464,7 @@ impl std::fmt::Display for Fault {
             Fault::HintLoss { replica, span } => write!(f, "hint-loss replica-{replica} (span {})", d(span)),
             Fault::CrashLoop { replica, span } => write!(f, "crash-loop replica-{replica} (span {})", d(span)),
             Fault::HandlerHang { replica, span } => write!(f, "handler-hang replica-{replica} (span {})", d(span)),
-            Fault::StoreHang { replica, span } => write!(f, "store-hang replica-{replica} (span {})", d(span)),
+            Fault::StoreHang { node, span } => write!(f, "store-hang {node} (span {})", d(span)),
             Fault::ClockJump { replica, by, back } => {
                 write!(f, "clock-jump replica-{replica} (by {}{})", if *back { "-" } else { "" }, d(by))
             }
@@ -576,7 +582,8 @@ fn draw(kind: FaultKind, span: &Range<Duration>, targets: Targets, rng: &mut Cha
         FaultKind::CrashLoop => Fault::CrashLoop { replica, span },
         FaultKind::ClockJump => Fault::ClockJump { replica, by: span, back: rng.random_bool(0.5) },
         FaultKind::HandlerHang => Fault::HandlerHang { replica, span },
-        FaultKind::StoreHang => Fault::StoreHang { replica, span },
+        FaultKind::StoreHang => Fault::StoreHang { node: Target::Replica(replica), span },
+        FaultKind::AgentStoreHang => Fault::StoreHang { node: Target::Agent(rng.random_range(0..agents)), span },
         FaultKind::AgentClockBeyondMargin => {
             let agent = rng.random_range(0..agents);
             // From 1 % below the margin rule's floor down to the clock's floor of 0.5.
@@ -661,7 +668,7 @@ pub async fn inject(world: World, fault: Fault) {
         Fault::CrashLoop { replica, span } => world.replica(replica).crash_loop(span).await,
         Fault::ClockJump { replica, by, back } => world.replica(replica).jump(by, back),
         Fault::HandlerHang { replica, span } => world.replica(replica).hang_handlers(span).await,
-        Fault::StoreHang { replica, span } => world.replica(replica).hang_store(span).await,
+        Fault::StoreHang { node, span } => world.hang_store(node, span).await,
     }
 }
 

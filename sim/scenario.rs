@@ -183,8 +183,10 @@ impl Scenario {
                 | Fault::HintLoss { replica, .. }
                 | Fault::CrashLoop { replica, .. }
                 | Fault::ClockJump { replica, .. }
-                | Fault::HandlerHang { replica, .. }
-                | Fault::StoreHang { replica, .. } => *replica < replicas,
+                | Fault::HandlerHang { replica, .. } => *replica < replicas,
+                Fault::StoreHang { node, .. } => {
+                    matches!(node, Target::Replica(_) | Target::Agent(_)) && target_ok(*node)
+                }
                 Fault::AgentKill { agent, .. }
                 | Fault::AgentPause { agent, .. }
                 | Fault::AgentClockDrift { agent, .. }
@@ -479,7 +481,11 @@ pub fn agent_faults(scale: f64) -> Vec<RandomFault> {
     FaultKind::ALL
         .iter()
         .filter(|kind| {
-            kind.targets_agents() && !matches!(kind, FaultKind::AgentCalls | FaultKind::AgentClockBeyondMargin)
+            kind.targets_agents()
+                && !matches!(
+                    kind,
+                    FaultKind::AgentCalls | FaultKind::AgentClockBeyondMargin | FaultKind::AgentStoreHang
+                )
         })
         .map(|&kind| {
             let span = match kind {

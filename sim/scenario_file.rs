@@ -1126,12 +1126,11 @@ fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::AgentPause => &["agent", "span"],
         FaultKind::AgentClockDrift | FaultKind::AgentClockBeyondMargin => &["agent", "rate_ppm", "span"],
         FaultKind::AgentCalls => &["agent", "calls", "delay", "span"],
-        FaultKind::HintLoss | FaultKind::CrashLoop | FaultKind::HandlerHang | FaultKind::StoreHang => {
-            &["replica", "span"]
-        }
+        FaultKind::HintLoss | FaultKind::CrashLoop | FaultKind::HandlerHang => &["replica", "span"],
+        FaultKind::StoreHang => &["replica", "agent", "span"],
         FaultKind::ClockJump => &["replica", "by"],
-        // Random-only kinds: at a fixed time, a partition or an isolate names the agent as its node.
-        FaultKind::AgentPartition | FaultKind::AgentIsolate => &[],
+        // Random-only kinds: at a fixed time, a partition, an isolate or a store hang names the agent as its node.
+        FaultKind::AgentPartition | FaultKind::AgentIsolate | FaultKind::AgentStoreHang => &[],
     }
 }
 
@@ -1164,6 +1163,7 @@ impl FixedDoc {
         let node_form = match kind {
             FaultKind::AgentPartition => Some("kind = \"partition\", a = \"agent-N\", b = \"db\""),
             FaultKind::AgentIsolate => Some("kind = \"isolate\", node = \"agent-N\""),
+            FaultKind::AgentStoreHang => Some("kind = \"store-hang\", agent = N"),
             _ => None,
         };
         if let Some(form) = node_form {
@@ -1278,13 +1278,24 @@ impl FixedDoc {
             FaultKind::HintLoss => Fault::HintLoss { replica: replica()?, span: span()? },
             FaultKind::CrashLoop => Fault::CrashLoop { replica: replica()?, span: span()? },
             FaultKind::HandlerHang => Fault::HandlerHang { replica: replica()?, span: span()? },
-            FaultKind::StoreHang => Fault::StoreHang { replica: replica()?, span: span()? },
+            FaultKind::StoreHang => {
+                let node = match (self.replica, self.agent) {
+                    (Some(_), Some(_)) => {
+                        return Err((at("agent"), "a store hang takes `replica` or `agent`, not both".into()));
+                    }
+                    (None, Some(_)) => Target::Agent(agent()?),
+                    _ => Target::Replica(replica()?),
+                };
+                Fault::StoreHang { node, span: span()? }
+            }
             FaultKind::ClockJump => {
                 let text = self.by.as_deref().ok_or_else(|| need("by"))?;
                 let (by, back) = clock_jump(text).map_err(|rule| (at("by"), rule))?;
                 Fault::ClockJump { replica: replica()?, by, back }
             }
-            FaultKind::AgentPartition | FaultKind::AgentIsolate => unreachable!("refused above"),
+            FaultKind::AgentPartition | FaultKind::AgentIsolate | FaultKind::AgentStoreHang => {
+                unreachable!("refused above")
+            }
         })
     }
 }

@@ -318,6 +318,7 @@ pub fn fault_counts(trace: &[TraceEvent]) -> BTreeMap<String, u64> {
                 "agent-clock-beyond-margin"
             }
             (_, "clock-drift") if agent() => "agent-clock-drift",
+            (_, "store-hang") if agent() => "agent-store-hang",
             (_, kind @ ("kill" | "pause" | "partition" | "isolate" | "degrade" | "lost-replies" | "clock-drift")) => {
                 kind
             }

@@ -59,7 +59,7 @@ enum Slot {
     AgentCalls(usize, AgentCall),
     Hints(usize),
     Handlers(usize),
-    StoreCalls(usize),
+    StoreCalls(Target),
     Db,
     Network,
     Replies,
@@ -467,6 +467,24 @@ impl World {
         self.inner.client_node.spawn(NetStore::connect(options, trace)).await.expect("client connects")
     }
 
+    /// The store calls of `node` (a replica or an agent) hang for `span` ([`super::db::Database::hang_calls`]):
+    /// requests it sends are lost before the database, replies that reach it are lost after the database ran the
+    /// call, and each call ends at its time-out. The trace says, on the node, `store-hang span=…`,
+    /// `store-hang-lost call=… lost=request|reply` for each call it reaches, and `store-hang-end`.
+    pub async fn hang_store(&self, node: Target, span: Duration) {
+        if !self.acquire(Slot::StoreCalls(node), "store-hang") {
+            return;
+        }
+        let name: Arc<str> = Arc::from(node.to_string());
+        self.inner.trace.record(&name, "store-hang", format!("span={}", crate::duration::format(span)));
+        let ip = self.ip(node);
+        self.inner.db.hang_calls(ip);
+        tokio::time::sleep(span).await;
+        self.inner.db.unhang_calls(ip);
+        self.inner.trace.record(&name, "store-hang-end", "");
+        self.release(Slot::StoreCalls(node));
+    }
+
     /// Turns madsim's `buggify` on for `span` (the engine's buggify points fire; madsim delays some packets).
     pub async fn buggify(&self, span: Duration) {
         if !self.acquire(Slot::Buggify, "buggify") {
@@ -802,23 +820,6 @@ impl ReplicaHandle<'_> {
         self.ctx().hang.store(false, Ordering::SeqCst);
         self.record("handler-hang-end", "");
         self.world.release(Slot::Handlers(self.index));
-    }
-
-    /// The replica's store calls hang for `span` ([`super::db::Database::hang_calls`]): requests it sends are lost
-    /// before the database, replies that reach it are lost after the database ran the call, and each call ends
-    /// at its time-out. The trace says `store-hang span=…`, `store-hang-lost call=… lost=request|reply` for each
-    /// call it reaches, and `store-hang-end`.
-    pub async fn hang_store(&self, span: Duration) {
-        if !self.world.acquire(Slot::StoreCalls(self.index), "store-hang") {
-            return;
-        }
-        self.record("store-hang", format!("span={}", crate::duration::format(span)));
-        let ip = self.ctx().ip;
-        self.world.inner.db.hang_calls(ip);
-        tokio::time::sleep(span).await;
-        self.world.inner.db.unhang_calls(ip);
-        self.record("store-hang-end", "");
-        self.world.release(Slot::StoreCalls(self.index));
     }
 
     /// The replica crashes each time it starts, for `span`: killed now, then started and killed again after

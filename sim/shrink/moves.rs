@@ -390,6 +390,15 @@ fn materialized(table: &Table, trace: &str) -> Option<Candidate> {
                 ("span", span_value(span)),
             ])),
             Kind::Event if line.split_whitespace().nth(2) == Some("calls-fault") => Some(agent_calls(&lane.key, line)?),
+            Kind::Event if line.split_whitespace().nth(2) == Some("store-hang") && lane.key.starts_with("agent-") => {
+                let agent = lane.key.strip_prefix("agent-")?.parse::<i64>().ok()?;
+                let span = crate::duration::parse(field_text(line, "span")?).ok()?;
+                Some(fields([
+                    ("kind", "store-hang".into()),
+                    ("agent", Value::Integer(agent)),
+                    ("span", duration_value(span)),
+                ]))
+            }
             Kind::Event
                 if matches!(line.split_whitespace().nth(2), Some("hint-loss" | "crash-loop" | "store-hang")) =>
             {
@@ -609,6 +618,7 @@ mod tests {
     5.000000 agent-0    clock-drift    rate_ppm=600000 span=10s beyond_margin=yes
     6.000000 agent-1    clock-drift    rate_ppm=900000 span=10s
    10.000000 replica-0  store-hang     span=15s
+   12.000000 agent-1    store-hang     span=5s
    10.100000 replica-0  store-hang-lost call=fetch lost=request
    15.000000 agent-0    clock-exact
    16.000000 agent-1    clock-exact
@@ -618,9 +628,10 @@ mod tests {
         let candidate = materialized(&table, trace).expect("every fault written back");
         let faults = candidate.table["faults"]["at"].as_array().unwrap();
         let kinds: Vec<&str> = faults.iter().map(|fault| fault["kind"].as_str().unwrap()).collect();
-        assert_eq!(kinds, ["agent-clock-beyond-margin", "agent-clock-drift", "store-hang"], "{faults:?}");
+        assert_eq!(kinds, ["agent-clock-beyond-margin", "agent-clock-drift", "store-hang", "store-hang"], "{faults:?}");
         assert_eq!(faults[0]["rate_ppm"].as_integer(), Some(600_000));
         assert_eq!(faults[2]["replica"].as_integer(), Some(0));
         assert_eq!(faults[2]["span"].as_str(), Some("15s"));
+        assert_eq!((faults[3]["agent"].as_integer(), faults[3].get("replica")), (Some(1), None));
     }
 }

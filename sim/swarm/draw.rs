@@ -62,11 +62,19 @@ pub fn draw(ranges: &Ranges, seed: u64, pipelines: Option<&str>) -> World {
     let user_set = shape.rows() && pipelines.is_some();
     // Each part draws from its own stream, so the faults can be drawn before the rows are written.
     let faults = Faults::draw(ranges, seed, shape, rows.is_some(), replicas, span, &rows);
-    // A hung store call ends at its bound: with the kind on, the bound is drawn from its own stream, from a second
-    // to twice the rows' lease ttl, so that a run also sees calls that outlast the leases they would renew (as
-    // production's 36 s bound outlasts a 30 s lease).
-    if faults.kinds.contains(&FaultKind::StoreHang) {
-        let ttl = rows.as_ref().map_or(10_000, |rows| rows.lease_ttl);
+    // A hung store call ends at its bound: with a store-hang kind on, the bound is drawn from its own stream, from
+    // a second to twice the lease ttl of what the hung calls would renew (the rows' lease for a replica's, the node
+    // lease for an agent's; the longer where both hang), so that a run also sees calls that outlast the leases they
+    // would renew (as production's 36 s bound outlasts a 30 s lease and a 10 s node lease).
+    let replica_ttl = rows.as_ref().map_or(10_000, |rows| rows.lease_ttl);
+    let ttls = [
+        faults.kinds.contains(&FaultKind::StoreHang).then_some(replica_ttl),
+        faults
+            .kinds
+            .contains(&FaultKind::AgentStoreHang)
+            .then(|| gang.as_ref().map_or(10_000, |gang| gang.agent_lease.0)),
+    ];
+    if let Some(ttl) = ttls.into_iter().flatten().max() {
         call_timeout = rng::stream(seed, "swarm-call-timeout").random_range(1_000..=2 * ttl);
     }
     let _ =
@@ -539,8 +547,8 @@ fn operation_spec(rng: &mut ChaCha8Rng, slots: u32) -> (String, u32, Vec<&'stati
 type Process = (FaultKind, f64, Option<(u64, u64)>);
 
 /// How many kinds at the end of [`FaultKind::ALL`] came after the swarm first drew worlds (`clock-jump`,
-/// `handler-hang`, `store-hang`, `agent-clock-beyond-margin`).
-const LATER_KINDS: usize = 4;
+/// `handler-hang`, `store-hang`, `agent-clock-beyond-margin`, `agent-store-hang`).
+const LATER_KINDS: usize = 5;
 
 /// The fault part: a random subset of the kinds, each a random process with its rate and spans.
 struct Faults {
@@ -604,6 +612,8 @@ impl Faults {
                 FaultKind::HandlerHang => Some((1_000, 20_000)),
                 // Half-open connections from a blink to past a few lease ttls: every call in it ends at its bound.
                 FaultKind::StoreHang => Some((1_000, 3 * ttl)),
+                // An agent's from a blink to past two node leases (10 to 30 s in drawn worlds).
+                FaultKind::AgentStoreHang => Some((1_000, 60_000)),
             };
             // Every fault's span fits in the fault window (the file's rule).
             let spans = spans.map(|(low, high): (u64, u64)| (low.min(span), high.min(span).max(low.min(span))));

@@ -240,8 +240,9 @@ mod tests {
         assert!(all.text.contains("\nhandler_timeout = ") && !none.text.contains("handler_timeout"));
     }
 
-    /// A world with hung store calls draws their bound from 1 s to two of its rows' lease ttls, past the ttl in
-    /// some worlds; every other world keeps the 1 to 4 s it drew before the kind existed.
+    /// A world with a replica's hung store calls draws their bound from 1 s to two of its rows' lease ttls, past the
+    /// ttl in some worlds (with an agent's too, up to two of the longer of that and the node lease); every other
+    /// world keeps the 1 to 4 s it drew before the kinds existed.
     #[test]
     fn store_hang_worlds_draw_call_timeouts_up_to_two_lease_ttls() {
         let ms = |text: &str, key: &str| -> Option<u64> {
@@ -252,8 +253,13 @@ mod tests {
         for seed in 1..=400 {
             let world = draw(&Ranges::default(), seed, None);
             let timeout = ms(&world.text, "call_timeout").expect("every world bounds its calls");
-            if !world.kinds.contains(&FaultKind::StoreHang) {
+            let agents_hang = world.kinds.contains(&FaultKind::AgentStoreHang);
+            if !world.kinds.contains(&FaultKind::StoreHang) && !agents_hang {
                 assert!((1_000..=4_000).contains(&timeout), "seed {seed}: {timeout} ms");
+                continue;
+            }
+            if agents_hang {
+                assert!((1_000..=120_000).contains(&timeout), "seed {seed}: {timeout} ms with agents' calls hung");
                 continue;
             }
             let Some(ttl) = ms(&world.text, "lease_ttl").filter(|_| world.text.contains("\n[workload]")) else {

@@ -148,7 +148,7 @@ mod tests {
         let cut = Fault::Isolate { node: crate::sim::Target::Replica(0), span: Duration::from_secs(1) };
         assert!(real_fault(&cut, false).unwrap_err().contains("needs the chaos proxy"));
         assert!(matches!(real_fault(&cut, true), Ok(RealFault::Network(_))));
-        let hang = Fault::StoreHang { replica: 0, span: Duration::from_secs(1) };
+        let hang = Fault::StoreHang { node: crate::sim::Target::Replica(0), span: Duration::from_secs(1) };
         assert!(real_fault(&hang, false).unwrap_err().contains("needs the chaos proxy"));
         assert_eq!(real_fault(&hang, true), Ok(RealFault::Network(hang.clone())));
         let agent = Fault::AgentKill { agent: 2, down: Duration::from_secs(5) };
