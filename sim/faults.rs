@@ -207,7 +207,7 @@ pub enum Fault {
     },
     /// A node's store calls get no reply for `span`, as on a connection gone half-open (a NAT, firewall or
     /// proxy forgot the flow, with no FIN or RST): a request sent during the span is lost on its way and never
-    /// reaches the database, and a reply that would reach the replica during the span is lost after the database
+    /// reaches the database, and a reply that would reach the node during the span is lost after the database
     /// ran the call (the request went out before the span began). Either way the caller hears nothing and ends
     /// the call through the store's bound (the scenario's `call_timeout`, `PgOptions::call_timeout` in
     /// production) with `StoreError::Timeout`, so a call that started during the span stays hung until its bound
