@@ -2092,6 +2092,44 @@ span = ["5s", "10s"]
     }
 
     #[test]
+    fn a_store_hang_names_a_replica_or_an_agent_and_an_agent_clock_beyond_the_margin_keeps_below_it() {
+        let hang = |node: &str| {
+            format!(
+                "{GANG}[faults]\nuntil = \"30s\"\n[[faults.at]]\nat = \"5s\"\nkind = \"store-hang\"\n{node}span = \"10s\"\n"
+            )
+        };
+        let span = Duration::from_secs(10);
+        let fault = |text: &str| parse(text).unwrap().scenario.faults.fixed[0].fault.clone();
+        assert_eq!(fault(&hang("replica = 0\n")), Fault::StoreHang { node: Target::Replica(0), span });
+        assert_eq!(fault(&hang("agent = 1\n")), Fault::StoreHang { node: Target::Agent(1), span });
+        assert_eq!(fault(&hang("agent = 1\n")).to_string(), "store-hang agent-1 (span 10s)");
+        let (_, key, rule) = error(&hang("replica = 0\nagent = 1\n"));
+        assert_eq!(key, "faults.at[0].agent");
+        assert!(rule.contains("`replica` or `agent`, not both"), "{rule}");
+        let (_, key, rule) = error(&hang(""));
+        assert_eq!(key, "faults.at[0].replica");
+        assert!(rule.contains("needs `replica`"), "{rule}");
+        let random_only = hang("agent = 1\n").replace("kind = \"store-hang\"", "kind = \"agent-store-hang\"");
+        let (_, key, rule) = error(&random_only);
+        assert_eq!(key, "faults.at[0].kind");
+        assert!(rule.contains("at a fixed time write kind = \"store-hang\", agent = N"), "{rule}");
+        let beyond = |rate: u64| {
+            format!(
+                "{GANG}[faults]\nuntil = \"30s\"\n[[faults.at]]\nat = \"5s\"\nkind = \"agent-clock-beyond-margin\"\n\
+                 agent = 1\nrate_ppm = {rate}\nspan = \"10s\"\n"
+            )
+        };
+        assert_eq!(
+            fault(&beyond(700_000)),
+            Fault::AgentClockBeyondMargin { agent: 1, rate_ppm: 700_000, span: Duration::from_secs(10) }
+        );
+        // The agents' defaults: 1 - 2 s / 10 s = 0.8, which this kind must stay below.
+        let (_, key, rule) = error(&beyond(850_000));
+        assert_eq!(key, "faults.at[0].rate_ppm");
+        assert!(rule.contains("850000 keeps the margin rule") && rule.contains("agent-clock-drift"), "{rule}");
+    }
+
+    #[test]
     fn gang_placement_agent_clock_drift_and_their_mutations_are_read_and_checked_at_their_keys() {
         let file = parse(&format!(
             "{GANG}[controller]\ngang_placement = \"all_or_nothing\"\ngang_unfit_timeout = \"20s\"\n\
