@@ -763,6 +763,7 @@ impl World {
                     Fault::Partition { .. } => "partition",
                     Fault::Isolate { .. } => "isolate",
                     Fault::Degrade { .. } => "degrade",
+                    Fault::StoreHang { .. } => "store-hang",
                     _ => "lost-replies",
                 };
                 let before = self.links.counts(&plan.replicas);
