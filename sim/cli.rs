@@ -279,7 +279,8 @@ pub struct SwarmArgs {
     /// The highest row arrival rate, as a multiple of the workers' capacity (0: every world idle).
     #[arg(long)]
     overload: Option<f64>,
-    /// The fault kinds a world may switch on, comma-separated (`none`: no faults).
+    /// The fault kinds a world may switch on, comma-separated (`none`: no faults); `agent-clock-beyond-margin` (a
+    /// known violation of rank exclusivity) is on only when named here.
     #[arg(long, value_delimiter = ',')]
     kinds: Option<Vec<String>>,
     /// The world shapes to draw, comma-separated: rows, gang, mixed.
@@ -1044,7 +1045,9 @@ fn swarm_command(args: SwarmArgs, registry: &Registry) -> u8 {
 ///
 /// The flags narrow, never widen: `--max-replicas` caps both ends of `replicas`, `--overload` caps `overload`,
 /// `--kinds` and `--shapes` keep only the kinds and shapes the file also allows (an empty intersection of shapes is
-/// refused; of kinds, it is no faults). `--mutation` adds planted bugs, each once.
+/// refused; of kinds, it is no faults), but `--kinds` turns on a kind off by default that it names
+/// ([`FaultKind::off_by_default`](crate::sim::faults::FaultKind::off_by_default)). `--mutation` adds planted bugs,
+/// each once.
 fn swarm_ranges(args: &SwarmArgs) -> Result<(swarm::Ranges, String, Vec<String>), String> {
     let mut redraw = Vec::new();
     let (mut ranges, mut origin) = match &args.ranges {
@@ -1068,6 +1071,12 @@ fn swarm_ranges(args: &SwarmArgs) -> Result<(swarm::Ranges, String, Vec<String>)
     if let Some(kinds) = &args.kinds {
         let named = swarm::ranges::parse_kinds(kinds).map_err(|rule| format!("--kinds: {rule}"))?;
         ranges.kinds.retain(|kind| named.contains(kind));
+        // A kind off by default widens the ranges when named: it is a known violation, asked for by name.
+        for kind in named.into_iter().filter(|kind| kind.off_by_default()) {
+            if !ranges.kinds.contains(&kind) {
+                ranges.kinds.push(kind);
+            }
+        }
         flags.push(("--kinds".into(), kinds.join(",")));
     }
     if let Some(shapes) = &args.shapes {
@@ -1661,6 +1670,21 @@ fn explain_html(text: &str, out: &Path, args: &ExplainArgs, program: &str) -> u8
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kinds_narrow_the_ranges_but_turn_on_a_kind_off_by_default_they_name() {
+        use crate::sim::faults::FaultKind;
+        let ranges = |kinds: &str| {
+            let Ok(Command::Swarm(args)) = try_parse_from(["lockstep", "swarm", "--kinds", kinds]) else {
+                panic!("--kinds {kinds} parses as a swarm");
+            };
+            swarm_ranges(&args).unwrap_or_else(|error| panic!("{error}")).0.kinds
+        };
+        let beyond = FaultKind::AgentClockBeyondMargin;
+        assert!(!swarm::Ranges::default().kinds.contains(&beyond), "off by default");
+        assert_eq!(ranges("pause,agent-partition"), vec![FaultKind::Pause, FaultKind::AgentPartition]);
+        assert_eq!(ranges("agent-partition,agent-clock-beyond-margin"), vec![FaultKind::AgentPartition, beyond]);
+    }
 
     #[test]
     fn seed_ranges_exclude_or_include_their_end() {

@@ -79,6 +79,9 @@ pub struct Database {
     /// Subscribers whose hints are dropped in silence (fault `hint-loss`): the machine's, so they outlive a restart
     /// of the node.
     muted: Mutex<BTreeSet<IpAddr>>,
+    /// Callers whose requests and replies are lost in silence (fault `store-hang`: their connections went
+    /// half-open): the path's, so they outlive a restart of the node.
+    hung: Mutex<BTreeSet<IpAddr>>,
 }
 
 /// One incarnation of the node: lost at a restart.
@@ -113,6 +116,7 @@ impl Database {
             serving: Mutex::new(None),
             kills: Mutex::new(Vec::new()),
             muted: Mutex::new(BTreeSet::new()),
+            hung: Mutex::new(BTreeSet::new()),
         })
     }
 
@@ -138,6 +142,28 @@ impl Database {
                 serving.subscribers.remove(&ip);
             }
         }
+    }
+
+    /// From now on every request from `ip` and every reply to it is lost in silence, as on connections gone
+    /// half-open (fault `store-hang`): the caller ends each call through its time-out
+    /// ([`NetStore`](super::net_store::NetStore)).
+    pub fn hang_calls(&self, ip: IpAddr) {
+        self.hung.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(ip);
+    }
+
+    /// Ends [`Database::hang_calls`] of `ip`: calls sent from now on are answered.
+    pub fn unhang_calls(&self, ip: IpAddr) {
+        self.hung.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&ip);
+    }
+
+    /// Ends every [`Database::hang_calls`] (the heal).
+    pub fn unhang_all_calls(&self) {
+        self.hung.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
+    }
+
+    /// Whether the calls of `ip` hang now ([`Database::hang_calls`]).
+    pub fn calls_hang(&self, ip: IpAddr) -> bool {
+        self.hung.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contains(&ip)
     }
 
     /// Records the id of the node that serves the database (the world calls it once, right after building the

@@ -142,6 +142,24 @@ pub enum Fault {
         /// How long (on the world's clock) the clock runs at that rate.
         span: Duration,
     },
+    /// An agent's monotonic clock runs slower than the margin rule of DESIGN §2 allows (rate below
+    /// 1 − lease_margin / lease_ttl) for `span`: the one promise the system cannot keep then is rank exclusivity.
+    /// While the agent renews its node lease nothing goes wrong (each renewal resets the store's expiry); once it
+    /// loses contact (a partition, a pause, failing heartbeats), its lease's local deadline comes after the store's
+    /// expiry, the controller declares the node lost and starts its ranks elsewhere while its processes still
+    /// run, and checker `rank_exclusivity` names the two processes of one rank (allocation exclusivity still
+    /// holds: each runs on its own node). A known violation: the swarm draws it only when asked (docs/gang.md,
+    /// "Beyond the margin rule").
+    AgentClockBeyondMargin {
+        /// The agent whose clock runs slow.
+        agent: usize,
+        /// Its clock's rate in parts per million of the world's clock, below the margin rule's floor
+        /// ([`GangWorkload::agent_rate_min_ppm`](crate::sim::gang::GangWorkload::agent_rate_min_ppm)) and at least
+        /// 500 000 (a random process draws from 1 % below the floor down to 500 000).
+        rate_ppm: u64,
+        /// How long (on the world's clock) the clock runs at that rate.
+        span: Duration,
+    },
     /// One kind of an agent's store calls fails at once or is delayed for `span`, its other calls going through
     /// (`sim::agent_calls`): e.g. an agent that renews its node lease but cannot list its allocations.
     AgentCalls {
@@ -185,6 +203,20 @@ pub enum Fault {
         /// The replica whose handlers hang.
         replica: usize,
         /// How long a handler that starts there hangs.
+        span: Duration,
+    },
+    /// A node's store calls get no reply for `span`, as on a connection gone half-open (a NAT, firewall or
+    /// proxy forgot the flow, with no FIN or RST): a request sent during the span is lost on its way and never
+    /// reaches the database, and a reply that would reach the node during the span is lost after the database
+    /// ran the call (the request went out before the span began). Either way the caller hears nothing and ends
+    /// the call through the store's bound (the scenario's `call_timeout`, `PgOptions::call_timeout` in
+    /// production) with `StoreError::Timeout`, so a call that started during the span stays hung until its bound
+    /// even when the span is over. A replica's hint subscription is not reached (`hint-loss` is that fault). An
+    /// agent whose calls hang must fence itself at its node lease's local deadline, its calls still hanging.
+    StoreHang {
+        /// The node whose store calls hang: [`Target::Replica`] or [`Target::Agent`].
+        node: Target,
+        /// How long its requests and replies are lost.
         span: Duration,
     },
     /// A replica crashes again each time it starts, for `span` (a process that dies at start under a supervisor
@@ -292,11 +324,17 @@ pub enum FaultKind {
     ClockJump,
     /// [`Fault::HandlerHang`] of a random replica.
     HandlerHang,
+    /// [`Fault::StoreHang`] of a random replica.
+    StoreHang,
+    /// [`Fault::AgentClockBeyondMargin`] of a random agent. Off unless named ([`FaultKind::off_by_default`]).
+    AgentClockBeyondMargin,
+    /// [`Fault::StoreHang`] of a random agent.
+    AgentStoreHang,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 20] = [
+    pub const ALL: [FaultKind; 23] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
@@ -317,6 +355,9 @@ impl FaultKind {
         FaultKind::CrashLoop,
         FaultKind::ClockJump,
         FaultKind::HandlerHang,
+        FaultKind::StoreHang,
+        FaultKind::AgentClockBeyondMargin,
+        FaultKind::AgentStoreHang,
     ];
 
     /// Whether the kind's faults target agent nodes (a world without agents runs no such process).
@@ -329,7 +370,16 @@ impl FaultKind {
                 | FaultKind::AgentIsolate
                 | FaultKind::AgentClockDrift
                 | FaultKind::AgentCalls
+                | FaultKind::AgentClockBeyondMargin
+                | FaultKind::AgentStoreHang
         )
+    }
+
+    /// Whether the kind breaks a promise the system keeps only within its rules, so that the checkers are expected
+    /// to fire in some worlds that run it (`agent-clock-beyond-margin`: rank exclusivity). The swarm draws such a
+    /// kind only when its ranges or `--kinds` name it, never by default.
+    pub fn off_by_default(self) -> bool {
+        matches!(self, FaultKind::AgentClockBeyondMargin)
     }
 
     /// The kind named `name` ([`FaultKind::name`]), if any.
@@ -360,6 +410,9 @@ impl FaultKind {
             FaultKind::CrashLoop => "crash-loop",
             FaultKind::ClockJump => "clock-jump",
             FaultKind::HandlerHang => "handler-hang",
+            FaultKind::StoreHang => "store-hang",
+            FaultKind::AgentClockBeyondMargin => "agent-clock-beyond-margin",
+            FaultKind::AgentStoreHang => "agent-store-hang",
         }
     }
 }
@@ -405,9 +458,13 @@ impl std::fmt::Display for Fault {
             Fault::AgentClockDrift { agent, rate_ppm, span } => {
                 write!(f, "agent-clock-drift agent-{agent} (rate {rate_ppm} ppm, span {})", d(span))
             }
+            Fault::AgentClockBeyondMargin { agent, rate_ppm, span } => {
+                write!(f, "agent-clock-beyond-margin agent-{agent} (rate {rate_ppm} ppm, span {})", d(span))
+            }
             Fault::HintLoss { replica, span } => write!(f, "hint-loss replica-{replica} (span {})", d(span)),
             Fault::CrashLoop { replica, span } => write!(f, "crash-loop replica-{replica} (span {})", d(span)),
             Fault::HandlerHang { replica, span } => write!(f, "handler-hang replica-{replica} (span {})", d(span)),
+            Fault::StoreHang { node, span } => write!(f, "store-hang {node} (span {})", d(span)),
             Fault::ClockJump { replica, by, back } => {
                 write!(f, "clock-jump replica-{replica} (by {}{})", if *back { "-" } else { "" }, d(by))
             }
@@ -525,6 +582,15 @@ fn draw(kind: FaultKind, span: &Range<Duration>, targets: Targets, rng: &mut Cha
         FaultKind::CrashLoop => Fault::CrashLoop { replica, span },
         FaultKind::ClockJump => Fault::ClockJump { replica, by: span, back: rng.random_bool(0.5) },
         FaultKind::HandlerHang => Fault::HandlerHang { replica, span },
+        FaultKind::StoreHang => Fault::StoreHang { node: Target::Replica(replica), span },
+        FaultKind::AgentStoreHang => Fault::StoreHang { node: Target::Agent(rng.random_range(0..agents)), span },
+        FaultKind::AgentClockBeyondMargin => {
+            let agent = rng.random_range(0..agents);
+            // From 1 % below the margin rule's floor down to the clock's floor of 0.5.
+            let min = crate::pipeline::clock::RATE_PPM_MIN;
+            let high = agent_rate_min_ppm.saturating_sub(10_000).max(min + 1);
+            Fault::AgentClockBeyondMargin { agent, rate_ppm: rng.random_range(min..high), span }
+        }
         FaultKind::AgentCalls => {
             let agent = rng.random_range(0..agents);
             let calls = AgentCall::ALL[rng.random_range(0..AgentCall::ALL.len())];
@@ -594,11 +660,15 @@ pub async fn inject(world: World, fault: Fault) {
         Fault::AgentKill { agent, down } => world.agent(agent).kill_for(down).await,
         Fault::AgentPause { agent, span } => world.agent(agent).pause(span).await,
         Fault::AgentClockDrift { agent, rate_ppm, span } => world.agent(agent).drift(rate_ppm, span).await,
+        Fault::AgentClockBeyondMargin { agent, rate_ppm, span } => {
+            world.agent(agent).drift_beyond_margin(rate_ppm, span).await
+        }
         Fault::AgentCalls { agent, calls, effect, span } => world.agent(agent).calls(calls, effect, span).await,
         Fault::HintLoss { replica, span } => world.replica(replica).lose_hints(span).await,
         Fault::CrashLoop { replica, span } => world.replica(replica).crash_loop(span).await,
         Fault::ClockJump { replica, by, back } => world.replica(replica).jump(by, back),
         Fault::HandlerHang { replica, span } => world.replica(replica).hang_handlers(span).await,
+        Fault::StoreHang { node, span } => world.hang_store(node, span).await,
     }
 }
 

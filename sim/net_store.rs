@@ -118,8 +118,13 @@ impl NetStore {
         let deadline = options.db.time().now() + options.call_timeout;
         let (reply, replied) = oneshot::channel();
         // The reply sender is dropped (here, or by the database node) when the request is lost, when the node dies
-        // or when it drops the reply: the call then times out.
-        match options.db.wire().send(options.ip, options.db.ip()) {
+        // or when it drops the reply: the call then times out. Under a `store-hang` the request is lost on its
+        // way (the database never runs it).
+        let hung = options.db.calls_hang(options.ip);
+        if hung {
+            self.trace.record(&options.node, "store-hang-lost", format!("call={name} lost=request"));
+        }
+        match options.db.wire().send(options.ip, options.db.ip()).filter(|_| !hung) {
             Some(latency) => options.db.submit(Request {
                 caller: options.node.clone(),
                 from: options.ip,
@@ -133,7 +138,10 @@ impl NetStore {
             && delivery.arrives <= deadline
         {
             tokio::time::sleep_until(delivery.arrives).await;
-            if let Some(response) = options.db.delivered(delivery) {
+            // A reply that reaches a hung caller is lost after the database ran the call (`store-hang`).
+            if options.db.calls_hang(options.ip) {
+                self.trace.record(&options.node, "store-hang-lost", format!("call={name} lost=reply"));
+            } else if let Some(response) = options.db.delivered(delivery) {
                 return response;
             }
         }

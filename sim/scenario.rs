@@ -184,9 +184,13 @@ impl Scenario {
                 | Fault::CrashLoop { replica, .. }
                 | Fault::ClockJump { replica, .. }
                 | Fault::HandlerHang { replica, .. } => *replica < replicas,
+                Fault::StoreHang { node, .. } => {
+                    matches!(node, Target::Replica(_) | Target::Agent(_)) && target_ok(*node)
+                }
                 Fault::AgentKill { agent, .. }
                 | Fault::AgentPause { agent, .. }
                 | Fault::AgentClockDrift { agent, .. }
+                | Fault::AgentClockBeyondMargin { agent, .. }
                 | Fault::AgentCalls { agent, .. } => *agent < agents,
                 Fault::Partition { a, b, .. } => target_ok(*a) && target_ok(*b),
                 Fault::Isolate { node, .. } => target_ok(*node),
@@ -210,6 +214,20 @@ impl Scenario {
                     "faults.fixed[{index}].rate_ppm: {rate_ppm} breaks the margin rule of DESIGN §2: an agent clock \
                      slower than {floor} (1 - lease_margin / lease_ttl = 1 - {:?} / {:?}) holds its node lease past \
                      the store's expiry (plant that bug with [mutation] agent_drift_beyond_margin)",
+                    gang.agent.lease_margin, gang.agent.lease_ttl
+                ));
+            }
+        }
+        for (index, event) in self.faults.fixed.iter().enumerate() {
+            let (Fault::AgentClockBeyondMargin { rate_ppm, .. }, Some(gang)) = (&event.fault, &self.gang) else {
+                continue;
+            };
+            let floor = gang.agent_rate_min_ppm();
+            if *rate_ppm >= floor {
+                return invalid(format!(
+                    "faults.fixed[{index}].rate_ppm: {rate_ppm} keeps the margin rule of DESIGN §2 (at least {floor} = \
+                     1 - lease_margin / lease_ttl = 1 - {:?} / {:?}): agent-clock-beyond-margin runs below it; a rate \
+                     within the rule is agent-clock-drift",
                     gang.agent.lease_margin, gang.agent.lease_ttl
                 ));
             }
@@ -462,7 +480,13 @@ pub fn agent_faults(scale: f64) -> Vec<RandomFault> {
     let secs = |from: u64, to: u64| Duration::from_secs(from)..Duration::from_secs(to);
     FaultKind::ALL
         .iter()
-        .filter(|kind| kind.targets_agents() && **kind != FaultKind::AgentCalls)
+        .filter(|kind| {
+            kind.targets_agents()
+                && !matches!(
+                    kind,
+                    FaultKind::AgentCalls | FaultKind::AgentClockBeyondMargin | FaultKind::AgentStoreHang
+                )
+        })
         .map(|&kind| {
             let span = match kind {
                 FaultKind::AgentKill => secs(1, 20),
@@ -477,7 +501,7 @@ pub fn agent_faults(scale: f64) -> Vec<RandomFault> {
 }
 
 /// One random process of every kind that targets replicas, the database, the network or the client (not
-/// agents: [`agent_faults`]) but `hint-loss`, `crash-loop`, `clock-jump` and `handler-hang` (which the runs built on this predate; scenario files
+/// agents: [`agent_faults`]) but `hint-loss`, `crash-loop`, `clock-jump`, `handler-hang` and `store-hang` (which the runs built on this predate; scenario files
 /// ask for them by name), `scale` faults of each per simulated minute on average, with spans that outlast the 6 s
 /// lease ttl where that matters (pauses, partitions, kills).
 pub fn every_fault(scale: f64) -> Vec<RandomFault> {
@@ -488,7 +512,11 @@ pub fn every_fault(scale: f64) -> Vec<RandomFault> {
             !kind.targets_agents()
                 && !matches!(
                     kind,
-                    FaultKind::HintLoss | FaultKind::CrashLoop | FaultKind::ClockJump | FaultKind::HandlerHang
+                    FaultKind::HintLoss
+                        | FaultKind::CrashLoop
+                        | FaultKind::ClockJump
+                        | FaultKind::HandlerHang
+                        | FaultKind::StoreHang
                 )
         })
         .map(|&kind| {

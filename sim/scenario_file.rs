@@ -1124,12 +1124,13 @@ fn fixed_fields(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::Buggify => &["span"],
         FaultKind::AgentKill => &["agent", "down"],
         FaultKind::AgentPause => &["agent", "span"],
-        FaultKind::AgentClockDrift => &["agent", "rate_ppm", "span"],
+        FaultKind::AgentClockDrift | FaultKind::AgentClockBeyondMargin => &["agent", "rate_ppm", "span"],
         FaultKind::AgentCalls => &["agent", "calls", "delay", "span"],
         FaultKind::HintLoss | FaultKind::CrashLoop | FaultKind::HandlerHang => &["replica", "span"],
+        FaultKind::StoreHang => &["replica", "agent", "span"],
         FaultKind::ClockJump => &["replica", "by"],
-        // Random-only kinds: at a fixed time, a partition or an isolate names the agent as its node.
-        FaultKind::AgentPartition | FaultKind::AgentIsolate => &[],
+        // Random-only kinds: at a fixed time, a partition, an isolate or a store hang names the agent as its node.
+        FaultKind::AgentPartition | FaultKind::AgentIsolate | FaultKind::AgentStoreHang => &[],
     }
 }
 
@@ -1162,6 +1163,7 @@ impl FixedDoc {
         let node_form = match kind {
             FaultKind::AgentPartition => Some("kind = \"partition\", a = \"agent-N\", b = \"db\""),
             FaultKind::AgentIsolate => Some("kind = \"isolate\", node = \"agent-N\""),
+            FaultKind::AgentStoreHang => Some("kind = \"store-hang\", agent = N"),
             _ => None,
         };
         if let Some(form) = node_form {
@@ -1250,6 +1252,10 @@ impl FixedDoc {
                 let rate_ppm = clock_rate(at("rate_ppm"), self.rate_ppm.ok_or_else(|| need("rate_ppm"))?)?;
                 Fault::AgentClockDrift { agent: agent()?, rate_ppm, span: span()? }
             }
+            FaultKind::AgentClockBeyondMargin => {
+                let rate_ppm = clock_rate(at("rate_ppm"), self.rate_ppm.ok_or_else(|| need("rate_ppm"))?)?;
+                Fault::AgentClockBeyondMargin { agent: agent()?, rate_ppm, span: span()? }
+            }
             FaultKind::AgentCalls => {
                 let name = self.calls.as_deref().ok_or_else(|| need("calls"))?;
                 let calls = AgentCall::parse(name).ok_or_else(|| {
@@ -1272,12 +1278,24 @@ impl FixedDoc {
             FaultKind::HintLoss => Fault::HintLoss { replica: replica()?, span: span()? },
             FaultKind::CrashLoop => Fault::CrashLoop { replica: replica()?, span: span()? },
             FaultKind::HandlerHang => Fault::HandlerHang { replica: replica()?, span: span()? },
+            FaultKind::StoreHang => {
+                let node = match (self.replica, self.agent) {
+                    (Some(_), Some(_)) => {
+                        return Err((at("agent"), "a store hang takes `replica` or `agent`, not both".into()));
+                    }
+                    (None, Some(_)) => Target::Agent(agent()?),
+                    _ => Target::Replica(replica()?),
+                };
+                Fault::StoreHang { node, span: span()? }
+            }
             FaultKind::ClockJump => {
                 let text = self.by.as_deref().ok_or_else(|| need("by"))?;
                 let (by, back) = clock_jump(text).map_err(|rule| (at("by"), rule))?;
                 Fault::ClockJump { replica: replica()?, by, back }
             }
-            FaultKind::AgentPartition | FaultKind::AgentIsolate => unreachable!("refused above"),
+            FaultKind::AgentPartition | FaultKind::AgentIsolate | FaultKind::AgentStoreHang => {
+                unreachable!("refused above")
+            }
         })
     }
 }
@@ -2071,6 +2089,44 @@ span = ["5s", "10s"]
             "{GANG}[faults]\nuntil = \"30s\"\n[[faults.random]]\nkind = \"agent-calls\"\nper_minute = 2.0\nspan = [\"1s\", \"5s\"]\n"
         );
         assert_eq!(parse(&random).unwrap().scenario.faults.random[0].kind, FaultKind::AgentCalls);
+    }
+
+    #[test]
+    fn a_store_hang_names_a_replica_or_an_agent_and_an_agent_clock_beyond_the_margin_keeps_below_it() {
+        let hang = |node: &str| {
+            format!(
+                "{GANG}[faults]\nuntil = \"30s\"\n[[faults.at]]\nat = \"5s\"\nkind = \"store-hang\"\n{node}span = \"10s\"\n"
+            )
+        };
+        let span = Duration::from_secs(10);
+        let fault = |text: &str| parse(text).unwrap().scenario.faults.fixed[0].fault.clone();
+        assert_eq!(fault(&hang("replica = 0\n")), Fault::StoreHang { node: Target::Replica(0), span });
+        assert_eq!(fault(&hang("agent = 1\n")), Fault::StoreHang { node: Target::Agent(1), span });
+        assert_eq!(fault(&hang("agent = 1\n")).to_string(), "store-hang agent-1 (span 10s)");
+        let (_, key, rule) = error(&hang("replica = 0\nagent = 1\n"));
+        assert_eq!(key, "faults.at[0].agent");
+        assert!(rule.contains("`replica` or `agent`, not both"), "{rule}");
+        let (_, key, rule) = error(&hang(""));
+        assert_eq!(key, "faults.at[0].replica");
+        assert!(rule.contains("needs `replica`"), "{rule}");
+        let random_only = hang("agent = 1\n").replace("kind = \"store-hang\"", "kind = \"agent-store-hang\"");
+        let (_, key, rule) = error(&random_only);
+        assert_eq!(key, "faults.at[0].kind");
+        assert!(rule.contains("at a fixed time write kind = \"store-hang\", agent = N"), "{rule}");
+        let beyond = |rate: u64| {
+            format!(
+                "{GANG}[faults]\nuntil = \"30s\"\n[[faults.at]]\nat = \"5s\"\nkind = \"agent-clock-beyond-margin\"\n\
+                 agent = 1\nrate_ppm = {rate}\nspan = \"10s\"\n"
+            )
+        };
+        assert_eq!(
+            fault(&beyond(700_000)),
+            Fault::AgentClockBeyondMargin { agent: 1, rate_ppm: 700_000, span: Duration::from_secs(10) }
+        );
+        // The agents' defaults: 1 - 2 s / 10 s = 0.8, which this kind must stay below.
+        let (_, key, rule) = error(&beyond(850_000));
+        assert_eq!(key, "faults.at[0].rate_ppm");
+        assert!(rule.contains("850000 keeps the margin rule") && rule.contains("agent-clock-drift"), "{rule}");
     }
 
     #[test]

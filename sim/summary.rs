@@ -314,13 +314,17 @@ pub fn fault_counts(trace: &[TraceEvent]) -> BTreeMap<String, u64> {
             (_, "pause") if agent() => "agent-pause",
             (_, "partition") if agent() => "agent-partition",
             (_, "isolate") if agent() => "agent-isolate",
+            (_, "clock-drift") if agent() && event.fields.text().contains("beyond_margin=yes") => {
+                "agent-clock-beyond-margin"
+            }
             (_, "clock-drift") if agent() => "agent-clock-drift",
+            (_, "store-hang") if agent() => "agent-store-hang",
             (_, kind @ ("kill" | "pause" | "partition" | "isolate" | "degrade" | "lost-replies" | "clock-drift")) => {
                 kind
             }
             (_, kind @ ("contention" | "buggify" | "skipped")) => kind,
             (_, "calls-fault") => "agent-calls",
-            (_, kind @ ("hint-loss" | "crash-loop" | "clock-jump" | "handler-hang")) => kind,
+            (_, kind @ ("hint-loss" | "crash-loop" | "clock-jump" | "handler-hang" | "store-hang")) => kind,
             _ => continue,
         };
         *counts.entry(kind.to_string()).or_default() += 1;

@@ -59,6 +59,7 @@ enum Slot {
     AgentCalls(usize, AgentCall),
     Hints(usize),
     Handlers(usize),
+    StoreCalls(Target),
     Db,
     Network,
     Replies,
@@ -466,6 +467,24 @@ impl World {
         self.inner.client_node.spawn(NetStore::connect(options, trace)).await.expect("client connects")
     }
 
+    /// The store calls of `node` (a replica or an agent) hang for `span` ([`super::db::Database::hang_calls`]):
+    /// requests it sends are lost before the database, replies that reach it are lost after the database ran the
+    /// call, and each call ends at its time-out. The trace says, on the node, `store-hang span=…`,
+    /// `store-hang-lost call=… lost=request|reply` for each call it reaches, and `store-hang-end`.
+    pub async fn hang_store(&self, node: Target, span: Duration) {
+        if !self.acquire(Slot::StoreCalls(node), "store-hang") {
+            return;
+        }
+        let name: Arc<str> = Arc::from(node.to_string());
+        self.inner.trace.record(&name, "store-hang", format!("span={}", crate::duration::format(span)));
+        let ip = self.ip(node);
+        self.inner.db.hang_calls(ip);
+        tokio::time::sleep(span).await;
+        self.inner.db.unhang_calls(ip);
+        self.inner.trace.record(&name, "store-hang-end", "");
+        self.release(Slot::StoreCalls(node));
+    }
+
     /// Turns madsim's `buggify` on for `span` (the engine's buggify points fire; madsim delays some packets).
     pub async fn buggify(&self, span: Duration) {
         if !self.acquire(Slot::Buggify, "buggify") {
@@ -533,6 +552,7 @@ impl World {
             agent.ctx.calls.clear_all();
         }
         inner.db.unmute_all_hints();
+        inner.db.unhang_all_calls();
         if std::mem::take(&mut state.db_down) {
             inner.handle.restart(inner.db_node.id());
         }
@@ -688,10 +708,21 @@ impl AgentHandle<'_> {
     /// Runs the agent's monotonic clock at `rate_ppm` parts per million of real time for `span` (it survives a
     /// restart of the agent: the clock is the machine's).
     pub async fn drift(&self, rate_ppm: u64, span: Duration) {
-        if !self.world.acquire(Slot::AgentClock(self.index), "agent-clock-drift") {
+        self.drift_as("agent-clock-drift", rate_ppm, span).await
+    }
+
+    /// [`AgentHandle::drift`] at a rate below the margin rule's floor (fault `agent-clock-beyond-margin`): the
+    /// trace's `clock-drift` line adds `beyond_margin=yes`.
+    pub async fn drift_beyond_margin(&self, rate_ppm: u64, span: Duration) {
+        self.drift_as("agent-clock-beyond-margin", rate_ppm, span).await
+    }
+
+    async fn drift_as(&self, kind: &'static str, rate_ppm: u64, span: Duration) {
+        if !self.world.acquire(Slot::AgentClock(self.index), kind) {
             return;
         }
-        self.record("clock-drift", format!("rate_ppm={rate_ppm} span={span:?}"));
+        let beyond = if kind == "agent-clock-beyond-margin" { " beyond_margin=yes" } else { "" };
+        self.record("clock-drift", format!("rate_ppm={rate_ppm} span={span:?}{beyond}"));
         self.slot().ctx.clock.set_rate_ppm(rate_ppm);
         tokio::time::sleep(span).await;
         self.slot().ctx.clock.set_rate_ppm(RATE_PPM_EXACT);

@@ -118,6 +118,24 @@ fn a_row_scenario_with_a_partitioned_replica_and_lost_replies_passes_every_check
     assert!(count("lost-replies", "resets") > 0, "no reply was lost: {faults}");
 }
 
+/// The simulator's `store-hang` on real processes: the chaos proxy black-holes replica 0's link, its calls end only
+/// at its call bound, replica 1 takes its rows over, and every checker passes; the fault log names the kind and
+/// the bytes the black hole swallowed.
+#[test]
+fn a_row_scenario_with_a_replica_whose_store_hangs_passes_every_checker_on_postgres() {
+    let (output, text) = chaos("store-hang", &["tests/fixtures/chaos-rows-store-hang.toml"]);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(text.contains("scenario chaos-rows-store-hang seed 1: PASSED"), "{text}");
+    assert!(text.contains("faults injected: store-hang 1"), "{text}");
+    for checker in ["lease_exclusivity", "liveness", "locked_forever", "exactly_once", "drain"] {
+        assert!(ok(&text, checker), "{checker} did not pass: {text}");
+    }
+    let faults = std::fs::read_to_string(history_path(&text).with_file_name("faults.txt")).expect("the fault log");
+    let heal = faults.lines().find(|line| line.contains("link-heal") && line.contains("store-hang")).expect("healed");
+    let lost: u64 = heal.split("lost=").nth(1).and_then(|rest| rest.split_whitespace().next()?.parse().ok()).unwrap();
+    assert!(lost > 0, "the black hole swallowed nothing: {faults}");
+}
+
 /// The scenario file's `[mutation] apply_guard_disabled` is honoured, as in the simulator.
 #[test]
 fn the_apply_guard_off_fires_a_checker_on_postgres() {

@@ -1,7 +1,7 @@
 //! Fault kinds the swarm draws besides those of the fault table's first rows: a hint channel that dies silently and
 //! comes back (`hint-loss`), a replica that crashes each time it starts (`crash-loop`), and a replica whose
-//! monotonic clock steps forwards or backwards (`clock-jump`), and row handlers that never return
-//! (`handler-hang`). Each does what its row
+//! monotonic clock steps forwards or backwards (`clock-jump`), row handlers that never return (`handler-hang`), and
+//! store calls that get no reply (`store-hang`). Each does what its row
 //! in docs/scenarios.md says, the checkers hold, and the shrinker can write it back.
 #![cfg(madsim)]
 
@@ -292,4 +292,88 @@ fn hung_handlers_are_cut_at_their_handler_timeout_and_their_items_retried() {
             );
         }
     }
+}
+
+const STORE_HANG: &str = r#"
+name = "store-hang"
+version = 1
+
+[topology]
+replicas = 2
+
+[network]
+latency = ["50ms", "150ms"]
+call_timeout = "8s"
+
+[pipeline]
+lease_ttl = "6s"
+lease_margin = "1s"
+
+[workload]
+span = "40s"
+jobs_per_minute = 60.0
+claims_per_minute = 30.0
+task_process = ["1s", "2s"]
+task_slow_chance = 0.0
+task_failure_chance = 0.0
+
+[faults]
+until = "40s"
+
+[[faults.at]]
+at = "10s"
+kind = "store-hang"
+replica = 0
+span = "15s"
+"#;
+
+/// A hung store (connections gone half-open) loses replica 0's requests before the database: from just after the
+/// hang began (a request already on its way may still run, and its reply is lost) to its end the database commits
+/// nothing of replica 0;
+/// every call the hang reached ends at its 8 s bound with a `call-timeout`, the last ones after the span is over
+/// (a call that hung stays hung until its bound); the other replica does replica 0's work once its leases expire
+/// (the bound outlasts the 6 s lease, so no hung heartbeat keeps one), and every checker holds.
+#[test]
+fn a_hung_store_loses_requests_and_ends_every_call_at_its_bound() {
+    let mut replies_lost = 0;
+    for seed in sim::seeds(&[1, 2]) {
+        let report = run(STORE_HANG, seed);
+        assert!(report.passed(), "seed {seed}: {}", sim::run::summary(&report));
+        let at = |kind: &str| {
+            let event = report.trace.iter().find(|event| event.kind == kind);
+            event.unwrap_or_else(|| panic!("seed {seed}: no {kind}")).at.as_secs_f64()
+        };
+        let (hang, end) = (at("store-hang"), at("store-hang-end"));
+        let of = |kind: &'static str| {
+            report.trace.iter().filter(move |event| event.kind == kind && &*event.node == "replica-0")
+        };
+        let lost: Vec<(f64, String)> =
+            of("store-hang-lost").map(|event| (event.at.as_secs_f64(), event.fields.text().into_owned())).collect();
+        assert!(lost.len() >= 10, "seed {seed}: only {} calls reached by the hang", lost.len());
+        let commits = of("commit").filter(|event| (hang + 0.5..=end).contains(&event.at.as_secs_f64())).count();
+        assert_eq!(commits, 0, "seed {seed}: replica 0 committed during the hang");
+        let timeouts: Vec<(f64, String)> =
+            of("call-timeout").map(|event| (event.at.as_secs_f64(), event.fields.text().into_owned())).collect();
+        for (sent, text) in lost.iter().filter(|(_, text)| text.ends_with("lost=request")) {
+            assert!((hang..=end).contains(sent), "seed {seed}: {text} at {sent:.3} s, outside the hang");
+            let call = text.trim_start_matches("call=").trim_end_matches(" lost=request");
+            let bound = sent + 8.0;
+            assert!(
+                timeouts.iter().any(|(at, name)| name == call && (at - bound).abs() < 0.002),
+                "seed {seed}: {call} sent at {sent:.3} s did not end at its bound"
+            );
+        }
+        replies_lost += lost.iter().filter(|(_, text)| text.ends_with("lost=reply")).count();
+        assert!(timeouts.iter().any(|(at, _)| *at > end), "seed {seed}: no call hung past the span");
+        let others = report
+            .trace
+            .iter()
+            .filter(|event| event.kind == "commit" && &*event.node == "replica-1")
+            .filter(|event| (hang + 6.0..=end).contains(&event.at.as_secs_f64()))
+            .filter(|event| event.fields.text().starts_with("apply "))
+            .count();
+        assert!(others > 0, "seed {seed}: replica 1 applied nothing while replica 0 hung");
+    }
+    // Calls sent just before the hang (50 to 150 ms each way) ran, and their replies were lost.
+    assert!(replies_lost > 0, "no reply was lost after its call ran");
 }

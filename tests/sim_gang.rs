@@ -479,3 +479,81 @@ fn a_gang_of_ten_thousand_jobs_on_ten_agents_completes_in_its_first_incarnation(
     let report = sim::run(&large_gang(10, 10_000), 1);
     assert_passed(&report, "a_gang_of_ten_thousand_jobs_on_ten_agents_completes_in_its_first_incarnation");
 }
+
+/// [`drifting_gang`] with every agent's clock at `rate_ppm` through the `agent-clock-beyond-margin` fault: no
+/// planted bug, the fault itself runs below the margin rule.
+fn beyond_margin_gang(rate_ppm: u64) -> Scenario {
+    let mut scenario = one_gang("agent-beyond-margin");
+    for agent in 0..4 {
+        scenario.faults.fixed.push(sim::FaultEvent {
+            at: Duration::from_secs(5),
+            fault: sim::Fault::AgentClockBeyondMargin { agent, rate_ppm, span: Duration::from_secs(60) },
+        });
+    }
+    scenario.faults.until = Duration::from_secs(70);
+    scenario
+}
+
+/// The expected outcome of `agent-clock-beyond-margin` (docs/gang.md, "Beyond the margin rule"): while the slow
+/// agents renew their node leases, every promise holds; once the agent running rank 0 is cut off, its lease's
+/// local deadline comes after the store's expiry, its rank starts on the spare agent while its process still runs,
+/// and `rank_exclusivity` names it (allocation exclusivity holds: one process per node). A rate within the rule is
+/// refused for this kind (it is `agent-clock-drift`).
+#[test]
+fn an_agent_clock_beyond_the_margin_rule_breaks_rank_exclusivity_once_the_agent_is_cut_off() {
+    let name = "an_agent_clock_beyond_the_margin_rule_breaks_rank_exclusivity_once_the_agent_is_cut_off";
+    let within = beyond_margin_gang(820_000).check().expect_err("within the rule").to_string();
+    assert!(
+        within.contains("faults.fixed[0].rate_ppm: 820000 keeps the margin rule of DESIGN §2 (at least 800000"),
+        "{within}"
+    );
+    let slow = beyond_margin_gang(500_000);
+    slow.check().unwrap_or_else(|error| panic!("{error}"));
+    let calm = sim::run(&slow, 1);
+    assert_passed(&calm, name);
+    let beyond = |report: &RunReport| {
+        events(report, "clock-drift").filter(|event| event.fields.text().contains("beyond_margin=yes")).count()
+    };
+    assert_eq!(beyond(&calm), 4, "every agent's clock runs beyond the rule");
+    let counts = lockstep::sim::summary::fault_counts(&calm.trace);
+    assert_eq!(counts.get("agent-clock-beyond-margin"), Some(&4), "{counts:?}");
+    let cut = sim::run_with(&slow, 1, Some(partition_busy_agent()));
+    assert!(cut.panic.is_none(), "{cut:?}");
+    assert!(violated(&cut).contains("rank_exclusivity"), "{:?}", cut.violations);
+    assert!(!violated(&cut).contains("allocation_exclusivity"), "{:?}", cut.violations);
+}
+
+/// An agent whose store calls hang (`store-hang` of an agent: connections gone half-open) for 25 s, each call bound
+/// at 30 s, three times its 10 s node lease, as production's 36 s bound is: its heartbeats neither renew the lease
+/// nor fail in time, so it must fence itself at the lease's local deadline while they still hang, kill its process
+/// before the controller declares its node lost, and its rank runs again on the spare agent.
+#[test]
+fn an_agent_whose_store_calls_hang_past_its_node_lease_fences_itself_in_time() {
+    let name = "an_agent_whose_store_calls_hang_past_its_node_lease_fences_itself_in_time";
+    let mut scenario = one_gang("agent-store-hang");
+    scenario.call_timeout = Duration::from_secs(30);
+    for seed in sim::seeds(&[1, 2]) {
+        let script = sim::script(|world| async move {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            let agent = busy_agent(&world);
+            world.hang_store(sim::Target::Agent(agent), Duration::from_secs(25)).await;
+        });
+        let report = sim::run_with(&scenario, seed, Some(script));
+        assert_passed(&report, name);
+        let hang = events(&report, "store-hang").next().expect("hung");
+        let node = hang.node.clone();
+        let on = |kind: &'static str| report.trace.iter().find(|e| e.node == node && e.kind == kind);
+        assert!(on("store-hang-lost").is_some(), "seed {seed}: no call of {} was lost", hang.node);
+        let fence = on("fence").unwrap_or_else(|| panic!("seed {seed}: {} never fenced itself", hang.node));
+        let killed = on("proc-kill").unwrap_or_else(|| panic!("seed {seed}: {}'s fence killed no process", hang.node));
+        let lost = events(&report, "node-lost")
+            .find(|e| field(e, "node").as_deref() == Some(&*hang.node))
+            .unwrap_or_else(|| panic!("seed {seed}: the controller never declared {} lost", hang.node));
+        assert!(killed.at <= fence.at && fence.at < lost.at, "seed {seed}: {killed}\n{fence}\n{lost}");
+        assert!(fence.at < hang.at + Duration::from_secs(10), "seed {seed}: fenced at {fence}, after a node lease");
+        let counts = lockstep::sim::summary::fault_counts(&report.trace);
+        assert_eq!(counts.get("agent-store-hang"), Some(&1), "{counts:?}");
+        let train = report.operation("train").unwrap();
+        assert_eq!(train.status, Some(OperationStatus::Completed), "seed {seed}: {train:?}");
+    }
+}

@@ -390,7 +390,18 @@ fn materialized(table: &Table, trace: &str) -> Option<Candidate> {
                 ("span", span_value(span)),
             ])),
             Kind::Event if line.split_whitespace().nth(2) == Some("calls-fault") => Some(agent_calls(&lane.key, line)?),
-            Kind::Event if matches!(line.split_whitespace().nth(2), Some("hint-loss" | "crash-loop")) => {
+            Kind::Event if line.split_whitespace().nth(2) == Some("store-hang") && lane.key.starts_with("agent-") => {
+                let agent = lane.key.strip_prefix("agent-")?.parse::<i64>().ok()?;
+                let span = crate::duration::parse(field_text(line, "span")?).ok()?;
+                Some(fields([
+                    ("kind", "store-hang".into()),
+                    ("agent", Value::Integer(agent)),
+                    ("span", duration_value(span)),
+                ]))
+            }
+            Kind::Event
+                if matches!(line.split_whitespace().nth(2), Some("hint-loss" | "crash-loop" | "store-hang")) =>
+            {
                 Some(replica_span_fault(&lane.key, line)?)
             }
             Kind::Event if line.split_whitespace().nth(2) == Some("contention") => {
@@ -433,6 +444,7 @@ fn node_fault(kind: Kind, node: &str, span: u64, line: &str) -> Option<Table> {
         (Kind::Pause, false) => "pause",
         (Kind::Pause, true) => "agent-pause",
         (_, false) => "clock-drift",
+        (_, true) if line.contains("beyond_margin=yes") => "agent-clock-beyond-margin",
         (_, true) => "agent-clock-drift",
     };
     let mut fault = fields([("kind", name.into()), (target, Value::Integer(index))]);
@@ -589,5 +601,37 @@ fn table_at<'a>(table: &'a mut Table, path: &[&str]) -> &'a mut Table {
 fn set_key(entry: &mut Value, key: &str, value: Value) {
     if let Some(table) = entry.as_table_mut() {
         table.insert(key.to_string(), value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The faults a run injected are written back as fixed faults of their own kinds: a hung store as
+    /// `store-hang` (replica and span), an agent's clock beyond the margin rule as `agent-clock-beyond-margin`
+    /// (a plain drift stays `agent-clock-drift`).
+    #[test]
+    fn store_hangs_and_clocks_beyond_the_margin_are_written_back_as_their_kinds() {
+        let trace = "\
+    0.000000 world      build          scenario=t seed=1 replicas=1
+    5.000000 agent-0    clock-drift    rate_ppm=600000 span=10s beyond_margin=yes
+    6.000000 agent-1    clock-drift    rate_ppm=900000 span=10s
+   10.000000 replica-0  store-hang     span=15s
+   12.000000 agent-1    store-hang     span=5s
+   10.100000 replica-0  store-hang-lost call=fetch lost=request
+   15.000000 agent-0    clock-exact
+   16.000000 agent-1    clock-exact
+   25.000000 replica-0  store-hang-end
+";
+        let table: Table = toml::from_str("name = \"t\"\n[faults]\nuntil = \"40s\"\n").unwrap();
+        let candidate = materialized(&table, trace).expect("every fault written back");
+        let faults = candidate.table["faults"]["at"].as_array().unwrap();
+        let kinds: Vec<&str> = faults.iter().map(|fault| fault["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["agent-clock-beyond-margin", "agent-clock-drift", "store-hang", "store-hang"], "{faults:?}");
+        assert_eq!(faults[0]["rate_ppm"].as_integer(), Some(600_000));
+        assert_eq!(faults[2]["replica"].as_integer(), Some(0));
+        assert_eq!(faults[2]["span"].as_str(), Some("15s"));
+        assert_eq!((faults[3]["agent"].as_integer(), faults[3].get("replica")), (Some(1), None));
     }
 }

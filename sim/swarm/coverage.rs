@@ -117,14 +117,17 @@ impl SwarmCoverage {
     }
 
     /// The fault kinds and paths reached by fewer than `share` of the seeds that could reach them (a kind: of all
-    /// seeds; a path: of the seeds of its [`Scope`]), by name, with their counts.
+    /// seeds; a path: of the seeds of its [`Scope`]), by name, with their counts. A kind off by default
+    /// ([`FaultKind::off_by_default`](crate::sim::faults::FaultKind::off_by_default)) that no world switched on was
+    /// not asked for, and is not named.
     pub fn below(&self, share: f64) -> Vec<String> {
         let mut low = Vec::new();
         let under = |count: u64, of: u64| of > 0 && (count as f64) < share * of as f64;
         for kind in crate::sim::faults::FaultKind::ALL {
             let injected = self.injected.get(kind.name()).copied().unwrap_or(0);
             let of = self.kind_seeds(kind);
-            if under(injected, of) {
+            let asked = !kind.off_by_default() || self.on.get(kind.name()).is_some_and(|on| *on > 0);
+            if asked && under(injected, of) {
                 low.push(format!("fault {} ({injected} of {of} seeds)", kind.name()));
             }
         }
@@ -163,24 +166,24 @@ impl SwarmCoverage {
             "coverage over {} worlds ({} with rows, {} with operations):\n",
             self.seeds, self.rows_seeds, self.gang_seeds
         );
-        let _ = writeln!(text, "  {:<18} {:>7} {:>9}", "fault kind", "on", "injected");
+        let _ = writeln!(text, "  {:<25} {:>7} {:>9}", "fault kind", "on", "injected");
         for kind in crate::sim::faults::FaultKind::ALL {
             let on = self.on.get(kind.name()).copied().unwrap_or(0);
             let injected = self.injected.get(kind.name()).copied().unwrap_or(0);
             let of = self.kind_seeds(kind);
             let _ = writeln!(
                 text,
-                "  {:<18} {:>6.1}% {:>8.1}% of {of}",
+                "  {:<25} {:>6.1}% {:>8.1}% of {of}",
                 kind.name(),
                 percent(on, of),
                 percent(injected, of)
             );
         }
-        let _ = writeln!(text, "  {:<18} {:>7}", "path", "reached");
+        let _ = writeln!(text, "  {:<25} {:>7}", "path", "reached");
         for (path, scope) in PATHS {
             let of = self.scope_seeds(scope);
             let count = self.paths.get(path).copied().unwrap_or(0);
-            let _ = writeln!(text, "  {path:<18} {:>6.1}% of {of}", percent(count, of));
+            let _ = writeln!(text, "  {path:<25} {:>6.1}% of {of}", percent(count, of));
         }
         let low = self.below(0.01);
         match low.is_empty() {
@@ -218,6 +221,14 @@ mod tests {
         let low = gang_only.below(0.01);
         assert!(!low.iter().any(|line| line.starts_with("fault contention")), "no built-in rows: {low:?}");
         assert!(low.iter().any(|line| line.starts_with("fault agent-kill")), "{low:?}");
+        assert!(!low.iter().any(|line| line.starts_with("fault agent-clock-beyond-margin")), "not asked for: {low:?}");
+        let beyond = Reached { on: vec!["agent-clock-beyond-margin".into()], ..Reached::default() };
+        gang_only.add(&beyond, (false, false, true));
+        let low = gang_only.below(0.01);
+        assert!(
+            low.iter().any(|line| line.starts_with("fault agent-clock-beyond-margin")),
+            "on, never injected: {low:?}"
+        );
         assert!(coverage.table().contains("reached by under 1% of the worlds that can: fault pause"));
     }
 }

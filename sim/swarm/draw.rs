@@ -57,13 +57,28 @@ pub fn draw(ranges: &Ranges, seed: u64, pipelines: Option<&str>) -> World {
         let _ = writeln!(body, "agents = {}\nslots = {}", gang.agents, gang.slots);
     }
     let latency_high = topology.random_range(2..=20u64);
-    let call_timeout = topology.random_range(1_000..=4_000u64);
-    let _ =
-        writeln!(body, "\n[network]\nlatency = [\"1ms\", \"{latency_high}ms\"]\ncall_timeout = \"{call_timeout}ms\"");
+    let mut call_timeout = topology.random_range(1_000..=4_000u64);
     let rows = (shape.rows() && pipelines.is_none()).then(|| Rows::draw(ranges, seed, replicas, span));
     let user_set = shape.rows() && pipelines.is_some();
     // Each part draws from its own stream, so the faults can be drawn before the rows are written.
     let faults = Faults::draw(ranges, seed, shape, rows.is_some(), replicas, span, &rows);
+    // A hung store call ends at its bound: with a store-hang kind on, the bound is drawn from its own stream, from
+    // a second to twice the lease ttl of what the hung calls would renew (the rows' lease for a replica's, the node
+    // lease for an agent's; the longer where both hang), so that a run also sees calls that outlast the leases they
+    // would renew (as production's 36 s bound outlasts a 30 s lease and a 10 s node lease).
+    let replica_ttl = rows.as_ref().map_or(10_000, |rows| rows.lease_ttl);
+    let ttls = [
+        faults.kinds.contains(&FaultKind::StoreHang).then_some(replica_ttl),
+        faults
+            .kinds
+            .contains(&FaultKind::AgentStoreHang)
+            .then(|| gang.as_ref().map_or(10_000, |gang| gang.agent_lease.0)),
+    ];
+    if let Some(ttl) = ttls.into_iter().flatten().max() {
+        call_timeout = rng::stream(seed, "swarm-call-timeout").random_range(1_000..=2 * ttl);
+    }
+    let _ =
+        writeln!(body, "\n[network]\nlatency = [\"1ms\", \"{latency_high}ms\"]\ncall_timeout = \"{call_timeout}ms\"");
     // Hanging handlers end at their pipeline's handler_timeout: one drawn from its own stream, from one to three
     // lease ttls, so that a run sees hung items cut and retried (the engine's default, a minute, would outlast
     // most worlds).
@@ -532,8 +547,8 @@ fn operation_spec(rng: &mut ChaCha8Rng, slots: u32) -> (String, u32, Vec<&'stati
 type Process = (FaultKind, f64, Option<(u64, u64)>);
 
 /// How many kinds at the end of [`FaultKind::ALL`] came after the swarm first drew worlds (`clock-jump`,
-/// `handler-hang`).
-const LATER_KINDS: usize = 2;
+/// `handler-hang`, `store-hang`, `agent-clock-beyond-margin`, `agent-store-hang`).
+const LATER_KINDS: usize = 5;
 
 /// The fault part: a random subset of the kinds, each a random process with its rate and spans.
 struct Faults {
@@ -557,7 +572,9 @@ impl Faults {
         let draw_kind = |kind: FaultKind, rng: &mut ChaCha8Rng| -> Option<Process> {
             // One draw per kind whether or not the ranges allow it, so that narrowing `kinds` keeps the others'
             // draws where they were.
-            let on = rng.random_bool(ranges.kind_chance);
+            // A kind off by default is rare where it is named: a quarter of the chance (one draw all the same).
+            let chance = if kind.off_by_default() { ranges.kind_chance / 4.0 } else { ranges.kind_chance };
+            let on = rng.random_bool(chance);
             let rate = round3(pick(rng, &ranges.fault_rate));
             let fits = match kind {
                 kind if kind.targets_agents() => shape.gang(),
@@ -576,7 +593,9 @@ impl Faults {
                 FaultKind::Isolate => Some((1_000, 15_000)),
                 FaultKind::Degrade | FaultKind::LostReplies => Some((2_000, 20_000)),
                 FaultKind::DbRestart => Some((200, 3_000)),
-                FaultKind::ClockDrift | FaultKind::AgentClockDrift => Some((5_000, 30_000)),
+                FaultKind::ClockDrift | FaultKind::AgentClockDrift | FaultKind::AgentClockBeyondMargin => {
+                    Some((5_000, 30_000))
+                }
                 FaultKind::AgentCalls => Some((2_000, 30_000)),
                 // A dead hint channel: fetchers poll. A crash loop long enough that the replica's leases lapse.
                 FaultKind::HintLoss => Some((2_000, 60_000)),
@@ -591,6 +610,10 @@ impl Faults {
                 // A jump's span is its size: from a blink to past two lease ttls either way.
                 FaultKind::ClockJump => Some((100, 2 * ttl + 5_000)),
                 FaultKind::HandlerHang => Some((1_000, 20_000)),
+                // Half-open connections from a blink to past a few lease ttls: every call in it ends at its bound.
+                FaultKind::StoreHang => Some((1_000, 3 * ttl)),
+                // An agent's from a blink to past two node leases (10 to 30 s in drawn worlds).
+                FaultKind::AgentStoreHang => Some((1_000, 60_000)),
             };
             // Every fault's span fits in the fault window (the file's rule).
             let spans = spans.map(|(low, high): (u64, u64)| (low.min(span), high.min(span).max(low.min(span))));

@@ -197,8 +197,26 @@ mod tests {
         }
         for kind in FaultKind::ALL {
             let share = f64::from(on.get(&kind).copied().unwrap_or(0)) / seeds as f64;
+            if kind.off_by_default() {
+                assert_eq!(share, 0.0, "{} is on by default", kind.name());
+                continue;
+            }
             assert!(share > 0.1 && share < 0.6, "{} is on in {share:.3} of the worlds", kind.name());
         }
+        // Named, a kind off by default is on in rare worlds that can run it (a quarter of the chance), and the
+        // other kinds keep their draws.
+        let beyond = FaultKind::AgentClockBeyondMargin;
+        let named = Ranges { kinds: FaultKind::ALL.to_vec(), ..Ranges::default() };
+        let mut with = 0;
+        for seed in 1..=seeds {
+            let (world, plain) = (draw(&named, seed, None), draw(&ranges, seed, None));
+            with += u32::from(world.kinds.contains(&beyond));
+            assert!(!world.kinds.contains(&beyond) || world.shape.gang(), "seed {seed}: {beyond:?} without agents");
+            let rest: Vec<FaultKind> = world.kinds.iter().copied().filter(|kind| *kind != beyond).collect();
+            assert_eq!(rest, plain.kinds, "seed {seed}: naming {beyond:?} moved the other kinds");
+        }
+        let share = f64::from(with) / seeds as f64;
+        assert!(share > 0.03 && share < 0.15, "{} is on in {share:.3} of the worlds", beyond.name());
         let pauses_only = Ranges { kinds: vec![FaultKind::Pause], ..Ranges::default() };
         for seed in 1..=200 {
             let world = draw(&pauses_only, seed, None);
@@ -212,13 +230,47 @@ mod tests {
         let none = draw(&Ranges { kinds: vec![], ..Ranges::default() }, 5, None);
         assert!(none.kinds.is_empty());
         assert!(all.kinds.contains(&crate::sim::faults::FaultKind::HandlerHang), "seed 5 hangs handlers");
-        // Besides the faults, only the bound on hung handlers goes with its kind.
+        // Besides the faults, only the bounds on hung handlers and on hung store calls go with their kinds.
         let before_faults = |text: &str| {
             let head = text.split("\n[faults]").next().unwrap().lines().skip(2);
-            head.filter(|line| !line.starts_with("handler_timeout = ")).collect::<Vec<_>>().join("\n")
+            let bounds = |line: &&str| !line.starts_with("handler_timeout = ") && !line.starts_with("call_timeout = ");
+            head.filter(bounds).collect::<Vec<_>>().join("\n")
         };
         assert_eq!(before_faults(&all.text), before_faults(&none.text), "the world's other parts stay");
         assert!(all.text.contains("\nhandler_timeout = ") && !none.text.contains("handler_timeout"));
+    }
+
+    /// A world with a replica's hung store calls draws their bound from 1 s to two of its rows' lease ttls, past the
+    /// ttl in some worlds (with an agent's too, up to two of the longer of that and the node lease); every other
+    /// world keeps the 1 to 4 s it drew before the kinds existed.
+    #[test]
+    fn store_hang_worlds_draw_call_timeouts_up_to_two_lease_ttls() {
+        let ms = |text: &str, key: &str| -> Option<u64> {
+            let line = text.lines().find(|line| line.starts_with(&format!("{key} = \"")))?;
+            line.split('"').nth(1)?.strip_suffix("ms")?.parse().ok()
+        };
+        let (mut hung, mut past_ttl) = (0, 0);
+        for seed in 1..=400 {
+            let world = draw(&Ranges::default(), seed, None);
+            let timeout = ms(&world.text, "call_timeout").expect("every world bounds its calls");
+            let agents_hang = world.kinds.contains(&FaultKind::AgentStoreHang);
+            if !world.kinds.contains(&FaultKind::StoreHang) && !agents_hang {
+                assert!((1_000..=4_000).contains(&timeout), "seed {seed}: {timeout} ms");
+                continue;
+            }
+            if agents_hang {
+                assert!((1_000..=120_000).contains(&timeout), "seed {seed}: {timeout} ms with agents' calls hung");
+                continue;
+            }
+            let Some(ttl) = ms(&world.text, "lease_ttl").filter(|_| world.text.contains("\n[workload]")) else {
+                assert!((1_000..=20_000).contains(&timeout), "seed {seed}: {timeout} ms without rows");
+                continue;
+            };
+            hung += 1;
+            assert!((1_000..=2 * ttl).contains(&timeout), "seed {seed}: {timeout} ms, lease ttl {ttl} ms");
+            past_ttl += usize::from(timeout > ttl);
+        }
+        assert!(hung > 50 && past_ttl > 10, "{hung} row worlds hang their store, {past_ttl} past their lease ttl");
     }
 
     #[test]

@@ -373,6 +373,7 @@ fn scale(fault: RealFault, by: f64) -> RealFault {
             Fault::Isolate { node, span } => Fault::Isolate { node, span: span.mul_f64(by) },
             Fault::Degrade { latency, loss, span } => Fault::Degrade { latency, loss, span: span.mul_f64(by) },
             Fault::LostReplies { chance, span } => Fault::LostReplies { chance, span: span.mul_f64(by) },
+            Fault::StoreHang { node, span } => Fault::StoreHang { node, span: span.mul_f64(by) },
             other => other,
         }),
         other => other,
@@ -762,6 +763,7 @@ impl World {
                     Fault::Partition { .. } => "partition",
                     Fault::Isolate { .. } => "isolate",
                     Fault::Degrade { .. } => "degrade",
+                    Fault::StoreHang { .. } => "store-hang",
                     _ => "lost-replies",
                 };
                 let before = self.links.counts(&plan.replicas);

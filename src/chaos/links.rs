@@ -94,6 +94,11 @@ pub fn links_of(fault: &Fault, replicas: usize, agents: usize) -> Result<LinkPla
             (every(), mode, *span)
         }
         Fault::LostReplies { chance, span } => (every(), LinkFault::LoseReplies { probability: *chance }, *span),
+        // The node's connections that carry a byte during the span go half-open and stay so; its store's
+        // `call_timeout` ends each call on them, and its pool drops them.
+        Fault::StoreHang { node, span } if link(node).is_some() => {
+            (vec![link(node).unwrap_or_default()], LinkFault::BlackHole, *span)
+        }
         _ => return no_link("not a network fault"),
     };
     if links.iter().any(|i| *i >= count) {
@@ -101,7 +106,8 @@ pub fn links_of(fault: &Fault, replicas: usize, agents: usize) -> Result<LinkPla
         let node = match fault {
             Fault::Partition { a: Target::Db, b: node, .. }
             | Fault::Partition { a: node, .. }
-            | Fault::Isolate { node, .. } => match node {
+            | Fault::Isolate { node, .. }
+            | Fault::StoreHang { node, .. } => match node {
                 Target::Agent(i) => format!("agent {i}"),
                 Target::Replica(i) => format!("replica {i}"),
                 other => format!("{other:?}"),
@@ -232,6 +238,14 @@ mod tests {
         assert_eq!(
             links_of(&lost, 2, 0),
             Ok(LinkPlan { replicas: vec![0, 1], mode: LinkFault::LoseReplies { probability: 0.25 }, span })
+        );
+        let hang = Fault::StoreHang { node: Target::Replica(1), span };
+        assert_eq!(links_of(&hang, 2, 0), Ok(LinkPlan { replicas: vec![1], mode: LinkFault::BlackHole, span }));
+        assert!(links_of(&hang, 1, 0).unwrap_err().contains("replica 1 is not in the world"));
+        let agent_hang = Fault::StoreHang { node: Target::Agent(1), span };
+        assert_eq!(
+            links_of(&agent_hang, 2, 3).map(|plan| (plan.replicas, plan.mode)),
+            Ok((vec![3], LinkFault::BlackHole))
         );
         let between = Fault::Partition { a: Target::Replica(0), b: Target::Replica(1), span };
         assert!(links_of(&between, 2, 0).unwrap_err().contains("no link between two of them"));

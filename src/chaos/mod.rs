@@ -73,11 +73,11 @@ pub enum RealFault {
     Network(Fault),
 }
 
-/// A fault on the links between the nodes and PostgreSQL (partition, isolate, degrade, lost replies): the hook
+/// A fault on the links between the nodes and PostgreSQL (partition, isolate, degrade, lost replies, store hang): the hook
 /// the chaos proxy implements. Without one, a scenario with network faults is refused ("needs the chaos proxy").
 pub trait NetworkFaults: Send + Sync {
-    /// Injects `fault` (a [`Fault::Partition`], [`Fault::Isolate`], [`Fault::Degrade`] or
-    /// [`Fault::LostReplies`]) and returns when it is undone.
+    /// Injects `fault` (a [`Fault::Partition`], [`Fault::Isolate`], [`Fault::Degrade`], [`Fault::LostReplies`]
+    /// or [`Fault::StoreHang`]) and returns when it is undone.
     fn inject(&self, fault: Fault) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
 }
 
@@ -90,17 +90,23 @@ pub fn real_fault(fault: &Fault, network: bool) -> Result<RealFault, String> {
         Fault::Pause { replica, span } => Ok(RealFault::Pause { replica: *replica, span: *span }),
         Fault::DbRestart { .. } => Ok(RealFault::DbRestart),
         Fault::Contention { claims } => Ok(RealFault::Contention { claims: *claims }),
-        Fault::Partition { .. } | Fault::Isolate { .. } | Fault::Degrade { .. } | Fault::LostReplies { .. } => {
+        Fault::Partition { .. }
+        | Fault::Isolate { .. }
+        | Fault::Degrade { .. }
+        | Fault::LostReplies { .. }
+        | Fault::StoreHang { .. } => {
             if network {
                 Ok(RealFault::Network(fault.clone()))
             } else {
                 Err(format!("{fault} needs the chaos proxy (every node reaching PostgreSQL through it)"))
             }
         }
-        Fault::ClockDrift { .. } | Fault::AgentClockDrift { .. } => Err(format!(
-            "{fault}: not possible on real processes (a process's monotonic clock cannot be made to run at \
+        Fault::ClockDrift { .. } | Fault::AgentClockDrift { .. } | Fault::AgentClockBeyondMargin { .. } => {
+            Err(format!(
+                "{fault}: not possible on real processes (a process's monotonic clock cannot be made to run at \
              another rate from outside)"
-        )),
+            ))
+        }
         Fault::HandlerHang { .. } => Err(format!(
             "{fault}: not possible on real processes yet (the replicas' handlers have no hook through which the \
              harness could hang them)"
@@ -142,6 +148,9 @@ mod tests {
         let cut = Fault::Isolate { node: crate::sim::Target::Replica(0), span: Duration::from_secs(1) };
         assert!(real_fault(&cut, false).unwrap_err().contains("needs the chaos proxy"));
         assert!(matches!(real_fault(&cut, true), Ok(RealFault::Network(_))));
+        let hang = Fault::StoreHang { node: crate::sim::Target::Replica(0), span: Duration::from_secs(1) };
+        assert!(real_fault(&hang, false).unwrap_err().contains("needs the chaos proxy"));
+        assert_eq!(real_fault(&hang, true), Ok(RealFault::Network(hang.clone())));
         let agent = Fault::AgentKill { agent: 2, down: Duration::from_secs(5) };
         assert_eq!(real_fault(&agent, false), Ok(RealFault::AgentKill { agent: 2, down: Duration::from_secs(5) }));
         let drift = Fault::AgentClockDrift { agent: 0, rate_ppm: 990_000, span: Duration::from_secs(1) };
