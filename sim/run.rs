@@ -337,8 +337,8 @@ pub fn run_within(scenario: &Scenario, seed: u64, script: Option<Script>, limit:
             // The wall time of the simulation, as before judging moved here: the checkers' time is not in it.
             let wall = wall.elapsed();
             // Judged on this thread, which allocated the run's history and rows: freeing them here is
-            // mimalloc's local free, where the caller's thread took its cross-thread path for every block (issue
-            // 17: 2 % of a 10 000-row run's instructions).
+            // mimalloc's local free, where the caller's thread took its cross-thread path for every block (2 %
+            // of a 10 000-row run's instructions).
             // A checker's panic is our own bug: it goes on in the caller's thread, as when judging was there.
             let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 report_of(&scenario, seed, result, take_trace(&trace_slot), leaked)

@@ -651,31 +651,74 @@ fn every_design_citation_names_a_section_of_the_design_page() {
     assert!(cited >= 100, "only {cited} citations found: the walk missed the code");
 }
 
-/// History belongs in git, not in the tree: no comment, script or page cites a tracker issue by its number ("issue
-/// N"), which no reader of the repository can open. The pinned snapshots are records, not references, and are left
-/// as they are; the record of benchmark rounds (docs/benchmarks-history.md) names each round's goal, not its issue.
+/// History belongs in git, not in the tree: no comment, script, scenario file or page cites a tracker issue by its
+/// number ("issue N", "issue #N", or the number on the comment's next line), which no reader of the repository can
+/// open. The pinned snapshots are records, not references, and are left as they are; the record of benchmark rounds
+/// (docs/benchmarks-history.md) names each round's goal, not its issue.
 #[test]
 fn no_comment_or_page_cites_an_issue_by_number() {
     let mut files = Vec::new();
-    for dir in ["src", "sim", "tests", "docs", "scripts", "benches", "examples", ".cargo", ".ci"] {
+    for dir in ["src", "sim", "tests", "docs", "scripts", "benches", "examples", "scenarios", ".cargo", ".ci"] {
         collect_files(&markdown::root().join(dir), &mut files);
     }
     files.push(markdown::root().join("README.md"));
     let mut cited = Vec::new();
     for file in files.iter().filter(|file| !file.components().any(|part| part.as_os_str() == "snapshots")) {
         let Ok(text) = std::fs::read_to_string(file) else { continue };
-        for (number, line) in text.lines().enumerate() {
-            let words: Vec<&str> = line.split(|c: char| !c.is_ascii_alphanumeric()).collect();
-            let cites = words.windows(2).any(|pair| {
-                matches!(pair[0], "issue" | "issues") && pair[1].chars().next().is_some_and(|c| c.is_ascii_digit())
-            });
-            if cites {
-                cited.push(format!("{}:{}: {}", file.display(), number + 1, line.trim()));
-            }
+        for at in issue_citations(&text) {
+            let line = text[..at].matches('\n').count();
+            cited.push(format!("{}:{}: {}", file.display(), line + 1, text.lines().nth(line).unwrap_or("").trim()));
         }
     }
     assert!(files.len() > 100, "the walk found only {} files", files.len());
     assert!(cited.is_empty(), "issues cited by number:\n{}", cited.join("\n"));
+}
+
+/// The byte offsets of the words "issue" and "issues" in `text` that a number follows: after spaces, a `#`, or a
+/// line break and the next line's comment marker (`#`, `//`, `///`, `//!`, `*`, `>`).
+fn issue_citations(text: &str) -> Vec<usize> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    for word in ["issue", "issues"] {
+        for (at, _) in text.match_indices(word) {
+            let starts_word = at == 0 || !bytes[at - 1].is_ascii_alphanumeric();
+            let rest = &text[at + word.len()..];
+            let after = rest.trim_start_matches([' ', '\t', '\n', '\r', '#', '/', '!', '*', '>']);
+            let gap = &rest[..rest.len() - after.len()];
+            if starts_word && !gap.is_empty() && after.starts_with(|c: char| c.is_ascii_digit()) {
+                out.push(at);
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+#[test]
+fn an_issue_number_is_found_in_each_form_and_other_numbers_are_not() {
+    // Written with the word apart, or this file would cite what it tests.
+    let (one, many) = (["iss", "ue"].concat(), ["iss", "ues"].concat());
+    let cited = [
+        format!("{one} 39"),
+        format!("see {one} #39."),
+        format!("the queue of {one}\n# 39 is"),
+        format!("of {many}\n/// 12 and"),
+        format!("{one}\n//! 4"),
+    ];
+    for cited in &cited {
+        assert_eq!(issue_citations(cited).len(), 1, "{cited:?}");
+    }
+    let plain = [
+        format!("an {one} (2 cases)"),
+        format!("{one}39"),
+        format!("t{one} 3"),
+        format!("the {one}: 3 rows"),
+        format!("{many}, 4 of them"),
+        format!("{one} launchbadge/sqlx#2016"),
+    ];
+    for plain in &plain {
+        assert_eq!(issue_citations(plain), Vec::<usize>::new(), "{plain:?}");
+    }
 }
 
 /// Every file under `dir`, recursively, except build output.

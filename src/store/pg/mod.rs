@@ -701,8 +701,8 @@ async fn migrate_schema(
     } else if let Some(rule) = clashing_tables(&mut lock, schema).await? {
         return Err(MigrateError::Clash(rule));
     }
-    // The migrator runs on a pool of one session: on a `&mut PgConnection` its future is not `Send` (sqlx issue
-    // #2016), and `connect_with` must stay spawnable.
+    // The migrator runs on a pool of one session: on a `&mut PgConnection` its future is not `Send`
+    // (launchbadge/sqlx#2016 on GitHub), and `connect_with` must stay spawnable.
     let migrator =
         PgPoolOptions::new().max_connections(1).acquire_timeout(acquire_timeout).connect_with(options.clone()).await?;
     let migrated = sqlx::migrate!("./migrations").run(&migrator).await;
