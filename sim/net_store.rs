@@ -17,9 +17,8 @@ use super::rpc::{Call, InsertHint, Reply, Request, Response};
 use super::trace::Trace;
 use crate::store::{
     ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HINT_BUFFER_LEN_MAX, HeartbeatParams,
-    Hint, InsertKeyedParams, KeyedInsert, Lease, LockAttempt, LockOutcome, LockRead, LockRelatedParams, NewHint,
-    NewRow, PurgeParams, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp, WriteOutcome,
-    check_insert_keyed,
+    Hint, InsertKeyedParams, KeyedInsert, Lease, LockOutcome, LockRead, LockRelatedParams, NewHint, NewRow,
+    PurgeParams, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp, WriteOutcome, check_insert_keyed,
 };
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -197,13 +196,8 @@ impl Store for NetStore {
         }
     }
 
-    async fn fetch_with_expiry(&self, params: FetchParams) -> Result<(Vec<Row>, Option<Duration>), StoreError> {
-        // One round trip for what the default makes two calls of.
-        match self.call(Call::FetchWithExpiry(params)).await? {
-            Reply::RowsAndExpiry(rows, expiry) => Ok((rows, expiry)),
-            other => unexpected("fetch_with_expiry", other),
-        }
-    }
+    // `fetch_with_expiry` is the trait's default: a fetch, then (when it leased nothing) a `next_expiry`, two calls
+    // as PgStore's two statements, so every fault can fall between them (docs/simulator.md, "Atomic units").
 
     async fn refetch(&self, lease: Lease) -> Result<Option<Row>, StoreError> {
         match self.call(Call::Refetch(lease)).await? {
@@ -237,20 +231,35 @@ impl Store for NetStore {
         }
     }
 
-    async fn lock_related_or_reset(&self, params: LockRelatedParams) -> Result<LockAttempt, StoreError> {
-        // One round trip for what the default makes two calls of.
-        match self.call(Call::LockRelatedOrReset(params)).await? {
-            Reply::LockAttempt(attempt) => Ok(attempt),
-            other => unexpected("lock_related_or_reset", other),
+    async fn lock_related_until(
+        &self,
+        params: LockRelatedParams,
+    ) -> Result<(LockOutcome, Option<Duration>), StoreError> {
+        match self.call(Call::LockRelatedUntil(params)).await? {
+            Reply::LockUntil(outcome, until) => Ok((outcome, until)),
+            other => unexpected("lock_related_until", other),
         }
     }
 
+    // `lock_related_or_reset` is the trait's default: the lock, then on contention the reset, two calls as
+    // PgStore's transaction and statement (docs/simulator.md, "Atomic units").
+
     async fn lock_related_and_read(&self, params: LockRelatedParams) -> Result<LockRead, StoreError> {
-        // One round trip for what the default makes a call and a read per row of.
-        match self.call(Call::LockRelatedAndRead(params)).await? {
-            Reply::LockRead(read) => Ok(read),
+        // The lock and the read of what it locked in one call, as PgStore's one transaction; the reset of a
+        // contended lock is a second call, as PgStore's second statement (docs/simulator.md, "Atomic units").
+        let (holder, retry_delay, park) = (params.holder, params.retry_delay, params.park);
+        let (outcome, rows, until) = match self.call(Call::LockRelatedAndRead(params)).await? {
+            Reply::LockReading(outcome, rows, until) => (outcome, rows, until),
             other => unexpected("lock_related_and_read", other),
-        }
+        };
+        Ok(match outcome {
+            LockOutcome::Locked => LockRead::Locked(rows),
+            LockOutcome::Stale => LockRead::Stale,
+            LockOutcome::Contended { by_own_pipeline } if park => LockRead::Parked { until, by_own_pipeline },
+            LockOutcome::Contended { by_own_pipeline } => {
+                LockRead::Reset { held: self.reset_for_retry(holder, retry_delay).await?, by_own_pipeline }
+            }
+        })
     }
 
     async fn apply(&self, params: ApplyParams) -> Result<ApplyOutcome, StoreError> {
