@@ -384,3 +384,167 @@ impl Store for NetStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The net store runs a call as PgStore's steps: a fault between two steps falls between them here as it does on
+    //! PostgreSQL (docs/simulator.md, "Atomic units").
+
+    use super::*;
+    use crate::sim::db::{self, Database};
+    use crate::sim::wire::Wire;
+    use crate::store::{CommitOp, MemStore};
+    use futures_util::FutureExt;
+    use madsim::runtime::{Handle, Runtime};
+    use std::net::Ipv4Addr;
+
+    const DB_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+    const CLIENT_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+    const LEASE_TTL: Duration = Duration::from_secs(30);
+    const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+
+    fn fetch_params(pipeline: &str, kind: &str, lease_ttl: Duration) -> FetchParams {
+        FetchParams {
+            pipeline: pipeline.to_string(),
+            kind: kind.to_string(),
+            statuses: vec!["ready".to_string()],
+            limit: 10,
+            lease_ttl,
+            min_processing_interval: Duration::from_secs(600),
+            retry_delay: Duration::from_secs(5),
+        }
+    }
+
+    /// Leases `kind`'s one eligible row for `pipeline` straight on the database's store (another replica's call).
+    async fn lease(store: &MemStore, pipeline: &str, kind: &str, lease_ttl: Duration) -> Lease {
+        let rows = store.fetch(fetch_params(pipeline, kind, lease_ttl)).await.expect("fetch");
+        assert_eq!(rows.len(), 1, "{pipeline} was to lease one row of {kind}");
+        Lease { id: rows[0].id, token: rows[0].lock_token.expect("leased") }
+    }
+
+    /// A database node and a client node with a net store on it; runs `test` with them.
+    fn simulate<F, Fut>(test: F)
+    where
+        F: FnOnce(Arc<Database>, Arc<NetStore>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let runtime = Runtime::with_seed_and_config(1, madsim::Config::default());
+        runtime.block_on(async move {
+            let handle = Handle::current();
+            let trace = Trace::new();
+            let wire = Arc::new(Wire::new(1, Duration::from_millis(1)..Duration::from_millis(2)));
+            let db = Database::new(1, DB_IP, wire, trace.clone());
+            let db_node = {
+                let db = db.clone();
+                handle.create_node().name("db").ip(DB_IP).init(move || db::serve(db.clone())).build()
+            };
+            db.set_node_id(db_node.id());
+            tokio::time::sleep(db::STARTUP).await;
+            let client = handle.create_node().name("client").ip(CLIENT_IP).build();
+            let options = NetStoreOptions {
+                node: Arc::from("client"),
+                ip: CLIENT_IP,
+                db: db.clone(),
+                call_timeout: CALL_TIMEOUT,
+                hints: false,
+            };
+            let store = Arc::new(client.spawn(NetStore::connect(options, trace)).await.expect("connects"));
+            client.spawn(test(db, store)).await.expect("the test ran");
+        });
+    }
+
+    /// Waits until the database commits something after its `before`-th commit, then runs `between` at once
+    /// (before the reply of the call that committed reaches its caller).
+    async fn after_next_commit(db: &Database, before: usize, between: impl FnOnce()) {
+        while db.store.history_len() == before {
+            tokio::time::sleep(Duration::from_micros(20)).await;
+        }
+        between();
+    }
+
+    /// Rows for a contended related lock: a parent leased by `operations`, a free child and a child `jobs` holds.
+    async fn contended(db: &Database) -> (Lease, LockRelatedParams) {
+        let parent = db.store.insert(NewRow::new("operation", "ready", serde_json::json!({}))).await.expect("insert");
+        let busy = NewRow::new("job", "ready", serde_json::json!({})).with_parent(parent.id);
+        let busy = db.store.insert(busy).await.expect("insert");
+        lease(&db.store, "jobs", "job", LEASE_TTL).await;
+        let free = NewRow::new("job", "ready", serde_json::json!({})).with_parent(parent.id);
+        let free = db.store.insert(free).await.expect("insert");
+        let holder = lease(&db.store, "operations", "operation", LEASE_TTL).await;
+        let params = LockRelatedParams {
+            holder,
+            related: vec![free.id, busy.id],
+            owner: "operations".to_string(),
+            lease_ttl: LEASE_TTL,
+            retry_delay: Duration::from_secs(5),
+            park: false,
+        };
+        (holder, params)
+    }
+
+    /// The lock and the reset of a contended `lock_related_or_reset` (and `lock_related_and_read`) are two calls,
+    /// as on PostgreSQL: a partition that cuts the caller off after the lock committed loses the reset. The call
+    /// fails (`Timeout`, its outcome unknown), the free row keeps the intent mark the lock left, and the holder
+    /// keeps its lease until it expires, as after PgStore's lock transaction and a failed reset statement. In one
+    /// call, the reset committed with the lock.
+    #[test]
+    fn a_partition_between_a_contended_lock_and_its_reset_loses_the_reset() {
+        for reading in [false, true] {
+            simulate(move |db, store| async move {
+                let (holder, params) = contended(&db).await;
+                let free = params.related[0];
+                let before = db.store.history_len();
+                let call = {
+                    let store = store.clone();
+                    tokio::spawn(async move {
+                        if reading {
+                            store.lock_related_and_read(params).await.map(|_| ())
+                        } else {
+                            store.lock_related_or_reset(params).await.map(|_| ())
+                        }
+                    })
+                };
+                after_next_commit(&db, before, || db.wire().isolate(CLIENT_IP)).await;
+                let outcome = call.await.expect("the call's task");
+                assert!(matches!(outcome, Err(StoreError::Timeout(_))), "reading={reading}: the reset was not lost");
+                let row = db.store.row(holder.id).expect("the holder's row");
+                assert_eq!(row.lock_token, Some(holder.token), "reading={reading}: the holder was reset");
+                assert_eq!(row.not_before, None, "reading={reading}: the holder got a retry time");
+                let marked = db.store.row(free).expect("the free row");
+                assert_eq!(marked.lock_owner.as_deref(), Some("operations"), "reading={reading}: the intent mark");
+                assert_eq!(marked.lock_token, None, "reading={reading}: the free row was locked");
+                let ops: Vec<CommitOp> = db.store.map_history_from(before, |commit| commit.op.clone());
+                assert_eq!(ops.len(), 1, "reading={reading}: only the lock committed: {ops:?}");
+                assert!(matches!(ops[0], CommitOp::LockRelated { .. }), "reading={reading}: {ops:?}");
+            });
+        }
+    }
+
+    /// The fetch and the expiry read of an empty `fetch_with_expiry` are two calls, as PgStore's two statements: a
+    /// lease another replica takes between them is in the expiry (its 2 s, not the 60 s lease the fetch skipped).
+    /// In one call, the expiry was the one the fetch saw.
+    #[test]
+    fn an_expiry_read_after_a_concurrent_lease_counts_that_lease() {
+        simulate(|db, store| async move {
+            db.store.insert(NewRow::new("task", "ready", serde_json::json!({}))).await.expect("insert");
+            lease(&db.store, "other", "task", Duration::from_secs(60)).await;
+            let before = db.store.history_len();
+            let call = {
+                let store = store.clone();
+                tokio::spawn(async move { store.fetch_with_expiry(fetch_params("mine", "task", LEASE_TTL)).await })
+            };
+            let other = db.store.clone();
+            after_next_commit(&db, before, move || {
+                let row = NewRow::new("task", "ready", serde_json::json!({}));
+                other.insert(row).now_or_never().expect("ready").expect("insert");
+                let leased = other.fetch(fetch_params("other", "task", Duration::from_secs(2))).now_or_never();
+                assert_eq!(leased.expect("ready").expect("fetch").len(), 1, "the concurrent lease");
+            })
+            .await;
+            let (rows, expiry) = call.await.expect("the call's task").expect("fetch_with_expiry");
+            assert_eq!(rows, Vec::new(), "every row was leased by another pipeline");
+            let expiry = expiry.expect("a lease to wait for");
+            assert!(expiry <= Duration::from_secs(2), "the expiry {expiry:?} misses the lease taken between the steps");
+        });
+    }
+}
