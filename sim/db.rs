@@ -477,7 +477,12 @@ async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
         Call::Reset(lease, delay) => Reply::Held(store.reset_for_retry(lease, delay).await?),
         Call::Release(leases) => Reply::Count(store.release(leases).await?),
         Call::Insert(row) => Reply::Row(Box::new(store.insert(row).await?)),
-        Call::InsertMany { rows, hints } => Reply::Ids(store.insert_many(rows, hints).await?),
+        Call::InsertMany(rows) => Reply::Ids(store.insert_many(rows, Vec::new()).await?),
+        Call::PublishHints(hints) => {
+            // An insert of no rows with hints: the hints alone, as PgStore's statement after the commit.
+            store.insert_many(Vec::new(), hints).await?;
+            Reply::Done
+        }
         Call::InsertKeyed { key, row, hint } => {
             let (row, inserted) = insert_keyed(db, store, key, row).await?;
             match hint {

@@ -19,6 +19,7 @@ use crate::store::{
     ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HINT_BUFFER_LEN_MAX, HeartbeatParams,
     Hint, InsertKeyedParams, KeyedInsert, Lease, LockOutcome, LockRead, LockRelatedParams, NewHint, NewRow,
     PurgeParams, Row, RowId, RowQuery, RowUpdate, Store, StoreError, Timestamp, WriteOutcome, check_insert_keyed,
+    check_key,
 };
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -107,6 +108,20 @@ impl NetStore {
         match self.call(Call::InsertManyKeyed { key, rows }).await? {
             Reply::Rows(rows) => Ok(rows),
             other => unexpected("insert_many_keyed", other),
+        }
+    }
+
+    /// Publishes the fetch hints of a call that committed, in a call of its own ([`Call::PublishHints`]), as
+    /// PgStore's `publish_hints` runs a statement after the commit: a fault between the two can lose them. A
+    /// failure is logged, not returned: the call committed, and a lost hint costs a fetcher at most its backoff.
+    async fn publish_hints(&self, hints: Vec<NewHint>) {
+        if hints.is_empty() {
+            return;
+        }
+        match self.call(Call::PublishHints(hints)).await {
+            Ok(Reply::Done) => {}
+            Ok(other) => unexpected("publish_hints", other),
+            Err(error) => tracing::warn!(node = %self.options.node, %error, "fetch hints after a commit failed"),
         }
     }
 
@@ -262,22 +277,32 @@ impl Store for NetStore {
         })
     }
 
-    async fn apply(&self, params: ApplyParams) -> Result<ApplyOutcome, StoreError> {
-        match self.call(Call::Apply(params)).await? {
-            Reply::Apply(outcome) => Ok(outcome),
+    async fn apply(&self, mut params: ApplyParams) -> Result<ApplyOutcome, StoreError> {
+        let hints = std::mem::take(&mut params.hints);
+        let outcome = match self.call(Call::Apply(params)).await? {
+            Reply::Apply(outcome) => outcome,
             other => unexpected("apply", other),
+        };
+        if matches!(outcome, ApplyOutcome::Applied { .. }) {
+            self.publish_hints(hints).await;
         }
+        Ok(outcome)
     }
 
-    async fn apply_batch(&self, batch: Vec<ApplyParams>) -> Result<Vec<ApplyOutcome>, StoreError> {
+    async fn apply_batch(&self, mut batch: Vec<ApplyParams>) -> Result<Vec<ApplyOutcome>, StoreError> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        // One datagram each way for the whole batch: a lost reply leaves every item's outcome unknown.
-        match self.call(Call::ApplyBatch(batch)).await? {
-            Reply::Applies(outcomes) => Ok(outcomes),
+        // One datagram each way for the whole batch: a lost reply leaves every item's outcome unknown. The applied
+        // items' hints follow in a call of their own.
+        let hints: Vec<Vec<NewHint>> = batch.iter_mut().map(|p| std::mem::take(&mut p.hints)).collect();
+        let outcomes = match self.call(Call::ApplyBatch(batch)).await? {
+            Reply::Applies(outcomes) => outcomes,
             other => unexpected("apply_batch", other),
-        }
+        };
+        let applied = hints.into_iter().zip(&outcomes).filter(|(_, o)| matches!(o, ApplyOutcome::Applied { .. }));
+        self.publish_hints(applied.flat_map(|(hints, _)| hints).collect()).await;
+        Ok(outcomes)
     }
 
     async fn record_failure(&self, params: FailureParams) -> Result<FailureOutcome, StoreError> {
@@ -309,10 +334,16 @@ impl Store for NetStore {
     }
 
     async fn insert_many(&self, rows: Vec<NewRow>, hints: Vec<NewHint>) -> Result<Vec<RowId>, StoreError> {
-        match self.call(Call::InsertMany { rows, hints }).await? {
-            Reply::Ids(ids) => Ok(ids),
-            other => unexpected("insert_many", other),
+        // The hints' kinds are checked before anything is written, as MemStore and PgStore check them.
+        for (i, hint) in hints.iter().enumerate() {
+            check_key(&format!("insert_many: hints[{i}]"), "kind", &hint.kind)?;
         }
+        let ids = match self.call(Call::InsertMany(rows)).await? {
+            Reply::Ids(ids) => ids,
+            other => unexpected("insert_many", other),
+        };
+        self.publish_hints(hints).await;
+        Ok(ids)
     }
 
     async fn insert_keyed(&self, params: InsertKeyedParams) -> Result<KeyedInsert, StoreError> {
@@ -545,6 +576,33 @@ mod tests {
             assert_eq!(rows, Vec::new(), "every row was leased by another pipeline");
             let expiry = expiry.expect("a lease to wait for");
             assert!(expiry <= Duration::from_secs(2), "the expiry {expiry:?} misses the lease taken between the steps");
+        });
+    }
+
+    /// The hints of an apply follow it in a call of their own, as PgStore's statement after the commit: a partition
+    /// that cuts the caller off once the apply committed loses them. The apply is `Applied` (its reply came), the
+    /// row it hinted is not marked hinted and no hint commit follows the apply's, as on PostgreSQL when the caller's
+    /// connection breaks between the commit and the hints. In one call, the hints committed with the apply.
+    #[test]
+    fn a_partition_between_an_apply_and_its_hints_loses_the_hints() {
+        simulate(|db, store| async move {
+            db.store.insert(NewRow::new("task", "ready", serde_json::json!({}))).await.expect("insert");
+            let woken = db.store.insert(NewRow::new("job", "ready", serde_json::json!({}))).await.expect("insert");
+            let lease = lease(&db.store, "tasks", "task", LEASE_TTL).await;
+            let before = db.store.history_len();
+            let call = {
+                let store = store.clone();
+                let mut params = ApplyParams::new(lease, RowUpdate::status("done"));
+                params.hints = vec![NewHint { kind: "job".to_string(), row: Some(woken.id) }];
+                tokio::spawn(async move { store.apply(params).await })
+            };
+            after_next_commit(&db, before, || db.wire().isolate(CLIENT_IP)).await;
+            let outcome = call.await.expect("the call's task").expect("the apply's reply came");
+            assert!(matches!(outcome, ApplyOutcome::Applied { .. }), "apply {lease:?}: {outcome:?}");
+            assert!(!db.store.row(woken.id).expect("the hinted row").hinted, "the hint crossed the partition");
+            let ops: Vec<CommitOp> = db.store.map_history_from(before, |commit| commit.op.clone());
+            assert_eq!(ops.len(), 1, "only the apply committed: {ops:?}");
+            assert!(matches!(ops[0], CommitOp::Apply { applied: true, .. }), "{ops:?}");
         });
     }
 }

@@ -83,13 +83,14 @@ pub enum Call {
     Release(Vec<Lease>),
     /// [`Store::insert`](crate::store::Store::insert): one row, outside any lease.
     Insert(NewRow),
-    /// [`Store::insert_many`](crate::store::Store::insert_many): rows and their hints in one round trip.
-    InsertMany {
-        /// The rows, inserted in order, all or none.
-        rows: Vec<NewRow>,
-        /// The hints sent once they committed.
-        hints: Vec<NewHint>,
-    },
+    /// [`Store::insert_many`](crate::store::Store::insert_many)'s rows, inserted in order, all or none: its hints
+    /// are a [`Call::PublishHints`] of their own, as PgStore's are a second statement.
+    InsertMany(Vec<NewRow>),
+    /// The fetch hints of a call that committed ([`Store::apply`](crate::store::Store::apply),
+    /// [`Store::apply_batch`](crate::store::Store::apply_batch), [`Store::insert_many`](crate::store::Store::insert_many)),
+    /// sent after it as a call of their own, as PgStore sends them in a statement after the commit: the rows they
+    /// name marked hinted, each kind published once (docs/simulator.md, "Atomic units").
+    PublishHints(Vec<NewHint>),
     /// Inserts `row` unless a row was already inserted under `key` (a unique index the database keeps), and
     /// returns the row either way, and whether this call inserted it: an insert whose reply was lost can be
     /// retried ([`Store::insert_keyed`](crate::store::Store::insert_keyed)). Then sends `hint`, if any.
@@ -176,7 +177,8 @@ impl Call {
             Call::Reset(..) => "reset_for_retry",
             Call::Release(_) => "release",
             Call::Insert(_) => "insert",
-            Call::InsertMany { .. } => "insert_many",
+            Call::InsertMany(_) => "insert_many",
+            Call::PublishHints(_) => "publish_hints",
             Call::InsertKeyed { .. } => "insert_keyed",
             Call::InsertJob { .. } => "insert_job",
             Call::InsertManyKeyed { .. } => "insert_many_keyed",
@@ -246,7 +248,7 @@ pub enum Reply {
     Events(Vec<Event>),
     /// [`Call::UpdateUnleased`]'s outcome.
     Write(WriteOutcome),
-    /// [`Call::Hint`] was sent.
+    /// [`Call::Hint`] or [`Call::PublishHints`] was sent.
     Done,
     /// [`Call::Now`]: the database's clock.
     Now(Timestamp),
