@@ -3,10 +3,15 @@
 //! A call is one request and one reply, each crossing the link between the client's node and the database node
 //! ([`Wire`](super::wire::Wire)): either can be delayed, lost, or cut off by a partition, and the database may die
 //! or drop the reply after committing. The client waits at most its call time-out and then returns
-//! [`StoreError::Timeout`]: the outcome is unknown, as with a PostgreSQL connection that broke mid-call. Fetch
-//! hints reach every replica: each subscribes at the database node (and renews the subscription every second
-//! across its link, so it survives database restarts and healed partitions), and the node pushes every hint to
-//! every subscriber.
+//! [`StoreError::Timeout`]: the outcome is unknown, as with a PostgreSQL connection that broke mid-call. A store
+//! call that PgStore runs as two statements or transactions (`fetch_with_expiry`, a contended
+//! `lock_related_or_reset` or `lock_related_and_read` and its reset, `apply`, `apply_batch` and `insert_many`
+//! and their hints) is two such calls here, so every fault can fall between the steps as on PostgreSQL
+//! (docs/simulator.md, "Atomic units").
+//!
+//! Fetch hints reach every replica: each subscribes at the database node (and renews the subscription every
+//! second across its link, so it survives database restarts and healed partitions), and the node pushes every
+//! hint to every subscriber.
 //!
 //! A call takes two timers of the simulator: the database node's task waits out the request's latency and its
 //! queue delay, and the caller waits until the reply arrives, or until its time-out when the reply will not come
