@@ -193,8 +193,8 @@ fn stale_applies(report: &RunReport) -> usize {
 /// they run 20 s longer and renews none in time; forwards, it finds them past their local deadlines and gives them
 /// up. The other replica takes the rows when the store's leases expire, and the stepped replica's late applies are
 /// turned away (stale), where the same world without the jump has none; every checker holds either way. The seeds
-/// are ones where a lease replica-0 holds at the jump outlives its store expiry (seed 2 was one until the store
-/// calls PgStore runs as two steps became two calls: there its leases held at the jump now end in time).
+/// are ones where a task replica-0 holds at the jump runs past its lease's expiry in the store (in others, the
+/// run's timing has every such task end in time, and nothing is stale).
 #[test]
 fn a_replica_whose_clock_jumps_loses_its_leases_and_its_late_applies_are_stale() {
     for seed in sim::seeds(&[1, 4]) {

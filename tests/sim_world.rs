@@ -129,8 +129,8 @@ fn mixed_faults_hold_every_invariant() {
 const SECOND_STEPS: [&str; 2] = ["next_expiry", "publish_hints"];
 
 /// Faults fall between the two steps of a call as on PostgreSQL: under mixed faults, second steps time out after
-/// their first step's reply came (an empty fetch's expiry read, an apply's hints), and every checker holds. Before
-/// the network store split these calls, a fault could only lose both steps or neither.
+/// their first step's reply came (an empty fetch's expiry read, an apply's hints), and every checker holds. Were
+/// each call one request, a fault could only lose both steps or neither.
 #[test]
 fn faults_fall_between_the_steps_of_a_call_and_every_invariant_holds() {
     let scenario = Scenario::mixed();
