@@ -20,7 +20,10 @@ use super::rpc::{Call, Delivery, InsertHint, Reply, Request, Response};
 use super::trace::{Fields, Trace};
 use super::wire::Wire;
 use crate::gang::model::{AllocationData, KIND_ALLOCATION};
-use crate::store::{Clock, CommitOp, Hint, MemStore, NewHint, NewRow, Row, RowId, Store, StoreError, Timestamp};
+use crate::store::{
+    Clock, CommitOp, Hint, LockOutcome, LockRelatedParams, MemStore, NewHint, NewRow, Row, RowId, Store, StoreError,
+    Timestamp,
+};
 use futures_util::FutureExt;
 use madsim::runtime::{Handle, NodeHandle};
 use madsim::task::NodeId;
@@ -454,27 +457,58 @@ async fn insert_many_keyed(
     Ok(stored)
 }
 
+/// [`Call::LockRelatedAndRead`]: the lock and, when it is taken, the rows it locked (by id), in one step, as
+/// PgStore's `lock_related_in_transaction` locks and reads in one transaction. The call runs in one poll, so no
+/// other call comes between the lock and the read. A contended lock resets nothing: the client sends the reset as
+/// a call of its own, as PgStore sends a second statement.
+async fn lock_related_reading(
+    store: &MemStore,
+    params: LockRelatedParams,
+) -> Result<(LockOutcome, Vec<Row>, Option<Duration>), StoreError> {
+    let mut ids = params.related.clone();
+    let (outcome, until) = store.lock_related_until(params).await?;
+    let mut rows = Vec::new();
+    if outcome == LockOutcome::Locked {
+        ids.sort_unstable();
+        ids.dedup();
+        rows.reserve(ids.len());
+        for id in ids {
+            rows.push(
+                store.get(id).await?.ok_or_else(|| StoreError::Other(format!("locked related row {id} is gone")))?,
+            );
+        }
+    }
+    Ok((outcome, rows, until))
+}
+
 async fn dispatch(db: &Database, store: &MemStore, call: Call) -> Response {
     Ok(match call {
         Call::Fetch(params) => Reply::Rows(store.fetch(params).await?),
         Call::NextExpiry(params) => Reply::Expiry(store.next_expiry(params).await?),
-        Call::FetchWithExpiry(params) => {
-            let (rows, expiry) = store.fetch_with_expiry(params).await?;
-            Reply::RowsAndExpiry(rows, expiry)
-        }
         Call::Refetch(lease) => Reply::MaybeRow(store.refetch(lease).await?.map(Box::new)),
         Call::RefetchBatch(leases) => Reply::MaybeRows(store.refetch_batch(leases).await?),
         Call::Heartbeat(params) => Reply::Leases(store.heartbeat(params).await?),
         Call::LockRelated(params) => Reply::Lock(store.lock_related(params).await?),
-        Call::LockRelatedOrReset(params) => Reply::LockAttempt(store.lock_related_or_reset(params).await?),
-        Call::LockRelatedAndRead(params) => Reply::LockRead(store.lock_related_and_read(params).await?),
+        Call::LockRelatedUntil(params) => {
+            let (outcome, until) = store.lock_related_until(params).await?;
+            Reply::LockUntil(outcome, until)
+        }
+        Call::LockRelatedAndRead(params) => {
+            let (outcome, rows, until) = lock_related_reading(store, params).await?;
+            Reply::LockReading(outcome, rows, until)
+        }
         Call::Apply(params) => Reply::Apply(store.apply(params).await?),
         Call::ApplyBatch(batch) => Reply::Applies(store.apply_batch(batch).await?),
         Call::RecordFailure(params) => Reply::Failure(store.record_failure(params).await?),
         Call::Reset(lease, delay) => Reply::Held(store.reset_for_retry(lease, delay).await?),
         Call::Release(leases) => Reply::Count(store.release(leases).await?),
         Call::Insert(row) => Reply::Row(Box::new(store.insert(row).await?)),
-        Call::InsertMany { rows, hints } => Reply::Ids(store.insert_many(rows, hints).await?),
+        Call::InsertMany(rows) => Reply::Ids(store.insert_many(rows, Vec::new()).await?),
+        Call::PublishHints(hints) => {
+            // An insert of no rows with hints: the hints alone, as PgStore's statement after the commit.
+            store.insert_many(Vec::new(), hints).await?;
+            Reply::Done
+        }
         Call::InsertKeyed { key, row, hint } => {
             let (row, inserted) = insert_keyed(db, store, key, row).await?;
             match hint {

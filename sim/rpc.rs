@@ -4,9 +4,9 @@
 //! values, so nothing is serialized.
 
 use crate::store::{
-    ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HeartbeatParams, Lease, LockAttempt,
-    LockOutcome, LockRead, LockRelatedParams, NewHint, NewRow, PurgeParams, Row, RowId, RowQuery, RowUpdate,
-    StoreError, Timestamp, WriteOutcome,
+    ApplyOutcome, ApplyParams, Event, FailureOutcome, FailureParams, FetchParams, HeartbeatParams, Lease, LockOutcome,
+    LockRelatedParams, NewHint, NewRow, PurgeParams, Row, RowId, RowQuery, RowUpdate, StoreError, Timestamp,
+    WriteOutcome,
 };
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -52,9 +52,6 @@ pub enum Call {
     /// [`Store::next_expiry`](crate::store::Store::next_expiry): how long until the first lease or mark on the
     /// rows the fetch looks at ends.
     NextExpiry(FetchParams),
-    /// [`Store::fetch_with_expiry`](crate::store::Store::fetch_with_expiry): an empty fetch and its expiry in one
-    /// round trip.
-    FetchWithExpiry(FetchParams),
     /// [`Store::refetch`](crate::store::Store::refetch): the leased row, if the lease still holds.
     Refetch(Lease),
     /// [`Store::refetch_batch`](crate::store::Store::refetch_batch): [`Call::Refetch`] of several leases, read in one snapshot.
@@ -63,11 +60,15 @@ pub enum Call {
     Heartbeat(HeartbeatParams),
     /// [`Store::lock_related`](crate::store::Store::lock_related): lock rows under the holder's token.
     LockRelated(LockRelatedParams),
-    /// [`Store::lock_related_or_reset`](crate::store::Store::lock_related_or_reset): a contended lock and its
-    /// reset in one round trip.
-    LockRelatedOrReset(LockRelatedParams),
-    /// [`Store::lock_related_and_read`](crate::store::Store::lock_related_and_read): the lock (and its reset) and
-    /// the rows it locked in one round trip.
+    /// [`Store::lock_related_until`](crate::store::Store::lock_related_until): the lock, and on contention the
+    /// span until the unavailable rows' locks or marks expire. The first step of
+    /// [`Store::lock_related_or_reset`](crate::store::Store::lock_related_or_reset), whose reset is a
+    /// [`Call::Reset`] of its own, as PgStore runs a transaction and then a statement (docs/simulator.md, "Atomic
+    /// units").
+    LockRelatedUntil(LockRelatedParams),
+    /// The lock of [`Store::lock_related_and_read`](crate::store::Store::lock_related_and_read) and, when it is
+    /// taken, the rows it locked, in one step (PgStore's one transaction); the reset of a contended lock is a
+    /// [`Call::Reset`] of its own, as PgStore's is a second statement.
     LockRelatedAndRead(LockRelatedParams),
     /// [`Store::apply`](crate::store::Store::apply): a guarded apply.
     Apply(ApplyParams),
@@ -82,13 +83,14 @@ pub enum Call {
     Release(Vec<Lease>),
     /// [`Store::insert`](crate::store::Store::insert): one row, outside any lease.
     Insert(NewRow),
-    /// [`Store::insert_many`](crate::store::Store::insert_many): rows and their hints in one round trip.
-    InsertMany {
-        /// The rows, inserted in order, all or none.
-        rows: Vec<NewRow>,
-        /// The hints sent once they committed.
-        hints: Vec<NewHint>,
-    },
+    /// [`Store::insert_many`](crate::store::Store::insert_many)'s rows, inserted in order, all or none: its hints
+    /// are a [`Call::PublishHints`] of their own, as PgStore's are a second statement.
+    InsertMany(Vec<NewRow>),
+    /// The fetch hints of a call that committed ([`Store::apply`](crate::store::Store::apply),
+    /// [`Store::apply_batch`](crate::store::Store::apply_batch), [`Store::insert_many`](crate::store::Store::insert_many)),
+    /// sent after it as a call of their own, as PgStore sends them in a statement after the commit: the rows they
+    /// name marked hinted, each kind published once (docs/simulator.md, "Atomic units").
+    PublishHints(Vec<NewHint>),
     /// Inserts `row` unless a row was already inserted under `key` (a unique index the database keeps), and
     /// returns the row either way, and whether this call inserted it: an insert whose reply was lost can be
     /// retried ([`Store::insert_keyed`](crate::store::Store::insert_keyed)). Then sends `hint`, if any.
@@ -163,12 +165,11 @@ impl Call {
         match self {
             Call::Fetch(_) => "fetch",
             Call::NextExpiry(_) => "next_expiry",
-            Call::FetchWithExpiry(_) => "fetch_with_expiry",
             Call::Refetch(_) => "refetch",
             Call::RefetchBatch(_) => "refetch_batch",
             Call::Heartbeat(_) => "heartbeat",
             Call::LockRelated(_) => "lock_related",
-            Call::LockRelatedOrReset(_) => "lock_related_or_reset",
+            Call::LockRelatedUntil(_) => "lock_related_until",
             Call::LockRelatedAndRead(_) => "lock_related_and_read",
             Call::Apply(_) => "apply",
             Call::ApplyBatch(_) => "apply_batch",
@@ -176,7 +177,8 @@ impl Call {
             Call::Reset(..) => "reset_for_retry",
             Call::Release(_) => "release",
             Call::Insert(_) => "insert",
-            Call::InsertMany { .. } => "insert_many",
+            Call::InsertMany(_) => "insert_many",
+            Call::PublishHints(_) => "publish_hints",
             Call::InsertKeyed { .. } => "insert_keyed",
             Call::InsertJob { .. } => "insert_job",
             Call::InsertManyKeyed { .. } => "insert_many_keyed",
@@ -208,9 +210,6 @@ pub enum Reply {
     /// Rows: of [`Call::Fetch`] (the leased rows), [`Call::List`] and [`Call::InsertManyKeyed`] (the rows its
     /// key names, in input order).
     Rows(Vec<Row>),
-    /// [`Call::FetchWithExpiry`]'s rows and, when it leased none, the span (on the store's clock, from its
-    /// `now`) until the first lease or mark on those rows ends.
-    RowsAndExpiry(Vec<Row>, Option<Duration>),
     /// [`Call::Query`]'s rows, one set per query in order.
     RowSets(Vec<Vec<Row>>),
     /// A row is boxed, here and in `Row`: a reply moves by value from the database node's task through the reply
@@ -229,10 +228,12 @@ pub enum Reply {
     Ids(Vec<RowId>),
     /// [`Call::LockRelated`]'s outcome.
     Lock(LockOutcome),
-    /// [`Call::LockRelatedOrReset`]'s outcome.
-    LockAttempt(LockAttempt),
-    /// [`Call::LockRelatedAndRead`]'s outcome, with the rows it locked.
-    LockRead(LockRead),
+    /// [`Call::LockRelatedUntil`]'s outcome and, when contended, the span (on the store's clock, from its `now`)
+    /// until the unavailable rows' locks or marks expire (`None` when one has none).
+    LockUntil(LockOutcome, Option<Duration>),
+    /// [`Call::LockRelatedAndRead`]'s outcome, the rows it locked (empty unless the lock was taken; by id), and
+    /// the span of [`Reply::LockUntil`].
+    LockReading(LockOutcome, Vec<Row>, Option<Duration>),
     /// [`Call::Apply`]'s outcome.
     Apply(ApplyOutcome),
     /// [`Call::ApplyBatch`]: one outcome per apply, in order.
@@ -247,7 +248,7 @@ pub enum Reply {
     Events(Vec<Event>),
     /// [`Call::UpdateUnleased`]'s outcome.
     Write(WriteOutcome),
-    /// [`Call::Hint`] was sent.
+    /// [`Call::Hint`] or [`Call::PublishHints`] was sent.
     Done,
     /// [`Call::Now`]: the database's clock.
     Now(Timestamp),

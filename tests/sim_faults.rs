@@ -192,10 +192,12 @@ fn stale_applies(report: &RunReport) -> usize {
 /// A replica whose clock steps, either way, while it holds leases it must renew loses them: backwards, it believes
 /// they run 20 s longer and renews none in time; forwards, it finds them past their local deadlines and gives them
 /// up. The other replica takes the rows when the store's leases expire, and the stepped replica's late applies are
-/// turned away (stale), where the same world without the jump has none; every checker holds either way.
+/// turned away (stale), where the same world without the jump has none; every checker holds either way. The seeds
+/// are ones where a task replica-0 holds at the jump runs past its lease's expiry in the store (in others, the
+/// run's timing has every such task end in time, and nothing is stale).
 #[test]
 fn a_replica_whose_clock_jumps_loses_its_leases_and_its_late_applies_are_stale() {
-    for seed in sim::seeds(&[1, 2]) {
+    for seed in sim::seeds(&[1, 4]) {
         let steady = run(&clock_jump(""), seed);
         assert!(steady.passed(), "seed {seed}: {}", sim::run::summary(&steady));
         assert_eq!(stale_applies(&steady), 0, "seed {seed}: stale applies without a jump");

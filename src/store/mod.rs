@@ -102,10 +102,10 @@ pub trait Store: Send + Sync + 'static {
     /// after every fetch (an empty one waits for the first lease it had to skip). Returns the leased rows and,
     /// only when there are none, the expiry (`None` after a fetch that leased rows).
     ///
-    /// The default makes the two calls one after the other, as PgStore runs two statements; a backend whose
-    /// calls cross a network overrides it with one round trip (the simulator's network store: an empty fetch
-    /// and its expiry cost one call). A failed [`Store::next_expiry`] is logged and answers `None`: the
-    /// fetch itself succeeded.
+    /// Two steps, not one atomic call: the default makes the two calls one after the other, as PgStore runs two
+    /// statements and the simulator's network store two calls (docs/simulator.md, "Atomic units"); another
+    /// pipeline's lease taken between them counts in the expiry. MemStore overrides it with one scan. A failed
+    /// [`Store::next_expiry`] is logged and answers `None`: the fetch itself succeeded.
     fn fetch_with_expiry(
         &self,
         params: FetchParams,
@@ -192,10 +192,11 @@ pub trait Store: Send + Sync + 'static {
     /// calls would record them. With [`LockRelatedParams::park`], a contended lock records its waits and resets
     /// nothing: [`LockAttempt::Parked`] with [`Store::lock_related_until`]'s span.
     ///
-    /// The default makes the two calls one after the other, as PgStore runs two statements; a backend whose
-    /// calls cross a network overrides it with one round trip (the simulator's network store: a contended lock
-    /// and its reset cost one call). Errors: the store's; after a contended lock, the reset's (the
-    /// lease is then left to expire).
+    /// Two steps, not one atomic call: the default makes the two calls one after the other, as PgStore runs a
+    /// transaction and a statement and the simulator's network store two calls (docs/simulator.md, "Atomic
+    /// units"). Between them the holder may lose its lease (the reset then writes nothing: `held` false), and a
+    /// failure after the lock committed leaves its intent marks and the holder's lease, which then expires.
+    /// Errors: the store's; after a contended lock, the reset's (the lease is then left to expire).
     fn lock_related_or_reset(
         &self,
         params: LockRelatedParams,
@@ -223,7 +224,8 @@ pub trait Store: Send + Sync + 'static {
     /// rows the holder will apply to. Errors as `lock_related_or_reset`'s.
     ///
     /// The default makes the lock (and reset) calls, then reads each row with [`Store::get`]; backends override it
-    /// with one transaction (PgStore) or one round trip (the simulator's network store).
+    /// with the lock and the read in one transaction (PgStore) or one call (the simulator's network store). The
+    /// reset of a contended lock is a second step there, as in `lock_related_or_reset`.
     fn lock_related_and_read(
         &self,
         params: LockRelatedParams,
@@ -256,7 +258,8 @@ pub trait Store: Send + Sync + 'static {
     /// failures; `errors` stay). It leaves `hinted` as it is: only a fetch consumes a hint, and one
     /// that arrived during the lease may announce a change the worker never read. Once it commits, it publishes
     /// `params.hints` as [`Store::hint`] would (the rows they name are marked hinted in the same transaction where
-    /// the backend can). Otherwise writes nothing, publishes nothing and returns `Stale` (dstack PIPELINES,
+    /// the backend can; PgStore and the simulator's network store mark and publish them in a step after the
+    /// commit, which a failure can lose: docs/simulator.md, "Atomic units"). Otherwise writes nothing, publishes nothing and returns `Stale` (dstack PIPELINES,
     /// checklist 5, 6 and 8, "Bulk apply with one consistent current time").
     fn apply(&self, params: ApplyParams) -> impl Future<Output = Result<ApplyOutcome, StoreError>> + Send;
 

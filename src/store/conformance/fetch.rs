@@ -381,3 +381,25 @@ fn assert_span(span: Duration, expires: Timestamp, before: Timestamp, after: Tim
     let (least, most) = (expires.as_micros() - after.as_micros(), expires.as_micros() - before.as_micros());
     assert!((least..=most).contains(&micros), "{what}: next expiry {span:?} not in [{least}, {most}] µs");
 }
+
+/// The two steps of [`Store::fetch_with_expiry`] as PgStore and the simulator's network store run them (a fetch,
+/// then [`Store::next_expiry`]), with another pipeline's lease taken between them: the expiry is that lease's,
+/// not the later one the fetch had to skip. A fetcher then wakes when the lease taken between the steps ends, no
+/// later than it would have (docs/simulator.md, "Atomic units").
+pub async fn an_expiry_read_after_a_lease_taken_since_the_empty_fetch_counts_that_lease<H: Harness>(h: H) {
+    let taken = insert(&h, "job").await;
+    lease_single(&h, "other", &taken).await;
+    let first = get(&h, taken.id).await.lock_expires_at.expect("a leased row has an expiry");
+    assert_eq!(fetch(&h, CHILD_PIPELINE, "job").await, vec![], "the one job is leased by another pipeline");
+    // Between the steps: a row comes in and another pipeline leases it, for a third of the first lease's ttl.
+    h.advance(Duration::from_secs(1));
+    let arrived = insert(&h, "job").await;
+    let short = FetchParams { lease_ttl: LEASE_TTL / 3, ..fetch_params("other", "job") };
+    assert_eq!(ids(&fetch_with(&h, short).await), vec![arrived.id], "the other pipeline leases the new row");
+    let second = get(&h, arrived.id).await.lock_expires_at.expect("a leased row has an expiry");
+    assert!(second < first, "the lease taken between the steps ({second:?}) ends first ({first:?})");
+    let before = now(&h).await;
+    let span = next_expiry(&h, "job").await.expect("two live leases");
+    let after = now(&h).await;
+    assert_span(span, second, before, after, "the lease taken between the fetch and the expiry read");
+}

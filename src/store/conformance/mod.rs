@@ -128,6 +128,7 @@ macro_rules! __conformance_cases {
                 tokens_strictly_increase_from_fetch_to_fetch,
                 next_expiry_is_the_span_to_the_first_lease_or_mark_on_the_rows_a_fetch_looks_at,
                 next_expiry_over_several_statuses_is_the_least_over_each,
+                an_expiry_read_after_a_lease_taken_since_the_empty_fetch_counts_that_lease,
             }
             apply {
                 apply_writes_the_update_and_unlocks_the_row,
@@ -178,6 +179,7 @@ macro_rules! __conformance_cases {
                 reset_for_retry_of_a_lease_no_longer_held_writes_nothing,
                 lock_related_and_read_returns_the_rows_it_locked,
                 lock_related_and_read_resets_when_contended_and_is_stale_for_a_stale_holder,
+                a_reset_after_the_contended_holder_lost_its_lease_writes_nothing,
             }
             heartbeat {
                 heartbeat_extends_held_leases_to_now_plus_ttl,

@@ -473,3 +473,30 @@ pub async fn lock_related_and_read_resets_when_contended_and_is_stale_for_a_stal
     assert_eq!(outcome, LockRead::Stale, "lock by {}#{}, reset already", lease.id, lease.token);
     assert_eq!(get(&h, free[0].id).await, free_before, "a stale holder wrote row {}", free[0].id);
 }
+
+/// The two steps of a contended [`Store::lock_related_or_reset`] (and of `lock_related_and_read`) as PgStore and
+/// the simulator's network store run them ([`Store::lock_related_until`], then [`Store::reset_for_retry`]), with
+/// the holder's lease lost between them (it expired and its pipeline fetched the row again): the reset finds the
+/// lease gone and writes nothing, so the new lease stands, with no retry time; the intent marks the lock left stay
+/// until they expire or the row's own pipeline takes the row (docs/simulator.md, "Atomic units").
+pub async fn a_reset_after_the_contended_holder_lost_its_lease_writes_nothing<H: Harness>(h: H) {
+    let parent = insert(&h, "operation").await;
+    let (busy_lease, free) = busy_child_then_free_ones(&h, &parent, 1).await;
+    let lease = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    let params = lock_params(lease, &[free[0].id, busy_lease.id], PARENT_PIPELINE);
+    let (outcome, _) = h.store().lock_related_until(params).await.expect("lock_related_until");
+    assert_eq!(outcome, LockOutcome::Contended { by_own_pipeline: false }, "row {} is leased", busy_lease.id);
+    // Between the steps: the holder stalls past its lease, and its pipeline takes the parent again.
+    h.advance(past(LEASE_TTL));
+    let again = lease_single(&h, PARENT_PIPELINE, &parent).await;
+    assert_ne!(again.token, lease.token, "a new lease on {}", parent.id);
+    let marked = get(&h, free[0].id).await;
+    let held = h.store().reset_for_retry(lease, RETRY_DELAY).await.expect("reset_for_retry");
+    assert!(!held, "the reset of {}#{} found the lease held after it was taken again", lease.id, lease.token);
+    let row = get(&h, parent.id).await;
+    assert_eq!(row.lock_token, Some(again.token), "the new lease on {} stands", parent.id);
+    assert_eq!(row.not_before, None, "the new lease on {} got a retry time", parent.id);
+    assert_eq!(get(&h, free[0].id).await, marked, "the reset wrote row {} the lock marked", free[0].id);
+    assert_eq!(marked.lock_owner.as_deref(), Some(PARENT_PIPELINE), "the intent mark on {}", free[0].id);
+    assert_eq!(marked.lock_token, None, "row {} was locked by a contended lock", free[0].id);
+}
