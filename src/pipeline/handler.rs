@@ -269,7 +269,9 @@ impl<'a, S: Store> LoadCx<'a, S> {
         self.lock_and_read(related, shared_owner(self.pipeline, self.lease.id)).await
     }
 
-    async fn lock_and_read(&self, related: Vec<RowId>, owner: String) -> Result<Vec<Row>, WorkError> {
+    /// The store ask of `lock` and `lock_and_read`, made once the rows passed the own-row check and their turns in
+    /// this replica's waitlist were taken; with [`LoadCx::take_turns`]'s answer (every turn taken).
+    async fn lock_params(&self, related: Vec<RowId>, owner: String) -> Result<(LockRelatedParams, bool), WorkError> {
         self.not_its_own_row(&related)?;
         let turns = self.take_turns(&related).await;
         let params = LockRelatedParams {
@@ -280,6 +282,11 @@ impl<'a, S: Store> LoadCx<'a, S> {
             retry_delay: self.wait,
             park: self.parks(),
         };
+        Ok((params, turns))
+    }
+
+    async fn lock_and_read(&self, related: Vec<RowId>, owner: String) -> Result<Vec<Row>, WorkError> {
+        let (params, turns) = self.lock_params(related, owner).await?;
         let related = params.related.clone();
         match self.store.lock_related_and_read(params).await? {
             LockRead::Locked(rows) => {
@@ -297,16 +304,7 @@ impl<'a, S: Store> LoadCx<'a, S> {
     }
 
     async fn lock(&self, related: Vec<RowId>, owner: String) -> Result<(), WorkError> {
-        self.not_its_own_row(&related)?;
-        let turns = self.take_turns(&related).await;
-        let params = LockRelatedParams {
-            holder: self.lease,
-            related,
-            owner,
-            lease_ttl: self.lease_ttl,
-            retry_delay: self.wait,
-            park: self.parks(),
-        };
+        let (params, turns) = self.lock_params(related, owner).await?;
         let related = params.related.clone();
         match self.store.lock_related_or_reset(params).await? {
             LockAttempt::Locked => {
